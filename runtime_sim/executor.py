@@ -1,0 +1,40 @@
+"""Run a function of a tcpc module on numpy values with xDSL's interpreter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.interpreter import Interpreter, InterpreterFunctions
+from xdsl.interpreters.func import FuncFunctions
+
+from runtime_sim.moe_semantics import MoEFunctions
+from runtime_sim.tmath_semantics import TMathFunctions
+
+SEMANTICS: list[type[InterpreterFunctions]] = [FuncFunctions, TMathFunctions, MoEFunctions]
+"""Every dialect's numpy semantics; each lowering level registers its own here."""
+
+
+def make_interpreter(module: ModuleOp) -> Interpreter:
+    interpreter = Interpreter(module)
+    for functions in SEMANTICS:
+        interpreter.register_implementations(functions())
+    return interpreter
+
+
+def run_function(module: ModuleOp, name: str, args: Sequence[np.ndarray]) -> tuple[Any, ...]:
+    """Call `name` with arguments already in their declared dtypes; floating-point exceptions
+    (overflow to inf, 0/0) follow IEEE quietly, as the hardware does."""
+    interpreter = make_interpreter(module)
+    with np.errstate(all="ignore"):
+        return tuple(interpreter.call_op(name, tuple(args)))
+
+
+def function_named(module: ModuleOp, name: str) -> func.FuncOp:
+    for op in module.ops:
+        if isinstance(op, func.FuncOp) and op.sym_name.data == name:
+            return op
+    raise KeyError(name)

@@ -1,0 +1,132 @@
+"""Numpy semantics of the `moe` ops: the reference for top-k order and the canonical block layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.utils.exceptions import InterpretationError
+
+from dialects import moe
+from runtime_sim.numerics import compute, round_to, tensor_dtype
+
+
+def topk_indices(x: np.ndarray, k: int, order: str = "score") -> np.ndarray:
+    """Indices of the k largest values along the last axis, as i32 (DESIGN section 5).
+
+    Sort key, most significant first: NaN after every number; larger value first (-0.0 and
+    +0.0 are equal); lower index first.
+    """
+    values = compute(x).astype(np.float64)  # i32 values are exact in f64, and -i32 never overflows
+    is_nan = np.isnan(values)
+    neg_value = np.where(is_nan, 0.0, -values)
+    index = np.broadcast_to(np.arange(x.shape[-1]), x.shape)
+    ranked = np.lexsort((index, neg_value, is_nan), axis=-1)[..., :k]
+    if order == "index":
+        ranked = np.sort(ranked, axis=-1)
+    return ranked.astype(np.int32)
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """The runtime value of a `!moe.route`: where each pair went and which expert owns each block.
+
+    scatter_idx[t, k] is the row (block * B + position) of pair (t, k) in the blocked buffer, or
+    -1 when the pair was dropped by the capacity; expert_ids[g] is block g's expert, -1 if unused.
+    """
+
+    scatter_idx: np.ndarray
+    expert_ids: np.ndarray
+    block: int
+
+    @property
+    def row_valid(self) -> np.ndarray:
+        """[G * B] booleans: which rows of the blocked buffer hold a pair (the rest are padding)."""
+        valid = np.zeros(self.expert_ids.shape[0] * self.block, dtype=np.bool_)
+        kept = self.scatter_idx[self.scatter_idx >= 0]
+        valid[kept] = True
+        return valid
+
+
+def route_plan(expert_idx: np.ndarray, route: moe.RouteType) -> RoutePlan:
+    """The canonical block layout.
+
+    Pairs p = t*K + k in token-major order. Experts in ascending order each own
+    ceil(kept_e / B) consecutive blocks; within an expert, pairs keep token-major order. With a
+    capacity C, an expert keeps its first C pairs in that order (later tokens drop first, and a
+    token's choices drop in k order); dropped pairs get scatter_idx -1.
+    """
+    experts, block, blocks = route.experts.data, route.block.data, route.blocks.data
+    flat = expert_idx.reshape(-1).astype(np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= experts):
+        bad = int(flat.min() if flat.min() < 0 else flat.max())
+        raise InterpretationError(f"moe.scatter: expert index {bad} is outside [0, {experts})")
+    one_hot = flat[:, None] == np.arange(experts)
+    position = (np.cumsum(one_hot, axis=0) - 1)[np.arange(flat.size), flat]
+    capacity = route.capacity_limit
+    kept = position < capacity if capacity is not None else np.ones(flat.size, dtype=np.bool_)
+    kept_counts = np.bincount(flat[kept], minlength=experts)
+    blocks_per_expert = -(-kept_counts // block)
+    first_block = np.cumsum(blocks_per_expert) - blocks_per_expert
+    scatter_idx = np.where(kept, first_block[flat] * block + position, -1)
+    used = int(blocks_per_expert.sum())
+    assert used <= blocks, f"routing needs {used} blocks, more than the worst case {blocks}"
+    expert_ids = np.full(blocks, -1, dtype=np.int32)
+    expert_ids[:used] = np.repeat(np.arange(experts), blocks_per_expert)
+    return RoutePlan(scatter_idx.reshape(expert_idx.shape).astype(np.int32), expert_ids, block)
+
+
+@register_impls
+class MoEFunctions(InterpreterFunctions):
+    @impl(moe.TopKOp)
+    def run_topk(self, interpreter: Interpreter, op: moe.TopKOp, args: tuple[Any, ...]):
+        x = args[0]
+        indices = topk_indices(x, op.k.value.data, op.order_name)
+        return np.take_along_axis(x, indices.astype(np.int64), axis=-1), indices
+
+    @impl(moe.ScatterOp)
+    def run_scatter(self, interpreter: Interpreter, op: moe.ScatterOp, args: tuple[Any, ...]):
+        x, expert_idx = args
+        plan = route_plan(expert_idx, op.route.type)
+        g, b, d = moe.shape_of(op.blocked.type)
+        blocked = np.zeros((g * b, d), dtype=x.dtype)
+        pairs = plan.scatter_idx.reshape(-1)
+        tokens = np.repeat(np.arange(x.shape[0]), expert_idx.shape[1])
+        kept = pairs >= 0
+        blocked[pairs[kept]] = x[tokens[kept]]
+        return blocked.reshape(g, b, d), plan
+
+    @impl(moe.GroupedMatmulOp)
+    def run_grouped_matmul(
+        self, interpreter: Interpreter, op: moe.GroupedMatmulOp, args: tuple[Any, ...]
+    ):
+        x, weight, plan = args[:3]
+        bias = args[3] if len(args) > 3 else None
+        g, b, f = moe.shape_of(op.result.type)
+        out = np.zeros((g, b, f), dtype=np.float32)
+        for block, expert in enumerate(plan.expert_ids):
+            if expert < 0:
+                continue
+            out[block] = compute(x[block]) @ compute(weight[expert])
+            if bias is not None:
+                out[block] += compute(bias[expert])
+        out.reshape(g * b, f)[~plan.row_valid] = 0
+        return (round_to(out, tensor_dtype(op.result.type)),)
+
+    @impl(moe.CombineOp)
+    def run_combine(self, interpreter: Interpreter, op: moe.CombineOp, args: tuple[Any, ...]):
+        blocked, plan = args[:2]
+        weights = compute(args[2]) if len(args) > 2 else None
+        rows = compute(blocked).reshape(-1, blocked.shape[-1])
+        t, k = plan.scatter_idx.shape
+        out = np.zeros((t, rows.shape[-1]), dtype=np.float32)
+        for choice in range(k):
+            idx = plan.scatter_idx[:, choice]
+            picked = rows[np.maximum(idx, 0)]
+            if weights is not None:
+                picked = weights[:, choice, None] * picked
+            # A dropped pair adds nothing, even where its weight is NaN or inf.
+            out += np.where((idx >= 0)[:, None], picked, np.float32(0))
+        return (round_to(out, tensor_dtype(op.result.type)),)

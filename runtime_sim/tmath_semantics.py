@@ -1,0 +1,135 @@
+"""Numpy semantics of the `tmath` ops: compute in f32 (i32 for integers), round to the result type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.utils.exceptions import InterpretationError
+
+from dialects import tmath
+from runtime_sim.numerics import compute, round_to, tensor_dtype
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+BINARY: dict[type, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    tmath.AddOp: np.add,
+    tmath.SubOp: np.subtract,
+    tmath.MulOp: np.multiply,
+    tmath.DivOp: np.divide,
+    tmath.MaximumOp: np.maximum,
+    tmath.MinimumOp: np.minimum,
+}
+
+UNARY: dict[type, Callable[[np.ndarray], np.ndarray]] = {
+    tmath.NegOp: np.negative,
+    tmath.AbsOp: np.abs,
+    tmath.ExpOp: np.exp,
+    tmath.LogOp: np.log,
+    tmath.SqrtOp: np.sqrt,
+    tmath.TanhOp: np.tanh,
+    tmath.SigmoidOp: _sigmoid,
+    tmath.SiluOp: lambda x: x * _sigmoid(x),
+}
+
+COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+}
+
+REDUCE: dict[type, Callable[..., np.ndarray]] = {
+    tmath.ReduceSumOp: np.sum,
+    tmath.ReduceMaxOp: np.max,
+    tmath.ReduceMinOp: np.min,
+}
+
+
+def _result(op: Any, value: np.ndarray) -> tuple[np.ndarray]:
+    return (round_to(value, tensor_dtype(op.result.type)),)
+
+
+def softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    """Max-subtracted softmax in f32. A row of all -inf gives NaN (there is no distribution)."""
+    x = compute(x)
+    shifted = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return shifted / np.sum(shifted, axis=axis, keepdims=True)
+
+
+@register_impls
+class TMathFunctions(InterpreterFunctions):
+    @impl(tmath.ConstantOp)
+    def run_constant(self, interpreter: Interpreter, op: tmath.ConstantOp, args: tuple[Any, ...]):
+        shape = tmath.shape_of(op.result.type)
+        return _result(op, np.full(shape, op.value.value.data, dtype=np.float32))
+
+    def run_binary(self, interpreter: Interpreter, op: Any, args: tuple[Any, ...]):
+        a, b = args
+        return _result(op, BINARY[type(op)](compute(a), compute(b)))
+
+    def run_unary(self, interpreter: Interpreter, op: Any, args: tuple[Any, ...]):
+        return _result(op, UNARY[type(op)](compute(args[0])))
+
+    @impl(tmath.CmpOp)
+    def run_cmp(self, interpreter: Interpreter, op: tmath.CmpOp, args: tuple[Any, ...]):
+        a, b = args
+        return (COMPARE[op.predicate.data](compute(a), compute(b)),)
+
+    @impl(tmath.SelectOp)
+    def run_select(self, interpreter: Interpreter, op: tmath.SelectOp, args: tuple[Any, ...]):
+        cond, a, b = args
+        return _result(op, np.where(cond, compute(a), compute(b)))
+
+    @impl(tmath.SoftmaxOp)
+    def run_softmax(self, interpreter: Interpreter, op: tmath.SoftmaxOp, args: tuple[Any, ...]):
+        return _result(op, softmax(args[0], op.axis.value.data))
+
+    def run_reduce(self, interpreter: Interpreter, op: Any, args: tuple[Any, ...]):
+        x = compute(args[0])
+        axes = op.axis_list
+        return _result(op, REDUCE[type(op)](x, axis=axes, keepdims=op.keepdims is not None))
+
+    @impl(tmath.ReshapeOp)
+    def run_reshape(self, interpreter: Interpreter, op: tmath.ReshapeOp, args: tuple[Any, ...]):
+        return (np.reshape(args[0], tmath.shape_of(op.result.type)),)
+
+    @impl(tmath.CastOp)
+    def run_cast(self, interpreter: Interpreter, op: tmath.CastOp, args: tuple[Any, ...]):
+        x = args[0]
+        return _result(op, x.astype(np.int32) if x.dtype == np.bool_ else compute(x))
+
+    @impl(tmath.MatmulOp)
+    def run_matmul(self, interpreter: Interpreter, op: tmath.MatmulOp, args: tuple[Any, ...]):
+        a, b = args
+        return _result(op, np.matmul(compute(a), compute(b)))
+
+    @impl(tmath.OneHotOp)
+    def run_one_hot(self, interpreter: Interpreter, op: tmath.OneHotOp, args: tuple[Any, ...]):
+        depth = tmath.shape_of(op.result.type)[-1]
+        return ((args[0][..., None] == np.arange(depth, dtype=np.int32)).astype(np.int32),)
+
+    @impl(tmath.TakeOp)
+    def run_take(self, interpreter: Interpreter, op: tmath.TakeOp, args: tuple[Any, ...]):
+        x, idx = args
+        n = x.shape[-1]
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise InterpretationError(
+                f"tmath.take: index {int(idx.min() if idx.min() < -n else idx.max())} "
+                f"is outside [-{n}, {n})"
+            )
+        return (np.take_along_axis(x, idx.astype(np.int64), axis=-1),)
+
+    # One implementation serves each family; register it under every op of the family.
+    for _family, _run in ((BINARY, run_binary), (UNARY, run_unary), (REDUCE, run_reduce)):
+        for _op in _family:
+            locals()[f"run_{_op.name}"] = impl(_op)(_run)
+    del _family, _run, _op
+

@@ -1,0 +1,96 @@
+"""Graph inputs and outputs as numpy arrays: checking, converting, drawing and saving them.
+
+npz has no bf16: a bf16 argument accepts any real array (rounded to nearest even) or raw bf16
+bytes (`|V2`, what numpy writes for an ml_dtypes array); bf16 results are saved as f32 (exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import TensorType
+
+from dialects.tmath import format_type, shape_of
+from runtime_sim.numerics import bfloat16, round_to, tensor_dtype
+
+
+class InputError(Exception):
+    """Inputs that do not fit the graph's signature."""
+
+
+def arg_names(fn: func.FuncOp) -> list[str]:
+    return [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]
+
+
+def to_declared(name: str, value: np.ndarray, t: TensorType) -> np.ndarray:
+    """`value` in the storage dtype of `t`, or an InputError saying what is wrong."""
+    value = np.asarray(value)
+    want = tensor_dtype(t)
+    if value.shape != shape_of(t):
+        raise InputError(f"input '{name}' has shape {list(value.shape)}, the graph declares {format_type(t)}")
+    if value.dtype == want:
+        return value
+    if value.dtype == np.dtype("V2") and want == bfloat16:
+        return value.view(bfloat16)
+    if want == np.int32:
+        if value.dtype.kind not in "iu":
+            raise InputError(f"input '{name}' is {value.dtype}, the graph declares {format_type(t)} (integers)")
+        info = np.iinfo(np.int32)
+        if value.size and (value.min() < info.min or value.max() > info.max):
+            raise InputError(f"input '{name}' has values outside the i32 range")
+        return value.astype(np.int32)
+    if value.dtype.kind not in "fiu" and value.dtype != bfloat16:
+        raise InputError(f"input '{name}' is {value.dtype}, the graph declares {format_type(t)}")
+    return round_to(value.astype(np.float32), want)
+
+
+def draw(t: TensorType, rng: np.random.Generator, first: bool) -> np.ndarray:
+    """A deterministic random input: activations (the first argument) ~ N(0, 1); other float
+    tensors of rank >= 2 ~ N(0, 1 / fan_in) with fan_in the second-to-last axis, like weights;
+    i32 tensors uniform in [0, 4)."""
+    shape = shape_of(t)
+    want = tensor_dtype(t)
+    if want == np.int32:
+        return rng.integers(0, 4, size=shape, dtype=np.int32)
+    scale = 1.0 if first or len(shape) < 2 else 1.0 / np.sqrt(shape[-2])
+    return round_to((rng.standard_normal(shape) * scale).astype(np.float32), want)
+
+
+def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int = 0) -> list[np.ndarray]:
+    """Every argument of `fn` in declared order: from `given` by name, else drawn from the seed
+    (each argument from its own stream, so giving one input never changes another)."""
+    names = arg_names(fn)
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise InputError(
+            f"'{unknown[0]}' is not an argument of graph '{fn.sym_name.data}' (arguments: {', '.join(names)})"
+        )
+    values = []
+    for i, (name, t) in enumerate(zip(names, fn.function_type.inputs.data)):
+        if name in given:
+            values.append(to_declared(name, given[name], t))
+        else:
+            values.append(draw(t, np.random.default_rng([seed, i]), first=i == 0))
+    return values
+
+
+def load_npz(path: str | Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable .npz file ({e})") from None
+
+
+def portable(value: np.ndarray) -> np.ndarray:
+    """bf16 as f32 (exact), so any numpy reads the file."""
+    return value.astype(np.float32) if value.dtype == bfloat16 else value
+
+
+def save_outputs(path: str | Path, outputs: Sequence[np.ndarray]) -> None:
+    np.savez(path, **{f"out{i}": portable(v) for i, v in enumerate(outputs)})

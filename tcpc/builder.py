@@ -1,0 +1,599 @@
+"""Build graph-level IR (func.func + tmath + moe) from the AST, inferring and checking types.
+
+Expressions evaluate to a `Static` (a compile-time number, bool or string: dims, literals and
+their arithmetic) or an SSA value. Statics fold; a static meeting a tensor becomes a constant of
+the tensor's element type. Every check reports the user's source location; the dialects'
+verifiers check the same rules again on the IR (the shape and type rules are shared functions).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType, f32, i1, i32
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.utils.exceptions import VerifyException
+
+from dialects import moe, tmath
+from dialects.tmath import format_shape, format_type, shape_of, type_name
+from tcpc import syntax as ast
+from tcpc.diagnostics import CompileError, Loc
+
+
+@dataclass(frozen=True)
+class Static:
+    value: int | float | bool | str | tuple[int, ...]
+
+
+Value = Static | SSAValue
+Result = Value | tuple[Value, ...]
+
+FOLD: dict[str, Callable[[object, object], object]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+ARITH_OPS: dict[str, type[tmath.ElementwiseBinaryOp]] = {
+    "+": tmath.AddOp,
+    "-": tmath.SubOp,
+    "*": tmath.MulOp,
+    "/": tmath.DivOp,
+}
+CMP_PREDICATE = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+UNARY_BUILTINS: dict[str, type[tmath.ElementwiseUnaryOp]] = {
+    "exp": tmath.ExpOp,
+    "log": tmath.LogOp,
+    "sqrt": tmath.SqrtOp,
+    "tanh": tmath.TanhOp,
+    "sigmoid": tmath.SigmoidOp,
+    "silu": tmath.SiluOp,
+    "abs": tmath.AbsOp,
+}
+REDUCE_BUILTINS: dict[str, type[tmath.ReduceOp]] = {
+    "sum": tmath.ReduceSumOp,
+    "max": tmath.ReduceMaxOp,
+    "min": tmath.ReduceMinOp,
+}
+CONSTANTS = {"inf": math.inf, "true": True, "false": False}
+
+
+def _divide(a: int | float, b: int | float, loc: Loc) -> int | float:
+    if b == 0:
+        raise CompileError("division by zero", loc)
+    if isinstance(a, int) and isinstance(b, int) and a % b == 0:
+        return a // b
+    return a / b
+
+
+def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int]) -> dict[str, int]:
+    """Dims in order of definition; an override replaces a dim's definition, and later dims
+    that depend on it follow."""
+    names = {d.name for d in defs}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        known = ", ".join(d.name for d in defs) or "none"
+        raise CompileError(f"--set {unknown[0]}: no dim named {unknown[0]} (dims: {known})")
+    dims: dict[str, int] = {}
+    for d in defs:
+        if d.name in dims:
+            raise CompileError(f"dim {d.name} is defined twice", d.loc)
+        if d.name in overrides:
+            value = overrides[d.name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CompileError(f"--set {d.name}={value}: a dim must be a positive integer")
+        else:
+            value = GraphBuilder(dims, Block()).static_int(d.value, f"dim {d.name}")
+        dims[d.name] = value
+    return dims
+
+
+class GraphBuilder:
+    """Emits the ops of one graph into a block."""
+
+    def __init__(self, dims: Mapping[str, int], block: Block):
+        self.dims = dict(dims)
+        self.block = block
+        self.env: dict[str, Value] = {name: Static(v) for name, v in dims.items()}
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def emit(self, op: Operation, loc: Loc) -> Operation:
+        try:
+            op.verify()
+        except VerifyException as e:  # a rule the frontend did not check first
+            raise CompileError(f"{op.name}: {e}", loc) from None
+        self.block.add_op(op)
+        return op
+
+    def single(self, e: ast.Expr) -> Value:
+        v = self.expr(e)
+        if isinstance(v, tuple):
+            raise CompileError(f"this call gives {len(v)} values; unpack them: `a, b = ...`", e.loc)
+        return v
+
+    def static(self, e: ast.Expr, what: str) -> Static:
+        v = self.single(e)
+        if not isinstance(v, Static):
+            raise CompileError(f"{what} must be known at compile time, not a tensor", e.loc)
+        return v
+
+    def static_int(self, e: ast.Expr, what: str, minimum: int = 1) -> int:
+        v = self.static(e, what).value
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise CompileError(f"{what} must be an integer, got {v!r}", e.loc)
+        if v < minimum:
+            bound = "a positive integer" if minimum == 1 else f"at least {minimum}"
+            raise CompileError(f"{what} must be {bound}, got {v}", e.loc)
+        return v
+
+    def shape(self, dims: Sequence[ast.Expr]) -> list[int]:
+        return [self.static_int(d, "a dimension") for d in dims]
+
+    def tensor_type(self, t: ast.TensorTypeExpr) -> TensorType:
+        return TensorType(tmath.ELEMENT_TYPES[t.dtype], self.shape(t.dims))
+
+    def tensor(self, e: ast.Expr, what: str = "operand") -> SSAValue:
+        v = self.single(e)
+        if isinstance(v, Static) or not isinstance(v.type, TensorType):
+            raise CompileError(f"{what} must be a tensor", e.loc)
+        return v
+
+    def constant(self, value: Static, element_type: Attribute, loc: Loc) -> SSAValue:
+        v = value.value
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise CompileError(f"{v!r} cannot be used as a number here", loc)
+        if tmath.is_bool_type(element_type):
+            raise CompileError("cannot do arithmetic on booleans", loc)
+        if tmath.is_int_type(element_type) and not (isinstance(v, int) or v.is_integer()):
+            raise CompileError(f"{v} is not an integer, and the other operand is i32; convert with f32(...)", loc)
+        return self.emit(tmath.ConstantOp(v, TensorType(element_type, [])), loc).result
+
+    def operands(self, lhs: Value, rhs: Value, loc: Loc) -> tuple[SSAValue, SSAValue]:
+        """Two tensor operands, materialising a static side in the other side's element type."""
+        if isinstance(lhs, Static):
+            lhs = self.constant(lhs, rhs.type.get_element_type(), loc)
+        if isinstance(rhs, Static):
+            rhs = self.constant(rhs, lhs.type.get_element_type(), loc)
+        return lhs, rhs
+
+    def broadcast(self, loc: Loc, *values: SSAValue) -> tuple[int, ...]:
+        shape = tmath.broadcast_shapes(*(shape_of(v.type) for v in values))
+        if shape is None:
+            shown = " and ".join(format_shape(shape_of(v.type)) for v in values)
+            raise CompileError(f"shapes {shown} do not broadcast", loc)
+        return shape
+
+    def promote(self, a: SSAValue, b: SSAValue, loc: Loc) -> Attribute:
+        et = tmath.promote(a.type.get_element_type(), b.type.get_element_type())
+        if et is None:
+            raise CompileError(
+                f"cannot mix {format_type(a.type)} and {format_type(b.type)}; "
+                "convert explicitly with f32(...), bf16(...) or i32(...)",
+                loc,
+            )
+        return et
+
+    # --- expressions ---------------------------------------------------------------------
+
+    def expr(self, e: ast.Expr) -> Result:
+        match e:
+            case ast.Number(value=v) | ast.String(value=v):
+                return Static(v)
+            case ast.Name(id=name):
+                if name in self.env:
+                    return self.env[name]
+                if name in CONSTANTS:
+                    return Static(CONSTANTS[name])
+                raise CompileError(f"unknown name '{name}'", e.loc)
+            case ast.ListExpr(items=items):
+                return Static(tuple(self.static_int(i, "a list item", minimum=-(2**31)) for i in items))
+            case ast.Neg(operand=operand):
+                v = self.single(operand)
+                if isinstance(v, Static):
+                    if isinstance(v.value, bool) or not isinstance(v.value, int | float):
+                        raise CompileError(f"cannot negate {v.value!r}", e.loc)
+                    return Static(-v.value)
+                self.check_arith(v, e.loc)
+                return self.emit(tmath.NegOp(v), e.loc).result
+            case ast.Binary():
+                return self.binary(e)
+            case ast.Convert(dtype=dtype, operand=operand):
+                x = self.tensor(operand, f"the operand of {dtype}(...)")
+                shape = shape_of(x.type)
+                return self.emit(tmath.CastOp(x, TensorType(tmath.ELEMENT_TYPES[dtype], shape)), e.loc).result
+            case ast.Call():
+                return self.call(e)
+        raise AssertionError(f"unhandled expression {e}")
+
+    def check_arith(self, v: SSAValue, loc: Loc) -> None:
+        if tmath.is_bool_type(v.type.get_element_type()):
+            raise CompileError("cannot do arithmetic on booleans; use where(...)", loc)
+
+    def binary(self, e: ast.Binary) -> Value:
+        lhs, rhs = self.single(e.lhs), self.single(e.rhs)
+        if isinstance(lhs, Static) and isinstance(rhs, Static):
+            a, b = lhs.value, rhs.value
+            if not all(isinstance(x, int | float) for x in (a, b)) and e.op not in ("==", "!="):
+                raise CompileError(f"cannot apply '{e.op}' to {a!r} and {b!r}", e.loc)
+            if e.op == "/":
+                return Static(_divide(a, b, e.loc))
+            if e.op == "@":
+                raise CompileError("'@' needs tensor operands", e.loc)
+            return Static(FOLD[e.op](a, b))
+        if e.op == "@":
+            if isinstance(lhs, Static) or isinstance(rhs, Static):
+                raise CompileError("'@' needs tensor operands", e.loc)
+            return self.matmul(lhs, rhs, e.loc)
+        lhs, rhs = self.operands(lhs, rhs, e.loc)
+        et = self.promote(lhs, rhs, e.loc)
+        shape = self.broadcast(e.loc, lhs, rhs)
+        if e.op in CMP_PREDICATE:
+            return self.emit(tmath.CmpOp(CMP_PREDICATE[e.op], lhs, rhs, TensorType(i1, shape)), e.loc).result
+        self.check_arith(lhs, e.loc)
+        if e.op == "/" and tmath.is_int_type(et):
+            raise CompileError("integer division is not supported; convert with f32(...) first", e.loc)
+        return self.emit(ARITH_OPS[e.op](lhs, rhs, TensorType(et, shape)), e.loc).result
+
+    def matmul(self, lhs: SSAValue, rhs: SSAValue, loc: Loc) -> SSAValue:
+        shape = tmath.matmul_shape(shape_of(lhs.type), shape_of(rhs.type))
+        if shape is None:
+            raise CompileError(
+                f"cannot multiply {format_type(lhs.type)} by {format_type(rhs.type)}: "
+                "'@' needs rank >= 2 and the inner dimensions to match",
+                loc,
+            )
+        et = self.promote(lhs, rhs, loc)
+        if not tmath.is_float_type(et):
+            raise CompileError("'@' needs float operands", loc)
+        return self.emit(tmath.MatmulOp(lhs, rhs, TensorType(et, shape)), loc).result
+
+    # --- calls ---------------------------------------------------------------------------
+
+    def bind(
+        self, call: ast.Call, positional: Sequence[str], optional: Mapping[str, object] = {}
+    ) -> dict[str, ast.Expr | object]:
+        """Match a call's arguments to the builtin's parameters (positional or by keyword)."""
+        names = list(positional) + list(optional)
+        if len(call.args) > len(names):
+            raise CompileError(
+                f"{call.func}() takes at most {len(names)} arguments ({', '.join(names)}), got {len(call.args)}",
+                call.loc,
+            )
+        bound: dict[str, ast.Expr | object] = dict(zip(names, call.args))
+        for kw in call.keywords:
+            if kw.name not in names:
+                raise CompileError(f"{call.func}() has no argument '{kw.name}' (it takes {', '.join(names)})", kw.loc)
+            if kw.name in bound:
+                raise CompileError(f"{call.func}() got '{kw.name}' twice", kw.loc)
+            bound[kw.name] = kw.value
+        missing = [n for n in positional if n not in bound]
+        if missing:
+            raise CompileError(f"{call.func}() is missing argument '{missing[0]}'", call.loc)
+        for name, default in optional.items():
+            bound.setdefault(name, default)
+        return bound
+
+    def axes(self, e: ast.Expr | None, rank: int, what: str) -> list[int]:
+        if e is None:
+            return list(range(rank))
+        raw = self.static(e, what).value
+        items = raw if isinstance(raw, tuple) else (raw,)
+        axes = []
+        for a in items:
+            if isinstance(a, bool) or not isinstance(a, int):
+                raise CompileError(f"{what} must be an integer or a list of integers", e.loc)
+            n = tmath.normalize_axis(a, rank)
+            if n is None:
+                raise CompileError(f"{what} {a} is out of range for rank {rank}", e.loc)
+            axes.append(n)
+        if len(set(axes)) != len(axes):
+            raise CompileError(f"{what} repeats an axis", e.loc)
+        return sorted(axes)
+
+    def flag(self, e: ast.Expr | object, what: str) -> bool:
+        if isinstance(e, bool):
+            return e
+        v = self.static(e, what).value
+        if not isinstance(v, bool):
+            raise CompileError(f"{what} must be true or false", e.loc)
+        return v
+
+    def call(self, c: ast.Call) -> Result:
+        handler = getattr(self, f"call_{c.func}", None)
+        if c.func in UNARY_BUILTINS:
+            x = self.tensor(self.bind(c, ["x"])["x"], f"the argument of {c.func}")
+            if not tmath.is_float_type(x.type.get_element_type()):
+                raise CompileError(f"{c.func}() needs a float tensor, got {format_type(x.type)}", c.loc)
+            return self.emit(UNARY_BUILTINS[c.func](x), c.loc).result
+        if c.func in REDUCE_BUILTINS:
+            return self.reduce(c)
+        if handler is None:
+            raise CompileError(f"unknown function '{c.func}'", c.loc)
+        return handler(c)
+
+    def reduce(self, c: ast.Call) -> Value:
+        if c.func in ("max", "min") and len(c.args) >= 2 and not c.keywords:
+            values = [self.single(a) for a in c.args]
+            if all(isinstance(v, Static) for v in values):  # max(T, 4) on dims
+                fold = max if c.func == "max" else min
+                return Static(fold(self.static(a, f"an argument of {c.func}").value for a in c.args))
+        args = self.bind(c, ["x"], {"axis": None, "keepdims": False})
+        x = self.tensor(args["x"], f"the argument of {c.func}")
+        if tmath.is_bool_type(x.type.get_element_type()):
+            raise CompileError(f"{c.func}() of booleans; convert with i32(...) first", c.loc)
+        shape = shape_of(x.type)
+        axes = self.axes(args["axis"], len(shape), "axis")
+        keepdims = self.flag(args["keepdims"], "keepdims")
+        result = TensorType(x.type.get_element_type(), tmath.reduced_shape(shape, axes, keepdims))
+        return self.emit(REDUCE_BUILTINS[c.func](x, axes, keepdims, result), c.loc).result
+
+    def elementwise(self, c: ast.Call, op_type: type[tmath.ElementwiseBinaryOp], lhs: Value, rhs: Value) -> Value:
+        if isinstance(lhs, Static) and isinstance(rhs, Static):
+            fold = max if op_type is tmath.MaximumOp else min
+            return Static(fold(lhs.value, rhs.value))
+        lhs, rhs = self.operands(lhs, rhs, c.loc)
+        et = self.promote(lhs, rhs, c.loc)
+        self.check_arith(lhs, c.loc)
+        shape = self.broadcast(c.loc, lhs, rhs)
+        return self.emit(op_type(lhs, rhs, TensorType(et, shape)), c.loc).result
+
+    def call_maximum(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["a", "b"])
+        return self.elementwise(c, tmath.MaximumOp, self.single(args["a"]), self.single(args["b"]))
+
+    def call_minimum(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["a", "b"])
+        return self.elementwise(c, tmath.MinimumOp, self.single(args["a"]), self.single(args["b"]))
+
+    def call_clamp(self, c: ast.Call) -> Value:
+        """clamp(x, lo, hi) = minimum(maximum(x, lo), hi); NaN stays NaN."""
+        args = self.bind(c, ["x", "lo", "hi"])
+        lo, hi = self.single(args["lo"]), self.single(args["hi"])
+        if isinstance(lo, Static) and isinstance(hi, Static) and lo.value > hi.value:
+            raise CompileError(f"clamp bounds are reversed: {lo.value} > {hi.value}", c.loc)
+        low = self.elementwise(c, tmath.MaximumOp, self.single(args["x"]), lo)
+        return self.elementwise(c, tmath.MinimumOp, low, hi)
+
+    def call_softmax(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["x"], {"axis": ast.Number(c.loc, -1)})
+        x = self.tensor(args["x"], "the argument of softmax")
+        if not tmath.is_float_type(x.type.get_element_type()):
+            raise CompileError(f"softmax() needs a float tensor, got {format_type(x.type)}", c.loc)
+        axes = self.axes(args["axis"], len(shape_of(x.type)), "axis")
+        if len(axes) != 1:
+            raise CompileError("softmax() takes one axis", c.loc)
+        return self.emit(tmath.SoftmaxOp(x, axes[0]), c.loc).result
+
+    def call_where(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["cond", "a", "b"])
+        cond = self.tensor(args["cond"], "the condition of where")
+        if not tmath.is_bool_type(cond.type.get_element_type()):
+            raise CompileError(f"where() needs a boolean condition (a comparison), got {format_type(cond.type)}", c.loc)
+        a, b = self.operands(self.single(args["a"]), self.single(args["b"]), c.loc)
+        et = self.promote(a, b, c.loc)
+        shape = self.broadcast(c.loc, cond, a, b)
+        return self.emit(tmath.SelectOp(cond, a, b, TensorType(et, shape)), c.loc).result
+
+    def call_reshape(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["x", "shape"])
+        x = self.tensor(args["x"], "the argument of reshape")
+        shape_expr = args["shape"]
+        if not isinstance(shape_expr, ast.ListExpr):
+            raise CompileError("reshape() takes the new shape as a list: reshape(x, [T, G, E / G])", c.loc)
+        shape = self.shape(shape_expr.items)
+        if math.prod(shape) != math.prod(shape_of(x.type)):
+            raise CompileError(
+                f"cannot reshape {format_type(x.type)} ({math.prod(shape_of(x.type))} elements) "
+                f"to {format_shape(shape)} ({math.prod(shape)} elements)",
+                c.loc,
+            )
+        return self.emit(tmath.ReshapeOp(x, TensorType(x.type.get_element_type(), shape)), c.loc).result
+
+    def int_tensor(self, e: ast.Expr, what: str) -> SSAValue:
+        v = self.tensor(e, what)
+        if not tmath.is_int_type(v.type.get_element_type()):
+            raise CompileError(f"{what} must be i32, got {format_type(v.type)}", e.loc)
+        return v
+
+    def call_one_hot(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["indices", "depth"])
+        idx = self.int_tensor(args["indices"], "the indices of one_hot")
+        depth = self.static_int(args["depth"], "one_hot depth")
+        return self.emit(tmath.OneHotOp(idx, depth), c.loc).result
+
+    def call_take(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["x", "indices"])
+        x = self.tensor(args["x"], "the argument of take")
+        idx = self.int_tensor(args["indices"], "the indices of take")
+        xs, ids = shape_of(x.type), shape_of(idx.type)
+        if len(xs) != len(ids) or xs[:-1] != ids[:-1]:
+            raise CompileError(
+                f"take() picks along the last axis: {format_type(x.type)} and indices "
+                f"{format_type(idx.type)} must agree on every other axis",
+                c.loc,
+            )
+        return self.emit(tmath.TakeOp(x, idx), c.loc).result
+
+    def call_topk(self, c: ast.Call) -> Result:
+        args = self.bind(c, ["x", "k"], {"order": "score"})
+        x = self.tensor(args["x"], "the scores of topk")
+        if tmath.is_bool_type(x.type.get_element_type()):
+            raise CompileError("topk() of booleans; convert with i32(...) first", c.loc)
+        shape = shape_of(x.type)
+        if not shape:
+            raise CompileError("topk() needs at least one axis", c.loc)
+        k = self.static_int(args["k"], "topk k")
+        if k > shape[-1]:
+            raise CompileError(f"topk: K = {k} exceeds the {shape[-1]} candidates on the last axis of {format_type(x.type)}", args["k"].loc)
+        order = args["order"] if isinstance(args["order"], str) else self.static(args["order"], "order").value
+        if order not in moe.TOPK_ORDERS:
+            raise CompileError(f"topk order must be one of {', '.join(map(repr, moe.TOPK_ORDERS))}, got {order!r}", c.loc)
+        op = self.emit(moe.TopKOp(x, k, order), c.loc)
+        return op.values, op.indices
+
+    def call_scatter(self, c: ast.Call) -> Result:
+        args = self.bind(c, ["x", "experts_idx"], {"experts": None, "block": None, "capacity": None})
+        for required in ("experts", "block"):
+            if args[required] is None:
+                raise CompileError(f"scatter() needs {required}=...", c.loc)
+        x = self.tensor(args["x"], "the tokens of scatter")
+        idx = self.int_tensor(args["experts_idx"], "the chosen experts of scatter")
+        xs, ids = shape_of(x.type), shape_of(idx.type)
+        if len(xs) != 2:
+            raise CompileError(f"scatter() takes tokens [T, D], got {format_type(x.type)}", args["x"].loc)
+        if len(ids) != 2 or ids[0] != xs[0]:
+            raise CompileError(
+                f"scatter() takes the chosen experts as [T, K] with T = {xs[0]}, got {format_type(idx.type)}",
+                args["experts_idx"].loc,
+            )
+        experts = self.static_int(args["experts"], "experts")
+        block = self.static_int(args["block"], "block")
+        capacity = None if args["capacity"] is None else self.static_int(args["capacity"], "capacity")
+        tokens, k = ids
+        if k > experts:
+            raise CompileError(f"scatter: K = {k} exceeds E = {experts} (a token picks K distinct experts)", c.loc)
+        most = tokens if capacity is None else min(tokens, capacity)
+        if block > most:
+            held = f"T = {tokens} pairs" if capacity is None or capacity >= tokens else f"its capacity {capacity}"
+            raise CompileError(
+                f"scatter: block = {block} does not fit: one expert holds at most {held}, "
+                f"so a block could never be filled; use block <= {most}",
+                args["block"].loc,
+            )
+        route = moe.RouteType.make(tokens, k, experts, block, capacity)
+        op = self.emit(moe.ScatterOp(x, idx, route), c.loc)
+        return op.blocked, op.route
+
+    def route(self, e: ast.Expr) -> SSAValue:
+        v = self.single(e)
+        if isinstance(v, Static) or not isinstance(v.type, moe.RouteType):
+            raise CompileError("expected the routing plan (the second result of scatter)", e.loc)
+        return v
+
+    def call_grouped_matmul(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["x", "w", "route"], {"bias": None})
+        x = self.tensor(args["x"], "the blocks of grouped_matmul")
+        w = self.tensor(args["w"], "the expert weights of grouped_matmul")
+        route = self.route(args["route"])
+        r = route.type
+        g, b, e = r.blocks.data, r.block.data, r.experts.data
+        xs, ws = shape_of(x.type), shape_of(w.type)
+        if len(xs) != 3 or xs[:2] != (g, b):
+            raise CompileError(f"grouped_matmul blocks must be [G, B, D] = [{g}, {b}, D], got {format_type(x.type)}", args["x"].loc)
+        if len(ws) != 3 or ws[0] != e or ws[1] != xs[2]:
+            raise CompileError(
+                f"grouped_matmul weights must be [E, D, F] = [{e}, {xs[2]}, F], got {format_type(w.type)}",
+                args["w"].loc,
+            )
+        et = self.promote(x, w, c.loc)
+        if not tmath.is_float_type(et):
+            raise CompileError("grouped_matmul needs float tensors", c.loc)
+        bias = None
+        if args["bias"] is not None:
+            bias = self.tensor(args["bias"], "the bias of grouped_matmul")
+            if shape_of(bias.type) != (e, ws[2]) or not tmath.is_float_type(bias.type.get_element_type()):
+                raise CompileError(
+                    f"grouped_matmul bias must be a float [E, F] = [{e}, {ws[2]}], got {format_type(bias.type)}",
+                    args["bias"].loc,
+                )
+        return self.emit(moe.GroupedMatmulOp(x, w, route, bias), c.loc).result
+
+    def call_combine(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["x", "route"], {"weights": None})
+        x = self.tensor(args["x"], "the blocks of combine")
+        route = self.route(args["route"])
+        r = route.type
+        xs = shape_of(x.type)
+        if len(xs) != 3 or xs[:2] != (r.blocks.data, r.block.data):
+            raise CompileError(
+                f"combine blocks must be [G, B, D] = [{r.blocks.data}, {r.block.data}, D], got {format_type(x.type)}",
+                args["x"].loc,
+            )
+        if not tmath.is_float_type(x.type.get_element_type()):
+            raise CompileError("combine needs float blocks", c.loc)
+        weights = None
+        if args["weights"] is not None:
+            weights = self.tensor(args["weights"], "the weights of combine")
+            want = (r.tokens.data, r.k.data)
+            if shape_of(weights.type) != want or not tmath.is_float_type(weights.type.get_element_type()):
+                raise CompileError(
+                    f"combine weights must be a float [T, K] = {format_shape(want)}, got {format_type(weights.type)}",
+                    args["weights"].loc,
+                )
+        return self.emit(moe.CombineOp(x, route, weights), c.loc).result
+
+    # --- statements ----------------------------------------------------------------------
+
+    def assign(self, s: ast.Assign) -> None:
+        value = self.expr(s.value)
+        values = value if isinstance(value, tuple) else (value,)
+        if len(values) != len(s.targets):
+            raise CompileError(f"{len(s.targets)} names on the left, but the right gives {len(values)} values", s.loc)
+        for target, v in zip(s.targets, values):
+            if target.id == "_":
+                continue
+            if target.id in self.dims:
+                raise CompileError(f"'{target.id}' is a dim and cannot be assigned", target.loc)
+            if target.id in CONSTANTS:
+                raise CompileError(f"'{target.id}' is a constant and cannot be assigned", target.loc)
+            if isinstance(v, SSAValue) and v.name_hint is None:
+                v.name_hint = target.id
+            self.env[target.id] = v
+
+
+def build_graph(graph: ast.Graph, dims: Mapping[str, int]) -> func.FuncOp:
+    gb = GraphBuilder(dims, Block())
+    arg_types = []
+    for p in graph.params:
+        if p.name in gb.env:
+            what = "dim" if p.name in dims else "parameter"
+            raise CompileError(f"parameter '{p.name}' shadows a {what} of the same name", p.loc)
+        t = gb.tensor_type(p.type)
+        arg = gb.block.insert_arg(t, len(arg_types))
+        arg.name_hint = p.name
+        arg_types.append(t)
+        gb.env[p.name] = arg
+    result_types = [gb.tensor_type(t) for t in graph.results]
+    returns = [s for s in graph.body if isinstance(s, ast.Return)]
+    if not returns:
+        raise CompileError(f"graph '{graph.name}' has no return statement", graph.loc)
+    for s in graph.body:
+        if isinstance(s, ast.Return):
+            if s is not graph.body[-1]:
+                raise CompileError("return must be the last statement of a graph", s.loc)
+            values = [gb.tensor(v, "a returned value") for v in s.values]
+            if len(values) != len(result_types):
+                raise CompileError(f"graph '{graph.name}' declares {len(result_types)} results but returns {len(values)}", s.loc)
+            for v, want, e in zip(values, result_types, s.values):
+                if v.type != want:
+                    raise CompileError(f"returned {format_type(v.type)}, but the graph declares {format_type(want)}", e.loc)
+            gb.block.add_op(func.ReturnOp(*values))
+        else:
+            gb.assign(s)
+    return func.FuncOp(graph.name, (arg_types, result_types), Region(gb.block))
+
+
+def build_module(program: ast.Program, dims: Mapping[str, int]) -> ModuleOp:
+    """One func.func per graph, with dims already evaluated by `evaluate_dims`."""
+    if not program.graphs:
+        raise CompileError("the file defines no graph", Loc(1, 1))
+    seen: dict[str, ast.Graph] = {}
+    for g in program.graphs:
+        if g.name in seen:
+            raise CompileError(f"graph '{g.name}' is defined twice", g.loc)
+        seen[g.name] = g
+    module = ModuleOp([build_graph(g, dims) for g in program.graphs])
+    module.verify()
+    return module
+

@@ -1,0 +1,154 @@
+"""Parse .moe text into the AST of `tcpc.syntax` with lark (LALR), keeping source locations."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from tcpc import syntax as ast
+from tcpc.diagnostics import CompileError, Loc
+
+TOKEN_NAMES = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "STRING": "a string",
+    "DTYPE": "a type (bf16, f32, i32)",
+    "COMP_OP": "a comparison",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*', '/' or '@'",
+    "$END": "end of file",
+}
+
+
+@cache
+def _lark() -> Lark:
+    grammar = files("tcpc").joinpath("moe.lark").read_text()
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def _loc(item: Token | lark.tree.Meta) -> Loc:
+    return Loc(item.line, item.column)
+
+
+def _number(text: str) -> int | float:
+    return int(text) if text.isdigit() else float(text)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    def start(self, meta, items):
+        dims = tuple(d for item in items if isinstance(item, list) for d in item)
+        graphs = tuple(item for item in items if isinstance(item, ast.Graph))
+        return ast.Program(dims, graphs)
+
+    def dims(self, meta, items):
+        return list(items)
+
+    def dim_def(self, meta, items):
+        name, value = items
+        return ast.DimDef(str(name), value, _loc(name))
+
+    def graph(self, meta, items):
+        name, *rest = items
+        params = tuple(i for i in rest if isinstance(i, ast.Param))
+        results = next(i for i in rest if isinstance(i, tuple))
+        body = tuple(i for i in rest if isinstance(i, ast.Assign | ast.Return))
+        return ast.Graph(str(name), params, results, body, _loc(name))
+
+    def param(self, meta, items):
+        name, type_ = items
+        return ast.Param(str(name), type_, _loc(name))
+
+    def results(self, meta, items):
+        return tuple(items)
+
+    def tensor_type(self, meta, items):
+        dtype, *dims = items
+        return ast.TensorTypeExpr(str(dtype), tuple(d for d in dims if d is not None), _loc(dtype))
+
+    def assign(self, meta, items):
+        *targets, value = items
+        return ast.Assign(tuple(targets), value, _loc(meta))
+
+    def target(self, meta, items):
+        return ast.Name(_loc(items[0]), str(items[0]))
+
+    def return_stmt(self, meta, items):
+        return ast.Return(tuple(items), _loc(meta))
+
+    def binary(self, meta, items):
+        lhs, op, rhs = items
+        return ast.Binary(_loc(op), str(op), lhs, rhs)
+
+    def neg(self, meta, items):
+        return ast.Neg(_loc(meta), items[0])
+
+    def number(self, meta, items):
+        return ast.Number(_loc(items[0]), _number(str(items[0])))
+
+    def string(self, meta, items):
+        return ast.String(_loc(items[0]), str(items[0])[1:-1])
+
+    def name(self, meta, items):
+        return ast.Name(_loc(items[0]), str(items[0]))
+
+    def call(self, meta, items):
+        name, *args = items
+        args = [a for a in args if a is not None]
+        for before, after in zip(args, args[1:]):
+            if isinstance(before, ast.Keyword) and not isinstance(after, ast.Keyword):
+                raise CompileError("positional argument after a keyword argument", after.loc)
+        positional = tuple(a for a in args if not isinstance(a, ast.Keyword))
+        keywords = tuple(a for a in args if isinstance(a, ast.Keyword))
+        return ast.Call(_loc(name), str(name), positional, keywords)
+
+    def keyword(self, meta, items):
+        name, value = items
+        return ast.Keyword(str(name), value, _loc(name))
+
+    def convert(self, meta, items):
+        dtype, operand = items
+        return ast.Convert(_loc(dtype), str(dtype), operand)
+
+    def list(self, meta, items):
+        return ast.ListExpr(_loc(meta), tuple(i for i in items if i is not None))
+
+
+def _describe(token_type: str) -> str:
+    if token_type in TOKEN_NAMES:
+        return TOKEN_NAMES[token_type]
+    try:
+        pattern = _lark().get_terminal(token_type).pattern.value
+    except KeyError:
+        return token_type
+    return f"'{pattern}'"
+
+
+def parse(source: str) -> ast.Program:
+    """Parse a whole .moe file; syntax errors become located `CompileError`s."""
+    try:
+        tree = _lark().parse(source)
+    except lark.exceptions.UnexpectedCharacters as e:
+        raise CompileError(f"unexpected character {source[e.pos_in_stream]!r}", Loc(e.line, e.column)) from None
+    except lark.exceptions.UnexpectedEOF as e:
+        expected = ", ".join(sorted({_describe(t) for t in e.expected}))
+        lines = source.splitlines() or [""]
+        raise CompileError(
+            f"unexpected end of file, expected {expected}", Loc(len(lines), len(lines[-1]) + 1)
+        ) from None
+    except lark.exceptions.UnexpectedToken as e:
+        expected = sorted({_describe(t) for t in e.expected})
+        shown = ", ".join(expected[:8]) + (", ..." if len(expected) > 8 else "")
+        if e.token.type == "$END":
+            lines = source.splitlines() or [""]
+            raise CompileError(f"unexpected end of file, expected {shown}", Loc(len(lines), len(lines[-1]) + 1)) from None
+        raise CompileError(f"unexpected {e.token.value!r}, expected {shown}", Loc(e.line, e.column)) from None
+    try:
+        return _ToAst().transform(tree)
+    except lark.exceptions.VisitError as e:
+        if isinstance(e.orig_exc, CompileError):
+            raise e.orig_exc from None
+        raise
