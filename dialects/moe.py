@@ -299,4 +299,60 @@ class CombineOp(IRDLOperation):
         _expect(self.result.type == expected, f"result should be {expected}")
 
 
-MoE = Dialect("moe", [TopKOp, ScatterOp, GroupedMatmulOp, CombineOp], [RouteType])
+@irdl_op_definition
+class RouteOp(IRDLOperation):
+    """Packs computed routing indices into a routing plan: what `lower-routing` leaves in place
+    of `moe.scatter`'s second result, until the dispatch lowering consumes it."""
+
+    name = "moe.route"
+    scatter_idx = operand_def(TensorType)
+    expert_ids = operand_def(TensorType)
+    route = result_def(RouteType)
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$scatter_idx `,` $expert_ids attr-dict `:` type($scatter_idx) `,` type($expert_ids) `->` type($route)"
+    )
+
+    def __init__(self, scatter_idx, expert_ids, route_type: RouteType):
+        super().__init__(operands=[scatter_idx, expert_ids], result_types=[route_type])
+
+    def verify_(self) -> None:
+        r = self.route.type
+        assert isinstance(r, RouteType)
+        want = (r.tokens.data, r.k.data)
+        _expect(self.scatter_idx.type == TensorType(i32, want), f"scatter_idx must be i32 {list(want)}")
+        _expect(self.expert_ids.type == TensorType(i32, [r.blocks.data]), f"expert_ids must be i32 [{r.blocks.data}]")
+
+
+@irdl_op_definition
+class DispatchOp(IRDLOperation):
+    """Tokens [T, D] into blocks [G, B, D] by an existing routing plan: `moe.scatter`'s data
+    movement once its index generation has been lowered."""
+
+    name = "moe.dispatch"
+    input = operand_def(TensorType)
+    route = operand_def(RouteType)
+    blocked = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$input `,` $route attr-dict `:` type($input) `,` type($route) `->` type($blocked)"
+
+    def __init__(self, input, route):
+        r = route.type
+        t = input.type
+        shape = [r.blocks.data, r.block.data, shape_of(t)[1]]
+        super().__init__(operands=[input, route], result_types=[TensorType(t.get_element_type(), shape)])
+
+    def verify_(self) -> None:
+        r = self.route.type
+        assert isinstance(r, RouteType)
+        xs = shape_of(self.input.type)
+        _expect(len(xs) == 2 and xs[0] == r.tokens.data, f"input must be [T, D] with T = {r.tokens.data}")
+        want = TensorType(self.input.type.get_element_type(), [r.blocks.data, r.block.data, xs[1]])
+        _expect(self.blocked.type == want, f"result should be {want}")
+
+
+MoE = Dialect(
+    "moe",
+    [TopKOp, ScatterOp, GroupedMatmulOp, CombineOp, RouteOp, DispatchOp],
+    [RouteType],
+)

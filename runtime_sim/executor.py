@@ -12,9 +12,10 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions
 from xdsl.interpreters.func import FuncFunctions
 
 from runtime_sim.moe_semantics import MoEFunctions
+from runtime_sim.tcp_semantics import TCPFunctions
 from runtime_sim.tmath_semantics import TMathFunctions
 
-SEMANTICS: list[type[InterpreterFunctions]] = [FuncFunctions, TMathFunctions, MoEFunctions]
+SEMANTICS: list[type[InterpreterFunctions]] = [FuncFunctions, TMathFunctions, MoEFunctions, TCPFunctions]
 """Every dialect's numpy semantics; each lowering level registers its own here."""
 
 

@@ -78,6 +78,17 @@ def route_plan(expert_idx: np.ndarray, route: moe.RouteType) -> RoutePlan:
     return RoutePlan(scatter_idx.reshape(expert_idx.shape).astype(np.int32), expert_ids, block)
 
 
+def dispatch(x: np.ndarray, plan: RoutePlan) -> np.ndarray:
+    """Tokens [T, D] into zeroed blocks [G, B, D]: pair (t, k) copies row t to scatter_idx[t, k]."""
+    g, b = plan.expert_ids.shape[0], plan.block
+    blocked = np.zeros((g * b, x.shape[1]), dtype=x.dtype)
+    pairs = plan.scatter_idx.reshape(-1)
+    tokens = np.repeat(np.arange(x.shape[0]), plan.scatter_idx.shape[1])
+    kept = pairs >= 0
+    blocked[pairs[kept]] = x[tokens[kept]]
+    return blocked.reshape(g, b, x.shape[1])
+
+
 @register_impls
 class MoEFunctions(InterpreterFunctions):
     @impl(moe.TopKOp)
@@ -90,13 +101,23 @@ class MoEFunctions(InterpreterFunctions):
     def run_scatter(self, interpreter: Interpreter, op: moe.ScatterOp, args: tuple[Any, ...]):
         x, expert_idx = args
         plan = route_plan(expert_idx, op.route.type)
-        g, b, d = moe.shape_of(op.blocked.type)
-        blocked = np.zeros((g * b, d), dtype=x.dtype)
-        pairs = plan.scatter_idx.reshape(-1)
-        tokens = np.repeat(np.arange(x.shape[0]), expert_idx.shape[1])
-        kept = pairs >= 0
-        blocked[pairs[kept]] = x[tokens[kept]]
-        return blocked.reshape(g, b, d), plan
+        return dispatch(x, plan), plan
+
+    @impl(moe.RouteOp)
+    def run_route(self, interpreter: Interpreter, op: moe.RouteOp, args: tuple[Any, ...]):
+        scatter_idx, expert_ids = args
+        r = op.route.type
+        rows = r.blocks.data * r.block.data
+        for name, values, bound in (("scatter_idx", scatter_idx, rows), ("expert_ids", expert_ids, r.experts.data)):
+            bad = values[(values < -1) | (values >= bound)]
+            if bad.size:
+                raise InterpretationError(f"moe.route: {name} entry {int(bad.flat[0])} is outside [-1, {bound})")
+        return (RoutePlan(scatter_idx, expert_ids, r.block.data),)
+
+    @impl(moe.DispatchOp)
+    def run_dispatch(self, interpreter: Interpreter, op: moe.DispatchOp, args: tuple[Any, ...]):
+        x, plan = args
+        return (dispatch(x, plan),)
 
     @impl(moe.GroupedMatmulOp)
     def run_grouped_matmul(

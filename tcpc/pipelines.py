@@ -14,9 +14,10 @@ from xdsl.ir import Dialect
 from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.moe import MoE
+from dialects.tcp import TCP
 from dialects.tmath import TMath
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, TCP]
 
 
 def _passes() -> dict[str, Callable[[], type[ModulePass]]]:

@@ -1,0 +1,198 @@
+"""`tcp`: the TCP engines other than the vector engine.
+
+The contraction engine (einsum-like, bf16 or f32 operands, f32 accumulation) and the DMA engines
+(row gathers and scatters by an index tensor, loads and stores between HBM and SRAM). A device
+function cannot branch on runtime data, but a command may be guarded by a runtime scalar: a
+contraction's `guard` operand names, per leading block, whether that block's command runs
+(guard >= 0) or is skipped (its output is zero and it costs only the guard). DMA commands take
+index -1 as "skip this row": nothing is read, zero is written. Numpy semantics are in
+`runtime_sim/tcp_semantics.py`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from xdsl.dialects.builtin import StringAttr, TensorType
+from xdsl.ir import Attribute, Dialect, SSAValue
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    IRDLOperation,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
+
+from dialects.tmath import broadcast_shapes, format_type, is_float_type, is_int_type, shape_of
+
+_EINSUM = re.compile(r"^([a-z]+),([a-z]+)->([a-z]*)$")
+
+
+def _expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise VerifyException(message)
+
+
+def einsum_shape(spec: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[int, ...]:
+    """The result shape of a two-operand einsum, or a VerifyException saying what is wrong."""
+    m = _EINSUM.match(spec)
+    _expect(m is not None, f"contraction spec {spec!r} is not of the form 'ab,bc->ac'")
+    a, b, out = m.groups()
+    _expect(len(a) == len(lhs) and len(b) == len(rhs), f"spec {spec!r} does not match operand ranks {len(lhs)}, {len(rhs)}")
+    sizes: dict[str, int] = {}
+    for letters, shape in ((a, lhs), (b, rhs)):
+        for letter, size in zip(letters, shape):
+            _expect(sizes.setdefault(letter, size) == size, f"axis '{letter}' is {sizes[letter]} and {size}")
+    _expect(len(set(out)) == len(out) and set(out) <= set(sizes), f"bad result axes in {spec!r}")
+    return tuple(sizes[c] for c in out)
+
+
+def contracted_size(spec: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> int:
+    """The number of multiply-accumulates per result element (the product of summed axes)."""
+    a, b, out = _EINSUM.match(spec).groups()
+    sizes = dict(zip(a, lhs)) | dict(zip(b, rhs))
+    n = 1
+    for letter in set(a + b) - set(out):
+        n *= sizes[letter]
+    return n
+
+
+@irdl_op_definition
+class ContractOp(IRDLOperation):
+    """`einsum(spec, lhs, rhs) + bias` on the contraction engine, accumulated in f32 and rounded
+    to the result type. With `guard` (i32, one entry per block of the result's first axis), a
+    block whose guard is negative is skipped and left zero."""
+
+    name = "tcp.contract"
+    spec = prop_def(StringAttr)
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    bias = opt_operand_def(TensorType)
+    guard = opt_operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = (
+        "$spec $lhs `,` $rhs (`bias` $bias^)? (`guard` $guard^)? attr-dict `:` type($lhs) `,` type($rhs) "
+        "(`,` `bias` type($bias)^)? (`,` `guard` type($guard)^)? `->` type($result)"
+    )
+
+    def __init__(self, spec: str, lhs: SSAValue, rhs: SSAValue, result_type: Attribute,
+                 bias: SSAValue | None = None, guard: SSAValue | None = None):
+        super().__init__(
+            operands=[lhs, rhs, bias, guard],
+            result_types=[result_type],
+            properties={"spec": StringAttr(spec)},
+        )
+
+    def verify_(self) -> None:
+        lt, rt = self.lhs.type, self.rhs.type
+        for t in (lt, rt):
+            _expect(is_float_type(t.get_element_type()), f"contraction operands must be bf16 or f32, got {format_type(t)}")
+        shape = einsum_shape(self.spec.data, shape_of(lt), shape_of(rt))
+        _expect(shape_of(self.result.type) == shape, f"result should have shape {list(shape)}")
+        _expect(is_float_type(self.result.type.get_element_type()), "result must be float")
+        if self.bias is not None:
+            bs = shape_of(self.bias.type)
+            _expect(broadcast_shapes(bs, shape) == shape, f"bias {format_type(self.bias.type)} does not broadcast to {list(shape)}")
+        if self.guard is not None:
+            gt = self.guard.type
+            _expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
+                    f"guard must be i32 [{shape[0] if shape else ''}] (one per block), got {format_type(gt)}")
+
+
+@irdl_op_definition
+class DmaGatherOp(IRDLOperation):
+    """Rows of `source` (its first axis) picked by `indices`: result[i...] = source[indices[i...]].
+    Index -1 skips the row (nothing is read, zero is written); other out-of-range indices are an
+    execution error."""
+
+    name = "tcp.dma_gather"
+    source = operand_def(TensorType)
+    indices = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$source `[` $indices `]` attr-dict `:` type($source) `,` type($indices) `->` type($result)"
+    )
+
+    def __init__(self, source: SSAValue, indices: SSAValue):
+        st, it = source.type, indices.type
+        shape = [*shape_of(it), *shape_of(st)[1:]]
+        super().__init__(operands=[source, indices], result_types=[TensorType(st.get_element_type(), shape)])
+
+    def verify_(self) -> None:
+        st, it = self.source.type, self.indices.type
+        _expect(is_int_type(it.get_element_type()), "indices must be i32")
+        _expect(len(shape_of(st)) >= 1, "source needs a row axis")
+        want = TensorType(st.get_element_type(), [*shape_of(it), *shape_of(st)[1:]])
+        _expect(self.result.type == want, f"result should be {want}")
+
+
+@irdl_op_definition
+class DmaScatterOp(IRDLOperation):
+    """Rows of `source` written into a zeroed buffer of `rows` rows: source row s goes to every
+    row named by indices[s, ...] (a row may be sent to several places). Index -1 skips; two
+    writes to one row are an execution error."""
+
+    name = "tcp.dma_scatter"
+    source = operand_def(TensorType)
+    indices = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$source `[` $indices `]` attr-dict `:` type($source) `,` type($indices) `->` type($result)"
+    )
+
+    def __init__(self, source: SSAValue, indices: SSAValue, rows: int):
+        st = source.type
+        super().__init__(
+            operands=[source, indices],
+            result_types=[TensorType(st.get_element_type(), [rows, *shape_of(st)[1:]])],
+        )
+
+    def verify_(self) -> None:
+        st, it, rt = self.source.type, self.indices.type, self.result.type
+        _expect(is_int_type(it.get_element_type()), "indices must be i32")
+        ss, ids = shape_of(st), shape_of(it)
+        _expect(len(ss) >= 1 and len(ids) >= 1 and ids[0] == ss[0],
+                f"indices {format_type(it)} must have one leading entry per source row ({ss[0] if ss else 0})")
+        _expect(rt.get_element_type() == st.get_element_type() and shape_of(rt)[1:] == ss[1:],
+                "result rows must have the source's row shape and type")
+
+
+class _CopyOp(IRDLOperation):
+    """A DMA copy between memories; the value is unchanged."""
+
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue):
+        super().__init__(operands=[input], result_types=[input.type])
+
+    def verify_(self) -> None:
+        _expect(self.result.type == self.input.type, "a copy keeps the type")
+
+
+@irdl_op_definition
+class LoadOp(_CopyOp):
+    """HBM to SRAM."""
+
+    name = "tcp.load"
+
+
+@irdl_op_definition
+class StoreOp(_CopyOp):
+    """SRAM to HBM."""
+
+    name = "tcp.store"
+
+
+TCP = Dialect("tcp", [ContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp], [])

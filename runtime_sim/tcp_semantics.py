@@ -1,0 +1,64 @@
+"""Numpy semantics of the `tcp` ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.utils.exceptions import InterpretationError
+
+from dialects import tcp
+from runtime_sim.numerics import compute, round_to, tensor_dtype
+
+
+def check_rows(op_name: str, indices: np.ndarray, rows: int) -> None:
+    bad = indices[(indices < -1) | (indices >= rows)]
+    if bad.size:
+        raise InterpretationError(f"{op_name}: row index {int(bad.flat[0])} is outside [-1, {rows})")
+
+
+@register_impls
+class TCPFunctions(InterpreterFunctions):
+    @impl(tcp.ContractOp)
+    def run_contract(self, interpreter: Interpreter, op: tcp.ContractOp, args: tuple[Any, ...]):
+        lhs, rhs, *optional = args
+        bias = optional.pop(0) if op.bias is not None else None
+        guard = optional.pop(0) if op.guard is not None else None
+        out = np.einsum(op.spec.data, compute(lhs), compute(rhs), dtype=np.float32)
+        if bias is not None:
+            out = out + compute(bias)
+        if guard is not None:
+            out[guard < 0] = 0
+        return (round_to(out, tensor_dtype(op.result.type)),)
+
+    @impl(tcp.DmaGatherOp)
+    def run_dma_gather(self, interpreter: Interpreter, op: tcp.DmaGatherOp, args: tuple[Any, ...]):
+        source, indices = args
+        check_rows(op.name, indices, source.shape[0])
+        rows = source[np.maximum(indices, 0)]
+        skipped = (indices < 0).reshape(indices.shape + (1,) * (source.ndim - 1))
+        return (np.where(skipped, np.zeros((), source.dtype), rows).astype(source.dtype),)
+
+    @impl(tcp.DmaScatterOp)
+    def run_dma_scatter(self, interpreter: Interpreter, op: tcp.DmaScatterOp, args: tuple[Any, ...]):
+        source, indices = args
+        rows = tcp.shape_of(op.result.type)[0]
+        check_rows(op.name, indices, rows)
+        out = np.zeros((rows, *source.shape[1:]), dtype=source.dtype)
+        per_row = indices.reshape(indices.shape[0], -1)
+        dest = per_row.reshape(-1)
+        src = np.repeat(np.arange(source.shape[0]), per_row.shape[1])
+        keep = dest >= 0
+        if np.unique(dest[keep]).size != int(keep.sum()):
+            raise InterpretationError(f"{op.name}: two source rows are written to one destination row")
+        out[dest[keep]] = source[src[keep]]
+        return (out,)
+
+    @impl(tcp.LoadOp)
+    def run_load(self, interpreter: Interpreter, op: tcp.LoadOp, args: tuple[Any, ...]):
+        return (args[0],)
+
+    @impl(tcp.StoreOp)
+    def run_store(self, interpreter: Interpreter, op: tcp.StoreOp, args: tuple[Any, ...]):
+        return (args[0],)

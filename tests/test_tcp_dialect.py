@@ -1,0 +1,93 @@
+"""The tcp dialect and the moe.route / moe.dispatch ops: parsing, verification, numpy semantics."""
+
+import io
+
+import ml_dtypes
+import numpy as np
+import pytest
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import InterpretationError, VerifyException
+
+from runtime_sim.executor import run_function
+from runtime_sim.moe_semantics import RoutePlan, dispatch
+from tcpc.pipelines import make_context
+
+IR = """
+func.func @f(%x: tensor<4x8xbf16>, %si: tensor<4x2xi32>, %ei: tensor<5xi32>, %w: tensor<3x8x6xbf16>,
+             %b: tensor<5x1x6xf32>) -> (tensor<5x2x6xf32>, tensor<4x2x8xbf16>) {
+  %r = moe.route %si, %ei : tensor<4x2xi32>, tensor<5xi32> -> !moe.route<T = 4, K = 2, E = 3, B = 2, G = 5>
+  %xb = moe.dispatch %x, %r : tensor<4x8xbf16>, !moe.route<T = 4, K = 2, E = 3, B = 2, G = 5> -> tensor<5x2x8xbf16>
+  %wg = tcp.dma_gather %w[%ei] : tensor<3x8x6xbf16>, tensor<5xi32> -> tensor<5x8x6xbf16>
+  %y = tcp.contract "gbd,gdf->gbf" %xb, %wg bias %b guard %ei : tensor<5x2x8xbf16>, tensor<5x8x6xbf16>, bias tensor<5x1x6xf32>, guard tensor<5xi32> -> tensor<5x2x6xf32>
+  %rows = tcp.dma_scatter %x[%si] : tensor<4x8xbf16>, tensor<4x2xi32> -> tensor<10x8xbf16>
+  %back = tcp.dma_gather %rows[%si] : tensor<10x8xbf16>, tensor<4x2xi32> -> tensor<4x2x8xbf16>
+  func.return %y, %back : tensor<5x2x6xf32>, tensor<4x2x8xbf16>
+}
+"""
+
+
+def parse(text: str):
+    module = Parser(make_context(), text).parse_module()
+    module.verify()
+    return module
+
+
+def test_round_trip_custom_and_generic() -> None:
+    module = parse(IR)
+    again = parse(str(module))
+    assert again.is_structurally_equivalent(module)
+    out = io.StringIO()
+    Printer(stream=out, print_generic_format=True).print_op(module)
+    assert parse(out.getvalue()).is_structurally_equivalent(module)
+
+
+def test_semantics_blockwise_pipeline() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 8)).astype(ml_dtypes.bfloat16)
+    # experts chosen: token t -> (t % 3, (t + 1) % 3); E = 3, B = 2
+    si = np.array([[0, 4], [6, 2], [3, 8], [1, 5]], dtype=np.int32)
+    ei = np.array([0, 0, 1, 1, 2, -1], dtype=np.int32)[:5]
+    w = rng.standard_normal((3, 8, 6)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((5, 1, 6)).astype(np.float32)
+    y, back = run_function(parse(IR), "f", [x, si, ei, w, b])
+    xb = dispatch(x, RoutePlan(si, ei, 2))
+    for g, e in enumerate(ei):
+        want = xb[g].astype(np.float32) @ w[e].astype(np.float32) + b[g]
+        np.testing.assert_allclose(y[g], want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(back.astype(np.float32), np.repeat(x[:, None, :], 2, axis=1).astype(np.float32))
+
+
+def test_guard_skips_block_and_minus_one_skips_rows() -> None:
+    x = np.ones((4, 8), dtype=ml_dtypes.bfloat16)
+    si = np.array([[0, -1], [1, -1], [2, -1], [3, -1]], dtype=np.int32)
+    ei = np.array([0, 0, -1, -1, -1], dtype=np.int32)
+    w = np.ones((3, 8, 6), dtype=ml_dtypes.bfloat16)
+    b = np.ones((5, 1, 6), dtype=np.float32)
+    y, back = run_function(parse(IR), "f", [x, si, ei, w, b])
+    assert (y[2:] == 0).all() and (y[:2] == 9).all()
+    assert (back[:, 1].astype(np.float32) == 0).all()
+
+
+def test_out_of_range_row_is_an_execution_error() -> None:
+    x = np.ones((4, 8), dtype=ml_dtypes.bfloat16)
+    si = np.array([[0, 10], [1, 2], [3, 4], [5, 6]], dtype=np.int32)
+    ei = np.zeros(5, dtype=np.int32)
+    with pytest.raises(InterpretationError, match="outside"):
+        run_function(parse(IR), "f", [x, si, ei, np.ones((3, 8, 6), ml_dtypes.bfloat16), np.ones((5, 1, 6), np.float32)])
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ('tcp.contract "gbd,gdf->gbf" %xb, %wg', None),
+        ('tcp.contract "gbd,gdf->gbd" %xb, %wg', "shape"),
+    ],
+)
+def test_contract_verifier(bad: str, message: str | None) -> None:
+    text = IR.replace('tcp.contract "gbd,gdf->gbf" %xb, %wg', bad)
+    if message is None:
+        parse(text)
+    else:
+        with pytest.raises(VerifyException):
+            parse(text)
