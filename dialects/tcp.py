@@ -11,6 +11,7 @@ index -1 as "skip this row": nothing is read, zero is written. Numpy semantics a
 
 from __future__ import annotations
 
+import math
 import re
 
 from xdsl.dialects.builtin import StringAttr, TensorType
@@ -195,4 +196,23 @@ class StoreOp(_CopyOp):
     name = "tcp.store"
 
 
-TCP = Dialect("tcp", [ContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp], [])
+@irdl_op_definition
+class ViewOp(IRDLOperation):
+    """The same buffer with another row-major shape: no data moves, no engine runs."""
+
+    name = "tcp.view"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, shape: list[int]):
+        super().__init__(operands=[input], result_types=[TensorType(input.type.get_element_type(), shape)])
+
+    def verify_(self) -> None:
+        a, r = self.input.type, self.result.type
+        _expect(a.get_element_type() == r.get_element_type(), "a view keeps the element type")
+        _expect(math.prod(shape_of(a)) == math.prod(shape_of(r)), f"cannot view {format_type(a)} as {format_type(r)}")
+
+
+TCP = Dialect("tcp", [ContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp, ViewOp], [])

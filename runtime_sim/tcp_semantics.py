@@ -55,6 +55,10 @@ class TCPFunctions(InterpreterFunctions):
         out[dest[keep]] = source[src[keep]]
         return (out,)
 
+    @impl(tcp.ViewOp)
+    def run_view(self, interpreter: Interpreter, op: tcp.ViewOp, args: tuple[Any, ...]):
+        return (np.reshape(args[0], tcp.shape_of(op.result.type)),)
+
     @impl(tcp.LoadOp)
     def run_load(self, interpreter: Interpreter, op: tcp.LoadOp, args: tuple[Any, ...]):
         return (args[0],)

@@ -21,7 +21,9 @@ func.func @f(%x: tensor<4x8xbf16>, %si: tensor<4x2xi32>, %ei: tensor<5xi32>, %w:
   %wg = tcp.dma_gather %w[%ei] : tensor<3x8x6xbf16>, tensor<5xi32> -> tensor<5x8x6xbf16>
   %y = tcp.contract "gbd,gdf->gbf" %xb, %wg bias %b guard %ei : tensor<5x2x8xbf16>, tensor<5x8x6xbf16>, bias tensor<5x1x6xf32>, guard tensor<5xi32> -> tensor<5x2x6xf32>
   %rows = tcp.dma_scatter %x[%si] : tensor<4x8xbf16>, tensor<4x2xi32> -> tensor<10x8xbf16>
-  %back = tcp.dma_gather %rows[%si] : tensor<10x8xbf16>, tensor<4x2xi32> -> tensor<4x2x8xbf16>
+  %blocks = tcp.view %rows : tensor<10x8xbf16> -> tensor<5x2x8xbf16>
+  %flat = tcp.view %blocks : tensor<5x2x8xbf16> -> tensor<10x8xbf16>
+  %back = tcp.dma_gather %flat[%si] : tensor<10x8xbf16>, tensor<4x2xi32> -> tensor<4x2x8xbf16>
   func.return %y, %back : tensor<5x2x6xf32>, tensor<4x2x8xbf16>
 }
 """
