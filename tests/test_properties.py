@@ -15,6 +15,7 @@ import math
 from functools import cache
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_reference import BF16, F32, Layout, Oracle, assert_close, assert_same_route, run_tapped
@@ -24,6 +25,7 @@ from xdsl.dialects.builtin import FunctionType, ModuleOp, TensorType, f32
 from xdsl.ir import Block, Region
 from xdsl.parser import Parser
 from xdsl.printer import Printer
+from xdsl.utils.exceptions import InterpretationError
 
 import tcpc
 from dialects import tmath
@@ -287,6 +289,28 @@ def test_combine_sums_in_pair_order() -> None:
         o = Oracle()
         xb, layout = o.scatter(x, np.array([choices], np.int32), 3, 1)
         assert o.combine(o.grouped_matmul(xb, w, layout), layout)[0, 0] == want
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_scatter_rejects_a_repeated_expert(data) -> None:
+    """A token that picks one expert twice is an execution error, never a silent overflow of
+    the G blocks (G is the worst case over routings with K distinct experts per token)."""
+    t = data.draw(st.integers(1, 4))
+    e = data.draw(st.integers(2, 5))
+    k = data.draw(st.integers(2, e))
+    b = data.draw(st.integers(1, t))
+    choices = [list(data.draw(st.permutations(range(e)))[:k]) for _ in range(t)]
+    bad = data.draw(st.integers(0, t - 1))
+    i, j = data.draw(st.lists(st.integers(0, k - 1), min_size=2, max_size=2, unique=True))
+    choices[bad][j] = choices[bad][i]
+    program = compiled(
+        f"graph g(x: f32[{t}, 2], idx: i32[{t}, {k}]) -> f32[{t}, 2] {{\n"
+        f"    xb, route = scatter(x, idx, experts={e}, block={b})\n"
+        "    return combine(xb, route)\n}\n"
+    )
+    with pytest.raises(InterpretationError, match=f"token {bad} chooses expert {choices[bad][i]} more than once"):
+        program.run({"idx": np.array(choices, np.int32)})
 
 
 # --- the worst-case block count ---------------------------------------------------------------
