@@ -130,6 +130,16 @@ def reduced_shape(shape: Sequence[int], axes: Sequence[int], keepdims: bool) -> 
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
+def float_literal(v: float) -> str:
+    """`v` as an MLIR float literal that parses back to the same double: repr, with a `.0`
+    added to the mantissa where repr leaves it out (`1e-20` -> `1.0e-20`)."""
+    text = repr(v)
+    mantissa, e, exponent = text.partition("e")
+    if e and "." not in mantissa:
+        text = f"{mantissa}.0e{exponent}"
+    return text
+
+
 TensorOfAny = TensorType
 
 
@@ -160,7 +170,7 @@ class ConstantOp(IRDLOperation):
 
     def print(self, printer: Printer) -> None:
         v = self.value.value.data
-        text = ("-inf" if v < 0 else "inf") if math.isinf(v) else "nan" if math.isnan(v) else repr(v)
+        text = ("-inf" if v < 0 else "inf") if math.isinf(v) else "nan" if math.isnan(v) else float_literal(v)
         printer.print_string(f" {text}")
         printer.print_op_attributes(self.attributes)
         printer.print_string(" : ")

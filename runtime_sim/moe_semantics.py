@@ -57,12 +57,25 @@ def route_plan(expert_idx: np.ndarray, route: moe.RouteType) -> RoutePlan:
     ceil(kept_e / B) consecutive blocks; within an expert, pairs keep token-major order. With a
     capacity C, an expert keeps its first C pairs in that order (later tokens drop first, and a
     token's choices drop in k order); dropped pairs get scatter_idx -1.
+
+    Each token's K experts must be distinct and in [0, E), as topk gives them: G is the worst
+    case over such routings only, so anything else is an execution error.
     """
     experts, block, blocks = route.experts.data, route.block.data, route.blocks.data
     flat = expert_idx.reshape(-1).astype(np.int64)
     if flat.size and (flat.min() < 0 or flat.max() >= experts):
         bad = int(flat.min() if flat.min() < 0 else flat.max())
         raise InterpretationError(f"moe.scatter: expert index {bad} is outside [0, {experts})")
+    ordered = np.sort(expert_idx.astype(np.int64), axis=-1)
+    repeats = np.nonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=-1))[0]
+    if repeats.size:
+        t = int(repeats[0])
+        row = ordered[t]
+        twice = int(row[1:][row[1:] == row[:-1]][0])
+        raise InterpretationError(
+            f"moe.scatter: token {t} chooses expert {twice} more than once "
+            "(a token's K experts must be distinct)"
+        )
     one_hot = flat[:, None] == np.arange(experts)
     position = (np.cumsum(one_hot, axis=0) - 1)[np.arange(flat.size), flat]
     capacity = route.capacity_limit

@@ -1,0 +1,552 @@
+"""An independent check of the graph-level reference (the `moe` and `tmath` semantics).
+
+The first half of this file re-implements the `moe` ops from DESIGN section 5 with plain Python
+loops over tokens, pairs and experts, using only numpy and ml_dtypes (never `runtime_sim`):
+
+- top-k as a sort-free selection loop: largest first; equal values (-0.0 == +0.0) go to the
+  lower index; NaN is never chosen over a number; NaNs among themselves by lower index;
+- the canonical block layout: pairs p = t*K + k token-major; experts ascending, each owning
+  ceil(kept / B) consecutive blocks; with a capacity C an expert keeps its first C pairs in p order;
+- grouped matmul per block in f32, rounded once to the result type; padding rows and unused
+  blocks are zero, and the bias is not added to them;
+- combine: for each token, the sum over k = 0..K-1 in f32 of weight * row, rounded to the output
+  type; a dropped pair contributes nothing.
+
+The second half has, for every example in examples/, an independent model of the program written
+with numpy and those loops, which rounds at the same points as the program (every op's result
+to its type). Each example is run through `tcpc.compile_file(...).run(...)` and compared with
+its model on the same inputs, including the intermediate results of every `moe` op.
+
+Tolerance: routing decisions (top-k indices, scatter rows, block expert ids) must be identical.
+Values must agree within 1 ulp of their own type (bf16 or f32), NaN matching NaN. Because the
+models mirror every rounding point, and run each contraction in f32 with the shapes the graph has
+(per block for grouped matmul), the values are in practice bit-identical; the ulp allows for a
+different f32 accumulation order, not for a different rounding point.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from xdsl.dialects import func
+from xdsl.dialects.builtin import FunctionType
+
+import tcpc
+from dialects.moe import max_blocks
+from tcpc.program import Program
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.dtype(np.float32)
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ULPS = 1
+"""Values may differ by this many units in the last place of their type (see the docstring)."""
+
+
+# --- the independent semantics -------------------------------------------------------------
+
+
+def _ranks_before(a: float, i: int, b: float, j: int) -> bool:
+    """Whether candidate (value a, index i) is chosen before (value b, index j)."""
+    a_nan, b_nan = a != a, b != b
+    if a_nan or b_nan:
+        if a_nan and b_nan:
+            return i < j
+        return b_nan  # a number always before a NaN
+    if a == b:  # IEEE equality: -0.0 == +0.0
+        return i < j
+    return a > b
+
+
+def topk_row(row: np.ndarray, k: int, order: str = "score") -> list[int]:
+    """The k chosen indices of one row, by repeated selection of the best remaining candidate."""
+    values = [float(v) for v in row]  # bf16, f32 and i32 are exact as Python floats
+    chosen: list[int] = []
+    for _ in range(k):
+        best = -1
+        for j, v in enumerate(values):
+            if j in chosen:
+                continue
+            if best < 0 or _ranks_before(v, j, values[best], best):
+                best = j
+        chosen.append(best)
+    return sorted(chosen) if order == "index" else chosen
+
+
+def topk(x: np.ndarray, k: int, order: str = "score") -> tuple[np.ndarray, np.ndarray]:
+    """moe.topk: values (in x's dtype, the elements themselves) and i32 indices."""
+    indices = np.zeros((*x.shape[:-1], k), dtype=np.int32)
+    values = np.zeros((*x.shape[:-1], k), dtype=x.dtype)
+    for pos in np.ndindex(*x.shape[:-1]):
+        for slot, j in enumerate(topk_row(x[pos], k, order)):
+            indices[pos + (slot,)] = j
+            values[pos + (slot,)] = x[pos + (j,)]
+    return values, indices
+
+
+class Layout:
+    """Where every pair went: row[t][k] (block * B + position, or -1 if dropped) and the expert
+    of each of the G blocks (-1 if unused)."""
+
+    def __init__(self, expert_idx: np.ndarray, experts: int, block: int, blocks: int, capacity: int | None):
+        tokens, k = expert_idx.shape
+        self.block, self.blocks = block, blocks
+        position = [[-1] * k for _ in range(tokens)]
+        kept = [0] * experts
+        seen = [0] * experts
+        for t in range(tokens):  # token-major pair order p = t*K + k
+            for c in range(k):
+                e = int(expert_idx[t, c])
+                assert 0 <= e < experts, f"expert index {e} out of range"
+                if capacity is None or seen[e] < capacity:
+                    position[t][c] = seen[e]
+                    kept[e] += 1
+                seen[e] += 1
+        first_block = [0] * experts
+        self.expert_of_block = [-1] * blocks
+        next_block = 0
+        for e in range(experts):  # ascending experts, ceil(kept / B) blocks each
+            first_block[e] = next_block
+            for _ in range((kept[e] + block - 1) // block):
+                assert next_block < blocks, "the routing needs more blocks than the static G"
+                self.expert_of_block[next_block] = e
+                next_block += 1
+        self.row = [
+            [first_block[int(expert_idx[t, c])] * block + position[t][c] if position[t][c] >= 0 else -1 for c in range(k)]
+            for t in range(tokens)
+        ]
+        self.valid = [False] * (blocks * block)
+        for t in range(tokens):
+            for c in range(k):
+                if self.row[t][c] >= 0:
+                    self.valid[self.row[t][c]] = True
+
+    @property
+    def scatter_idx(self) -> np.ndarray:
+        return np.array(self.row, dtype=np.int32)
+
+    @property
+    def expert_ids(self) -> np.ndarray:
+        return np.array(self.expert_of_block, dtype=np.int32)
+
+
+def scatter(x: np.ndarray, expert_idx: np.ndarray, experts: int, block: int,
+            capacity: int | None = None) -> tuple[np.ndarray, Layout]:
+    tokens, k = expert_idx.shape
+    blocks = max_blocks(tokens, k, experts, block, capacity)
+    layout = Layout(expert_idx, experts, block, blocks, capacity)
+    out = np.zeros((blocks * block, x.shape[1]), dtype=x.dtype)
+    for t in range(tokens):
+        for c in range(k):
+            if layout.row[t][c] >= 0:
+                out[layout.row[t][c]] = x[t]
+    return out.reshape(blocks, block, x.shape[1]), layout
+
+
+def result_type(*dtypes: np.dtype) -> np.dtype:
+    """bf16 only when every operand is bf16; any f32 operand makes the result f32."""
+    return BF16 if all(d == BF16 for d in dtypes) else F32
+
+
+def grouped_matmul(xb: np.ndarray, w: np.ndarray, layout: Layout, bias: np.ndarray | None = None) -> np.ndarray:
+    g, b, _ = xb.shape
+    out_type = result_type(xb.dtype, w.dtype)
+    out = np.zeros((g, b, w.shape[2]), dtype=out_type)
+    for blk in range(g):
+        e = layout.expert_of_block[blk]
+        if e < 0:
+            continue  # unused block: zero, never computed
+        acc = xb[blk].astype(F32) @ w[e].astype(F32)  # one [B, D] @ [D, F] contraction in f32
+        if bias is not None:
+            acc = acc + bias[e].astype(F32)
+        for r in range(b):
+            if layout.valid[blk * b + r]:
+                out[blk, r] = acc[r].astype(out_type)  # padding rows stay zero, without the bias
+    return out
+
+
+def combine(blocks: np.ndarray, layout: Layout, weights: np.ndarray | None = None) -> np.ndarray:
+    g, b, d = blocks.shape
+    rows = blocks.reshape(g * b, d)
+    tokens = len(layout.row)
+    out = np.zeros((tokens, d), dtype=blocks.dtype)
+    for t in range(tokens):
+        acc = np.zeros(d, dtype=F32)
+        for c, row in enumerate(layout.row[t]):  # k in order 0..K-1
+            if row < 0:
+                continue  # a dropped pair contributes zero, whatever its weight
+            value = rows[row].astype(F32)
+            if weights is not None:
+                value = np.float32(weights[t, c]) * value
+            acc = acc + value
+        out[t] = acc.astype(blocks.dtype)
+    return out
+
+
+class Oracle:
+    """The four moe ops, recording every result in program order (the taps to compare)."""
+
+    def __init__(self) -> None:
+        self.taps: list[tuple[str, object]] = []
+
+    def topk(self, x, k, order="score"):
+        values, indices = topk(x, k, order)
+        self.taps += [("topk values", values), ("topk indices", indices)]
+        return values, indices
+
+    def scatter(self, x, expert_idx, experts, block, capacity=None):
+        blocked, layout = scatter(x, expert_idx, experts, block, capacity)
+        self.taps += [("scatter blocks", blocked), ("scatter route", layout)]
+        return blocked, layout
+
+    def grouped_matmul(self, xb, w, layout, bias=None):
+        out = grouped_matmul(xb, w, layout, bias)
+        self.taps.append(("grouped_matmul", out))
+        return out
+
+    def combine(self, blocks, layout, weights=None):
+        out = combine(blocks, layout, weights)
+        self.taps.append(("combine", out))
+        return out
+
+
+# --- tensor math with the program's rounding points ----------------------------------------
+
+
+def f32(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(F32)
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(F32).astype(BF16)
+
+
+def to(dtype: np.dtype, a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(dtype)
+
+
+def binary(fn: Callable, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An elementwise op of two tensors: computed in f32, rounded to the promoted type."""
+    return to(result_type(a.dtype, b.dtype), fn(f32(a), f32(b)))
+
+
+def scalar(value: float, like: np.ndarray) -> np.ndarray:
+    """A literal meeting a tensor takes the tensor's type (through f32)."""
+    return to(like.dtype, np.float32(value))
+
+
+def add(a, b):
+    return binary(np.add, a, b)
+
+
+def sub(a, b):
+    return binary(np.subtract, a, b)
+
+
+def mul(a, b):
+    return binary(np.multiply, a, b)
+
+
+def div(a, b):
+    return binary(np.divide, a, b)
+
+
+def matmul(a, b):
+    return binary(np.matmul, a, b)
+
+
+def _sigmoid32(x: np.ndarray) -> np.ndarray:
+    return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def sigmoid(x):
+    return to(x.dtype, _sigmoid32(f32(x)))
+
+
+def silu(x):
+    v = f32(x)
+    return to(x.dtype, v * _sigmoid32(v))
+
+
+def softmax(x, axis=-1):
+    v = f32(x)
+    e = np.exp(v - v.max(axis=axis, keepdims=True))
+    return to(x.dtype, e / e.sum(axis=axis, keepdims=True))
+
+
+def reduce_sum(x, axis, keepdims=False):
+    if x.dtype == np.int32:
+        return x.sum(axis=axis, keepdims=keepdims).astype(np.int32)
+    return to(x.dtype, f32(x).sum(axis=axis, keepdims=keepdims))
+
+
+def one_hot(idx: np.ndarray, depth: int) -> np.ndarray:
+    out = np.zeros((*idx.shape, depth), dtype=np.int32)
+    for pos in np.ndindex(*idx.shape):
+        if 0 <= idx[pos] < depth:
+            out[pos + (int(idx[pos]),)] = 1
+    return out
+
+
+def take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    out = np.zeros(idx.shape, dtype=x.dtype)
+    for pos in np.ndindex(*idx.shape):
+        out[pos] = x[pos[:-1] + (int(idx[pos]),)]
+    return out
+
+
+def swiglu(o: Oracle, xb, route, a, gate="w_gate", up="w_up", down="w_down"):
+    h = mul(silu(o.grouped_matmul(xb, a[gate], route)), o.grouped_matmul(xb, a[up], route))
+    return o.grouped_matmul(h, a[down], route)
+
+
+def dense_swiglu(x, a):
+    return matmul(mul(silu(matmul(x, a["ws_gate"])), matmul(x, a["ws_up"])), a["ws_down"])
+
+
+# --- one independent model per example -----------------------------------------------------
+
+
+def model_toy(o: Oracle, d: dict[str, int], a: dict[str, np.ndarray]) -> list[np.ndarray]:
+    probs = softmax(matmul(f32(a["x"]), a["router"]))
+    top_p, top_e = o.topk(probs, d["K"])
+    xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
+    h = silu(o.grouped_matmul(xb, a["w_up"], route))
+    return [o.combine(o.grouped_matmul(h, a["w_down"], route), route, bf16(top_p))]
+
+
+def model_mixtral(o, d, a):
+    probs = softmax(matmul(f32(a["x"]), a["router"]))
+    top_p, top_e = o.topk(probs, d["K"])
+    weights = div(top_p, reduce_sum(top_p, -1, keepdims=True))
+    xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
+    return [o.combine(swiglu(o, xb, route, a), route, bf16(weights))]
+
+
+def model_qwen3_moe(o, d, a):
+    logits = matmul(a["x"], a["router"])  # bf16
+    probs = softmax(f32(logits))
+    top_p, top_e = o.topk(probs, d["K"])
+    weights = bf16(div(top_p, reduce_sum(top_p, -1, keepdims=True)))
+    xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
+    return [o.combine(swiglu(o, xb, route, a), route, weights)]
+
+
+def model_deepseek_v3(o, d, a):
+    t, e, ng = d["T"], d["E"], d["NG"]
+    s = sigmoid(matmul(f32(a["x"]), a["router"]))
+    biased = add(s, a["bias"])
+    grouped = biased.reshape(t, ng, e // ng)
+    best2, _ = o.topk(grouped, 2)
+    group_score = reduce_sum(best2, -1)
+    _, top_g = o.topk(group_score, d["TG"], order="index")
+    keep = reduce_sum(one_hot(top_g, ng), 1).reshape(t, ng, 1)
+    masked = np.where(keep > 0, grouped, np.float32(-np.inf)).astype(F32).reshape(t, e)
+    _, top_e = o.topk(masked, d["K"])
+    top_s = take(s, top_e)
+    total = add(reduce_sum(top_s, -1, keepdims=True), scalar(1e-20, top_s))
+    weights = mul(div(top_s, total), scalar(2.5, top_s))
+    xb, route = o.scatter(a["x"], top_e, e, d["B"])
+    routed = o.combine(swiglu(o, xb, route, a), route, weights)
+    return [add(routed, dense_swiglu(a["x"], a))]
+
+
+def model_gpt_oss(o, d, a):
+    logits = add(matmul(a["x"], a["router"]), a["router_bias"])
+    top_v, top_e = o.topk(logits, d["K"])
+    weights = softmax(top_v)
+    xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
+    g = o.grouped_matmul(xb, a["w_gate"], route, a["b_gate"])
+    gate = binary(np.minimum, g, scalar(7.0, g))
+    u = o.grouped_matmul(xb, a["w_up"], route, a["b_up"])
+    up = binary(np.minimum, binary(np.maximum, u, scalar(-7.0, u)), scalar(7.0, u))
+    glu = mul(gate, sigmoid(bf16(mul(f32(gate), np.float32(1.702)))))
+    h = mul(add(up, scalar(1.0, up)), glu)
+    return [o.combine(o.grouped_matmul(h, a["w_down"], route, a["b_down"]), route, weights)]
+
+
+def model_llama4(o, d, a):
+    logits = matmul(a["x"], a["router"])
+    top_v, top_e = o.topk(logits, d["K"])
+    weight = bf16(sigmoid(f32(top_v)))
+    xw = mul(a["x"], weight)
+    xb, route = o.scatter(xw, top_e, d["E"], d["B"])
+    routed = o.combine(swiglu(o, xb, route, a), route)
+    return [add(dense_swiglu(a["x"], a), routed)]
+
+
+MODELS: dict[str, Callable[[Oracle, dict[str, int], dict[str, np.ndarray]], list[np.ndarray]]] = {
+    "toy": model_toy,
+    "mixtral": model_mixtral,
+    "qwen3_moe": model_qwen3_moe,
+    "deepseek_v3": model_deepseek_v3,
+    "gpt_oss": model_gpt_oss,
+    "llama4": model_llama4,
+}
+
+
+# --- comparison ----------------------------------------------------------------------------
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Units in the last place between same-typed float arrays (bf16 or f32); -0.0 == +0.0."""
+    assert a.dtype == b.dtype
+    bits, sign = (np.uint16, 0x8000) if a.dtype == BF16 else (np.uint32, 0x80000000)
+
+    def ordinal(x: np.ndarray) -> np.ndarray:
+        i = np.ascontiguousarray(x).view(bits).astype(np.int64)
+        magnitude = i & (sign - 1)
+        return np.where(i & sign, -magnitude, magnitude)
+
+    return np.abs(ordinal(a) - ordinal(b))
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
+    if want.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    got_nan, want_nan = np.isnan(got.astype(F32)), np.isnan(want.astype(F32))
+    assert (got_nan == want_nan).all(), f"{what}: NaN at different places"
+    far = (ulp_distance(got, want) > ULPS) & ~want_nan
+    assert not far.any(), (
+        f"{what}: {int(far.sum())} of {far.size} values differ by more than {ULPS} ulp, e.g. "
+        f"{got[far][:4].astype(np.float64)} instead of {want[far][:4].astype(np.float64)}"
+    )
+
+
+def assert_same_route(plan: object, layout: Layout, what: str) -> None:
+    """The reference's runtime route plan (duck-typed: scatter_idx, expert_ids) equals ours."""
+    np.testing.assert_array_equal(plan.scatter_idx, layout.scatter_idx, err_msg=f"{what}: scatter rows")
+    np.testing.assert_array_equal(plan.expert_ids, layout.expert_ids, err_msg=f"{what}: block experts")
+
+
+TAPPED = ("moe.topk", "moe.scatter", "moe.grouped_matmul", "moe.combine")
+
+
+def run_tapped(program: Program, inputs: dict[str, np.ndarray]) -> list[object]:
+    """Run the graph-level IR with every result of every moe op appended to the return, in
+    program order, and give those extra results."""
+    module = program.module.clone()
+    fn = next(op for op in module.ops if isinstance(op, func.FuncOp))
+    block = fn.body.blocks.first
+    ret = block.last_op
+    taps = [r for op in block.ops if op.name in TAPPED for r in op.results]
+    block.insert_op_before(func.ReturnOp(*ret.operands, *taps), ret)
+    block.erase_op(ret)
+    fn.function_type = FunctionType.from_lists(
+        fn.function_type.inputs.data, [*fn.function_type.outputs.data, *(t.type for t in taps)]
+    )
+    tapped = Program(program.filename, program.source, program.dims, module)
+    outputs = tapped.run(inputs).outputs
+    return outputs[len(outputs) - len(taps):]
+
+
+def check_example(path: Path, seed: int, dims: dict[str, int] | None = None,
+                  adjust: Callable[[dict[str, np.ndarray]], None] | None = None) -> None:
+    model = MODELS.get(path.stem)
+    assert model is not None, f"{path.name} has no independent model in {Path(__file__).name}; write one"
+    program = tcpc.compile_file(path, dims)
+    inputs = program.run(seed=seed).inputs
+    if adjust is not None:
+        adjust(inputs)
+    result = program.run(inputs, seed=seed)
+    for name, value in inputs.items():  # the run used exactly these inputs, bit for bit
+        assert result.inputs[name].dtype == value.dtype
+        assert result.inputs[name].tobytes() == value.tobytes(), name
+
+    oracle = Oracle()
+    with np.errstate(all="ignore"):
+        expected = model(oracle, program.dims, {k: v.copy() for k, v in inputs.items()})
+
+    assert len(result.outputs) == len(expected)
+    for i, (got, want) in enumerate(zip(result.outputs, expected)):
+        assert_close(got, want, f"{path.stem} out{i}")
+
+    taps = run_tapped(program, inputs)
+    assert len(taps) == len(oracle.taps), "the model does not mirror the program's moe ops"
+    for n, (got, (what, want)) in enumerate(zip(taps, oracle.taps)):
+        label = f"{path.stem} tap {n} ({what})"
+        if isinstance(want, Layout):
+            assert_same_route(got, want, label)
+        else:
+            assert_close(got, want, label)
+
+
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.moe"))
+
+
+def test_every_example_has_a_model() -> None:
+    assert EXAMPLE_FILES, f"no examples in {EXAMPLES}"
+    missing = [p.name for p in EXAMPLE_FILES if p.stem not in MODELS]
+    assert not missing, f"examples without an independent model here: {missing}"
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "seed, dims",
+    [(0, None), (1, None), (2, {"T": 5}), (3, {"B": 1})],
+    ids=["seed0", "seed1", "T5", "B1"],
+)
+def test_example_matches_independent_model(path: Path, seed: int, dims: dict[str, int] | None) -> None:
+    check_example(path, seed, dims)
+
+
+def _collapse(inputs: dict[str, np.ndarray]) -> None:
+    """Zero the router and its biases: every score ties, so every token picks the same experts
+    by the lower-index rule (router collapse: all pairs on K experts, the others empty)."""
+    for name in inputs:
+        if name.startswith("router") or name == "bias":
+            inputs[name] = np.zeros_like(inputs[name])
+
+
+def _nan_token(inputs: dict[str, np.ndarray]) -> None:
+    """A padding token of NaN: its scores are NaN, yet it picks K distinct experts and only its
+    own output row becomes NaN."""
+    inputs["x"][1] = np.nan
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("adjust", [_collapse, _nan_token], ids=["collapse", "nan_token"])
+def test_example_edge_inputs(path: Path, adjust: Callable[[dict[str, np.ndarray]], None]) -> None:
+    check_example(path, seed=4, adjust=adjust)
+
+
+def test_collapsed_router_routes_to_the_first_experts() -> None:
+    """With all scores tied, the K lowest expert ids win for every token."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe")
+    inputs = program.run(seed=0).inputs
+    _collapse(inputs)
+    taps = run_tapped(program, inputs)
+    k, t = program.dims["K"], program.dims["T"]
+    np.testing.assert_array_equal(taps[1], np.tile(np.arange(k, dtype=np.int32), (t, 1)))
+
+
+def test_cli_run_reference_out(tmp_path: Path) -> None:
+    """`tcpc run --reference --out` writes out0 as f32 (bf16 values, exact) for the drawn inputs."""
+    path = EXAMPLES / "toy.moe"
+    out = tmp_path / "toy.npz"
+    tcpc_bin = Path(sys.executable).parent / "tcpc"
+    done = subprocess.run(
+        [str(tcpc_bin), "run", str(path), "--reference", "--seed", "7", "--set", "T=6", "--out", str(out)],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stdout
+    with np.load(out, allow_pickle=False) as data:
+        assert data.files == ["out0"]
+        written = data["out0"]
+    assert written.dtype == np.float32 and written.shape == (6, 8)
+    program = tcpc.compile_file(path, {"T": 6})
+    inputs = program.run(seed=7).inputs
+    with np.errstate(all="ignore"):
+        (want,) = model_toy(Oracle(), program.dims, inputs)
+    assert_close(written.astype(BF16), want, "tcpc run --out")
+    np.testing.assert_array_equal(written, want.astype(np.float32))
