@@ -12,7 +12,6 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
-from runtime_sim.executor import function_named, run_function
 from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import build_module, evaluate_dims
 from tcpc.diagnostics import CompileError
@@ -47,10 +46,10 @@ class Program:
 
     def function(self, graph: str | None = None) -> func.FuncOp:
         name = graph or self.graph_names[0]
-        try:
-            return function_named(self.module, name)
-        except KeyError:
-            raise CompileError(f"no graph named '{name}' (graphs: {', '.join(self.graph_names)})") from None
+        for op in self.module.ops:
+            if isinstance(op, func.FuncOp) and op.sym_name.data == name:
+                return op
+        raise CompileError(f"no graph named '{name}' (graphs: {', '.join(self.graph_names)})")
 
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
@@ -77,6 +76,8 @@ class Program:
         pipeline: str | None = None,
     ) -> RunResult:
         """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`."""
+        from runtime_sim.executor import run_function  # xDSL's interpreters are slow to import
+
         fn = self.function(graph)
         args = prepare_inputs(fn, inputs or {}, seed)
         module = self.module if reference and pipeline is None else self.lower(pipeline)
