@@ -489,7 +489,10 @@ class GraphBuilder:
             raise CompileError(f"topk: K = {k} exceeds the {shape[-1]} candidates on the last axis of {format_type(x.type)}", args["k"].loc)
         order = args["order"] if isinstance(args["order"], str) else self.static(args["order"], "order").value
         if order not in moe.TOPK_ORDERS:
-            raise CompileError(f"topk order must be one of {', '.join(map(repr, moe.TOPK_ORDERS))}, got {order!r}", c.loc)
+            raise CompileError(
+                f"topk order must be one of {', '.join(map(spell, moe.TOPK_ORDERS))}, got {spell(order)}",
+                args["order"].loc,
+            )
         op = self.emit(moe.TopKOp(x, k, order), c.loc)
         return op.values, op.indices
 

@@ -130,7 +130,12 @@ def test_newlines_are_not_significant() -> None:
     assert names(program) == ["tmath.constant", "tmath.mul", "func.return"]
 
 
-def test_graph_without_params_and_scalar_tensors() -> None:
+def test_names_may_start_with_keywords() -> None:
+    program = compile_graph("returned = x\ndimsx = x\ngraphs = x\nf32x = x\nreturn returned + dimsx + graphs + f32x", "f32[4, 8]")
+    assert names(program) == ["tmath.add"] * 3 + ["func.return"]
+
+
+def test_scalar_tensors() -> None:
     program = compile_graph("return x", "f32[]", params="x: f32[]", dims="")
     assert program.function().function_type.inputs.data[0] == program.function().function_type.outputs.data[0]
 
