@@ -94,4 +94,8 @@ def compile_source(source: str, dims: Mapping[str, int] | None = None, filename:
 
 def compile_file(path: str | Path, dims: Mapping[str, int] | None = None) -> Program:
     path = Path(path)
-    return compile_source(path.read_text(), dims, str(path))
+    try:
+        source = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CompileError(f"not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
+    return compile_source(source, dims, str(path))
