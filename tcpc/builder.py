@@ -126,6 +126,9 @@ class GraphBuilder:
         self.dims = dict(dims)
         self.block = block
         self.env: dict[str, Value] = {name: Static(v) for name, v in dims.items()}
+        self.values: dict[int, tuple[ast.Expr, Result]] = {}
+        """Each expression node (kept alive, so its id stays its own) and its value: evaluating
+        a node again, as `max(e, 1)` does, emits no op twice."""
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -218,6 +221,11 @@ class GraphBuilder:
     # --- expressions ---------------------------------------------------------------------
 
     def expr(self, e: ast.Expr) -> Result:
+        if id(e) not in self.values:
+            self.values[id(e)] = (e, self.evaluate(e))
+        return self.values[id(e)][1]
+
+    def evaluate(self, e: ast.Expr) -> Result:
         match e:
             case ast.Number(value=v) | ast.String(value=v):
                 return Static(v)

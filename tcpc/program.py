@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,9 +88,18 @@ class Program:
 
 def compile_source(source: str, dims: Mapping[str, int] | None = None, filename: str = "<string>") -> Program:
     """Parse and build a .moe program; `dims` overrides dim definitions like `--set`."""
-    ast = parse(source)
-    values = evaluate_dims(ast.dims, dims or {})
-    return Program(filename, source, values, build_module(ast, values))
+    # The AST transformer and the builder recurse a few frames per operator of an expression;
+    # Python's default limit (1000) would stop a sum of ~200 terms.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20000))
+    try:
+        ast = parse(source)
+        values = evaluate_dims(ast.dims, dims or {})
+        return Program(filename, source, values, build_module(ast, values))
+    except RecursionError:
+        raise CompileError("expressions are nested too deeply; split them with assignments") from None
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def compile_file(path: str | Path, dims: Mapping[str, int] | None = None) -> Program:

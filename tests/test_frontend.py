@@ -563,3 +563,19 @@ def test_round_tripped_module_executes_identically() -> None:
 def test_every_op_module_executes() -> None:
     outputs = tcpc.compile_source(EVERY_OP).run(seed=1).outputs
     assert [o.shape for o in outputs] == [(8, 6), (8, 6), (8, 4), (8, 2, 4), (8, 2), (8, 2, 4), (8,), (8, 4)]
+
+
+def test_arguments_are_evaluated_once() -> None:
+    """max/min look at their arguments to tell max(T, 4) from a reduction: no op twice."""
+    program = compile_graph("max(exp(x), 1)", "f32[4]")
+    assert names(program) == ["tmath.exp", "tmath.reduce_max", "func.return"]
+    program = compile_graph("min(-x, 0, true)", "f32[1, 8]")
+    assert names(program) == ["tmath.neg", "tmath.reduce_min", "func.return"]
+
+
+def test_long_expressions() -> None:
+    program = compile_graph(" + ".join(["x"] * 1000), "f32[4, 8]")
+    assert len(body_ops(program)) == 1000
+    np.testing.assert_allclose(run(program)[0], 1000 * inputs()["x"], rtol=1e-4, atol=1e-2)
+    with pytest.raises(tcpc.CompileError, match="nested too deeply"):
+        compile_graph("-" * 30000 + "x", "f32[4, 8]")
