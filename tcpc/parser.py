@@ -16,6 +16,9 @@ TOKEN_NAMES = {
     "NUMBER": "a number",
     "STRING": "a string",
     "DTYPE": "a type (bf16, f32, i32)",
+    "_DIMS": "'dims'",
+    "_GRAPH": "'graph'",
+    "_RETURN": "'return'",
     "$END": "end of file",
 }
 EXPRESSION_START = {"LPAR", "MINUS", "LSQB", "NAME", "NUMBER", "STRING", "DTYPE"}

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from ml_dtypes import bfloat16
 from xdsl.parser import Parser
+from xdsl.utils.exceptions import VerifyException
 
 import tcpc
 from dialects.moe import max_blocks
@@ -113,7 +114,7 @@ def test_tcpc_opt_rejects_invalid_ir(tmp_path: Path, capsys: pytest.CaptureFixtu
     path = tmp_path / "bad.mlir"
     text = tcpc.compile_file(EXAMPLE).graph_ir().replace("K = 2, E = 8, B = 4, G = 14", "K = 2, E = 8, B = 4, G = 13")
     path.write_text(text)
-    with pytest.raises(Exception, match="G = 13, but the worst case for this routing is 14"):
+    with pytest.raises(VerifyException, match="G = 13, but the worst case for this routing is 14"):
         opt(capsys, path)
 
 

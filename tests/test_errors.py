@@ -46,6 +46,7 @@ CASES: dict[str, Case] = {
     "unexpected-token": Case(body("a = x )"), 3, 11, "unexpected ')', expected an operator"),
     "unexpected-keyword": Case(body("a = return x"), 3, 9, "unexpected 'return', expected an expression"),
     "keyword-as-name": Case("graph graph(x: f32[4]) -> f32[4] { return x }\n", 1, 7, "unexpected 'graph', expected a name"),
+    "keyword-glued-to-name": Case("graphfoo(x: f32[4]) -> f32[4] { return x }\n", 1, 1, "unexpected 'graphfoo', expected 'dims', 'graph' or end of file"),
     "type-as-name": Case(body("f32 = x"), 3, 5, "unexpected 'f32', expected 'return', '}' or a name"),
     "return-then-statement": Case(body("a = x return x"), 3, 11, "return must be the last statement"),
     "unexpected-character": Case(body("a = x $ 1"), 3, 11, "unexpected character '$'"),
