@@ -640,8 +640,9 @@ def build_graph(graph: ast.Graph, dims: Mapping[str, int]) -> func.FuncOp:
             values = [gb.tensor(v, "a returned value") for v in s.values]
             if len(values) != len(result_types):
                 raise CompileError(
-                f"graph '{graph.name}' declares {plural(len(result_types), 'result')} but returns {len(values)}", s.loc
-            )
+                    f"graph '{graph.name}' declares {plural(len(result_types), 'result')} but returns {len(values)}",
+                    s.loc,
+                )
             for v, want, e in zip(values, result_types, s.values):
                 if v.type != want:
                     raise CompileError(f"returned {format_type(v.type)}, but the graph declares {format_type(want)}", e.loc)
