@@ -316,7 +316,7 @@ def test_unary_builtins(name: str) -> None:
 
 def test_unary_builtins_execute() -> None:
     program = compile_graph(
-        "return sigmoid(x), silu(x), exp(x), log(abs(x)), sqrt(abs(x)), tanh(x)", ", ".join(["f32[4, 8]"] * 6).join("()")
+        "return sigmoid(x), silu(x), exp(x), log(abs(x)), sqrt(abs(x)), tanh(x)", f"({', '.join(['f32[4, 8]'] * 6)})"
     )
     x = inputs()["x"].astype(np.float64)
     sig = 1 / (1 + np.exp(-x))
@@ -333,7 +333,7 @@ def test_softmax() -> None:
     op = expr("softmax(x)", "f32[4, 8]", "tmath.softmax")
     assert op.axis.value.data == 1
     assert expr("softmax(x, axis=0)", "f32[4, 8]", "tmath.softmax").axis.value.data == 0
-    assert expr("softmax(b3, -2)", "f32[2, 4, 8]", "tmath.softmax", ).axis.value.data == 1
+    assert expr("softmax(b3, -2)", "f32[2, 4, 8]", "tmath.softmax").axis.value.data == 1
     expr("softmax(h)", "bf16[4, 8]", "tmath.softmax")
     x = inputs()["x"]
     e = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -420,7 +420,7 @@ def test_topk() -> None:
     program = compile_graph('v, i = topk(h, k=3, order="index")\nreturn v, i', "(bf16[4, 3], i32[4, 3])")
     op = returned_op(program)
     assert op.order_name == "index"
-    program = compile_graph("v, i = topk(n, 8)\nreturn v, i", "(i32[4, 8], i32[4, 8])")
+    compile_graph("v, i = topk(n, 8)\nreturn v, i", "(i32[4, 8], i32[4, 8])")  # K = E, integer scores
     program = compile_graph('_, i = topk(x, 3, order="index")\nreturn i', "i32[4, 3]")
     x = inputs()["x"]
     np.testing.assert_array_equal(run(program)[0], np.sort(np.argsort(-x, axis=-1, kind="stable")[:, :3], axis=-1))
@@ -455,7 +455,7 @@ def test_grouped_matmul_and_combine() -> None:
     # The result type promotes the blocks' and weights' types; an f32 bias does not widen it.
     op = returned_op(moe_graph(head + "return grouped_matmul(xb, w, r, bias=bias)", "bf16[10, 2, 6]"))
     assert op.bias is not None
-    op = returned_op(moe_graph(head + "return grouped_matmul(f32(xb), w, r)", "f32[10, 2, 6]"))
+    moe_graph(head + "return grouped_matmul(f32(xb), w, r)", "f32[10, 2, 6]")
     op = returned_op(moe_graph(head + "return combine(xb, r)", "bf16[8, 4]"))
     assert isinstance(op, moe.CombineOp) and op.weights is None
     op = returned_op(moe_graph(head + "return combine(xb, r, p)", "bf16[8, 4]"))
