@@ -62,6 +62,8 @@ def draw(t: TensorType, rng: np.random.Generator, first: bool) -> np.ndarray:
 def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int = 0) -> list[np.ndarray]:
     """Every argument of `fn` in declared order: from `given` by name, else drawn from the seed
     (each argument from its own stream, so giving one input never changes another)."""
+    if seed < 0:
+        raise InputError(f"the seed must be a non-negative integer, got {seed}")
     names = arg_names(fn)
     unknown = sorted(set(given) - set(names))
     if unknown:
@@ -79,12 +81,15 @@ def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int =
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: not a readable .npz file ({e})") from None
+        data = np.load(path, allow_pickle=False)
+    except OSError as e:
+        raise InputError(f"{path}: {(e.strerror or str(e)).lower()}") from None
+    except ValueError:  # numpy's guess that it holds pickled objects
+        raise InputError(f"{path}: not an .npz file") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise InputError(f"{path}: an .npy file holds one unnamed array; give the inputs by name in an .npz (numpy.savez)")
+    with data:
+        return {k: data[k] for k in data.files}
 
 
 def portable(value: np.ndarray) -> np.ndarray:

@@ -68,6 +68,27 @@ REDUCE_BUILTINS: dict[str, type[tmath.ReduceOp]] = {
 CONSTANTS = {"inf": math.inf, "true": True, "false": False}
 
 
+def is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def spell(v: object) -> str:
+    """A static value as the .moe language writes it."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, tuple):
+        return "[" + ", ".join(spell(i) for i in v) + "]"
+    return repr(v)
+
+
 def _divide(a: int | float, b: int | float, loc: Loc) -> int | float:
     if b == 0:
         raise CompileError("division by zero", loc)
@@ -105,6 +126,9 @@ class GraphBuilder:
         self.dims = dict(dims)
         self.block = block
         self.env: dict[str, Value] = {name: Static(v) for name, v in dims.items()}
+        self.values: dict[int, tuple[ast.Expr, Result]] = {}
+        """Each expression node (kept alive, so its id stays its own) and its value: evaluating
+        a node again, as `max(e, 1)` does, emits no op twice."""
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -131,7 +155,10 @@ class GraphBuilder:
     def static_int(self, e: ast.Expr, what: str, minimum: int = 1) -> int:
         v = self.static(e, what).value
         if isinstance(v, bool) or not isinstance(v, int):
-            raise CompileError(f"{what} must be an integer, got {v!r}", e.loc)
+            if isinstance(e, ast.Binary) and e.op == "/" and isinstance(v, float):
+                a, b = self.static(e.lhs, what).value, self.static(e.rhs, what).value
+                raise CompileError(f"{what} must be an integer, but {spell(a)} / {spell(b)} does not divide exactly", e.loc)
+            raise CompileError(f"{what} must be an integer, got {spell(v)}", e.loc)
         if v < minimum:
             bound = "a positive integer" if minimum == 1 else f"at least {minimum}"
             raise CompileError(f"{what} must be {bound}, got {v}", e.loc)
@@ -149,10 +176,17 @@ class GraphBuilder:
             raise CompileError(f"{what} must be a tensor", e.loc)
         return v
 
+    def operand(self, e: ast.Expr) -> Static | SSAValue:
+        """A static or a tensor: anything but the routing plan."""
+        v = self.single(e)
+        if isinstance(v, SSAValue) and not isinstance(v.type, TensorType):
+            raise CompileError("the routing plan is not a tensor; only grouped_matmul and combine take it", e.loc)
+        return v
+
     def constant(self, value: Static, element_type: Attribute, loc: Loc) -> SSAValue:
         v = value.value
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise CompileError(f"{v!r} cannot be used as a number here", loc)
+        if not is_number(v):
+            raise CompileError(f"{spell(v)} cannot be used as a number here", loc)
         if tmath.is_bool_type(element_type):
             raise CompileError("cannot do arithmetic on booleans", loc)
         if tmath.is_int_type(element_type) and not (isinstance(v, int) or v.is_integer()):
@@ -187,6 +221,11 @@ class GraphBuilder:
     # --- expressions ---------------------------------------------------------------------
 
     def expr(self, e: ast.Expr) -> Result:
+        if id(e) not in self.values:
+            self.values[id(e)] = (e, self.evaluate(e))
+        return self.values[id(e)][1]
+
+    def evaluate(self, e: ast.Expr) -> Result:
         match e:
             case ast.Number(value=v) | ast.String(value=v):
                 return Static(v)
@@ -199,10 +238,10 @@ class GraphBuilder:
             case ast.ListExpr(items=items):
                 return Static(tuple(self.static_int(i, "a list item", minimum=-(2**31)) for i in items))
             case ast.Neg(operand=operand):
-                v = self.single(operand)
+                v = self.operand(operand)
                 if isinstance(v, Static):
-                    if isinstance(v.value, bool) or not isinstance(v.value, int | float):
-                        raise CompileError(f"cannot negate {v.value!r}", e.loc)
+                    if not is_number(v.value):
+                        raise CompileError(f"cannot negate {spell(v.value)}", e.loc)
                     return Static(-v.value)
                 self.check_arith(v, e.loc)
                 return self.emit(tmath.NegOp(v), e.loc).result
@@ -221,11 +260,11 @@ class GraphBuilder:
             raise CompileError("cannot do arithmetic on booleans; use where(...)", loc)
 
     def binary(self, e: ast.Binary) -> Value:
-        lhs, rhs = self.single(e.lhs), self.single(e.rhs)
+        lhs, rhs = self.operand(e.lhs), self.operand(e.rhs)
         if isinstance(lhs, Static) and isinstance(rhs, Static):
             a, b = lhs.value, rhs.value
-            if not all(isinstance(x, int | float) for x in (a, b)) and e.op not in ("==", "!="):
-                raise CompileError(f"cannot apply '{e.op}' to {a!r} and {b!r}", e.loc)
+            if not (is_number(a) and is_number(b)) and e.op not in ("==", "!="):
+                raise CompileError(f"cannot apply '{e.op}' to {spell(a)} and {spell(b)}", e.loc)
             if e.op == "/":
                 return Static(_divide(a, b, e.loc))
             if e.op == "@":
@@ -246,13 +285,16 @@ class GraphBuilder:
         return self.emit(ARITH_OPS[e.op](lhs, rhs, TensorType(et, shape)), e.loc).result
 
     def matmul(self, lhs: SSAValue, rhs: SSAValue, loc: Loc) -> SSAValue:
-        shape = tmath.matmul_shape(shape_of(lhs.type), shape_of(rhs.type))
+        ls, rs = shape_of(lhs.type), shape_of(rhs.type)
+        shape = tmath.matmul_shape(ls, rs)
         if shape is None:
-            raise CompileError(
-                f"cannot multiply {format_type(lhs.type)} by {format_type(rhs.type)}: "
-                "'@' needs rank >= 2 and the inner dimensions to match",
-                loc,
-            )
+            if len(ls) < 2 or len(rs) < 2:
+                reason = "'@' needs operands of rank 2 or more"
+            elif ls[-1] != rs[-2]:
+                reason = f"the inner dimensions {ls[-1]} and {rs[-2]} differ"
+            else:
+                reason = f"the batch shapes {format_shape(ls[:-2])} and {format_shape(rs[:-2])} do not broadcast"
+            raise CompileError(f"cannot multiply {format_type(lhs.type)} by {format_type(rhs.type)}: {reason}", loc)
         et = self.promote(lhs, rhs, loc)
         if not tmath.is_float_type(et):
             raise CompileError("'@' needs float operands", loc)
@@ -266,8 +308,9 @@ class GraphBuilder:
         """Match a call's arguments to the builtin's parameters (positional or by keyword)."""
         names = list(positional) + list(optional)
         if len(call.args) > len(names):
+            most = "at most " if optional else ""
             raise CompileError(
-                f"{call.func}() takes at most {len(names)} arguments ({', '.join(names)}), got {len(call.args)}",
+                f"{call.func}() takes {most}{plural(len(names), 'argument')} ({', '.join(names)}), got {len(call.args)}",
                 call.loc,
             )
         bound: dict[str, ast.Expr | object] = dict(zip(names, call.args))
@@ -312,10 +355,13 @@ class GraphBuilder:
     def call(self, c: ast.Call) -> Result:
         handler = getattr(self, f"call_{c.func}", None)
         if c.func in UNARY_BUILTINS:
+            op_type = UNARY_BUILTINS[c.func]
             x = self.tensor(self.bind(c, ["x"])["x"], f"the argument of {c.func}")
-            if not tmath.is_float_type(x.type.get_element_type()):
-                raise CompileError(f"{c.func}() needs a float tensor, got {format_type(x.type)}", c.loc)
-            return self.emit(UNARY_BUILTINS[c.func](x), c.loc).result
+            et = x.type.get_element_type()
+            if not (tmath.is_float_type(et) or (op_type.ALLOWS_INT and tmath.is_int_type(et))):
+                kind = "a float or i32" if op_type.ALLOWS_INT else "a float"
+                raise CompileError(f"{c.func}() needs {kind} tensor, got {format_type(x.type)}", c.loc)
+            return self.emit(op_type(x), c.loc).result
         if c.func in REDUCE_BUILTINS:
             return self.reduce(c)
         if handler is None:
@@ -326,8 +372,11 @@ class GraphBuilder:
         if c.func in ("max", "min") and len(c.args) >= 2 and not c.keywords:
             values = [self.single(a) for a in c.args]
             if all(isinstance(v, Static) for v in values):  # max(T, 4) on dims
+                for v, a in zip(values, c.args):
+                    if not is_number(v.value):
+                        raise CompileError(f"{c.func}() takes numbers or a tensor, got {spell(v.value)}", a.loc)
                 fold = max if c.func == "max" else min
-                return Static(fold(self.static(a, f"an argument of {c.func}").value for a in c.args))
+                return Static(fold(v.value for v in values))
         args = self.bind(c, ["x"], {"axis": None, "keepdims": False})
         x = self.tensor(args["x"], f"the argument of {c.func}")
         if tmath.is_bool_type(x.type.get_element_type()):
@@ -340,6 +389,8 @@ class GraphBuilder:
 
     def elementwise(self, c: ast.Call, op_type: type[tmath.ElementwiseBinaryOp], lhs: Value, rhs: Value) -> Value:
         if isinstance(lhs, Static) and isinstance(rhs, Static):
+            if not (is_number(lhs.value) and is_number(rhs.value)):
+                raise CompileError(f"{c.func}() takes numbers or tensors, got {spell(lhs.value)} and {spell(rhs.value)}", c.loc)
             fold = max if op_type is tmath.MaximumOp else min
             return Static(fold(lhs.value, rhs.value))
         lhs, rhs = self.operands(lhs, rhs, c.loc)
@@ -350,19 +401,20 @@ class GraphBuilder:
 
     def call_maximum(self, c: ast.Call) -> Value:
         args = self.bind(c, ["a", "b"])
-        return self.elementwise(c, tmath.MaximumOp, self.single(args["a"]), self.single(args["b"]))
+        return self.elementwise(c, tmath.MaximumOp, self.operand(args["a"]), self.operand(args["b"]))
 
     def call_minimum(self, c: ast.Call) -> Value:
         args = self.bind(c, ["a", "b"])
-        return self.elementwise(c, tmath.MinimumOp, self.single(args["a"]), self.single(args["b"]))
+        return self.elementwise(c, tmath.MinimumOp, self.operand(args["a"]), self.operand(args["b"]))
 
     def call_clamp(self, c: ast.Call) -> Value:
         """clamp(x, lo, hi) = minimum(maximum(x, lo), hi); NaN stays NaN."""
         args = self.bind(c, ["x", "lo", "hi"])
-        lo, hi = self.single(args["lo"]), self.single(args["hi"])
-        if isinstance(lo, Static) and isinstance(hi, Static) and lo.value > hi.value:
-            raise CompileError(f"clamp bounds are reversed: {lo.value} > {hi.value}", c.loc)
-        low = self.elementwise(c, tmath.MaximumOp, self.single(args["x"]), lo)
+        lo, hi = self.operand(args["lo"]), self.operand(args["hi"])
+        if (isinstance(lo, Static) and isinstance(hi, Static) and is_number(lo.value) and is_number(hi.value)
+                and lo.value > hi.value):
+            raise CompileError(f"clamp bounds are reversed: {spell(lo.value)} > {spell(hi.value)}", c.loc)
+        low = self.elementwise(c, tmath.MaximumOp, self.operand(args["x"]), lo)
         return self.elementwise(c, tmath.MinimumOp, low, hi)
 
     def call_softmax(self, c: ast.Call) -> Value:
@@ -380,7 +432,14 @@ class GraphBuilder:
         cond = self.tensor(args["cond"], "the condition of where")
         if not tmath.is_bool_type(cond.type.get_element_type()):
             raise CompileError(f"where() needs a boolean condition (a comparison), got {format_type(cond.type)}", c.loc)
-        a, b = self.operands(self.single(args["a"]), self.single(args["b"]), c.loc)
+        a, b = self.operand(args["a"]), self.operand(args["b"])
+        if isinstance(a, Static) and isinstance(b, Static):
+            raise CompileError(
+                "where() needs a tensor for at least one branch (it takes its element type); "
+                "for a 0/1 mask convert the condition: f32(...) or i32(...)",
+                c.loc,
+            )
+        a, b = self.operands(a, b, c.loc)
         et = self.promote(a, b, c.loc)
         shape = self.broadcast(c.loc, cond, a, b)
         return self.emit(tmath.SelectOp(cond, a, b, TensorType(et, shape)), c.loc).result
@@ -438,7 +497,10 @@ class GraphBuilder:
             raise CompileError(f"topk: K = {k} exceeds the {shape[-1]} candidates on the last axis of {format_type(x.type)}", args["k"].loc)
         order = args["order"] if isinstance(args["order"], str) else self.static(args["order"], "order").value
         if order not in moe.TOPK_ORDERS:
-            raise CompileError(f"topk order must be one of {', '.join(map(repr, moe.TOPK_ORDERS))}, got {order!r}", c.loc)
+            raise CompileError(
+                f"topk order must be one of {', '.join(map(spell, moe.TOPK_ORDERS))}, got {spell(order)}",
+                args["order"].loc,
+            )
         op = self.emit(moe.TopKOp(x, k, order), c.loc)
         return op.values, op.indices
 
@@ -539,7 +601,9 @@ class GraphBuilder:
         value = self.expr(s.value)
         values = value if isinstance(value, tuple) else (value,)
         if len(values) != len(s.targets):
-            raise CompileError(f"{len(s.targets)} names on the left, but the right gives {len(values)} values", s.loc)
+            raise CompileError(
+                f"{plural(len(s.targets), 'name')} on the left, but the right gives {plural(len(values), 'value')}", s.loc
+            )
         for target, v in zip(s.targets, values):
             if target.id == "_":
                 continue
@@ -556,9 +620,10 @@ def build_graph(graph: ast.Graph, dims: Mapping[str, int]) -> func.FuncOp:
     gb = GraphBuilder(dims, Block())
     arg_types = []
     for p in graph.params:
+        if p.name in dims:
+            raise CompileError(f"parameter '{p.name}' has the name of a dim", p.loc)
         if p.name in gb.env:
-            what = "dim" if p.name in dims else "parameter"
-            raise CompileError(f"parameter '{p.name}' shadows a {what} of the same name", p.loc)
+            raise CompileError(f"parameter '{p.name}' is declared twice", p.loc)
         t = gb.tensor_type(p.type)
         arg = gb.block.insert_arg(t, len(arg_types))
         arg.name_hint = p.name
@@ -574,7 +639,10 @@ def build_graph(graph: ast.Graph, dims: Mapping[str, int]) -> func.FuncOp:
                 raise CompileError("return must be the last statement of a graph", s.loc)
             values = [gb.tensor(v, "a returned value") for v in s.values]
             if len(values) != len(result_types):
-                raise CompileError(f"graph '{graph.name}' declares {len(result_types)} results but returns {len(values)}", s.loc)
+                raise CompileError(
+                    f"graph '{graph.name}' declares {plural(len(result_types), 'result')} but returns {len(values)}",
+                    s.loc,
+                )
             for v, want, e in zip(values, result_types, s.values):
                 if v.type != want:
                     raise CompileError(f"returned {format_type(v.type)}, but the graph declares {format_type(want)}", e.loc)

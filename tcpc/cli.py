@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CompileError as e:
         source = ""
         try:
-            source = Path(args.file).read_text()
+            source = Path(args.file).read_text(encoding="utf-8", errors="replace")
         except OSError:
             pass
         print(e.render(args.file, source), file=sys.stderr)
@@ -167,8 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InterpretationError as e:
         print(f"tcpc: error while running: {e}", file=sys.stderr)
         return 1
-    except FileNotFoundError as e:
-        print(f"tcpc: error: {e.filename}: no such file", file=sys.stderr)
+    except OSError as e:  # the .moe file, -o, --out
+        print(f"tcpc: error: {e.filename}: {(e.strerror or str(e)).lower()}", file=sys.stderr)
         return 1
     except Exception as e:  # never a traceback for the user; TCPC_DEBUG=1 shows it
         if os.environ.get("TCPC_DEBUG"):

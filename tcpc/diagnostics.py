@@ -24,10 +24,10 @@ class CompileError(Exception):
     def render(self, filename: str, source: str) -> str:
         if self.loc is None:
             return f"{filename}: error: {self.message}"
-        lines = source.splitlines()
+        lines = source.split("\n")  # as the parser counts lines; an empty file has one empty line
         text = f"{filename}:{self.loc.line}:{self.loc.col}: error: {self.message}"
         if 1 <= self.loc.line <= len(lines):
-            line = lines[self.loc.line - 1]
+            line = lines[self.loc.line - 1].rstrip("\r")
             caret = "".join(c if c == "\t" else " " for c in line[: self.loc.col - 1]) + "^"
             text += f"\n{line}\n{caret}"
         return text

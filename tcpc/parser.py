@@ -16,11 +16,14 @@ TOKEN_NAMES = {
     "NUMBER": "a number",
     "STRING": "a string",
     "DTYPE": "a type (bf16, f32, i32)",
-    "COMP_OP": "a comparison",
-    "ADD_OP": "'+' or '-'",
-    "MUL_OP": "'*', '/' or '@'",
+    "_DIMS": "'dims'",
+    "_GRAPH": "'graph'",
+    "_RETURN": "'return'",
     "$END": "end of file",
 }
+EXPRESSION_START = {"LPAR", "MINUS", "LSQB", "NAME", "NUMBER", "STRING", "DTYPE"}
+"""The terminals an expression can start with: when all are expected, say "an expression"."""
+OPERATORS = {"ADD_OP", "MUL_OP", "COMP_OP"}
 
 
 @cache
@@ -127,25 +130,54 @@ def _describe(token_type: str) -> str:
     return f"'{pattern}'"
 
 
+def _expected(source: str, pos: int | None) -> str:
+    """What the parser accepts just before offset `pos` (None: at the end of the input), in words.
+
+    The error an LALR parser raises comes after it has reduced on the bad token and so lost
+    choices such as operators; replaying the tokens before it gives the exact set.
+    """
+    parser = _lark().parse_interactive(source)
+    try:
+        for token in parser.iter_parse():
+            if pos is not None and token.start_pos >= pos:
+                break
+    except lark.exceptions.UnexpectedInput:
+        pass
+    types = set(parser.accepts())
+    words = []
+    if EXPRESSION_START <= types:
+        types -= EXPRESSION_START
+        words.append("an expression")
+    if types & OPERATORS:
+        types -= OPERATORS
+        words.append("an operator")
+    words += sorted(_describe(t) for t in types)
+    if len(words) > 8:
+        words = words[:7] + ["..."]
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
+
+
+def _end_of_file(source: str) -> Loc:
+    """Just after the last character that is not white space."""
+    lines = source.rstrip().split("\n")
+    return Loc(len(lines), len(lines[-1]) + 1)
+
+
 def parse(source: str) -> ast.Program:
     """Parse a whole .moe file; syntax errors become located `CompileError`s."""
     try:
         tree = _lark().parse(source)
     except lark.exceptions.UnexpectedCharacters as e:
-        raise CompileError(f"unexpected character {source[e.pos_in_stream]!r}", Loc(e.line, e.column)) from None
-    except lark.exceptions.UnexpectedEOF as e:
-        expected = ", ".join(sorted({_describe(t) for t in e.expected}))
-        lines = source.splitlines() or [""]
-        raise CompileError(
-            f"unexpected end of file, expected {expected}", Loc(len(lines), len(lines[-1]) + 1)
-        ) from None
+        char = source[e.pos_in_stream]
+        message = "unterminated string" if char == '"' else f"unexpected character {char!r}"
+        raise CompileError(message, Loc(e.line, e.column)) from None
+    except lark.exceptions.UnexpectedEOF:
+        raise CompileError(f"unexpected end of file, expected {_expected(source, None)}", _end_of_file(source)) from None
     except lark.exceptions.UnexpectedToken as e:
-        expected = sorted({_describe(t) for t in e.expected})
-        shown = ", ".join(expected[:8]) + (", ..." if len(expected) > 8 else "")
         if e.token.type == "$END":
-            lines = source.splitlines() or [""]
-            raise CompileError(f"unexpected end of file, expected {shown}", Loc(len(lines), len(lines[-1]) + 1)) from None
-        raise CompileError(f"unexpected {e.token.value!r}, expected {shown}", Loc(e.line, e.column)) from None
+            raise CompileError(f"unexpected end of file, expected {_expected(source, None)}", _end_of_file(source)) from None
+        expected = _expected(source, e.token.start_pos)
+        raise CompileError(f"unexpected {e.token.value!r}, expected {expected}", Loc(e.line, e.column)) from None
     try:
         return _ToAst().transform(tree)
     except lark.exceptions.VisitError as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,6 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
-from runtime_sim.executor import function_named, run_function
 from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import build_module, evaluate_dims
 from tcpc.diagnostics import CompileError
@@ -47,10 +47,10 @@ class Program:
 
     def function(self, graph: str | None = None) -> func.FuncOp:
         name = graph or self.graph_names[0]
-        try:
-            return function_named(self.module, name)
-        except KeyError:
-            raise CompileError(f"no graph named '{name}' (graphs: {', '.join(self.graph_names)})") from None
+        for op in self.module.ops:
+            if isinstance(op, func.FuncOp) and op.sym_name.data == name:
+                return op
+        raise CompileError(f"no graph named '{name}' (graphs: {', '.join(self.graph_names)})")
 
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
@@ -77,6 +77,8 @@ class Program:
         pipeline: str | None = None,
     ) -> RunResult:
         """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`."""
+        from runtime_sim.executor import run_function  # xDSL's interpreters are slow to import
+
         fn = self.function(graph)
         args = prepare_inputs(fn, inputs or {}, seed)
         module = self.module if reference and pipeline is None else self.lower(pipeline)
@@ -86,11 +88,24 @@ class Program:
 
 def compile_source(source: str, dims: Mapping[str, int] | None = None, filename: str = "<string>") -> Program:
     """Parse and build a .moe program; `dims` overrides dim definitions like `--set`."""
-    ast = parse(source)
-    values = evaluate_dims(ast.dims, dims or {})
-    return Program(filename, source, values, build_module(ast, values))
+    # The AST transformer and the builder recurse a few frames per operator of an expression;
+    # Python's default limit (1000) would stop a sum of ~200 terms.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20000))
+    try:
+        ast = parse(source)
+        values = evaluate_dims(ast.dims, dims or {})
+        return Program(filename, source, values, build_module(ast, values))
+    except RecursionError:
+        raise CompileError("expressions are nested too deeply; split them with assignments") from None
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def compile_file(path: str | Path, dims: Mapping[str, int] | None = None) -> Program:
     path = Path(path)
-    return compile_source(path.read_text(), dims, str(path))
+    try:
+        source = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CompileError(f"not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
+    return compile_source(source, dims, str(path))
