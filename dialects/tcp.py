@@ -80,7 +80,7 @@ class ContractOp(IRDLOperation):
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
         "$spec $lhs `,` $rhs (`bias` $bias^)? (`guard` $guard^)? attr-dict `:` type($lhs) `,` type($rhs) "
-        "(`,` `bias` type($bias)^)? (`,` `guard` type($guard)^)? `->` type($result)"
+        "(`bias` type($bias)^)? (`guard` type($guard)^)? `->` type($result)"
     )
 
     def __init__(self, spec: str, lhs: SSAValue, rhs: SSAValue, result_type: Attribute,

@@ -524,7 +524,8 @@ def every_op_module():
 def test_every_op_module_uses_every_op() -> None:
     used = {op.name for op in every_op_module().walk()}
     every = {op.name for op in TMath.operations} | {op.name for op in MoE.operations}
-    assert every - used == set()
+    # moe.route and moe.dispatch are made by lower-routing, never by the frontend.
+    assert every - used == {"moe.route", "moe.dispatch"}
     assert every_op_module().ops.first.sym_name.data == "all_ops"
 
 

@@ -19,7 +19,7 @@ func.func @f(%x: tensor<4x8xbf16>, %si: tensor<4x2xi32>, %ei: tensor<5xi32>, %w:
   %r = moe.route %si, %ei : tensor<4x2xi32>, tensor<5xi32> -> !moe.route<T = 4, K = 2, E = 3, B = 2, G = 5>
   %xb = moe.dispatch %x, %r : tensor<4x8xbf16>, !moe.route<T = 4, K = 2, E = 3, B = 2, G = 5> -> tensor<5x2x8xbf16>
   %wg = tcp.dma_gather %w[%ei] : tensor<3x8x6xbf16>, tensor<5xi32> -> tensor<5x8x6xbf16>
-  %y = tcp.contract "gbd,gdf->gbf" %xb, %wg bias %b guard %ei : tensor<5x2x8xbf16>, tensor<5x8x6xbf16>, bias tensor<5x1x6xf32>, guard tensor<5xi32> -> tensor<5x2x6xf32>
+  %y = tcp.contract "gbd,gdf->gbf" %xb, %wg bias %b guard %ei : tensor<5x2x8xbf16>, tensor<5x8x6xbf16> bias tensor<5x1x6xf32> guard tensor<5xi32> -> tensor<5x2x6xf32>
   %rows = tcp.dma_scatter %x[%si] : tensor<4x8xbf16>, tensor<4x2xi32> -> tensor<10x8xbf16>
   %blocks = tcp.view %rows : tensor<10x8xbf16> -> tensor<5x2x8xbf16>
   %flat = tcp.view %blocks : tensor<5x2x8xbf16> -> tensor<10x8xbf16>
@@ -93,3 +93,14 @@ def test_contract_verifier(bad: str, message: str | None) -> None:
     else:
         with pytest.raises(VerifyException):
             parse(text)
+
+
+def test_contract_with_guard_and_no_bias_round_trips() -> None:
+    text = """
+func.func @g(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %ids: tensor<3xi32>) -> tensor<3x2x5xf32> {
+  %y = tcp.contract "gbd,gdf->gbf" %a, %w guard %ids : tensor<3x2x4xbf16>, tensor<3x4x5xbf16> guard tensor<3xi32> -> tensor<3x2x5xf32>
+  func.return %y : tensor<3x2x5xf32>
+}
+"""
+    module = parse(text)
+    assert parse(str(module)).is_structurally_equivalent(module)
