@@ -15,8 +15,9 @@ from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.moe import MoE
 from dialects.tmath import TMath
+from dialects.ve import VE
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE]
 
 
 def _passes() -> dict[str, Callable[[], type[ModulePass]]]:
