@@ -20,8 +20,14 @@ from dialects.ve import VE
 DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE]
 
 
+def _lower_topk() -> type[ModulePass]:
+    from passes.lower_topk import LowerTopKPass
+
+    return LowerTopKPass
+
+
 def _passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    return {}
+    return {"lower-topk": _lower_topk}
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = _passes()
