@@ -23,14 +23,16 @@ The TCP cannot branch on data, so top-k is computed as ranks, not by sorting:
      elements per row: the branchless plan of the TCP MoE design (DESIGN sections 2 and 7).
    - `rounds`: K rounds of reduce-max, each marking the row's maximum with its round number
      and masking it to INT_MIN (f32 and i32 keys first pick the lowest index among equal
-     maxima with a reduce-min). About 4K (f32/i32: 8K) elementwise passes over E elements,
-     but K dependent reductions in sequence.
+     maxima with a reduce-min). Five ops over E elements per round (f32: nine, i32: ten),
+     so far fewer elements than E^2 when K << E, but K dependent reductions in sequence.
+   The default follows DESIGN section 7, where all-pairs ranking is the TCP plan and rounds the
+   baseline to compare it with; which is cheaper on the chip is the cost model's question.
 3. Selection: tag rank < K and filter-compact the payload (and, for f32/i32, the index
    stream) to [..., K], which yields ascending index order (`order = "index"`). Score order
    (the default) costs one more step: the ranks of the kept elements are filtered too, and
    each kept element is placed at its rank by a K x K one-hot select and a reduce-sum
-   (exact: one non-zero i32 per output). That is one extra filter over E and six (f32/i32:
-   nine) ops over K*K elements per row: small next to the E*E compare when K << E.
+   (exact: one non-zero i32 per output). That is one extra filter over E and five (f32/i32:
+   eight) ops over K*K elements per row: small next to the ranking when K << E.
 4. Unpacking: bf16 values are the upper 16 bits of the packed lane (`narrow truncate`), the
    index is `0xffff - field`; f32 values are the raw bits cast back.
 """
