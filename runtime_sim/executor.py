@@ -14,8 +14,15 @@ from xdsl.interpreters.func import FuncFunctions
 from runtime_sim.moe_semantics import MoEFunctions
 from runtime_sim.tcp_semantics import TCPFunctions
 from runtime_sim.tmath_semantics import TMathFunctions
+from runtime_sim.ve_semantics import VEFunctions
 
-SEMANTICS: list[type[InterpreterFunctions]] = [FuncFunctions, TMathFunctions, MoEFunctions, TCPFunctions]
+SEMANTICS: list[type[InterpreterFunctions]] = [
+    FuncFunctions,
+    TMathFunctions,
+    MoEFunctions,
+    VEFunctions,
+    TCPFunctions,
+]
 """Every dialect's numpy semantics; each lowering level registers its own here."""
 
 

@@ -16,12 +16,19 @@ from xdsl.passes import ModulePass, PassPipeline
 from dialects.moe import MoE
 from dialects.tcp import TCP
 from dialects.tmath import TMath
+from dialects.ve import VE
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, TCP]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP]
+
+
+def _lower_topk() -> type[ModulePass]:
+    from passes.lower_topk import LowerTopKPass
+
+    return LowerTopKPass
 
 
 def _passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    return {}
+    return {"lower-topk": _lower_topk}
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = _passes()
