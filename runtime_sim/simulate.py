@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.traits import SymbolTable
 
 import runtime_sim.tcp_cost  # noqa: F401  (registers the tcp cost functions)
-from runtime_sim.cost_model import engine_units, require_lowered
+from runtime_sim.cost_model import CostModelError, engine_units, require_lowered
 from runtime_sim.executor import function_named, run_function
 from runtime_sim.machine import Machine, default_machine
 from runtime_sim.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
@@ -94,6 +94,8 @@ def simulate_trace(trace: Trace, machine: Machine,
                                 cost.cycles, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
     bound = roofline(machine, sum(r.flops for r in records), sum(r.hbm_bytes for r in records))
+    if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
+        raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
     report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
                        scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills)
     return report, sched.graph

@@ -13,11 +13,19 @@ Chain invocation over `elements` 32-bit values spread evenly over the slices:
              + ring_traversal   if the reduction crosses slices (assumption: one hop per slice)
              + filter_cycles    if the Filter stage compacts (assumption)
   A chain runs at the pace of its slowest stage, so one float, reduce or divide stage makes
-  the whole invocation 4-way: pass alu="float" then.
+  the whole invocation 4-way: pass alu="float" for float or divide stages; a reduction
+  (reduce_steps > 0) is 4-way whatever `alu` says.
 
 Cumsum (a time-axis scan; the MoE document's branch-logged add): rows of length n are
 scanned one step per cycle with every lane of every slice on an independent row:
     cycles = config_overhead + alus_used * alu_latency + n * ceil(rows / (slices * ways))
+
+Wiring one to an op takes a few lines in a module that simulate.py imports:
+
+    @register_cost(ve.FloatOp)
+    def cost_float(op, operands, results, machine):
+        n = results[0].size
+        return vector_op_cost(machine, n, alu="float", alus_used=len(op.stages), flops=n)
 """
 
 from __future__ import annotations
@@ -49,8 +57,9 @@ def vector_chain_cycles(machine: Machine, elements: int, *, alu: AluClass, alus_
     """Cycles of one chain invocation and the term that dominates it."""
     m = machine
     per_slice = math.ceil(elements / m.slices)
+    ways = vector_ways(m, "float" if reduce_steps > 0 else alu)
     terms = {
-        "vector stream": math.ceil(per_slice / vector_ways(m, alu)),
+        "vector stream": math.ceil(per_slice / ways),
         "reduce fill": reduce_steps,
         "ring": m.ring_traversal_cycles if inter_slice else 0,
         "filter": m.filter_cycles if filter_stage else 0,

@@ -114,6 +114,7 @@ def test_vector_chain_formula() -> None:
     assert vector_chain_cycles(M, n, alu="float", alus_used=2)[0] == 16 + 2 + 200  # 4-way
     reduce, _ = vector_chain_cycles(M, n, alu="float", alus_used=1, reduce_steps=64)
     assert reduce == 16 + 1 + 200 + 64  # first output waits 64 steps
+    assert vector_chain_cycles(M, n, alu="int", alus_used=1, reduce_steps=64)[0] == reduce  # reduce is 4-way
     ring, _ = vector_chain_cycles(M, n, alu="float", alus_used=1, reduce_steps=64, inter_slice=True)
     assert ring == reduce + M.ring_traversal_cycles
     filt, _ = vector_chain_cycles(M, n, alu="int", alus_used=1, filter_stage=True)
