@@ -26,8 +26,9 @@ Contraction (paper, "Contraction engine"; per invocation, all slices in lockstep
     commit cycles = result bytes of the running blocks / (commit bytes per cycle * slices)
   Fetch and commit are lower bounds (each operand byte enters the chain at least once, each
   result byte leaves it once); at least one cycle per block that runs. A block whose guard is
-  negative costs only its guard. The bias add rides in the chain's vector stage (no cycles;
-  one FLOP per result element).
+  negative costs only its guard. `bound` names the largest work term, or "overhead" when the
+  fixed cycles (configuration, guards, tree depth) outweigh it. The bias add rides in the
+  chain's vector stage (no cycles; one FLOP per result element).
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ def contraction_cycles(machine: Machine, *, macs: int, fetch_bytes: int, commit_
         "block count": blocks_run,
     }
     bound = max(terms, key=lambda k: terms[k])  # first of equals: compute wins ties
-    return fixed + m.tree_depth_cycles + terms[bound], bound
+    work = terms[bound]
+    fill = fixed + m.tree_depth_cycles
+    return fill + work, bound if work > fill else "overhead"
 
 
 @register_cost(tcp.ContractOp)
