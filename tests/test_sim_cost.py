@@ -63,6 +63,8 @@ def test_contraction_formula_on_a_known_shape() -> None:
     assert cycles32 == 16 + 5 + 4096  # assumption: f32 at half the bf16 rate
     skipped, bound = contraction_cycles(M, macs=0, fetch_bytes=0, commit_bytes=0, blocks_run=0, guards=6, f32=False)
     assert skipped == 16 + 6 * 4 and bound.startswith("guard")
+    small = contraction_cycles(M, macs=1024, fetch_bytes=4096, commit_bytes=64, blocks_run=1, guards=0, f32=False)
+    assert small == (16 + 5 + 1, "overhead")
 
 
 GATHER = """
