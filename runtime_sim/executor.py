@@ -26,17 +26,19 @@ SEMANTICS: list[type[InterpreterFunctions]] = [
 """Every dialect's numpy semantics; each lowering level registers its own here."""
 
 
-def make_interpreter(module: ModuleOp) -> Interpreter:
-    interpreter = Interpreter(module)
+def make_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = ()) -> Interpreter:
+    """`listeners` see every op as it runs (the simulator costs ops through one)."""
+    interpreter = Interpreter(module, listeners=tuple(listeners))
     for functions in SEMANTICS:
         interpreter.register_implementations(functions())
     return interpreter
 
 
-def run_function(module: ModuleOp, name: str, args: Sequence[np.ndarray]) -> tuple[Any, ...]:
+def run_function(module: ModuleOp, name: str, args: Sequence[np.ndarray],
+                 listeners: Sequence[Interpreter.Listener] = ()) -> tuple[Any, ...]:
     """Call `name` with arguments already in their declared dtypes; floating-point exceptions
     (overflow to inf, 0/0) follow IEEE quietly, as the hardware does."""
-    interpreter = make_interpreter(module)
+    interpreter = make_interpreter(module, listeners)
     with np.errstate(all="ignore"):
         return tuple(interpreter.call_op(name, tuple(args)))
 

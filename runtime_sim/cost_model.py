@@ -1,0 +1,170 @@
+"""The cost model's plumbing: what a cost is, which engine runs an op, and the registry of
+cost functions.
+
+A cost function is registered per op name and sees the op, its runtime operand and result
+values and the machine, so a cost may depend on data (a guarded contraction skips blocks, a
+gather skips index -1 rows). The formulas themselves live next to their sources:
+`tcp_cost.py` (contraction, DMA) and `vector_cost.py` (the vector-engine chain).
+
+Engines (DESIGN section 6): `tensor` is the per-slice chain Fetch -> ... -> Contraction ->
+Vector -> ... -> Commit; all slices of the cluster run it in lockstep and a command occupies
+the whole chain, so it is one unit. `dma` has one unit per DMA engine; a command runs on one
+engine (the book's 628-cycle figure is one command on one engine). `none` is for ops that do
+no work (views, the splat constants the loader places, returns): zero cycles, no unit.
+
+Graph-level ops (tmath, moe) have no cost function: the simulator costs lowered IR. An op
+without one stops the simulation before it runs, with the names of every such op
+(NotLoweredError), unless the caller asks for them to be reported as free.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from xdsl.dialects import func
+from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+
+from runtime_sim.machine import Machine
+
+TENSOR = "tensor"
+DMA = "dma"
+NONE = "none"
+
+
+def engine_units(machine: Machine) -> dict[str, int | None]:
+    """Engine -> how many commands it runs at once (None: unlimited, zero-cost ops)."""
+    return {TENSOR: 1, DMA: machine.dma_engines, NONE: None}
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """What one execution of an op costs on the machine.
+
+    `bytes_moved` is the payload the op reads and writes (its SRAM or DMA traffic);
+    `hbm_bytes` the part that crosses the HBM interface, in whole requests; `bound` names
+    the term of the formula that set `cycles` (compute, fetch, dma startup, hbm, ...).
+    """
+
+    engine: str
+    cycles: int
+    bytes_moved: int = 0
+    hbm_bytes: int = 0
+    flops: int = 0
+    bound: str = ""
+
+
+CostFn = Callable[[Operation, tuple[Any, ...], tuple[Any, ...], Machine], OpCost]
+"""fn(op, operand values, result values, machine) -> OpCost."""
+
+_COSTS: dict[str, CostFn] = {}
+_VIEWS: set[str] = set()
+
+
+class NotLoweredError(Exception):
+    """The IR holds ops the simulator cannot cost (graph-level ops): lower it first."""
+
+
+class CostModelError(Exception):
+    """A cost function returned a cost that breaks the machine's limits (a bug in it)."""
+
+
+def _op_name(op: type[Operation] | str) -> str:
+    return op if isinstance(op, str) else op.name
+
+
+def register_cost(*ops: type[Operation] | str) -> Callable[[CostFn], CostFn]:
+    """Decorator: `fn` costs every op named (by class or by name). Registering a name twice
+    replaces the earlier function, so a refined model can override a rough one."""
+
+    def decorate(fn: CostFn) -> CostFn:
+        for op in ops:
+            _COSTS[_op_name(op)] = fn
+        return fn
+
+    return decorate
+
+
+def register_view(*ops: type[Operation] | str) -> None:
+    """Ops whose result is operand 0's buffer seen with another shape: free, and the memory
+    plan treats the result as the same buffer (no new SRAM)."""
+    for op in ops:
+        name = _op_name(op)
+        _VIEWS.add(name)
+        _COSTS[name] = free_cost
+
+
+def free_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    return OpCost(NONE, 0, bound="free")
+
+
+def not_costed(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    return OpCost(NONE, 0, bound="not costed: lower it first")
+
+
+def cost_function(op: Operation) -> CostFn | None:
+    return _COSTS.get(op.name)
+
+
+def is_view(op: Operation) -> bool:
+    return op.name in _VIEWS
+
+
+# Control flow does no work; the splat constants of tmath are data the loader places in memory.
+register_cost(func.ReturnOp, func.CallOp, "tmath.constant")(free_cost)
+register_view("tmath.reshape", "tcp.view")
+
+UNTRACED = {func.ReturnOp.name, func.CallOp.name}
+"""Ops that only pass values along: the simulator follows them but lists no row for them."""
+
+
+def uncosted_ops(ops: Iterable[Operation]) -> Counter[str]:
+    """Names (with counts) of the ops under `ops` that have no cost function."""
+    missing: Counter[str] = Counter()
+    for top in ops:
+        for op in top.walk():
+            if isinstance(op, func.FuncOp):
+                continue
+            if op.name not in _COSTS:
+                missing[op.name] += 1
+    return missing
+
+
+def require_lowered(ops: Iterable[Operation]) -> None:
+    missing = uncosted_ops(ops)
+    if missing:
+        names = ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in sorted(missing.items()))
+        raise NotLoweredError(f"cannot simulate ops that have no cost model; lower them first: {names}")
+
+
+def in_hbm(value: SSAValue) -> bool:
+    """Where the memory plan keeps a value: function arguments (the layer's inputs and
+    weights) and stored values are in HBM, views are where their input is, everything else
+    an op produces is in SRAM."""
+    while True:
+        if isinstance(value, BlockArgument):
+            block: Block = value.block
+            return isinstance(block.parent_op(), func.FuncOp)
+        owner = value.owner
+        if isinstance(owner, Operation) and is_view(owner):
+            value = owner.operands[0]
+            continue
+        return isinstance(owner, Operation) and owner.name == "tcp.store"
+
+
+def check_cost(op: Operation, cost: OpCost, machine: Machine) -> None:
+    """Every cost must respect the peaks the roofline uses, so that the simulated time can
+    never fall below the roofline: FLOPs only on the tensor unit (one command at a time) and
+    no faster than its peak; HBM bytes only on DMA engines and no faster than an engine's
+    share (1 / engines) of the HBM bandwidth."""
+    units = engine_units(machine)
+    if cost.engine not in units:
+        raise CostModelError(f"{op.name}: unknown engine '{cost.engine}' (engines: {', '.join(units)})")
+    if cost.cycles < 0 or cost.flops < 0 or cost.hbm_bytes < 0 or cost.bytes_moved < 0:
+        raise CostModelError(f"{op.name}: negative cost {cost}")
+    if cost.flops and (cost.engine != TENSOR or cost.flops > cost.cycles * machine.peak_flops_per_cycle):
+        raise CostModelError(f"{op.name}: {cost.flops} FLOPs in {cost.cycles} cycles on '{cost.engine}' exceeds the tensor unit's peak")
+    if cost.hbm_bytes and (cost.engine != DMA or cost.hbm_bytes * machine.dma_engines > cost.cycles * machine.hbm_bytes_per_cycle):
+        raise CostModelError(f"{op.name}: {cost.hbm_bytes} HBM bytes in {cost.cycles} cycles on '{cost.engine}' exceeds a DMA engine's share of HBM bandwidth")

@@ -1,0 +1,205 @@
+"""The machine model: the numbers the cost model uses, read from a TOML machine file.
+
+Every number in a machine file carries where it comes from (`source = "..."`) or why it was
+assumed (`assumption = "..."`), so a report can always say what a cycle count rests on. The
+default machine is `machines/rngd.toml` (one RNGD cluster of 256 slices). A file may start
+from another with `extends = "rngd"` (a built-in name, or a path relative to the file) and
+override single numbers. Mistakes (bad TOML, a missing or unknown key, a wrong type, a number
+that must be positive) raise MachineError naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+MACHINES_DIR = Path(__file__).parent / "machines"
+DEFAULT_MACHINE = "rngd"
+
+
+class MachineError(Exception):
+    """A machine file that cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One number of the schema: where it lives in the file and what values are allowed."""
+
+    section: str
+    key: str
+    integer: bool
+    minimum: int  # 1: must be positive; 0: may be zero (latencies that an ideal machine drops)
+
+
+SCHEMA: dict[str, _Field] = {
+    "clock_hz": _Field("chip", "clock_hz", False, 1),
+    "slices": _Field("chip", "slices", True, 1),
+    "sram_bytes_per_slice": _Field("sram", "bytes_per_slice", True, 1),
+    "fetch_bytes_per_cycle": _Field("sram", "fetch_bytes_per_cycle", True, 1),
+    "commit_bytes_per_cycle": _Field("sram", "commit_bytes_per_cycle", True, 1),
+    "macs_per_cycle_bf16": _Field("contraction", "macs_per_cycle_bf16", True, 1),
+    "f32_rate_divisor": _Field("contraction", "f32_rate_divisor", True, 1),
+    "tree_depth_cycles": _Field("contraction", "tree_depth_cycles", True, 0),
+    "flit_bytes": _Field("vector", "flit_bytes", True, 1),
+    "int_ways": _Field("vector", "int_ways", True, 1),
+    "float_ways": _Field("vector", "float_ways", True, 1),
+    "alu_latency_cycles": _Field("vector", "alu_latency_cycles", True, 0),
+    "filter_cycles": _Field("vector", "filter_cycles", True, 0),
+    "ring_traversal_cycles": _Field("vector", "ring_traversal_cycles", True, 0),
+    "dma_engines": _Field("dma", "engines", True, 1),
+    "dma_bytes_per_cycle": _Field("dma", "bytes_per_cycle", True, 1),
+    "dma_startup_cycles": _Field("dma", "startup_cycles", True, 0),
+    "dma_request_bytes": _Field("dma", "request_bytes", True, 1),
+    "hbm_bytes_per_second": _Field("hbm", "bytes_per_second", False, 1),
+    "guard_cycles": _Field("control", "guard_cycles", True, 0),
+    "config_overhead_cycles": _Field("control", "config_overhead_cycles", True, 0),
+}
+"""Machine field -> its place in the file. Sections and keys outside this table are errors."""
+
+_TOP_LEVEL = {"name", "description", "extends"}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One cluster of the chip as the cost model sees it. Rates are per slice unless named
+    otherwise; the whole cluster runs in lockstep."""
+
+    name: str
+    description: str
+    clock_hz: float
+    slices: int
+    sram_bytes_per_slice: int
+    fetch_bytes_per_cycle: int
+    commit_bytes_per_cycle: int
+    macs_per_cycle_bf16: int
+    f32_rate_divisor: int
+    tree_depth_cycles: int
+    flit_bytes: int
+    int_ways: int
+    float_ways: int
+    alu_latency_cycles: int
+    filter_cycles: int
+    ring_traversal_cycles: int
+    dma_engines: int
+    dma_bytes_per_cycle: int
+    dma_startup_cycles: int
+    dma_request_bytes: int
+    hbm_bytes_per_second: float
+    guard_cycles: int
+    config_overhead_cycles: int
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Field -> "source: ..." or "assumption: ..."."""
+    path: str = field(default="", compare=False)
+
+    @property
+    def sram_bytes(self) -> int:
+        """SRAM of the whole cluster: what the memory plan may keep live at once."""
+        return self.slices * self.sram_bytes_per_slice
+
+    @property
+    def hbm_bytes_per_cycle(self) -> float:
+        return self.hbm_bytes_per_second / self.clock_hz
+
+    @property
+    def peak_macs_per_cycle(self) -> int:
+        """bf16 MACs per cycle of the cluster: the contraction engine's peak."""
+        return self.macs_per_cycle_bf16 * self.slices
+
+    @property
+    def peak_flops_per_cycle(self) -> int:
+        """Two FLOPs per MAC: the FLOP side of the roofline."""
+        return 2 * self.peak_macs_per_cycle
+
+    def cycles_to_us(self, cycles: float) -> float:
+        return cycles / self.clock_hz * 1e6
+
+    def assumptions(self) -> dict[str, str]:
+        """The numbers that no public figure backs, with the reason given for each."""
+        return {k: v for k, v in self.sources.items() if v.startswith("assumption")}
+
+
+def _error(path: Path, where: str, message: str) -> MachineError:
+    return MachineError(f"{path}: {where}: {message}")
+
+
+def _read(path: Path, depth: int = 0) -> dict[str, Any]:
+    """The file's TOML with its `extends` chain merged in (later files override numbers)."""
+    if depth > 8:
+        raise MachineError(f"{path}: 'extends' chain is too deep (a cycle?)")
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise MachineError(f"{path}: no such machine file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise MachineError(f"{path}: not valid TOML: {e}") from None
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise _error(path, "extends", "expected a machine name or a path (a string)")
+    base_path = MACHINES_DIR / f"{base}.toml" if (MACHINES_DIR / f"{base}.toml").exists() else path.parent / base
+    merged = _read(base_path, depth + 1)
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _number(path: Path, f: _Field, entry: Any) -> tuple[int | float, str]:
+    where = f"[{f.section}] {f.key}"
+    if not isinstance(entry, dict):
+        raise _error(path, where, "expected a table { value = ..., source = \"...\" } or { value = ..., assumption = \"...\" }")
+    unknown = set(entry) - {"value", "source", "assumption"}
+    if unknown:
+        raise _error(path, where, f"unknown key(s) {', '.join(sorted(unknown))} (allowed: value, source, assumption)")
+    if "value" not in entry:
+        raise _error(path, where, "missing 'value'")
+    cites = [k for k in ("source", "assumption") if k in entry]
+    if len(cites) != 1 or not isinstance(entry[cites[0]], str) or not entry[cites[0]].strip():
+        raise _error(path, where, "needs exactly one of 'source' or 'assumption' (a non-empty string)")
+    value = entry["value"]
+    kinds = (int,) if f.integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise _error(path, where, f"expected {'an integer' if f.integer else 'a number'}, got {value!r}")
+    if not value >= f.minimum:  # also rejects NaN
+        raise _error(path, where, f"must be {'positive' if f.minimum else 'zero or more'}, got {value!r}")
+    return value, f"{cites[0]}: {entry[cites[0]].strip()}"
+
+
+def load_machine(path: str | Path | None = None) -> Machine:
+    """Read and check a machine file; None gives the default RNGD machine."""
+    path = MACHINES_DIR / f"{DEFAULT_MACHINE}.toml" if path is None else Path(path)
+    data = _read(path)
+    sections = {f.section for f in SCHEMA.values()}
+    for key, value in data.items():
+        if key in _TOP_LEVEL:
+            if not isinstance(value, str):
+                raise _error(path, key, "expected a string")
+        elif key not in sections:
+            raise _error(path, key, f"unknown section or key (sections: {', '.join(sorted(sections))})")
+        elif not isinstance(value, dict):
+            raise _error(path, key, "expected a [section] table")
+    known = {(f.section, f.key) for f in SCHEMA.values()}
+    for section in sections & set(data):
+        for key in data[section]:
+            if (section, key) not in known:
+                raise _error(path, f"[{section}] {key}", "unknown key")
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, f in SCHEMA.items():
+        entry = data.get(f.section, {}).get(f.key)
+        if entry is None:
+            raise _error(path, f"[{f.section}] {f.key}", "missing")
+        values[name], sources[name] = _number(path, f, entry)
+    return Machine(name=data.get("name", path.stem), description=data.get("description", ""),
+                   sources=sources, path=str(path), **values)
+
+
+@cache
+def default_machine() -> Machine:
+    return load_machine(None)

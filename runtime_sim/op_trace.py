@@ -1,0 +1,121 @@
+"""Record what every executed op costs, as the interpreter runs it.
+
+An xDSL interpreter listener sees each op's runtime operands and results; it costs the op on
+the spot (the values are not kept) and records which earlier commands produced its operands
+and which SRAM buffers it reads and creates. The trace is what the memory plan and the
+scheduler work on, so anything that can produce one (the interpreter here; a cost-only mode
+that makes up routing later) can be planned, scheduled and reported the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.dialects import func
+from xdsl.interpreter import Interpreter
+from xdsl.ir import Operation, SSAValue
+from xdsl.traits import SymbolTable
+
+from runtime_sim.cost_model import (
+    UNTRACED,
+    OpCost,
+    check_cost,
+    cost_function,
+    in_hbm,
+    is_view,
+    not_costed,
+)
+from runtime_sim.machine import Machine
+
+
+@dataclass(frozen=True)
+class TracedOp:
+    """One executed command. `deps` are indices of the commands whose results it reads;
+    `reads`/`writes` are SRAM buffer ids (values in HBM have none; a view writes nothing)."""
+
+    index: int
+    name: str
+    label: str
+    cost: OpCost
+    deps: tuple[int, ...] = ()
+    reads: tuple[int, ...] = ()
+    writes: tuple[int, ...] = ()
+
+
+@dataclass
+class Trace:
+    ops: list[TracedOp] = field(default_factory=list)
+    buffer_bytes: dict[int, int] = field(default_factory=dict)
+    buffer_labels: dict[int, str] = field(default_factory=dict)
+    outputs: set[int] = field(default_factory=set)
+    """Buffers the function returns: live until the end."""
+
+
+@dataclass(frozen=True)
+class _Value:
+    producer: int | None
+    buffer: int | None
+
+
+def op_label(op: Operation) -> str:
+    names = [f"%{r.name_hint}" for r in op.results if r.name_hint]
+    return f"{', '.join(names)} = {op.name}" if names else op.name
+
+
+class TraceRecorder(Interpreter.Listener):
+    """Costs and records every op that `entry` executes (and the functions it calls)."""
+
+    def __init__(self, machine: Machine, entry: func.FuncOp, strict: bool = True):
+        self.machine = machine
+        self.strict = strict
+        self.trace = Trace()
+        self._entry = entry
+        self._values: dict[SSAValue, _Value] = {}
+        self._args: list[tuple[Any, ...]] = []
+        self._returned: list[_Value] = []
+
+    def _value(self, v: SSAValue) -> _Value:
+        return self._values.get(v, _Value(None, None))  # entry arguments: in HBM, ready at 0
+
+    def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        self._args.append(args)
+        if isinstance(op, func.CallOp):
+            callee = SymbolTable.lookup_symbol(op, op.callee)
+            if isinstance(callee, func.FuncOp) and callee.body.blocks.first is not None:
+                for arg, operand in zip(callee.body.blocks.first.args, op.operands):
+                    self._values[arg] = self._value(operand)
+        elif isinstance(op, func.ReturnOp):
+            self._returned = [self._value(v) for v in op.operands]
+            if op.parent_op() is self._entry:
+                self.trace.outputs.update(v.buffer for v in self._returned if v.buffer is not None)
+
+    def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
+        args = self._args.pop()
+        if op.name in UNTRACED:
+            if isinstance(op, func.CallOp):
+                for r, v in zip(op.results, self._returned):
+                    self._values[r] = v
+            return
+        fn = cost_function(op) or (None if self.strict else not_costed)
+        if fn is None:
+            raise KeyError(f"{op.name} has no cost function")  # simulate() checks this first
+        cost = fn(op, args, results, self.machine)
+        check_cost(op, cost, self.machine)
+        index = len(self.trace.ops)
+        ins = [self._value(v) for v in op.operands]
+        deps = tuple(sorted({v.producer for v in ins if v.producer is not None}))
+        reads = tuple(sorted({v.buffer for v in ins if v.buffer is not None}))
+        writes: list[int] = []
+        for r, value in zip(op.results, results):
+            if is_view(op):
+                buffer = ins[0].buffer if ins else None
+            elif in_hbm(r):
+                buffer = None
+            else:
+                buffer = len(self.trace.buffer_bytes)
+                self.trace.buffer_bytes[buffer] = int(getattr(value, "nbytes", 0))
+                self.trace.buffer_labels[buffer] = f"%{r.name_hint}" if r.name_hint else f"{op.name}#{index}"
+                writes.append(buffer)
+            self._values[r] = _Value(index, buffer)
+        self.trace.ops.append(TracedOp(index, op.name, op_label(op), cost, deps, reads, tuple(writes)))

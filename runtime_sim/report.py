@@ -1,0 +1,180 @@
+"""What a simulation reports: totals, the roofline, per-op and per-engine records, as text,
+as JSON for tools, and as a Chrome trace (one track per engine unit) that Perfetto opens."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runtime_sim.machine import Machine
+from runtime_sim.memory_plan import Spill
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    key: int
+    """Position in issue order among all commands (the plan's spill commands included)."""
+    label: str
+    name: str
+    engine: str
+    unit: int
+    start: int
+    end: int
+    cycles: int
+    bytes: int
+    hbm_bytes: int
+    flops: int
+    bound: str
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    name: str
+    units: int | None
+    busy_cycles: int
+    utilisation: float
+    """Busy cycles / (total cycles x units)."""
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The layer's lower bound: its FLOPs at the tensor unit's peak, its HBM bytes at HBM
+    bandwidth; the simulated time can never be below the larger of the two."""
+
+    flops: int
+    hbm_bytes: int
+    flop_cycles: float
+    byte_cycles: float
+
+    @property
+    def cycles(self) -> float:
+        return max(self.flop_cycles, self.byte_cycles)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.flop_cycles >= self.byte_cycles else "hbm bandwidth"
+
+
+def roofline(machine: Machine, flops: int, hbm_bytes: int) -> Roofline:
+    return Roofline(flops, hbm_bytes, flops / machine.peak_flops_per_cycle, hbm_bytes / machine.hbm_bytes_per_cycle)
+
+
+@dataclass
+class SimReport:
+    machine: Machine
+    total_cycles: int
+    roofline: Roofline
+    ops: list[OpRecord]
+    engines: list[EngineRecord]
+    critical_path: list[int]
+    """Keys of the commands on the critical path, first to last."""
+    peak_sram_bytes: int
+    sram_capacity: int
+    sram_policy: str
+    spills: list[Spill] = field(default_factory=list)
+
+    @property
+    def clock_hz(self) -> float:
+        return self.machine.clock_hz
+
+    @property
+    def microseconds(self) -> float:
+        return self.machine.cycles_to_us(self.total_cycles)
+
+    def op(self, key: int) -> OpRecord:
+        return next(o for o in self.ops if o.key == key)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict; field names are the contract with tools reading --report-json."""
+        r = self.roofline
+        return {
+            "machine": self.machine.name,
+            "machine_file": self.machine.path,
+            "machine_assumptions": self.machine.assumptions(),
+            "clock_hz": self.clock_hz,
+            "total_cycles": self.total_cycles,
+            "microseconds": self.microseconds,
+            "roofline_cycles": r.cycles,
+            "roofline": {"flops": r.flops, "hbm_bytes": r.hbm_bytes, "flop_cycles": r.flop_cycles,
+                         "byte_cycles": r.byte_cycles, "bound": r.bound},
+            "peak_sram_bytes": self.peak_sram_bytes,
+            "sram_capacity_bytes": self.sram_capacity,
+            "sram_policy": self.sram_policy,
+            "spills": [asdict(s) for s in self.spills],
+            "critical_path": self.critical_path,
+            "engines": [asdict(e) for e in self.engines],
+            "ops": [asdict(o) for o in self.ops],
+        }
+
+    def to_text(self, max_ops: int | None = None) -> str:
+        m, r = self.machine, self.roofline
+        lines = [
+            f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.slices} slices, SRAM {_size(self.sram_capacity)}",
+            f"total {self.total_cycles:,} cycles = {self.microseconds:.3f} us",
+            f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} FLOPs / {m.peak_flops_per_cycle:,} per cycle, "
+            f"{r.hbm_bytes:,} HBM bytes / {m.hbm_bytes_per_cycle:,.0f} per cycle)",
+            f"peak SRAM {_size(self.peak_sram_bytes)} of {_size(self.sram_capacity)} "
+            f"(policy {self.sram_policy}; {len(self.spills)} spill(s))",
+        ]
+        lines += [f"  spilled {s.buffer} ({s.bytes:,} B) to make room for {s.evicted_at}" for s in self.spills]
+        lines += [
+            "",
+            f"{'engine':<8} {'units':>5} {'busy':>12} {'util':>7}",
+        ]
+        for e in self.engines:
+            if e.units is None:  # zero-cost ops: nothing to show
+                continue
+            units = "-" if e.units is None else str(e.units)
+            lines.append(f"{e.name:<8} {units:>5} {e.busy_cycles:>12,} {e.utilisation:>6.1%}")
+        lines += ["", f"{'#':>4} {'op':<36} {'engine':<7} {'start':>10} {'end':>10} {'cycles':>9} "
+                      f"{'bytes':>11} {'FLOPs':>13}  bound"]
+        critical = set(self.critical_path)
+        shown = self.ops if max_ops is None else self.ops[:max_ops]
+        for o in shown:
+            engine = o.engine if o.engine != "dma" else f"dma{o.unit}"
+            mark = "*" if o.key in critical else " "
+            lines.append(f"{o.key:>4}{mark}{_cut(o.label, 36):<36} {engine:<7} {o.start:>10,} {o.end:>10,} "
+                         f"{o.cycles:>9,} {o.bytes:>11,} {o.flops:>13,}  {o.bound}")
+        if len(shown) < len(self.ops):
+            lines.append(f"     ... {len(self.ops) - len(shown)} more")
+        lines += ["", "critical path (*): " + " -> ".join(f"#{k}" for k in self.critical_path)]
+        return "\n".join(lines) + "\n"
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """Chrome trace JSON: one thread per engine unit, times in microseconds."""
+        pid = 1
+        tids: dict[tuple[str, int], int] = {("tensor", 0): 1}
+        for u in range(self.machine.dma_engines):
+            tids[("dma", u)] = 2 + u
+        events: list[dict[str, Any]] = [
+            {"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
+             "args": {"name": f"tcpc on {self.machine.name}"}},
+        ]
+        for (engine, unit), tid in tids.items():
+            name = engine if engine == "tensor" else f"{engine}{unit}"
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+        to_us = self.machine.cycles_to_us
+        for o in self.ops:
+            tid = tids.get((o.engine, o.unit))
+            if tid is None:  # zero-cost ops run on no engine
+                continue
+            events.append({
+                "ph": "X", "pid": pid, "tid": tid, "name": o.label, "cat": o.engine,
+                "ts": to_us(o.start), "dur": to_us(o.cycles),
+                "args": {"key": o.key, "cycles": o.cycles, "start_cycle": o.start, "bytes": o.bytes,
+                         "hbm_bytes": o.hbm_bytes, "flops": o.flops, "bound": o.bound},
+            })
+        return {"traceEvents": events, "displayTimeUnit": "ns",
+                "otherData": {"total_cycles": self.total_cycles, "clock_hz": self.clock_hz}}
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"

@@ -1,0 +1,102 @@
+"""The cycle-approximate simulator: run lowered IR, cost every op, plan memory, schedule.
+
+`simulate` runs a function with the same interpreter and numpy semantics as every other
+level (so outputs are the real outputs), costs each op as it runs (op_trace), places buffers
+and handles SRAM overflow (memory_plan), overlaps the engines (scheduler) and returns the
+outputs with a report (report). `simulate_trace` does the last three for a trace from
+elsewhere (a cost-only run that makes up its routing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import networkx as nx
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.traits import SymbolTable
+
+import runtime_sim.tcp_cost  # noqa: F401  (registers the tcp cost functions)
+from runtime_sim.cost_model import CostModelError, engine_units, require_lowered
+from runtime_sim.executor import function_named, run_function
+from runtime_sim.machine import Machine, default_machine
+from runtime_sim.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
+from runtime_sim.op_trace import Trace, TraceRecorder
+from runtime_sim.report import EngineRecord, OpRecord, SimReport, roofline
+from runtime_sim.scheduler import schedule
+
+UncostedPolicy = Literal["error", "free"]
+
+
+@dataclass
+class SimResult:
+    outputs: tuple[Any, ...]
+    report: SimReport
+    graph: nx.DiGraph
+    """The scheduled dependency graph: node attributes label, engine, cycles, unit, start,
+    end; edge attribute kind (data, memory, engine)."""
+
+
+def reachable_functions(module: ModuleOp, entry: func.FuncOp) -> list[func.FuncOp]:
+    """`entry` and every function it calls, directly or not."""
+    seen: dict[str, func.FuncOp] = {entry.sym_name.data: entry}
+    todo = [entry]
+    while todo:
+        for op in todo.pop().walk():
+            if isinstance(op, func.CallOp):
+                callee = SymbolTable.lookup_symbol(module, op.callee)
+                if isinstance(callee, func.FuncOp) and callee.sym_name.data not in seen:
+                    seen[callee.sym_name.data] = callee
+                    todo.append(callee)
+    return list(seen.values())
+
+
+def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machine: Machine | None = None,
+             *, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, uncosted: UncostedPolicy = "error") -> SimResult:
+    """Run `function` on `args` and simulate it on `machine` (default RNGD).
+
+    `uncosted="error"` (default) refuses IR with ops that have no cost model (graph-level ops)
+    before running, naming them all (NotLoweredError); `"free"` runs it anyway and reports
+    those ops as zero-cost, "not costed: lower it first". `sram_policy` is `spill` (default)
+    or `error`; see memory_plan.
+    """
+    machine = machine or default_machine()
+    entry = function_named(module, function)
+    if uncosted == "error":
+        require_lowered(reachable_functions(module, entry))
+    elif uncosted != "free":
+        raise ValueError(f"uncosted must be 'error' or 'free', got {uncosted!r}")
+    recorder = TraceRecorder(machine, entry, strict=uncosted == "error")
+    outputs = run_function(module, function, args, listeners=[recorder])
+    report, graph = simulate_trace(recorder.trace, machine, sram_policy)
+    return SimResult(outputs, report, graph)
+
+
+def simulate_trace(trace: Trace, machine: Machine,
+                   sram_policy: SramPolicy = DEFAULT_SRAM_POLICY) -> tuple[SimReport, nx.DiGraph]:
+    """Plan, schedule and report a recorded trace."""
+    plan = plan_memory(trace, machine, sram_policy)
+    units = engine_units(machine)
+    sched = schedule(plan.tasks, units)
+    records: list[OpRecord] = []
+    for task in plan.tasks:
+        if task.key in plan.extra:
+            extra = plan.extra[task.key]
+            name, cost = extra.name, extra.cost
+        else:
+            traced = trace.ops[task.key]
+            name, cost = traced.name, traced.cost
+        slot = sched.slots[task.key]
+        records.append(OpRecord(task.key, task.label, name, cost.engine, slot.unit, slot.start, slot.end,
+                                cost.cycles, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound))
+    engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
+    bound = roofline(machine, sum(r.flops for r in records), sum(r.hbm_bytes for r in records))
+    if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
+        raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
+    report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
+                       scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills)
+    return report, sched.graph
+

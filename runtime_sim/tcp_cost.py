@@ -1,0 +1,174 @@
+"""Cost formulas of the `tcp` ops: DMA commands and the contraction engine.
+
+Every number comes from the machine file (see machines/rngd.toml for its source). Formulas:
+
+DMA (one command on one engine; book, "Moving data"):
+    cycles = startup + (read requests + write requests) * request_bytes / engine bytes-per-cycle
+  reads and writes go through the engine one request at a time, which is the book's worked
+  figure: a 16 KB move is 64 read + 64 write 256-byte requests + 500 cycles ~ 628 cycles.
+  A command never moves HBM bytes faster than one engine's share of HBM bandwidth
+  (hbm bytes/cycle / engines), so all engines together never exceed HBM bandwidth:
+    cycles = max(that, hbm_bytes * engines / hbm bytes-per-cycle)
+  On RNGD the share (187.5 B/cycle) is above what a copying engine reaches (128 B/cycle), so
+  it never binds there. Rows are moved in whole requests: a row of r bytes costs
+  ceil(r / request_bytes) requests to read and as many to write. Gathers and scatters cost by
+  their runtime indices: index -1 rows move nothing (but the command still starts); a gather
+  row equal to the previous row is not moved again (consecutive blocks of one expert reuse the
+  weight already in SRAM). A scatter reads each source row once however many places it goes;
+  the zero fill of the rows nobody writes is assumed free (buffers are allocated zeroed).
+
+Contraction (paper, "Contraction engine"; per invocation, all slices in lockstep):
+    cycles = config_overhead + guards * guard_cycles
+             + [tree_depth + max(blocks run, MAC cycles, fetch cycles, commit cycles)]   if a block runs
+    MAC cycles    = MACs of the blocks that run / (MACs per slice per cycle * slices), halved
+                    rate (assumption, f32_rate_divisor) when an operand is f32
+    fetch cycles  = operand bytes the running blocks read / (fetch bytes per cycle * slices)
+    commit cycles = result bytes of the running blocks / (commit bytes per cycle * slices)
+  Fetch and commit are lower bounds (each operand byte enters the chain at least once, each
+  result byte leaves it once); at least one cycle per block that runs. A block whose guard is
+  negative costs only its guard. `bound` names the largest work term, or "overhead" when the
+  fixed cycles (configuration, guards, tree depth) outweigh it. The bias add rides in the
+  chain's vector stage (no cycles; one FLOP per result element).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from xdsl.ir import Operation
+
+from dialects import tcp
+from dialects.tmath import shape_of
+from runtime_sim.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost
+from runtime_sim.machine import Machine
+
+
+def requests(nbytes: int, machine: Machine) -> int:
+    """DMA requests needed to move one contiguous piece of `nbytes`."""
+    return -(-nbytes // machine.dma_request_bytes)
+
+
+def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int) -> tuple[int, str]:
+    """Cycles of one DMA command and the term that bounds it (see the module docstring)."""
+    m = machine
+    transfer = math.ceil((read_requests + write_requests) * m.dma_request_bytes / m.dma_bytes_per_cycle)
+    engine = m.dma_startup_cycles + transfer
+    share = math.ceil(hbm_bytes * m.dma_engines / m.hbm_bytes_per_cycle)
+    if share > engine:
+        return share, "hbm"
+    return engine, "dma startup" if m.dma_startup_cycles >= transfer else "dma bandwidth"
+
+
+def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes: int,
+                  src_hbm: bool, dst_hbm: bool) -> OpCost:
+    """A DMA command moving whole rows: `rows_read` rows read, `rows_written` rows written."""
+    per_row = requests(row_bytes, machine)
+    reads, writes = rows_read * per_row, rows_written * per_row
+    hbm = (reads if src_hbm else 0) + (writes if dst_hbm else 0)
+    hbm_bytes = hbm * machine.dma_request_bytes
+    cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes)
+    return OpCost(DMA, cycles, bytes_moved=(rows_read + rows_written) * row_bytes, hbm_bytes=hbm_bytes, bound=bound)
+
+
+def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -> OpCost:
+    """One contiguous copy of `nbytes` (load, store, spill, reload)."""
+    n = requests(nbytes, machine)
+    hbm_bytes = ((n if src_hbm else 0) + (n if dst_hbm else 0)) * machine.dma_request_bytes
+    cycles, bound = dma_cycles(machine, n, n, hbm_bytes)
+    return OpCost(DMA, cycles, bytes_moved=2 * nbytes, hbm_bytes=hbm_bytes, bound=bound)
+
+
+def gathered_rows(indices: np.ndarray) -> int:
+    """Rows a gather moves: index -1 is skipped, and a row equal to the previous index (in
+    row-major order of the index tensor) is reused rather than moved again."""
+    flat = np.asarray(indices).reshape(-1)
+    if flat.size == 0:
+        return 0
+    changed = np.concatenate(([True], flat[1:] != flat[:-1]))
+    return int(np.count_nonzero(changed & (flat >= 0)))
+
+
+def row_bytes(value: np.ndarray) -> int:
+    return int(math.prod(value.shape[1:])) * value.dtype.itemsize
+
+
+@register_cost(tcp.DmaGatherOp)
+def cost_dma_gather(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    source, indices = operands
+    rows = gathered_rows(indices)
+    return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
+
+
+@register_cost(tcp.DmaScatterOp)
+def cost_dma_scatter(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    source, indices = operands
+    per_row = np.asarray(indices).reshape(indices.shape[0], -1) >= 0
+    read = int(np.count_nonzero(per_row.any(axis=1)))
+    written = int(np.count_nonzero(per_row))
+    return dma_rows_cost(machine, read, written, row_bytes(source), in_hbm(op.operands[0]), False)
+
+
+@register_cost(tcp.LoadOp)
+def cost_load(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    return dma_copy_cost(machine, operands[0].nbytes, in_hbm(op.operands[0]), False)
+
+
+@register_cost(tcp.StoreOp)
+def cost_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    return dma_copy_cost(machine, operands[0].nbytes, in_hbm(op.operands[0]), True)
+
+
+def contraction_cycles(machine: Machine, *, macs: int, fetch_bytes: int, commit_bytes: int,
+                       blocks_run: int, guards: int, f32: bool) -> tuple[int, str]:
+    """Cycles of one contraction invocation and its bound (see the module docstring)."""
+    m = machine
+    fixed = m.config_overhead_cycles + guards * m.guard_cycles
+    if blocks_run == 0:
+        return fixed, "guard (every block skipped)"
+    rate = m.peak_macs_per_cycle / (m.f32_rate_divisor if f32 else 1)
+    terms = {
+        "compute": math.ceil(macs / rate),
+        "fetch": math.ceil(fetch_bytes / (m.fetch_bytes_per_cycle * m.slices)),
+        "commit": math.ceil(commit_bytes / (m.commit_bytes_per_cycle * m.slices)),
+        "block count": blocks_run,
+    }
+    bound = max(terms, key=lambda k: terms[k])  # first of equals: compute wins ties
+    work = terms[bound]
+    fill = fixed + m.tree_depth_cycles
+    return fill + work, bound if work > fill else "overhead"
+
+
+@register_cost(tcp.ContractOp)
+def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    assert isinstance(op, tcp.ContractOp)
+    lhs, rhs, *optional = operands
+    bias = optional.pop(0) if op.bias is not None else None
+    guard = optional.pop(0) if op.guard is not None else None
+    out = results[0]
+    spec = op.spec.data
+    a, b, o = spec.replace("->", ",").split(",")
+    per_element = tcp.contracted_size(spec, shape_of(op.lhs.type), shape_of(op.rhs.type))
+    blocks = out.shape[0] if guard is not None else 1
+    run = int(np.count_nonzero(np.asarray(guard) >= 0)) if guard is not None else 1
+
+    def share(nbytes: int, blocked: bool) -> int:
+        """The bytes of an operand the running blocks read: a per-block operand only for the
+        blocks that run, a shared one once (if any block runs)."""
+        if guard is None:
+            return nbytes
+        return nbytes * run // blocks if blocked else (nbytes if run else 0)
+
+    block_letter = o[:1]
+    fetch = share(lhs.nbytes, a[:1] == block_letter) + share(rhs.nbytes, b[:1] == block_letter)
+    if bias is not None:
+        fetch += share(bias.nbytes, bias.ndim == out.ndim and bias.shape[0] == blocks and blocks > 1)
+    commit = share(out.nbytes, True)
+    out_elements = out.size * run // blocks
+    macs = out_elements * per_element
+    f32 = any(v.dtype == np.float32 for v in (lhs, rhs))
+    cycles, bound = contraction_cycles(machine, macs=macs, fetch_bytes=fetch, commit_bytes=commit,
+                                       blocks_run=run, guards=blocks if guard is not None else 0, f32=f32)
+    flops = 2 * macs + (out_elements if bias is not None else 0)
+    return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound)

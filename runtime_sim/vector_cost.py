@@ -1,0 +1,98 @@
+"""Cost formulas of the vector engine, as plain functions of the numbers that decide them.
+
+They are not tied to any op: a `ve` op's cost function reads its element count, ALU class and
+stages from the op and calls these (see `register_cost` in cost_model.py). Book, "Vector
+engine": the engine works on 32-bit values, one 32-byte flit (8 values) per slice per cycle
+through a fixed chain of optional stages; integer, logic and clip stages run 8-way, float,
+reduce and divide stages 4-way; each ALU used adds one cycle of latency.
+
+Chain invocation over `elements` 32-bit values spread evenly over the slices:
+    cycles = config_overhead + alus_used * alu_latency
+             + ceil(elements / slices / ways)            stream; ways = 8 (int) or 4 (float)
+             + reduce_steps                               first output of an n-step reduction
+             + ring_traversal   if the reduction crosses slices (assumption: one hop per slice)
+             + filter_cycles    if the Filter stage compacts (assumption)
+  A chain runs at the pace of its slowest stage, so one float, reduce or divide stage makes
+  the whole invocation 4-way: pass alu="float" for float or divide stages; a reduction
+  (reduce_steps > 0) is 4-way whatever `alu` says.
+
+Cumsum (a time-axis scan; the MoE document's branch-logged add): rows of length n are
+scanned one step per cycle with every lane of every slice on an independent row:
+    cycles = config_overhead + alus_used * alu_latency + n * ceil(rows / (slices * ways))
+
+Wiring one to an op takes a few lines in a module that simulate.py imports:
+
+    @register_cost(ve.FloatOp)
+    def cost_float(op, operands, results, machine):
+        n = results[0].size
+        return vector_op_cost(machine, n, alu="float", alus_used=len(op.stages), flops=n)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from runtime_sim.cost_model import TENSOR, OpCost
+from runtime_sim.machine import Machine
+
+AluClass = Literal["int", "float"]
+"""`int`: integer, logic and clip stages (8-way); `float`: float, reduce and divide (4-way)."""
+
+LANE_BYTES = 4
+"""The vector engine works on 32-bit values only."""
+
+
+def vector_ways(machine: Machine, alu: AluClass) -> int:
+    if alu == "int":
+        return machine.int_ways
+    if alu == "float":
+        return machine.float_ways
+    raise ValueError(f"ALU class must be 'int' or 'float', got {alu!r}")
+
+
+def vector_chain_cycles(machine: Machine, elements: int, *, alu: AluClass, alus_used: int,
+                        reduce_steps: int = 0, inter_slice: bool = False,
+                        filter_stage: bool = False) -> tuple[int, str]:
+    """Cycles of one chain invocation and the term that dominates it."""
+    m = machine
+    per_slice = math.ceil(elements / m.slices)
+    ways = vector_ways(m, "float" if reduce_steps > 0 else alu)
+    terms = {
+        "vector stream": math.ceil(per_slice / ways),
+        "reduce fill": reduce_steps,
+        "ring": m.ring_traversal_cycles if inter_slice else 0,
+        "filter": m.filter_cycles if filter_stage else 0,
+        "overhead": m.config_overhead_cycles + alus_used * m.alu_latency_cycles,
+    }
+    bound = max(terms, key=lambda k: terms[k])
+    return sum(terms.values()), bound
+
+
+def scan_cycles(machine: Machine, rows: int, axis_len: int, *, alu: AluClass = "int",
+                alus_used: int = 1) -> tuple[int, str]:
+    """Cycles of a cumsum over `rows` independent rows of `axis_len` steps."""
+    m = machine
+    rounds = math.ceil(rows / (m.slices * vector_ways(m, alu)))
+    scan = axis_len * rounds
+    fixed = m.config_overhead_cycles + alus_used * m.alu_latency_cycles
+    return fixed + scan, "scan" if scan >= fixed else "overhead"
+
+
+def vector_op_cost(machine: Machine, elements: int, *, alu: AluClass, alus_used: int,
+                   out_elements: int | None = None, reduce_steps: int = 0,
+                   inter_slice: bool = False, filter_stage: bool = False, flops: int = 0) -> OpCost:
+    """An OpCost for a chain invocation: reads `elements` 32-bit values and writes
+    `out_elements` (default the same count); `flops` is the caller's count of float work."""
+    cycles, bound = vector_chain_cycles(machine, elements, alu=alu, alus_used=alus_used,
+                                        reduce_steps=reduce_steps, inter_slice=inter_slice,
+                                        filter_stage=filter_stage)
+    out = elements if out_elements is None else out_elements
+    return OpCost(TENSOR, cycles, bytes_moved=LANE_BYTES * (elements + out), flops=flops, bound=bound)
+
+
+def scan_op_cost(machine: Machine, rows: int, axis_len: int, *, alu: AluClass = "int",
+                 alus_used: int = 1, flops: int = 0) -> OpCost:
+    """An OpCost for a cumsum-style scan (reads and writes every element once)."""
+    cycles, bound = scan_cycles(machine, rows, axis_len, alu=alu, alus_used=alus_used)
+    return OpCost(TENSOR, cycles, bytes_moved=2 * LANE_BYTES * rows * axis_len, flops=flops, bound=bound)

@@ -1,0 +1,183 @@
+"""Cost formulas: the book's worked figures, the contraction formula, data-dependent DMA costs,
+the vector-engine formulas, and the registry's checks."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from xdsl.parser import Parser
+
+from runtime_sim.cost_model import (
+    DMA,
+    TENSOR,
+    CostModelError,
+    NotLoweredError,
+    OpCost,
+    check_cost,
+    cost_function,
+    register_cost,
+)
+from runtime_sim.machine import default_machine
+from runtime_sim.simulate import simulate
+from runtime_sim.tcp_cost import contraction_cycles, dma_copy_cost, gathered_rows
+from runtime_sim.vector_cost import scan_cycles, scan_op_cost, vector_chain_cycles, vector_op_cost
+from tcpc.pipelines import make_context
+
+M = default_machine()
+BF16 = ml_dtypes.bfloat16
+
+
+def parse(text: str):
+    module = Parser(make_context(), text).parse_module()
+    module.verify()
+    return module
+
+
+def test_book_figure_16kb_dma_is_about_628_cycles() -> None:
+    cost = dma_copy_cost(M, 16 * 1024, src_hbm=True, dst_hbm=False)
+    assert cost.engine == DMA
+    assert abs(cost.cycles - 628) <= 4  # 64 read + 64 write 256-byte requests + 500 start-up
+    assert cost.hbm_bytes == 16 * 1024
+
+
+def test_book_figure_through_the_simulator() -> None:
+    module = parse("""
+    func.func @f(%x: tensor<64x128xbf16>) -> tensor<64x128xbf16> {
+      %y = tcp.load %x : tensor<64x128xbf16> -> tensor<64x128xbf16>
+      func.return %y : tensor<64x128xbf16>
+    }""")
+    x = np.ones((64, 128), BF16)  # 16 KB
+    result = simulate(module, "f", [x])
+    assert result.report.total_cycles == 628
+    assert result.report.ops[0].bound == "dma startup"
+    np.testing.assert_array_equal(result.outputs[0], x)
+
+
+def test_contraction_formula_on_a_known_shape() -> None:
+    # [256, 512] @ [512, 1024] bf16: 2^27 MACs at 256 x 256 per cycle = 2048 cycles.
+    macs = 256 * 512 * 1024
+    fetch = (256 * 512 + 512 * 1024) * 2
+    commit = 256 * 1024 * 4
+    cycles, bound = contraction_cycles(M, macs=macs, fetch_bytes=fetch, commit_bytes=commit, blocks_run=1, guards=0, f32=False)
+    assert (cycles, bound) == (16 + 5 + 2048, "compute")
+    cycles32, _ = contraction_cycles(M, macs=macs, fetch_bytes=2 * fetch, commit_bytes=commit, blocks_run=1, guards=0, f32=True)
+    assert cycles32 == 16 + 5 + 4096  # assumption: f32 at half the bf16 rate
+    skipped, bound = contraction_cycles(M, macs=0, fetch_bytes=0, commit_bytes=0, blocks_run=0, guards=6, f32=False)
+    assert skipped == 16 + 6 * 4 and bound.startswith("guard")
+    small = contraction_cycles(M, macs=1024, fetch_bytes=4096, commit_bytes=64, blocks_run=1, guards=0, f32=False)
+    assert small == (16 + 5 + 1, "overhead")
+
+
+GATHER = """
+func.func @f(%w: tensor<4x64x128xbf16>, %ei: tensor<6xi32>) -> tensor<6x64x128xbf16> {
+  %wg = tcp.dma_gather %w[%ei] : tensor<4x64x128xbf16>, tensor<6xi32> -> tensor<6x64x128xbf16>
+  func.return %wg : tensor<6x64x128xbf16>
+}"""
+
+
+def gather_cost(ids: list[int]) -> OpCost:
+    w = np.ones((4, 64, 128), BF16)
+    report = simulate(parse(GATHER), "f", [w, np.array(ids, np.int32)]).report
+    op = report.ops[0]
+    return OpCost(op.engine, op.cycles, op.bytes, op.hbm_bytes, op.flops, op.bound)
+
+
+def test_weight_gather_reuses_a_weight_for_consecutive_blocks() -> None:
+    row = 64 * 128 * 2  # one expert's weight, 16 KB
+    assert gathered_rows(np.array([0, 0, 1, 1, 2, -1])) == 3
+    assert gathered_rows(np.array([0, 1, 0, 1, -1, -1])) == 4
+    grouped = gather_cost([0, 0, 1, 1, 2, -1])
+    assert grouped.hbm_bytes == 3 * row
+    assert grouped.cycles == 500 + 3 * 2 * 64
+    assert gather_cost([0, 1, 0, 1, -1, -1]).hbm_bytes == 4 * row
+
+
+def test_skipped_rows_cost_nothing_but_the_command_still_starts() -> None:
+    none = gather_cost([-1] * 6)
+    assert none.hbm_bytes == 0 and none.bytes_moved == 0 and none.cycles == 500
+
+
+def test_scatter_reads_each_source_row_once() -> None:
+    module = parse("""
+    func.func @f(%x: tensor<4x64xbf16>, %si: tensor<4x2xi32>) -> tensor<10x64xbf16> {
+      %xl = tcp.load %x : tensor<4x64xbf16> -> tensor<4x64xbf16>
+      %r = tcp.dma_scatter %xl[%si] : tensor<4x64xbf16>, tensor<4x2xi32> -> tensor<10x64xbf16>
+      func.return %r : tensor<10x64xbf16>
+    }""")
+    si = np.array([[0, 5], [1, -1], [-1, -1], [3, 4]], np.int32)
+    op = simulate(module, "f", [np.ones((4, 64), BF16), si]).report.ops[1]
+    assert op.hbm_bytes == 0  # SRAM to SRAM
+    assert op.bytes == (3 + 5) * 128  # 3 rows read, 5 written, 128 B each
+    assert op.cycles == 500 + 3 + 5  # one 256-byte request per row
+
+
+def test_vector_chain_formula() -> None:
+    n = 256 * 8 * 100  # 100 flits per slice
+    assert vector_chain_cycles(M, n, alu="int", alus_used=2) == (16 + 2 + 100, "vector stream")
+    assert vector_chain_cycles(M, n, alu="float", alus_used=2)[0] == 16 + 2 + 200  # 4-way
+    reduce, _ = vector_chain_cycles(M, n, alu="float", alus_used=1, reduce_steps=64)
+    assert reduce == 16 + 1 + 200 + 64  # first output waits 64 steps
+    assert vector_chain_cycles(M, n, alu="int", alus_used=1, reduce_steps=64)[0] == reduce  # reduce is 4-way
+    ring, _ = vector_chain_cycles(M, n, alu="float", alus_used=1, reduce_steps=64, inter_slice=True)
+    assert ring == reduce + M.ring_traversal_cycles
+    filt, _ = vector_chain_cycles(M, n, alu="int", alus_used=1, filter_stage=True)
+    assert filt == 16 + 1 + 100 + M.filter_cycles
+    cost = vector_op_cost(M, n, alu="int", alus_used=1, out_elements=n // 2)
+    assert cost.engine == TENSOR and cost.bytes_moved == 4 * (n + n // 2)
+    with pytest.raises(ValueError):
+        vector_chain_cycles(M, n, alu="bf16", alus_used=1)  # type: ignore[arg-type]
+
+
+def test_cumsum_is_a_time_axis_scan() -> None:
+    # 2048 rows (one per lane of every slice) of 64 steps: one round of 64 cycles.
+    assert scan_cycles(M, 2048, 64) == (16 + 1 + 64, "scan")
+    assert scan_cycles(M, 2049, 64)[0] == 16 + 1 + 128
+    assert scan_op_cost(M, 2048, 64, alu="float").cycles == 16 + 1 + 2 * 64
+
+
+def test_unlowered_ir_names_every_uncosted_op() -> None:
+    module = parse("""
+    func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+      %e = tmath.exp %x : tensor<4x8xf32> -> tensor<4x8xf32>
+      %s = tmath.softmax %e {axis = 1 : i64} : tensor<4x8xf32> -> tensor<4x8xf32>
+      %t = tmath.exp %s : tensor<4x8xf32> -> tensor<4x8xf32>
+      func.return %t : tensor<4x8xf32>
+    }""")
+    x = np.zeros((4, 8), np.float32)
+    with pytest.raises(NotLoweredError, match=r"lower them first: tmath.exp \(x2\), tmath.softmax"):
+        simulate(module, "f", [x])
+    report = simulate(module, "f", [x], uncosted="free").report
+    assert report.total_cycles == 0
+    assert all(o.bound == "not costed: lower it first" for o in report.ops)
+
+
+def test_registered_costs_must_respect_the_peaks() -> None:
+    module = parse(GATHER)
+    op = next(o for o in module.walk() if o.name == "tcp.dma_gather")
+    with pytest.raises(CostModelError, match="FLOPs"):
+        check_cost(op, OpCost(DMA, 10, flops=1), M)
+    with pytest.raises(CostModelError, match="HBM"):
+        check_cost(op, OpCost(DMA, 10, hbm_bytes=10**6), M)
+    with pytest.raises(CostModelError, match="unknown engine"):
+        check_cost(op, OpCost("warp", 10), M)
+
+
+def test_a_cost_function_plugs_in_by_registration() -> None:
+    module = parse("""
+    func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+      %e = tmath.exp %x : tensor<4x8xf32> -> tensor<4x8xf32>
+      func.return %e : tensor<4x8xf32>
+    }""")
+    assert cost_function(next(o for o in module.walk() if o.name == "tmath.exp")) is None
+
+    @register_cost("tmath.exp")
+    def exp_cost(op, operands, results, machine):
+        return vector_op_cost(machine, operands[0].size, alu="float", alus_used=1, flops=operands[0].size)
+
+    try:
+        report = simulate(module, "f", [np.zeros((4, 8), np.float32)]).report
+        assert report.ops[0].engine == TENSOR and report.ops[0].cycles == 16 + 1 + 1
+        assert report.ops[0].flops == 32
+    finally:
+        from runtime_sim import cost_model
+
+        del cost_model._COSTS["tmath.exp"]

@@ -1,0 +1,310 @@
+"""The simulator end to end: scheduling, memory plan, reports, and the properties every
+simulation must have (determinism, monotonicity, never below the roofline)."""
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import networkx as nx
+import numpy as np
+import pytest
+from xdsl.parser import Parser
+
+from dialects.moe import max_blocks
+from runtime_sim.machine import Machine, default_machine, load_machine
+from runtime_sim.memory_plan import SramOverflowError
+from runtime_sim.scheduler import Task, schedule
+from runtime_sim.simulate import SimResult, simulate
+from tcpc.pipelines import make_context
+
+BF16 = ml_dtypes.bfloat16
+UNITS = {"tensor": 1, "dma": 8, "none": None}
+
+
+def parse(text: str):
+    module = Parser(make_context(), text).parse_module()
+    module.verify()
+    return module
+
+
+def run(module, args, machine: Machine | None = None, **kw) -> SimResult:
+    """Simulate, and check what must hold for every simulation."""
+    result = simulate(module, "f", args, machine, **kw)
+    r = result.report
+    assert r.total_cycles >= r.roofline.cycles
+    assert r.peak_sram_bytes <= r.sram_capacity
+    assert r.total_cycles == max((o.end for o in r.ops), default=0)
+    if r.ops:
+        path = r.critical_path
+        assert r.op(path[-1]).end == r.total_cycles
+        assert sum(r.op(k).cycles for k in path) == r.total_cycles  # a tight chain of commands
+    return result
+
+
+# --- scheduler ---------------------------------------------------------------------------
+
+
+def test_engines_overlap_and_one_engine_serialises() -> None:
+    s = schedule([Task(0, "a", "tensor", 100), Task(1, "b", "dma", 60)], UNITS)
+    assert (s.slots[0].start, s.slots[1].start, s.makespan) == (0, 0, 100)
+    s = schedule([Task(0, "a", "tensor", 100), Task(1, "b", "tensor", 60)], UNITS)
+    assert (s.slots[1].start, s.makespan) == (100, 160)
+    assert s.graph.edges[0, 1]["kind"] == "engine"
+    assert s.utilisation("tensor") == 1.0
+
+
+def test_a_dependent_op_waits_for_its_producer() -> None:
+    s = schedule([Task(0, "load", "dma", 600), Task(1, "mm", "tensor", 50, deps=(0,))], UNITS)
+    assert s.slots[1].start == 600 and s.makespan == 650
+    assert s.critical_path == [0, 1]
+    assert s.graph.edges[0, 1]["kind"] == "data"
+
+
+def test_dma_engines_run_eight_commands_at_once() -> None:
+    tasks = [Task(i, f"d{i}", "dma", 500 + i) for i in range(9)]
+    s = schedule(tasks, UNITS)
+    assert all(s.slots[i].start == 0 for i in range(8))
+    assert s.slots[8].start == 500 and s.slots[8].unit == 0
+    assert s.busy["dma"] == sum(500 + i for i in range(9))
+
+
+def test_critical_path_is_the_longest_path() -> None:
+    tasks = [Task(0, "x", "dma", 500), Task(1, "w", "dma", 900), Task(2, "mm", "tensor", 40, deps=(0, 1)),
+             Task(3, "y", "dma", 10), Task(4, "out", "tensor", 5, deps=(2, 3))]
+    s = schedule(tasks, UNITS)
+    assert s.critical_path == [1, 2, 4]
+    g = s.graph.copy()  # node-weighted longest path, through a sink that adds the last node's cycles
+    for u, v in g.edges:
+        g.edges[u, v]["w"] = g.nodes[u]["cycles"]
+    for n in list(g.nodes):
+        g.add_edge(n, "sink", w=g.nodes[n]["cycles"])
+    assert nx.dag_longest_path_length(g, weight="w") == s.makespan == 945
+
+
+# --- a small MoE-shaped program in tcp ops -------------------------------------------------
+
+
+def moe_ir(t: int, d: int, f: int, e: int, b: int, g: int) -> str:
+    return f"""
+func.func @f(%x: tensor<{t}x{d}xbf16>, %ti: tensor<{g}x{b}xi32>, %ei: tensor<{g}xi32>,
+             %w: tensor<{e}x{d}x{f}xbf16>, %bias: tensor<{g}x1x{f}xf32>) -> tensor<{g}x{b}x{f}xf32> {{
+  %xl = tcp.load %x : tensor<{t}x{d}xbf16> -> tensor<{t}x{d}xbf16>
+  %xb = tcp.dma_gather %xl[%ti] : tensor<{t}x{d}xbf16>, tensor<{g}x{b}xi32> -> tensor<{g}x{b}x{d}xbf16>
+  %wg = tcp.dma_gather %w[%ei] : tensor<{e}x{d}x{f}xbf16>, tensor<{g}xi32> -> tensor<{g}x{d}x{f}xbf16>
+  %y = tcp.contract "gbd,gdf->gbf" %xb, %wg bias %bias guard %ei : tensor<{g}x{b}x{d}xbf16>, tensor<{g}x{d}x{f}xbf16>, bias tensor<{g}x1x{f}xf32>, guard tensor<{g}xi32> -> tensor<{g}x{b}x{f}xf32>
+  func.return %y : tensor<{g}x{b}x{f}xf32>
+}}"""
+
+
+def blocks(choices: np.ndarray, e: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The canonical block layout (DESIGN section 5) of a routing: token rows and expert ids."""
+    t, k = choices.shape
+    g = max_blocks(t, k, e, b)
+    ti = np.full((g, b), -1, np.int32)
+    ei = np.full(g, -1, np.int32)
+    block = 0
+    for expert in range(e):
+        tokens = [p // k for p in range(t * k) if choices.flat[p] == expert]
+        for start in range(0, len(tokens), b):
+            chunk = tokens[start:start + b]
+            ti[block, :len(chunk)] = chunk
+            ei[block] = expert
+            block += 1
+    return ti, ei
+
+
+def moe_run(choices: np.ndarray, d: int = 64, f: int = 128, e: int = 8, b: int = 4, machine: Machine | None = None) -> SimResult:
+    t = choices.shape[0]
+    ti, ei = blocks(choices, e, b)
+    g = ei.shape[0]
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((t, d)).astype(BF16), ti, ei,
+            rng.standard_normal((e, d, f)).astype(BF16), np.zeros((g, 1, f), np.float32)]
+    return run(parse(moe_ir(t, d, f, e, b, g)), args, machine)
+
+
+def routing(t: int, e: int = 8, k: int = 2, seed: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
+
+
+def test_outputs_are_the_real_outputs() -> None:
+    choices = routing(8)
+    result = moe_run(choices)
+    ti, ei = blocks(choices, 8, 4)
+    y = result.outputs[0]
+    for g, expert in enumerate(ei):
+        if expert < 0:
+            assert (y[g] == 0).all()
+    assert np.isfinite(y).all() and (y != 0).any()
+
+
+def test_more_tokens_never_fewer_cycles() -> None:
+    full = routing(64)
+    cycles = [moe_run(full[:t]).report.total_cycles for t in (2, 4, 8, 16, 32, 64)]
+    assert cycles == sorted(cycles), cycles
+    assert cycles[-1] > cycles[0]
+
+
+def test_more_active_experts_never_less_weight_traffic() -> None:
+    weight_bytes = []
+    for active in range(1, 9):
+        choices = np.array([[t % active] for t in range(16)], np.int32)  # K = 1
+        report = moe_run(choices).report
+        weight_bytes.append(next(o.hbm_bytes for o in report.ops if o.label.startswith("%wg")))
+    assert weight_bytes == sorted(weight_bytes) and weight_bytes[-1] == 8 * weight_bytes[0]
+
+
+def test_cycle_counts_are_deterministic() -> None:
+    first = moe_run(routing(16)).report
+    second = moe_run(routing(16)).report
+    assert first.to_json() == second.to_json()
+    assert first.chrome_trace() == second.chrome_trace()
+
+
+def test_report_records_and_text() -> None:
+    report = moe_run(routing(16)).report
+    names = [o.name for o in report.ops]
+    assert names == ["tcp.load", "tcp.dma_gather", "tcp.dma_gather", "tcp.contract"]
+    mm = report.ops[3]
+    assert mm.engine == "tensor" and mm.flops > 0 and mm.start >= max(o.end for o in report.ops[:3] if o.key in (1, 2))
+    data = json.loads(json.dumps(report.to_json()))
+    for key in ("total_cycles", "clock_hz", "microseconds", "roofline_cycles", "critical_path", "ops", "engines", "peak_sram_bytes"):
+        assert key in data
+    assert data["microseconds"] == pytest.approx(data["total_cycles"] / 1e3)
+    assert {e["name"] for e in data["engines"]} >= {"tensor", "dma"}
+    assert set(data["ops"][0]) >= {"engine", "start", "end", "cycles", "bytes", "flops", "bound"}
+    text = report.to_text()
+    assert "total" in text and "roofline" in text and "%y = tcp.contract" in text and "critical path" in text
+
+
+def test_chrome_trace_has_one_track_per_engine_unit() -> None:
+    report = moe_run(routing(16)).report
+    trace = json.loads(json.dumps(report.chrome_trace()))
+    events = trace["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "tensor" in threads.values() and "dma0" in threads.values()
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == len(report.ops)
+    for e in spans:
+        assert e["tid"] in threads and e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] == 1
+    assert {threads[e["tid"]] for e in spans if e["cat"] == "tensor"} == {"tensor"}
+    end = max(e["ts"] + e["dur"] for e in spans)
+    assert end == pytest.approx(report.microseconds)
+
+
+def test_compute_bound_contraction_meets_the_roofline_closely() -> None:
+    module = parse("""
+    func.func @f(%a: tensor<512x1024xbf16>, %b: tensor<1024x1024xbf16>) -> tensor<512x1024xf32> {
+      %la = tcp.load %a : tensor<512x1024xbf16> -> tensor<512x1024xbf16>
+      %lb = tcp.load %b : tensor<1024x1024xbf16> -> tensor<1024x1024xbf16>
+      %c = tcp.contract "mk,kn->mn" %la, %lb : tensor<512x1024xbf16>, tensor<1024x1024xbf16> -> tensor<512x1024xf32>
+      func.return %c : tensor<512x1024xf32>
+    }""")
+    a, b = np.ones((512, 1024), BF16), np.ones((1024, 1024), BF16)
+    report = run(module, [a, b]).report
+    mm = report.ops[2]
+    assert mm.bound == "compute" and mm.cycles == 16 + 5 + 512 * 1024 * 1024 // 65536
+    assert report.roofline.flop_cycles == pytest.approx(512 * 1024 * 1024 * 2 / 131072)
+
+
+# --- memory plan ---------------------------------------------------------------------------
+
+SPILL_IR = """
+func.func @f(%x: tensor<16x32xf32>) -> tensor<32xf32> {
+  %a = tcp.load %x : tensor<16x32xf32> -> tensor<16x32xf32>
+  %b = tcp.load %x : tensor<16x32xf32> -> tensor<16x32xf32>
+  %c = tcp.load %x : tensor<16x32xf32> -> tensor<16x32xf32>
+  %bc = tcp.contract "ij,ij->i" %b, %c : tensor<16x32xf32>, tensor<16x32xf32> -> tensor<16xf32>
+  %r = tcp.contract "ij,i->j" %a, %bc : tensor<16x32xf32>, tensor<16xf32> -> tensor<32xf32>
+  func.return %r : tensor<32xf32>
+}"""
+
+
+def tiny_machine(tmp_path: Path, sram_bytes: int) -> Machine:
+    path = tmp_path / "tiny.toml"
+    path.write_text('extends = "rngd"\nname = "tiny"\n'
+                    '[chip]\nslices = { value = 1, assumption = "test" }\n'
+                    f'[sram]\nbytes_per_slice = {{ value = {sram_bytes}, assumption = "test" }}\n')
+    return load_machine(path)
+
+
+def test_sram_overflow_error_names_op_and_bytes(tmp_path: Path) -> None:
+    x = np.ones((16, 32), np.float32)  # 2 KB per copy
+    with pytest.raises(SramOverflowError, match=r"at %c = tcp.load: it asks for 2,048 bytes, 1,024 of 5,120 bytes are available") as info:
+        run(parse(SPILL_IR), [x], tiny_machine(tmp_path, 5120), sram_policy="error")
+    assert (info.value.asked, info.value.available) == (2048, 1024)
+
+
+def test_spill_stores_and_reloads_the_buffer_needed_last(tmp_path: Path) -> None:
+    x = np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / 100
+    roomy = run(parse(SPILL_IR), [x], tiny_machine(tmp_path, 1 << 20))
+    tight = run(parse(SPILL_IR), [x], tiny_machine(tmp_path, 5120))
+    np.testing.assert_array_equal(tight.outputs[0], roomy.outputs[0])
+    assert not roomy.report.spills
+    assert [(s.buffer, s.bytes, s.evicted_at) for s in tight.report.spills] == [("%a", 2048, "%c = tcp.load")]
+    labels = [o.label for o in tight.report.ops]
+    assert labels.index("spill %a") < labels.index("%c = tcp.load") < labels.index("reload %a") < labels.index("%r = tcp.contract")
+    ops = {o.label: o for o in tight.report.ops}
+    assert ops["%c = tcp.load"].start >= ops["spill %a"].end
+    assert ops["reload %a"].start >= ops["spill %a"].end
+    assert ops["spill %a"].hbm_bytes == ops["reload %a"].hbm_bytes == 2048
+    assert tight.report.total_cycles > roomy.report.total_cycles
+    assert tight.report.peak_sram_bytes <= 5120
+
+
+def test_spilling_cannot_make_room_for_an_ops_own_buffers(tmp_path: Path) -> None:
+    x = np.ones((16, 32), np.float32)
+    with pytest.raises(SramOverflowError, match=r"%bc = tcp.contract.*even with every other buffer spilled"):
+        run(parse(SPILL_IR), [x], tiny_machine(tmp_path, 3000))
+
+
+def test_dead_buffers_space_is_reused_after_their_last_reader(tmp_path: Path) -> None:
+    # %b and %c die at %bc; %r reuses their space, so it must wait for %bc to finish.
+    x = np.ones((16, 32), np.float32)
+    report = run(parse(SPILL_IR), [x], tiny_machine(tmp_path, 5120)).report
+    ops = {o.label: o for o in report.ops}
+    assert ops["reload %a"].start >= ops["%bc = tcp.contract"].end
+
+
+def test_function_calls_carry_dependencies() -> None:
+    module = parse("""
+    func.func @g(%u: tensor<16x32xf32>) -> tensor<16x32xf32> {
+      %v = tcp.load %u : tensor<16x32xf32> -> tensor<16x32xf32>
+      func.return %v : tensor<16x32xf32>
+    }
+    func.func @f(%x: tensor<16x32xf32>) -> tensor<16xf32> {
+      %y = func.call @g(%x) : (tensor<16x32xf32>) -> tensor<16x32xf32>
+      %z = tcp.contract "ij,ij->i" %y, %y : tensor<16x32xf32>, tensor<16x32xf32> -> tensor<16xf32>
+      func.return %z : tensor<16xf32>
+    }""")
+    result = run(module, [np.ones((16, 32), np.float32)])
+    assert [o.name for o in result.report.ops] == ["tcp.load", "tcp.contract"]
+    assert result.graph.edges[0, 1]["kind"] == "data"
+    assert result.report.ops[1].start == result.report.ops[0].end
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_programs_never_hold_more_than_sram(tmp_path: Path, seed: int) -> None:
+    """Loads and elementwise contractions in random order on a small SRAM: whether they spill
+    or not, the scheduled run never holds more than SRAM (checked in run())."""
+    rnd = np.random.default_rng(seed)
+    t = "tensor<16x32xf32>"
+    lines, names = [], []
+    for i in range(int(rnd.integers(3, 12))):
+        if not names or rnd.random() < 0.4:
+            lines.append(f"  %v{i} = tcp.load %x : {t} -> {t}")
+        else:
+            a, b = rnd.choice(names, 2)
+            lines.append(f'  %v{i} = tcp.contract "ij,ij->ij" %{a}, %{b} : {t}, {t} -> {t}')
+        names.append(f"v{i}")
+    text = f"func.func @f(%x: {t}) -> {t} {{\n" + "\n".join(lines) + f"\n  func.return %{names[-1]} : {t}\n}}"
+    machine = tiny_machine(tmp_path, int(rnd.choice([5000, 8000, 12000])))
+    try:
+        run(parse(text), [np.ones((16, 32), np.float32)], machine)
+    except SramOverflowError as e:
+        assert "even with every other buffer spilled" in str(e)
+
+
+def test_default_machine_is_used() -> None:
+    assert moe_run(routing(4)).report.machine == default_machine()
