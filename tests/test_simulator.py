@@ -91,7 +91,7 @@ func.func @f(%x: tensor<{t}x{d}xbf16>, %ti: tensor<{g}x{b}xi32>, %ei: tensor<{g}
   %xl = tcp.load %x : tensor<{t}x{d}xbf16> -> tensor<{t}x{d}xbf16>
   %xb = tcp.dma_gather %xl[%ti] : tensor<{t}x{d}xbf16>, tensor<{g}x{b}xi32> -> tensor<{g}x{b}x{d}xbf16>
   %wg = tcp.dma_gather %w[%ei] : tensor<{e}x{d}x{f}xbf16>, tensor<{g}xi32> -> tensor<{g}x{d}x{f}xbf16>
-  %y = tcp.contract "gbd,gdf->gbf" %xb, %wg bias %bias guard %ei : tensor<{g}x{b}x{d}xbf16>, tensor<{g}x{d}x{f}xbf16>, bias tensor<{g}x1x{f}xf32>, guard tensor<{g}xi32> -> tensor<{g}x{b}x{f}xf32>
+  %y = tcp.contract "gbd,gdf->gbf" %xb, %wg bias %bias guard %ei : tensor<{g}x{b}x{d}xbf16>, tensor<{g}x{d}x{f}xbf16> bias tensor<{g}x1x{f}xf32> guard tensor<{g}xi32> -> tensor<{g}x{b}x{f}xf32>
   func.return %y : tensor<{g}x{b}x{f}xf32>
 }}"""
 
