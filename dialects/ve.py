@@ -646,8 +646,9 @@ class BroadcastOp(IRDLOperation):
 
 
 class ReduceOp(IRDLOperation):
-    """Intra-slice reduction along `axis`, which the result drops. i32 sums wrap; f32 sums
-    are in f32 in numpy's pairwise order; f32 max and min propagate NaN."""
+    """Intra-slice reduction along `axis`, which the result drops. Sums accumulate left to
+    right over the time axis (i32 wraps; f32 rounds at every add); f32 max and min propagate
+    NaN."""
 
     input = operand_def(TensorType)
     axis = prop_def(IntegerAttr[I64])

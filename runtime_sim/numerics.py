@@ -70,3 +70,14 @@ def round_to(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
         # Round once to f32 first: every level computes in f32, never in f64.
         x = x.astype(np.float32)
     return x.astype(dtype)
+
+
+def sequential_sum(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
+    """Sum along one axis strictly left to right, in the array's type (f32 rounds at every add,
+    i32 wraps): the order in which an engine accumulates over the time axis. Every level sums
+    this way, so a reduction gives the same bits before and after lowering (numpy's own sum is
+    pairwise along contiguous axes, an order no engine follows)."""
+    if x.shape[axis] == 0:
+        return np.sum(x, axis=axis, keepdims=keepdims)
+    total = np.take(np.add.accumulate(x, axis=axis, dtype=x.dtype), [-1], axis=axis)
+    return total if keepdims else np.squeeze(total, axis=axis)

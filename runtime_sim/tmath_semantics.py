@@ -10,7 +10,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tmath
-from runtime_sim.numerics import compute, round_to, tensor_dtype
+from runtime_sim.numerics import compute, round_to, sequential_sum, tensor_dtype
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -46,8 +46,15 @@ COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "ge": np.greater_equal,
 }
 
+def _sum(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """Sequential sums, the last axis first."""
+    for a in sorted(axis, reverse=True):
+        x = sequential_sum(x, a, keepdims=True)
+    return x if keepdims else np.squeeze(x, axis=axis)
+
+
 REDUCE: dict[type, Callable[..., np.ndarray]] = {
-    tmath.ReduceSumOp: np.sum,
+    tmath.ReduceSumOp: _sum,
     tmath.ReduceMaxOp: np.max,
     tmath.ReduceMinOp: np.min,
 }
@@ -58,10 +65,10 @@ def _result(op: Any, value: np.ndarray) -> tuple[np.ndarray]:
 
 
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    """Max-subtracted softmax in f32. A row of all -inf gives NaN (there is no distribution)."""
+    """Max-subtracted softmax in f32, summed in order. A row of all -inf gives NaN."""
     x = compute(x)
     shifted = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return shifted / np.sum(shifted, axis=axis, keepdims=True)
+    return shifted / sequential_sum(shifted, axis, keepdims=True)
 
 
 @register_impls

@@ -14,7 +14,7 @@ from xdsl.dialects.builtin import TensorType, f32, i32
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 
 from dialects import tmath, ve
-from runtime_sim.numerics import bfloat16, round_to
+from runtime_sim.numerics import bfloat16, round_to, sequential_sum
 from runtime_sim.tmath_semantics import UNARY
 
 TAG_DTYPE = np.dtype(np.uint8)
@@ -99,7 +99,7 @@ SCAN: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 REDUCE: dict[type, Callable[..., np.ndarray]] = {
-    ve.ReduceSumOp: np.sum,
+    ve.ReduceSumOp: sequential_sum,
     ve.ReduceMaxOp: np.max,
     ve.ReduceMinOp: np.min,
 }
@@ -233,8 +233,7 @@ class VEFunctions(InterpreterFunctions):
     def run_reduce(self, interpreter: Interpreter, op: Any, args: tuple[Any, ...]):
         x = np.asarray(args[0])
         with np.errstate(all="ignore"):
-            return _out(op, REDUCE[type(op)](x, axis=op.axis.value.data, dtype=x.dtype)
-                        if type(op) is ve.ReduceSumOp else REDUCE[type(op)](x, axis=op.axis.value.data))
+            return _out(op, REDUCE[type(op)](x, axis=op.axis.value.data))
 
     @impl(ve.FilterOp)
     def run_filter(self, interpreter: Interpreter, op: ve.FilterOp, args: tuple[Any, ...]):

@@ -273,16 +273,29 @@ def silu(x):
     return to(x.dtype, v * _sigmoid32(v))
 
 
+def in_order_sum(v: np.ndarray, axis: int) -> np.ndarray:
+    """Left to right along one axis, one rounding per add (DESIGN: every level sums in order)."""
+    v = np.moveaxis(v, axis, -1)
+    total = np.zeros(v.shape[:-1], dtype=v.dtype)
+    for i in range(v.shape[-1]):
+        total = (total + v[..., i]).astype(v.dtype)
+    return np.expand_dims(total, axis)
+
+
 def softmax(x, axis=-1):
     v = f32(x)
     e = np.exp(v - v.max(axis=axis, keepdims=True))
-    return to(x.dtype, e / e.sum(axis=axis, keepdims=True))
+    return to(x.dtype, e / in_order_sum(e, axis))
 
 
 def reduce_sum(x, axis, keepdims=False):
-    if x.dtype == np.int32:
-        return x.sum(axis=axis, keepdims=keepdims).astype(np.int32)
-    return to(x.dtype, f32(x).sum(axis=axis, keepdims=keepdims))
+    v = x if x.dtype == np.int32 else f32(x)
+    axes = [a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis)]
+    for a in sorted(axes, reverse=True):
+        v = in_order_sum(v, a)
+    if not keepdims:
+        v = np.squeeze(v, axis=tuple(axes))
+    return v if x.dtype == np.int32 else to(x.dtype, v)
 
 
 def one_hot(idx: np.ndarray, depth: int) -> np.ndarray:
