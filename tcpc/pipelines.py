@@ -27,8 +27,14 @@ def _lower_topk() -> type[ModulePass]:
     return LowerTopKPass
 
 
+def _lower_routing() -> type[ModulePass]:
+    from passes.lower_routing import LowerRoutingPass
+
+    return LowerRoutingPass
+
+
 def _passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    return {"lower-topk": _lower_topk}
+    return {"lower-topk": _lower_topk, "lower-routing": _lower_routing}
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = _passes()

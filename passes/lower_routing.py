@@ -1,0 +1,207 @@
+"""`lower-routing`: the index generation of every `moe.scatter` becomes vector-engine (`ve`) ops.
+
+`%xb, %route = moe.scatter %x, %expert_idx` becomes ve ops computing the routing plan of
+DESIGN section 5 (`runtime_sim.moe_semantics.route_plan`, bit for bit), then
+`%route = moe.route %scatter_idx, %expert_ids` and `%xb = moe.dispatch %x, %route`; the data
+movement is left to the dispatch lowering. Pairs p = t*K + k run along a flattened axis of
+P = T*K (the `[T, K]` indices are viewed as `[P]`, and `scatter_idx` viewed back: `tcp.view`,
+no data moves); experts run along the other axis. The steps, named as in the TCP MoE design:
+
+1. `expert_mask [P, E]`: the one-hot of each pair's expert, a tag `eq` against an expert iota.
+2. `counts [E]`: the histogram, a reduce-sum of the mask over pairs. With a capacity C,
+   `kept_counts = min(counts, C)`.
+3. `num_blocks [E] = ceil(kept_counts / B)`, by counting block starts (see below).
+4. `global_offset [E]`: the first block of each expert, an exclusive cumsum of `num_blocks`
+   (the inclusive cumsum minus `num_blocks`).
+5. `token_rank [P]`: a cumsum of the mask over the pairs axis, gathered at the pair's expert;
+   `local_offset = token_rank - 1` is the pair's position within its expert in token-major
+   order.
+6. `scatter_idx [T, K] = global_offset * B + local_offset` (global offset gathered at the
+   pair's expert) for kept pairs, -1 for dropped ones. A pair is kept iff
+   `local_offset < min(C, R * B)`: the capacity (R * B matters only for routings the reference
+   rejects, see below).
+7. `expert_ids [G]`: `grid[e, g] = e` where `num_blocks[e] - g > 0`, else -1; flattened
+   expert-major and filter-compacted (keep `grid >= 0`) into G entries padded with -1.
+
+Every cumsum is the branch-logger pattern of the design, with nothing opaque: a static
+`ve.position_tag` over the scanned axis (first 0, middle 1, last 2; an axis of one element gets
+3, which the scan neither reads nor writes, so it passes through) and `ve.scan add` whose
+register-file operand is read only for tags [1, 2] and written back only for tags [0, 1].
+
+Gathers. The vector engine has no gather; a per-pair value of the pair's expert is taken with
+the one-hot tag: `select` it where the pair's tag is set, 0 elsewhere, and reduce-sum over E
+(exactly one non-zero term per valid pair, so the i32 sum is exact). Branchless.
+
+Ceiling division. The Fxp ALU adds, shifts and multiplies but does not divide, so
+`ceil(n / B)` is computed as the number of blocks that start before n:
+`num_blocks[e] = #{g in [0, R) : kept_counts[e] > g * B}`, a tag against a block-range iota
+times B and a reduce-sum. For integers n >= 0, `n > g*B` iff `g < ceil(n / B)`, so this is
+`min(ceil(n / B), R)`: exact for any B (not only powers of two, where a shift would do) and
+every count up to R * B. R = ceil(min(T, C) / B) is the most blocks one expert can own (an
+expert holds at most T pairs, one per token, and keeps at most C), so every count of a valid
+routing is exact; larger counts (only from repeated experts) saturate at R. R <= G: the routing
+that sends every token to one expert needs R blocks for that expert alone, and G is the worst
+case over all routings. The same `[E, R]` block range then
+serves the expert-id expansion, so the division costs one tile of E*R elements that the
+expansion needs anyway (a shift would save it only for power-of-two B). The range stops at R,
+not G, because no expert owns more than R blocks: E*R elements instead of E*G (for
+T = 4096, K = 8, E = 256, B = 64: 16 384 instead of 195 584).
+
+Capacity order. As `route_plan`: an expert keeps its first C pairs in token-major order
+(later tokens drop first; a token's choices in k order); kept counts are min(count, C); a
+dropped pair's scatter_idx is -1.
+
+Inputs the reference rejects. `route_plan` raises an execution error when a token picks an
+expert twice or an index is outside [0, E); the lowered routing computes a plan anyway, never
+faults, and never points outside the static buffers:
+- an index outside [0, E) matches no expert: the pair is not counted, its rank is 0, and its
+  scatter_idx is 0 * B + (0 - 1) = -1 (dropped: it contributes nothing);
+- a repeated expert counts as two pairs of that expert, in token-major order, like pairs of
+  different tokens; an expert can then hold more pairs than the R * B rows of its (at most R)
+  blocks, so step 6 keeps a pair only if `local_offset < min(C, R * B)`. For valid routings
+  `local_offset < T <= R * B`, so without a capacity this guard never drops a pair.
+With both, every kept pair lies in a block of its own expert, and every block inside G:
+each expert owns at most R blocks, and G = `max_blocks` is the maximum of
+sum_e min(ceil(n_e / B), R) over *any* counts with sum_e n_e <= T*K (its argument never uses
+that a token's experts are distinct), so the filter never cuts a block. Every scatter_idx is in
+[-1, G * B) and every expert id in [-1, E): `moe.route` accepts the plan, and a DMA indexed by
+it stays in bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from dialects import moe, tcp, ve
+from dialects.tmath import shape_of
+from passes.lower_topk import _Builder
+
+CUMSUM_TAGS = (0, 1, 2, 3)
+"""Position tags of a cumsum: first, middle, last, single (an axis of one element)."""
+CUMSUM_READ = (1, 2)
+"""The register-file operand is read after the first element ..."""
+CUMSUM_WRITE = (0, 1)
+"""... and written back before the last, so each row restarts."""
+
+
+class _RoutingBuilder(_Builder):
+    """lower-topk's op collector, plus the cumsum, the one-hot gather and views."""
+
+    def cumsum(self, x: SSAValue, axis: int, tags_name: str, name: str) -> SSAValue:
+        """Inclusive cumsum along `axis`: the static branch log and a tag-guarded add."""
+        position = self.emit(ve.PositionTagOp(shape_of(x.type), axis, CUMSUM_TAGS), tags_name)
+        return self.emit(ve.ScanOp("add", x, position, axis, CUMSUM_READ, CUMSUM_WRITE), name)
+
+    def gather(self, one_hot: SSAValue, x: SSAValue, name: str) -> SSAValue:
+        """[P] = x[p, e] at the e where one_hot[p, e] is set (0 where none is): select and
+        reduce over E."""
+        return self.reduce(ve.ReduceSumOp, self.select(one_hot, x, 0), 1, name)
+
+    def view(self, x: SSAValue, shape: list[int], name: str | None = None) -> SSAValue:
+        return self.emit(tcp.ViewOp(x, shape), name)
+
+
+def blocks_per_expert_bound(route: moe.RouteType) -> int:
+    """R: the most blocks one expert can own, ceil(min(T, C) / B), never more than G."""
+    t, b, g = route.tokens.data, route.block.data, route.blocks.data
+    c = route.capacity_limit
+    most = t if c is None else min(t, c)
+    return max(1, min(g, -(-most // b)))
+
+
+def pair_limit(route: moe.RouteType) -> int:
+    """A pair is kept iff its local offset is below this: the capacity C, and never more than
+    the R * B rows one expert can own (every valid pair fits those, so without a capacity the
+    limit only drops pairs of routings the reference rejects)."""
+    rows = blocks_per_expert_bound(route) * route.block.data
+    c = route.capacity_limit
+    return rows if c is None else min(c, rows)
+
+
+def lower_routing(op: moe.ScatterOp) -> tuple[list[Operation], SSAValue, SSAValue]:
+    """The ops that replace `op`, its blocked tokens and its routing plan."""
+    route_type = op.route.type
+    assert isinstance(route_type, moe.RouteType)
+    t, k, e = route_type.tokens.data, route_type.k.data, route_type.experts.data
+    block, blocks, capacity = route_type.block.data, route_type.blocks.data, route_type.capacity_limit
+    p, r = t * k, blocks_per_expert_bound(route_type)
+    b = _RoutingBuilder()
+
+    # 1. One-hot of each pair's expert: [P, E].
+    pair_expert = b.view(op.expert_idx, [p], "pair_expert")
+    chosen = b.broadcast(pair_expert, 1, e, "chosen_expert")
+    one_hot = b.tag("eq", chosen, b.iota([p, e], 1, "expert_index"), "one_hot")
+    expert_mask = b.select(one_hot, 1, 0, "expert_mask")
+
+    # 2. Histogram, and the capacity.
+    counts = b.reduce(ve.ReduceSumOp, expert_mask, 0, "counts")
+    if capacity is not None:
+        counts = b.binary(ve.MinOp, counts, capacity, "kept_counts")
+
+    # 3. num_blocks = ceil(counts / B): the block starts g * B below the count, g in [0, R).
+    block_range = b.iota([e, r], 1, "block_range")
+    block_start = b.binary(ve.MulOp, block_range, block, "block_start")
+    opens = b.tag("gt", b.broadcast(counts, 1, r, "counts_tile"), block_start, "opens_block")
+    num_blocks = b.reduce(ve.ReduceSumOp, b.select(opens, 1, 0, "opened"), 1, "num_blocks")
+
+    # 4. Global offsets: exclusive cumsum over experts.
+    blocks_cumsum = b.cumsum(num_blocks, 0, "expert_position", "blocks_cumsum")
+    global_offset = b.binary(ve.SubOp, blocks_cumsum, num_blocks, "global_offset")
+
+    # 5. Local offsets: cumsum over pairs, gathered at the pair's expert.
+    mask_cumsum = b.cumsum(expert_mask, 0, "pair_position", "mask_cumsum")
+    token_rank = b.gather(one_hot, mask_cumsum, "token_rank")
+    local_offset = b.binary(ve.SubOp, token_rank, 1, "local_offset")
+
+    # 6. Address synthesis and capacity drops.
+    pair_offset = b.gather(one_hot, b.broadcast(global_offset, 0, p, "offset_tile"), "pair_global_offset")
+    first_row = b.binary(ve.MulOp, pair_offset, block, "pair_first_row")
+    row = b.binary(ve.AddOp, first_row, local_offset, "pair_row")
+    kept = b.tag("lt", local_offset, pair_limit(route_type), "kept")
+    scatter_idx = b.view(b.select(kept, row, -1, "pair_scatter_idx"), [t, k], "scatter_idx")
+
+    # 7. Expert-id expansion: grid[e, g] = e where num_blocks[e] - g > 0, compacted to [G].
+    diff = b.binary(ve.SubOp, b.broadcast(num_blocks, 1, r, "num_blocks_tile"), block_range, "diff")
+    has_block = b.tag("gt", diff, 0, "has_block")
+    grid = b.select(has_block, b.iota([e, r], 0, "block_expert"), -1, "grid")
+    flat_grid = b.view(grid, [e * r], "flat_grid")
+    is_expert = b.tag("ge", flat_grid, 0, "is_expert")
+    expert_ids = b.emit(ve.FilterOp(flat_grid, is_expert, [1], 0, blocks, pad=-1), "expert_ids")
+
+    route = b.emit(moe.RouteOp(scatter_idx, expert_ids, route_type))
+    blocked = b.emit(moe.DispatchOp(op.input, route))
+    return b.ops, blocked, route
+
+
+@dataclass
+class LowerRoutingPattern(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: moe.ScatterOp, rewriter: PatternRewriter) -> None:
+        ops, blocked, route = lower_routing(op)
+        blocked.name_hint, route.name_hint = op.blocked.name_hint, op.route.name_hint
+        rewriter.replace(op, ops, [blocked, route])
+
+
+@dataclass(frozen=True)
+class LowerRoutingPass(ModulePass):
+    """moe.scatter -> ve ops computing scatter_idx [T, K] and expert_ids [G], then moe.route
+    and moe.dispatch."""
+
+    name = "lower-routing"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier([LowerRoutingPattern()]), apply_recursively=False
+        ).rewrite_module(op)
