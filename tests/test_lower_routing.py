@@ -1,0 +1,371 @@
+"""lower-routing is checked by translation validation: the IR before and after the pass, run on
+the same inputs, gives bit-identical routing plans (scatter_idx, expert_ids) and outputs, on
+random dims and routings with the edge cases (one expert takes every pair, empty experts, K = E,
+K = 1, T = 1, B = 1, T*K not a multiple of B, capacity drops), on every example, and after
+lower-topk on scores with ties. Routings the reference rejects run without faults and give a
+plan that stays inside the static buffers."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.interpreter import Interpreter
+from xdsl.ir import Operation
+from xdsl.parser import Parser
+from xdsl.utils.exceptions import InterpretationError
+
+import tcpc
+from dialects import moe, tcp, ve
+from passes.lower_routing import LowerRoutingPass, blocks_per_expert_bound, pair_limit
+from runtime_sim.executor import run_function
+from runtime_sim.moe_semantics import RoutePlan, route_plan
+from tcpc.arrays import prepare_inputs
+from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.moe"))
+D = 3
+
+
+class PlanRecorder(Interpreter.Listener):
+    """Keeps every routing plan a run makes, from `moe.scatter` or from `moe.route`."""
+
+    def __init__(self) -> None:
+        self.plans: list[RoutePlan] = []
+
+    def did_interpret_op(self, op: Operation, results: Any) -> None:
+        if isinstance(op, moe.ScatterOp):
+            self.plans.append(results[1])
+        elif isinstance(op, moe.RouteOp):
+            self.plans.append(results[0])
+
+
+def run_recording(module: ModuleOp, name: str, args: list[np.ndarray]) -> tuple[tuple[Any, ...], list[RoutePlan]]:
+    recorder = PlanRecorder()
+    outputs = run_function(module, name, args, listeners=[recorder])
+    return outputs, recorder.plans
+
+
+def assert_same_plan(got: RoutePlan, want: RoutePlan) -> None:
+    for field in ("scatter_idx", "expert_ids"):
+        g, w = getattr(got, field), getattr(want, field)
+        assert g.dtype == np.int32 and g.shape == w.shape, (field, g.dtype, g.shape, w.shape)
+        assert np.array_equal(g, w), f"{field} differ\nwant {w!r}\ngot  {g!r}"
+    assert got.block == want.block
+
+
+def route_type(t: int, k: int, e: int, b: int, c: int | None) -> moe.RouteType:
+    return moe.RouteType.make(t, k, e, b, c)
+
+
+@cache
+def modules(t: int, k: int, e: int, b: int, c: int | None) -> tuple[ModuleOp, ModuleOp]:
+    """@f(x [T, D] f32, expert_idx [T, K]) -> the blocked tokens, before and after the pass."""
+    r = route_type(t, k, e, b, c)
+    g = r.blocks.data
+    rt = f"!moe.route<T = {t}, K = {k}, E = {e}, B = {b}, G = {g}" + (f", C = {c}>" if c else ">")
+    text = (
+        f"func.func @f(%x: tensor<{t}x{D}xf32>, %idx: tensor<{t}x{k}xi32>) -> tensor<{g}x{b}x{D}xf32> {{\n"
+        f"  %xb, %route = moe.scatter %x, %idx : tensor<{t}x{D}xf32>, tensor<{t}x{k}xi32> "
+        f"-> tensor<{g}x{b}x{D}xf32>, {rt}\n"
+        f"  func.return %xb : tensor<{g}x{b}x{D}xf32>\n}}"
+    )
+    before = Parser(make_context(), text).parse_module()
+    before.verify()
+    return before, apply_pipeline(before, parse_pipeline("lower-routing"))
+
+
+def tokens(t: int) -> np.ndarray:
+    return (np.arange(t * D, dtype=np.float32) + 1).reshape(t, D)
+
+
+def check_routing(idx: np.ndarray, e: int, b: int, c: int | None) -> RoutePlan:
+    """The lowered plan and blocked tokens equal the reference's bit for bit; returns the plan."""
+    t, k = idx.shape
+    before, after = modules(t, k, e, b, c)
+    assert not ops_named(after, moe.ScatterOp)
+    x = tokens(t)
+    want_out, want_plans = run_recording(before, "f", [x, idx])
+    got_out, got_plans = run_recording(after, "f", [x, idx])
+    assert len(want_plans) == len(got_plans) == 1
+    assert_same_plan(got_plans[0], want_plans[0])
+    assert_same_plan(got_plans[0], route_plan(idx, route_type(t, k, e, b, c)))
+    assert np.array_equal(got_out[0], want_out[0])
+    return got_plans[0]
+
+
+def ops_named(module: ModuleOp, cls: type) -> list:
+    return [op for op in module.walk() if isinstance(op, cls)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Routings
+
+STYLES = ("random", "one_set", "few", "descending", "first")
+
+
+def routing(t: int, k: int, e: int, style: str, seed: int) -> np.ndarray:
+    """Valid routings (K distinct experts in [0, E) per token):
+    `random`: any K experts; `one_set`: every token picks the same K experts (K = 1: every pair
+    on one expert); `few`: experts drawn from K or K+1 of them, the rest empty; `descending`:
+    random, each row in descending expert order; `first`: experts 0..K-1 in a random order."""
+    rng = np.random.default_rng(seed)
+    if style == "one_set":
+        row = rng.permutation(e)[:k]
+        return np.tile(row, (t, 1)).astype(np.int32)
+    if style == "few":
+        pool = rng.permutation(e)[: min(e, k + 1)]
+        return np.stack([rng.permutation(pool)[:k] for _ in range(t)]).astype(np.int32)
+    if style == "first":
+        return np.stack([rng.permutation(k) for _ in range(t)]).astype(np.int32)
+    rows = np.stack([rng.permutation(e)[:k] for _ in range(t)]).astype(np.int32)
+    return -np.sort(-rows, axis=-1) if style == "descending" else rows
+
+
+@st.composite
+def routing_cases(draw: st.DrawFn) -> tuple:
+    e = draw(st.one_of(st.integers(1, 12), st.integers(1, 48)))
+    k = draw(st.one_of(st.integers(1, min(e, 3)), st.integers(1, min(e, 8)), st.just(e), st.just(1)))
+    t = draw(st.one_of(st.integers(1, 12), st.integers(1, 40), st.just(1)))
+    c = draw(st.one_of(st.none(), st.integers(1, t + 2)))
+    most = t if c is None else min(t, c)
+    b = draw(st.one_of(st.integers(1, max(1, most)), st.just(1), st.integers(1, t + 2)))
+    style = draw(st.sampled_from(STYLES))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return t, k, e, b, c, style, seed
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(routing_cases())
+def test_lowered_routing_is_bit_identical(case: tuple) -> None:
+    t, k, e, b, c, style, seed = case
+    check_routing(routing(t, k, e, style, seed), e, b, c)
+
+
+@pytest.mark.parametrize(
+    "t, k, e, b, c, style",
+    [
+        (1, 1, 1, 1, None, "random"),      # one pair, one expert: single-element scans
+        (1, 3, 5, 1, None, "random"),      # T = 1
+        (6, 4, 4, 2, None, "random"),      # K = E: every expert takes every token
+        (6, 4, 4, 4, 3, "random"),         # K = E with a capacity
+        (9, 1, 4, 3, None, "one_set"),     # every pair on one expert, K = 1
+        (7, 1, 6, 2, None, "one_set"),     # ... and T*K not a multiple of B
+        (8, 2, 8, 3, None, "few"),         # empty experts
+        (5, 3, 7, 1, None, "descending"),  # B = 1
+        (11, 2, 5, 4, None, "random"),     # T*K = 22, B = 4
+        (9, 1, 3, 2, 4, "one_set"),        # capacity drops: C < T
+        (9, 2, 3, 2, 5, "random"),
+        (6, 2, 4, 2, 6, "random"),         # C = T: nothing drops
+        (6, 2, 4, 2, 9, "one_set"),        # C > T
+        (10, 3, 3, 3, 2, "first"),         # every expert over capacity
+    ],
+)
+def test_edge_cases(t: int, k: int, e: int, b: int, c: int | None, style: str) -> None:
+    for seed in range(3):
+        check_routing(routing(t, k, e, style, seed), e, b, c)
+
+
+def test_capacity_drop_order() -> None:
+    """Later tokens drop first; within a token its choices in k order."""
+    idx = np.array([[0, 1], [1, 0], [0, 2], [1, 0]], dtype=np.int32)
+    plan = check_routing(idx, 3, 1, 2)
+    # expert 0 keeps pairs (0,0) and (1,1); expert 1 keeps (0,1) and (1,0); expert 2 keeps (2,1).
+    assert plan.scatter_idx.tolist() == [[0, 2], [3, 1], [-1, 4], [-1, -1]]
+    assert plan.expert_ids.tolist()[:5] == [0, 0, 1, 1, 2]
+
+
+def test_worst_case_routing_fills_every_block() -> None:
+    """A routing that needs all G blocks: one pair on each of E-1 experts, the rest on one."""
+    t, k, e, b = 9, 1, 4, 2
+    idx = np.array([[1], [2], [3]] + [[0]] * 6, dtype=np.int32)
+    plan = check_routing(idx, e, b, None)
+    assert (plan.expert_ids >= 0).all() and plan.expert_ids.shape[0] == route_type(t, k, e, b, None).blocks.data
+
+
+def test_block_range_bound() -> None:
+    """R = ceil(min(T, C) / B), the most blocks one expert can own, and never above G."""
+    assert blocks_per_expert_bound(route_type(16, 2, 8, 4, None)) == 4
+    assert blocks_per_expert_bound(route_type(16, 2, 8, 4, 5)) == 2
+    assert blocks_per_expert_bound(route_type(4096, 8, 256, 64, None)) == 64
+    for t, k, e, b, c in [(1, 1, 1, 1, None), (5, 2, 2, 5, None), (9, 3, 3, 2, 20), (7, 1, 7, 3, 1)]:
+        r = route_type(t, k, e, b, c)
+        assert 1 <= blocks_per_expert_bound(r) <= r.blocks.data
+
+
+# ---------------------------------------------------------------------------------------------
+# Routings the reference rejects
+
+
+def assert_plan_in_bounds(plan: RoutePlan, idx: np.ndarray, e: int, b: int) -> None:
+    """Indices in [-1, G*B), distinct rows, and each kept pair in a block of its own expert."""
+    g = plan.expert_ids.shape[0]
+    rows = plan.scatter_idx.reshape(-1)
+    assert ((rows >= -1) & (rows < g * b)).all()
+    assert ((plan.expert_ids >= -1) & (plan.expert_ids < e)).all()
+    kept = rows[rows >= 0]
+    assert len(set(kept.tolist())) == kept.size
+    experts = idx.reshape(-1)[rows >= 0]
+    assert np.array_equal(plan.expert_ids[kept // b], experts)
+
+
+@pytest.mark.parametrize("c", [None, 3])
+def test_out_of_range_experts_are_dropped(c: int | None) -> None:
+    idx = np.array([[0, 9], [-1, 1], [1, 4], [2, 0]], dtype=np.int32)
+    before, after = modules(4, 2, 4, 2, c)
+    with pytest.raises(InterpretationError, match="outside"):
+        run_function(before, "f", [tokens(4), idx])
+    _, (plan,) = run_recording(after, "f", [tokens(4), idx])
+    assert (plan.scatter_idx[(idx < 0) | (idx >= 4)] == -1).all()
+    valid = (idx >= 0) & (idx < 4)
+    assert (plan.scatter_idx[valid] >= 0).all()
+    assert_plan_in_bounds(plan, idx, 4, 2)
+
+
+@pytest.mark.parametrize("c", [None, 2, 5])
+def test_repeated_experts_stay_inside_the_buffers(c: int | None) -> None:
+    """Every token picks expert 1 three times: T*K pairs on one expert, more than G blocks hold."""
+    t, k, e, b = 6, 3, 4, 2
+    idx = np.ones((t, k), dtype=np.int32)
+    before, after = modules(t, k, e, b, c)
+    with pytest.raises(InterpretationError, match="more than once"):
+        run_function(before, "f", [tokens(t), idx])
+    _, (plan,) = run_recording(after, "f", [tokens(t), idx])
+    assert_plan_in_bounds(plan, idx, e, b)
+    kept = int((plan.scatter_idx >= 0).sum())
+    assert kept == min(t * k, pair_limit(route_type(t, k, e, b, c)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(routing_cases(), st.integers(-2, 2))
+def test_any_indices_give_a_plan_inside_the_buffers(case: tuple, spread: int) -> None:
+    """Repeats and out-of-range indices anywhere: no fault, and the plan stays consistent."""
+    t, k, e, b, c, _, seed = case
+    idx = np.random.default_rng(seed).integers(-1 - abs(spread), e + spread + 1, size=(t, k)).astype(np.int32)
+    _, after = modules(t, k, e, b, c)
+    _, (plan,) = run_recording(after, "f", [tokens(t), idx])
+    assert_plan_in_bounds(plan, idx, e, b)
+    assert (plan.scatter_idx[(idx < 0) | (idx >= e)] == -1).all()
+
+
+def test_a_repeat_that_fits_counts_twice() -> None:
+    idx = np.array([[2, 2], [0, 1], [1, 2]], dtype=np.int32)
+    _, after = modules(3, 2, 3, 1, None)
+    _, (plan,) = run_recording(after, "f", [tokens(3), idx])
+    assert plan.scatter_idx.tolist() == [[3, 4], [0, 1], [2, 5]]
+    assert_plan_in_bounds(plan, idx, 3, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The op sequence and the pass interface
+
+
+def test_op_sequence_and_cumsums() -> None:
+    _, after = modules(5, 2, 4, 2, 3)
+    new = [op for op in after.walk() if op.name.split(".")[0] in ("ve", "tcp", "moe")]
+    assert {op.name.split(".")[0] for op in new} == {"ve", "tcp", "moe"}
+    assert [op.name for op in new if not op.name.startswith("ve.")] == [
+        "tcp.view", "tcp.view", "tcp.view", "moe.route", "moe.dispatch"]
+    scans = ops_named(after, ve.ScanOp)
+    assert len(scans) == 2
+    for scan in scans:
+        tags = scan.tags.owner
+        assert isinstance(tags, ve.PositionTagOp) and tags.pattern == (0, 1, 2, 3)
+        assert tags.axis.value.data == scan.axis.value.data == 0
+        assert scan.kind.data == ve.ScanKind.ADD
+        assert tuple(scan.read.get_values()) == (1, 2) and tuple(scan.write.get_values()) == (0, 1)
+    names = {op.results[0].name_hint for op in new}
+    for name in ("expert_mask", "counts", "kept_counts", "num_blocks", "global_offset", "token_rank",
+                 "local_offset", "kept", "scatter_idx", "grid", "expert_ids"):
+        assert name in names, name
+    (route,) = ops_named(after, moe.RouteOp)
+    assert route.scatter_idx.name_hint == "scatter_idx" and route.expert_ids.name_hint == "expert_ids"
+    (filt,) = ops_named(after, ve.FilterOp)
+    assert filt.result.type.get_shape() == (route_type(5, 2, 4, 2, 3).blocks.data,) and filt.pad.value.data == -1
+
+
+def test_without_capacity_there_is_no_min() -> None:
+    _, after = modules(5, 2, 4, 2, None)
+    assert not ops_named(after, ve.MinOp)
+    assert [v.type.get_shape() for v in (op.result for op in ops_named(after, tcp.ViewOp))] == [(10,), (5, 2), (12,)]
+
+
+def test_pass_is_registered() -> None:
+    assert PASSES["lower-routing"]() is LowerRoutingPass
+    (p,) = parse_pipeline("lower-routing")
+    assert isinstance(p, LowerRoutingPass)
+
+
+# ---------------------------------------------------------------------------------------------
+# Examples, and after lower-topk
+
+
+@pytest.mark.parametrize("pipeline", ["lower-routing", "lower-topk,lower-routing"])
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_after_lower_routing_equals_its_reference(path: Path, pipeline: str) -> None:
+    program = tcpc.compile_file(path)
+    lowered = program.lower(pipeline)
+    assert not ops_named(lowered, moe.ScatterOp)
+    for graph in program.graph_names:
+        for seed in (0, 1):
+            ref = program.run(seed=seed, graph=graph)
+            got = program.run(seed=seed, graph=graph, reference=False, pipeline=pipeline)
+            assert len(got.outputs) == len(ref.outputs)
+            for g, w in zip(got.outputs, ref.outputs):
+                assert g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8))
+            args = prepare_inputs(program.function(graph), {}, seed)
+            _, want = run_recording(program.module, graph, args)
+            _, have = run_recording(lowered, graph, args)
+            assert len(have) == len(want) >= 1
+            for h, w in zip(have, want):
+                assert_same_plan(h, w)
+
+
+@pytest.mark.parametrize("path, dims", [
+    ("mixtral.moe", {"T": 64, "B": 8}),
+    ("qwen3_moe.moe", {"T": 48, "E": 64, "K": 8, "B": 3}),
+    ("llama4.moe", {"T": 40, "E": 16, "B": 5}),
+])
+def test_examples_at_larger_dims(path: str, dims: dict[str, int]) -> None:
+    program = tcpc.compile_file(ROOT / "examples" / path, dims)
+    lowered = program.lower("lower-topk,lower-routing")
+    args = prepare_inputs(program.function(), {}, 3)
+    want_out, want = run_recording(program.module, program.graph_names[0], args)
+    got_out, have = run_recording(lowered, program.graph_names[0], args)
+    assert_same_plan(have[0], want[0])
+    assert np.array_equal(got_out[0].view(np.uint16), want_out[0].view(np.uint16))
+
+
+TIES = """
+dims T = 8, D = 4, E = 6, K = 2, B = 2, C = 3
+graph g(x: f32[T, D], s: f32[T, E]) -> f32[T, D] {
+    _, top_e = topk(s, K)
+    xb, route = scatter(x, top_e, experts=E, block=B, capacity=C)
+    return combine(xb, route)
+}
+"""
+
+
+@pytest.mark.parametrize("dims", [{}, {"C": 8}, {"K": 1, "B": 1}, {"K": 6, "C": 5}, {"T": 1, "C": 1, "B": 1}])
+def test_after_lower_topk_with_ties_and_a_capacity(dims: dict[str, int]) -> None:
+    """Scores from a pool of three values, so most rows tie; top-k picks by lower index, and
+    the routing follows it exactly, with capacity drops."""
+    program = tcpc.compile_source(TIES, dims)
+    t, e = program.dims["T"], program.dims["E"]
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        inputs = {"s": rng.choice(np.float32([0.5, 0.25, -1.0]), size=(t, e))}
+        ref = program.run(inputs, seed=seed)
+        got = program.run(inputs, seed=seed, reference=False, pipeline="lower-topk,lower-routing")
+        assert np.array_equal(got.outputs[0], ref.outputs[0])
+        lowered = program.lower("lower-topk,lower-routing")
+        args = prepare_inputs(program.function(), inputs, seed)
+        (want,), (have,) = run_recording(program.module, "g", args)[1], run_recording(lowered, "g", args)[1]
+        assert_same_plan(have, want)
