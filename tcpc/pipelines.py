@@ -27,8 +27,17 @@ def _lower_topk() -> type[ModulePass]:
     return LowerTopKPass
 
 
+def _lower_dispatch() -> type[ModulePass]:
+    from passes.lower_dispatch import LowerDispatchPass
+
+    return LowerDispatchPass
+
+
 def _passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    return {"lower-topk": _lower_topk}
+    return {
+        "lower-topk": _lower_topk,
+        "lower-dispatch": _lower_dispatch,
+    }
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = _passes()
