@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from xdsl.utils.exceptions import InterpretationError
+from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 from dialects.tmath import format_type
 from tcpc.arrays import InputError, load_npz, save_outputs
@@ -166,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except InterpretationError as e:
         print(f"tcpc: error while running: {e}", file=sys.stderr)
+        return 1
+    except PassFailedException as e:  # a pass that cannot run on this IR, e.g. out of order
+        print(f"tcpc: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # the .moe file, -o, --out
         print(f"tcpc: error: {e.filename}: {(e.strerror or str(e)).lower()}", file=sys.stderr)

@@ -5,6 +5,7 @@ Every pass registers here once; `tcpc`, `tcpc-opt` and the Python API all read t
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from xdsl.context import Context
@@ -21,23 +22,20 @@ from dialects.ve import VE
 DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP]
 
 
-def _lower_topk() -> type[ModulePass]:
-    from passes.lower_topk import LowerTopKPass
+def _lazy(module: str, name: str) -> Callable[[], type[ModulePass]]:
+    """A factory that imports the pass only when a pipeline asks for it."""
 
-    return LowerTopKPass
+    def load() -> type[ModulePass]:
+        return getattr(importlib.import_module(module), name)
 
-
-def _lower_routing() -> type[ModulePass]:
-    from passes.lower_routing import LowerRoutingPass
-
-    return LowerRoutingPass
+    return load
 
 
-def _passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    return {"lower-topk": _lower_topk, "lower-routing": _lower_routing}
-
-
-PASSES: dict[str, Callable[[], type[ModulePass]]] = _passes()
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "lower-topk": _lazy("passes.lower_topk", "LowerTopKPass"),
+    "lower-routing": _lazy("passes.lower_routing", "LowerRoutingPass"),
+    "lower-dispatch": _lazy("passes.lower_dispatch", "LowerDispatchPass"),
+}
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 
 LOWERED_PIPELINE: tuple[str, ...] = ()

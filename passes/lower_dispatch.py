@@ -1,0 +1,255 @@
+"""`lower-dispatch`: the data movement of an MoE layer becomes DMA and contraction commands.
+
+It runs after `lower-routing`, which leaves the routing plan as `moe.route %scatter_idx,
+%expert_ids` (scatter_idx [T, K]: the row of pair (t, k) in the blocked buffer, -1 if dropped;
+expert_ids [G]: block g's expert, -1 if unused) and `moe.scatter`'s data movement as
+`moe.dispatch`. This pass rewrites the three ops that consume a plan (TCP MoE design,
+sections 3.4 to 3.6):
+
+- `moe.dispatch %x, %route` -> `tcp.dma_scatter %x[%scatter_idx]` into a zeroed buffer of G*B
+  rows (row t goes to each of its K rows; -1 skips), then `tcp.view` as [G, B, D] (`x_blocked`).
+- `moe.grouped_matmul %xb, %w, %route (bias %b)?` ->
+  - `tcp.dma_gather %w[%expert_ids]` ([G, D, F], `w_gathered`): one weight per block; an unused
+    block's id is -1, so nothing is read for it. Blocks of one expert are consecutive, so the
+    DMA engine reloads a weight only when the id changes (the cost model charges it so);
+  - with a bias, `tcp.dma_gather %b[%expert_ids]` viewed as [G, 1, F] (`bias_gathered`);
+  - `tcp.contract "gbd,gdf->gbf" ... guard %expert_ids` into f32 (`y_acc`): blocks with id -1
+    are skipped and left zero;
+  - the padding mask: the reference leaves padding rows zero (the bias is not added to them,
+    and 0 * inf in a padding row is not NaN), so `ve.select` keeps `y_acc` on valid rows and
+    +0.0 elsewhere. Which rows are valid is a DMA scatter of ones by scatter_idx, tagged != 0
+    (`row_valid`, [G, B]), built once per routing plan and broadcast over F;
+  - `ve.narrow` to bf16 when the result is bf16: the contraction's f32 result is rounded once,
+    as the reference rounds it.
+- `moe.combine %yb, %route (weights %w)?` -> `tcp.view` as [G*B, D] rows (`y_rows`),
+  `tcp.dma_gather` by scatter_idx to [T, K, D] (`y_restored`; a dropped pair reads nothing and
+  is zero), `ve.widen` to f32, then with weights: the weights (widened) with a dropped pair's
+  weight forced to +0.0 by a tag on scatter_idx >= 0 (so a NaN or inf weight never meets its
+  zero row), broadcast over D and multiplied (`y_weighted`); `ve.reduce_sum` along K, strictly
+  k = 0, 1, ..., K-1 as the reference adds; `+ 0.0`, because the reference's accumulator starts
+  at +0.0 (so an all-(-0.0) sum is +0.0 there); `ve.narrow` when the output is bf16 (`moe_out`).
+
+Exactness: dispatch and combine give the reference's bits exactly. grouped_matmul gives them
+exactly on padding rows and unused blocks and in the rounding points (one f32 accumulation,
+bias added in f32, one rounding); its valid rows can differ only by the f32 accumulation order
+of the contraction, which the two levels' numpy evaluations do not share (`np.einsum` for
+`tcp.contract`, a BLAS `@` per block for the reference): |difference| <= 2 * gamma_D *
+(sum_d |x_d * w_d| + |bias|) with gamma_D = D * 2^-24 / (1 - D * 2^-24), plus one ulp of the
+result for a bf16 result (the two f32 values may round to neighbouring bf16 values). See
+tests/test_lower_dispatch.py, which checks exactly this.
+
+A route that is not a `moe.route` result (a `moe.scatter`'s, or a function argument) means
+`lower-routing` has not run: the pass stops with a PassFailedException saying so, before it
+changes anything. `moe.route` ops left without uses are erased.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import BFloat16Type, Float32Type, ModuleOp, TensorType, f32, i32
+from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.utils.exceptions import PassFailedException
+
+from dialects import moe, tcp, ve
+from dialects.tmath import shape_of
+
+PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.CombineOp)
+
+
+class _Emitter:
+    """Collects the ops of one lowering in order, names results and shares constants."""
+
+    def __init__(self) -> None:
+        self.ops: list[Operation] = []
+        self._consts: dict[tuple[int | float, tuple[int, ...], Attribute], SSAValue] = {}
+
+    def emit(self, op: Operation, name: str | None = None) -> SSAValue:
+        self.ops.append(op)
+        result = op.results[0]
+        if name is not None:
+            result.name_hint = name
+        return result
+
+    def const(self, value: int | float, shape: Sequence[int], element: Attribute) -> SSAValue:
+        """A splat, named `zeros`, `ones` or `splat` (every new value is named: the rewriter
+        would otherwise give unnamed ones the replaced op's name)."""
+        key = (value, tuple(shape), element)
+        if key not in self._consts:
+            name = {0: "zeros", 1: "ones"}.get(value, "splat")  # type: ignore[call-overload]
+            self._consts[key] = self.emit(ve.ConstOp(value, TensorType(element, list(shape))), name)
+        return self._consts[key]
+
+    def view(self, x: SSAValue, shape: Sequence[int], name: str | None = None) -> SSAValue:
+        return self.emit(tcp.ViewOp(x, list(shape)), name)
+
+    def to_f32(self, x: SSAValue, name: str | None = None) -> SSAValue:
+        """x in 32-bit lanes: bf16 widens (exactly), f32 is already there."""
+        t = x.type
+        assert isinstance(t, TensorType)
+        if isinstance(t.get_element_type(), Float32Type):
+            return x
+        return self.emit(ve.WidenOp(x, TensorType(f32, list(shape_of(t)))), name)
+
+    def to_result(self, x: SSAValue, result_type: Attribute, name: str | None) -> SSAValue:
+        """An f32 value rounded once to the result type (nothing to do for f32)."""
+        assert isinstance(result_type, TensorType)
+        if isinstance(result_type.get_element_type(), BFloat16Type):
+            return self.emit(ve.NarrowOp(x, result_type), name)
+        assert result_type == x.type
+        if name is not None:
+            x.name_hint = name
+        return x
+
+
+def plan_of(op: Operation, route: SSAValue) -> moe.RouteOp:
+    """The `moe.route` op that produced `route`, or the error that lower-routing must run first."""
+    owner = route.owner
+    if isinstance(owner, moe.RouteOp):
+        return owner
+    name = f"%{route.name_hint}" if route.name_hint else "the route"
+    source = f"it comes from {owner.name}" if isinstance(owner, Operation) else "it is a block argument"
+    raise PassFailedException(
+        f"lower-dispatch: run lower-routing first: {name} of {op.name} is not produced by moe.route ({source})"
+    )
+
+
+def check_lowered_routing(module: ModuleOp) -> None:
+    """Every plan consumer reads a `moe.route` and no `moe.scatter` is left, or the error."""
+    for op in module.walk():
+        if isinstance(op, moe.ScatterOp):
+            raise PassFailedException(
+                "lower-dispatch: run lower-routing first: moe.scatter has not been lowered to moe.route and moe.dispatch"
+            )
+        if isinstance(op, PLAN_CONSUMERS):
+            plan_of(op, op.route)
+
+
+@dataclass
+class _RowMasks:
+    """Which rows of each plan's blocked buffer hold a pair: built once per `moe.route`, right
+    after it (so it dominates every consumer of the plan), and broadcast once per width."""
+
+    tags: dict[moe.RouteOp, SSAValue] = field(default_factory=dict)
+    wide: dict[tuple[moe.RouteOp, int], SSAValue] = field(default_factory=dict)
+    last: dict[moe.RouteOp, Operation] = field(default_factory=dict)
+
+    def row_valid(self, plan: moe.RouteOp, rewriter: PatternRewriter) -> SSAValue:
+        """Tags [G, B]: 1 on a row some pair was scattered to, 0 on padding and unused blocks."""
+        if plan not in self.tags:
+            r = plan.route.type
+            assert isinstance(r, moe.RouteType)
+            t, g, b = r.tokens.data, r.blocks.data, r.block.data
+            e = _Emitter()
+            ones = e.const(1, [t, 1], i32)
+            rows = e.emit(tcp.DmaScatterOp(ones, plan.scatter_idx, g * b), "row_marks")
+            marks = e.view(rows, [g, b], "block_marks")
+            self.tags[plan] = e.emit(ve.TagOp("ne", marks, e.const(0, [g, b], i32)), "row_valid")
+            self._insert(plan, e.ops, InsertPoint.after(plan), rewriter)
+        return self.tags[plan]
+
+    def rows_valid(self, plan: moe.RouteOp, width: int, rewriter: PatternRewriter) -> SSAValue:
+        """Tags [G, B, width]: row_valid broadcast along a new last axis."""
+        key = (plan, width)
+        if key not in self.wide:
+            row_valid = self.row_valid(plan, rewriter)
+            op = ve.BroadcastOp(row_valid, 2, width)
+            op.result.name_hint = "rows_valid"
+            self._insert(plan, [op], InsertPoint.after(self.last[plan]), rewriter)
+            self.wide[key] = op.result
+        return self.wide[key]
+
+    def _insert(self, plan: moe.RouteOp, ops: list[Operation], at: InsertPoint, rewriter: PatternRewriter) -> None:
+        rewriter.insert(ops, at)
+        self.last[plan] = ops[-1]
+
+
+def lower_dispatch(op: moe.DispatchOp, plan: moe.RouteOp) -> tuple[list[Operation], SSAValue]:
+    r = plan.route.type
+    g, b = r.blocks.data, r.block.data
+    d = shape_of(op.input.type)[1]
+    e = _Emitter()
+    rows = e.emit(tcp.DmaScatterOp(op.input, plan.scatter_idx, g * b), "x_rows")
+    blocked = e.view(rows, [g, b, d], op.blocked.name_hint or "x_blocked")
+    return e.ops, blocked
+
+
+def lower_grouped_matmul(op: moe.GroupedMatmulOp, plan: moe.RouteOp, rows_valid: SSAValue
+                         ) -> tuple[list[Operation], SSAValue]:
+    g, b, f = shape_of(op.result.type)
+    e = _Emitter()
+    weights = e.emit(tcp.DmaGatherOp(op.weight, plan.expert_ids), "w_gathered")
+    bias = None
+    if op.bias is not None:
+        gathered = e.emit(tcp.DmaGatherOp(op.bias, plan.expert_ids), "bias_gathered")
+        bias = e.view(gathered, [g, 1, f], "bias_blocked")
+    acc = e.emit(tcp.ContractOp("gbd,gdf->gbf", op.input, weights, TensorType(f32, [g, b, f]),
+                                bias=bias, guard=plan.expert_ids), "y_acc")
+    masked = e.emit(ve.SelectOp(rows_valid, [1], acc, e.const(0.0, [g, b, f], f32)), "y_masked")
+    return e.ops, e.to_result(masked, op.result.type, op.result.name_hint or "y_blocked")
+
+
+def lower_combine(op: moe.CombineOp, plan: moe.RouteOp) -> tuple[list[Operation], SSAValue]:
+    r = plan.route.type
+    t, k, g, b = r.tokens.data, r.k.data, r.blocks.data, r.block.data
+    d = shape_of(op.input.type)[2]
+    e = _Emitter()
+    rows = e.view(op.input, [g * b, d], "y_rows")
+    restored = e.to_f32(e.emit(tcp.DmaGatherOp(rows, plan.scatter_idx), "y_restored"), "y_restored_f32")
+    if op.weights is not None:
+        weights = e.to_f32(op.weights, "weights_f32")
+        kept = e.emit(ve.TagOp("ge", plan.scatter_idx, e.const(0, [t, k], i32)), "pair_kept")
+        weights = e.emit(ve.SelectOp(kept, [1], weights, e.const(0.0, [t, k], f32)), "weights_kept")
+        spread = e.emit(ve.BroadcastOp(weights, 2, d), "weights_spread")
+        restored = e.emit(ve.MulOp(spread, restored), "y_weighted")  # the reference multiplies w * y
+    total = e.emit(ve.ReduceSumOp(restored, 1), "y_sum")
+    # The reference's accumulator starts at +0.0: the same bits except that it never ends at -0.0.
+    total = e.emit(ve.AddOp(total, e.const(0.0, [t, d], f32)), "moe_out_f32")
+    return e.ops, e.to_result(total, op.result.type, op.result.name_hint or "moe_out")
+
+
+@dataclass
+class LowerDispatchPattern(RewritePattern):
+    masks: _RowMasks = field(default_factory=_RowMasks)
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: moe.DispatchOp | moe.GroupedMatmulOp | moe.CombineOp,
+                          rewriter: PatternRewriter) -> None:
+        plan = plan_of(op, op.route)
+        if isinstance(op, moe.DispatchOp):
+            ops, result = lower_dispatch(op, plan)
+        elif isinstance(op, moe.GroupedMatmulOp):
+            width = shape_of(op.result.type)[2]
+            ops, result = lower_grouped_matmul(op, plan, self.masks.rows_valid(plan, width, rewriter))
+        else:
+            ops, result = lower_combine(op, plan)
+        rewriter.replace(op, ops, [result])
+
+
+@dataclass(frozen=True)
+class LowerDispatchPass(ModulePass):
+    """moe.dispatch / grouped_matmul / combine -> tcp DMA gathers and scatters, blockwise
+    contraction and ve ops, on the plan `lower-routing` computed (see the module docstring)."""
+
+    name = "lower-dispatch"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check_lowered_routing(op)
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier([LowerDispatchPattern()], dce_enabled=False),
+            apply_recursively=False,
+        ).rewrite_module(op)
+        for plan in [o for o in op.walk() if isinstance(o, moe.RouteOp)]:
+            if not plan.route.uses:
+                Rewriter.erase_op(plan)
