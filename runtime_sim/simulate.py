@@ -20,6 +20,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.traits import SymbolTable
 
 import runtime_sim.tcp_cost  # noqa: F401  (registers the tcp cost functions)
+import runtime_sim.ve_cost  # noqa: F401  (registers the ve cost functions)
 from runtime_sim.cost_model import CostModelError, engine_units, require_lowered
 from runtime_sim.executor import function_named, run_function
 from runtime_sim.machine import Machine, default_machine
