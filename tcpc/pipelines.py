@@ -27,8 +27,14 @@ def _lower_topk() -> type[ModulePass]:
     return LowerTopKPass
 
 
+def _pin_routing() -> type[ModulePass]:
+    from passes.pin_routing import PinRoutingPass
+
+    return PinRoutingPass
+
+
 def _passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    return {"lower-topk": _lower_topk}
+    return {"lower-topk": _lower_topk, "pin-routing": _pin_routing}
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = _passes()
