@@ -20,8 +20,10 @@ After:
       %xb, %route = moe.scatter %x, %routing {experts = 4 : i64, block = 2 : i64} : ...
 
 The router still runs (its values still weight `combine`); only its indices stop feeding the
-scatter. A scatter whose indices already are a routing argument is left alone, so the pass is
-idempotent. Functions that other functions call are skipped (their signature is a contract).
+scatter. A scatter whose indices already are an argument of the graph (a layer that takes its
+routing as an input) gets that argument tagged instead; a scatter whose indices already are a
+routing argument is left alone, so the pass is idempotent. Functions that other functions call
+are skipped (their signature is a contract).
 """
 
 from __future__ import annotations
@@ -42,29 +44,46 @@ def _called(module: ModuleOp) -> set[str]:
     return {op.callee.root_reference.data for op in module.walk() if isinstance(op, func.CallOp)}
 
 
+def _unique_name(block_args: list[BlockArgument], base: str = "routing") -> str:
+    taken = {a.name_hint for a in block_args}
+    n = 0
+    while (name := base if n == 0 else f"{base}{n}") in taken:
+        n += 1
+    return name
+
+
+def _tag(fn: func.FuncOp, index: int, experts: int) -> None:
+    count = len(fn.function_type.inputs.data)
+    attrs = list(fn.arg_attrs.data) if fn.arg_attrs is not None else [DictionaryAttr({})] * count
+    attrs += [DictionaryAttr({})] * (count - len(attrs))
+    attrs[index] = DictionaryAttr({**attrs[index].data, ROUTING_ATTR: IntegerAttr(experts, i64)})
+    fn.arg_attrs = ArrayAttr(attrs)
+
+
 def pin_function(fn: func.FuncOp) -> int:
-    """Pin every scatter of `fn`; returns how many arguments it added."""
+    """Pin every scatter of `fn`; returns how many routing arguments it tagged or added."""
     block = fn.body.blocks.first
     if block is None:
         return 0
     pinned = set(routing_arguments(fn))
-    added = 0
+    changed = 0
     for scatter in [op for op in fn.walk() if isinstance(op, moe.ScatterOp)]:
         idx = scatter.expert_idx
-        if isinstance(idx, BlockArgument) and idx.block is block and idx.index in pinned:
-            continue
         experts = scatter.route.type.experts.data
+        if isinstance(idx, BlockArgument) and idx.block is block:
+            if idx.index not in pinned:  # the graph takes its routing as an input: tag that input
+                _tag(fn, idx.index, experts)
+                pinned.add(idx.index)
+                changed += 1
+            continue
         arg = block.insert_arg(idx.type, len(block.args))
-        existing = len(pinned)
-        arg.name_hint = "routing" if existing == 0 else f"routing{existing}"
+        arg.name_hint = _unique_name(list(block.args)[:-1])
         scatter.operands[1] = arg
-        attrs = list(fn.arg_attrs.data) if fn.arg_attrs is not None else [DictionaryAttr({})] * (len(block.args) - 1)
-        attrs.append(DictionaryAttr({ROUTING_ATTR: IntegerAttr(experts, i64)}))
-        fn.arg_attrs = ArrayAttr(attrs)
         fn.function_type = FunctionType.from_lists([a.type for a in block.args], list(fn.function_type.outputs.data))
+        _tag(fn, arg.index, experts)
         pinned.add(arg.index)
-        added += 1
-    return added
+        changed += 1
+    return changed
 
 
 @dataclass(frozen=True)

@@ -97,9 +97,11 @@ class Program:
         return print_ir(self.module, generic)
 
     def full_pipeline(self) -> str:
-        """The passes of the full lowering, or a CompileError while they do not exist (for an
-        .mlir file, an empty pipeline: its IR is simulated as it is)."""
-        if not LOWERED_PIPELINE and not self.is_ir:
+        """The passes of the full lowering, or a CompileError while they do not exist. An
+        .mlir file's IR is taken as it is (no passes) unless a pipeline is given."""
+        if self.is_ir:
+            return ""
+        if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
         return ",".join(LOWERED_PIPELINE)
 

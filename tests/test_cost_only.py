@@ -233,3 +233,18 @@ def test_routing_free_ir_needs_no_scenario() -> None:
     cost = program.simulate(cost_only=True)
     full = program.simulate()
     assert cost.routing == {} and cost.report.total_cycles == full.report.total_cycles
+
+
+def test_pin_routing_tags_a_routing_input_and_keeps_names_unique() -> None:
+    source = """
+    graph g(x: f32[4, 2], routing: i32[4, 1], e: i32[4, 1]) -> f32[4, 2] {
+        xb, r = scatter(x, routing, experts=2, block=1)
+        yb, r2 = scatter(x, e * 1, experts=2, block=1)
+        return combine(xb, r) + combine(yb, r2)
+    }
+    """
+    pinned = tcpc.compile_source(source).lower("pin-routing")
+    fn = next(iter(pinned.ops))
+    assert routing_arguments(fn) == {1: 2, 3: 2}  # the input is tagged; a new argument for the other
+    assert [a.name_hint for a in fn.body.blocks.first.args] == ["x", "routing", "e", "routing1"]
+    assert "%routing: tensor<4x1xi32> {tcpc.routing_experts = 2 : i64}" in print_ir(pinned)
