@@ -30,7 +30,7 @@ def test_every_ve_and_tcp_op_has_a_cost() -> None:
 
 def test_every_ve_op_has_a_table_entry_or_family() -> None:
     assert not [cls.name for cls in VE.operations if ve_cost_of(cls) is None]
-    assert set(VE_COSTS) == {cls.name for cls in VE.operations}  # the documented table is complete
+    assert set(VE_COSTS) <= {cls.name for cls in VE.operations}  # no stale entries in the table
 
 
 def test_a_new_unary_float_op_is_costed_by_its_family() -> None:
