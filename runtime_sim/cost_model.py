@@ -4,7 +4,8 @@ cost functions.
 A cost function is registered per op name and sees the op, its runtime operand and result
 values and the machine, so a cost may depend on data (a guarded contraction skips blocks, a
 gather skips index -1 rows). The formulas themselves live next to their sources:
-`tcp_cost.py` (contraction, DMA) and `vector_cost.py` (the vector-engine chain).
+`tcp_cost.py` (contraction, DMA) and `vector_cost.py` (the vector-engine chain), which
+`ve_cost.py` applies to every `ve` op.
 
 Engines (DESIGN section 6): `tensor` is the per-slice chain Fetch -> ... -> Contraction ->
 Vector -> ... -> Commit; all slices of the cluster run it in lockstep and a command occupies
