@@ -4,7 +4,8 @@ cost functions.
 A cost function is registered per op name and sees the op, its runtime operand and result
 values and the machine, so a cost may depend on data (a guarded contraction skips blocks, a
 gather skips index -1 rows). The formulas themselves live next to their sources:
-`tcp_cost.py` (contraction, DMA) and `vector_cost.py` (the vector-engine chain).
+`tcp_cost.py` (contraction, DMA) and `vector_cost.py` (the vector-engine chain), which
+`ve_cost.py` applies to every `ve` op.
 
 Engines (DESIGN section 6): `tensor` is the per-slice chain Fetch -> ... -> Contraction ->
 Vector -> ... -> Commit; all slices of the cluster run it in lockstep and a command occupies
@@ -15,6 +16,11 @@ no work (views, the splat constants the loader places, returns): zero cycles, no
 Graph-level ops (tmath, moe) have no cost function: the simulator costs lowered IR. An op
 without one stops the simulation before it runs, with the names of every such op
 (NotLoweredError), unless the caller asks for them to be reported as free.
+
+What a cost function may read: the shapes and dtypes of every operand and result, and the
+*values* only of the operands its op declares with `register_data_operands` (a gather's
+indices, a contraction's guard). Cost-only mode (cost_only.py) relies on this: it computes
+exactly those operands and hands every other value over as a shape-only placeholder.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ CostFn = Callable[[Operation, tuple[Any, ...], tuple[Any, ...], Machine], OpCost
 
 _COSTS: dict[str, CostFn] = {}
 _VIEWS: set[str] = set()
+_UNBUFFERED: set[str] = set()
+_DATA_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
 
 
 class NotLoweredError(Exception):
@@ -96,6 +104,28 @@ def register_view(*ops: type[Operation] | str) -> None:
         _COSTS[name] = free_cost
 
 
+def register_unbuffered(*ops: type[Operation] | str) -> None:
+    """Ops that are free and whose result needs no buffer: a splat that rides in an operand's
+    constant slot, or a static table of one line that consumers fetch with zero strides.
+    The memory plan gives their results no SRAM."""
+    for op in ops:
+        name = _op_name(op)
+        _UNBUFFERED.add(name)
+        _COSTS[name] = free_cost
+
+
+def register_data_operands(op: type[Operation] | str, operands: Callable[[Operation], tuple[SSAValue, ...]]) -> None:
+    """Declare the operands whose runtime *values* `op`'s cost function reads (all others it
+    may read only for shape and dtype)."""
+    _DATA_OPERANDS[_op_name(op)] = operands
+
+
+def data_operands(op: Operation) -> tuple[SSAValue, ...]:
+    """The operands whose values `op`'s cost depends on (empty for most ops)."""
+    fn = _DATA_OPERANDS.get(op.name)
+    return fn(op) if fn is not None else ()
+
+
 def free_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     return OpCost(NONE, 0, bound="free")
 
@@ -110,6 +140,15 @@ def cost_function(op: Operation) -> CostFn | None:
 
 def is_view(op: Operation) -> bool:
     return op.name in _VIEWS
+
+
+def is_unbuffered(op: Operation) -> bool:
+    return op.name in _UNBUFFERED
+
+
+def costed_op_names() -> set[str]:
+    """Names of every op with a registered cost function."""
+    return set(_COSTS)
 
 
 # Control flow does no work; the splat constants of tmath are data the loader places in memory.

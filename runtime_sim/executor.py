@@ -26,9 +26,11 @@ SEMANTICS: list[type[InterpreterFunctions]] = [
 """Every dialect's numpy semantics; each lowering level registers its own here."""
 
 
-def make_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = ()) -> Interpreter:
-    """`listeners` see every op as it runs (the simulator costs ops through one)."""
-    interpreter = Interpreter(module, listeners=tuple(listeners))
+def make_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = (),
+                     cls: type[Interpreter] = Interpreter) -> Interpreter:
+    """`listeners` see every op as it runs (the simulator costs ops through one); `cls` may be
+    a subclass that runs ops differently (cost-only mode's shape-only interpreter)."""
+    interpreter = cls(module, listeners=tuple(listeners))
     for functions in SEMANTICS:
         interpreter.register_implementations(functions())
     return interpreter

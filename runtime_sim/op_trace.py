@@ -23,6 +23,7 @@ from runtime_sim.cost_model import (
     check_cost,
     cost_function,
     in_hbm,
+    is_unbuffered,
     is_view,
     not_costed,
 )
@@ -110,7 +111,7 @@ class TraceRecorder(Interpreter.Listener):
         for r, value in zip(op.results, results):
             if is_view(op):
                 buffer = ins[0].buffer if ins else None
-            elif in_hbm(r):
+            elif is_unbuffered(op) or in_hbm(r):
                 buffer = None
             else:
                 buffer = len(self.trace.buffer_bytes)

@@ -4,29 +4,33 @@
 level (so outputs are the real outputs), costs each op as it runs (op_trace), places buffers
 and handles SRAM overflow (memory_plan), overlaps the engines (scheduler) and returns the
 outputs with a report (report). `simulate_trace` does the last three for a trace from
-elsewhere (a cost-only run that makes up its routing).
+elsewhere; cost_only.py's `simulate_cost_only` records one without values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import networkx as nx
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.interpreter import Interpreter
 from xdsl.traits import SymbolTable
 
 import runtime_sim.tcp_cost  # noqa: F401  (registers the tcp cost functions)
-from runtime_sim.cost_model import CostModelError, engine_units, require_lowered
+import runtime_sim.ve_cost  # noqa: F401  (registers the ve cost functions)
+from runtime_sim.cost_model import CostModelError, engine_units, require_lowered, uncosted_ops
 from runtime_sim.executor import function_named, run_function
 from runtime_sim.machine import Machine, default_machine
 from runtime_sim.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
 from runtime_sim.op_trace import Trace, TraceRecorder
 from runtime_sim.report import EngineRecord, OpRecord, SimReport, roofline
 from runtime_sim.scheduler import schedule
+
+__all__ = ["simulate", "simulate_trace", "uncosted_ops"]
 
 UncostedPolicy = Literal["error", "free"]
 
@@ -38,6 +42,10 @@ class SimResult:
     graph: nx.DiGraph
     """The scheduled dependency graph: node attributes label, engine, cycles, unit, start,
     end; edge attribute kind (data, memory, engine)."""
+    cost_only: bool = False
+    """True for a cost-only run (cost_only.py): no values were computed and `outputs` is empty."""
+    routing: dict[str, Any] = field(default_factory=dict)
+    """Routing argument name -> the routing_scenarios.Routing a cost-only run used."""
 
 
 def reachable_functions(module: ModuleOp, entry: func.FuncOp) -> list[func.FuncOp]:
@@ -55,13 +63,14 @@ def reachable_functions(module: ModuleOp, entry: func.FuncOp) -> list[func.FuncO
 
 
 def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machine: Machine | None = None,
-             *, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, uncosted: UncostedPolicy = "error") -> SimResult:
+             *, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, uncosted: UncostedPolicy = "error",
+             listeners: Sequence[Interpreter.Listener] = ()) -> SimResult:
     """Run `function` on `args` and simulate it on `machine` (default RNGD).
 
     `uncosted="error"` (default) refuses IR with ops that have no cost model (graph-level ops)
     before running, naming them all (NotLoweredError); `"free"` runs it anyway and reports
     those ops as zero-cost, "not costed: lower it first". `sram_policy` is `spill` (default)
-    or `error`; see memory_plan.
+    or `error`; see memory_plan. `listeners` see every op as it runs (progress displays).
     """
     machine = machine or default_machine()
     entry = function_named(module, function)
@@ -70,7 +79,7 @@ def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machin
     elif uncosted != "free":
         raise ValueError(f"uncosted must be 'error' or 'free', got {uncosted!r}")
     recorder = TraceRecorder(machine, entry, strict=uncosted == "error")
-    outputs = run_function(module, function, args, listeners=[recorder])
+    outputs = run_function(module, function, args, listeners=[recorder, *listeners])
     report, graph = simulate_trace(recorder.trace, machine, sram_policy)
     return SimResult(outputs, report, graph)
 

@@ -41,7 +41,7 @@ from xdsl.ir import Operation
 
 from dialects import tcp
 from dialects.tmath import shape_of
-from runtime_sim.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost
+from runtime_sim.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands
 from runtime_sim.machine import Machine
 
 
@@ -172,3 +172,9 @@ def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
                                        blocks_run=run, guards=blocks if guard is not None else 0, f32=f32)
     flops = 2 * macs + (out_elements if bias is not None else 0)
     return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound)
+
+
+# The operands whose values these costs read (cost-only mode computes exactly these).
+register_data_operands(tcp.DmaGatherOp, lambda op: (op.operands[1],))
+register_data_operands(tcp.DmaScatterOp, lambda op: (op.operands[1],))
+register_data_operands(tcp.ContractOp, lambda op: () if op.guard is None else (op.guard,))  # type: ignore[attr-defined]

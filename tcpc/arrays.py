@@ -15,6 +15,7 @@ from xdsl.dialects.builtin import TensorType
 
 from dialects.tmath import format_type, shape_of
 from runtime_sim.numerics import bfloat16, round_to, tensor_dtype
+from runtime_sim.routing_scenarios import DEFAULT_SCENARIO, RoutingError, routing_arguments, scenario_choices
 
 
 class InputError(Exception):
@@ -61,7 +62,9 @@ def draw(t: TensorType, rng: np.random.Generator, first: bool) -> np.ndarray:
 
 def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int = 0) -> list[np.ndarray]:
     """Every argument of `fn` in declared order: from `given` by name, else drawn from the seed
-    (each argument from its own stream, so giving one input never changes another)."""
+    (each argument from its own stream, so giving one input never changes another). A routing
+    argument (`tcpc.routing_experts`, see runtime_sim/routing_scenarios.py) not given takes
+    the balanced scenario's expert choices: random indices would repeat experts."""
     if seed < 0:
         raise InputError(f"the seed must be a non-negative integer, got {seed}")
     names = arg_names(fn)
@@ -71,9 +74,16 @@ def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int =
             f"'{unknown[0]}' is not an argument of graph '{fn.sym_name.data}' (arguments: {', '.join(names)})"
         )
     values = []
+    routing = routing_arguments(fn)
     for i, (name, t) in enumerate(zip(names, fn.function_type.inputs.data)):
         if name in given:
             values.append(to_declared(name, given[name], t))
+        elif i in routing and len(shape_of(t)) == 2:
+            tokens, k = shape_of(t)
+            try:
+                values.append(scenario_choices(DEFAULT_SCENARIO, tokens, k, routing[i], seed))
+            except RoutingError as e:
+                raise InputError(f"routing argument '{name}': {e}") from None
         else:
             values.append(draw(t, np.random.default_rng([seed, i]), first=i == 0))
     return values

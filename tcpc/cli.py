@@ -1,21 +1,32 @@
-"""The `tcpc` command: compile a .moe file and print its IR, or run it."""
+"""The `tcpc` command: compile a .moe file and print its IR, or run it: simulated on the
+machine model (the default), on the reference executor (`--reference`), or costed without
+values (`--cost-only`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 from dialects.tmath import format_type
+from runtime_sim.machine import MachineError
+from runtime_sim.routing_scenarios import SCENARIOS, RoutingError
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, parse_pipeline
-from tcpc.program import Program, compile_file, print_ir
+from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
+from tcpc.progress import Progress
+from tcpc.tolerance import ULPS, compare_outputs
+
+if TYPE_CHECKING:
+    from runtime_sim.report import SimReport
 
 
 class UsageError(Exception):
@@ -36,7 +47,7 @@ def parse_set(items: Sequence[str]) -> dict[str, int]:
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help=".moe program")
+    p.add_argument("file", help=".moe program (or .mlir IR)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a dim")
     p.add_argument("-p", "--pipeline", default=None, help="passes to apply, e.g. 'lower-topk{strategy=rounds}'")
 
@@ -53,14 +64,26 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
 
-    r = sub.add_parser("run", help="run a graph on inputs and print its outputs")
+    r = sub.add_parser("run", help="simulate a graph (or run its reference) and print its outputs")
     add_common(r)
     r.add_argument("--graph", default=None, help="which graph to run (default: the first)")
     r.add_argument("--inputs", default=None, help=".npz with inputs by argument name")
     r.add_argument("--seed", type=int, default=0, help="seed for inputs not given (default 0)")
     r.add_argument("--out", default=None, help="write outputs to this .npz as out0, out1, ...")
-    r.add_argument("--reference", action="store_true", help="run the graph-level IR")
-    r.add_argument("--check", action="store_true", help="also run the reference and compare")
+    r.add_argument("--reference", action="store_true",
+                   help="run on the reference executor, without simulating: the graph-level IR, or the IR after -p")
+    r.add_argument("--check", action="store_true",
+                   help=f"also run the reference and compare (integers identical, floats within {ULPS} ulps)")
+    r.add_argument("--report", action="store_true", help="print the simulation report (per op and per engine)")
+    r.add_argument("--report-json", default=None, metavar="FILE", help="write the report as JSON")
+    r.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (open it in Perfetto)")
+    r.add_argument("--machine", default=None, metavar="FILE", help="machine file (TOML; default: RNGD)")
+    r.add_argument("--sram-policy", choices=("spill", "error"), default="spill",  # memory_plan.SRAM_POLICIES
+                   help="when SRAM is full: spill to HBM (default) or stop with an error")
+    r.add_argument("--cost-only", action="store_true",
+                   help="cycles without inputs or values (real model sizes); the routing comes from --routing")
+    r.add_argument("--routing", default=None, metavar="SCENARIO",
+                   help=f"cost-only routing: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     return parser
 
 
@@ -112,41 +135,146 @@ def describe(name: str, value: np.ndarray) -> str:
     return f"{name}: {list(value.shape)} {value.dtype.name}  first {head}{stats}"
 
 
-def compare(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> list[str]:
-    problems = []
-    for i, (got, want) in enumerate(zip(outputs, reference)):
-        g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
-        if not np.array_equal(g, w, equal_nan=True):
-            diff = np.nanmax(np.abs(g - w)) if g.size else 0.0
-            problems.append(f"out{i} differs from the reference (max abs difference {diff:.4g})")
-    return problems
+SIMULATION_FLAGS = ("report", "report_json", "trace", "machine", "cost_only", "routing")
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    def given(flag: str) -> bool:
+        value = getattr(args, flag)
+        return value not in (None, False)
+
+    def name(flag: str) -> str:
+        return "--" + flag.replace("_", "-")
+
+    if args.reference:
+        for flag in SIMULATION_FLAGS:
+            if given(flag):
+                raise UsageError(f"{name(flag)} needs a simulation; --reference runs the IR without one")
+        if args.sram_policy != "spill":
+            raise UsageError("--sram-policy needs a simulation; --reference runs the IR without one")
+    if args.cost_only:
+        for flag in ("inputs", "out", "check"):
+            if given(flag):
+                raise UsageError(f"{name(flag)} does not apply to --cost-only, which computes no values")
+    elif args.routing is not None:
+        raise UsageError("--routing sets the routing of a cost-only run; add --cost-only")
+
+
+def cycle_summary(r: SimReport) -> str:
+    """One line: total cycles and time, and how far above the roofline."""
+    roof = r.roofline.cycles
+    ratio = f"{r.total_cycles / roof:.2f}x the roofline" if roof > 0 else "no roofline (no FLOPs or HBM bytes)"
+    return (f"cycles: {r.total_cycles:,} = {r.microseconds:,.3f} us at {r.clock_hz / 1e9:g} GHz on {r.machine.name}; "
+            f"roofline {roof:,.0f} cycles ({r.roofline.bound}), {ratio}")
+
+
+def simulate_with_progress(program: Program, fn_name: str, args: argparse.Namespace,
+                           given: dict[str, np.ndarray]) -> SimulationResult:
+    machine = as_machine(args.machine)
+    progress = Progress()
+    try:
+        return program.simulate(given, seed=args.seed, graph=fn_name, pipeline=args.pipeline, machine=machine,
+                                sram_policy=args.sram_policy, cost_only=args.cost_only,
+                                routing=args.routing or "balanced", listeners=[progress])
+    finally:
+        progress.close()
+
+
+def partly_lowered(program: Program, args: argparse.Namespace) -> str:
+    """Why the IR after `-p` cannot be simulated (the ops left without a cost), or "" when it
+    can, or when the user asked for something only a simulation gives."""
+    wants_cycles = args.report or args.report_json or args.trace or args.cost_only
+    if args.pipeline is None or wants_cycles:
+        return ""
+    from runtime_sim.simulate import uncosted_ops  # the simulator registers every cost model
+
+    left = uncosted_ops(program.lower(args.pipeline).ops)
+    return f"{', '.join(sorted(left))} have no cost; the full pipeline lowers them" if left else ""
+
+
+def write_json(path: str, data: object) -> None:
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    check_flags(args)
+    if Path(args.file).suffix == ".mlir" and args.set:
+        raise UsageError("--set applies to .moe programs, not to .mlir IR")
     program: Program = compile_file(args.file, parse_set(args.set))
     given = load_npz(args.inputs) if args.inputs else {}
-    if not args.reference and args.pipeline is None and not LOWERED_PIPELINE:
-        raise UsageError("running the lowered program needs the lowering passes, which do not exist yet; "
-                         "use --reference (graph level) or -p PASSES")
-    result = program.run(given, seed=args.seed, graph=args.graph,
-                         reference=args.reference, pipeline=args.pipeline)
     fn = program.function(args.graph)
-    level = "reference (graph-level IR)" if args.reference and args.pipeline is None else f"after {args.pipeline or 'the full pipeline'}"
-    print(f"graph {fn.sym_name.data} from {args.file}, {level}, seed {args.seed}")
-    for i, (value, t) in enumerate(zip(result.outputs, fn.function_type.outputs.data)):
+    name = fn.sym_name.data
+    not_simulated = ""
+    if not args.reference and partly_lowered(program, args):
+        # The IR after a partial pipeline still holds graph-level ops, which have no cost:
+        # run it on the interpreter (translation validation) and say why there are no cycles.
+        not_simulated = f"not simulated: {partly_lowered(program, args)}"
+    if args.reference or not_simulated:  # the interpreter: the graph-level IR, or the IR after -p
+        result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline)
+        if args.pipeline is not None:
+            level = f"after {args.pipeline}, {not_simulated or 'not simulated'}"
+        else:
+            level = "the IR as given, not simulated" if program.is_ir else "reference (graph-level IR)"
+        print(f"graph {name} from {args.file}, {level}, seed {args.seed}")
+        outputs, report = result.outputs, None
+    else:
+        if args.pipeline is None and not LOWERED_PIPELINE and not program.is_ir:
+            raise UsageError("running the lowered program needs the lowering passes, which do not exist yet; "
+                             "use --reference (graph level) or -p PASSES")
+        sim = simulate_with_progress(program, name, args, given)
+        report = sim.report
+        level = f"after {sim.pipeline}" if sim.pipeline else "as given"
+        if sim.cost_only:
+            print(f"graph {name} from {args.file}, {level}, cost-only on {report.machine.name} (no values computed)")
+            for arg, routing in sim.routing.items():
+                print(f"  routing %{arg}: {routing.describe()}")
+            if not sim.routing:
+                print("  no routing arguments: no cost depends on routing")
+            for i, t in enumerate(fn.function_type.outputs.data):
+                print(f"  out{i} {format_type(t)}: not computed (cost-only)")
+        else:
+            print(f"graph {name} from {args.file}, {level}, simulated on {report.machine.name}, seed {args.seed}")
+        outputs = sim.outputs
+    for i, (value, t) in enumerate(zip(outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))
+    if report is not None:
+        if args.report:
+            print()
+            sys.stdout.write(report.to_text())
+        print(cycle_summary(report))
+        if args.report_json:
+            write_json(args.report_json, report.to_json())
+            print(f"wrote {args.report_json}")
+        if args.trace:
+            write_json(args.trace, report.chrome_trace())
+            print(f"wrote {args.trace}")
     if args.out:
-        save_outputs(args.out, result.outputs)
+        save_outputs(args.out, outputs)
         print(f"wrote {args.out}")
     if args.check:
-        ref = program.run(given, seed=args.seed, graph=args.graph, reference=True)
-        problems = compare(result.outputs, ref.outputs)
-        for p in problems:
-            print(f"check: {p}")
-        if problems:
+        ref = program.run(given, seed=args.seed, graph=name, reference=True)
+        results = compare_outputs(outputs, ref.outputs)
+        for c in results:
+            print(f"check: {c.message}")
+        if not all(c.ok for c in results):
             return 1
-        print("check: outputs equal the reference")
+        print("check: outputs agree with the reference" if any(not c.identical for c in results)
+              else "check: outputs equal the reference")
     return 0
+
+
+def simulation_error(e: Exception) -> str | None:
+    """The message of a simulator error that is the user's to fix, or None. (Imported here,
+    not at the top: the simulator's modules are slow to import and `tcpc compile` needs none.)"""
+    from runtime_sim.cost_model import NotLoweredError
+    from runtime_sim.cost_only import CostOnlyError
+    from runtime_sim.memory_plan import SramOverflowError
+
+    if isinstance(e, NotLoweredError):
+        return f"{e} (--reference runs it without simulating)"
+    if isinstance(e, (CostOnlyError, SramOverflowError)):
+        return str(e)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         print(e.render(args.file, source), file=sys.stderr)
         return 1
-    except (UsageError, InputError) as e:
+    except (UsageError, InputError, MachineError, RoutingError) as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
         return 1
     except InterpretationError as e:
@@ -174,6 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tcpc: error: {e.filename}: {(e.strerror or str(e)).lower()}", file=sys.stderr)
         return 1
     except Exception as e:  # never a traceback for the user; TCPC_DEBUG=1 shows it
+        message = simulation_error(e)
+        if message is not None:
+            print(f"tcpc: error: {message}", file=sys.stderr)
+            return 1
         if os.environ.get("TCPC_DEBUG"):
             raise
         print(f"tcpc: internal error: {type(e).__name__}: {e} (set TCPC_DEBUG=1 for the traceback)", file=sys.stderr)

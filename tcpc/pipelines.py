@@ -35,6 +35,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-topk": _lazy("passes.lower_topk", "LowerTopKPass"),
     "lower-routing": _lazy("passes.lower_routing", "LowerRoutingPass"),
     "lower-dispatch": _lazy("passes.lower_dispatch", "LowerDispatchPass"),
+    "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 

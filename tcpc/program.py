@@ -1,23 +1,33 @@
-"""The Python API: compile a .moe program, look at its IR at each level, run it."""
+"""The Python API: compile a .moe program (or load an .mlir file), look at its IR at each level,
+run it on the reference executor or simulate it on the machine model."""
 
 from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.interpreter import Interpreter
 from xdsl.printer import Printer
 
 from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import build_module, evaluate_dims
 from tcpc.diagnostics import CompileError
 from tcpc.parser import parse
-from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, parse_pipeline
+from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+    from runtime_sim.machine import Machine
+    from runtime_sim.report import SimReport
+    from runtime_sim.routing_scenarios import Routing
 
 
 def print_ir(module: ModuleOp, generic: bool = False) -> str:
@@ -33,13 +43,44 @@ class RunResult:
 
 
 @dataclass
+class SimulationResult:
+    """What `Program.simulate` gives: the outputs (none in cost-only mode, where no value is
+    computed), the inputs used, the report (cycles, per-op and per-engine records, roofline)
+    and the scheduled dependency graph."""
+
+    outputs: list[np.ndarray]
+    inputs: dict[str, np.ndarray]
+    report: SimReport
+    graph: nx.DiGraph
+    pipeline: str
+    """The passes the simulated IR went through (comma-separated)."""
+    cost_only: bool = False
+    routing: dict[str, Routing] = field(default_factory=dict)
+    """Cost-only mode: routing argument name -> the scenario and [T, K] expert choices used."""
+
+
+def as_machine(machine: Machine | str | Path | None) -> Machine:
+    """A Machine, a machine file's path, or None (the default RNGD machine)."""
+    from runtime_sim.machine import Machine, default_machine, load_machine
+
+    if machine is None:
+        return default_machine()
+    if isinstance(machine, Machine):
+        return machine
+    return load_machine(machine)
+
+
+@dataclass
 class Program:
-    """A compiled .moe file: its dims and its graph-level IR (one func.func per graph)."""
+    """A compiled .moe file: its dims and its graph-level IR (one func.func per graph); or an
+    .mlir file's IR at whatever level it holds (`from_ir`, dims empty)."""
 
     filename: str
     source: str
     dims: dict[str, int]
     module: ModuleOp
+    is_ir: bool = False
+    """True when the module came from an .mlir file rather than a .moe program."""
 
     @property
     def graph_names(self) -> list[str]:
@@ -55,12 +96,19 @@ class Program:
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
 
+    def full_pipeline(self) -> str:
+        """The passes of the full lowering, or a CompileError while they do not exist. An
+        .mlir file's IR is taken as it is (no passes) unless a pipeline is given."""
+        if self.is_ir:
+            return ""
+        if not LOWERED_PIPELINE:
+            raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
+        return ",".join(LOWERED_PIPELINE)
+
     def lower(self, pipeline: str | None = None) -> ModuleOp:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering."""
         if pipeline is None:
-            if not LOWERED_PIPELINE:
-                raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-            pipeline = ",".join(LOWERED_PIPELINE)
+            pipeline = self.full_pipeline()
         try:
             passes = parse_pipeline(pipeline)
         except Exception as e:  # xDSL reports unknown passes and bad options with plain exceptions
@@ -85,6 +133,56 @@ class Program:
         outputs = run_function(module, fn.sym_name.data, args)
         return RunResult(list(outputs), dict(zip(arg_names(fn), args)))
 
+    def simulate(
+        self,
+        inputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        seed: int = 0,
+        graph: str | None = None,
+        pipeline: str | None = None,
+        machine: Machine | str | Path | None = None,
+        sram_policy: str = "spill",
+        uncosted: str = "error",
+        cost_only: bool = False,
+        routing: str | Path = "balanced",
+        listeners: Sequence[Interpreter.Listener] = (),
+    ) -> SimulationResult:
+        """Lower one graph (the full pipeline, or `pipeline`) and simulate it on `machine`
+        (a Machine, a machine file, or None for RNGD).
+
+        Inputs are read from `inputs` by argument name and drawn from `seed` otherwise, as
+        `run` does. `uncosted="error"` refuses IR with ops that have no cost model, naming
+        them (runtime_sim.cost_model.NotLoweredError); `"free"` reports them as zero-cost.
+        `sram_policy` is `spill` or `error` (runtime_sim.memory_plan).
+
+        `cost_only=True` needs no inputs and computes no values (runtime_sim.cost_only):
+        the pin-routing pass runs first, the routing comes from the scenario `routing`
+        (`balanced`, `skewed`, `one-expert`, or an .npz / .npy of [T, K] expert indices;
+        `seed` draws `skewed`), and the result has no outputs.
+        """
+        from runtime_sim.cost_only import simulate_cost_only
+        from runtime_sim.simulate import simulate
+
+        fn = self.function(graph)
+        name = fn.sym_name.data
+        spec = self.full_pipeline() if pipeline is None else pipeline
+        mach = as_machine(machine)
+        if cost_only:
+            if inputs:
+                raise CompileError("cost-only simulation takes no inputs")
+            spec = ",".join(p for p in ("pin-routing", spec) if p)
+            module = self.lower(spec)
+            result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
+                                        uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
+            return SimulationResult([], {}, result.report, result.graph, spec, True, result.routing)
+        module = self.lower(spec)
+        lowered_fn = next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == name)
+        args = prepare_inputs(lowered_fn, inputs or {}, seed)
+        result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
+                          uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
+        return SimulationResult(list(result.outputs), dict(zip(arg_names(lowered_fn), args)),
+                                result.report, result.graph, spec)
+
 
 def compile_source(source: str, dims: Mapping[str, int] | None = None, filename: str = "<string>") -> Program:
     """Parse and build a .moe program; `dims` overrides dim definitions like `--set`."""
@@ -102,10 +200,34 @@ def compile_source(source: str, dims: Mapping[str, int] | None = None, filename:
         sys.setrecursionlimit(limit)
 
 
+def load_ir(source: str, filename: str = "<string>") -> Program:
+    """A Program from MLIR text (what `tcpc compile` prints, at any level: graph-level,
+    partly or fully lowered, or handwritten tcp/ve IR); parse and verify errors raise
+    CompileError."""
+    from xdsl.parser import Parser
+    from xdsl.utils.exceptions import ParseError, VerifyException
+
+    try:
+        module = Parser(make_context(), source, filename).parse_module()
+        module.verify()
+    except ParseError as e:
+        raise CompileError(f"cannot parse the IR: {e}") from None
+    except VerifyException as e:
+        raise CompileError(f"invalid IR: {e}") from None
+    if not any(isinstance(op, func.FuncOp) for op in module.ops):
+        raise CompileError("the IR holds no func.func to run")
+    return Program(filename, source, {}, module, is_ir=True)
+
+
 def compile_file(path: str | Path, dims: Mapping[str, int] | None = None) -> Program:
+    """A .moe program, or an .mlir file's IR (no dims then)."""
     path = Path(path)
     try:
         source = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise CompileError(f"not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
+    if path.suffix == ".mlir":
+        if dims:
+            raise CompileError("--set / dims apply to .moe programs, not to IR")
+        return load_ir(source, str(path))
     return compile_source(source, dims, str(path))

@@ -282,7 +282,7 @@ def test_cli_compile_and_run_after_lower_topk(capsys: pytest.CaptureFixture[str]
     assert tcpc_main(["compile", example, "-p", "lower-topk"]) == 0
     ir = capsys.readouterr().out
     assert "moe.topk" not in ir and "ve.filter" in ir and "moe.scatter" in ir
-    assert tcpc_main(["run", example, "-p", "lower-topk{strategy=rounds}", "--check"]) == 0
+    assert tcpc_main(["run", example, "-p", "lower-topk{strategy=rounds}", "--reference", "--check"]) == 0
     assert "check: outputs equal the reference" in capsys.readouterr().out
     assert tcpc_main(["compile", example, "-p", "lower-topk{strategy=bogus}"]) == 1
     assert "unknown strategy 'bogus'" in capsys.readouterr().err

@@ -1,0 +1,237 @@
+"""Cost-only simulation: cycles for real model sizes, without weights, inputs or values.
+
+DeepSeek-V3's routed experts alone are 22 GB in bf16, more than a test machine holds, yet
+every cost in the model depends on shapes alone except a few that depend on *routing*: which
+rows a DMA gather moves or skips, which blocks a guarded contraction runs. Cost-only mode
+computes exactly those values and nothing else.
+
+How (three parts):
+
+1. **The routing is pinned at the graph level.** The `pin-routing` pass (passes/pin_routing.py)
+   replaces the expert indices that each `moe.scatter` consumes by a new function argument, a
+   *routing argument* tagged `tcpc.routing_experts = E` (routing_scenarios.py). The lowering
+   passes rewrite ops, not function signatures, so the argument survives to the fully lowered
+   IR, where it feeds the routing's index generation (one-hot, histogram, cumsum on the vector
+   engine) and from there the DMA indices and contraction guards. The hook names no lowered op,
+   so it works at every level and for every future lowering; handwritten lowered IR declares
+   its routing argument the same way. The graph's own router (matmul, softmax, top-k) still
+   runs and is still costed: its cost depends on shapes only (the ve lowering is branchless).
+   Its expert indices no longer feed anything, so a pass that deleted dead code would drop the
+   few ops that unpack them (none does today).
+2. **A scenario fills the routing arguments** (balanced, skewed, one-expert, or a file of
+   [T, K] indices); every other argument is a *placeholder*: a zero-stride numpy array of the
+   declared shape and dtype (no memory, contents meaningless).
+3. **Values are lazy.** The interpreter runs every op symbolically: an op with a placeholder
+   operand yields placeholders; an op whose operands are all real yields a *lazy* value, not
+   computed yet. A cost function reads values only of the operands its op declares
+   (`register_data_operands`: a gather's or scatter's indices, a contraction's guard); only
+   those are computed, through the chain of lazy ops that produce them, which bottoms out in
+   the routing arguments and static tables (iota, const): small, [T*K, E] at most. The top-k
+   ranking ([T, E, E]) and every tensor of activations or weights are never materialised. A
+   data operand that depends on a placeholder (routing that was not pinned, or indices given
+   as a plain argument) stops the run with CostOnlyError naming the op and the inputs.
+
+Outputs are never produced: `SimResult.outputs` is empty in cost-only mode, so no garbage can
+be printed. Given the routing a full simulation computed, cost-only mode reports the same
+cycles as that simulation (tests/test_cost_only.py checks this).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.interpreter import Interpreter, OpImplResult
+from xdsl.ir import Attribute, Operation
+
+from dialects import ve
+from dialects.tmath import shape_of
+from runtime_sim.cost_model import data_operands, require_lowered
+from runtime_sim.executor import function_named, make_interpreter
+from runtime_sim.machine import Machine, default_machine
+from runtime_sim.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
+from runtime_sim.numerics import numpy_dtype
+from runtime_sim.op_trace import TraceRecorder
+from runtime_sim.routing_scenarios import DEFAULT_SCENARIO, Routing, routing_arguments, scenario_choices
+from runtime_sim.simulate import SimResult, UncostedPolicy, reachable_functions, simulate_trace
+
+
+class CostOnlyError(Exception):
+    """A cost that depends on values cost-only mode does not have."""
+
+
+class Placeholder(np.ndarray):
+    """A shape-only value: the declared shape and dtype, zero strides (no memory), contents
+    meaningless. `sources` names the function arguments it was computed from."""
+
+    sources: frozenset[str] = frozenset()
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.sources = getattr(obj, "sources", frozenset())
+
+
+class ShapeOnly:
+    """A placeholder for a value that is not a tensor (a `!moe.route`)."""
+
+    def __init__(self, t: Attribute, sources: frozenset[str] = frozenset()):
+        self.type = t
+        self.sources = sources
+        self.nbytes = 0
+
+
+def storage_dtype(t: TensorType) -> np.dtype:
+    et = t.get_element_type()
+    return np.dtype(np.uint8) if ve.is_tag_type(et) else numpy_dtype(et)
+
+
+def placeholder(t: Attribute, sources: frozenset[str] = frozenset()) -> Placeholder | ShapeOnly:
+    if not isinstance(t, TensorType):
+        return ShapeOnly(t, sources)
+    value = np.broadcast_to(np.zeros((), storage_dtype(t)), shape_of(t)).view(Placeholder)
+    value.sources = sources
+    return value
+
+
+def is_placeholder(value: Any) -> bool:
+    return isinstance(value, (Placeholder, ShapeOnly))
+
+
+class _Thunk:
+    """One op whose operands are all real, run only if one of its results is needed."""
+
+    __slots__ = ("interpreter", "op", "inputs", "values")
+
+    def __init__(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]):
+        self.interpreter = interpreter
+        self.op = op
+        self.inputs: tuple[Any, ...] | None = inputs
+        self.values: tuple[Any, ...] | None = None
+
+    def compute(self) -> None:
+        assert self.inputs is not None
+        args = tuple(v.get() if isinstance(v, Lazy) else v for v in self.inputs)
+        with np.errstate(all="ignore"):
+            # The registered semantics, without the listeners (they saw the op already).
+            self.values = tuple(self.interpreter._impls.run(self.interpreter, self.op, args).values)
+        self.inputs = None
+
+
+class Lazy:
+    """A result of a thunk; `force` computes it and everything it needs, once."""
+
+    __slots__ = ("thunk", "index")
+
+    def __init__(self, thunk: _Thunk, index: int):
+        self.thunk = thunk
+        self.index = index
+
+    def get(self) -> Any:
+        assert self.thunk.values is not None
+        return self.thunk.values[self.index]
+
+    def force(self) -> Any:
+        stack = [self.thunk]
+        while stack:  # iteratively, however long the chain of ops
+            t = stack[-1]
+            if t.values is not None:
+                stack.pop()
+                continue
+            assert t.inputs is not None
+            pending = [v.thunk for v in t.inputs if isinstance(v, Lazy) and v.thunk.values is None]
+            if pending:
+                stack.extend(pending)
+            else:
+                t.compute()
+                stack.pop()
+        return self.get()
+
+
+class ShapeOnlyInterpreter(Interpreter):
+    """xDSL's interpreter with every op run symbolically (see the module docstring). The
+    listeners see, for each op, forced values of its data operands and placeholders for
+    everything else, so a cost function can never read a value that was not computed."""
+
+    def _run_op(self, op: Operation, inputs: tuple[Any, ...]) -> OpImplResult:
+        if isinstance(op, (func.CallOp, func.ReturnOp)):
+            return super()._run_op(op, inputs)
+        data = set(data_operands(op))
+        views = []
+        for operand, value in zip(op.operands, inputs):
+            if operand in data:
+                if is_placeholder(value):
+                    raise CostOnlyError(
+                        f"the cost of {_describe(op)} depends on the values of its operand {_name(operand)}, "
+                        f"which is computed from input(s) {', '.join(sorted(value.sources)) or '?'}; cost-only mode "
+                        "has values only for routing arguments (tcpc.routing_experts; the pin-routing pass makes "
+                        "one of each moe.scatter's expert indices)")
+                views.append(value.force() if isinstance(value, Lazy) else value)
+            else:
+                views.append(placeholder(operand.type))
+        for listener in self.listeners:
+            listener.will_interpret_op(op, tuple(views))
+        shapes = [p for p in inputs if is_placeholder(p)]
+        if shapes:
+            sources = frozenset().union(*(p.sources for p in shapes))
+            results: tuple[Any, ...] = tuple(placeholder(r.type, sources) for r in op.results)
+        else:
+            thunk = _Thunk(self, op, inputs)
+            results = tuple(Lazy(thunk, i) for i in range(len(op.results)))
+        result_views = tuple(placeholder(r.type) for r in op.results)
+        for listener in self.listeners:
+            listener.did_interpret_op(op, result_views)
+        return OpImplResult(results, None)
+
+
+def _name(value: Any) -> str:
+    return f"%{value.name_hint}" if getattr(value, "name_hint", None) else "(unnamed)"
+
+
+def _describe(op: Operation) -> str:
+    names = [f"%{r.name_hint}" for r in op.results if r.name_hint]
+    return f"{', '.join(names)} = {op.name}" if names else op.name
+
+
+def routing_inputs(fn: func.FuncOp, routing: str | Path = DEFAULT_SCENARIO, seed: int = 0) -> dict[int, Routing]:
+    """Argument index -> the scenario's [T, K] expert choices, for every routing argument."""
+    values: dict[int, Routing] = {}
+    for index, experts in routing_arguments(fn).items():
+        t = fn.function_type.inputs.data[index]
+        assert isinstance(t, TensorType)
+        shape = shape_of(t)
+        if len(shape) != 2:
+            raise CostOnlyError(f"routing argument {index} is {t}, not [T, K]")
+        values[index] = Routing(str(routing), experts, scenario_choices(routing, shape[0], shape[1], experts, seed))
+    return values
+
+
+def arg_names(fn: func.FuncOp) -> list[str]:
+    return [f"%{a.name_hint}" if a.name_hint else f"%arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]
+
+
+def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None = None, *,
+                       routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
+                       sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, uncosted: UncostedPolicy = "error",
+                       listeners: Sequence[Interpreter.Listener] = ()) -> SimResult:
+    """Simulate `function` without values: routing arguments from the scenario `routing`
+    (`seed` for `skewed`), every other argument a placeholder. The result has no outputs;
+    `routing` maps each routing argument's name to the Routing used."""
+    machine = machine or default_machine()
+    entry = function_named(module, function)
+    if uncosted == "error":
+        require_lowered(reachable_functions(module, entry))
+    elif uncosted != "free":
+        raise ValueError(f"uncosted must be 'error' or 'free', got {uncosted!r}")
+    chosen = routing_inputs(entry, routing, seed)
+    names = arg_names(entry)
+    args = [chosen[i].choices if i in chosen else placeholder(t, frozenset([names[i]]))
+            for i, t in enumerate(entry.function_type.inputs.data)]
+    recorder = TraceRecorder(machine, entry, strict=uncosted == "error")
+    interpreter = make_interpreter(module, [recorder, *listeners], ShapeOnlyInterpreter)
+    interpreter.call_op(function, tuple(args))
+    report, graph = simulate_trace(recorder.trace, machine, sram_policy)
+    return SimResult((), report, graph, cost_only=True,
+                     routing={names[i].lstrip("%"): c for i, c in chosen.items()})
