@@ -81,6 +81,9 @@ BINARY: dict[type, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 UNARY_FLOAT: dict[type, Callable[[np.ndarray], np.ndarray]] = {
     ve.ExpOp: UNARY[tmath.ExpOp],
     ve.SigmoidOp: UNARY[tmath.SigmoidOp],
+    ve.LogOp: UNARY[tmath.LogOp],
+    ve.SqrtOp: UNARY[tmath.SqrtOp],
+    ve.TanhOp: UNARY[tmath.TanhOp],
 }
 
 COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
