@@ -667,9 +667,10 @@ class BroadcastOp(IRDLOperation):
 
 
 class ReduceOp(IRDLOperation):
-    """Intra-slice reduction along `axis`, which the result drops. Sums accumulate left to
-    right over the time axis (i32 wraps; f32 rounds at every add); f32 max and min propagate
-    NaN."""
+    """Intra-slice reduction along `axis`, which the result drops, left to right over the time
+    axis: sums accumulate in order (i32 wraps; f32 rounds at every add); f32 max and min
+    propagate NaN (the first NaN met, its bits unchanged) and keep the later of equal values
+    (max(+0.0, -0.0) is -0.0), as a folded Clip ALU does."""
 
     input = operand_def(TensorType)
     axis = prop_def(IntegerAttr[I64])
