@@ -129,6 +129,8 @@ class TMathFunctions(InterpreterFunctions):
     @impl(tmath.CastOp)
     def run_cast(self, interpreter: Interpreter, op: tmath.CastOp, args: tuple[Any, ...]):
         x = args[0]
+        if x.dtype == tensor_dtype(op.result.type):  # a cast to the value's own type is the identity
+            return (x,)
         return _result(op, x.astype(np.int32) if x.dtype == np.bool_ else compute(x))
 
     @impl(tmath.MatmulOp)
