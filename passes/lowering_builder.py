@@ -100,7 +100,10 @@ class LoweringBuilder:
         return self.emit(ve.NarrowOp(x, TensorType(bf16, list(shape_of(x.type))), truncate=truncate), name)
 
     def view(self, x: SSAValue, shape: Sequence[int], name: str | None = None) -> SSAValue:
-        """The same buffer with another row-major shape (`tcp.view`); none if the shape is x's."""
+        """The same buffer with another row-major shape (`tcp.view`): none if the shape is x's,
+        and a view of a view is a view of the original."""
+        if isinstance(x.owner, tcp.ViewOp):
+            x = x.owner.input
         if tuple(shape) == shape_of(x.type):
             return x
         return self.emit(tcp.ViewOp(x, list(shape)), name)

@@ -27,8 +27,14 @@ def _lower_topk() -> type[ModulePass]:
     return LowerTopKPass
 
 
+def _lower_math() -> type[ModulePass]:
+    from passes.lower_math import LowerMathPass
+
+    return LowerMathPass
+
+
 def _passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    return {"lower-topk": _lower_topk}
+    return {"lower-topk": _lower_topk, "lower-math": _lower_math}
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = _passes()
