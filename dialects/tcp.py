@@ -63,6 +63,30 @@ def contracted_size(spec: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> in
     return n
 
 
+BATCH_LETTERS = "abcdefghijlopqrstuvwxyz"
+"""Letters for batch axes in a matmul's spec: all but k, m and n."""
+
+
+def matmul_contraction(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    """numpy.matmul of lhs [..., M, K] by rhs [..., K, N] as a contraction: its spec and the
+    shapes the operands are viewed as. Batch axes broadcast as numpy does, made explicit: an
+    operand whose batch axis has size 1 where the result's has more (or that lacks the axis)
+    leaves that letter out of its side of the spec, and the contraction reuses it for every
+    index of the axis: `[2, 1, M, K] @ [3, K, N]` is `amk,bkn->abmn` on views [2, M, K] and
+    [3, K, N]."""
+    batch = broadcast_shapes(lhs[:-2], rhs[:-2])
+    assert batch is not None and lhs[-1] == rhs[-2] and len(batch) <= len(BATCH_LETTERS)
+    letters = BATCH_LETTERS[: len(batch)]
+
+    def side(shape: tuple[int, ...], tail: str) -> tuple[str, tuple[int, ...]]:
+        offset = len(batch) - (len(shape) - 2)
+        kept = [a for a in range(offset, len(batch)) if shape[a - offset] == batch[a]]
+        return "".join(letters[a] for a in kept) + tail, tuple(batch[a] for a in kept) + tuple(shape[-2:])
+
+    (ls, lview), (rs, rview) = side(tuple(lhs), "mk"), side(tuple(rhs), "kn")
+    return f"{ls},{rs}->{letters}mn", lview, rview
+
+
 @irdl_op_definition
 class ContractOp(IRDLOperation):
     """`einsum(spec, lhs, rhs) + bias` on the contraction engine, accumulated in f32 and rounded

@@ -473,7 +473,8 @@ class ReshapeOp(IRDLOperation):
 @irdl_op_definition
 class CastOp(IRDLOperation):
     """Element type conversion: floats round to nearest even; float to i32 truncates toward zero
-    (NaN gives 0, out-of-range saturates); booleans give 0 or 1."""
+    (NaN gives 0, out-of-range saturates); booleans give 0 or 1; a cast to the operand's own
+    type is the identity (a bf16 NaN keeps its payload)."""
 
     name = "tmath.cast"
     input = operand_def(TensorType)

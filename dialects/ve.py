@@ -11,7 +11,7 @@ with static shapes and no data-dependent control flow:
   upper half of the lane, exact), `narrow` (f32 -> bf16, round to nearest even, or `truncate`:
   keep the upper 16 bits), `fxp_to_fp` and `fp_to_fxp`;
 - ALUs: logic `and or xor shl shr_u shr_s` (i32), fixed-point or float `add sub mul` (by the
-  element type), float `div exp sigmoid`, clip `max min`;
+  element type), float `div exp sigmoid log sqrt tanh`, clip `max min`;
 - tags: `tag` (compare two streams, 1 where true and 0 elsewhere), `position_tag` (the static
   branch log: first / middle / last / single along an axis);
 - tag-guarded ops: `select` (a register-file operand read enabled per tag), `scan` (a carried
@@ -461,6 +461,27 @@ class SigmoidOp(UnaryFloatOp):
     name = "ve.sigmoid"
 
 
+@irdl_op_definition
+class LogOp(UnaryFloatOp):
+    """Natural logarithm on the Float ALU's fpu."""
+
+    name = "ve.log"
+
+
+@irdl_op_definition
+class SqrtOp(UnaryFloatOp):
+    """Square root on the Float ALU's fpu."""
+
+    name = "ve.sqrt"
+
+
+@irdl_op_definition
+class TanhOp(UnaryFloatOp):
+    """Hyperbolic tangent on the Float ALU's fpu."""
+
+    name = "ve.tanh"
+
+
 # --------------------------------------------------------------------------------------------
 # Tags
 
@@ -646,9 +667,10 @@ class BroadcastOp(IRDLOperation):
 
 
 class ReduceOp(IRDLOperation):
-    """Intra-slice reduction along `axis`, which the result drops. Sums accumulate left to
-    right over the time axis (i32 wraps; f32 rounds at every add); f32 max and min propagate
-    NaN."""
+    """Intra-slice reduction along `axis`, which the result drops, left to right over the time
+    axis: sums accumulate in order (i32 wraps; f32 rounds at every add); f32 max and min
+    propagate NaN (the first NaN met, its bits unchanged) and keep the later of equal values
+    (max(+0.0, -0.0) is -0.0), as a folded Clip ALU does."""
 
     input = operand_def(TensorType)
     axis = prop_def(IntegerAttr[I64])
@@ -759,6 +781,9 @@ VE = Dialect(
         MinOp,
         ExpOp,
         SigmoidOp,
+        LogOp,
+        SqrtOp,
+        TanhOp,
         TagOp,
         PositionTagOp,
         SelectOp,

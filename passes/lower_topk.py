@@ -39,12 +39,11 @@ The TCP cannot branch on data, so top-k is computed as ranks, not by sorting:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import BFloat16Type, Float32Type, ModuleOp, TensorType, bf16, f32, i32
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -56,6 +55,7 @@ from xdsl.pattern_rewriter import (
 
 from dialects import moe, ve
 from dialects.tmath import shape_of
+from passes.lowering_builder import LoweringBuilder
 
 STRATEGIES = ("rank", "rounds")
 DEFAULT_STRATEGY = "rank"
@@ -73,60 +73,8 @@ MAX_EXPERTS = 1 << 16
 ranked like f32, by its exact widening."""
 
 
-class _Builder:
-    """Collects the `ve` ops of one lowering in order, names results and shares constants."""
-
-    def __init__(self) -> None:
-        self.ops: list[Operation] = []
-        self._consts: dict[tuple[int | float, tuple[int, ...], Attribute], SSAValue] = {}
-
-    def emit(self, op: Operation, name: str | None = None) -> SSAValue:
-        self.ops.append(op)
-        result = op.results[0]
-        if name is not None:
-            result.name_hint = name
-        return result
-
-    def const(self, value: int | float, shape: Sequence[int], element: Attribute = i32) -> SSAValue:
-        key = (value, tuple(shape), element)
-        if key not in self._consts:
-            self._consts[key] = self.emit(ve.ConstOp(value, TensorType(element, list(shape))))
-        return self._consts[key]
-
-    def like(self, value: int, x: SSAValue) -> SSAValue:
-        """An i32 splat of x's shape."""
-        return self.const(value, shape_of(x.type))
-
-    def iota(self, shape: Sequence[int], axis: int, name: str | None = None) -> SSAValue:
-        return self.emit(ve.IotaOp(TensorType(i32, list(shape)), axis), name)
-
-    def binary(self, cls: type[ve.BinaryOp], a: SSAValue, b: SSAValue | int, name: str | None = None) -> SSAValue:
-        rhs = self.like(b, a) if isinstance(b, int) else b
-        return self.emit(cls(a, rhs), name)
-
-    def tag(self, predicate: str, a: SSAValue, b: SSAValue | int, name: str | None = None) -> SSAValue:
-        rhs = self.like(b, a) if isinstance(b, int) else b
-        return self.emit(ve.TagOp(predicate, a, rhs), name)
-
-    def select(self, tags: SSAValue, on_true: SSAValue | int, on_false: SSAValue | int,
-               name: str | None = None) -> SSAValue:
-        """on_true where the tag is 1 (a `ve.tag` result), else on_false."""
-        shape = shape_of(tags.type)
-        t = self.const(on_true, shape) if isinstance(on_true, int) else on_true
-        f = self.const(on_false, shape) if isinstance(on_false, int) else on_false
-        return self.emit(ve.SelectOp(tags, [1], t, f), name)
-
-    def broadcast(self, x: SSAValue, axis: int, size: int, name: str | None = None) -> SSAValue:
-        return self.emit(ve.BroadcastOp(x, axis, size), name)
-
-    def reduce(self, cls: type[ve.ReduceOp], x: SSAValue, axis: int, name: str | None = None) -> SSAValue:
-        return self.emit(cls(x, axis), name)
-
-    def filter(self, x: SSAValue, tags: SSAValue, axis: int, size: int, name: str | None = None) -> SSAValue:
-        return self.emit(ve.FilterOp(x, tags, [1], axis, size), name)
-
-    def bitcast(self, x: SSAValue, element: Attribute, name: str | None = None) -> SSAValue:
-        return self.emit(ve.BitcastOp(x, TensorType(element, list(shape_of(x.type)))), name)
+_Builder = LoweringBuilder
+"""The shared emission helper (`passes/lowering_builder.py`), under the name this pass uses."""
 
 
 @dataclass

@@ -6,6 +6,8 @@ to its type (round to nearest even, as ml_dtypes casts).
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 from xdsl.dialects.builtin import (
@@ -72,12 +74,70 @@ def round_to(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return x.astype(dtype)
 
 
+def _sequential(ufunc: np.ufunc, x: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
+    if x.shape[axis] == 0:
+        return ufunc.reduce(x, axis=axis, keepdims=keepdims)
+    total = np.take(ufunc.accumulate(x, axis=axis, dtype=x.dtype), [-1], axis=axis)
+    return total if keepdims else np.squeeze(total, axis=axis)
+
+
 def sequential_sum(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
     """Sum along one axis strictly left to right, in the array's type (f32 rounds at every add,
     i32 wraps): the order in which an engine accumulates over the time axis. Every level sums
     this way, so a reduction gives the same bits before and after lowering (numpy's own sum is
     pairwise along contiguous axes, an order no engine follows)."""
-    if x.shape[axis] == 0:
-        return np.sum(x, axis=axis, keepdims=keepdims)
-    total = np.take(np.add.accumulate(x, axis=axis, dtype=x.dtype), [-1], axis=axis)
-    return total if keepdims else np.squeeze(total, axis=axis)
+    return _sequential(np.add, x, axis, keepdims)
+
+
+def sequential_max(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
+    """Maximum along one axis, folded left to right with np.maximum (NaN propagates: the first
+    NaN met wins, its bits unchanged). Every level takes maxima this way: numpy's own np.max
+    picks between +0.0 and -0.0, and between NaN payloads, by its vector width and the array's
+    layout (a long row can even give the default NaN instead of the one in the data)."""
+    return _sequential(np.maximum, x, axis, keepdims)
+
+
+def sequential_min(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
+    """Minimum along one axis, folded left to right with np.minimum (see `sequential_max`)."""
+    return _sequential(np.minimum, x, axis, keepdims)
+
+
+def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """`einsum(spec, lhs, rhs)` in f32, by the one routine every level uses for a contraction:
+    the operands are arranged as [batch, M, K] and [batch, K, N] (batch letters: in both
+    operands and the result; M: lhs and result only; N: rhs and result only; K: summed) and
+    multiplied by one np.matmul (f32 accumulation, BLAS order), then arranged as `spec` says.
+    A letter of one operand only that the result drops is summed first, left to right.
+
+    The graph's matmul (`tmath.matmul`) and the contraction engine's op (`tcp.contract`) both
+    run through here with the same spec and shapes, so a lowered matmul gives the reference's
+    bits. np.einsum is not used: it accumulates in its own order, a few ulps away from
+    np.matmul's."""
+    inputs, _, out = spec.partition("->")
+    a, b = inputs.split(",")
+    if len(set(a)) != len(a) or len(set(b)) != len(b):
+        raise ValueError(f"contraction spec {spec!r} repeats a letter within an operand")
+    x, y = np.asarray(lhs, np.float32), np.asarray(rhs, np.float32)
+    for axis in reversed(range(len(a))):
+        if a[axis] not in b and a[axis] not in out:
+            x = sequential_sum(x, axis)
+    for axis in reversed(range(len(b))):
+        if b[axis] not in a and b[axis] not in out:
+            y = sequential_sum(y, axis)
+    a = "".join(c for c in a if c in b or c in out)
+    b = "".join(c for c in b if c in a or c in out)
+    size = dict(zip(a, x.shape)) | dict(zip(b, y.shape))
+    batch = [c for c in out if c in a and c in b]
+    left = [c for c in out if c in a and c not in b]
+    right = [c for c in out if c in b and c not in a]
+    summed = [c for c in a if c in b and c not in out]
+
+    def arranged(v: np.ndarray, letters: str, order: list[str], groups: list[list[str]]) -> np.ndarray:
+        v = np.transpose(v, [letters.index(c) for c in order])
+        return np.ascontiguousarray(v.reshape([math.prod(size[c] for c in g) for g in groups]))
+
+    product = np.matmul(arranged(x, a, batch + left + summed, [batch, left, summed]),
+                        arranged(y, b, batch + summed + right, [batch, summed, right]))
+    result = batch + left + right
+    product = product.reshape([size[c] for c in result])
+    return np.transpose(product, [result.index(c) for c in out])

@@ -9,7 +9,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tcp
-from runtime_sim.numerics import compute, round_to, tensor_dtype
+from runtime_sim.numerics import compute, contract, round_to, tensor_dtype
 
 
 def check_rows(op_name: str, indices: np.ndarray, rows: int) -> None:
@@ -25,7 +25,7 @@ class TCPFunctions(InterpreterFunctions):
         lhs, rhs, *optional = args
         bias = optional.pop(0) if op.bias is not None else None
         guard = optional.pop(0) if op.guard is not None else None
-        out = np.einsum(op.spec.data, compute(lhs), compute(rhs), dtype=np.float32)
+        out = contract(op.spec.data, compute(lhs), compute(rhs))
         if bias is not None:
             out = out + compute(bias)
         if guard is not None:

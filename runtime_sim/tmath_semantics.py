@@ -9,8 +9,16 @@ import numpy as np
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 from xdsl.utils.exceptions import InterpretationError
 
-from dialects import tmath
-from runtime_sim.numerics import compute, round_to, sequential_sum, tensor_dtype
+from dialects import tcp, tmath
+from runtime_sim.numerics import (
+    compute,
+    contract,
+    round_to,
+    sequential_max,
+    sequential_min,
+    sequential_sum,
+    tensor_dtype,
+)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -46,17 +54,21 @@ COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "ge": np.greater_equal,
 }
 
-def _sum(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
-    """Sequential sums, the last axis first."""
-    for a in sorted(axis, reverse=True):
-        x = sequential_sum(x, a, keepdims=True)
-    return x if keepdims else np.squeeze(x, axis=axis)
+def _axis_by_axis(reduce: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """A reduction over several axes as one sequential reduction per axis, the last axis first."""
+
+    def run(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        for a in sorted(axis, reverse=True):
+            x = reduce(x, a, keepdims=True)
+        return x if keepdims else np.squeeze(x, axis=axis)
+
+    return run
 
 
 REDUCE: dict[type, Callable[..., np.ndarray]] = {
-    tmath.ReduceSumOp: _sum,
-    tmath.ReduceMaxOp: np.max,
-    tmath.ReduceMinOp: np.min,
+    tmath.ReduceSumOp: _axis_by_axis(sequential_sum),
+    tmath.ReduceMaxOp: _axis_by_axis(sequential_max),
+    tmath.ReduceMinOp: _axis_by_axis(sequential_min),
 }
 
 
@@ -64,10 +76,17 @@ def _result(op: Any, value: np.ndarray) -> tuple[np.ndarray]:
     return (round_to(value, tensor_dtype(op.result.type)),)
 
 
+def constant_value(op: tmath.ConstantOp) -> np.generic:
+    """The scalar a `tmath.constant` splats: its value in f32, rounded to the result type (an
+    i32 constant goes through f32 too, as every float literal does)."""
+    with np.errstate(over="ignore"):
+        return round_to(np.float32(op.value.value.data), tensor_dtype(op.result.type))[()]
+
+
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    """Max-subtracted softmax in f32, summed in order. A row of all -inf gives NaN."""
+    """Max-subtracted softmax in f32, max and sum taken in order. A row of all -inf gives NaN."""
     x = compute(x)
-    shifted = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    shifted = np.exp(x - sequential_max(x, axis, keepdims=True))
     return shifted / sequential_sum(shifted, axis, keepdims=True)
 
 
@@ -75,8 +94,7 @@ def softmax(x: np.ndarray, axis: int) -> np.ndarray:
 class TMathFunctions(InterpreterFunctions):
     @impl(tmath.ConstantOp)
     def run_constant(self, interpreter: Interpreter, op: tmath.ConstantOp, args: tuple[Any, ...]):
-        shape = tmath.shape_of(op.result.type)
-        return _result(op, np.full(shape, op.value.value.data, dtype=np.float32))
+        return (np.full(tmath.shape_of(op.result.type), constant_value(op)),)
 
     def run_binary(self, interpreter: Interpreter, op: Any, args: tuple[Any, ...]):
         a, b = args
@@ -111,12 +129,15 @@ class TMathFunctions(InterpreterFunctions):
     @impl(tmath.CastOp)
     def run_cast(self, interpreter: Interpreter, op: tmath.CastOp, args: tuple[Any, ...]):
         x = args[0]
+        if x.dtype == tensor_dtype(op.result.type):  # a cast to the value's own type is the identity
+            return (x,)
         return _result(op, x.astype(np.int32) if x.dtype == np.bool_ else compute(x))
 
     @impl(tmath.MatmulOp)
     def run_matmul(self, interpreter: Interpreter, op: tmath.MatmulOp, args: tuple[Any, ...]):
         a, b = args
-        return _result(op, np.matmul(compute(a), compute(b)))
+        spec, lhs_shape, rhs_shape = tcp.matmul_contraction(a.shape, b.shape)
+        return _result(op, contract(spec, compute(a).reshape(lhs_shape), compute(b).reshape(rhs_shape)))
 
     @impl(tmath.OneHotOp)
     def run_one_hot(self, interpreter: Interpreter, op: tmath.OneHotOp, args: tuple[Any, ...]):

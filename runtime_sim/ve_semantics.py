@@ -14,7 +14,7 @@ from xdsl.dialects.builtin import TensorType, f32, i32
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 
 from dialects import tmath, ve
-from runtime_sim.numerics import bfloat16, round_to, sequential_sum
+from runtime_sim.numerics import bfloat16, round_to, sequential_max, sequential_min, sequential_sum
 from runtime_sim.tmath_semantics import UNARY
 
 TAG_DTYPE = np.dtype(np.uint8)
@@ -81,6 +81,9 @@ BINARY: dict[type, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 UNARY_FLOAT: dict[type, Callable[[np.ndarray], np.ndarray]] = {
     ve.ExpOp: UNARY[tmath.ExpOp],
     ve.SigmoidOp: UNARY[tmath.SigmoidOp],
+    ve.LogOp: UNARY[tmath.LogOp],
+    ve.SqrtOp: UNARY[tmath.SqrtOp],
+    ve.TanhOp: UNARY[tmath.TanhOp],
 }
 
 COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
@@ -100,8 +103,8 @@ SCAN: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 REDUCE: dict[type, Callable[..., np.ndarray]] = {
     ve.ReduceSumOp: sequential_sum,
-    ve.ReduceMaxOp: np.max,
-    ve.ReduceMinOp: np.min,
+    ve.ReduceMaxOp: sequential_max,
+    ve.ReduceMinOp: sequential_min,
 }
 
 

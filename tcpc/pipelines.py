@@ -35,12 +35,13 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-topk": _lazy("passes.lower_topk", "LowerTopKPass"),
     "lower-routing": _lazy("passes.lower_routing", "LowerRoutingPass"),
     "lower-dispatch": _lazy("passes.lower_dispatch", "LowerDispatchPass"),
+    "lower-math": _lazy("passes.lower_math", "LowerMathPass"),
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 
-LOWERED_PIPELINE: tuple[str, ...] = ()
-"""The passes of `--emit lowered`, in order; empty until the lowering passes exist."""
+LOWERED_PIPELINE: tuple[str, ...] = ("lower-topk", "lower-routing", "lower-dispatch", "lower-math")
+"""The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops."""
 
 
 def make_context() -> Context:

@@ -8,6 +8,8 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+
+from tcpc.tolerance import compare_output
 import pytest
 from xdsl.parser import Parser
 
@@ -134,14 +136,16 @@ def test_cost_only_equals_the_full_simulation(scenario: str, tmp_path: Path) -> 
 
 
 def test_the_handwritten_lowering_computes_the_reference() -> None:
-    """The test IR is a faithful lowering: the simulation's outputs equal the graph-level
-    scatter / grouped_matmul / combine on the same routing."""
+    """The test IR is a faithful lowering: the simulation's outputs agree with the graph-level
+    scatter / grouped_matmul / combine on the same routing (its combine is one contraction
+    over K, whose accumulation order differs from combine's in-order sum, so within the
+    --check tolerance rather than bit for bit)."""
     reference = tcpc.compile_source(moe_source(**DIMS))
     for scenario in ("balanced", "skewed", "one-expert"):
         choices = scenario_choices(scenario, 16, 2, 8, seed=2)
         got = lowered().simulate({"routing": choices}, seed=7).outputs[0]
         want = reference.run({"routing": choices}, seed=7).outputs[0]
-        np.testing.assert_array_equal(got, want)
+        assert compare_output(0, got, want).ok
 
 
 def weight_bytes(report) -> int:

@@ -39,6 +39,9 @@ func.func @f(%x: tensor<3x4xi32>, %y: tensor<3x4xf32>, %h: tensor<3x4xbf16>) -> 
   %b1 = ve.div %y, %g : tensor<3x4xf32>
   %b2 = ve.exp %y : tensor<3x4xf32>
   %b3 = ve.sigmoid %y : tensor<3x4xf32>
+  %b4 = ve.log %y : tensor<3x4xf32>
+  %b5 = ve.sqrt %y : tensor<3x4xf32>
+  %b6 = ve.tanh %y : tensor<3x4xf32>
   %t = ve.tag gt %x, %i : tensor<3x4xi32> -> tensor<3x4xi4>
   %tf = ve.tag ne %y, %g : tensor<3x4xf32> -> tensor<3x4xi4>
   %p = ve.position_tag along 1 first 0 middle 1 last 2 single 3 : tensor<3x4xi4>
@@ -234,6 +237,16 @@ def test_conversions_and_float_ops() -> None:
     assert f.dtype == np.float32 and f[0] == 2.0
     assert s.dtype == np.float32 and abs(s[0] - 1 / (1 + np.exp(-2.7))) < 1e-6
     assert np.isnan(d[2])
+
+
+def test_fpu_log_sqrt_tanh_are_the_reference_functions() -> None:
+    x = np.array([2.5, 0.0, -0.0, -1.0, np.inf, 1e-40], dtype=np.float32)
+    body = ("%l = ve.log %x : tensor<6xf32>\n%s = ve.sqrt %x : tensor<6xf32>\n%t = ve.tanh %x : tensor<6xf32>\n"
+            "func.return %l, %s, %t : tensor<6xf32>, tensor<6xf32>, tensor<6xf32>")
+    got = run(body, "%x: tensor<6xf32>", "tensor<6xf32>, tensor<6xf32>, tensor<6xf32>", x)
+    with np.errstate(all="ignore"):
+        for g, want in zip(got, (np.log(x), np.sqrt(x), np.tanh(x))):
+            assert g.dtype == np.float32 and np.array_equal(g.view(np.uint32), want.view(np.uint32))
 
 
 def test_tags_select_broadcast_reduce() -> None:
