@@ -10,7 +10,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import moe
-from runtime_sim.numerics import compute, round_to, tensor_dtype
+from runtime_sim.numerics import compute, contract, round_to, tensor_dtype
 
 
 def topk_indices(x: np.ndarray, k: int, order: str = "score") -> np.ndarray:
@@ -143,7 +143,7 @@ class MoEFunctions(InterpreterFunctions):
         for block, expert in enumerate(plan.expert_ids):
             if expert < 0:
                 continue
-            out[block] = compute(x[block]) @ compute(weight[expert])
+            out[block] = contract("bd,df->bf", compute(x[block]), compute(weight[expert]))
             if bias is not None:
                 out[block] += compute(bias[expert])
         out.reshape(g * b, f)[~plan.row_valid] = 0
