@@ -15,7 +15,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 
 from dialects import tmath, ve
 from runtime_sim.numerics import bfloat16, round_to, sequential_max, sequential_min, sequential_sum
-from runtime_sim.tmath_semantics import UNARY
+from runtime_sim.tmath_semantics import COMPARE, UNARY
 
 TAG_DTYPE = np.dtype(np.uint8)
 
@@ -84,15 +84,6 @@ UNARY_FLOAT: dict[type, Callable[[np.ndarray], np.ndarray]] = {
     ve.LogOp: UNARY[tmath.LogOp],
     ve.SqrtOp: UNARY[tmath.SqrtOp],
     ve.TanhOp: UNARY[tmath.TanhOp],
-}
-
-COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "eq": np.equal,
-    "ne": np.not_equal,
-    "lt": np.less,
-    "le": np.less_equal,
-    "gt": np.greater,
-    "ge": np.greater_equal,
 }
 
 SCAN: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
