@@ -66,6 +66,8 @@ class ExtraOp:
     label: str
     name: str
     cost: OpCost
+    phase: str
+    """The phase of the command it makes room for or feeds."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +129,10 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
     evicted: set[int] = set()
     peak = 0
 
-    def add_extra(label: str, name: str, cost: OpCost, deps: tuple[int, ...], after: tuple[int, ...] = ()) -> int:
+    def add_extra(label: str, name: str, cost: OpCost, phase: str, deps: tuple[int, ...],
+                  after: tuple[int, ...] = ()) -> int:
         key = end + len(extra)
-        extra[key] = ExtraOp(label, name, cost)
+        extra[key] = ExtraOp(label, name, cost, phase)
         tasks.append(Task(key, label, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps)))
         return key
 
@@ -176,7 +179,7 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
                 new_store = b not in stored
                 if new_store:
                     cost = dma_copy_cost(machine, size[b], src_hbm=False, dst_hbm=True)
-                    stored[b] = add_extra(f"spill {labels[b]}", "tcp.store", cost, (home[b],))
+                    stored[b] = add_extra(f"spill {labels[b]}", "tcp.store", cost, t.phase, (home[b],))
                     readers[b].append(stored[b])
                 spills.append(Spill(labels[b], size[b], t.label, new_store))
                 evicted.add(b)
@@ -190,7 +193,7 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
         deps = list(t.deps)
         for b in reloads:  # the reloads are the first to write the space they take
             cost = dma_copy_cost(machine, size[b], src_hbm=True, dst_hbm=False)
-            key = add_extra(f"reload {labels[b]}", "tcp.load", cost, (stored[b],), wait)
+            key = add_extra(f"reload {labels[b]}", "tcp.load", cost, t.phase, (stored[b],), wait)
             evicted.discard(b)
             live[b], home[b], readers[b] = size[b], key, []
             deps.append(key)

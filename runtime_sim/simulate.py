@@ -94,13 +94,13 @@ def simulate_trace(trace: Trace, machine: Machine,
     for task in plan.tasks:
         if task.key in plan.extra:
             extra = plan.extra[task.key]
-            name, cost = extra.name, extra.cost
+            name, cost, phase = extra.name, extra.cost, extra.phase
         else:
             traced = trace.ops[task.key]
-            name, cost = traced.name, traced.cost
+            name, cost, phase = traced.name, traced.cost, traced.phase
         slot = sched.slots[task.key]
         records.append(OpRecord(task.key, task.label, name, cost.engine, slot.unit, slot.start, slot.end,
-                                cost.cycles, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound))
+                                cost.cycles, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound, phase))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
     bound = roofline(machine, sum(r.flops for r in records), sum(r.hbm_bytes for r in records))
     if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
