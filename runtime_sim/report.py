@@ -18,7 +18,7 @@ from typing import Any
 
 from passes.phases import PHASES
 from runtime_sim.machine import Machine
-from runtime_sim.memory_plan import Spill
+from runtime_sim.memory_plan import Spill, Stream
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,10 @@ class EngineRecord:
 @dataclass(frozen=True)
 class Roofline:
     """The layer's lower bound: its FLOPs at the tensor unit's peak, its HBM bytes at HBM
-    bandwidth; the simulated time can never be below the larger of the two."""
+    bandwidth; the simulated time can never be below the larger of the two. The HBM bytes are
+    those the layer's own commands move (loads, gathers, scatters); the memory plan's spills,
+    reloads and streams are left out: they are the price of SRAM pressure, which the ratio of
+    the simulated time to the roofline includes."""
 
     flops: int
     hbm_bytes: int
@@ -96,6 +99,8 @@ class SimReport:
     sram_capacity: int
     sram_policy: str
     spills: list[Spill] = field(default_factory=list)
+    streams: list[Stream] = field(default_factory=list)
+    """Buffers that commands too large for SRAM streamed through HBM (memory_plan)."""
 
     @property
     def clock_hz(self) -> float:
@@ -142,6 +147,7 @@ class SimReport:
             "sram_capacity_bytes": self.sram_capacity,
             "sram_policy": self.sram_policy,
             "spills": [asdict(s) for s in self.spills],
+            "streams": [asdict(s) for s in self.streams],
             "critical_path": self.critical_path,
             "engines": [asdict(e) for e in self.engines],
             "phases": [asdict(p) for p in self.phases],
@@ -156,9 +162,12 @@ class SimReport:
             f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} FLOPs / {m.peak_flops_per_cycle:,} per cycle, "
             f"{r.hbm_bytes:,} HBM bytes / {m.hbm_bytes_per_cycle:,.0f} per cycle)",
             f"peak SRAM {_size(self.peak_sram_bytes)} of {_size(self.sram_capacity)} "
-            f"(policy {self.sram_policy}; {len(self.spills)} spill(s))",
+            f"(policy {self.sram_policy}; {len(self.spills)} spill(s), {len(self.streams)} stream(s))",
         ]
         lines += [f"  spilled {s.buffer} ({s.bytes:,} B) to make room for {s.evicted_at}" for s in self.spills]
+        how = {"out": "out to HBM by", "in": "in from HBM by", "fused": "by its DMA command into its readers' tiles:"}
+        lines += [f"  streamed {s.buffer} ({s.bytes:,} B) {how[s.direction]} {s.op}, too large for SRAM"
+                  for s in self.streams]
         lines += [
             "",
             f"{'engine':<8} {'units':>5} {'busy':>12} {'util':>7}",
