@@ -112,18 +112,22 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     The graph's matmul (`tmath.matmul`) and the contraction engine's op (`tcp.contract`) both
     run through here with the same spec and shapes, so a lowered matmul gives the reference's
     bits. np.einsum is not used: it accumulates in its own order, a few ulps away from
-    np.matmul's."""
+    np.matmul's.
+
+    Operands may be bf16: they are converted to f32 a few batch items at a time (the same
+    values, and np.matmul runs one BLAS call per item either way), so a large gathered
+    operand is never copied whole to f32."""
     inputs, _, out = spec.partition("->")
     a, b = inputs.split(",")
     if len(set(a)) != len(a) or len(set(b)) != len(b):
         raise ValueError(f"contraction spec {spec!r} repeats a letter within an operand")
-    x, y = np.asarray(lhs, np.float32), np.asarray(rhs, np.float32)
+    x, y = _f32_or_bf16(lhs), _f32_or_bf16(rhs)
     for axis in reversed(range(len(a))):
         if a[axis] not in b and a[axis] not in out:
-            x = sequential_sum(x, axis)
+            x = sequential_sum(np.asarray(x, np.float32), axis)
     for axis in reversed(range(len(b))):
         if b[axis] not in a and b[axis] not in out:
-            y = sequential_sum(y, axis)
+            y = sequential_sum(np.asarray(y, np.float32), axis)
     a = "".join(c for c in a if c in b or c in out)
     b = "".join(c for c in b if c in a or c in out)
     size = dict(zip(a, x.shape)) | dict(zip(b, y.shape))
@@ -136,8 +140,32 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         v = np.transpose(v, [letters.index(c) for c in order])
         return np.ascontiguousarray(v.reshape([math.prod(size[c] for c in g) for g in groups]))
 
-    product = np.matmul(arranged(x, a, batch + left + summed, [batch, left, summed]),
-                        arranged(y, b, batch + summed + right, [batch, summed, right]))
+    product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
+                          arranged(y, b, batch + summed + right, [batch, summed, right]))
     result = batch + left + right
     product = product.reshape([size[c] for c in result])
     return np.transpose(product, [result.index(c) for c in out])
+
+
+_CHUNK_ELEMENTS = 1 << 24
+"""Operand elements converted to f32 at once by `_matmul_f32` (64 MB of f32)."""
+
+
+def _f32_or_bf16(x: np.ndarray) -> np.ndarray:
+    """bf16 stays bf16 (converted later, in pieces); everything else becomes f32."""
+    x = np.asarray(x)
+    return x if x.dtype == bfloat16 else np.asarray(x, np.float32)
+
+
+def _matmul_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.matmul of [batch, M, K] and [batch, K, N] in f32, converting bf16 operands a few
+    batch items at a time."""
+    if a.dtype == np.float32 and b.dtype == np.float32:
+        return np.matmul(a, b)
+    batch, m, _ = a.shape
+    n = b.shape[2]
+    out = np.empty((batch, m, n), np.float32)
+    step = max(1, _CHUNK_ELEMENTS // max(1, a[0].size + b[0].size))
+    for i in range(0, batch, step):
+        np.matmul(a[i:i + step].astype(np.float32), b[i:i + step].astype(np.float32), out=out[i:i + step])
+    return out

@@ -25,7 +25,7 @@ class TCPFunctions(InterpreterFunctions):
         lhs, rhs, *optional = args
         bias = optional.pop(0) if op.bias is not None else None
         guard = optional.pop(0) if op.guard is not None else None
-        out = contract(op.spec.data, compute(lhs), compute(rhs))
+        out = contract(op.spec.data, lhs, rhs)  # bf16 operands are widened in pieces
         if bias is not None:
             out = out + compute(bias)
         if guard is not None:
@@ -36,9 +36,12 @@ class TCPFunctions(InterpreterFunctions):
     def run_dma_gather(self, interpreter: Interpreter, op: tcp.DmaGatherOp, args: tuple[Any, ...]):
         source, indices = args
         check_rows(op.name, indices, source.shape[0])
-        rows = source[np.maximum(indices, 0)]
-        skipped = (indices < 0).reshape(indices.shape + (1,) * (source.ndim - 1))
-        return (np.where(skipped, np.zeros((), source.dtype), rows).astype(source.dtype),)
+        # On the raw bits (an unsigned view of the same width): numpy copies bf16 (an ml_dtypes
+        # type) element by element through Python-level casts, and zero bits are a zero row.
+        bits = source.view(np.dtype(f"u{source.dtype.itemsize}"))
+        rows = bits[np.maximum(indices, 0)]
+        rows[indices < 0] = 0
+        return (rows.view(source.dtype),)
 
     @impl(tcp.DmaScatterOp)
     def run_dma_scatter(self, interpreter: Interpreter, op: tcp.DmaScatterOp, args: tuple[Any, ...]):

@@ -220,7 +220,9 @@ class VEFunctions(InterpreterFunctions):
     @impl(ve.SelectOp)
     def run_select(self, interpreter: Interpreter, op: ve.SelectOp, args: tuple[Any, ...]):
         tags, on_true, on_false = args
-        return _out(op, np.where(np.isin(tags, list(op.when.get_values())), on_true, on_false))
+        when = list(op.when.get_values())
+        hit = tags == when[0] if len(when) == 1 else np.isin(tags, when)  # isin is slow on large arrays
+        return _out(op, np.where(hit, on_true, on_false))
 
     @impl(ve.ScanOp)
     def run_scan(self, interpreter: Interpreter, op: ve.ScanOp, args: tuple[Any, ...]):
