@@ -147,8 +147,9 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return np.transpose(product, [result.index(c) for c in out])
 
 
-_CHUNK_ELEMENTS = 1 << 24
-"""Operand elements converted to f32 at once by `_matmul_f32` (64 MB of f32)."""
+_CHUNK_ELEMENTS = 1 << 21
+"""Operand elements converted to f32 at once by `_matmul_f32` (8 MB of f32: small enough for
+the allocator to reuse the memory rather than map fresh pages every time)."""
 
 
 def _f32_or_bf16(x: np.ndarray) -> np.ndarray:
