@@ -9,7 +9,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tcp
-from runtime_sim.numerics import compute, contract, round_to, tensor_dtype
+from runtime_sim.numerics import GatheredRows, compute, contract, round_to, tensor_dtype
 
 
 def check_rows(op_name: str, indices: np.ndarray, rows: int) -> None:
@@ -36,12 +36,12 @@ class TCPFunctions(InterpreterFunctions):
     def run_dma_gather(self, interpreter: Interpreter, op: tcp.DmaGatherOp, args: tuple[Any, ...]):
         source, indices = args
         check_rows(op.name, indices, source.shape[0])
-        # On the raw bits (an unsigned view of the same width): numpy copies bf16 (an ml_dtypes
-        # type) element by element through Python-level casts, and zero bits are a zero row.
-        bits = source.view(np.dtype(f"u{source.dtype.itemsize}"))
-        rows = bits[np.maximum(indices, 0)]
-        rows[indices < 0] = 0
-        return (rows.view(source.dtype),)
+        # Rows are gathered on their raw bits (zero bits are a zero row). When only contractions
+        # read the result, it stays unmaterialised and they gather a few rows at a time.
+        rows = GatheredRows(np.asarray(source), indices)
+        if all(isinstance(use.operation, tcp.ContractOp) and use.index < 2 for use in op.result.uses):
+            return (rows,)
+        return (np.asarray(rows),)
 
     @impl(tcp.DmaScatterOp)
     def run_dma_scatter(self, interpreter: Interpreter, op: tcp.DmaScatterOp, args: tuple[Any, ...]):

@@ -379,3 +379,25 @@ def test_random_programs_never_hold_more_than_sram(tmp_path: Path, seed: int) ->
 
 def test_default_machine_is_used() -> None:
     assert moe_run(routing(4)).report.machine == default_machine()
+
+
+def test_an_unmaterialised_gather_contracts_to_the_same_bits() -> None:
+    from runtime_sim.numerics import GatheredRows, contract
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 16, 8)).astype(BF16)
+    x = rng.standard_normal((6, 3, 16)).astype(BF16)
+    idx = np.array([2, 2, -1, 4, 0, 2], np.int32)
+    lazy = GatheredRows(w, idx)
+    whole = np.asarray(lazy)
+    assert lazy.shape == whole.shape == (6, 16, 8) and lazy.nbytes == whole.nbytes
+    np.testing.assert_array_equal(whole[2], 0)
+    np.testing.assert_array_equal(whole[3], w[4])
+    for spec, a, b, la, lb in [("gbd,gdf->gbf", x, whole, x, lazy),          # rows are the batch
+                               ("gdf,gbd->gbf", whole, x, lazy, x),          # on the left
+                               ("gdf,gbd->gfb", whole, x, lazy, x),          # transposed result
+                               ("gdf,hbd->ghbf", whole, x, lazy, x)]:        # no batch: materialised
+        want = contract(spec, a, b)
+        got = contract(spec, la, lb)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
