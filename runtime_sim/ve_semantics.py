@@ -166,7 +166,8 @@ class VEFunctions(InterpreterFunctions):
     @impl(ve.ConstOp)
     def run_const(self, interpreter: Interpreter, op: ve.ConstOp, args: tuple[Any, ...]):
         shape = tmath.shape_of(op.result.type)
-        return _out(op, np.full(shape, op.scalar, dtype=lane_dtype(op.result.type)))
+        # A read-only broadcast of one value, like iota's table: no memory for a splat.
+        return _out(op, np.broadcast_to(np.array(op.scalar, dtype=lane_dtype(op.result.type)), shape))
 
     @impl(ve.IotaOp)
     def run_iota(self, interpreter: Interpreter, op: ve.IotaOp, args: tuple[Any, ...]):
