@@ -103,8 +103,8 @@ class ContractOp(IRDLOperation):
     traits = traits_def(Pure())
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
-        "$spec $lhs `,` $rhs (`bias` $bias^)? (`guard` $guard^)? attr-dict `:` type($lhs) `,` type($rhs) "
-        "(`bias` type($bias)^)? (`guard` type($guard)^)? `->` type($result)"
+        "$spec $lhs `,` $rhs (`bias` $bias^)? (`guard` $guard^)? `:` type($lhs) `,` type($rhs) "
+        "(`bias` type($bias)^)? (`guard` type($guard)^)? `->` type($result) attr-dict"
     )
 
     def __init__(self, spec: str, lhs: SSAValue, rhs: SSAValue, result_type: Attribute,
@@ -143,7 +143,7 @@ class DmaGatherOp(IRDLOperation):
     result = result_def(TensorType)
     traits = traits_def(Pure())
     assembly_format = (
-        "$source `[` $indices `]` attr-dict `:` type($source) `,` type($indices) `->` type($result)"
+        "$source `[` $indices `]` `:` type($source) `,` type($indices) `->` type($result) attr-dict"
     )
 
     def __init__(self, source: SSAValue, indices: SSAValue):
@@ -171,7 +171,7 @@ class DmaScatterOp(IRDLOperation):
     result = result_def(TensorType)
     traits = traits_def(Pure())
     assembly_format = (
-        "$source `[` $indices `]` attr-dict `:` type($source) `,` type($indices) `->` type($result)"
+        "$source `[` $indices `]` `:` type($source) `,` type($indices) `->` type($result) attr-dict"
     )
 
     def __init__(self, source: SSAValue, indices: SSAValue, rows: int):
@@ -197,7 +197,7 @@ class _CopyOp(IRDLOperation):
     input = operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input `:` type($input) `->` type($result) attr-dict"
 
     def __init__(self, input: SSAValue):
         super().__init__(operands=[input], result_types=[input.type])
@@ -228,7 +228,7 @@ class ViewOp(IRDLOperation):
     input = operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input `:` type($input) `->` type($result) attr-dict"
 
     def __init__(self, input: SSAValue, shape: list[int]):
         super().__init__(operands=[input], result_types=[TensorType(input.type.get_element_type(), shape)])

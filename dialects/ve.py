@@ -191,10 +191,9 @@ class ConstOp(IRDLOperation):
             text = f"0x{v & 0xFFFFFFFF:08x}"
         else:
             text = str(v)
-        printer.print_string(f" {text}")
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
+        printer.print_string(f" {text} : ")
         printer.print_attribute(self.result.type)
+        printer.print_op_attributes(self.attributes)
 
     @classmethod
     def parse(cls, parser: Parser) -> ConstOp:
@@ -206,9 +205,9 @@ class ConstOp(IRDLOperation):
             value = math.nan
         else:
             value = parser.parse_number()
-        attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
         result_type = parser.parse_type()
+        attrs = parser.parse_optional_attr_dict()
         if not isinstance(result_type, TensorType):
             parser.raise_error("ve.const needs a tensor type")
         if isinstance(value, int) and not (I32_MIN <= (-value if negative else value) < 2**32):
@@ -229,7 +228,7 @@ class IotaOp(IRDLOperation):
     axis = prop_def(IntegerAttr[I64])
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "`along` $axis attr-dict `:` type($result)"
+    assembly_format = "`along` $axis `:` type($result) attr-dict"
 
     def __init__(self, result_type: TensorType, axis: int):
         super().__init__(properties={"axis": IntegerAttr(axis, i64)}, result_types=[result_type])
@@ -249,7 +248,7 @@ class ConversionOp(IRDLOperation):
     input = operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input `:` type($input) `->` type($result) attr-dict"
     FROM: ClassVar[tuple[Attribute, ...]] = ()
     TO: ClassVar[tuple[Attribute, ...]] = ()
 
@@ -297,7 +296,7 @@ class NarrowOp(IRDLOperation):
     input = operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$input (`truncate` $truncate^)? attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input (`truncate` $truncate^)? `:` type($input) `->` type($result) attr-dict"
 
     def __init__(self, input: SSAValue, result_type: TensorType, truncate: bool = False):
         props: dict[str, Attribute] = {"truncate": UnitAttr()} if truncate else {}
@@ -342,7 +341,7 @@ class BinaryOp(IRDLOperation):
     rhs = operand_def(T)
     result = result_def(T)
     traits = traits_def(Pure())
-    assembly_format = "$lhs `,` $rhs attr-dict `:` type($result)"
+    assembly_format = "$lhs `,` $rhs `:` type($result) attr-dict"
     ELEMENTS: ClassVar[tuple[Attribute, ...]] = (i32, f32)
 
     def __init__(self, lhs: SSAValue, rhs: SSAValue):
@@ -442,7 +441,7 @@ class UnaryFloatOp(IRDLOperation):
     input = operand_def(T)
     result = result_def(T)
     traits = traits_def(Pure())
-    assembly_format = "$input attr-dict `:` type($result)"
+    assembly_format = "$input `:` type($result) attr-dict"
 
     def __init__(self, input: SSAValue):
         super().__init__(operands=[input], result_types=[input.type])
@@ -498,7 +497,7 @@ class TagOp(IRDLOperation):
     rhs = operand_def(T)
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$predicate $lhs `,` $rhs attr-dict `:` type($lhs) `->` type($result)"
+    assembly_format = "$predicate $lhs `,` $rhs `:` type($lhs) `->` type($result) attr-dict"
 
     def __init__(self, predicate: str, lhs: SSAValue, rhs: SSAValue):
         super().__init__(
@@ -532,7 +531,7 @@ class PositionTagOp(IRDLOperation):
     result = result_def(TensorType)
     traits = traits_def(Pure())
     assembly_format = (
-        "`along` $axis `first` $first `middle` $middle `last` $last `single` $single attr-dict `:` type($result)"
+        "`along` $axis `first` $first `middle` $middle `last` $last `single` $single `:` type($result) attr-dict"
     )
 
     def __init__(self, shape: Sequence[int], axis: int, pattern: Sequence[int] = (0, 1, 2, 3)):
@@ -563,7 +562,7 @@ class SelectOp(IRDLOperation):
     result = result_def(T)
     traits = traits_def(Pure())
     assembly_format = (
-        "$tags `in` $when `,` $on_true `,` $on_false attr-dict `:` type($tags) `,` type($result)"
+        "$tags `in` $when `,` $on_true `,` $on_false `:` type($tags) `,` type($result) attr-dict"
     )
 
     def __init__(self, tags: SSAValue, when: Sequence[int], on_true: SSAValue, on_false: SSAValue):
@@ -603,8 +602,8 @@ class ScanOp(IRDLOperation):
     result = result_def(T)
     traits = traits_def(Pure())
     assembly_format = (
-        "$kind $input `,` $tags `along` $axis `read` $read `write` $write attr-dict "
-        "`:` type($input) `,` type($tags)"
+        "$kind $input `,` $tags `along` $axis `read` $read `write` $write "
+        "`:` type($input) `,` type($tags) attr-dict"
     )
 
     def __init__(self, kind: str, input: SSAValue, tags: SSAValue, axis: int,
@@ -645,7 +644,7 @@ class BroadcastOp(IRDLOperation):
     axis = prop_def(IntegerAttr[I64])
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$input `along` $axis attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input `along` $axis `:` type($input) `->` type($result) attr-dict"
 
     def __init__(self, input: SSAValue, axis: int, size: int):
         shape = list(shape_of(input.type))
@@ -676,7 +675,7 @@ class ReduceOp(IRDLOperation):
     axis = prop_def(IntegerAttr[I64])
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$input `along` $axis attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input `along` $axis `:` type($input) `->` type($result) attr-dict"
 
     def __init__(self, input: SSAValue, axis: int):
         shape = list(shape_of(input.type))
@@ -728,8 +727,8 @@ class FilterOp(IRDLOperation):
     result = result_def(TensorType)
     traits = traits_def(Pure())
     assembly_format = (
-        "$input `,` $tags `keep` $keep `along` $axis `pad` $pad attr-dict "
-        "`:` type($input) `,` type($tags) `->` type($result)"
+        "$input `,` $tags `keep` $keep `along` $axis `pad` $pad "
+        "`:` type($input) `,` type($tags) `->` type($result) attr-dict"
     )
 
     def __init__(self, input: SSAValue, tags: SSAValue, keep: Sequence[int], axis: int, size: int, pad: int = 0):

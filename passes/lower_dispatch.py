@@ -64,6 +64,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from dialects import moe, tcp, ve
 from dialects.tmath import shape_of
+from passes.phases import mark
 
 PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.CombineOp)
 
@@ -171,6 +172,7 @@ class _RowMasks:
         return self.wide[key]
 
     def _insert(self, plan: moe.RouteOp, ops: list[Operation], at: InsertPoint, rewriter: PatternRewriter) -> None:
+        mark(ops, "experts")
         rewriter.insert(ops, at)
         self.last[plan] = ops[-1]
 
@@ -229,11 +231,14 @@ class LowerDispatchPattern(RewritePattern):
         plan = plan_of(op, op.route)
         if isinstance(op, moe.DispatchOp):
             ops, result = lower_dispatch(op, plan)
+            mark(ops, "dispatch")
         elif isinstance(op, moe.GroupedMatmulOp):
             width = shape_of(op.result.type)[2]
             ops, result = lower_grouped_matmul(op, plan, self.masks.rows_valid(plan, width, rewriter))
+            mark(ops, "experts")
         else:
             ops, result = lower_combine(op, plan)
+            mark(ops, "combine")
         rewriter.replace(op, ops, [result])
 
 

@@ -62,6 +62,7 @@ from xdsl.utils.exceptions import DiagnosticException
 from dialects import tcp, tmath, ve
 from dialects.tmath import is_bool_type, is_float_type, is_int_type, shape_of
 from passes.lowering_builder import LoweringBuilder, element_of, lane_type
+from passes.phases import OTHER, mark, math_phases
 from runtime_sim.tmath_semantics import constant_value
 
 INT_MIN = -(2**31)
@@ -266,27 +267,34 @@ def lower(op: Operation) -> tuple[list[Operation], SSAValue]:
     return b.ops, value
 
 
-def _replace(op: Operation, rewriter: PatternRewriter) -> None:
+def _replace(op: Operation, rewriter: PatternRewriter, phases: dict[Operation, str]) -> None:
     ops, value = lower(op)
+    mark(ops, phases.get(op, OTHER))
     unnamed = [r for new in ops for r in new.results if r.name_hint is None and r is not value]
     rewriter.replace(op, ops, [value])
     for r in unnamed:  # the rewriter gives every new result the op's name; keep it for the result
         r.name_hint = None
 
 
+@dataclass
 class LowerMathPattern(RewritePattern):
+    phases: dict[Operation, str]
+
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if type(op) in LOWERINGS:
-            _replace(op, rewriter)
+            _replace(op, rewriter, self.phases)
 
 
+@dataclass
 class LowerConstantPattern(RewritePattern):
     """A constant still used once its consumers are lowered (by a `moe` op, a reshape, a
     return) becomes a `ve.const` splat, narrowed for bf16."""
 
+    phases: dict[Operation, str]
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tmath.ConstantOp, rewriter: PatternRewriter) -> None:
-        _replace(op, rewriter)
+        _replace(op, rewriter, self.phases)
 
 
 @dataclass(frozen=True)
@@ -296,6 +304,8 @@ class LowerMathPass(ModulePass):
     name = "lower-math"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        # Each op's phase (passes/phases.py) from its neighbours, before any is rewritten.
+        phases = math_phases(op)
         # In program order, so a comparison is a tag stream before its select sees it.
-        for pattern in (LowerMathPattern(), LowerConstantPattern()):
+        for pattern in (LowerMathPattern(phases), LowerConstantPattern(phases)):
             PatternRewriteWalker(GreedyRewritePatternApplier([pattern]), apply_recursively=False).rewrite_module(op)

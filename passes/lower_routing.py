@@ -87,6 +87,7 @@ from xdsl.pattern_rewriter import (
 from dialects import moe, tcp, ve
 from dialects.tmath import shape_of
 from passes.lower_topk import _Builder
+from passes.phases import mark
 
 CUMSUM_TAGS = (0, 1, 2, 3)
 """Position tags of a cumsum: first, middle, last, single (an axis of one element)."""
@@ -190,6 +191,7 @@ class LowerRoutingPattern(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: moe.ScatterOp, rewriter: PatternRewriter) -> None:
         ops, blocked, route = lower_routing(op)
+        mark(ops, "routing")
         blocked.name_hint, route.name_hint = op.blocked.name_hint, op.route.name_hint
         rewriter.replace(op, ops, [blocked, route])
 

@@ -56,6 +56,7 @@ from xdsl.pattern_rewriter import (
 from dialects import moe, ve
 from dialects.tmath import shape_of
 from passes.lowering_builder import LoweringBuilder
+from passes.phases import mark
 
 STRATEGIES = ("rank", "rounds")
 DEFAULT_STRATEGY = "rank"
@@ -216,6 +217,7 @@ class LowerTopKPattern(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: moe.TopKOp, rewriter: PatternRewriter) -> None:
         ops, values, indices = lower_topk(op, self.strategy)
+        mark(ops, "router")
         values.name_hint, indices.name_hint = op.values.name_hint, op.indices.name_hint
         rewriter.replace(op, ops, [values, indices])
 

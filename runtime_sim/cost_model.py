@@ -52,6 +52,8 @@ class OpCost:
     `bytes_moved` is the payload the op reads and writes (its SRAM or DMA traffic);
     `hbm_bytes` the part that crosses the HBM interface, in whole requests; `bound` names
     the term of the formula that set `cycles` (compute, fetch, dma startup, hbm, ...).
+    `result_bytes` (DMA commands) is the part of `bytes_moved` written into the result, the
+    rest being read: a gather that reuses a repeated row writes it once.
     """
 
     engine: str
@@ -60,6 +62,7 @@ class OpCost:
     hbm_bytes: int = 0
     flops: int = 0
     bound: str = ""
+    result_bytes: int | None = None
 
 
 CostFn = Callable[[Operation, tuple[Any, ...], tuple[Any, ...], Machine], OpCost]

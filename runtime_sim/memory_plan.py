@@ -16,28 +16,62 @@ the policy decides:
 - `spill` (default): evict resident buffers the command does not touch, the one needed
   furthest in the future first (Belady), until they fit. An evicted buffer is stored to HBM
   once (a DMA store after its producer) and loaded back (a DMA load) before its next reader.
-  Both are costed by the DMA formula and scheduled like any command. If the command's own
-  operands and results do not fit in SRAM, it is an error all the same.
+  Both are costed by the DMA formula and scheduled like any command.
 - `error`: stop with SramOverflowError naming the command, the bytes it asks for and the
   bytes available.
+
+**Streaming (the `spill` policy).** A command whose own buffers do not fit in SRAM even with
+every other buffer spilled (the top-k ranking's [T, E, E] at prefill; the gathered expert
+weights of a large model) is assumed to run in tiles streamed through HBM, as a compiler
+would tile it over tokens or blocks. Its largest new buffers (results, reloads) move to HBM,
+one at a time, until the rest fits; for each:
+- a result is written out tile by tile: a *stream out* (SRAM -> HBM) after the command, and
+  the buffer lives in HBM from then on (its readers reload it if it fits them, or stream it);
+- a spilled or streamed operand is read in tile by tile: a *stream in* (HBM -> SRAM) before
+  the command, taking no SRAM.
+Stream transfers are costed by the DMA formula and scheduled on the DMA engines like spills.
+Assumptions: the tiles themselves (a few DMA packets per engine) take no SRAM worth counting;
+a command does not overlap its own streams (loads, then the command, then stores), which is
+pessimistic against double buffering; each oversize command streams on its own, so a chain
+of oversize ops goes through HBM at every link, where a tiled lowering would keep each tile's
+intermediates on chip.
+
+DMA commands (gathers, scatters, loads) never stream through SRAM. One whose result does not
+fit delivers the rows straight into its readers' tiles: the result is *fused* into its readers
+(no SRAM, no HBM copy, the command's own cost); the first reader takes the rows the command
+fetched, and every later reader fetches them again (a *refetch*, at the command's cost, which
+keeps the command's source alive until then). A function result is not fused: the DMA command
+writes it straight to HBM. A DMA command reads a spilled or streamed operand where it is, in
+HBM, without a reload. Reading or writing HBM in place of SRAM only adds to a DMA command's
+HBM bytes (and to its cycles if its share of HBM bandwidth then binds).
+
+**Transfers.** A spill, reload or stream of more than TRANSFER_CHUNK_BYTES is split evenly
+into one command per DMA engine (at most `engines` pieces of at least that size; assumption:
+the runtime spreads a large copy over the engines), so a large copy runs at the engines'
+combined rate rather than one engine's. Views and other free commands move no data, so they
+never reload.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from runtime_sim.cost_model import OpCost
+from runtime_sim.cost_model import DMA, NONE, OpCost
 from runtime_sim.machine import Machine
 from runtime_sim.op_trace import Trace
 from runtime_sim.scheduler import Slot, Task
-from runtime_sim.tcp_cost import dma_copy_cost
+from runtime_sim.tcp_cost import dma_copy_cost, requests
 
 SramPolicy = Literal["spill", "error"]
 SRAM_POLICIES: tuple[str, ...] = ("spill", "error")
 DEFAULT_SRAM_POLICY: SramPolicy = "spill"
+
+TRANSFER_CHUNK_BYTES = 1 << 20
+"""A spill, reload or stream larger than this is split over the DMA engines (see above)."""
 
 
 class SramOverflowError(Exception):
@@ -60,12 +94,27 @@ class Spill:
 
 
 @dataclass(frozen=True)
+class Stream:
+    """A buffer that a command too large for SRAM streams through HBM."""
+
+    buffer: str
+    bytes: int
+    """Bytes moved: the buffer, or for `in` the bytes of its HBM copy."""
+    op: str
+    direction: Literal["in", "out", "fused"]
+    """`out`: the command writes the buffer to HBM; `in`: it reads the buffer from HBM;
+    `fused`: a DMA command's result goes straight into its readers' tiles."""
+
+
+@dataclass(frozen=True)
 class ExtraOp:
-    """A command the plan adds (a spill store or a reload), with its cost."""
+    """A command the plan adds (a spill store, a reload, a stream), with its cost."""
 
     label: str
     name: str
     cost: OpCost
+    phase: str
+    """The phase of the command it makes room for or feeds."""
 
 
 @dataclass(frozen=True)
@@ -84,12 +133,19 @@ class MemoryPlan:
     tasks: list[Task]
     """Every command to schedule, in issue order: the trace's (keys 0..n-1) and the plan's."""
     extra: dict[int, ExtraOp]
-    """Key -> the plan's own commands (spill stores and reloads)."""
+    """Key -> the plan's own commands (spill stores, reloads, streams)."""
     peak_live_bytes: int
     """The most bytes resident at one step of issue order."""
     sram_capacity: int
     spills: list[Spill] = field(default_factory=list)
     residencies: list[Residency] = field(default_factory=list)
+    streams: list[Stream] = field(default_factory=list)
+    costs: dict[int, OpCost] = field(default_factory=dict)
+    """Trace command key -> its cost where the plan changed it (a DMA command reading or
+    writing HBM in place of SRAM); the trace's cost otherwise."""
+
+    def cost(self, trace: Trace, key: int) -> OpCost:
+        return self.costs.get(key, trace.ops[key].cost)
 
 
 @dataclass(frozen=True)
@@ -98,6 +154,24 @@ class _Free:
 
     bytes: int
     wait: tuple[int, ...]
+
+
+def transfer_costs(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -> list[OpCost]:
+    """One copy between SRAM and HBM as DMA commands: one piece up to TRANSFER_CHUNK_BYTES,
+    otherwise even pieces, one per engine at most."""
+    pieces = max(1, min(machine.dma_engines, nbytes // TRANSFER_CHUNK_BYTES))
+    share, rest = divmod(nbytes, pieces)
+    return [dma_copy_cost(machine, share + (i < rest), src_hbm, dst_hbm) for i in range(pieces)]
+
+
+def via_hbm(machine: Machine, cost: OpCost, nbytes: int) -> OpCost:
+    """A DMA command's cost when `nbytes` more of its traffic is HBM's rather than SRAM's: the
+    same requests, more HBM bytes, and never faster than its share of HBM bandwidth."""
+    hbm = cost.hbm_bytes + requests(nbytes, machine) * machine.dma_request_bytes
+    share = math.ceil(hbm * machine.dma_engines / machine.hbm_bytes_per_cycle)
+    if share > cost.cycles:
+        return replace(cost, cycles=share, hbm_bytes=hbm, bound="hbm")
+    return replace(cost, hbm_bytes=hbm)
 
 
 def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRAM_POLICY) -> MemoryPlan:
@@ -118,20 +192,34 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
     tasks: list[Task] = []
     extra: dict[int, ExtraOp] = {}
     spills: list[Spill] = []
+    streams: list[Stream] = []
+    costs: dict[int, OpCost] = {}
     residencies: list[Residency] = []
     free: list[_Free] = [_Free(capacity, ())]
     live: dict[int, int] = {}  # buffer -> bytes, resident and still to be read
     home: dict[int, int] = {}  # buffer -> the command that wrote its current residency
     readers: dict[int, list[int]] = {}  # buffer -> commands that read this residency
-    stored: dict[int, int] = {}  # buffer -> the store that put its copy in HBM
-    evicted: set[int] = set()
+    stored: dict[int, tuple[int, ...]] = {}  # buffer -> the commands that put its copy in HBM
+    copy_bytes: dict[int, int] = {}  # buffer -> bytes of its HBM copy
+    evicted: set[int] = set()  # buffers not in SRAM whose copy is in HBM
+    fused: dict[int, int] = {}  # DMA result too large for SRAM -> the command that produces it
+    fused_read: dict[int, bool] = {}  # whether a reader has taken its rows yet
     peak = 0
 
-    def add_extra(label: str, name: str, cost: OpCost, deps: tuple[int, ...], after: tuple[int, ...] = ()) -> int:
-        key = end + len(extra)
-        extra[key] = ExtraOp(label, name, cost)
-        tasks.append(Task(key, label, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps)))
-        return key
+    def plan_cost(key: int) -> OpCost:
+        return costs.get(key, trace.ops[key].cost)
+
+    def add_transfer(label: str, name: str, nbytes: int, to_hbm: bool, phase: str, deps: tuple[int, ...],
+                     after: tuple[int, ...] = ()) -> tuple[int, ...]:
+        pieces = transfer_costs(machine, nbytes, src_hbm=not to_hbm, dst_hbm=to_hbm)
+        keys = []
+        for i, cost in enumerate(pieces):
+            key = end + len(extra)
+            text = label if len(pieces) == 1 else f"{label} ({i + 1}/{len(pieces)})"
+            extra[key] = ExtraOp(text, name, cost, phase)
+            tasks.append(Task(key, text, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps)))
+            keys.append(key)
+        return tuple(keys)
 
     def release(b: int) -> None:
         wait = tuple(dict.fromkeys([home[b], *readers[b]]))
@@ -158,12 +246,45 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
     for t in ops:
         for b in [b for b in live if last[b] < t.index]:
             release(b)
-        reloads = [b for b in t.reads if b in evicted]
-        need = sum(size[b] for b in reloads) + sum(size[b] for b in t.writes)
+        engine = t.cost.engine
+        deps = list(t.deps)
+        for b in dict.fromkeys(t.reads):  # a DMA result fused into its readers (see above)
+            if b in fused and engine != NONE:
+                if fused_read[b]:  # the first reader got the rows; every later one fetches them again
+                    src = fused[b]
+                    cost, src_deps = plan_cost(src), [src]
+                    for s in trace.ops[src].reads:
+                        if s in evicted:
+                            src_deps += stored[s]
+                            cost = via_hbm(machine, cost, min(copy_bytes[s], cost.bytes_moved - (cost.result_bytes or 0)))
+                    key = end + len(extra)
+                    extra[key] = ExtraOp(f"refetch {labels[b]}", trace.ops[src].name, cost, t.phase)
+                    tasks.append(Task(key, f"refetch {labels[b]}", cost.engine, cost.cycles, tuple(dict.fromkeys(src_deps))))
+                    for s in trace.ops[src].reads:
+                        if s in live:
+                            readers[s].append(key)
+                    deps.append(key)
+                fused_read[b] = True
+        missing = [b for b in dict.fromkeys(t.reads) if b in evicted]
+        # Free commands move no data; DMA commands read an HBM copy where it is.
+        reloads = missing if engine not in (NONE, DMA) else []
+        direct = missing if engine == DMA else []
+        writes = list(t.writes)
+        need = sum(size[b] for b in reloads) + sum(size[b] for b in writes)
         available = sum(f.bytes for f in free)
+        if need > available and policy == "error":
+            raise SramOverflowError(t.label, need, available, capacity)
+        stream_in: list[int] = []
+        stream_out: list[int] = []
+        resident = sum(size[b] for b in dict.fromkeys(t.reads) if b in live)
+        for b in sorted(reloads + writes, key=lambda b: (-size[b], b)):
+            if resident + need <= capacity:
+                break
+            need -= size[b]
+            (stream_out if b in t.writes else stream_in).append(b)
+        reloads = [b for b in reloads if b not in stream_in]
+        writes = [b for b in writes if b not in stream_out]
         if need > available:
-            if policy == "error":
-                raise SramOverflowError(t.label, need, available, capacity)
             touched = set(t.reads) | set(t.writes)
 
             def next_use(b: int) -> int:
@@ -175,36 +296,63 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
                     break
                 new_store = b not in stored
                 if new_store:
-                    cost = dma_copy_cost(machine, size[b], src_hbm=False, dst_hbm=True)
-                    stored[b] = add_extra(f"spill {labels[b]}", "tcp.store", cost, (home[b],))
-                    readers[b].append(stored[b])
+                    stored[b] = add_transfer(f"spill {labels[b]}", "tcp.store", size[b], True, t.phase, (home[b],))
+                    copy_bytes[b] = size[b]
+                    readers[b].extend(stored[b])
                 spills.append(Spill(labels[b], size[b], t.label, new_store))
                 evicted.add(b)
                 release(b)
                 available += size[b]
-            if need > available:
-                own = sum(size[b] for b in touched)
-                raise SramOverflowError(t.label, own, capacity, capacity,
-                                        note=" (its own operands and results do not fit, even with every other buffer spilled)")
+            assert need <= available, "streaming leaves a command only buffers that fit"
         wait = tuple(dict.fromkeys(take(need)))
-        deps = list(t.deps)
+        for b in stream_in:  # read tile by tile from HBM: no SRAM
+            deps += add_transfer(f"stream in {labels[b]}", "tcp.load", copy_bytes[b], False, t.phase, stored[b])
+            streams.append(Stream(labels[b], copy_bytes[b], t.label, "in"))
         for b in reloads:  # the reloads are the first to write the space they take
-            cost = dma_copy_cost(machine, size[b], src_hbm=True, dst_hbm=False)
-            key = add_extra(f"reload {labels[b]}", "tcp.load", cost, (stored[b],), wait)
+            keys = add_transfer(f"reload {labels[b]}", "tcp.load", size[b], False, t.phase, stored[b], wait)
             evicted.discard(b)
-            live[b], home[b], readers[b] = size[b], key, []
-            deps.append(key)
-        for b in t.writes:
+            live[b], home[b], readers[b] = size[b], keys[0], list(keys[1:])
+            deps += keys
+        via = 0
+        for b in direct:
+            deps += stored[b]
+            via += min(copy_bytes[b], t.cost.bytes_moved - (t.cost.result_bytes or 0))
+        to_hbm = [b for b in stream_out if engine != DMA or b in trace.outputs]
+        if engine == DMA and to_hbm:
+            via += t.cost.result_bytes if t.cost.result_bytes is not None else size[to_hbm[0]]
+        if via:
+            costs[t.index] = via_hbm(machine, t.cost, via)
+        for b in writes:
             live[b], home[b], readers[b] = size[b], t.index, []
         for b in t.reads:
-            readers[b].append(t.index)
+            if b in live:
+                readers[b].append(t.index)
         peak = max(peak, sum(live.values()))
         data = tuple(dict.fromkeys(deps))
-        tasks.append(Task(t.index, t.label, t.cost.engine, t.cost.cycles, data,
+        cost = plan_cost(t.index)
+        tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data,
                           tuple(w for w in wait if w not in data and w != t.index)))
+        for b in stream_out:
+            if b not in to_hbm:  # a DMA result: its rows go straight into its readers' tiles
+                fused[b], fused_read[b] = t.index, False
+                for s in t.reads:  # a refetch reads the source again: keep it until the last reader
+                    last[s] = max(last[s], last[b])
+                    for u in uses[b]:
+                        if u > t.index and u not in uses[s]:
+                            bisect.insort(uses[s], u)
+                streams.append(Stream(labels[b], size[b], t.label, "fused"))
+                continue
+            if engine == DMA:  # written tile by tile to HBM, by the DMA command itself
+                stored[b] = (t.index,)
+                copy_bytes[b] = min(size[b], t.cost.result_bytes if t.cost.result_bytes is not None else size[b])
+            else:  # written tile by tile to HBM
+                stored[b] = add_transfer(f"stream out {labels[b]}", "tcp.store", size[b], True, t.phase, (t.index,))
+                copy_bytes[b] = size[b]
+            evicted.add(b)
+            streams.append(Stream(labels[b], copy_bytes[b], t.label, "out"))
     for b in live:
         residencies.append(Residency(labels[b], size[b], home[b], None))
-    return MemoryPlan(tasks, extra, peak, capacity, spills, residencies)
+    return MemoryPlan(tasks, extra, peak, capacity, spills, residencies, streams, costs)
 
 
 def scheduled_peak(plan: MemoryPlan, slots: Mapping[int, Slot]) -> int:

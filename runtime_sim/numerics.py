@@ -112,18 +112,25 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     The graph's matmul (`tmath.matmul`) and the contraction engine's op (`tcp.contract`) both
     run through here with the same spec and shapes, so a lowered matmul gives the reference's
     bits. np.einsum is not used: it accumulates in its own order, a few ulps away from
-    np.matmul's."""
+    np.matmul's.
+
+    Operands may be bf16: they are converted to f32 a few batch items at a time (the same
+    values, and np.matmul runs one BLAS call per item either way), so a large gathered
+    operand is never copied whole to f32. An operand may also be a `GatheredRows` (a DMA
+    gather not materialised): when its rows are the batch items in order it is gathered a few
+    items at a time too, and it is materialised otherwise."""
     inputs, _, out = spec.partition("->")
     a, b = inputs.split(",")
     if len(set(a)) != len(a) or len(set(b)) != len(b):
         raise ValueError(f"contraction spec {spec!r} repeats a letter within an operand")
-    x, y = np.asarray(lhs, np.float32), np.asarray(rhs, np.float32)
+    x = lhs if isinstance(lhs, GatheredRows) else _f32_or_bf16(lhs)
+    y = rhs if isinstance(rhs, GatheredRows) else _f32_or_bf16(rhs)
     for axis in reversed(range(len(a))):
         if a[axis] not in b and a[axis] not in out:
-            x = sequential_sum(x, axis)
+            x = sequential_sum(np.asarray(x, np.float32), axis)
     for axis in reversed(range(len(b))):
         if b[axis] not in a and b[axis] not in out:
-            y = sequential_sum(y, axis)
+            y = sequential_sum(np.asarray(y, np.float32), axis)
     a = "".join(c for c in a if c in b or c in out)
     b = "".join(c for c in b if c in a or c in out)
     size = dict(zip(a, x.shape)) | dict(zip(b, y.shape))
@@ -133,11 +140,95 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     summed = [c for c in a if c in b and c not in out]
 
     def arranged(v: np.ndarray, letters: str, order: list[str], groups: list[list[str]]) -> np.ndarray:
+        shape = tuple(math.prod(size[c] for c in g) for g in groups)
+        if isinstance(v, GatheredRows):
+            if order == list(letters) and len(batch) == 1:  # row g is batch item g
+                return _Batches(v, shape)  # type: ignore[return-value]
+            v = _f32_or_bf16(np.asarray(v))
         v = np.transpose(v, [letters.index(c) for c in order])
         return np.ascontiguousarray(v.reshape([math.prod(size[c] for c in g) for g in groups]))
 
-    product = np.matmul(arranged(x, a, batch + left + summed, [batch, left, summed]),
-                        arranged(y, b, batch + summed + right, [batch, summed, right]))
+    product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
+                          arranged(y, b, batch + summed + right, [batch, summed, right]))
     result = batch + left + right
     product = product.reshape([size[c] for c in result])
     return np.transpose(product, [result.index(c) for c in out])
+
+
+_CHUNK_ELEMENTS = 1 << 21
+"""Operand elements converted to f32 at once by `_matmul_f32` (8 MB of f32: small enough for
+the allocator to reuse the memory rather than map fresh pages every time)."""
+
+
+def _f32_or_bf16(x: np.ndarray) -> np.ndarray:
+    """bf16 stays bf16 (converted later, in pieces); everything else becomes f32."""
+    x = np.asarray(x)
+    return x if x.dtype == bfloat16 else np.asarray(x, np.float32)
+
+
+def _matmul_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.matmul of [batch, M, K] and [batch, K, N] in f32, converting bf16 operands a few
+    batch items at a time."""
+    lazy = isinstance(a, _Batches) or isinstance(b, _Batches)
+    if a.dtype == np.float32 and b.dtype == np.float32 and not lazy:
+        return np.matmul(a, b)
+    batch, m, _ = a.shape
+    n = b.shape[2]
+    out = np.empty((batch, m, n), np.float32)
+    step = max(1, _CHUNK_ELEMENTS // max(1, math.prod(a.shape[1:]) + math.prod(b.shape[1:])))
+    for i in range(0, batch, step):
+        j = min(batch, i + step)
+        np.matmul(_items(a, i, j), _items(b, i, j), out=out[i:j])
+    return out
+
+
+def _items(v: np.ndarray | _Batches, i: int, j: int) -> np.ndarray:
+    """Batch items i..j-1 of an arranged operand, in f32."""
+    if isinstance(v, _Batches):
+        return v.items(i, j)
+    return v[i:j].astype(np.float32)
+
+
+class GatheredRows:
+    """The result of a DMA gather, `source[indices]` with zero rows where an index is -1, not
+    materialised: `rows(i, j)` gives items i..j-1 along its first axis (the first axis of the
+    indices), and numpy gets
+    the whole array (`np.asarray`) on demand. The simulator's gather returns one when only
+    contractions read its result (runtime_sim/tcp_semantics.py), so a prefill's gathered
+    expert weights (gigabytes, the same rows over and over) are never copied whole."""
+
+    def __init__(self, source: np.ndarray, indices: np.ndarray):
+        self.source = source
+        self.indices = np.asarray(indices)
+        self.shape: tuple[int, ...] = (*self.indices.shape, *source.shape[1:])
+        self.dtype = source.dtype
+        self.ndim = len(self.shape)
+        self.size = math.prod(self.shape)
+        self.nbytes = self.size * self.dtype.itemsize
+        self._whole: np.ndarray | None = None
+
+    def rows(self, i: int, j: int) -> np.ndarray:
+        return self._gather(self.indices[i:j])
+
+    def _gather(self, idx: np.ndarray) -> np.ndarray:
+        # On the raw bits (an unsigned view of the same width): numpy copies bf16, an ml_dtypes
+        # type, element by element; zero bits are a zero row.
+        bits = self.source.view(np.dtype(f"u{self.dtype.itemsize}"))
+        out = bits[np.maximum(idx, 0)]
+        out[idx < 0] = 0
+        return out.view(self.dtype)
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        if self._whole is None:
+            self._whole = self._gather(self.indices)
+        return self._whole if dtype is None else self._whole.astype(dtype)
+
+
+class _Batches:
+    """A GatheredRows arranged as [batch, rows, columns]: batch item g is row g, reshaped."""
+
+    def __init__(self, rows: GatheredRows, shape: tuple[int, ...]):
+        self.rows, self.shape, self.dtype = rows, shape, rows.dtype
+
+    def items(self, i: int, j: int) -> np.ndarray:
+        return self.rows.rows(i, j).reshape((j - i, *self.shape[1:])).astype(np.float32)

@@ -27,13 +27,15 @@ from runtime_sim.cost_model import (
     is_view,
     not_costed,
 )
+from passes.phases import OTHER, phase_of
 from runtime_sim.machine import Machine
 
 
 @dataclass(frozen=True)
 class TracedOp:
     """One executed command. `deps` are indices of the commands whose results it reads;
-    `reads`/`writes` are SRAM buffer ids (values in HBM have none; a view writes nothing)."""
+    `reads`/`writes` are SRAM buffer ids (values in HBM have none; a view writes nothing);
+    `phase` is the op's `tcpc.phase` (passes/phases.py), "other" without one."""
 
     index: int
     name: str
@@ -42,6 +44,7 @@ class TracedOp:
     deps: tuple[int, ...] = ()
     reads: tuple[int, ...] = ()
     writes: tuple[int, ...] = ()
+    phase: str = OTHER
 
 
 @dataclass
@@ -119,4 +122,5 @@ class TraceRecorder(Interpreter.Listener):
                 self.trace.buffer_labels[buffer] = f"%{r.name_hint}" if r.name_hint else f"{op.name}#{index}"
                 writes.append(buffer)
             self._values[r] = _Value(index, buffer)
-        self.trace.ops.append(TracedOp(index, op.name, op_label(op), cost, deps, reads, tuple(writes)))
+        self.trace.ops.append(TracedOp(index, op.name, op_label(op), cost, deps, reads, tuple(writes),
+                                       phase_of(op) or OTHER))

@@ -1,13 +1,24 @@
-"""What a simulation reports: totals, the roofline, per-op and per-engine records, as text,
-as JSON for tools, and as a Chrome trace (one track per engine unit) that Perfetto opens."""
+"""What a simulation reports: totals, the roofline, per-op, per-engine and per-phase records,
+as text, as JSON for tools, and as a Chrome trace (one track per engine unit) that Perfetto opens.
+
+Cycles by phase (the `tcpc.phase` of each op, passes/phases.py; a spill, reload or stream
+command counts in the phase of the command it serves) are given two ways:
+- `busy_cycles`: the engine cycles of the phase's commands, every engine and unit summed (the
+  tensor unit and the eight DMA engines); the phases' busy cycles sum to the engines' busy
+  cycles, which may exceed the total when engines overlap;
+- `critical_cycles`: the cycles of the phase's commands on the critical path. The critical
+  path runs back to back from cycle 0 to the end, so these sum exactly to the total cycles:
+  the share of the simulated time each phase is responsible for.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from passes.phases import PHASES
 from runtime_sim.machine import Machine
-from runtime_sim.memory_plan import Spill
+from runtime_sim.memory_plan import Spill, Stream
 
 
 @dataclass(frozen=True)
@@ -25,6 +36,19 @@ class OpRecord:
     hbm_bytes: int
     flops: int
     bound: str
+    phase: str = "other"
+    """The op's `tcpc.phase`; a plan command's is the phase of the command it serves."""
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    name: str
+    busy_cycles: int
+    """Engine cycles of the phase's commands, all engines and units summed."""
+    critical_cycles: int
+    """Cycles of the phase's commands on the critical path (the phases' sum is the total)."""
+    commands: int
+    """Commands that ran on an engine (zero-cost ops are not counted)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +63,10 @@ class EngineRecord:
 @dataclass(frozen=True)
 class Roofline:
     """The layer's lower bound: its FLOPs at the tensor unit's peak, its HBM bytes at HBM
-    bandwidth; the simulated time can never be below the larger of the two."""
+    bandwidth; the simulated time can never be below the larger of the two. The HBM bytes are
+    those the layer's own commands move (loads, gathers, scatters); the memory plan's spills,
+    reloads and streams are left out: they are the price of SRAM pressure, which the ratio of
+    the simulated time to the roofline includes."""
 
     flops: int
     hbm_bytes: int
@@ -72,6 +99,8 @@ class SimReport:
     sram_capacity: int
     sram_policy: str
     spills: list[Spill] = field(default_factory=list)
+    streams: list[Stream] = field(default_factory=list)
+    """Buffers that commands too large for SRAM streamed through HBM (memory_plan)."""
 
     @property
     def clock_hz(self) -> float:
@@ -83,6 +112,23 @@ class SimReport:
 
     def op(self, key: int) -> OpRecord:
         return next(o for o in self.ops if o.key == key)
+
+    @property
+    def phases(self) -> list[PhaseRecord]:
+        """Cycles by phase, in the order of passes.phases.PHASES (then any other phase names,
+        sorted); phases without a costed command are left out."""
+        critical = set(self.critical_path)
+        busy: dict[str, int] = {}
+        crit: dict[str, int] = {}
+        count: dict[str, int] = {}
+        for o in self.ops:
+            if o.cycles == 0 and o.engine == "none":
+                continue
+            busy[o.phase] = busy.get(o.phase, 0) + o.cycles
+            crit[o.phase] = crit.get(o.phase, 0) + (o.cycles if o.key in critical else 0)
+            count[o.phase] = count.get(o.phase, 0) + 1
+        names = [p for p in PHASES if p in busy] + sorted(set(busy) - set(PHASES))
+        return [PhaseRecord(p, busy[p], crit[p], count[p]) for p in names]
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; field names are the contract with tools reading --report-json."""
@@ -101,8 +147,10 @@ class SimReport:
             "sram_capacity_bytes": self.sram_capacity,
             "sram_policy": self.sram_policy,
             "spills": [asdict(s) for s in self.spills],
+            "streams": [asdict(s) for s in self.streams],
             "critical_path": self.critical_path,
             "engines": [asdict(e) for e in self.engines],
+            "phases": [asdict(p) for p in self.phases],
             "ops": [asdict(o) for o in self.ops],
         }
 
@@ -114,9 +162,12 @@ class SimReport:
             f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} FLOPs / {m.peak_flops_per_cycle:,} per cycle, "
             f"{r.hbm_bytes:,} HBM bytes / {m.hbm_bytes_per_cycle:,.0f} per cycle)",
             f"peak SRAM {_size(self.peak_sram_bytes)} of {_size(self.sram_capacity)} "
-            f"(policy {self.sram_policy}; {len(self.spills)} spill(s))",
+            f"(policy {self.sram_policy}; {len(self.spills)} spill(s), {len(self.streams)} stream(s))",
         ]
         lines += [f"  spilled {s.buffer} ({s.bytes:,} B) to make room for {s.evicted_at}" for s in self.spills]
+        how = {"out": "out to HBM by", "in": "in from HBM by", "fused": "by its DMA command into its readers' tiles:"}
+        lines += [f"  streamed {s.buffer} ({s.bytes:,} B) {how[s.direction]} {s.op}, too large for SRAM"
+                  for s in self.streams]
         lines += [
             "",
             f"{'engine':<8} {'units':>5} {'busy':>12} {'util':>7}",
@@ -126,15 +177,19 @@ class SimReport:
                 continue
             units = "-" if e.units is None else str(e.units)
             lines.append(f"{e.name:<8} {units:>5} {e.busy_cycles:>12,} {e.utilisation:>6.1%}")
+        lines += ["", f"{'phase':<9} {'commands':>8} {'busy':>12} {'critical path':>14} {'share':>7}"]
+        for p in self.phases:
+            share = p.critical_cycles / self.total_cycles if self.total_cycles else 0.0
+            lines.append(f"{p.name:<9} {p.commands:>8,} {p.busy_cycles:>12,} {p.critical_cycles:>14,} {share:>6.1%}")
         lines += ["", f"{'#':>4} {'op':<36} {'engine':<7} {'start':>10} {'end':>10} {'cycles':>9} "
-                      f"{'bytes':>11} {'FLOPs':>13}  bound"]
+                      f"{'bytes':>11} {'FLOPs':>13}  {'phase':<8}  bound"]
         critical = set(self.critical_path)
         shown = self.ops if max_ops is None else self.ops[:max_ops]
         for o in shown:
             engine = o.engine if o.engine != "dma" else f"dma{o.unit}"
             mark = "*" if o.key in critical else " "
             lines.append(f"{o.key:>4}{mark}{_cut(o.label, 36):<36} {engine:<7} {o.start:>10,} {o.end:>10,} "
-                         f"{o.cycles:>9,} {o.bytes:>11,} {o.flops:>13,}  {o.bound}")
+                         f"{o.cycles:>9,} {o.bytes:>11,} {o.flops:>13,}  {o.phase:<8}  {o.bound}")
         if len(shown) < len(self.ops):
             lines.append(f"     ... {len(self.ops) - len(shown)} more")
         lines += ["", "critical path (*): " + " -> ".join(f"#{k}" for k in self.critical_path)]
@@ -163,7 +218,7 @@ class SimReport:
                 "ph": "X", "pid": pid, "tid": tid, "name": o.label, "cat": o.engine,
                 "ts": to_us(o.start), "dur": to_us(o.cycles),
                 "args": {"key": o.key, "cycles": o.cycles, "start_cycle": o.start, "bytes": o.bytes,
-                         "hbm_bytes": o.hbm_bytes, "flops": o.flops, "bound": o.bound},
+                         "hbm_bytes": o.hbm_bytes, "flops": o.flops, "bound": o.bound, "phase": o.phase},
             })
         return {"traceEvents": events, "displayTimeUnit": "ns",
                 "otherData": {"total_cycles": self.total_cycles, "clock_hz": self.clock_hz}}

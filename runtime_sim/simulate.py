@@ -94,18 +94,20 @@ def simulate_trace(trace: Trace, machine: Machine,
     for task in plan.tasks:
         if task.key in plan.extra:
             extra = plan.extra[task.key]
-            name, cost = extra.name, extra.cost
+            name, cost, phase = extra.name, extra.cost, extra.phase
         else:
             traced = trace.ops[task.key]
-            name, cost = traced.name, traced.cost
+            name, cost, phase = traced.name, plan.cost(trace, task.key), traced.phase
         slot = sched.slots[task.key]
         records.append(OpRecord(task.key, task.label, name, cost.engine, slot.unit, slot.start, slot.end,
-                                cost.cycles, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound))
+                                cost.cycles, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound, phase))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
-    bound = roofline(machine, sum(r.flops for r in records), sum(r.hbm_bytes for r in records))
+    # The layer's own HBM traffic: its commands as traced, without the plan's spills, reloads
+    # and streams (the cost of SRAM pressure, which the ratio to the roofline then shows).
+    bound = roofline(machine, sum(r.flops for r in records), sum(t.cost.hbm_bytes for t in trace.ops))
     if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
         raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
     report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
-                       scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills)
+                       scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills, plan.streams)
     return report, sched.graph
 

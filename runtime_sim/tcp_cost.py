@@ -69,7 +69,8 @@ def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes
     hbm = (reads if src_hbm else 0) + (writes if dst_hbm else 0)
     hbm_bytes = hbm * machine.dma_request_bytes
     cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes)
-    return OpCost(DMA, cycles, bytes_moved=(rows_read + rows_written) * row_bytes, hbm_bytes=hbm_bytes, bound=bound)
+    return OpCost(DMA, cycles, bytes_moved=(rows_read + rows_written) * row_bytes, hbm_bytes=hbm_bytes, bound=bound,
+                  result_bytes=rows_written * row_bytes)
 
 
 def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -> OpCost:
@@ -77,7 +78,7 @@ def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -
     n = requests(nbytes, machine)
     hbm_bytes = ((n if src_hbm else 0) + (n if dst_hbm else 0)) * machine.dma_request_bytes
     cycles, bound = dma_cycles(machine, n, n, hbm_bytes)
-    return OpCost(DMA, cycles, bytes_moved=2 * nbytes, hbm_bytes=hbm_bytes, bound=bound)
+    return OpCost(DMA, cycles, bytes_moved=2 * nbytes, hbm_bytes=hbm_bytes, bound=bound, result_bytes=nbytes)
 
 
 def gathered_rows(indices: np.ndarray) -> int:

@@ -9,7 +9,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tcp
-from runtime_sim.numerics import compute, contract, round_to, tensor_dtype
+from runtime_sim.numerics import GatheredRows, compute, contract, round_to, tensor_dtype
 
 
 def check_rows(op_name: str, indices: np.ndarray, rows: int) -> None:
@@ -25,7 +25,7 @@ class TCPFunctions(InterpreterFunctions):
         lhs, rhs, *optional = args
         bias = optional.pop(0) if op.bias is not None else None
         guard = optional.pop(0) if op.guard is not None else None
-        out = contract(op.spec.data, compute(lhs), compute(rhs))
+        out = contract(op.spec.data, lhs, rhs)  # bf16 operands are widened in pieces
         if bias is not None:
             out = out + compute(bias)
         if guard is not None:
@@ -36,9 +36,12 @@ class TCPFunctions(InterpreterFunctions):
     def run_dma_gather(self, interpreter: Interpreter, op: tcp.DmaGatherOp, args: tuple[Any, ...]):
         source, indices = args
         check_rows(op.name, indices, source.shape[0])
-        rows = source[np.maximum(indices, 0)]
-        skipped = (indices < 0).reshape(indices.shape + (1,) * (source.ndim - 1))
-        return (np.where(skipped, np.zeros((), source.dtype), rows).astype(source.dtype),)
+        # Rows are gathered on their raw bits (zero bits are a zero row). When only contractions
+        # read the result, it stays unmaterialised and they gather a few rows at a time.
+        rows = GatheredRows(np.asarray(source), indices)
+        if all(isinstance(use.operation, tcp.ContractOp) and use.index < 2 for use in op.result.uses):
+            return (rows,)
+        return (np.asarray(rows),)
 
     @impl(tcp.DmaScatterOp)
     def run_dma_scatter(self, interpreter: Interpreter, op: tcp.DmaScatterOp, args: tuple[Any, ...]):

@@ -157,7 +157,8 @@ class VEFunctions(InterpreterFunctions):
     @impl(ve.ConstOp)
     def run_const(self, interpreter: Interpreter, op: ve.ConstOp, args: tuple[Any, ...]):
         shape = tmath.shape_of(op.result.type)
-        return _out(op, np.full(shape, op.scalar, dtype=lane_dtype(op.result.type)))
+        # A read-only broadcast of one value, like iota's table: no memory for a splat.
+        return _out(op, np.broadcast_to(np.array(op.scalar, dtype=lane_dtype(op.result.type)), shape))
 
     @impl(ve.IotaOp)
     def run_iota(self, interpreter: Interpreter, op: ve.IotaOp, args: tuple[Any, ...]):
@@ -211,7 +212,9 @@ class VEFunctions(InterpreterFunctions):
     @impl(ve.SelectOp)
     def run_select(self, interpreter: Interpreter, op: ve.SelectOp, args: tuple[Any, ...]):
         tags, on_true, on_false = args
-        return _out(op, np.where(np.isin(tags, list(op.when.get_values())), on_true, on_false))
+        when = list(op.when.get_values())
+        hit = tags == when[0] if len(when) == 1 else np.isin(tags, when)  # isin is slow on large arrays
+        return _out(op, np.where(hit, on_true, on_false))
 
     @impl(ve.ScanOp)
     def run_scan(self, interpreter: Interpreter, op: ve.ScanOp, args: tuple[Any, ...]):

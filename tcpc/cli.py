@@ -79,7 +79,7 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (open it in Perfetto)")
     r.add_argument("--machine", default=None, metavar="FILE", help="machine file (TOML; default: RNGD)")
     r.add_argument("--sram-policy", choices=("spill", "error"), default="spill",  # memory_plan.SRAM_POLICIES
-                   help="when SRAM is full: spill to HBM (default) or stop with an error")
+                   help="when SRAM is full: spill to HBM, and stream ops too large for SRAM through it (default), or stop with an error")
     r.add_argument("--cost-only", action="store_true",
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--routing", default=None, metavar="SCENARIO",

@@ -1,0 +1,101 @@
+"""benchmarks/run.py on toy sizes: the block-size rule, rows whose numbers agree with each
+other, the table, and the chart step without matplotlib. No wall-clock assertions: the
+benchmark itself is not a test."""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+
+
+def load_run():
+    spec = importlib.util.spec_from_file_location("tcpc_benchmark_run", RUN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_run()
+TOY = bench.Model("toy", "toy", dict(D=8, F=16, E=4, K=2))
+
+
+def check(row) -> None:
+    """What every row must satisfy."""
+    assert row.total_cycles > 0 and row.microseconds > 0
+    assert row.total_cycles >= row.roofline_cycles > 0 and row.ratio >= 1
+    assert sum(row.critical.values()) == row.total_cycles  # the critical path, split by phase
+    assert all(row.critical[p] <= row.busy[p] for p in row.critical)
+    assert sum(row.busy.values()) == row.engine_busy  # busy cycles, split by phase
+    assert row.compile_seconds >= 0 and row.simulate_seconds >= 0
+
+
+def test_block_size_rule() -> None:
+    # B = min(64, max(1, next power of two >= ceil(T*K/E)))
+    assert bench.block_size(1, 8, 128) == 1
+    assert bench.block_size(16, 8, 128) == 1
+    assert bench.block_size(64, 8, 128) == 4
+    assert bench.block_size(64, 4, 128) == 2
+    assert bench.block_size(24, 8, 128) == 2
+    assert bench.block_size(16, 2, 8) == 4
+    assert bench.block_size(2048, 8, 128) == 64
+    assert bench.block_size(4096, 1, 16) == 64
+
+
+def test_every_model_dims_name_the_examples_dims() -> None:
+    for model in bench.MODELS:
+        assert model.path.exists()
+        program = bench.tcpc.compile_file(model.path)
+        assert set(model.dims) <= set(program.dims), model.name
+
+
+def test_cost_only_row_on_toy_dims_is_consistent() -> None:
+    row = bench.bench_row(TOY, 8)
+    check(row)
+    assert (row.tokens, row.block, row.mode) == (8, 4, "cost-only")
+    assert {"router", "routing", "experts", "combine"} <= set(row.critical)
+
+
+def test_values_row_on_toy_dims_is_consistent() -> None:
+    row = bench.budget_row(TOY, 8)
+    check(row)
+    assert row.mode == "values" and row.extra["inputs_seconds"] >= 0
+    assert any(k.startswith("op tcp.contract") for k in row.extra)
+    assert "decode T = 8" in bench.budget_text(row)
+
+
+def test_table_and_chart_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    rows = [bench.bench_row(TOY, 4), bench.bench_row(TOY, 8)]
+    text = bench.table(rows)
+    lines = text.splitlines()
+    assert lines[0].startswith("| model | T | B | mode | simulated µs | roofline µs | ratio | router µs")
+    assert len(lines) == 2 + len(rows) and lines[2].startswith("| toy | 4 | ")
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert bench.chart(rows, tmp_path / "phases.png").startswith("chart skipped")
+    assert not (tmp_path / "phases.png").exists()
+
+
+def test_main_writes_results(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench, "MODELS", (TOY,))
+    monkeypatch.setattr(bench, "QUICK_TOKENS", (4,))
+    monkeypatch.setattr(bench, "BUDGET_MODEL", "toy")
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    results = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert "| toy | 4 | 2 | cost-only |" in results and "| toy | 64 |" in results and "## Budget" in results
+    assert "python benchmarks/run.py --quick" in results
+    assert (tmp_path / "phases.png").exists() or "chart skipped" in out
