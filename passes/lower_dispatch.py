@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import BFloat16Type, Float32Type, ModuleOp, TensorType, f32, i32
+from xdsl.dialects.builtin import BFloat16Type, ModuleOp, TensorType, f32, i32
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -64,50 +64,30 @@ from xdsl.utils.exceptions import PassFailedException
 
 from dialects import moe, tcp, ve
 from dialects.tmath import shape_of
+from passes.lowering_builder import LoweringBuilder, element_of
 from passes.phases import mark
 
 PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.CombineOp)
 
 
-class _Emitter:
-    """Collects the ops of one lowering in order, names results and shares constants."""
+class _Emitter(LoweringBuilder):
+    """The shared builder, with every constant named (the rewriter would otherwise give an
+    unnamed one the replaced op's name) and f32 lanes made only where they are missing."""
 
-    def __init__(self) -> None:
-        self.ops: list[Operation] = []
-        self._consts: dict[tuple[int | float, tuple[int, ...], Attribute], SSAValue] = {}
-
-    def emit(self, op: Operation, name: str | None = None) -> SSAValue:
-        self.ops.append(op)
-        result = op.results[0]
-        if name is not None:
-            result.name_hint = name
-        return result
-
-    def const(self, value: int | float, shape: Sequence[int], element: Attribute) -> SSAValue:
-        """A splat, named `zeros`, `ones` or `splat` (every new value is named: the rewriter
-        would otherwise give unnamed ones the replaced op's name)."""
-        key = (value, tuple(shape), element)
-        if key not in self._consts:
-            name = {0: "zeros", 1: "ones"}.get(value, "splat")  # type: ignore[call-overload]
-            self._consts[key] = self.emit(ve.ConstOp(value, TensorType(element, list(shape))), name)
-        return self._consts[key]
-
-    def view(self, x: SSAValue, shape: Sequence[int], name: str | None = None) -> SSAValue:
-        return self.emit(tcp.ViewOp(x, list(shape)), name)
+    def const(self, value: int | float, shape: Sequence[int], element: Attribute = i32,
+              name: str | None = None) -> SSAValue:
+        default = {0: "zeros", 1: "ones"}.get(value, "splat")  # type: ignore[call-overload]
+        return super().const(value, shape, element, name or default)
 
     def to_f32(self, x: SSAValue, name: str | None = None) -> SSAValue:
         """x in 32-bit lanes: bf16 widens (exactly), f32 is already there."""
-        t = x.type
-        assert isinstance(t, TensorType)
-        if isinstance(t.get_element_type(), Float32Type):
-            return x
-        return self.emit(ve.WidenOp(x, TensorType(f32, list(shape_of(t)))), name)
+        return x if element_of(x) == f32 else self.widen(x, name)
 
     def to_result(self, x: SSAValue, result_type: Attribute, name: str | None) -> SSAValue:
         """An f32 value rounded once to the result type (nothing to do for f32)."""
         assert isinstance(result_type, TensorType)
         if isinstance(result_type.get_element_type(), BFloat16Type):
-            return self.emit(ve.NarrowOp(x, result_type), name)
+            return self.narrow(x, name)
         assert result_type == x.type
         if name is not None:
             x.name_hint = name

@@ -86,7 +86,7 @@ from xdsl.pattern_rewriter import (
 
 from dialects import moe, tcp, ve
 from dialects.tmath import shape_of
-from passes.lower_topk import _Builder
+from passes.lowering_builder import LoweringBuilder
 from passes.phases import mark
 
 CUMSUM_TAGS = (0, 1, 2, 3)
@@ -97,7 +97,7 @@ CUMSUM_WRITE = (0, 1)
 """... and written back before the last, so each row restarts."""
 
 
-class _RoutingBuilder(_Builder):
+class _RoutingBuilder(LoweringBuilder):
     """lower-topk's op collector, plus the cumsum, the one-hot gather and views."""
 
     def cumsum(self, x: SSAValue, axis: int, tags_name: str, name: str) -> SSAValue:

@@ -74,7 +74,6 @@ MAX_EXPERTS = 1 << 16
 ranked like f32, by its exact widening."""
 
 
-_Builder = LoweringBuilder
 """The shared emission helper (`passes/lowering_builder.py`), under the name this pass uses."""
 
 
@@ -94,14 +93,14 @@ class _Keys:
     """i32 [..., E]: each element's position along the last axis."""
 
 
-def _flip_negatives(b: _Builder, x: SSAValue, mask: int, name: str) -> SSAValue:
+def _flip_negatives(b: LoweringBuilder, x: SSAValue, mask: int, name: str) -> SSAValue:
     """x ^ mask where x < 0, else x, branchless: the sign smeared by an arithmetic shift
     selects the mask (the comparison trick)."""
     sign = b.binary(ve.ShrSOp, x, 31)
     return b.binary(ve.XorOp, x, b.binary(ve.AndOp, sign, mask), name)
 
 
-def _canonical(b: _Builder, bits: SSAValue, nan_bits: int) -> SSAValue:
+def _canonical(b: LoweringBuilder, bits: SSAValue, nan_bits: int) -> SSAValue:
     """-0.0 as +0.0 and every NaN as `nan_bits`, on float bits in an i32 lane."""
     magnitude = b.binary(ve.AndOp, bits, 0x7FFFFFFF)
     is_nan = b.tag("gt", magnitude, 0x7F800000, "is_nan")
@@ -110,7 +109,7 @@ def _canonical(b: _Builder, bits: SSAValue, nan_bits: int) -> SSAValue:
     return b.select(is_nan, nan_bits, zeroed, "canonical")
 
 
-def _keys(b: _Builder, x: SSAValue) -> _Keys:
+def _keys(b: LoweringBuilder, x: SSAValue) -> _Keys:
     t = x.type
     assert isinstance(t, TensorType)
     shape = shape_of(t)
@@ -132,7 +131,7 @@ def _keys(b: _Builder, x: SSAValue) -> _Keys:
     return _Keys(x, x, packed=False, above_min=False, index=index)
 
 
-def _ranks_all_pairs(b: _Builder, keys: _Keys, shape: tuple[int, ...]) -> SSAValue:
+def _ranks_all_pairs(b: LoweringBuilder, keys: _Keys, shape: tuple[int, ...]) -> SSAValue:
     """rank[i] = #{j : key[j] > key[i], or key[j] == key[i] and j < i}."""
     r, e = len(shape), shape[-1]
     mine = b.broadcast(keys.key, r, e, "key_i")  # [..., i, j] = key[i]
@@ -148,7 +147,7 @@ def _ranks_all_pairs(b: _Builder, keys: _Keys, shape: tuple[int, ...]) -> SSAVal
     return b.reduce(ve.ReduceSumOp, beats, r, "rank")
 
 
-def _ranks_rounds(b: _Builder, keys: _Keys, shape: tuple[int, ...], k: int) -> SSAValue:
+def _ranks_rounds(b: LoweringBuilder, keys: _Keys, shape: tuple[int, ...], k: int) -> SSAValue:
     """rank[i] = the round that picked i, or K if no round did."""
     axis, e = len(shape) - 1, shape[-1]
     rank = b.const(k, shape)
@@ -170,7 +169,7 @@ def _ranks_rounds(b: _Builder, keys: _Keys, shape: tuple[int, ...], k: int) -> S
     return rank
 
 
-def _place_by_rank(b: _Builder, streams: list[SSAValue], rank: SSAValue, k: int) -> list[SSAValue]:
+def _place_by_rank(b: LoweringBuilder, streams: list[SSAValue], rank: SSAValue, k: int) -> list[SSAValue]:
     """out[p] = stream[m] where rank[m] == p, for ranks that are a permutation of 0..K-1."""
     r = len(shape_of(rank.type))
     square = (*shape_of(rank.type), k)
@@ -183,7 +182,7 @@ def _place_by_rank(b: _Builder, streams: list[SSAValue], rank: SSAValue, k: int)
 
 def lower_topk(op: moe.TopKOp, strategy: str) -> tuple[list[Operation], SSAValue, SSAValue]:
     """The `ve` ops that compute `op`'s values and indices."""
-    b = _Builder()
+    b = LoweringBuilder()
     t = op.input.type
     assert isinstance(t, TensorType)
     shape = shape_of(t)
