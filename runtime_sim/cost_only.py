@@ -50,14 +50,13 @@ from xdsl.ir import Attribute, Operation
 
 from dialects import ve
 from dialects.tmath import shape_of
-from runtime_sim.cost_model import data_operands, require_lowered
+from runtime_sim.cost_model import data_operands
 from runtime_sim.executor import function_named, make_interpreter
 from runtime_sim.machine import Machine, default_machine
 from runtime_sim.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
 from runtime_sim.numerics import numpy_dtype
-from runtime_sim.op_trace import TraceRecorder
 from runtime_sim.routing_scenarios import DEFAULT_SCENARIO, Routing, routing_arguments, scenario_choices
-from runtime_sim.simulate import SimResult, UncostedPolicy, reachable_functions, simulate_trace
+from runtime_sim.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder
 
 
 class CostOnlyError(Exception):
@@ -220,16 +219,12 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     (`seed` for `skewed`), every other argument a placeholder. The result has no outputs;
     `routing` maps each routing argument's name to the Routing used."""
     machine = machine or default_machine()
+    recorder = trace_recorder(module, function, machine, uncosted)
     entry = function_named(module, function)
-    if uncosted == "error":
-        require_lowered(reachable_functions(module, entry))
-    elif uncosted != "free":
-        raise ValueError(f"uncosted must be 'error' or 'free', got {uncosted!r}")
     chosen = routing_inputs(entry, routing, seed)
     names = arg_names(entry)
     args = [chosen[i].choices if i in chosen else placeholder(t, frozenset([names[i]]))
             for i, t in enumerate(entry.function_type.inputs.data)]
-    recorder = TraceRecorder(machine, entry, strict=uncosted == "error")
     interpreter = make_interpreter(module, [recorder, *listeners], ShapeOnlyInterpreter)
     interpreter.call_op(function, tuple(args))
     report, graph = simulate_trace(recorder.trace, machine, sram_policy)

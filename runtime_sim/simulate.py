@@ -62,6 +62,18 @@ def reachable_functions(module: ModuleOp, entry: func.FuncOp) -> list[func.FuncO
     return list(seen.values())
 
 
+def trace_recorder(module: ModuleOp, function: str, machine: Machine,
+                   uncosted: UncostedPolicy) -> TraceRecorder:
+    """The listener that costs `function` as it runs, after checking (`uncosted="error"`) that
+    every op it can reach has a cost."""
+    entry = function_named(module, function)
+    if uncosted == "error":
+        require_lowered(reachable_functions(module, entry))
+    elif uncosted != "free":
+        raise ValueError(f"uncosted must be 'error' or 'free', got {uncosted!r}")
+    return TraceRecorder(machine, entry, strict=uncosted == "error")
+
+
 def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machine: Machine | None = None,
              *, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, uncosted: UncostedPolicy = "error",
              listeners: Sequence[Interpreter.Listener] = ()) -> SimResult:
@@ -73,12 +85,7 @@ def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machin
     or `error`; see memory_plan. `listeners` see every op as it runs (progress displays).
     """
     machine = machine or default_machine()
-    entry = function_named(module, function)
-    if uncosted == "error":
-        require_lowered(reachable_functions(module, entry))
-    elif uncosted != "free":
-        raise ValueError(f"uncosted must be 'error' or 'free', got {uncosted!r}")
-    recorder = TraceRecorder(machine, entry, strict=uncosted == "error")
+    recorder = trace_recorder(module, function, machine, uncosted)
     outputs = run_function(module, function, args, listeners=[recorder, *listeners])
     report, graph = simulate_trace(recorder.trace, machine, sram_policy)
     return SimResult(outputs, report, graph)
