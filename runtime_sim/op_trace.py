@@ -45,6 +45,8 @@ class TracedOp:
     reads: tuple[int, ...] = ()
     writes: tuple[int, ...] = ()
     phase: str = OTHER
+    op: Operation | None = field(default=None, compare=False, repr=False)
+    """The IR op that ran (planned IR annotates it with its scheduled slot)."""
 
 
 @dataclass
@@ -123,4 +125,4 @@ class TraceRecorder(Interpreter.Listener):
                 writes.append(buffer)
             self._values[r] = _Value(index, buffer)
         self.trace.ops.append(TracedOp(index, op.name, op_label(op), cost, deps, reads, tuple(writes),
-                                       phase_of(op) or OTHER))
+                                       phase_of(op) or OTHER, op))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import networkx as nx
 import numpy as np
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr
 from xdsl.interpreter import Interpreter
 from xdsl.traits import SymbolTable
 
@@ -30,7 +30,7 @@ from runtime_sim.op_trace import Trace, TraceRecorder
 from runtime_sim.report import EngineRecord, OpRecord, SimReport, roofline
 from runtime_sim.scheduler import schedule
 
-__all__ = ["simulate", "simulate_trace", "uncosted_ops"]
+__all__ = ["annotate_plan", "simulate", "simulate_trace", "uncosted_ops"]
 
 UncostedPolicy = Literal["error", "free"]
 
@@ -46,6 +46,8 @@ class SimResult:
     """True for a cost-only run (cost_only.py): no values were computed and `outputs` is empty."""
     routing: dict[str, Any] = field(default_factory=dict)
     """Routing argument name -> the routing_scenarios.Routing a cost-only run used."""
+    trace: Trace | None = None
+    """The executed commands, each with the IR op that ran."""
 
 
 def reachable_functions(module: ModuleOp, entry: func.FuncOp) -> list[func.FuncOp]:
@@ -88,7 +90,7 @@ def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machin
     recorder = trace_recorder(module, function, machine, uncosted)
     outputs = run_function(module, function, args, listeners=[recorder, *listeners])
     report, graph = simulate_trace(recorder.trace, machine, sram_policy)
-    return SimResult(outputs, report, graph)
+    return SimResult(outputs, report, graph, trace=recorder.trace)
 
 
 def simulate_trace(trace: Trace, machine: Machine,
@@ -118,3 +120,24 @@ def simulate_trace(trace: Trace, machine: Machine,
                        scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills, plan.streams)
     return report, sched.graph
 
+
+
+PLAN_ATTR = "tcpc.plan"
+
+
+def annotate_plan(result: SimResult) -> None:
+    """Write each executed op's scheduled slot into the IR it ran from, as the discardable
+    attribute `tcpc.plan = {engine = "dma", unit = 2, start = 0, end = 628, bound = "dma"}`
+    (the planned IR of `tcpc compile --emit planned`). Commands the memory plan added (spills,
+    reloads, streams) have no op of their own; an op the plan streamed says so in `bound`."""
+    assert result.trace is not None, "a cost-only run keeps no ops"
+    for record in result.report.ops:
+        if record.key >= len(result.trace.ops) or (op := result.trace.ops[record.key].op) is None:
+            continue
+        op.attributes[PLAN_ATTR] = DictionaryAttr({
+            "engine": StringAttr(record.engine),
+            "unit": IntegerAttr(record.unit, 64),
+            "start": IntegerAttr(record.start, 64),
+            "end": IntegerAttr(record.end, 64),
+            "bound": StringAttr(record.bound),
+        })

@@ -59,7 +59,10 @@ def make_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile and print the IR")
     add_common(c)
     c.add_argument("--emit", choices=("graph", "lowered", "planned"), default=None,
-                   help="which level to print (default: graph, or the IR after -p)")
+                   help="which level to print (default: graph, or the IR after -p); planned is the "
+                        "lowered IR with each op's simulated engine slot")
+    c.add_argument("--seed", type=int, default=0, help="--emit planned: seed for the inputs (default 0)")
+    c.add_argument("--machine", default=None, help="--emit planned: machine file (default: RNGD)")
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
@@ -101,7 +104,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     program = compile_file(args.file, parse_set(args.set))
     spec = passes_for(args, args.emit)
     chunks: list[str] = []
-    if spec is None:
+    if args.emit == "planned" and args.pipeline is None:
+        chunks.append(f"// planned: the full lowering, each op with the slot the simulator scheduled it in\n"
+                      f"// (tcpc.plan), for the inputs drawn from seed {args.seed}\n")
+        chunks.append(print_ir(program.planned(seed=args.seed, machine=as_machine(args.machine)), args.generic))
+    elif spec is None:
         chunks.append(print_ir(program.module, args.generic))
     else:
         try:

@@ -59,6 +59,13 @@ class SimulationResult:
     """Cost-only mode: routing argument name -> the scenario and [T, K] expert choices used."""
 
 
+def function_in(module: ModuleOp, name: str, known: Sequence[str] = ()) -> func.FuncOp:
+    for op in module.ops:
+        if isinstance(op, func.FuncOp) and op.sym_name.data == name:
+            return op
+    raise CompileError(f"no graph named '{name}' (graphs: {', '.join(known)})")
+
+
 def as_machine(machine: Machine | str | Path | None) -> Machine:
     """A Machine, a machine file's path, or None (the default RNGD machine)."""
     from runtime_sim.machine import Machine, default_machine, load_machine
@@ -87,11 +94,7 @@ class Program:
         return [op.sym_name.data for op in self.module.ops if isinstance(op, func.FuncOp)]
 
     def function(self, graph: str | None = None) -> func.FuncOp:
-        name = graph or self.graph_names[0]
-        for op in self.module.ops:
-            if isinstance(op, func.FuncOp) and op.sym_name.data == name:
-                return op
-        raise CompileError(f"no graph named '{name}' (graphs: {', '.join(self.graph_names)})")
+        return function_in(self.module, graph or self.graph_names[0], self.graph_names)
 
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
@@ -175,13 +178,29 @@ class Program:
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
                                         uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
             return SimulationResult([], {}, result.report, result.graph, spec, True, result.routing)
-        module = self.lower(spec)
-        lowered_fn = next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == name)
-        args = prepare_inputs(lowered_fn, inputs or {}, seed)
+        module, args = self._lowered_call(spec, name, inputs, seed)
         result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
                           uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
-        return SimulationResult(list(result.outputs), dict(zip(arg_names(lowered_fn), args)),
+        return SimulationResult(list(result.outputs), dict(zip(arg_names(function_in(module, name)), args)),
                                 result.report, result.graph, spec)
+
+    def planned(self, inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0, graph: str | None = None,
+                machine: Machine | str | Path | None = None, sram_policy: str = "spill") -> ModuleOp:
+        """The fully lowered IR, each op annotated with the slot the simulator scheduled it in
+        (`tcpc.plan`: engine, unit, start and end cycle, bound) when run on `inputs` (drawn from
+        `seed` where not given): guards skip blocks by the routing, so the plan follows the data."""
+        from runtime_sim.simulate import annotate_plan, simulate
+
+        name = self.function(graph).sym_name.data
+        module, args = self._lowered_call(self.full_pipeline(), name, inputs, seed)
+        annotate_plan(simulate(module, name, args, as_machine(machine), sram_policy=sram_policy))  # type: ignore[arg-type]
+        return module
+
+    def _lowered_call(self, spec: str, name: str, inputs: Mapping[str, np.ndarray] | None,
+                      seed: int) -> tuple[ModuleOp, list[np.ndarray]]:
+        """The IR after `spec`, and the arguments of its function `name` in declared order."""
+        module = self.lower(spec)
+        return module, prepare_inputs(function_in(module, name), inputs or {}, seed)
 
 
 def compile_source(source: str, dims: Mapping[str, int] | None = None, filename: str = "<string>") -> Program:

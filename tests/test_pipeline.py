@@ -95,3 +95,18 @@ def test_random_layers_simulate_to_the_reference(layer: tuple[str, dict[str, np.
     assume(not np.isnan(want[0].astype(np.float32)).all())
     np.testing.assert_array_equal(out.view(np.uint16), want[0].view(np.uint16))
     assert sim.report.total_cycles >= sim.report.roofline.cycles
+
+
+def test_planned_ir_carries_the_simulated_schedule() -> None:
+    program = tcpc.compile_file(EXAMPLES[0])
+    planned = program.planned(seed=3)
+    report = program.simulate(seed=3).report
+    slots = [op.attributes["tcpc.plan"] for op in planned.walk() if "tcpc.plan" in op.attributes]
+    # no spills or streams at these dims, so every command is an IR op; each has its slot, in order
+    assert not report.spills and not report.streams
+    ran = report.ops
+    assert len(slots) == len(ran) > 0
+    for slot, record in zip(slots, ran):
+        assert slot.data["engine"].data == record.engine
+        assert (slot.data["start"].value.data, slot.data["end"].value.data) == (record.start, record.end)
+    assert max(s.data["end"].value.data for s in slots) <= report.total_cycles
