@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tcpc.pipelines import DIALECTS, PASSES
@@ -21,7 +24,12 @@ class TcpcOptMain(xDSLOptMain):
 
 
 def main() -> None:
-    TcpcOptMain(description="tcpc's modular optimizer driver").run()
+    """Bad IR gets xDSL's located message and exit status 1, never a traceback."""
+    try:
+        TcpcOptMain(description="tcpc's modular optimizer driver").run()
+    except (ParseError, VerifyException, DiagnosticException, PassFailedException) as e:
+        print(f"tcpc-opt: error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -303,3 +303,27 @@ def test_errors_end_to_end(argv: list[str], message: str, echo: Path, tmp_path: 
     p = subprocess.run([sys.executable, "-m", "tcpc.cli", *argv], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 1
     assert message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_tcpc_opt_reports_bad_ir_without_a_traceback(tmp_path: Path) -> None:
+    """A parse error, an attribute that fails verification, and a pass run out of order."""
+    opt = Path(sys.executable).parent / "tcpc-opt"
+    cases = {
+        "bad_type.mlir": ("func.func @f(%x: tensor<2xf32>) -> tensor<2xf32> {\n"
+                          "  %y = tmath.add %x, %x : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xbf16>\n"
+                          "  func.return %y : tensor<2xf32>\n}\n", "bad_type.mlir:3:"),
+        "bad_route.mlir": ("func.func @f(%x: tensor<16x64xbf16>, %i: tensor<16x2xi32>) {\n"
+                           "  %xb, %r = moe.scatter %x, %i : tensor<16x64xbf16>, tensor<16x2xi32> -> "
+                           "tensor<11x4x64xbf16>, !moe.route<T = 16, K = 2, E = 8, B = 4, G = 11>\n"
+                           "  func.return\n}\n", "G = 11, but the worst case for this routing is 14"),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        p = subprocess.run([str(opt), str(path)], capture_output=True, text=True)
+        assert p.returncode == 1 and "Traceback" not in p.stderr
+        assert p.stderr.startswith("tcpc-opt: error: ") and message in p.stderr
+    ir = subprocess.run([str(Path(sys.executable).parent / "tcpc"), "compile", str(EXAMPLE.parent / "toy.moe")],
+                        capture_output=True, text=True, check=True).stdout
+    p = subprocess.run([str(opt), "-p", "lower-dispatch"], input=ir, capture_output=True, text=True)
+    assert p.returncode == 1 and "run lower-routing first" in p.stderr and "Traceback" not in p.stderr
