@@ -170,7 +170,10 @@ class ConstantOp(IRDLOperation):
 
     def print(self, printer: Printer) -> None:
         v = self.value.value.data
-        text = ("-inf" if v < 0 else "inf") if math.isinf(v) else "nan" if math.isnan(v) else float_literal(v)
+        if is_int_type(self.result.type.get_element_type()):
+            text = str(int(v))
+        else:
+            text = ("-inf" if v < 0 else "inf") if math.isinf(v) else "nan" if math.isnan(v) else float_literal(v)
         printer.print_string(f" {text}")
         printer.print_op_attributes(self.attributes)
         printer.print_string(" : ")

@@ -6,7 +6,7 @@
 // values (a view, then ve.broadcast of the tags). Scalar constants are splats.
 
 func.func @mask_groups(%keep: tensor<16x4x1xi32>, %grouped: tensor<16x4x4xf32>) -> tensor<16x4x4xf32> {
-  %zero = tmath.constant 0.0 : tensor<i32>
+  %zero = tmath.constant 0 : tensor<i32>
   %c = tmath.cmp "gt", %keep, %zero : (tensor<16x4x1xi32>, tensor<i32>) -> tensor<16x4x1xi1>
   %ninf = tmath.constant -inf : tensor<f32>
   %m = tmath.select %c, %grouped, %ninf : (tensor<16x4x1xi1>, tensor<16x4x4xf32>, tensor<f32>) -> tensor<16x4x4xf32>
