@@ -51,6 +51,9 @@ ELEMENT_TYPES: dict[str, Attribute] = {"bf16": bf16, "f32": f32, "i32": i32, "i1
 
 
 def type_name(element_type: Attribute) -> str:
+    """The element type as the .moe language says it; comparison results are `bool`."""
+    if is_bool_type(element_type):
+        return "bool"
     for name, t in ELEMENT_TYPES.items():
         if t == element_type:
             return name

@@ -272,7 +272,7 @@ def test_static_arithmetic_folds() -> None:
 def test_comparisons(op: str, predicate: str) -> None:
     program = compile_graph(f"where(x {op} col, x, 0)", "f32[4, 8]")
     cmp = next(o for o in body_ops(program) if isinstance(o, tmath.CmpOp))
-    assert cmp.predicate.data == predicate and format_type(cmp.result.type) == "i1[4, 8]"
+    assert cmp.predicate.data == predicate and format_type(cmp.result.type) == "bool[4, 8]"
     x, c = inputs()["x"], inputs()["col"]
     numpy_op = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
                 ">": np.greater, ">=": np.greater_equal}[op]
@@ -392,7 +392,7 @@ def test_maximum_minimum_clamp() -> None:
 
 def test_where() -> None:
     op = expr("where(x > 0, x, 0)", "f32[4, 8]", "tmath.select")
-    assert format_type(op.cond.type) == "i1[4, 8]"
+    assert format_type(op.cond.type) == "bool[4, 8]"
     expr("where(col > 0, row, h)", "f32[4, 8]", "tmath.select")
     expr("where(n == 1, 5, n)", "i32[4, 8]", "tmath.select")
     expr("where(row > 0, h, -inf)", "bf16[4, 8]", "tmath.select")
