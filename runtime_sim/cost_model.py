@@ -10,7 +10,8 @@ gather skips index -1 rows). The formulas themselves live next to their sources:
 Engines (DESIGN section 6): `tensor` is the per-slice chain Fetch -> ... -> Contraction ->
 Vector -> ... -> Commit; all slices of the cluster run it in lockstep and a command occupies
 the whole chain, so it is one unit. `dma` has one unit per DMA engine; a command runs on one
-engine (the book's 628-cycle figure is one command on one engine). `none` is for ops that do
+engine (the book's 628-cycle figure is one command on one engine), or, when it moves more
+than the machine's `dma.split_bytes`, is spread over several (`OpCost.parts`, see tcp_cost.py). `none` is for ops that do
 no work (views, the splat constants the loader places, returns): zero cycles, no unit.
 
 Graph-level ops (tmath, moe) have no cost function: the simulator costs lowered IR. An op
@@ -63,6 +64,9 @@ class OpCost:
     flops: int = 0
     bound: str = ""
     result_bytes: int | None = None
+    parts: int = 1
+    """Units of its engine the command occupies for `cycles`: a large DMA command is spread
+    over several DMA engines (tcp_cost.dma_parts), its parts running in parallel."""
 
 
 CostFn = Callable[[Operation, tuple[Any, ...], tuple[Any, ...], Machine], OpCost]
@@ -199,14 +203,19 @@ def in_hbm(value: SSAValue) -> bool:
 def check_cost(op: Operation, cost: OpCost, machine: Machine) -> None:
     """Every cost must respect the peaks the roofline uses, so that the simulated time can
     never fall below the roofline: FLOPs only on the tensor unit (one command at a time) and
-    no faster than its peak; HBM bytes only on DMA engines and no faster than an engine's
-    share (1 / engines) of the HBM bandwidth."""
+    no faster than its peak; HBM bytes only on DMA engines and no faster than the share
+    (parts / engines) of the HBM bandwidth of the engines the command occupies."""
     units = engine_units(machine)
     if cost.engine not in units:
         raise CostModelError(f"{op.name}: unknown engine '{cost.engine}' (engines: {', '.join(units)})")
+    limit = units[cost.engine]
+    if cost.parts < 1 or (cost.parts > 1 and (limit is None or cost.parts > limit)):
+        raise CostModelError(f"{op.name}: {cost.parts} parts on '{cost.engine}', which has {limit} units")
     if cost.cycles < 0 or cost.flops < 0 or cost.hbm_bytes < 0 or cost.bytes_moved < 0:
         raise CostModelError(f"{op.name}: negative cost {cost}")
     if cost.flops and (cost.engine != TENSOR or cost.flops > cost.cycles * machine.peak_flops_per_cycle):
         raise CostModelError(f"{op.name}: {cost.flops} FLOPs in {cost.cycles} cycles on '{cost.engine}' exceeds the tensor unit's peak")
-    if cost.hbm_bytes and (cost.engine != DMA or cost.hbm_bytes * machine.dma_engines > cost.cycles * machine.hbm_bytes_per_cycle):
-        raise CostModelError(f"{op.name}: {cost.hbm_bytes} HBM bytes in {cost.cycles} cycles on '{cost.engine}' exceeds a DMA engine's share of HBM bandwidth")
+    if cost.hbm_bytes and (cost.engine != DMA or cost.hbm_bytes * machine.dma_engines
+                           > cost.cycles * machine.hbm_bytes_per_cycle * cost.parts):
+        raise CostModelError(f"{op.name}: {cost.hbm_bytes} HBM bytes in {cost.cycles} cycles on {cost.parts} "
+                             f"'{cost.engine}' unit(s) exceeds their share of HBM bandwidth")

@@ -53,6 +53,7 @@ SCHEMA: dict[str, _Field] = {
     "dma_bytes_per_cycle": _Field("dma", "bytes_per_cycle", True, 1),
     "dma_startup_cycles": _Field("dma", "startup_cycles", True, 0),
     "dma_request_bytes": _Field("dma", "request_bytes", True, 1),
+    "dma_split_bytes": _Field("dma", "split_bytes", True, 1),
     "hbm_bytes_per_second": _Field("hbm", "bytes_per_second", False, 1),
     "guard_cycles": _Field("control", "guard_cycles", True, 0),
     "config_overhead_cycles": _Field("control", "config_overhead_cycles", True, 0),
@@ -87,6 +88,7 @@ class Machine:
     dma_bytes_per_cycle: int
     dma_startup_cycles: int
     dma_request_bytes: int
+    dma_split_bytes: int
     hbm_bytes_per_second: float
     guard_cycles: int
     config_overhead_cycles: int

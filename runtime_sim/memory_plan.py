@@ -45,9 +45,10 @@ writes it straight to HBM. A DMA command reads a spilled or streamed operand whe
 HBM, without a reload. Reading or writing HBM in place of SRAM only adds to a DMA command's
 HBM bytes (and to its cycles if its share of HBM bandwidth then binds).
 
-**Transfers.** A spill, reload or stream of more than TRANSFER_CHUNK_BYTES is split evenly
-into one command per DMA engine (at most `engines` pieces of at least that size; assumption:
-the runtime spreads a large copy over the engines), so a large copy runs at the engines'
+**Transfers.** A spill, reload or stream is one DMA copy, and like every DMA command one that
+moves more than the machine's `dma.split_bytes` is spread evenly over several DMA engines
+(tcp_cost.dma_parts, the same rule as the layer's own gathers and loads; assumption: a
+compiler issues a large copy as several commands), so a large copy runs at the engines'
 combined rate rather than one engine's. Views and other free commands move no data, so they
 never reload.
 """
@@ -55,7 +56,6 @@ never reload.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -64,15 +64,11 @@ from runtime_sim.cost_model import DMA, NONE, OpCost
 from runtime_sim.machine import Machine
 from runtime_sim.op_trace import Trace
 from runtime_sim.scheduler import Slot, Task
-from runtime_sim.tcp_cost import dma_copy_cost, requests
+from runtime_sim.tcp_cost import dma_copy_cost, hbm_share_cycles, requests
 
 SramPolicy = Literal["spill", "error"]
 SRAM_POLICIES: tuple[str, ...] = ("spill", "error")
 DEFAULT_SRAM_POLICY: SramPolicy = "spill"
-
-TRANSFER_CHUNK_BYTES = 1 << 20
-"""A spill, reload or stream larger than this is split over the DMA engines (see above)."""
-
 
 class SramOverflowError(Exception):
     """A command whose buffers do not fit in SRAM."""
@@ -156,19 +152,11 @@ class _Free:
     wait: tuple[int, ...]
 
 
-def transfer_costs(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -> list[OpCost]:
-    """One copy between SRAM and HBM as DMA commands: one piece up to TRANSFER_CHUNK_BYTES,
-    otherwise even pieces, one per engine at most."""
-    pieces = max(1, min(machine.dma_engines, nbytes // TRANSFER_CHUNK_BYTES))
-    share, rest = divmod(nbytes, pieces)
-    return [dma_copy_cost(machine, share + (i < rest), src_hbm, dst_hbm) for i in range(pieces)]
-
-
 def via_hbm(machine: Machine, cost: OpCost, nbytes: int) -> OpCost:
     """A DMA command's cost when `nbytes` more of its traffic is HBM's rather than SRAM's: the
     same requests, more HBM bytes, and never faster than its share of HBM bandwidth."""
     hbm = cost.hbm_bytes + requests(nbytes, machine) * machine.dma_request_bytes
-    share = math.ceil(hbm * machine.dma_engines / machine.hbm_bytes_per_cycle)
+    share = hbm_share_cycles(machine, hbm, cost.parts)
     if share > cost.cycles:
         return replace(cost, cycles=share, hbm_bytes=hbm, bound="hbm")
     return replace(cost, hbm_bytes=hbm)
@@ -211,15 +199,12 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
 
     def add_transfer(label: str, name: str, nbytes: int, to_hbm: bool, phase: str, deps: tuple[int, ...],
                      after: tuple[int, ...] = ()) -> tuple[int, ...]:
-        pieces = transfer_costs(machine, nbytes, src_hbm=not to_hbm, dst_hbm=to_hbm)
-        keys = []
-        for i, cost in enumerate(pieces):
-            key = end + len(extra)
-            text = label if len(pieces) == 1 else f"{label} ({i + 1}/{len(pieces)})"
-            extra[key] = ExtraOp(text, name, cost, phase)
-            tasks.append(Task(key, text, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps)))
-            keys.append(key)
-        return tuple(keys)
+        cost = dma_copy_cost(machine, nbytes, src_hbm=not to_hbm, dst_hbm=to_hbm)
+        key = end + len(extra)
+        extra[key] = ExtraOp(label, name, cost, phase)
+        tasks.append(Task(key, label, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps),
+                          cost.parts))
+        return (key,)
 
     def release(b: int) -> None:
         wait = tuple(dict.fromkeys([home[b], *readers[b]]))
@@ -259,7 +244,8 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
                             cost = via_hbm(machine, cost, min(copy_bytes[s], cost.bytes_moved - (cost.result_bytes or 0)))
                     key = end + len(extra)
                     extra[key] = ExtraOp(f"refetch {labels[b]}", trace.ops[src].name, cost, t.phase)
-                    tasks.append(Task(key, f"refetch {labels[b]}", cost.engine, cost.cycles, tuple(dict.fromkeys(src_deps))))
+                    tasks.append(Task(key, f"refetch {labels[b]}", cost.engine, cost.cycles, tuple(dict.fromkeys(src_deps)),
+                                      units=cost.parts))
                     for s in trace.ops[src].reads:
                         if s in live:
                             readers[s].append(key)
@@ -331,7 +317,7 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
         data = tuple(dict.fromkeys(deps))
         cost = plan_cost(t.index)
         tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data,
-                          tuple(w for w in wait if w not in data and w != t.index)))
+                          tuple(w for w in wait if w not in data and w != t.index), cost.parts))
         for b in stream_out:
             if b not in to_hbm:  # a DMA result: its rows go straight into its readers' tiles
                 fused[b], fused_read[b] = t.index, False

@@ -38,6 +38,26 @@ class OpRecord:
     bound: str
     phase: str = "other"
     """The op's `tcpc.phase`; a plan command's is the phase of the command it serves."""
+    units: tuple[int, ...] = (0,)
+    """Every unit of its engine the command occupies (`unit` is the first): a large DMA
+    command runs its parts on several DMA engines at once."""
+
+    @property
+    def engine_cycles(self) -> int:
+        """Engine cycles: `cycles` on each unit it occupies."""
+        return self.cycles * len(self.units)
+
+    @property
+    def engine_label(self) -> str:
+        """`tensor`, `dma3`, or `dma0-7` / `dma0,2,5` for a command on several DMA engines."""
+        if self.engine != "dma":
+            return self.engine
+        u = self.units
+        if len(u) == 1:
+            return f"dma{u[0]}"
+        if list(u) == list(range(u[0], u[-1] + 1)):
+            return f"dma{u[0]}-{u[-1]}"
+        return "dma" + ",".join(map(str, u))
 
 
 @dataclass(frozen=True)
@@ -124,7 +144,7 @@ class SimReport:
         for o in self.ops:
             if o.cycles == 0 and o.engine == "none":
                 continue
-            busy[o.phase] = busy.get(o.phase, 0) + o.cycles
+            busy[o.phase] = busy.get(o.phase, 0) + o.engine_cycles
             crit[o.phase] = crit.get(o.phase, 0) + (o.cycles if o.key in critical else 0)
             count[o.phase] = count.get(o.phase, 0) + 1
         names = [p for p in PHASES if p in busy] + sorted(set(busy) - set(PHASES))
@@ -186,7 +206,7 @@ class SimReport:
         critical = set(self.critical_path)
         shown = self.ops if max_ops is None else self.ops[:max_ops]
         for o in shown:
-            engine = o.engine if o.engine != "dma" else f"dma{o.unit}"
+            engine = o.engine_label
             mark = "*" if o.key in critical else " "
             lines.append(f"{o.key:>4}{mark}{_cut(o.label, 36):<36} {engine:<7} {o.start:>10,} {o.end:>10,} "
                          f"{o.cycles:>9,} {o.bytes:>11,} {o.flops:>13,}  {o.phase:<8}  {o.bound}")
@@ -211,15 +231,18 @@ class SimReport:
             events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
         to_us = self.machine.cycles_to_us
         for o in self.ops:
-            tid = tids.get((o.engine, o.unit))
-            if tid is None:  # zero-cost ops run on no engine
-                continue
-            events.append({
-                "ph": "X", "pid": pid, "tid": tid, "name": o.label, "cat": o.engine,
-                "ts": to_us(o.start), "dur": to_us(o.cycles),
-                "args": {"key": o.key, "cycles": o.cycles, "start_cycle": o.start, "bytes": o.bytes,
-                         "hbm_bytes": o.hbm_bytes, "flops": o.flops, "bound": o.bound, "phase": o.phase},
-            })
+            for i, unit in enumerate(o.units):  # a command on several units shows on each
+                tid = tids.get((o.engine, unit))
+                if tid is None:  # zero-cost ops run on no engine
+                    continue
+                name = o.label if len(o.units) == 1 else f"{o.label} ({i + 1}/{len(o.units)})"
+                events.append({
+                    "ph": "X", "pid": pid, "tid": tid, "name": name, "cat": o.engine,
+                    "ts": to_us(o.start), "dur": to_us(o.cycles),
+                    "args": {"key": o.key, "cycles": o.cycles, "start_cycle": o.start, "bytes": o.bytes,
+                             "hbm_bytes": o.hbm_bytes, "flops": o.flops, "bound": o.bound, "phase": o.phase,
+                             "units": len(o.units)},
+                })
         return {"traceEvents": events, "displayTimeUnit": "ns",
                 "otherData": {"total_cycles": self.total_cycles, "clock_hz": self.clock_hz}}
 

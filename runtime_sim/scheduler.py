@@ -4,7 +4,10 @@ Policy (DESIGN section 6): commands are issued in program order (the order the i
 them, which is the order the compiler chose). A command starts when every command producing
 one of its inputs has finished and a unit of its engine is free; it takes the unit of its
 engine that frees first (lowest index on ties), so a unit runs its commands in order and
-never back-fills. Engines with `None` units (zero-cost ops) never wait for a unit.
+never back-fills. Engines with `None` units (zero-cost ops) never wait for a unit. A command
+that needs several units (a large DMA command spread over several engines, `Task.units`)
+takes the units that free first and starts when the last of them is free; it holds them all
+until it ends (its parts run in parallel).
 
 The dependency graph is a networkx DiGraph over command keys with `kind="data"` edges
 (producer -> consumer), `kind="memory"` edges (a command reusing SRAM space waits for the
@@ -33,6 +36,8 @@ class Task:
     cycles: int
     deps: tuple[int, ...] = ()
     after: tuple[int, ...] = ()
+    units: int = 1
+    """Units of its engine it occupies at once (at most the engine's unit count)."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +45,11 @@ class Slot:
     key: int
     engine: str
     unit: int
+    """The first of `units` (0 for engines without units)."""
     start: int
     end: int
+    units: tuple[int, ...] = (0,)
+    """Every unit the command occupies, ascending."""
 
 
 @dataclass
@@ -51,7 +59,7 @@ class Schedule:
     makespan: int
     critical_path: list[int]
     busy: dict[str, int]
-    """Engine -> cycles its units were busy, summed over units."""
+    """Engine -> cycles its units were busy, summed over units (a command on n units counts n times)."""
     units: dict[str, int | None]
 
     def utilisation(self, engine: str) -> float:
@@ -83,20 +91,24 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None]) -> Schedule
                 if not graph.has_edge(d, t.key):
                     graph.add_edge(d, t.key, kind=kind)
                 ready = max(ready, slots[d].end)
-        unit = 0
+        taken: tuple[int, ...] = (0,)
         start = ready
         if t.engine in free:
             unit_free = free[t.engine]
-            unit = min(range(len(unit_free)), key=lambda u: (unit_free[u], u))
-            start = max(ready, unit_free[unit])
-            unit_free[unit] = start + t.cycles
-            prev = last_on_unit.get((t.engine, unit))
-            if prev is not None and not graph.has_edge(prev, t.key):
-                graph.add_edge(prev, t.key, kind="engine")
-            last_on_unit[(t.engine, unit)] = t.key
-        slots[t.key] = Slot(t.key, t.engine, unit, start, start + t.cycles)
-        nx.set_node_attributes(graph, {t.key: {"unit": unit, "start": start, "end": start + t.cycles}})
-        busy[t.engine] += t.cycles
+            if not 1 <= t.units <= len(unit_free):
+                raise ValueError(f"{t.label}: needs {t.units} units of '{t.engine}', which has {len(unit_free)}")
+            taken = tuple(sorted(sorted(range(len(unit_free)), key=lambda u: (unit_free[u], u))[:t.units]))
+            start = max(ready, *(unit_free[u] for u in taken))
+            for u in taken:
+                unit_free[u] = start + t.cycles
+                prev = last_on_unit.get((t.engine, u))
+                if prev is not None and not graph.has_edge(prev, t.key):
+                    graph.add_edge(prev, t.key, kind="engine")
+                last_on_unit[(t.engine, u)] = t.key
+        slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + t.cycles, taken)
+        nx.set_node_attributes(graph, {t.key: {"unit": taken[0], "units": taken, "start": start,
+                                               "end": start + t.cycles}})
+        busy[t.engine] += t.cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
     return Schedule(slots, graph, makespan, _critical_path(graph, slots), busy, dict(units))
 

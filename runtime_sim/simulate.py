@@ -109,7 +109,7 @@ def simulate_trace(trace: Trace, machine: Machine,
             name, cost, phase = traced.name, plan.cost(trace, task.key), traced.phase
         slot = sched.slots[task.key]
         records.append(OpRecord(task.key, task.label, name, cost.engine, slot.unit, slot.start, slot.end,
-                                cost.cycles, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound, phase))
+                                cost.cycles, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound, phase, slot.units))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
     # The layer's own HBM traffic: its commands as traced, without the plan's spills, reloads
     # and streams (the cost of SRAM pressure, which the ratio to the roofline then shows).
@@ -134,10 +134,13 @@ def annotate_plan(result: SimResult) -> None:
     for record in result.report.ops:
         if record.key >= len(result.trace.ops) or (op := result.trace.ops[record.key].op) is None:
             continue
-        op.attributes[PLAN_ATTR] = DictionaryAttr({
+        plan = {
             "engine": StringAttr(record.engine),
             "unit": IntegerAttr(record.unit, 64),
             "start": IntegerAttr(record.start, 64),
             "end": IntegerAttr(record.end, 64),
             "bound": StringAttr(record.bound),
-        })
+        }
+        if len(record.units) > 1:  # spread over several DMA engines: how many (from `unit` on)
+            plan["units"] = IntegerAttr(len(record.units), 64)
+        op.attributes[PLAN_ATTR] = DictionaryAttr(plan)

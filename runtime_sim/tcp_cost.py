@@ -2,15 +2,22 @@
 
 Every number comes from the machine file (see machines/rngd.toml for its source). Formulas:
 
-DMA (one command on one engine; book, "Moving data"):
-    cycles = startup + (read requests + write requests) * request_bytes / engine bytes-per-cycle
+DMA (book, "Moving data"). One part of a command runs on one engine:
+    part cycles = startup + (read requests + write requests) of the part * request_bytes / engine bytes-per-cycle
   reads and writes go through the engine one request at a time, which is the book's worked
   figure: a 16 KB move is 64 read + 64 write 256-byte requests + 500 cycles ~ 628 cycles.
-  A command never moves HBM bytes faster than one engine's share of HBM bandwidth
-  (hbm bytes/cycle / engines), so all engines together never exceed HBM bandwidth:
-    cycles = max(that, hbm_bytes * engines / hbm bytes-per-cycle)
+  A command moving more than the machine's `dma.split_bytes` is spread evenly over several
+  engines (assumption, machines/rngd.toml: a compiler issues a large transfer as several
+  commands): parts = min(engines, bytes // split_bytes), cut at request boundaries; each part pays
+  its own start-up and the parts run in parallel, so the command takes its largest part's
+  cycles and occupies `parts` engines for that long (`dma_parts` is the one rule, used for
+  the tcp ops here and for the memory plan's spills, reloads and streams). A part never moves
+  HBM bytes faster than one engine's share of HBM bandwidth (hbm bytes/cycle / engines), so
+  all engines together never exceed HBM bandwidth:
+    cycles = max(part cycles, hbm_bytes * engines / (parts * hbm bytes-per-cycle))
   On RNGD the share (187.5 B/cycle) is above what a copying engine reaches (128 B/cycle), so
-  it never binds there. Rows are moved in whole requests: a row of r bytes costs
+  it never binds there; eight parts move 1 KB/cycle, 2/3 of HBM bandwidth. Rows are moved in
+  whole requests: a row of r bytes costs
   ceil(r / request_bytes) requests to read and as many to write. Gathers and scatters cost by
   their runtime indices: index -1 rows move nothing (but the command still starts); a gather
   row equal to the previous row is not moved again (consecutive blocks of one expert reuse the
@@ -50,12 +57,28 @@ def requests(nbytes: int, machine: Machine) -> int:
     return -(-nbytes // machine.dma_request_bytes)
 
 
-def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int) -> tuple[int, str]:
-    """Cycles of one DMA command and the term that bounds it (see the module docstring)."""
+def dma_parts(machine: Machine, nbytes: int) -> int:
+    """How many engines a DMA command moving `nbytes` is spread over: one up to the machine's
+    `dma.split_bytes`, otherwise one part per split_bytes, at most every engine. The one split
+    rule of every DMA command (a part is a run of whole requests, so a large row is cut too)."""
+    return max(1, min(machine.dma_engines, nbytes // machine.dma_split_bytes))
+
+
+def hbm_share_cycles(machine: Machine, hbm_bytes: int, parts: int = 1) -> int:
+    """The fewest cycles `parts` engines take to move `hbm_bytes` through HBM: each engine's
+    share is 1 / engines of HBM bandwidth."""
+    return math.ceil(hbm_bytes * machine.dma_engines / (parts * machine.hbm_bytes_per_cycle))
+
+
+def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int,
+               parts: int = 1) -> tuple[int, str]:
+    """Cycles of one DMA command spread evenly over `parts` engines, and the term that bounds
+    it (see the module docstring)."""
     m = machine
-    transfer = math.ceil((read_requests + write_requests) * m.dma_request_bytes / m.dma_bytes_per_cycle)
+    per_part = -(-(read_requests + write_requests) // parts)
+    transfer = math.ceil(per_part * m.dma_request_bytes / m.dma_bytes_per_cycle)
     engine = m.dma_startup_cycles + transfer
-    share = math.ceil(hbm_bytes * m.dma_engines / m.hbm_bytes_per_cycle)
+    share = hbm_share_cycles(m, hbm_bytes, parts)
     if share > engine:
         return share, "hbm"
     return engine, "dma startup" if m.dma_startup_cycles >= transfer else "dma bandwidth"
@@ -68,17 +91,20 @@ def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes
     reads, writes = rows_read * per_row, rows_written * per_row
     hbm = (reads if src_hbm else 0) + (writes if dst_hbm else 0)
     hbm_bytes = hbm * machine.dma_request_bytes
-    cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes)
+    parts = dma_parts(machine, max(rows_read, rows_written) * row_bytes)
+    cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes, parts)
     return OpCost(DMA, cycles, bytes_moved=(rows_read + rows_written) * row_bytes, hbm_bytes=hbm_bytes, bound=bound,
-                  result_bytes=rows_written * row_bytes)
+                  result_bytes=rows_written * row_bytes, parts=parts)
 
 
 def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -> OpCost:
-    """One contiguous copy of `nbytes` (load, store, spill, reload)."""
+    """One contiguous copy of `nbytes` (load, store, spill, reload, stream)."""
     n = requests(nbytes, machine)
     hbm_bytes = ((n if src_hbm else 0) + (n if dst_hbm else 0)) * machine.dma_request_bytes
-    cycles, bound = dma_cycles(machine, n, n, hbm_bytes)
-    return OpCost(DMA, cycles, bytes_moved=2 * nbytes, hbm_bytes=hbm_bytes, bound=bound, result_bytes=nbytes)
+    parts = dma_parts(machine, nbytes)
+    cycles, bound = dma_cycles(machine, n, n, hbm_bytes, parts)
+    return OpCost(DMA, cycles, bytes_moved=2 * nbytes, hbm_bytes=hbm_bytes, bound=bound, result_bytes=nbytes,
+                  parts=parts)
 
 
 def gathered_rows(indices: np.ndarray) -> int:

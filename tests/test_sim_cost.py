@@ -52,6 +52,41 @@ def test_book_figure_through_the_simulator() -> None:
     np.testing.assert_array_equal(result.outputs[0], x)
 
 
+def test_a_large_gather_is_spread_over_every_dma_engine() -> None:
+    # Two 32 MB expert weights gathered from HBM: 64 MB read and written as 8 parts in parallel.
+    module = parse("""
+    func.func @f(%w: tensor<4x4096x4096xbf16>, %i: tensor<2xi32>) -> tensor<2x4096x4096xbf16> {
+      %g = tcp.dma_gather %w[%i] : tensor<4x4096x4096xbf16>, tensor<2xi32> -> tensor<2x4096x4096xbf16>
+      func.return %g : tensor<2x4096x4096xbf16>
+    }""")
+    report = simulate(module, "f", [np.zeros((4, 4096, 4096), BF16), np.array([0, 2], np.int32)]).report
+    gather = report.ops[0]
+    nbytes = 2 * 4096 * 4096 * 2
+    assert gather.units == tuple(range(M.dma_engines)) and gather.engine_label == "dma0-7"
+    # Every byte read and written goes through the 8 engines at 256 B/cycle each; the HBM side
+    # (the read) at 1.5 KB/cycle would be faster, so it does not bind.
+    moved = 2 * nbytes
+    expect = max(moved / (M.dma_engines * M.dma_bytes_per_cycle), nbytes / M.hbm_bytes_per_cycle)
+    assert abs(gather.cycles - (expect + M.dma_startup_cycles)) <= 2
+    assert gather.cycles < moved / M.dma_bytes_per_cycle / 4  # one engine would take 8x as long
+    assert gather.cycles >= nbytes / M.hbm_bytes_per_cycle  # the roofline invariant
+    assert report.engines[1].busy_cycles >= M.dma_engines * gather.cycles
+    trace = report.chrome_trace()["traceEvents"]
+    assert len({e["tid"] for e in trace if e["ph"] == "X" and e["args"]["key"] == gather.key}) == M.dma_engines
+
+
+def test_dma_parts_follow_the_one_split_rule() -> None:
+    from runtime_sim.tcp_cost import dma_parts
+
+    split = M.dma_split_bytes
+    assert dma_parts(M, 16 * 1024) == 1 and dma_parts(M, split) == 1
+    assert dma_parts(M, 2 * split) == 2 and dma_parts(M, 1 << 40) == M.dma_engines
+    check_cost(parse("func.func @f() { func.return }").body.block.ops.first, dma_copy_cost(M, 64 << 20, True, False), M)
+    with pytest.raises(CostModelError, match="share of HBM bandwidth"):
+        check_cost(parse("func.func @f() { func.return }").body.block.ops.first,
+                   OpCost(DMA, 1000, hbm_bytes=8 * 1000 * 1500, parts=8), M)
+
+
 def test_contraction_formula_on_a_known_shape() -> None:
     # [256, 512] @ [512, 1024] bf16: 2^27 MACs at 256 x 256 per cycle = 2048 cycles.
     macs = 256 * 512 * 1024

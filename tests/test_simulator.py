@@ -323,14 +323,26 @@ def test_results_larger_than_sram_stream_out_and_back_in(tmp_path: Path) -> None
 
 
 def test_large_transfers_are_split_over_the_dma_engines(tmp_path: Path) -> None:
-    from runtime_sim.memory_plan import TRANSFER_CHUNK_BYTES, transfer_costs
+    from runtime_sim.tcp_cost import dma_copy_cost, dma_parts
 
     machine = default_machine()
-    assert len(transfer_costs(machine, 2048, False, True)) == 1
-    pieces = transfer_costs(machine, 64 * TRANSFER_CHUNK_BYTES + 5, False, True)
-    assert len(pieces) == machine.dma_engines
-    assert sum(p.bytes_moved for p in pieces) == 2 * (64 * TRANSFER_CHUNK_BYTES + 5)
-    assert len(transfer_costs(machine, 3 * TRANSFER_CHUNK_BYTES, True, False)) == 3
+    chunk = machine.dma_split_bytes
+    assert dma_parts(machine, 2048) == 1 and dma_copy_cost(machine, 2048, False, True).parts == 1
+    piece = dma_copy_cost(machine, 64 * chunk + 5, False, True)
+    assert piece.parts == machine.dma_engines
+    assert piece.bytes_moved == 2 * (64 * chunk + 5)
+    assert dma_copy_cost(machine, 3 * chunk, True, False).parts == 3
+
+
+def test_a_command_on_several_units_waits_for_them_all_and_holds_them() -> None:
+    tasks = [Task(0, "a", "dma", 100), Task(1, "big", "dma", 50, units=8), Task(2, "c", "dma", 10)]
+    s = schedule(tasks, UNITS)
+    assert s.slots[1].start == 100 and s.slots[1].units == tuple(range(8)) and s.slots[1].unit == 0
+    assert s.slots[2].start == 150  # every unit is held by `big` until it ends
+    assert s.busy["dma"] == 100 + 8 * 50 + 10
+    assert s.critical_path == [0, 1, 2]
+    with pytest.raises(ValueError, match="needs 9 units"):
+        schedule([Task(0, "x", "dma", 1, units=9)], UNITS)
 
 
 def test_dead_buffers_space_is_reused_after_their_last_reader(tmp_path: Path) -> None:
