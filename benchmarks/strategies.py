@@ -19,13 +19,10 @@ The strategies:
 - `topk rounds`: blockwise with `lower-topk{strategy=rounds}` (K rounds of reduce-max) in place
   of the all-pairs ranking.
 
-One more step before simulating, the same for every strategy (`load_arguments`): the lowering
-moves expert weights with DMA gathers, but a contraction or vector op that reads a function
-argument (the router weights, x, or the dense strategy's whole weight tensors) reads it from
-HBM with no DMA command, which the simulator does not charge. Here each such argument gets an
-explicit `tcp.load` before its first reader, so the dense strategy pays for fetching every
-expert's weights (a load too large for SRAM is delivered into its readers' tiles, see
-runtime_sim/memory_plan.py).
+Every strategy goes through the same full pipeline, `load-arguments` included: an argument a
+contraction or vector op reads (the router, x, the dense strategy's whole weight tensors) is
+loaded by a `tcp.load`, so the dense strategy pays for fetching every expert's weights (a load
+too large for SRAM is delivered into its readers' tiles, see runtime_sim/memory_plan.py).
 
 Columns: simulated and roofline microseconds and their ratio, peak SRAM, and the layer's HBM
 bytes (the roofline's: the commands as traced, without the memory plan's spills and streams).
@@ -46,14 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from xdsl.dialects import func  # noqa: E402
-from xdsl.dialects.builtin import ModuleOp  # noqa: E402
-from xdsl.ir import SSAValue  # noqa: E402
-from xdsl.rewriter import Rewriter  # noqa: E402
 
 import tcpc  # noqa: E402
-from dialects import tcp  # noqa: E402
-from runtime_sim.cost_model import DMA, cost_function, in_hbm, is_unbuffered, is_view  # noqa: E402
 from runtime_sim.cost_only import simulate_cost_only  # noqa: E402
 from tcpc.pipelines import LOWERED_PIPELINE  # noqa: E402
 
@@ -95,36 +86,6 @@ def dense_source(source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_arguments(module: ModuleOp) -> ModuleOp:
-    """Give every function argument that a non-DMA command reads (directly or through views) a
-    `tcp.load` before its first such reader (see the module docstring)."""
-    for fn in module.ops:
-        if not isinstance(fn, func.FuncOp):
-            continue
-        loaded: dict[SSAValue, SSAValue] = {}
-        for op in list(fn.body.block.ops):
-            cost = cost_function(op)
-            if isinstance(op, func.ReturnOp) or is_view(op) or is_unbuffered(op) or op.name.startswith("tcp.dma") \
-                    or isinstance(op, tcp.LoadOp | tcp.StoreOp) or cost is None:
-                continue
-            for i, v in enumerate(op.operands):
-                if not in_hbm(v):
-                    continue
-                if v not in loaded:
-                    load = tcp.LoadOp(v)
-                    Rewriter.insert_op(load, _before(op))
-                    loaded[v] = load.result
-                op.operands[i] = loaded[v]
-    module.verify()
-    return module
-
-
-def _before(op):  # type: ignore[no-untyped-def]
-    from xdsl.rewriter import InsertPoint
-
-    return InsertPoint.before(op)
-
-
 @dataclass
 class Row:
     title: str
@@ -160,7 +121,7 @@ def strategy_row(model, tokens: int, strategy: str, dims: dict[str, int] | None 
     passes = list(LOWERED_PIPELINE)
     if strategy == "topk rounds":
         passes[passes.index("lower-topk")] = "lower-topk{strategy=rounds}"
-    module = load_arguments(program.lower(",".join(["pin-routing", *passes])))
+    module = program.lower(",".join(["pin-routing", *passes]))
     report = simulate_cost_only(module, name, routing="balanced").report
     seconds = time.perf_counter() - start
     m = report.machine

@@ -36,11 +36,14 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-routing": _lazy("passes.lower_routing", "LowerRoutingPass"),
     "lower-dispatch": _lazy("passes.lower_dispatch", "LowerDispatchPass"),
     "lower-math": _lazy("passes.lower_math", "LowerMathPass"),
+    "load-arguments": _lazy("passes.load_arguments", "LoadArgumentsPass"),
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 
-LOWERED_PIPELINE: tuple[str, ...] = ("lower-topk", "lower-routing", "lower-dispatch", "lower-math")
+LOWERED_PIPELINE: tuple[str, ...] = (
+    "lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments",
+)
 """The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops."""
 
 

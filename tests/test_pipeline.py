@@ -17,7 +17,7 @@ LOWERED_DIALECTS = {"func", "tcp", "ve", "builtin"}
 
 
 def test_the_default_pipeline_is_the_full_lowering() -> None:
-    assert LOWERED_PIPELINE == ("lower-topk", "lower-routing", "lower-dispatch", "lower-math")
+    assert LOWERED_PIPELINE == ("lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -110,3 +110,34 @@ def test_planned_ir_carries_the_simulated_schedule() -> None:
         assert slot.data["engine"].data == record.engine
         assert (slot.data["start"].value.data, slot.data["end"].value.data) == (record.start, record.end)
     assert max(s.data["end"].value.data for s in slots) <= report.total_cycles
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_engines_read_arguments_only_through_loads(path: Path) -> None:
+    """After the full pipeline no contraction or vector op reads a function argument (HBM):
+    DMA commands and views do, everything else reads a tcp.load's copy."""
+    lowered = tcpc.compile_file(path).lower()
+    fn = next(iter(lowered.ops))
+    readers_of = {arg: [use.operation.name for use in arg.uses] for arg in fn.body.blocks.first.args}
+    allowed = {"tcp.dma_gather", "tcp.dma_scatter", "tcp.load", "tcp.view", "ve.broadcast", "ve.bitcast"}
+    for arg, names in readers_of.items():
+        assert set(names) <= allowed, (arg.name_hint, names)
+        assert names.count("tcp.load") <= 1
+
+
+def test_load_arguments_keeps_the_values() -> None:
+    """Execution test of load-arguments: the IR before and after the pass, same inputs."""
+    from xdsl.parser import Parser
+
+    from runtime_sim.executor import run_function
+    from tcpc.pipelines import apply_pipeline, make_context, parse_pipeline
+
+    text = (Path(__file__).parent / "filecheck" / "load_arguments" / "args.mlir").read_text()
+    before = Parser(make_context(), text).parse_module()
+    after = apply_pipeline(before, parse_pipeline("load-arguments"))
+    assert sum(op.name == "tcp.load" for op in after.walk()) == 2
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((3, 8, 2)).astype(np.float32),
+            np.array([2, 0, -1], np.int32), rng.standard_normal(8).astype(np.float32)]
+    (want,), (got,) = run_function(before, "f", args), run_function(after, "f", args)
+    np.testing.assert_array_equal(got, want)

@@ -1,0 +1,78 @@
+"""`load-arguments`: a function argument that an engine computes on is loaded into SRAM first.
+
+The layer's inputs and weights arrive in HBM. DMA commands (`tcp.dma_gather`, `dma_scatter`,
+`load`, `store`) read HBM directly, but the contraction and vector engines read SRAM, so an
+argument they read (the activations, the router, a shared expert's weights) needs a `tcp.load`,
+which the simulator costs on the DMA engines and places in SRAM. Without it the IR would read
+HBM for free. The pass runs last in the full pipeline:
+
+    %0 = tcp.contract "mk,kn->mn" %x_f32, %router ...
+
+becomes
+
+    %router_sram = tcp.load %router : tensor<64x8xf32> -> tensor<64x8xf32>
+    %0 = tcp.contract "mk,kn->mn" %x_f32, %router_sram ...
+
+One load per argument, placed just before its first reader so the buffer lives no longer than
+needed; views of the argument (`tcp.view`, `ve.broadcast`, `ve.bitcast` move no data) read the
+loaded copy when an engine consumes them, so a broadcast bias loads its own bytes, not the
+broadcast's. Arguments read only by DMA commands (the expert weights, gathered per block) and
+results returned as they are stay in HBM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import BlockArgument, Operation
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from dialects import tcp, ve
+from passes.phases import PHASE_ATTR
+
+VIEWS = (tcp.ViewOp, ve.BroadcastOp, ve.BitcastOp)
+"""Ops that give another shape to the same bytes: they read nothing themselves."""
+HBM_READERS = (tcp.DmaGatherOp, tcp.DmaScatterOp, tcp.LoadOp, tcp.StoreOp, func.ReturnOp)
+"""Ops that may take an operand that lives in HBM."""
+
+
+def _computes_on(op: Operation) -> bool:
+    """Whether an engine reads this user's operand from SRAM (through any views)."""
+    if isinstance(op, HBM_READERS):
+        return False
+    if isinstance(op, VIEWS):
+        return any(_computes_on(use.operation) for use in op.results[0].uses)
+    return True
+
+
+def load_argument(arg: BlockArgument) -> tcp.LoadOp | None:
+    """Insert the argument's load before its first engine reader and redirect those readers."""
+    readers = [use.operation for use in arg.uses if _computes_on(use.operation)]
+    if not readers:
+        return None
+    block = arg.block
+    first = min(readers, key=block.get_operation_index)
+    load = tcp.LoadOp(arg)
+    load.result.name_hint = f"{arg.name_hint}_sram" if arg.name_hint else None
+    if PHASE_ATTR in first.attributes:
+        load.attributes[PHASE_ATTR] = first.attributes[PHASE_ATTR]
+    Rewriter.insert_op(load, InsertPoint.before(first))
+    for reader in readers:
+        reader.operands = [load.result if v is arg else v for v in reader.operands]
+    return load
+
+
+@dataclass(frozen=True)
+class LoadArgumentsPass(ModulePass):
+    name = "load-arguments"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for fn in op.ops:
+            if isinstance(fn, func.FuncOp) and fn.body.blocks:
+                for arg in fn.body.blocks.first.args:
+                    load_argument(arg)
+
