@@ -211,11 +211,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     given = load_npz(args.inputs) if args.inputs else {}
     fn = program.function(args.graph)
     name = fn.sym_name.data
-    not_simulated = ""
-    if not args.reference and partly_lowered(program, args):
-        # The IR after a partial pipeline still holds graph-level ops, which have no cost:
-        # run it on the interpreter (translation validation) and say why there are no cycles.
-        not_simulated = f"not simulated: {partly_lowered(program, args)}"
+    # The IR after a partial pipeline may still hold graph-level ops, which have no cost: it
+    # runs on the interpreter then (translation validation), saying why there are no cycles.
+    why = "" if args.reference else partly_lowered(program, args)
+    not_simulated = f"not simulated: {why}" if why else ""
     if args.reference or not_simulated:  # the interpreter: the graph-level IR, or the IR after -p
         result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline)
         if args.pipeline is not None:
