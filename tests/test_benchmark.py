@@ -5,25 +5,14 @@ benchmark itself is not a test."""
 from __future__ import annotations
 
 import builtins
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+from benchmark_scripts import load_script
 
-
-def load_run():
-    spec = importlib.util.spec_from_file_location("tcpc_benchmark_run", RUN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_run()
+bench = load_script("run")
 TOY = bench.Model("toy", "toy", dict(D=8, F=16, E=4, K=2))
 
 

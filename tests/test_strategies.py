@@ -4,27 +4,12 @@ wall-clock assertions."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from benchmark_scripts import load_script
 from dialects.moe import max_blocks
 
-PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "strategies.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("tcpc_benchmark_strategies", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-strategies = load()
+strategies = load_script("strategies")
 TOY = dict(T=8, D=16, F=32, E=4, K=2, B=4)
 
 
