@@ -10,7 +10,7 @@ signatures, the argument still feeds the routing's index generation after full l
 Before:
 
     func.func @toy(%x: tensor<4x8xbf16>, ...) -> tensor<4x8xbf16> {
-      ...
+      %probs = ...  (the router)
       %top_p, %top_e = moe.topk %probs {k = 2 : i64} : ...
       %xb, %route = moe.scatter %x, %top_e : ... -> ..., !moe.route<T = 4, K = 2, E = 4, B = 2, G = 6>
 
