@@ -9,7 +9,6 @@ routing can overflow the static buffers. Numpy semantics are in `runtime_sim/moe
 from __future__ import annotations
 
 from xdsl.dialects.builtin import (
-    I32,
     IntAttr,
     IntegerAttr,
     IntegerType,

@@ -11,7 +11,6 @@ index -1 as "skip this row": nothing is read, zero is written. Numpy semantics a
 
 from __future__ import annotations
 
-import math
 import re
 
 from xdsl.dialects.builtin import StringAttr, TensorType
@@ -29,7 +28,7 @@ from xdsl.irdl import (
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
-from dialects.tmath import broadcast_shapes, format_type, is_float_type, is_int_type, shape_of
+from dialects.tmath import broadcast_shapes, check_reshape, format_type, is_float_type, is_int_type, shape_of
 
 _EINSUM = re.compile(r"^([a-z]+),([a-z]+)->([a-z]*)$")
 
@@ -234,9 +233,7 @@ class ViewOp(IRDLOperation):
         super().__init__(operands=[input], result_types=[TensorType(input.type.get_element_type(), shape)])
 
     def verify_(self) -> None:
-        a, r = self.input.type, self.result.type
-        _expect(a.get_element_type() == r.get_element_type(), "a view keeps the element type")
-        _expect(math.prod(shape_of(a)) == math.prod(shape_of(r)), f"cannot view {format_type(a)} as {format_type(r)}")
+        check_reshape(self.input.type, self.result.type, "view")
 
 
 TCP = Dialect("tcp", [ContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp, ViewOp], [])

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
-    I1,
-    I32,
     BFloat16Type,
     DenseArrayBase,
     Float32Type,
@@ -143,7 +141,11 @@ def float_literal(v: float) -> str:
     return text
 
 
-TensorOfAny = TensorType
+def check_reshape(a: Attribute, r: Attribute, what: str) -> None:
+    """The rule of every row-major reshape (tmath.reshape, tcp.view): same element type and
+    element count."""
+    _expect(a.get_element_type() == r.get_element_type(), f"{what} keeps the element type")
+    _expect(math.prod(shape_of(a)) == math.prod(shape_of(r)), f"cannot {what} {format_type(a)} to {format_type(r)}")
 
 
 def _expect(cond: bool, message: str) -> None:
@@ -468,12 +470,7 @@ class ReshapeOp(IRDLOperation):
         super().__init__(operands=[input], result_types=[result_type])
 
     def verify_(self) -> None:
-        a, r = self.input.type, self.result.type
-        _expect(a.get_element_type() == r.get_element_type(), "reshape keeps the element type")
-        _expect(
-            math.prod(shape_of(a)) == math.prod(shape_of(r)),
-            f"cannot reshape {format_type(a)} to {format_type(r)}",
-        )
+        check_reshape(self.input.type, self.result.type, "reshape")
 
 
 @irdl_op_definition

@@ -186,7 +186,7 @@ def lower_topk(op: moe.TopKOp, strategy: str) -> tuple[list[Operation], SSAValue
     t = op.input.type
     assert isinstance(t, TensorType)
     shape = shape_of(t)
-    axis, e, k = len(shape) - 1, shape[-1], op.k.value.data
+    axis, k = len(shape) - 1, op.k.value.data
     keys = _keys(b, op.input)
     if strategy == "rounds":
         rank = _ranks_rounds(b, keys, shape, k)

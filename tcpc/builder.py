@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, TensorType, f32, i1, i32
+from xdsl.dialects.builtin import ModuleOp, TensorType, i1
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from dialects import moe, tmath
-from dialects.tmath import format_shape, format_type, shape_of, type_name
+from dialects.tmath import format_shape, format_type, shape_of
 from tcpc import syntax as ast
 from tcpc.diagnostics import CompileError, Loc
 

@@ -5,7 +5,6 @@ benchmark itself is not a test."""
 from __future__ import annotations
 
 import builtins
-import sys
 from pathlib import Path
 
 import pytest

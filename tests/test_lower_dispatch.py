@@ -98,7 +98,7 @@ def layer_modules(t: int, k: int, e: int, b: int, c: int | None, d: int, f: int,
     bias = ""
     if bias_dt is not None:
         args.append(f"%bias: {tt([e, f], bias_dt)}")
-        bias = f" bias %bias"
+        bias = " bias %bias"
     weights = ""
     if weights_dt is not None:
         args.append(f"%weights: {tt([t, k], weights_dt)}")
