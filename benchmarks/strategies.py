@@ -22,7 +22,7 @@ The strategies:
 Every strategy goes through the same full pipeline, `load-arguments` included: an argument a
 contraction or vector op reads (the router, x, the dense strategy's whole weight tensors) is
 loaded by a `tcp.load`, so the dense strategy pays for fetching every expert's weights (a load
-too large for SRAM is delivered into its readers' tiles, see runtime_sim/memory_plan.py).
+too large for SRAM is delivered into its readers' tiles, see runtime_sim/perf/memory_plan.py).
 
 Columns: simulated and roofline microseconds and their ratio, peak SRAM, and the layer's HBM
 bytes (the roofline's: the commands as traced, without the memory plan's spills and streams).
@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 
 import tcpc  # noqa: E402
-from runtime_sim.cost_only import simulate_cost_only  # noqa: E402
+from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
 from tcpc.pipelines import LOWERED_PIPELINE  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 `moe.scatter` places the T*K (token, expert) pairs into G fixed-size blocks of B rows, in the
 canonical layout of DESIGN section 5, and yields the routing plan as a `!moe.route` value that
 `grouped_matmul` and `combine` consume. G is the exact worst case over all routings, so no
-routing can overflow the static buffers. Numpy semantics are in `runtime_sim/moe_semantics.py`.
+routing can overflow the static buffers. Numpy semantics are in `runtime_sim/semantics/moe_semantics.py`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
-from dialects.tmath import format_type, is_float_type, is_int_type, promote, shape_of
+from dialects.tensor_types import expect, format_type, is_float_type, is_int_type, promote, shape_of
 
 TOPK_ORDERS = ("score", "index")
 """`score`: larger score first (the default, as torch.topk(sorted=True) returns them);
@@ -123,10 +123,6 @@ ROUTE_FIELDS = (("T", "tokens"), ("K", "k"), ("E", "experts"), ("B", "block"), (
 """The printed short names of RouteType's parameters, in order."""
 
 
-def _expect(cond: bool, message: str) -> None:
-    if not cond:
-        raise VerifyException(message)
-
 
 @irdl_op_definition
 class TopKOp(IRDLOperation):
@@ -166,13 +162,13 @@ class TopKOp(IRDLOperation):
         t = self.input.type
         shape = shape_of(t)
         k = self.k.value.data
-        _expect(len(shape) >= 1, "topk needs at least one axis")
-        _expect(is_float_type(t.get_element_type()) or is_int_type(t.get_element_type()), "topk takes bf16, f32 or i32")
-        _expect(1 <= k <= shape[-1], f"k = {k} must be in [1, {shape[-1]}] (the last axis)")
-        _expect(self.order_name in TOPK_ORDERS, f"order must be one of {', '.join(TOPK_ORDERS)}")
+        expect(len(shape) >= 1, "topk needs at least one axis")
+        expect(is_float_type(t.get_element_type()) or is_int_type(t.get_element_type()), "topk takes bf16, f32 or i32")
+        expect(1 <= k <= shape[-1], f"k = {k} must be in [1, {shape[-1]}] (the last axis)")
+        expect(self.order_name in TOPK_ORDERS, f"order must be one of {', '.join(TOPK_ORDERS)}")
         out = [*shape[:-1], k]
-        _expect(self.values.type == TensorType(t.get_element_type(), out), "values type mismatch")
-        _expect(self.indices.type == TensorType(i32, out), "indices must be i32 of the values' shape")
+        expect(self.values.type == TensorType(t.get_element_type(), out), "values type mismatch")
+        expect(self.indices.type == TensorType(i32, out), "indices must be i32 of the values' shape")
 
 
 @irdl_op_definition
@@ -201,15 +197,15 @@ class ScatterOp(IRDLOperation):
     def verify_(self) -> None:
         r = self.route.type
         xs, es = shape_of(self.input.type), shape_of(self.expert_idx.type)
-        _expect(len(xs) == 2, f"input must be [T, D], got {format_type(self.input.type)}")
-        _expect(is_int_type(self.expert_idx.type.get_element_type()), "expert indices must be i32")
-        _expect(
+        expect(len(xs) == 2, f"input must be [T, D], got {format_type(self.input.type)}")
+        expect(is_int_type(self.expert_idx.type.get_element_type()), "expert indices must be i32")
+        expect(
             es == (r.tokens.data, r.k.data),
             f"expert indices {format_type(self.expert_idx.type)} do not match T = {r.tokens.data}, K = {r.k.data}",
         )
-        _expect(xs[0] == r.tokens.data, f"input has {xs[0]} tokens, the route {r.tokens.data}")
+        expect(xs[0] == r.tokens.data, f"input has {xs[0]} tokens, the route {r.tokens.data}")
         expected = TensorType(self.input.type.get_element_type(), [r.blocks.data, r.block.data, xs[1]])
-        _expect(self.blocked.type == expected, f"blocked result should be {expected}")
+        expect(self.blocked.type == expected, f"blocked result should be {expected}")
 
 
 @irdl_op_definition
@@ -244,17 +240,17 @@ class GroupedMatmulOp(IRDLOperation):
         r = self.route.type
         assert isinstance(r, RouteType)
         xs, ws = shape_of(self.input.type), shape_of(self.weight.type)
-        _expect(len(xs) == 3 and xs[:2] == (r.blocks.data, r.block.data),
+        expect(len(xs) == 3 and xs[:2] == (r.blocks.data, r.block.data),
                 f"input {format_type(self.input.type)} is not [G, B, D] with G = {r.blocks.data}, B = {r.block.data}")
-        _expect(len(ws) == 3 and ws[0] == r.experts.data and ws[1] == xs[2],
+        expect(len(ws) == 3 and ws[0] == r.experts.data and ws[1] == xs[2],
                 f"weight {format_type(self.weight.type)} is not [E, D, F] with E = {r.experts.data}, D = {xs[2]}")
         et = promote(self.input.type.get_element_type(), self.weight.type.get_element_type())
-        _expect(et is not None and is_float_type(et), "grouped_matmul needs float operands")
+        expect(et is not None and is_float_type(et), "grouped_matmul needs float operands")
         if self.bias is not None:
             bs = shape_of(self.bias.type)
-            _expect(bs == (ws[0], ws[2]), f"bias {format_type(self.bias.type)} is not [E, F] = [{ws[0]}, {ws[2]}]")
-            _expect(is_float_type(self.bias.type.get_element_type()), "bias must be float")
-        _expect(self.result.type == TensorType(et, [xs[0], xs[1], ws[2]]), "result type mismatch")
+            expect(bs == (ws[0], ws[2]), f"bias {format_type(self.bias.type)} is not [E, F] = [{ws[0]}, {ws[2]}]")
+            expect(is_float_type(self.bias.type.get_element_type()), "bias must be float")
+        expect(self.result.type == TensorType(et, [xs[0], xs[1], ws[2]]), "result type mismatch")
 
 
 @irdl_op_definition
@@ -286,16 +282,16 @@ class CombineOp(IRDLOperation):
         r = self.route.type
         assert isinstance(r, RouteType)
         xs = shape_of(self.input.type)
-        _expect(len(xs) == 3 and xs[:2] == (r.blocks.data, r.block.data),
+        expect(len(xs) == 3 and xs[:2] == (r.blocks.data, r.block.data),
                 f"input {format_type(self.input.type)} is not [G, B, D] with G = {r.blocks.data}, B = {r.block.data}")
-        _expect(is_float_type(self.input.type.get_element_type()), "combine needs a float input")
+        expect(is_float_type(self.input.type.get_element_type()), "combine needs a float input")
         if self.weights is not None:
             ws = shape_of(self.weights.type)
-            _expect(ws == (r.tokens.data, r.k.data),
+            expect(ws == (r.tokens.data, r.k.data),
                     f"weights {format_type(self.weights.type)} are not [T, K] = [{r.tokens.data}, {r.k.data}]")
-            _expect(is_float_type(self.weights.type.get_element_type()), "weights must be float")
+            expect(is_float_type(self.weights.type.get_element_type()), "weights must be float")
         expected = TensorType(self.input.type.get_element_type(), [r.tokens.data, xs[2]])
-        _expect(self.result.type == expected, f"result should be {expected}")
+        expect(self.result.type == expected, f"result should be {expected}")
 
 
 @irdl_op_definition
@@ -319,8 +315,8 @@ class RouteOp(IRDLOperation):
         r = self.route.type
         assert isinstance(r, RouteType)
         want = (r.tokens.data, r.k.data)
-        _expect(self.scatter_idx.type == TensorType(i32, want), f"scatter_idx must be i32 {list(want)}")
-        _expect(self.expert_ids.type == TensorType(i32, [r.blocks.data]), f"expert_ids must be i32 [{r.blocks.data}]")
+        expect(self.scatter_idx.type == TensorType(i32, want), f"scatter_idx must be i32 {list(want)}")
+        expect(self.expert_ids.type == TensorType(i32, [r.blocks.data]), f"expert_ids must be i32 [{r.blocks.data}]")
 
 
 @irdl_op_definition
@@ -345,9 +341,9 @@ class DispatchOp(IRDLOperation):
         r = self.route.type
         assert isinstance(r, RouteType)
         xs = shape_of(self.input.type)
-        _expect(len(xs) == 2 and xs[0] == r.tokens.data, f"input must be [T, D] with T = {r.tokens.data}")
+        expect(len(xs) == 2 and xs[0] == r.tokens.data, f"input must be [T, D] with T = {r.tokens.data}")
         want = TensorType(self.input.type.get_element_type(), [r.blocks.data, r.block.data, xs[1]])
-        _expect(self.blocked.type == want, f"result should be {want}")
+        expect(self.blocked.type == want, f"result should be {want}")
 
 
 MoE = Dialect(

@@ -6,7 +6,7 @@ function cannot branch on runtime data, but a command may be guarded by a runtim
 contraction's `guard` operand names, per leading block, whether that block's command runs
 (guard >= 0) or is skipped (its output is zero and it costs only the guard). DMA commands take
 index -1 as "skip this row": nothing is read, zero is written. Numpy semantics are in
-`runtime_sim/tcp_semantics.py`.
+`runtime_sim/semantics/tcp_semantics.py`.
 """
 
 from __future__ import annotations
@@ -26,29 +26,32 @@ from xdsl.irdl import (
     traits_def,
 )
 from xdsl.traits import Pure
-from xdsl.utils.exceptions import VerifyException
 
-from dialects.tmath import broadcast_shapes, check_reshape, format_type, is_float_type, is_int_type, shape_of
+from dialects.tensor_types import (
+    broadcast_shapes,
+    check_reshape,
+    expect,
+    format_type,
+    is_float_type,
+    is_int_type,
+    shape_of,
+)
 
 _EINSUM = re.compile(r"^([a-z]+),([a-z]+)->([a-z]*)$")
 
-
-def _expect(cond: bool, message: str) -> None:
-    if not cond:
-        raise VerifyException(message)
 
 
 def einsum_shape(spec: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[int, ...]:
     """The result shape of a two-operand einsum, or a VerifyException saying what is wrong."""
     m = _EINSUM.match(spec)
-    _expect(m is not None, f"contraction spec {spec!r} is not of the form 'ab,bc->ac'")
+    expect(m is not None, f"contraction spec {spec!r} is not of the form 'ab,bc->ac'")
     a, b, out = m.groups()
-    _expect(len(a) == len(lhs) and len(b) == len(rhs), f"spec {spec!r} does not match operand ranks {len(lhs)}, {len(rhs)}")
+    expect(len(a) == len(lhs) and len(b) == len(rhs), f"spec {spec!r} does not match operand ranks {len(lhs)}, {len(rhs)}")
     sizes: dict[str, int] = {}
     for letters, shape in ((a, lhs), (b, rhs)):
         for letter, size in zip(letters, shape):
-            _expect(sizes.setdefault(letter, size) == size, f"axis '{letter}' is {sizes[letter]} and {size}")
-    _expect(len(set(out)) == len(out) and set(out) <= set(sizes), f"bad result axes in {spec!r}")
+            expect(sizes.setdefault(letter, size) == size, f"axis '{letter}' is {sizes[letter]} and {size}")
+    expect(len(set(out)) == len(out) and set(out) <= set(sizes), f"bad result axes in {spec!r}")
     return tuple(sizes[c] for c in out)
 
 
@@ -117,16 +120,16 @@ class ContractOp(IRDLOperation):
     def verify_(self) -> None:
         lt, rt = self.lhs.type, self.rhs.type
         for t in (lt, rt):
-            _expect(is_float_type(t.get_element_type()), f"contraction operands must be bf16 or f32, got {format_type(t)}")
+            expect(is_float_type(t.get_element_type()), f"contraction operands must be bf16 or f32, got {format_type(t)}")
         shape = einsum_shape(self.spec.data, shape_of(lt), shape_of(rt))
-        _expect(shape_of(self.result.type) == shape, f"result should have shape {list(shape)}")
-        _expect(is_float_type(self.result.type.get_element_type()), "result must be float")
+        expect(shape_of(self.result.type) == shape, f"result should have shape {list(shape)}")
+        expect(is_float_type(self.result.type.get_element_type()), "result must be float")
         if self.bias is not None:
             bs = shape_of(self.bias.type)
-            _expect(broadcast_shapes(bs, shape) == shape, f"bias {format_type(self.bias.type)} does not broadcast to {list(shape)}")
+            expect(broadcast_shapes(bs, shape) == shape, f"bias {format_type(self.bias.type)} does not broadcast to {list(shape)}")
         if self.guard is not None:
             gt = self.guard.type
-            _expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
+            expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
                     f"guard must be i32 [{shape[0] if shape else ''}] (one per block), got {format_type(gt)}")
 
 
@@ -152,10 +155,10 @@ class DmaGatherOp(IRDLOperation):
 
     def verify_(self) -> None:
         st, it = self.source.type, self.indices.type
-        _expect(is_int_type(it.get_element_type()), "indices must be i32")
-        _expect(len(shape_of(st)) >= 1, "source needs a row axis")
+        expect(is_int_type(it.get_element_type()), "indices must be i32")
+        expect(len(shape_of(st)) >= 1, "source needs a row axis")
         want = TensorType(st.get_element_type(), [*shape_of(it), *shape_of(st)[1:]])
-        _expect(self.result.type == want, f"result should be {want}")
+        expect(self.result.type == want, f"result should be {want}")
 
 
 @irdl_op_definition
@@ -182,11 +185,11 @@ class DmaScatterOp(IRDLOperation):
 
     def verify_(self) -> None:
         st, it, rt = self.source.type, self.indices.type, self.result.type
-        _expect(is_int_type(it.get_element_type()), "indices must be i32")
+        expect(is_int_type(it.get_element_type()), "indices must be i32")
         ss, ids = shape_of(st), shape_of(it)
-        _expect(len(ss) >= 1 and len(ids) >= 1 and ids[0] == ss[0],
+        expect(len(ss) >= 1 and len(ids) >= 1 and ids[0] == ss[0],
                 f"indices {format_type(it)} must have one leading entry per source row ({ss[0] if ss else 0})")
-        _expect(rt.get_element_type() == st.get_element_type() and shape_of(rt)[1:] == ss[1:],
+        expect(rt.get_element_type() == st.get_element_type() and shape_of(rt)[1:] == ss[1:],
                 "result rows must have the source's row shape and type")
 
 
@@ -202,7 +205,7 @@ class _CopyOp(IRDLOperation):
         super().__init__(operands=[input], result_types=[input.type])
 
     def verify_(self) -> None:
-        _expect(self.result.type == self.input.type, "a copy keeps the type")
+        expect(self.result.type == self.input.type, "a copy keeps the type")
 
 
 @irdl_op_definition

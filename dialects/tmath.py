@@ -3,7 +3,7 @@
 Static-shape tensors of bf16, f32, i32 and i1 (comparison results). Binary ops broadcast as
 numpy does; bf16 with f32 gives f32; i32 never mixes with floats implicitly. The shape and type
 rules live here as plain functions so the frontend reports the same rule the verifier checks.
-Numpy semantics are in `runtime_sim/tmath_semantics.py`.
+Numpy semantics are in `runtime_sim/semantics/tmath_semantics.py`.
 """
 
 from __future__ import annotations
@@ -13,17 +13,13 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
-    BFloat16Type,
     DenseArrayBase,
-    Float32Type,
     FloatAttr,
     IntegerAttr,
     IntegerType,
     StringAttr,
     TensorType,
     UnitAttr,
-    bf16,
-    f32,
     f64,
     i1,
     i32,
@@ -43,114 +39,22 @@ from xdsl.irdl import (
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.traits import Pure
-from xdsl.utils.exceptions import VerifyException
 
-ELEMENT_TYPES: dict[str, Attribute] = {"bf16": bf16, "f32": f32, "i32": i32, "i1": i1}
-
-
-def type_name(element_type: Attribute) -> str:
-    """The element type as the .moe language says it; comparison results are `bool`."""
-    if is_bool_type(element_type):
-        return "bool"
-    for name, t in ELEMENT_TYPES.items():
-        if t == element_type:
-            return name
-    return str(element_type)
-
-
-def is_float_type(element_type: Attribute) -> bool:
-    return isinstance(element_type, BFloat16Type | Float32Type)
-
-
-def is_int_type(element_type: Attribute) -> bool:
-    return isinstance(element_type, IntegerType) and element_type.width.data == 32
-
-
-def is_bool_type(element_type: Attribute) -> bool:
-    return isinstance(element_type, IntegerType) and element_type.width.data == 1
-
-
-def shape_of(t: Attribute) -> tuple[int, ...]:
-    assert isinstance(t, TensorType)
-    return tuple(t.get_shape())
-
-
-def format_shape(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def format_type(t: Attribute) -> str:
-    """A tensor type as the .moe language writes it: `bf16[16, 64]`."""
-    if isinstance(t, TensorType):
-        return type_name(t.get_element_type()) + format_shape(shape_of(t))
-    return str(t)
-
-
-def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...] | None:
-    """numpy's broadcast rule, or None when the shapes do not broadcast."""
-    rank = max((len(s) for s in shapes), default=0)
-    result: list[int] = []
-    for axis in range(rank):
-        dims = {s[len(s) - rank + axis] for s in shapes if len(s) - rank + axis >= 0}
-        dims.discard(1)
-        if len(dims) > 1:
-            return None
-        result.append(dims.pop() if dims else 1)
-    return tuple(result)
-
-
-def promote(a: Attribute, b: Attribute) -> Attribute | None:
-    """The arithmetic result type of two element types, or None if they do not mix."""
-    if a == b:
-        return a
-    if is_float_type(a) and is_float_type(b):
-        return f32
-    return None
-
-
-def normalize_axis(axis: int, rank: int) -> int | None:
-    """An axis in [-rank, rank) as a non-negative index, or None when out of range."""
-    if -rank <= axis < rank:
-        return axis % rank
-    return None
-
-
-def matmul_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
-    """numpy.matmul's shape rule for operands of rank >= 2 (leading axes broadcast)."""
-    if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
-        return None
-    batch = broadcast_shapes(a[:-2], b[:-2])
-    if batch is None:
-        return None
-    return (*batch, a[-2], b[-1])
-
-
-def reduced_shape(shape: Sequence[int], axes: Sequence[int], keepdims: bool) -> tuple[int, ...]:
-    if keepdims:
-        return tuple(1 if i in axes else d for i, d in enumerate(shape))
-    return tuple(d for i, d in enumerate(shape) if i not in axes)
-
-
-def float_literal(v: float) -> str:
-    """`v` as an MLIR float literal that parses back to the same double: repr, with a `.0`
-    added to the mantissa where repr leaves it out (`1e-20` -> `1.0e-20`)."""
-    text = repr(v)
-    mantissa, e, exponent = text.partition("e")
-    if e and "." not in mantissa:
-        text = f"{mantissa}.0e{exponent}"
-    return text
-
-
-def check_reshape(a: Attribute, r: Attribute, what: str) -> None:
-    """The rule of every row-major reshape (tmath.reshape, tcp.view): same element type and
-    element count."""
-    _expect(a.get_element_type() == r.get_element_type(), f"{what} keeps the element type")
-    _expect(math.prod(shape_of(a)) == math.prod(shape_of(r)), f"cannot {what} {format_type(a)} to {format_type(r)}")
-
-
-def _expect(cond: bool, message: str) -> None:
-    if not cond:
-        raise VerifyException(message)
+from dialects.tensor_types import (
+    broadcast_shapes,
+    check_reshape,
+    expect,
+    float_literal,
+    format_type,
+    is_bool_type,
+    is_float_type,
+    is_int_type,
+    matmul_shape,
+    promote,
+    reduced_shape,
+    shape_of,
+    type_name,
+)
 
 
 @irdl_op_definition
@@ -171,7 +75,7 @@ class ConstantOp(IRDLOperation):
         v = self.value.value.data
         et = self.result.type.get_element_type()
         if not is_float_type(et):
-            _expect(math.isfinite(v) and v == int(v), f"{type_name(et)} constant {v} is not an integer")
+            expect(math.isfinite(v) and v == int(v), f"{type_name(et)} constant {v} is not an integer")
 
     def print(self, printer: Printer) -> None:
         v = self.value.value.data
@@ -221,13 +125,13 @@ class ElementwiseBinaryOp(IRDLOperation):
     def verify_(self) -> None:
         lt, rt = self.lhs.type, self.rhs.type
         shape = broadcast_shapes(shape_of(lt), shape_of(rt))
-        _expect(shape is not None, f"shapes {format_type(lt)} and {format_type(rt)} do not broadcast")
+        expect(shape is not None, f"shapes {format_type(lt)} and {format_type(rt)} do not broadcast")
         et = promote(lt.get_element_type(), rt.get_element_type())
-        _expect(et is not None, f"element types of {format_type(lt)} and {format_type(rt)} do not mix")
-        _expect(not is_bool_type(et), f"{self.name} does not take booleans")
-        _expect(self.ALLOWS_INT or not is_int_type(et), f"{self.name} needs float operands")
+        expect(et is not None, f"element types of {format_type(lt)} and {format_type(rt)} do not mix")
+        expect(not is_bool_type(et), f"{self.name} does not take booleans")
+        expect(self.ALLOWS_INT or not is_int_type(et), f"{self.name} needs float operands")
         expected = TensorType(et, shape)
-        _expect(self.result.type == expected, f"result type should be {expected}")
+        expect(self.result.type == expected, f"result type should be {expected}")
 
 
 @irdl_op_definition
@@ -286,15 +190,15 @@ class CmpOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        _expect(self.predicate.data in CMP_PREDICATES, f"unknown predicate {self.predicate.data}")
+        expect(self.predicate.data in CMP_PREDICATES, f"unknown predicate {self.predicate.data}")
         lt, rt = self.lhs.type, self.rhs.type
         shape = broadcast_shapes(shape_of(lt), shape_of(rt))
-        _expect(shape is not None, f"shapes {format_type(lt)} and {format_type(rt)} do not broadcast")
-        _expect(
+        expect(shape is not None, f"shapes {format_type(lt)} and {format_type(rt)} do not broadcast")
+        expect(
             promote(lt.get_element_type(), rt.get_element_type()) is not None,
             f"element types of {format_type(lt)} and {format_type(rt)} do not mix",
         )
-        _expect(self.result.type == TensorType(i1, shape), "result must be i1 of the broadcast shape")
+        expect(self.result.type == TensorType(i1, shape), "result must be i1 of the broadcast shape")
 
 
 @irdl_op_definition
@@ -317,12 +221,12 @@ class SelectOp(IRDLOperation):
 
     def verify_(self) -> None:
         ct, tt, ft = self.cond.type, self.on_true.type, self.on_false.type
-        _expect(is_bool_type(ct.get_element_type()), "condition must be i1")
+        expect(is_bool_type(ct.get_element_type()), "condition must be i1")
         shape = broadcast_shapes(shape_of(ct), shape_of(tt), shape_of(ft))
-        _expect(shape is not None, "operand shapes do not broadcast")
+        expect(shape is not None, "operand shapes do not broadcast")
         et = promote(tt.get_element_type(), ft.get_element_type())
-        _expect(et is not None, "branch element types do not mix")
-        _expect(self.result.type == TensorType(et, shape), "result type mismatch")
+        expect(et is not None, "branch element types do not mix")
+        expect(self.result.type == TensorType(et, shape), "result type mismatch")
 
 
 class ElementwiseUnaryOp(IRDLOperation):
@@ -339,8 +243,8 @@ class ElementwiseUnaryOp(IRDLOperation):
 
     def verify_(self) -> None:
         et = self.input.type.get_element_type()
-        _expect(is_float_type(et) or (self.ALLOWS_INT and is_int_type(et)), f"{self.name} needs float operands")
-        _expect(self.result.type == self.input.type, "result type must equal the operand type")
+        expect(is_float_type(et) or (self.ALLOWS_INT and is_int_type(et)), f"{self.name} needs float operands")
+        expect(self.result.type == self.input.type, "result type must equal the operand type")
 
 
 @irdl_op_definition
@@ -404,9 +308,9 @@ class SoftmaxOp(IRDLOperation):
 
     def verify_(self) -> None:
         t = self.input.type
-        _expect(is_float_type(t.get_element_type()), "softmax needs a float operand")
-        _expect(0 <= self.axis.value.data < len(shape_of(t)), "axis out of range")
-        _expect(self.result.type == t, "result type must equal the operand type")
+        expect(is_float_type(t.get_element_type()), "softmax needs a float operand")
+        expect(0 <= self.axis.value.data < len(shape_of(t)), "axis out of range")
+        expect(self.result.type == t, "result type must equal the operand type")
 
 
 class ReduceOp(IRDLOperation):
@@ -434,11 +338,11 @@ class ReduceOp(IRDLOperation):
         t = self.input.type
         shape = shape_of(t)
         axes = self.axis_list
-        _expect(not is_bool_type(t.get_element_type()), f"{self.name} does not take booleans")
-        _expect(list(axes) == sorted(set(axes)), "axes must be sorted and distinct")
-        _expect(all(0 <= a < len(shape) for a in axes), "axis out of range")
+        expect(not is_bool_type(t.get_element_type()), f"{self.name} does not take booleans")
+        expect(list(axes) == sorted(set(axes)), "axes must be sorted and distinct")
+        expect(all(0 <= a < len(shape) for a in axes), "axis out of range")
         expected = TensorType(t.get_element_type(), reduced_shape(shape, axes, self.keepdims is not None))
-        _expect(self.result.type == expected, f"result type should be {expected}")
+        expect(self.result.type == expected, f"result type should be {expected}")
 
 
 @irdl_op_definition
@@ -489,8 +393,8 @@ class CastOp(IRDLOperation):
         super().__init__(operands=[input], result_types=[result_type])
 
     def verify_(self) -> None:
-        _expect(shape_of(self.input.type) == shape_of(self.result.type), "cast keeps the shape")
-        _expect(not is_bool_type(self.result.type.get_element_type()), "cannot cast to i1; compare instead")
+        expect(shape_of(self.input.type) == shape_of(self.result.type), "cast keeps the shape")
+        expect(not is_bool_type(self.result.type.get_element_type()), "cannot cast to i1; compare instead")
 
 
 @irdl_op_definition
@@ -513,10 +417,10 @@ class MatmulOp(IRDLOperation):
     def verify_(self) -> None:
         lt, rt = self.lhs.type, self.rhs.type
         shape = matmul_shape(shape_of(lt), shape_of(rt))
-        _expect(shape is not None, f"cannot multiply {format_type(lt)} by {format_type(rt)}")
+        expect(shape is not None, f"cannot multiply {format_type(lt)} by {format_type(rt)}")
         et = promote(lt.get_element_type(), rt.get_element_type())
-        _expect(et is not None and is_float_type(et), "matmul needs float operands of one kind")
-        _expect(self.result.type == TensorType(et, shape), "result type mismatch")
+        expect(et is not None and is_float_type(et), "matmul needs float operands of one kind")
+        expect(self.result.type == TensorType(et, shape), "result type mismatch")
 
 
 @irdl_op_definition
@@ -535,9 +439,9 @@ class OneHotOp(IRDLOperation):
 
     def verify_(self) -> None:
         a, r = self.input.type, self.result.type
-        _expect(is_int_type(a.get_element_type()), "one_hot takes i32 indices")
-        _expect(is_int_type(r.get_element_type()), "one_hot gives i32")
-        _expect(shape_of(r)[:-1] == shape_of(a), "result shape must be the index shape plus depth")
+        expect(is_int_type(a.get_element_type()), "one_hot takes i32 indices")
+        expect(is_int_type(r.get_element_type()), "one_hot gives i32")
+        expect(shape_of(r)[:-1] == shape_of(a), "result shape must be the index shape plus depth")
 
 
 @irdl_op_definition
@@ -563,9 +467,9 @@ class TakeOp(IRDLOperation):
 
     def verify_(self) -> None:
         xs, ids = shape_of(self.input.type), shape_of(self.indices.type)
-        _expect(is_int_type(self.indices.type.get_element_type()), "take needs i32 indices")
-        _expect(len(xs) >= 1 and xs[:-1] == ids[:-1], "leading shapes of input and indices must match")
-        _expect(
+        expect(is_int_type(self.indices.type.get_element_type()), "take needs i32 indices")
+        expect(len(xs) >= 1 and xs[:-1] == ids[:-1], "leading shapes of input and indices must match")
+        expect(
             self.result.type == TensorType(self.input.type.get_element_type(), ids),
             "result has the index shape and the input's type",
         )

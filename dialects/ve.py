@@ -26,7 +26,7 @@ Tags are `tensor<...xi4>` values holding 0..15 (the simulator stores them as uin
 element type, so a verifier can tell a tag stream from data, and four bits as on the chip.
 Binary ops take two operands of one type (the mainstream and a register-file or constant
 operand); broadcasting is explicit (`ve.broadcast`). Axes are non-negative.
-Numpy semantics are in `runtime_sim/ve_semantics.py`.
+Numpy semantics are in `runtime_sim/semantics/ve_semantics.py`.
 """
 
 from __future__ import annotations
@@ -67,10 +67,9 @@ from xdsl.irdl import (
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.traits import Pure
-from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
-from dialects.tmath import format_type, shape_of
+from dialects.tensor_types import expect, format_type, shape_of
 
 TAG = IntegerType(4)
 """The element type of a tag stream: 4 bits, ids 0..15."""
@@ -92,10 +91,6 @@ def is_tag_type(element_type: Attribute) -> bool:
     return element_type == TAG
 
 
-def _expect(cond: bool, message: str) -> None:
-    if not cond:
-        raise VerifyException(message)
-
 
 def _element(v: SSAValue | Attribute) -> Attribute:
     t = v.type if isinstance(v, SSAValue) else v
@@ -104,12 +99,12 @@ def _element(v: SSAValue | Attribute) -> Attribute:
 
 
 def _check_axis(axis: int, rank: int, what: str = "axis") -> None:
-    _expect(0 <= axis < rank, f"{what} {axis} is out of range for rank {rank}")
+    expect(0 <= axis < rank, f"{what} {axis} is out of range for rank {rank}")
 
 
 def _check_tag_set(values: Sequence[int], what: str) -> None:
-    _expect(all(v in TAG_IDS for v in values), f"{what} tags must lie in [0, 15], got {list(values)}")
-    _expect(len(set(values)) == len(values), f"{what} tags must be distinct, got {list(values)}")
+    expect(all(v in TAG_IDS for v in values), f"{what} tags must lie in [0, 15], got {list(values)}")
+    expect(len(set(values)) == len(values), f"{what} tags must be distinct, got {list(values)}")
 
 
 def _tag_array(values: Sequence[int]) -> DenseArrayBase:
@@ -177,11 +172,11 @@ class ConstOp(IRDLOperation):
 
     def verify_(self) -> None:
         et = _element(self.result)
-        _expect(is_lane_type(et), f"ve.const gives i32 or f32, not {format_type(self.result.type)}")
+        expect(is_lane_type(et), f"ve.const gives i32 or f32, not {format_type(self.result.type)}")
         if et == i32:
-            _expect(isinstance(self.value, IntegerAttr) and self.value.type == i32, "an i32 const needs an i32 value")
+            expect(isinstance(self.value, IntegerAttr) and self.value.type == i32, "an i32 const needs an i32 value")
         else:
-            _expect(isinstance(self.value, FloatAttr) and self.value.type == f32, "an f32 const needs an f32 value")
+            expect(isinstance(self.value, FloatAttr) and self.value.type == f32, "an f32 const needs an f32 value")
 
     def print(self, printer: Printer) -> None:
         v = self.scalar
@@ -234,7 +229,7 @@ class IotaOp(IRDLOperation):
         super().__init__(properties={"axis": IntegerAttr(axis, i64)}, result_types=[result_type])
 
     def verify_(self) -> None:
-        _expect(_element(self.result) == i32, "ve.iota gives i32")
+        expect(_element(self.result) == i32, "ve.iota gives i32")
         _check_axis(self.axis.value.data, len(shape_of(self.result.type)))
 
 
@@ -257,9 +252,9 @@ class ConversionOp(IRDLOperation):
 
     def verify_(self) -> None:
         a, r = self.input.type, self.result.type
-        _expect(shape_of(a) == shape_of(r), f"{self.name} keeps the shape: {format_type(a)} -> {format_type(r)}")
-        _expect(_element(a) in self.FROM, f"{self.name} does not take {format_type(a)}")
-        _expect(_element(r) in self.TO, f"{self.name} does not give {format_type(r)}")
+        expect(shape_of(a) == shape_of(r), f"{self.name} keeps the shape: {format_type(a)} -> {format_type(r)}")
+        expect(_element(a) in self.FROM, f"{self.name} does not take {format_type(a)}")
+        expect(_element(r) in self.TO, f"{self.name} does not give {format_type(r)}")
 
 
 @irdl_op_definition
@@ -272,7 +267,7 @@ class BitcastOp(ConversionOp):
 
     def verify_(self) -> None:
         super().verify_()
-        _expect(_element(self.input) != _element(self.result), "ve.bitcast changes the element type")
+        expect(_element(self.input) != _element(self.result), "ve.bitcast changes the element type")
 
 
 @irdl_op_definition
@@ -304,9 +299,9 @@ class NarrowOp(IRDLOperation):
 
     def verify_(self) -> None:
         a, r = self.input.type, self.result.type
-        _expect(shape_of(a) == shape_of(r), f"ve.narrow keeps the shape: {format_type(a)} -> {format_type(r)}")
-        _expect(isinstance(_element(a), Float32Type), "ve.narrow takes f32")
-        _expect(isinstance(_element(r), BFloat16Type), "ve.narrow gives bf16")
+        expect(shape_of(a) == shape_of(r), f"ve.narrow keeps the shape: {format_type(a)} -> {format_type(r)}")
+        expect(isinstance(_element(a), Float32Type), "ve.narrow takes f32")
+        expect(isinstance(_element(r), BFloat16Type), "ve.narrow gives bf16")
 
 
 @irdl_op_definition
@@ -350,7 +345,7 @@ class BinaryOp(IRDLOperation):
     def verify_(self) -> None:
         et = _element(self.result)
         names = " or ".join(str(e) for e in self.ELEMENTS)
-        _expect(et in self.ELEMENTS, f"{self.name} takes {names}, not {format_type(self.result.type)}")
+        expect(et in self.ELEMENTS, f"{self.name} takes {names}, not {format_type(self.result.type)}")
 
 
 class LogicOp(BinaryOp):
@@ -447,7 +442,7 @@ class UnaryFloatOp(IRDLOperation):
         super().__init__(operands=[input], result_types=[input.type])
 
     def verify_(self) -> None:
-        _expect(isinstance(_element(self.input), Float32Type), f"{self.name} takes f32")
+        expect(isinstance(_element(self.input), Float32Type), f"{self.name} takes f32")
 
 
 @irdl_op_definition
@@ -507,8 +502,8 @@ class TagOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        _expect(is_lane_type(_element(self.lhs)), f"ve.tag compares i32 or f32, not {format_type(self.lhs.type)}")
-        _expect(self.result.type == tag_tensor(shape_of(self.lhs.type)),
+        expect(is_lane_type(_element(self.lhs)), f"ve.tag compares i32 or f32, not {format_type(self.lhs.type)}")
+        expect(self.result.type == tag_tensor(shape_of(self.lhs.type)),
                 f"ve.tag gives {tag_tensor(shape_of(self.lhs.type))}")
 
 
@@ -543,9 +538,9 @@ class PositionTagOp(IRDLOperation):
         return tuple(getattr(self, name).value.data for name in POSITIONS)  # type: ignore[return-value]
 
     def verify_(self) -> None:
-        _expect(is_tag_type(_element(self.result)), "ve.position_tag gives a tag tensor (i4)")
+        expect(is_tag_type(_element(self.result)), "ve.position_tag gives a tag tensor (i4)")
         _check_axis(self.axis.value.data, len(shape_of(self.result.type)))
-        _expect(all(v in TAG_IDS for v in self.pattern), f"position tags must lie in [0, 15], got {list(self.pattern)}")
+        expect(all(v in TAG_IDS for v in self.pattern), f"position tags must lie in [0, 15], got {list(self.pattern)}")
 
 
 @irdl_op_definition
@@ -573,9 +568,9 @@ class SelectOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        _expect(is_tag_type(_element(self.tags)), f"ve.select is guarded by a tag tensor, not {format_type(self.tags.type)}")
-        _expect(is_lane_type(_element(self.result)), f"ve.select moves i32 or f32, not {format_type(self.result.type)}")
-        _expect(shape_of(self.tags.type) == shape_of(self.result.type),
+        expect(is_tag_type(_element(self.tags)), f"ve.select is guarded by a tag tensor, not {format_type(self.tags.type)}")
+        expect(is_lane_type(_element(self.result)), f"ve.select moves i32 or f32, not {format_type(self.result.type)}")
+        expect(shape_of(self.tags.type) == shape_of(self.result.type),
                 f"tags {format_type(self.tags.type)} and values {format_type(self.result.type)} differ in shape")
         _check_tag_set(self.when.get_values(), "select")
 
@@ -620,10 +615,10 @@ class ScanOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        _expect(is_lane_type(_element(self.input)), f"ve.scan runs on i32 or f32, not {format_type(self.input.type)}")
-        _expect(is_tag_type(_element(self.tags)), f"ve.scan is guarded by a tag tensor, not {format_type(self.tags.type)}")
+        expect(is_lane_type(_element(self.input)), f"ve.scan runs on i32 or f32, not {format_type(self.input.type)}")
+        expect(is_tag_type(_element(self.tags)), f"ve.scan is guarded by a tag tensor, not {format_type(self.tags.type)}")
         shape = shape_of(self.input.type)
-        _expect(shape_of(self.tags.type) == shape,
+        expect(shape_of(self.tags.type) == shape,
                 f"tags {format_type(self.tags.type)} and values {format_type(self.input.type)} differ in shape")
         _check_axis(self.axis.value.data, len(shape))
         _check_tag_set(self.read.get_values(), "read")
@@ -659,9 +654,9 @@ class BroadcastOp(IRDLOperation):
         a, r = shape_of(self.input.type), shape_of(self.result.type)
         axis = self.axis.value.data
         et = _element(self.input)
-        _expect(is_lane_type(et) or is_tag_type(et), f"ve.broadcast takes i32, f32 or tags, not {format_type(self.input.type)}")
+        expect(is_lane_type(et) or is_tag_type(et), f"ve.broadcast takes i32, f32 or tags, not {format_type(self.input.type)}")
         _check_axis(axis, len(r))
-        _expect(_element(self.result) == et and len(r) == len(a) + 1 and r[:axis] + r[axis + 1:] == a,
+        expect(_element(self.result) == et and len(r) == len(a) + 1 and r[:axis] + r[axis + 1:] == a,
                 f"{format_type(self.result.type)} is not {format_type(self.input.type)} with an axis inserted at {axis}")
 
 
@@ -690,10 +685,10 @@ class ReduceOp(IRDLOperation):
         a = shape_of(self.input.type)
         axis = self.axis.value.data
         et = _element(self.input)
-        _expect(is_lane_type(et), f"{self.name} takes i32 or f32, not {format_type(self.input.type)}")
+        expect(is_lane_type(et), f"{self.name} takes i32 or f32, not {format_type(self.input.type)}")
         _check_axis(axis, len(a))
         expected = TensorType(et, a[:axis] + a[axis + 1:])
-        _expect(self.result.type == expected, f"{self.name} along {axis} gives {expected}")
+        expect(self.result.type == expected, f"{self.name} along {axis} gives {expected}")
 
 
 @irdl_op_definition
@@ -744,16 +739,16 @@ class FilterOp(IRDLOperation):
         a, r = shape_of(self.input.type), shape_of(self.result.type)
         axis = self.axis.value.data
         et = _element(self.input)
-        _expect(is_lane_type(et), f"ve.filter moves i32 or f32, not {format_type(self.input.type)}")
-        _expect(is_tag_type(_element(self.tags)), f"ve.filter is guarded by a tag tensor, not {format_type(self.tags.type)}")
-        _expect(shape_of(self.tags.type) == a,
+        expect(is_lane_type(et), f"ve.filter moves i32 or f32, not {format_type(self.input.type)}")
+        expect(is_tag_type(_element(self.tags)), f"ve.filter is guarded by a tag tensor, not {format_type(self.tags.type)}")
+        expect(shape_of(self.tags.type) == a,
                 f"tags {format_type(self.tags.type)} and values {format_type(self.input.type)} differ in shape")
         _check_axis(axis, len(a))
         _check_tag_set(self.keep.get_values(), "keep")
-        _expect(I32_MIN <= self.pad.value.data <= I32_MAX, f"pad {self.pad.value.data} is not a 32-bit value")
-        _expect(_element(self.result) == et and len(r) == len(a) and r[:axis] == a[:axis] and r[axis + 1:] == a[axis + 1:],
+        expect(I32_MIN <= self.pad.value.data <= I32_MAX, f"pad {self.pad.value.data} is not a 32-bit value")
+        expect(_element(self.result) == et and len(r) == len(a) and r[:axis] == a[:axis] and r[axis + 1:] == a[axis + 1:],
                 f"{format_type(self.result.type)} is not {format_type(self.input.type)} with axis {axis} resized")
-        _expect(r[axis] >= 1, "ve.filter needs an output size of at least 1")
+        expect(r[axis] >= 1, "ve.filter needs an output size of at least 1")
 
 
 VE = Dialect(

@@ -32,7 +32,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from dialects import tcp, ve
-from passes.phases import PHASE_ATTR
+from dialects.annotations import PHASE_ATTR
 
 VIEWS = (tcp.ViewOp, ve.BroadcastOp, ve.BitcastOp)
 """Ops that give another shape to the same bytes: they read nothing themselves."""

@@ -63,9 +63,9 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from dialects import moe, tcp, ve
-from dialects.tmath import shape_of
+from dialects.annotations import mark
+from dialects.tensor_types import shape_of
 from passes.lowering_builder import LoweringBuilder, element_of
-from passes.phases import mark
 
 PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.CombineOp)
 

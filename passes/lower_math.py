@@ -28,7 +28,7 @@ reference (DESIGN section 5) made explicit:
 - matmul: `tcp.contract` with an einsum spec built from the ranks (`tcp.matmul_contraction`;
   batch axes broadcast by leaving a size-1 axis out of that operand's side), rounded once to
   the result type. The simulator runs `tcp.contract` through the same routine as the reference
-  matmul (`runtime_sim.numerics.contract`), so it gives the reference's bits; the chip
+  matmul (`runtime_sim.semantics.numerics.contract`), so it gives the reference's bits; the chip
   accumulates in its own order, which is allowed to differ by the tolerance in `MATMUL_ULPS`.
 - one_hot: the index broadcast along a new axis, tagged `eq` against an iota, select 1 / 0.
 - take along the last axis: negative indices + N first; then a one-hot tag of [..., M, N]
@@ -59,11 +59,11 @@ from xdsl.pattern_rewriter import (
 )
 from xdsl.utils.exceptions import DiagnosticException
 
-from dialects import tcp, tmath, ve
-from dialects.tmath import is_bool_type, is_float_type, is_int_type, shape_of
+from dialects import tcp, tensor_types, tmath, ve
+from dialects.annotations import OTHER, mark, phase_of
+from dialects.tensor_types import is_bool_type, is_float_type, is_int_type, shape_of
 from passes.lowering_builder import LoweringBuilder, element_of, lane_type
-from passes.phases import OTHER, mark, math_phases
-from runtime_sim.tmath_semantics import constant_value
+from runtime_sim.semantics.tmath_semantics import constant_value
 
 INT_MIN = -(2**31)
 SIGN_BIT = 0x80000000
@@ -124,7 +124,7 @@ class _Lowering(LoweringBuilder):
         """A boolean as its tag stream (the lowered `tmath.cmp`), broadcast to `shape`."""
         if not ve.is_tag_type(element_of(v)):
             raise DiagnosticException(
-                f"lower-math: a boolean must come from tmath.cmp, got {tmath.format_type(v.type)}")
+                f"lower-math: a boolean must come from tmath.cmp, got {tensor_types.format_type(v.type)}")
         return self.expand(v, shape)
 
     def rounded(self, y: SSAValue, element: Attribute) -> SSAValue:
@@ -304,8 +304,52 @@ class LowerMathPass(ModulePass):
     name = "lower-math"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        # Each op's phase (passes/phases.py) from its neighbours, before any is rewritten.
+        # Each op's phase (dialects/annotations.py) from its neighbours, before any is rewritten.
         phases = math_phases(op)
         # In program order, so a comparison is a tag stream before its select sees it.
         for pattern in (LowerMathPattern(phases), LowerConstantPattern(phases)):
             PatternRewriteWalker(GreedyRewritePatternApplier([pattern]), apply_recursively=False).rewrite_module(op)
+
+
+def _is_math(op: Operation) -> bool:
+    return op.name.startswith("tmath.")
+
+
+def math_phases(module: ModuleOp) -> dict[Operation, str]:
+    """The phase of every `tmath` op of `module`, from the phases of the ops it connects to
+    through other `tmath` ops (see the module docstring)."""
+    ops = [op for op in module.walk() if _is_math(op)]
+    up: dict[Operation, set[str]] = {}
+    for op in ops:  # program order: every producer comes first
+        seen: set[str] = set()
+        for operand in op.operands:
+            owner = operand.owner
+            if isinstance(owner, Operation):
+                if owner in up:
+                    seen |= up[owner]
+                elif (p := phase_of(owner)) is not None:
+                    seen.add(p)
+        up[op] = seen
+    down: dict[Operation, set[str]] = {}
+    for op in reversed(ops):
+        seen = set()
+        for result in op.results:
+            for use in result.uses:
+                user = use.operation
+                if user in down:
+                    seen |= down[user]
+                elif (p := phase_of(user)) is not None:
+                    seen.add(p)
+        down[op] = seen
+    phases: dict[Operation, str] = {}
+    for op in ops:
+        given = phase_of(op)
+        if given is not None:
+            phases[op] = given
+        elif "experts" in up[op] and "experts" in down[op]:
+            phases[op] = "experts"
+        elif "router" in up[op] | down[op]:
+            phases[op] = "router"
+        else:
+            phases[op] = OTHER
+    return phases

@@ -1,7 +1,7 @@
 """`lower-routing`: the index generation of every `moe.scatter` becomes vector-engine (`ve`) ops.
 
 `%xb, %route = moe.scatter %x, %expert_idx` becomes ve ops computing the routing plan of
-DESIGN section 5 (`runtime_sim.moe_semantics.route_plan`, bit for bit), then
+DESIGN section 5 (`runtime_sim.semantics.moe_semantics.route_plan`, bit for bit), then
 `%route = moe.route %scatter_idx, %expert_ids` and `%xb = moe.dispatch %x, %route`; the data
 movement is left to the dispatch lowering. Pairs p = t*K + k run along a flattened axis of
 P = T*K (the `[T, K]` indices are viewed as `[P]`, and `scatter_idx` viewed back: `tcp.view`,
@@ -85,9 +85,9 @@ from xdsl.pattern_rewriter import (
 )
 
 from dialects import moe, tcp, ve
-from dialects.tmath import shape_of
+from dialects.annotations import mark
+from dialects.tensor_types import shape_of
 from passes.lowering_builder import LoweringBuilder
-from passes.phases import mark
 
 CUMSUM_TAGS = (0, 1, 2, 3)
 """Position tags of a cumsum: first, middle, last, single (an axis of one element)."""

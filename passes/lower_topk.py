@@ -54,9 +54,9 @@ from xdsl.pattern_rewriter import (
 )
 
 from dialects import moe, ve
-from dialects.tmath import shape_of
+from dialects.annotations import mark
+from dialects.tensor_types import shape_of
 from passes.lowering_builder import LoweringBuilder
-from passes.phases import mark
 
 STRATEGIES = ("rank", "rounds")
 DEFAULT_STRATEGY = "rank"

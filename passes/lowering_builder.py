@@ -10,7 +10,7 @@ from xdsl.dialects.builtin import BFloat16Type, TensorType, bf16, f32, i32
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from dialects import tcp, ve
-from dialects.tmath import shape_of
+from dialects.tensor_types import shape_of
 
 
 def element_of(x: SSAValue) -> Attribute:

@@ -1,6 +1,6 @@
 """`pin-routing`: each `moe.scatter`'s expert indices become a routing argument of the graph.
 
-For cost-only simulation (runtime_sim/cost_only.py): the [T, K] expert indices a `moe.scatter`
+For cost-only simulation (runtime_sim/perf/cost_only.py): the [T, K] expert indices a `moe.scatter`
 consumes are replaced by a new argument of the function, appended after the others, named
 `%routing` (`%routing1`, ... for further scatters) and tagged with the arg attribute
 `tcpc.routing_experts = E`. Whoever runs the function then decides the routing (a scenario, or
@@ -37,7 +37,7 @@ from xdsl.ir import BlockArgument
 from xdsl.passes import ModulePass
 
 from dialects import moe
-from runtime_sim.routing_scenarios import ROUTING_ATTR, routing_arguments
+from dialects.annotations import ROUTING_ATTR, routing_arguments
 
 
 def _called(module: ModuleOp) -> set[str]:

@@ -13,9 +13,10 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 
-from dialects.tmath import format_type, shape_of
-from runtime_sim.numerics import bfloat16, round_to, tensor_dtype
-from runtime_sim.routing_scenarios import DEFAULT_SCENARIO, RoutingError, routing_arguments, scenario_choices
+from dialects.annotations import routing_arguments
+from dialects.tensor_types import format_type, shape_of
+from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, RoutingError, scenario_choices
+from runtime_sim.semantics.numerics import bfloat16, round_to, tensor_dtype
 
 
 class InputError(Exception):
@@ -63,7 +64,7 @@ def draw(t: TensorType, rng: np.random.Generator, first: bool) -> np.ndarray:
 def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int = 0) -> list[np.ndarray]:
     """Every argument of `fn` in declared order: from `given` by name, else drawn from the seed
     (each argument from its own stream, so giving one input never changes another). A routing
-    argument (`tcpc.routing_experts`, see runtime_sim/routing_scenarios.py) not given takes
+    argument (`tcpc.routing_experts`, see runtime_sim/perf/routing_scenarios.py) not given takes
     the balanced scenario's expert choices: random indices would repeat experts."""
     if seed < 0:
         raise InputError(f"the seed must be a non-negative integer, got {seed}")

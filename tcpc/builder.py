@@ -18,8 +18,8 @@ from xdsl.dialects.builtin import ModuleOp, TensorType, i1
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
-from dialects import moe, tmath
-from dialects.tmath import format_shape, format_type, shape_of
+from dialects import moe, tensor_types, tmath
+from dialects.tensor_types import format_shape, format_type, shape_of
 from tcpc import syntax as ast
 from tcpc.diagnostics import CompileError, Loc
 
@@ -168,7 +168,7 @@ class GraphBuilder:
         return [self.static_int(d, "a dimension") for d in dims]
 
     def tensor_type(self, t: ast.TensorTypeExpr) -> TensorType:
-        return TensorType(tmath.ELEMENT_TYPES[t.dtype], self.shape(t.dims))
+        return TensorType(tensor_types.ELEMENT_TYPES[t.dtype], self.shape(t.dims))
 
     def tensor(self, e: ast.Expr, what: str = "operand") -> SSAValue:
         v = self.single(e)
@@ -187,9 +187,9 @@ class GraphBuilder:
         v = value.value
         if not is_number(v):
             raise CompileError(f"{spell(v)} cannot be used as a number here", loc)
-        if tmath.is_bool_type(element_type):
+        if tensor_types.is_bool_type(element_type):
             raise CompileError("cannot do arithmetic on booleans", loc)
-        if tmath.is_int_type(element_type) and not (isinstance(v, int) or v.is_integer()):
+        if tensor_types.is_int_type(element_type) and not (isinstance(v, int) or v.is_integer()):
             raise CompileError(f"{v} is not an integer, and the other operand is i32; convert with f32(...)", loc)
         return self.emit(tmath.ConstantOp(v, TensorType(element_type, [])), loc).result
 
@@ -202,14 +202,14 @@ class GraphBuilder:
         return lhs, rhs
 
     def broadcast(self, loc: Loc, *values: SSAValue) -> tuple[int, ...]:
-        shape = tmath.broadcast_shapes(*(shape_of(v.type) for v in values))
+        shape = tensor_types.broadcast_shapes(*(shape_of(v.type) for v in values))
         if shape is None:
             shown = " and ".join(format_shape(shape_of(v.type)) for v in values)
             raise CompileError(f"shapes {shown} do not broadcast", loc)
         return shape
 
     def promote(self, a: SSAValue, b: SSAValue, loc: Loc) -> Attribute:
-        et = tmath.promote(a.type.get_element_type(), b.type.get_element_type())
+        et = tensor_types.promote(a.type.get_element_type(), b.type.get_element_type())
         if et is None:
             raise CompileError(
                 f"cannot mix {format_type(a.type)} and {format_type(b.type)}; "
@@ -250,13 +250,13 @@ class GraphBuilder:
             case ast.Convert(dtype=dtype, operand=operand):
                 x = self.tensor(operand, f"the operand of {dtype}(...)")
                 shape = shape_of(x.type)
-                return self.emit(tmath.CastOp(x, TensorType(tmath.ELEMENT_TYPES[dtype], shape)), e.loc).result
+                return self.emit(tmath.CastOp(x, TensorType(tensor_types.ELEMENT_TYPES[dtype], shape)), e.loc).result
             case ast.Call():
                 return self.call(e)
         raise AssertionError(f"unhandled expression {e}")
 
     def check_arith(self, v: SSAValue, loc: Loc) -> None:
-        if tmath.is_bool_type(v.type.get_element_type()):
+        if tensor_types.is_bool_type(v.type.get_element_type()):
             raise CompileError("cannot do arithmetic on booleans; use where(...)", loc)
 
     def binary(self, e: ast.Binary) -> Value:
@@ -280,13 +280,13 @@ class GraphBuilder:
         if e.op in CMP_PREDICATE:
             return self.emit(tmath.CmpOp(CMP_PREDICATE[e.op], lhs, rhs, TensorType(i1, shape)), e.loc).result
         self.check_arith(lhs, e.loc)
-        if e.op == "/" and tmath.is_int_type(et):
+        if e.op == "/" and tensor_types.is_int_type(et):
             raise CompileError("integer division is not supported; convert with f32(...) first", e.loc)
         return self.emit(ARITH_OPS[e.op](lhs, rhs, TensorType(et, shape)), e.loc).result
 
     def matmul(self, lhs: SSAValue, rhs: SSAValue, loc: Loc) -> SSAValue:
         ls, rs = shape_of(lhs.type), shape_of(rhs.type)
-        shape = tmath.matmul_shape(ls, rs)
+        shape = tensor_types.matmul_shape(ls, rs)
         if shape is None:
             if len(ls) < 2 or len(rs) < 2:
                 reason = "'@' needs operands of rank 2 or more"
@@ -296,7 +296,7 @@ class GraphBuilder:
                 reason = f"the batch shapes {format_shape(ls[:-2])} and {format_shape(rs[:-2])} do not broadcast"
             raise CompileError(f"cannot multiply {format_type(lhs.type)} by {format_type(rhs.type)}: {reason}", loc)
         et = self.promote(lhs, rhs, loc)
-        if not tmath.is_float_type(et):
+        if not tensor_types.is_float_type(et):
             raise CompileError("'@' needs float operands", loc)
         return self.emit(tmath.MatmulOp(lhs, rhs, TensorType(et, shape)), loc).result
 
@@ -336,7 +336,7 @@ class GraphBuilder:
         for a in items:
             if isinstance(a, bool) or not isinstance(a, int):
                 raise CompileError(f"{what} must be an integer or a list of integers", e.loc)
-            n = tmath.normalize_axis(a, rank)
+            n = tensor_types.normalize_axis(a, rank)
             if n is None:
                 raise CompileError(f"{what} {a} is out of range for rank {rank}", e.loc)
             axes.append(n)
@@ -358,7 +358,7 @@ class GraphBuilder:
             op_type = UNARY_BUILTINS[c.func]
             x = self.tensor(self.bind(c, ["x"])["x"], f"the argument of {c.func}")
             et = x.type.get_element_type()
-            if not (tmath.is_float_type(et) or (op_type.ALLOWS_INT and tmath.is_int_type(et))):
+            if not (tensor_types.is_float_type(et) or (op_type.ALLOWS_INT and tensor_types.is_int_type(et))):
                 kind = "a float or i32" if op_type.ALLOWS_INT else "a float"
                 raise CompileError(f"{c.func}() needs {kind} tensor, got {format_type(x.type)}", c.loc)
             return self.emit(op_type(x), c.loc).result
@@ -379,12 +379,12 @@ class GraphBuilder:
                 return Static(fold(v.value for v in values))
         args = self.bind(c, ["x"], {"axis": None, "keepdims": False})
         x = self.tensor(args["x"], f"the argument of {c.func}")
-        if tmath.is_bool_type(x.type.get_element_type()):
+        if tensor_types.is_bool_type(x.type.get_element_type()):
             raise CompileError(f"{c.func}() of booleans; convert with i32(...) first", c.loc)
         shape = shape_of(x.type)
         axes = self.axes(args["axis"], len(shape), "axis")
         keepdims = self.flag(args["keepdims"], "keepdims")
-        result = TensorType(x.type.get_element_type(), tmath.reduced_shape(shape, axes, keepdims))
+        result = TensorType(x.type.get_element_type(), tensor_types.reduced_shape(shape, axes, keepdims))
         return self.emit(REDUCE_BUILTINS[c.func](x, axes, keepdims, result), c.loc).result
 
     def elementwise(self, c: ast.Call, op_type: type[tmath.ElementwiseBinaryOp], lhs: Value, rhs: Value) -> Value:
@@ -420,7 +420,7 @@ class GraphBuilder:
     def call_softmax(self, c: ast.Call) -> Value:
         args = self.bind(c, ["x"], {"axis": ast.Number(c.loc, -1)})
         x = self.tensor(args["x"], "the argument of softmax")
-        if not tmath.is_float_type(x.type.get_element_type()):
+        if not tensor_types.is_float_type(x.type.get_element_type()):
             raise CompileError(f"softmax() needs a float tensor, got {format_type(x.type)}", c.loc)
         axes = self.axes(args["axis"], len(shape_of(x.type)), "axis")
         if len(axes) != 1:
@@ -430,7 +430,7 @@ class GraphBuilder:
     def call_where(self, c: ast.Call) -> Value:
         args = self.bind(c, ["cond", "a", "b"])
         cond = self.tensor(args["cond"], "the condition of where")
-        if not tmath.is_bool_type(cond.type.get_element_type()):
+        if not tensor_types.is_bool_type(cond.type.get_element_type()):
             raise CompileError(f"where() needs a boolean condition (a comparison), got {format_type(cond.type)}", c.loc)
         a, b = self.operand(args["a"]), self.operand(args["b"])
         if isinstance(a, Static) and isinstance(b, Static):
@@ -461,7 +461,7 @@ class GraphBuilder:
 
     def int_tensor(self, e: ast.Expr, what: str) -> SSAValue:
         v = self.tensor(e, what)
-        if not tmath.is_int_type(v.type.get_element_type()):
+        if not tensor_types.is_int_type(v.type.get_element_type()):
             raise CompileError(f"{what} must be i32, got {format_type(v.type)}", e.loc)
         return v
 
@@ -487,7 +487,7 @@ class GraphBuilder:
     def call_topk(self, c: ast.Call) -> Result:
         args = self.bind(c, ["x", "k"], {"order": "score"})
         x = self.tensor(args["x"], "the scores of topk")
-        if tmath.is_bool_type(x.type.get_element_type()):
+        if tensor_types.is_bool_type(x.type.get_element_type()):
             raise CompileError("topk() of booleans; convert with i32(...) first", c.loc)
         shape = shape_of(x.type)
         if not shape:
@@ -559,12 +559,12 @@ class GraphBuilder:
                 args["w"].loc,
             )
         et = self.promote(x, w, c.loc)
-        if not tmath.is_float_type(et):
+        if not tensor_types.is_float_type(et):
             raise CompileError("grouped_matmul needs float tensors", c.loc)
         bias = None
         if args["bias"] is not None:
             bias = self.tensor(args["bias"], "the bias of grouped_matmul")
-            if shape_of(bias.type) != (e, ws[2]) or not tmath.is_float_type(bias.type.get_element_type()):
+            if shape_of(bias.type) != (e, ws[2]) or not tensor_types.is_float_type(bias.type.get_element_type()):
                 raise CompileError(
                     f"grouped_matmul bias must be a float [E, F] = [{e}, {ws[2]}], got {format_type(bias.type)}",
                     args["bias"].loc,
@@ -582,13 +582,13 @@ class GraphBuilder:
                 f"combine blocks must be [G, B, D] = [{r.blocks.data}, {r.block.data}, D], got {format_type(x.type)}",
                 args["x"].loc,
             )
-        if not tmath.is_float_type(x.type.get_element_type()):
+        if not tensor_types.is_float_type(x.type.get_element_type()):
             raise CompileError("combine needs float blocks", c.loc)
         weights = None
         if args["weights"] is not None:
             weights = self.tensor(args["weights"], "the weights of combine")
             want = (r.tokens.data, r.k.data)
-            if shape_of(weights.type) != want or not tmath.is_float_type(weights.type.get_element_type()):
+            if shape_of(weights.type) != want or not tensor_types.is_float_type(weights.type.get_element_type()):
                 raise CompileError(
                     f"combine weights must be a float [T, K] = {format_shape(want)}, got {format_type(weights.type)}",
                     args["weights"].loc,

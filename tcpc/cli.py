@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
-from dialects.tmath import format_type
-from runtime_sim.machine import MachineError
-from runtime_sim.routing_scenarios import SCENARIOS, RoutingError
+from dialects.tensor_types import format_type
+from runtime_sim.perf.machine import MachineError
+from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
+from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
-from tcpc.tolerance import ULPS, compare_outputs
 
 if TYPE_CHECKING:
-    from runtime_sim.report import SimReport
+    from runtime_sim.perf.report import SimReport
 
 
 class UsageError(Exception):
@@ -193,7 +193,7 @@ def partly_lowered(program: Program, args: argparse.Namespace) -> str:
     wants_cycles = args.report or args.report_json or args.trace or args.cost_only
     if args.pipeline is None or wants_cycles:
         return ""
-    from runtime_sim.simulate import uncosted_ops  # the simulator registers every cost model
+    from runtime_sim.perf.simulate import uncosted_ops  # the simulator registers every cost model
 
     left = uncosted_ops(program.lower(args.pipeline).ops)
     return f"{', '.join(sorted(left))} have no cost; the full pipeline lowers them" if left else ""
@@ -272,9 +272,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def simulation_error(e: Exception) -> str | None:
     """The message of a simulator error that is the user's to fix, or None. (Imported here,
     not at the top: the simulator's modules are slow to import and `tcpc compile` needs none.)"""
-    from runtime_sim.cost_model import NotLoweredError
-    from runtime_sim.cost_only import CostOnlyError
-    from runtime_sim.memory_plan import SramOverflowError
+    from runtime_sim.perf.cost_model import NotLoweredError
+    from runtime_sim.perf.cost_only import CostOnlyError
+    from runtime_sim.perf.memory_plan import SramOverflowError
 
     if isinstance(e, NotLoweredError):
         return f"{e} (--reference runs it without simulating)"

@@ -25,9 +25,9 @@ from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, make_context, parse
 if TYPE_CHECKING:
     import networkx as nx
 
-    from runtime_sim.machine import Machine
-    from runtime_sim.report import SimReport
-    from runtime_sim.routing_scenarios import Routing
+    from runtime_sim.perf.machine import Machine
+    from runtime_sim.perf.report import SimReport
+    from runtime_sim.perf.routing_scenarios import Routing
 
 
 def print_ir(module: ModuleOp, generic: bool = False) -> str:
@@ -68,7 +68,7 @@ def function_in(module: ModuleOp, name: str, known: Sequence[str] = ()) -> func.
 
 def as_machine(machine: Machine | str | Path | None) -> Machine:
     """A Machine, a machine file's path, or None (the default RNGD machine)."""
-    from runtime_sim.machine import Machine, default_machine, load_machine
+    from runtime_sim.perf.machine import Machine, default_machine, load_machine
 
     if machine is None:
         return default_machine()
@@ -128,7 +128,7 @@ class Program:
         pipeline: str | None = None,
     ) -> RunResult:
         """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`."""
-        from runtime_sim.executor import run_function  # xDSL's interpreters are slow to import
+        from runtime_sim.semantics.executor import run_function  # xDSL's interpreters are slow to import
 
         fn = self.function(graph)
         args = prepare_inputs(fn, inputs or {}, seed)
@@ -155,16 +155,16 @@ class Program:
 
         Inputs are read from `inputs` by argument name and drawn from `seed` otherwise, as
         `run` does. `uncosted="error"` refuses IR with ops that have no cost model, naming
-        them (runtime_sim.cost_model.NotLoweredError); `"free"` reports them as zero-cost.
-        `sram_policy` is `spill` or `error` (runtime_sim.memory_plan).
+        them (runtime_sim.perf.cost_model.NotLoweredError); `"free"` reports them as zero-cost.
+        `sram_policy` is `spill` or `error` (runtime_sim.perf.memory_plan).
 
-        `cost_only=True` needs no inputs and computes no values (runtime_sim.cost_only):
+        `cost_only=True` needs no inputs and computes no values (runtime_sim.perf.cost_only):
         the pin-routing pass runs first, the routing comes from the scenario `routing`
         (`balanced`, `skewed`, `one-expert`, or an .npz / .npy of [T, K] expert indices;
         `seed` draws `skewed`), and the result has no outputs.
         """
-        from runtime_sim.cost_only import simulate_cost_only
-        from runtime_sim.simulate import simulate
+        from runtime_sim.perf.cost_only import simulate_cost_only
+        from runtime_sim.perf.simulate import simulate
 
         fn = self.function(graph)
         name = fn.sym_name.data
@@ -189,7 +189,7 @@ class Program:
         """The fully lowered IR, each op annotated with the slot the simulator scheduled it in
         (`tcpc.plan`: engine, unit, start and end cycle, bound) when run on `inputs` (drawn from
         `seed` where not given): guards skip blocks by the routing, so the plan follows the data."""
-        from runtime_sim.simulate import annotate_plan, simulate
+        from runtime_sim.perf.simulate import annotate_plan, simulate
 
         name = self.function(graph).sym_name.data
         module, args = self._lowered_call(self.full_pipeline(), name, inputs, seed)

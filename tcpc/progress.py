@@ -45,7 +45,7 @@ class Progress:
 
     def will_interpret_op(self, op: Operation, args: Any) -> None:
         if self.total is None:
-            from runtime_sim.simulate import reachable_functions
+            from runtime_sim.perf.simulate import reachable_functions
 
             fn, module = op.parent_op(), op.get_toplevel_object()
             if isinstance(fn, func.FuncOp) and isinstance(module, ModuleOp):

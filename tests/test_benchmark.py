@@ -8,7 +8,6 @@ import builtins
 from pathlib import Path
 
 import pytest
-
 from benchmark_scripts import load_script
 
 bench = load_script("run")

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lowered_moe import moe_ir
 from ml_dtypes import bfloat16
 
 import tcpc
-from lowered_moe import moe_ir
+from runtime_sim.semantics.tolerance import ULPS, compare_output, ulp
 from tcpc.cli import main
 from tcpc.pipelines import LOWERED_PIPELINE
 from tcpc.progress import Progress
-from tcpc.tolerance import ULPS, compare_output, ulp
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mixtral.moe"
 BIN = Path(sys.executable).parent

@@ -1,4 +1,4 @@
-"""Cost-only simulation (runtime_sim/cost_only.py): routing scenarios, the pin-routing pass,
+"""Cost-only simulation (runtime_sim/perf/cost_only.py): routing scenarios, the pin-routing pass,
 shape-only values, and agreement with the full simulation."""
 
 from __future__ import annotations
@@ -8,23 +8,17 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-
-from tcpc.tolerance import compare_output
 import pytest
+from lowered_moe import moe_ir, moe_source
 from xdsl.parser import Parser
 
 import tcpc
-from lowered_moe import moe_ir, moe_source
-from runtime_sim.cost_model import NotLoweredError
-from runtime_sim.cost_only import CostOnlyError, Placeholder, placeholder, simulate_cost_only
-from runtime_sim.routing_scenarios import (
-    ROUTING_ATTR,
-    RoutingError,
-    routing_arguments,
-    scenario_choices,
-    skewed,
-)
-from runtime_sim.simulate import simulate
+from dialects.annotations import ROUTING_ATTR, routing_arguments
+from runtime_sim.perf.cost_model import NotLoweredError
+from runtime_sim.perf.cost_only import CostOnlyError, Placeholder, placeholder, simulate_cost_only
+from runtime_sim.perf.routing_scenarios import RoutingError, scenario_choices, skewed
+from runtime_sim.perf.simulate import simulate
+from runtime_sim.semantics.tolerance import compare_output
 from tcpc.pipelines import make_context
 from tcpc.program import print_ir
 

@@ -18,11 +18,12 @@ from xdsl.printer import Printer
 import tcpc
 from dialects import moe, tmath
 from dialects.moe import MoE
-from dialects.tmath import TMath, format_type
-from tcpc.parser import parse
-from runtime_sim.executor import run_function
-from tcpc.pipelines import make_context
+from dialects.tensor_types import format_type
+from dialects.tmath import TMath
+from runtime_sim.semantics.executor import run_function
 from tcpc import syntax as ast
+from tcpc.parser import parse
+from tcpc.pipelines import make_context
 
 PARAMS = (
     "x: f32[4, 8], h: bf16[4, 8], n: i32[4, 8], row: f32[8], col: f32[4, 1], "

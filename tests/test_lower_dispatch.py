@@ -33,8 +33,8 @@ from xdsl.utils.exceptions import PassFailedException
 import tcpc
 from dialects import moe, tcp, ve
 from passes.lower_dispatch import LowerDispatchPass
-from runtime_sim.executor import function_named, run_function
-from runtime_sim.moe_semantics import RoutePlan, route_plan
+from runtime_sim.semantics.executor import function_named, run_function
+from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
 

@@ -29,10 +29,10 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 
 import tcpc
-from dialects import tcp, tmath, ve
+from dialects import tcp, tensor_types, tmath, ve
 from passes.lower_math import MATMUL_ULPS, LowerMathPass
-from runtime_sim.executor import run_function
-from runtime_sim.numerics import contract
+from runtime_sim.semantics.executor import run_function
+from runtime_sim.semantics.numerics import contract
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
 
@@ -162,7 +162,7 @@ def test_binary_ops_with_broadcasting(shapes: tuple, name: str, dtypes: tuple[st
     (sa, sb), (da, db) = shapes, dtypes
     if name == "div" and da == "i32":
         da, db = "f32", "f32"
-    out, dt = tmath.broadcast_shapes(sa, sb), promoted(da, db)
+    out, dt = tensor_types.broadcast_shapes(sa, sb), promoted(da, db)
     text = function([("a", sa, da), ("b", sb, db)],
                     [f"%r = tmath.{name} %a, %b : ({ttype(sa, da)}, {ttype(sb, db)}) -> {ttype(out, dt)}"],
                     ("r", out, dt))
@@ -181,7 +181,7 @@ def test_constant_operands_become_splats(shapes: tuple, name: str, dtype: str, c
     if dtype == "i32" and (name == "div" or not math.isfinite(c) or c != int(c) or abs(c) > 2**31):
         dtype = "f32"
     shape = shapes[0]
-    const = tmath.float_literal(c) if math.isfinite(c) else ("inf" if c > 0 else "-inf")
+    const = tensor_types.float_literal(c) if math.isfinite(c) else ("inf" if c > 0 else "-inf")
     lhs, rhs = ("%c", "%a") if left else ("%a", "%c")
     tl, tr = (ttype((), dtype), ttype(shape, dtype)) if left else (ttype(shape, dtype), ttype((), dtype))
     text = function([("a", shape, dtype)], [
@@ -199,9 +199,9 @@ def test_cmp_and_where_with_broadcasting(shapes: tuple, predicate: str, cmp_type
                                          branch_types: tuple[str, str], seed: int) -> None:
     """where(a <pred> b, x, y): the i1 becomes a tag stream, broadcast with the branches."""
     (sa, sb), (da, db), (dx, dy) = shapes, cmp_types, branch_types
-    cond = tmath.broadcast_shapes(sa, sb)
+    cond = tensor_types.broadcast_shapes(sa, sb)
     sx, sy = sb, sa  # the branches broadcast too
-    out, dt = tmath.broadcast_shapes(cond, sx, sy), promoted(dx, dy)
+    out, dt = tensor_types.broadcast_shapes(cond, sx, sy), promoted(dx, dy)
     text = function([("a", sa, da), ("b", sb, db), ("x", sx, dx), ("y", sy, dy)], [
         f'%c = tmath.cmp "{predicate}", %a, %b : ({ttype(sa, da)}, {ttype(sb, db)}) -> {ttype(cond, "i1")}',
         f"%r = tmath.select %c, %x, %y : ({ttype(cond, 'i1')}, {ttype(sx, dx)}, {ttype(sy, dy)}) -> {ttype(out, dt)}",
@@ -278,7 +278,7 @@ def test_reductions_over_several_axes(shape: list[int], data: st.DataObject, kin
                                       keepdims: bool, seed: int) -> None:
     s = tuple(shape)
     axes = sorted(data.draw(st.sets(st.integers(0, len(s) - 1), max_size=len(s))) if s else [])
-    out = tmath.reduced_shape(s, axes, keepdims)
+    out = tensor_types.reduced_shape(s, axes, keepdims)
     props = f"axes = array<i64{': ' if axes else ''}{', '.join(map(str, axes))}>" + (", keepdims" if keepdims else "")
     op = f"%r = tmath.reduce_{kind} %a {{{props}}} : {ttype(s, dtype)} -> {ttype(out, dtype)}"
     text = function([("a", s, dtype)], [op], ("r", out, dtype))
@@ -413,7 +413,7 @@ MATMUL_SHAPES = [
 @pytest.mark.parametrize("dtypes", [("bf16", "bf16"), ("f32", "f32"), ("bf16", "f32")])
 def test_matmul_is_bit_identical_in_the_simulator(lhs: tuple, rhs: tuple, dtypes: tuple[str, str]) -> None:
     dl, dr = dtypes
-    out, dt = tmath.matmul_shape(lhs, rhs), promoted(dl, dr)
+    out, dt = tensor_types.matmul_shape(lhs, rhs), promoted(dl, dr)
     text = function([("a", lhs, dl), ("b", rhs, dr)],
                     [f"%r = tmath.matmul %a, %b : ({ttype(lhs, dl)}, {ttype(rhs, dr)}) -> {ttype(out, dt)}"],
                     ("r", out, dt))

@@ -24,8 +24,8 @@ from xdsl.utils.exceptions import InterpretationError
 import tcpc
 from dialects import moe, tcp, ve
 from passes.lower_routing import LowerRoutingPass, blocks_per_expert_bound, pair_limit
-from runtime_sim.executor import run_function
-from runtime_sim.moe_semantics import RoutePlan, route_plan
+from runtime_sim.semantics.executor import run_function
+from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
 from tcpc.arrays import prepare_inputs
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
 

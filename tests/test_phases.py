@@ -1,4 +1,4 @@
-"""Phases (passes/phases.py): every lowering pass marks the engine ops it emits with
+"""Phases (dialects/annotations.py): every lowering pass marks the engine ops it emits with
 `tcpc.phase`, lower-math takes a phase from its neighbours, and the simulator reports cycles
 by phase."""
 
@@ -10,7 +10,7 @@ import pytest
 from xdsl.dialects.builtin import StringAttr
 
 import tcpc
-from passes.phases import PHASE_ATTR, PHASES, phase_of
+from dialects.annotations import PHASE_ATTR, PHASES, phase_of
 from tcpc.program import print_ir
 
 EXAMPLES = Path(__file__).parent.parent / "examples"

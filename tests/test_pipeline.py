@@ -129,7 +129,7 @@ def test_load_arguments_keeps_the_values() -> None:
     """Execution test of load-arguments: the IR before and after the pass, same inputs."""
     from xdsl.parser import Parser
 
-    from runtime_sim.executor import run_function
+    from runtime_sim.semantics.executor import run_function
     from tcpc.pipelines import apply_pipeline, make_context, parse_pipeline
 
     text = (Path(__file__).parent / "filecheck" / "load_arguments" / "args.mlir").read_text()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from xdsl.parser import Parser
 
-from runtime_sim.cost_model import (
+from runtime_sim.perf.cost_model import (
     DMA,
     TENSOR,
     CostModelError,
@@ -16,10 +16,10 @@ from runtime_sim.cost_model import (
     cost_function,
     register_cost,
 )
-from runtime_sim.machine import default_machine
-from runtime_sim.simulate import simulate
-from runtime_sim.tcp_cost import contraction_cycles, dma_copy_cost, gathered_rows
-from runtime_sim.vector_cost import scan_cycles, scan_op_cost, vector_chain_cycles, vector_op_cost
+from runtime_sim.perf.machine import default_machine
+from runtime_sim.perf.simulate import simulate
+from runtime_sim.perf.tcp_cost import contraction_cycles, dma_copy_cost, gathered_rows
+from runtime_sim.perf.vector_cost import scan_cycles, scan_op_cost, vector_chain_cycles, vector_op_cost
 from tcpc.pipelines import make_context
 
 M = default_machine()
@@ -76,7 +76,7 @@ def test_a_large_gather_is_spread_over_every_dma_engine() -> None:
 
 
 def test_dma_parts_follow_the_one_split_rule() -> None:
-    from runtime_sim.tcp_cost import dma_parts
+    from runtime_sim.perf.tcp_cost import dma_parts
 
     split = M.dma_split_bytes
     assert dma_parts(M, 16 * 1024) == 1 and dma_parts(M, split) == 1
@@ -213,6 +213,6 @@ def test_a_cost_function_plugs_in_by_registration() -> None:
         assert report.ops[0].engine == TENSOR and report.ops[0].cycles == 16 + 1 + 1
         assert report.ops[0].flops == 32
     finally:
-        from runtime_sim import cost_model
+        from runtime_sim.perf import cost_model
 
         del cost_model._COSTS["tmath.exp"]

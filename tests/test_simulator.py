@@ -11,10 +11,10 @@ import pytest
 from xdsl.parser import Parser
 
 from dialects.moe import max_blocks
-from runtime_sim.machine import Machine, default_machine, load_machine
-from runtime_sim.memory_plan import SramOverflowError
-from runtime_sim.scheduler import Task, schedule
-from runtime_sim.simulate import SimResult, simulate
+from runtime_sim.perf.machine import Machine, default_machine, load_machine
+from runtime_sim.perf.memory_plan import SramOverflowError
+from runtime_sim.perf.scheduler import Task, schedule
+from runtime_sim.perf.simulate import SimResult, simulate
 from tcpc.pipelines import make_context
 
 BF16 = ml_dtypes.bfloat16
@@ -323,7 +323,7 @@ def test_results_larger_than_sram_stream_out_and_back_in(tmp_path: Path) -> None
 
 
 def test_large_transfers_are_split_over_the_dma_engines(tmp_path: Path) -> None:
-    from runtime_sim.tcp_cost import dma_copy_cost, dma_parts
+    from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_parts
 
     machine = default_machine()
     chunk = machine.dma_split_bytes
@@ -394,7 +394,7 @@ def test_default_machine_is_used() -> None:
 
 
 def test_an_unmaterialised_gather_contracts_to_the_same_bits() -> None:
-    from runtime_sim.numerics import GatheredRows, contract
+    from runtime_sim.semantics.numerics import GatheredRows, contract
 
     rng = np.random.default_rng(3)
     w = rng.standard_normal((5, 16, 8)).astype(BF16)

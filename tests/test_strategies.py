@@ -5,8 +5,8 @@ wall-clock assertions."""
 from __future__ import annotations
 
 import pytest
-
 from benchmark_scripts import load_script
+
 from dialects.moe import max_blocks
 
 strategies = load_script("strategies")

@@ -9,8 +9,8 @@ from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import InterpretationError, VerifyException
 
-from runtime_sim.executor import run_function
-from runtime_sim.moe_semantics import RoutePlan, dispatch
+from runtime_sim.semantics.executor import run_function
+from runtime_sim.semantics.moe_semantics import RoutePlan, dispatch
 from tcpc.pipelines import make_context
 
 IR = """

@@ -13,7 +13,7 @@ from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-from runtime_sim.executor import run_function
+from runtime_sim.semantics.executor import run_function
 from tcpc.pipelines import make_context
 
 EVERY_OP = """

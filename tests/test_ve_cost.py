@@ -1,4 +1,4 @@
-"""Vector-engine costs (runtime_sim/ve_cost.py): every op of `ve` and `tcp` has one, and each
+"""Vector-engine costs (runtime_sim/perf/ve_cost.py): every op of `ve` and `tcp` has one, and each
 `ve` op costs what the book's stage table says on known shapes."""
 
 import ml_dtypes
@@ -10,11 +10,11 @@ from xdsl.parser import Parser
 from dialects import ve
 from dialects.tcp import TCP
 from dialects.ve import VE
-from runtime_sim import cost_model
-from runtime_sim.cost_model import NONE, TENSOR, costed_op_names, cost_function, is_unbuffered, is_view
-from runtime_sim.machine import default_machine
-from runtime_sim.simulate import simulate
-from runtime_sim.ve_cost import VE_COSTS, register_ve_op, ve_cost_of
+from runtime_sim.perf import cost_model
+from runtime_sim.perf.cost_model import NONE, TENSOR, cost_function, costed_op_names, is_unbuffered, is_view
+from runtime_sim.perf.machine import default_machine
+from runtime_sim.perf.simulate import simulate
+from runtime_sim.perf.ve_cost import VE_COSTS, register_ve_op, ve_cost_of
 from tcpc.pipelines import make_context
 
 M = default_machine()

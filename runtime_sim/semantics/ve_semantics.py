@@ -10,34 +10,26 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from xdsl.dialects.builtin import TensorType, f32, i32
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 
-from dialects import tmath, ve
-from runtime_sim.numerics import bfloat16, round_to, sequential_max, sequential_min, sequential_sum
-from runtime_sim.tmath_semantics import COMPARE, UNARY
-
-TAG_DTYPE = np.dtype(np.uint8)
-
-
-def lane_dtype(t: Any) -> np.dtype:
-    """The numpy storage of a `ve` value type."""
-    assert isinstance(t, TensorType)
-    et = t.get_element_type()
-    if ve.is_tag_type(et):
-        return TAG_DTYPE
-    if et == i32:
-        return np.dtype(np.int32)
-    if et == f32:
-        return np.dtype(np.float32)
-    return bfloat16
+from dialects import tensor_types, tmath, ve
+from runtime_sim.semantics.numerics import (
+    TAG_DTYPE,
+    bfloat16,
+    round_to,
+    sequential_max,
+    sequential_min,
+    sequential_sum,
+    tensor_dtype,
+)
+from runtime_sim.semantics.tmath_semantics import COMPARE, UNARY
 
 
 def _out(op: Any, value: Any) -> tuple[np.ndarray]:
     """The single result as an array of the result's dtype and shape (numpy gives scalars
     for rank 0)."""
     t = op.result.type
-    return (np.asarray(value, dtype=lane_dtype(t)).reshape(tmath.shape_of(t)),)
+    return (np.asarray(value, dtype=tensor_dtype(t)).reshape(tensor_types.shape_of(t)),)
 
 
 def _flat(fn: Callable[..., np.ndarray], *arrays: np.ndarray) -> np.ndarray:
@@ -156,13 +148,13 @@ def filter_compact(x: np.ndarray, tags: np.ndarray, keep: set[int], axis: int, s
 class VEFunctions(InterpreterFunctions):
     @impl(ve.ConstOp)
     def run_const(self, interpreter: Interpreter, op: ve.ConstOp, args: tuple[Any, ...]):
-        shape = tmath.shape_of(op.result.type)
+        shape = tensor_types.shape_of(op.result.type)
         # A read-only broadcast of one value, like iota's table: no memory for a splat.
-        return _out(op, np.broadcast_to(np.array(op.scalar, dtype=lane_dtype(op.result.type)), shape))
+        return _out(op, np.broadcast_to(np.array(op.scalar, dtype=tensor_dtype(op.result.type)), shape))
 
     @impl(ve.IotaOp)
     def run_iota(self, interpreter: Interpreter, op: ve.IotaOp, args: tuple[Any, ...]):
-        shape = tmath.shape_of(op.result.type)
+        shape = tensor_types.shape_of(op.result.type)
         axis = op.axis.value.data
         view = [1] * len(shape)
         view[axis] = shape[axis]
@@ -171,7 +163,7 @@ class VEFunctions(InterpreterFunctions):
 
     @impl(ve.BitcastOp)
     def run_bitcast(self, interpreter: Interpreter, op: ve.BitcastOp, args: tuple[Any, ...]):
-        return _out(op, np.asarray(args[0]).view(lane_dtype(op.result.type)))
+        return _out(op, np.asarray(args[0]).view(tensor_dtype(op.result.type)))
 
     @impl(ve.WidenOp)
     def run_widen(self, interpreter: Interpreter, op: ve.WidenOp, args: tuple[Any, ...]):
@@ -206,7 +198,7 @@ class VEFunctions(InterpreterFunctions):
 
     @impl(ve.PositionTagOp)
     def run_position_tag(self, interpreter: Interpreter, op: ve.PositionTagOp, args: tuple[Any, ...]):
-        shape = tmath.shape_of(op.result.type)
+        shape = tensor_types.shape_of(op.result.type)
         return _out(op, position_tags(shape, op.axis.value.data, op.pattern))
 
     @impl(ve.SelectOp)
@@ -224,7 +216,7 @@ class VEFunctions(InterpreterFunctions):
 
     @impl(ve.BroadcastOp)
     def run_broadcast(self, interpreter: Interpreter, op: ve.BroadcastOp, args: tuple[Any, ...]):
-        shape = tmath.shape_of(op.result.type)
+        shape = tensor_types.shape_of(op.result.type)
         return _out(op, np.broadcast_to(np.expand_dims(args[0], op.axis.value.data), shape))
 
     def run_reduce(self, interpreter: Interpreter, op: Any, args: tuple[Any, ...]):
@@ -235,7 +227,7 @@ class VEFunctions(InterpreterFunctions):
     @impl(ve.FilterOp)
     def run_filter(self, interpreter: Interpreter, op: ve.FilterOp, args: tuple[Any, ...]):
         x, tags = (np.asarray(a) for a in args)
-        size = tmath.shape_of(op.result.type)[op.axis.value.data]
+        size = tensor_types.shape_of(op.result.type)[op.axis.value.data]
         return _out(op, filter_compact(x, tags, set(op.keep.get_values()), op.axis.value.data,
                                        size, op.pad.value.data))
 

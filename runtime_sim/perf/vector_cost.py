@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from runtime_sim.cost_model import TENSOR, OpCost
-from runtime_sim.machine import Machine
+from runtime_sim.perf.cost_model import TENSOR, OpCost
+from runtime_sim.perf.machine import Machine
 
 AluClass = Literal["int", "float"]
 """`int`: integer, logic and clip stages (8-way); `float`: float, reduce and divide (4-way)."""

@@ -18,14 +18,20 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute
 
+from dialects import ve
+
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
+TAG_DTYPE = np.dtype(np.uint8)
+"""Storage of a `ve` branch tag (4 bits, 0..15)."""
 
 DTYPE_NAMES = ("bf16", "f32", "i32")
 """The element types a .moe program may declare (comparisons add i1)."""
 
 
 def numpy_dtype(element_type: Attribute) -> np.dtype:
-    """The numpy storage dtype of an xDSL element type."""
+    """The numpy storage dtype of an xDSL element type: the one mapping every level uses."""
+    if ve.is_tag_type(element_type):
+        return TAG_DTYPE
     if isinstance(element_type, BFloat16Type):
         return bfloat16
     if isinstance(element_type, Float32Type):
@@ -194,7 +200,7 @@ class GatheredRows:
     materialised: `rows(i, j)` gives items i..j-1 along its first axis (the first axis of the
     indices), and numpy gets
     the whole array (`np.asarray`) on demand. The simulator's gather returns one when only
-    contractions read its result (runtime_sim/tcp_semantics.py), so a prefill's gathered
+    contractions read its result (runtime_sim/semantics/tcp_semantics.py), so a prefill's gathered
     expert weights (gigabytes, the same rows over and over) are never copied whole."""
 
     def __init__(self, source: np.ndarray, indices: np.ndarray):

@@ -1,7 +1,7 @@
 """What a simulation reports: totals, the roofline, per-op, per-engine and per-phase records,
 as text, as JSON for tools, and as a Chrome trace (one track per engine unit) that Perfetto opens.
 
-Cycles by phase (the `tcpc.phase` of each op, passes/phases.py; a spill, reload or stream
+Cycles by phase (the `tcpc.phase` of each op, dialects/annotations.py; a spill, reload or stream
 command counts in the phase of the command it serves) are given two ways:
 - `busy_cycles`: the engine cycles of the phase's commands, every engine and unit summed (the
   tensor unit and the eight DMA engines); the phases' busy cycles sum to the engines' busy
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from passes.phases import PHASES
-from runtime_sim.machine import Machine
-from runtime_sim.memory_plan import Spill, Stream
+from dialects.annotations import PHASES
+from runtime_sim.perf.machine import Machine
+from runtime_sim.perf.memory_plan import Spill, Stream
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class SimReport:
 
     @property
     def phases(self) -> list[PhaseRecord]:
-        """Cycles by phase, in the order of passes.phases.PHASES (then any other phase names,
+        """Cycles by phase, in the order of dialects.annotations.PHASES (then any other phase names,
         sorted); phases without a costed command are left out."""
         critical = set(self.critical_path)
         busy: dict[str, int] = {}

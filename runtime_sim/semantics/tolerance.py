@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime_sim.numerics import bfloat16
+from runtime_sim.semantics.numerics import bfloat16
 
 ULPS = 2
 """Allowed distance, in ulps of the output type."""

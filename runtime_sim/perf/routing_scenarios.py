@@ -22,11 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from xdsl.dialects import func
-from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr
-
-ROUTING_ATTR = "tcpc.routing_experts"
-"""Arg attribute of a routing argument: the number of experts E its indices choose from."""
 
 SCENARIOS: tuple[str, ...] = ("balanced", "skewed", "one-expert")
 DEFAULT_SCENARIO = "balanced"
@@ -36,19 +31,6 @@ FILE_KEY = "experts"
 
 class RoutingError(Exception):
     """A routing scenario that cannot be used (unknown name, bad file, wrong shape)."""
-
-
-def routing_arguments(fn: func.FuncOp) -> dict[int, int]:
-    """Argument index -> E for every routing argument of `fn`."""
-    found: dict[int, int] = {}
-    if fn.arg_attrs is None:
-        return found
-    for i, attrs in enumerate(fn.arg_attrs.data):
-        if isinstance(attrs, DictionaryAttr) and ROUTING_ATTR in attrs.data:
-            value = attrs.data[ROUTING_ATTR]
-            if isinstance(value, IntegerAttr):
-                found[i] = value.value.data
-    return found
 
 
 def balanced(tokens: int, k: int, experts: int) -> np.ndarray:

@@ -34,7 +34,7 @@ from typing import Any
 from xdsl.dialects import func
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
-from runtime_sim.machine import Machine
+from runtime_sim.perf.machine import Machine
 
 TENSOR = "tensor"
 DMA = "dma"

@@ -60,11 +60,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from runtime_sim.cost_model import DMA, NONE, OpCost
-from runtime_sim.machine import Machine
-from runtime_sim.op_trace import Trace
-from runtime_sim.scheduler import Slot, Task
-from runtime_sim.tcp_cost import dma_copy_cost, hbm_share_cycles, requests
+from runtime_sim.perf.cost_model import DMA, NONE, OpCost
+from runtime_sim.perf.machine import Machine
+from runtime_sim.perf.op_trace import Trace
+from runtime_sim.perf.scheduler import Slot, Task
+from runtime_sim.perf.tcp_cost import dma_copy_cost, hbm_share_cycles, requests
 
 SramPolicy = Literal["spill", "error"]
 SRAM_POLICIES: tuple[str, ...] = ("spill", "error")

@@ -9,8 +9,8 @@ import numpy as np
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 from xdsl.utils.exceptions import InterpretationError
 
-from dialects import tcp, tmath
-from runtime_sim.numerics import (
+from dialects import tcp, tensor_types, tmath
+from runtime_sim.semantics.numerics import (
     compute,
     contract,
     round_to,
@@ -94,7 +94,7 @@ def softmax(x: np.ndarray, axis: int) -> np.ndarray:
 class TMathFunctions(InterpreterFunctions):
     @impl(tmath.ConstantOp)
     def run_constant(self, interpreter: Interpreter, op: tmath.ConstantOp, args: tuple[Any, ...]):
-        return (np.full(tmath.shape_of(op.result.type), constant_value(op)),)
+        return (np.full(tensor_types.shape_of(op.result.type), constant_value(op)),)
 
     def run_binary(self, interpreter: Interpreter, op: Any, args: tuple[Any, ...]):
         a, b = args
@@ -124,7 +124,7 @@ class TMathFunctions(InterpreterFunctions):
 
     @impl(tmath.ReshapeOp)
     def run_reshape(self, interpreter: Interpreter, op: tmath.ReshapeOp, args: tuple[Any, ...]):
-        return (np.reshape(args[0], tmath.shape_of(op.result.type)),)
+        return (np.reshape(args[0], tensor_types.shape_of(op.result.type)),)
 
     @impl(tmath.CastOp)
     def run_cast(self, interpreter: Interpreter, op: tmath.CastOp, args: tuple[Any, ...]):
@@ -141,7 +141,7 @@ class TMathFunctions(InterpreterFunctions):
 
     @impl(tmath.OneHotOp)
     def run_one_hot(self, interpreter: Interpreter, op: tmath.OneHotOp, args: tuple[Any, ...]):
-        depth = tmath.shape_of(op.result.type)[-1]
+        depth = tensor_types.shape_of(op.result.type)[-1]
         return ((args[0][..., None] == np.arange(depth, dtype=np.int32)).astype(np.int32),)
 
     @impl(tmath.TakeOp)

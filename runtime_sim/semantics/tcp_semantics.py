@@ -9,7 +9,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tcp
-from runtime_sim.numerics import GatheredRows, compute, contract, round_to, tensor_dtype
+from runtime_sim.semantics.numerics import GatheredRows, compute, contract, round_to, tensor_dtype
 
 
 def check_rows(op_name: str, indices: np.ndarray, rows: int) -> None:

@@ -17,7 +17,8 @@ from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, SSAValue
 from xdsl.traits import SymbolTable
 
-from runtime_sim.cost_model import (
+from dialects.annotations import OTHER, phase_of
+from runtime_sim.perf.cost_model import (
     UNTRACED,
     OpCost,
     check_cost,
@@ -27,15 +28,14 @@ from runtime_sim.cost_model import (
     is_view,
     not_costed,
 )
-from passes.phases import OTHER, phase_of
-from runtime_sim.machine import Machine
+from runtime_sim.perf.machine import Machine
 
 
 @dataclass(frozen=True)
 class TracedOp:
     """One executed command. `deps` are indices of the commands whose results it reads;
     `reads`/`writes` are SRAM buffer ids (values in HBM have none; a view writes nothing);
-    `phase` is the op's `tcpc.phase` (passes/phases.py), "other" without one."""
+    `phase` is the op's `tcpc.phase` (dialects/annotations.py), "other" without one."""
 
     index: int
     name: str

@@ -20,15 +20,15 @@ from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringA
 from xdsl.interpreter import Interpreter
 from xdsl.traits import SymbolTable
 
-import runtime_sim.tcp_cost  # noqa: F401  (registers the tcp cost functions)
-import runtime_sim.ve_cost  # noqa: F401  (registers the ve cost functions)
-from runtime_sim.cost_model import CostModelError, engine_units, require_lowered, uncosted_ops
-from runtime_sim.executor import function_named, run_function
-from runtime_sim.machine import Machine, default_machine
-from runtime_sim.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
-from runtime_sim.op_trace import Trace, TraceRecorder
-from runtime_sim.report import EngineRecord, OpRecord, SimReport, roofline
-from runtime_sim.scheduler import schedule
+import runtime_sim.perf.tcp_cost  # noqa: F401  (registers the tcp cost functions)
+import runtime_sim.perf.ve_cost  # noqa: F401  (registers the ve cost functions)
+from runtime_sim.perf.cost_model import CostModelError, engine_units, require_lowered, uncosted_ops
+from runtime_sim.perf.machine import Machine, default_machine
+from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
+from runtime_sim.perf.op_trace import Trace, TraceRecorder
+from runtime_sim.perf.report import EngineRecord, OpRecord, SimReport, roofline
+from runtime_sim.perf.scheduler import schedule
+from runtime_sim.semantics.executor import function_named, run_function
 
 __all__ = ["annotate_plan", "simulate", "simulate_trace", "uncosted_ops"]
 

@@ -48,15 +48,15 @@ from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.interpreter import Interpreter, OpImplResult
 from xdsl.ir import Attribute, Operation
 
-from dialects import ve
-from dialects.tmath import shape_of
-from runtime_sim.cost_model import data_operands
-from runtime_sim.executor import function_named, make_interpreter
-from runtime_sim.machine import Machine, default_machine
-from runtime_sim.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
-from runtime_sim.numerics import numpy_dtype
-from runtime_sim.routing_scenarios import DEFAULT_SCENARIO, Routing, routing_arguments, scenario_choices
-from runtime_sim.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder
+from dialects.annotations import routing_arguments
+from dialects.tensor_types import shape_of
+from runtime_sim.perf.cost_model import data_operands
+from runtime_sim.perf.machine import Machine, default_machine
+from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
+from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
+from runtime_sim.perf.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder
+from runtime_sim.semantics.executor import function_named, make_interpreter
+from runtime_sim.semantics.numerics import tensor_dtype
 
 
 class CostOnlyError(Exception):
@@ -82,15 +82,10 @@ class ShapeOnly:
         self.nbytes = 0
 
 
-def storage_dtype(t: TensorType) -> np.dtype:
-    et = t.get_element_type()
-    return np.dtype(np.uint8) if ve.is_tag_type(et) else numpy_dtype(et)
-
-
 def placeholder(t: Attribute, sources: frozenset[str] = frozenset()) -> Placeholder | ShapeOnly:
     if not isinstance(t, TensorType):
         return ShapeOnly(t, sources)
-    value = np.broadcast_to(np.zeros((), storage_dtype(t)), shape_of(t)).view(Placeholder)
+    value = np.broadcast_to(np.zeros((), tensor_dtype(t)), shape_of(t)).view(Placeholder)
     value.sources = sources
     return value
 

@@ -11,10 +11,10 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions
 from xdsl.interpreters.func import FuncFunctions
 
-from runtime_sim.moe_semantics import MoEFunctions
-from runtime_sim.tcp_semantics import TCPFunctions
-from runtime_sim.tmath_semantics import TMathFunctions
-from runtime_sim.ve_semantics import VEFunctions
+from runtime_sim.semantics.moe_semantics import MoEFunctions
+from runtime_sim.semantics.tcp_semantics import TCPFunctions
+from runtime_sim.semantics.tmath_semantics import TMathFunctions
+from runtime_sim.semantics.ve_semantics import VEFunctions
 
 SEMANTICS: list[type[InterpreterFunctions]] = [
     FuncFunctions,

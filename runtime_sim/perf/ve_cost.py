@@ -67,8 +67,8 @@ from xdsl.dialects.builtin import Float32Type, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from dialects import ve
-from dialects.tmath import shape_of
-from runtime_sim.cost_model import (
+from dialects.tensor_types import shape_of
+from runtime_sim.perf.cost_model import (
     TENSOR,
     CostFn,
     OpCost,
@@ -76,8 +76,8 @@ from runtime_sim.cost_model import (
     register_unbuffered,
     register_view,
 )
-from runtime_sim.machine import Machine
-from runtime_sim.vector_cost import AluClass, scan_cycles, vector_chain_cycles
+from runtime_sim.perf.machine import Machine
+from runtime_sim.perf.vector_cost import AluClass, scan_cycles, vector_chain_cycles
 
 Rate = Literal["int", "float", "by type"]
 """`int`: 8-way; `float`: 4-way; `by type`: 8-way on i32, 4-way on f32."""

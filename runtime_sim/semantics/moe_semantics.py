@@ -10,7 +10,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import moe
-from runtime_sim.numerics import compute, contract, round_to, tensor_dtype
+from runtime_sim.semantics.numerics import compute, contract, round_to, tensor_dtype
 
 
 def topk_indices(x: np.ndarray, k: int, order: str = "score") -> np.ndarray:

@@ -47,9 +47,9 @@ import numpy as np
 from xdsl.ir import Operation
 
 from dialects import tcp
-from dialects.tmath import shape_of
-from runtime_sim.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands
-from runtime_sim.machine import Machine
+from dialects.tensor_types import shape_of
+from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands
+from runtime_sim.perf.machine import Machine
 
 
 def requests(nbytes: int, machine: Machine) -> int:

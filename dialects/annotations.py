@@ -1,0 +1,83 @@
+"""The IR conventions shared by the passes and the simulator: discardable attributes tcpc
+puts on ops and function arguments, and how to read them.
+
+## Phases
+
+Every `ve` and `tcp` op a lowering pass creates carries a discardable attribute naming the part
+of the layer it belongs to, `{tcpc.phase = "experts"}` (printed at the end of the op's line),
+and the simulator reports cycles by phase from it (runtime_sim/perf/report.py). The phases:
+
+| phase | ops | set by |
+|---|---|---|
+| `router` | the router's scores (matmul, softmax or sigmoid, bias), every top-k, the routing weights (renormalisation, scaling) | lower-topk; lower-math by data flow |
+| `routing` | one-hot, histogram, cumsums, `scatter_idx`, `expert_ids` | lower-routing |
+| `dispatch` | the scatter of tokens into blocks | lower-dispatch (moe.dispatch) |
+| `experts` | weight gathers, guarded contractions, row masks, and the activation between grouped matmuls | lower-dispatch (moe.grouped_matmul); lower-math by data flow |
+| `combine` | the gather back to tokens, the weighted sum over K | lower-dispatch (moe.combine) |
+| `other` | everything else: a shared expert, the sum of routed and shared outputs, casts of the result | lower-math by data flow; ops without the attribute |
+
+lower-math gives graph-level `tmath` ops the phase of their neighbours (see
+`passes/lower_math.py`).
+
+## Routing arguments
+
+A routing argument is a function argument carrying the arg attribute
+`tcpc.routing_experts = E`: the [T, K] i32 expert choices of one MoE routing over E experts.
+The `pin-routing` pass makes them; cost-only runs fill them from a routing scenario
+(`runtime_sim/perf/routing_scenarios.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, StringAttr
+from xdsl.ir import Operation
+
+PHASE_ATTR = "tcpc.phase"
+PHASES: tuple[str, ...] = ("router", "routing", "dispatch", "experts", "combine", "other")
+OTHER = "other"
+
+_MOE_PHASES = {
+    "moe.topk": "router",
+    "moe.scatter": "routing",
+    "moe.route": "routing",
+    "moe.dispatch": "dispatch",
+    "moe.grouped_matmul": "experts",
+    "moe.combine": "combine",
+}
+"""Graph-level MoE ops, before they are lowered, belong to the phase their lowering marks."""
+
+
+def phase_of(op: Operation) -> str | None:
+    """The op's `tcpc.phase`, the phase of a graph-level MoE op, or None."""
+    attr = op.attributes.get(PHASE_ATTR)
+    if isinstance(attr, StringAttr):
+        return attr.data
+    return _MOE_PHASES.get(op.name)
+
+
+def mark(ops: Iterable[Operation], phase: str) -> None:
+    """Give every `ve` and `tcp` op of `ops` the phase, unless it has one."""
+    for op in ops:
+        if op.name.startswith(("ve.", "tcp.")) and PHASE_ATTR not in op.attributes:
+            op.attributes[PHASE_ATTR] = StringAttr(phase)
+
+
+
+ROUTING_ATTR = "tcpc.routing_experts"
+"""Arg attribute of a routing argument: the number of experts E its indices choose from."""
+
+
+def routing_arguments(fn: func.FuncOp) -> dict[int, int]:
+    """Argument index -> E for every routing argument of `fn`."""
+    found: dict[int, int] = {}
+    if fn.arg_attrs is None:
+        return found
+    for i, attrs in enumerate(fn.arg_attrs.data):
+        if isinstance(attrs, DictionaryAttr) and ROUTING_ATTR in attrs.data:
+            value = attrs.data[ROUTING_ATTR]
+            if isinstance(value, IntegerAttr):
+                found[i] = value.value.data
+    return found
