@@ -39,6 +39,7 @@ OUTSIDE_DOCUMENTS = [  # first letters bracketed, so grepping the repo for them 
     re.compile(r"(?<![\w./-])[n]otes/[\w-]+\.md"),
     re.compile(r"\bTCP\sMoE\sdesign\b"),
     re.compile(r"\bMoE\sdocument\b"),
+    re.compile(r"\bshared\snotes\b"),
 ]
 """Citations of the design document and notes tcpc started from, which live outside the repo."""
 
