@@ -1,5 +1,6 @@
 """The repository explains itself: every file it cites is in it, every section it cites exists,
-and nothing sends the reader to documents the repository does not hold.
+every module or name it quotes exists, and nothing sends the reader to documents the repository
+does not hold.
 
 Citations are repository paths (`docs/hardware.md#moving-data`, `runtime_sim/perf/tcp_cost.py`,
 `examples/mixtral.moe`, `README.md#errors`) in any source, test, grammar, lit config, IR, program
@@ -9,6 +10,7 @@ a heading of the cited markdown file (GitHub's anchor for it).
 
 from __future__ import annotations
 
+import importlib
 import re
 import tomllib
 from collections.abc import Iterator
@@ -29,6 +31,12 @@ PATH_CITATION = re.compile(
 inside a URL or another repository's path (`furiosa-opt-examples/src/...`) is not one."""
 
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+DOTTED_REFERENCE = re.compile(r"`((?:dialects|passes|runtime_sim|tcpc)(?:\.\w+)+)")
+"""A module or a name in one, quoted in backticks: `runtime_sim.semantics.tolerance.ULPS`."""
+
+IR_ATTRIBUTES = {"tcpc.phase", "tcpc.routing_experts", "tcpc.plan"}
+"""Attribute names tcpc puts on IR, spelled like dotted references but not Python names."""
 
 PLACEHOLDERS = {"passes/my_pass.py", "tests/filecheck/my_pass/", "benchmarks/NAME.py"}
 """Paths that stand for files the reader writes (the README's "Adding a pass" recipe) or for any
@@ -117,6 +125,33 @@ def test_citations_resolve() -> None:
     assert not problems, "citations that do not resolve:\n" + "\n".join(problems)
 
 
+def resolves(dotted: str) -> bool:
+    """Whether `a.b.c` names a module of the repository or a name defined in one."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            target: object = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:]:
+            if not hasattr(target, name):
+                return False
+            target = getattr(target, name)
+        return True
+    return False
+
+
+def test_dotted_references_resolve() -> None:
+    problems = []
+    for path in text_files():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for match in DOTTED_REFERENCE.finditer(line):
+                dotted = match.group(1)
+                if dotted not in IR_ATTRIBUTES and not resolves(dotted):
+                    problems.append(f"{path.relative_to(REPO)}:{number}: {dotted}")
+    assert not problems, "references to modules or names that do not exist:\n" + "\n".join(problems)
+
+
 def test_nothing_cites_documents_outside_the_repository() -> None:
     problems = []
     for path in text_files():
@@ -162,3 +197,5 @@ def test_a_missing_file_and_a_missing_section_are_reported() -> None:
     assert broken(REPO / "docs/hardware.md", "moving-data") is None
     assert github_anchor("PEs, clusters and slices") == "pes-clusters-and-slices"
     assert github_anchor("Not public: the assumptions") == "not-public-the-assumptions"
+    assert resolves("runtime_sim.semantics.tolerance.ULPS")
+    assert not resolves("passes.lower_math.NO_SUCH_NAME")
