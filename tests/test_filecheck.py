@@ -8,15 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from tcpc.pipelines import PASSES
+
 FILECHECK_DIR = Path(__file__).parent / "filecheck"
 SUFFIXES = (".mlir", ".moe")  # lit.cfg's config.suffixes
 GOLDEN_FILES = sorted(p.relative_to(FILECHECK_DIR).as_posix() for p in FILECHECK_DIR.rglob("*")
                       if p.suffix in SUFFIXES and "Output" not in p.parts)
 
 
-def test_golden_files_are_found() -> None:
-    """Without this, an empty tests/filecheck would pass by running nothing."""
-    assert len(GOLDEN_FILES) >= 40, GOLDEN_FILES
+def test_every_pass_has_golden_files() -> None:
+    """tests/filecheck/<pass_name>/ holds golden files for every registered pass (so an empty or
+    misplaced tests/filecheck cannot pass by running nothing)."""
+    directories = {Path(golden).parts[0] for golden in GOLDEN_FILES}
+    missing = [name for name in PASSES if name.replace("-", "_") not in directories]
+    assert not missing, f"no golden files under tests/filecheck/ for {missing}"
 
 
 @pytest.mark.parametrize("golden", GOLDEN_FILES)
