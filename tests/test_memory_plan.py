@@ -1,0 +1,146 @@
+"""The memory plan pinned: the same programs must keep giving exactly the same plan.
+
+Each case simulates a program and records what the memory plan decided (every command it
+scheduled with its dependencies, its spills, reloads, streams, refetches, residencies and
+changed costs, the peak in issue order) and what came of it (the report: cycles, scheduled
+peak, every op's slot). The numbers in PINNED were recorded before the planner was rewritten
+for speed (a class with one method per mechanism, heaps in place of re-sorted lists), so these
+tests prove the rewrite kept the behaviour. A deliberate change to the plan or to a cost
+changes them: rerun `python tests/test_memory_plan.py` and paste its table.
+
+The cases cover every mechanism: no pressure, Belady spills and reloads, streams in and out,
+DMA results fused into their readers with refetches, the `error` policy, and the real models'
+layers at prefill (cost-only), where the gathered weights stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import astuple, replace
+from typing import Any
+
+import pytest
+from benchmark_scripts import load_script
+
+import runtime_sim.perf.simulate as simulate_module
+import tcpc
+from runtime_sim.perf.machine import Machine, default_machine
+from runtime_sim.perf.memory_plan import MemoryPlan, SramOverflowError
+from runtime_sim.perf.report import SimReport
+
+scale = load_script("scale")
+MODELS = load_script("run").MODELS
+
+
+def small_sram(sram_bytes: int) -> Machine:
+    """The default machine with one slice of `sram_bytes` (as tests/test_simulator.py's tiny machine)."""
+    return replace(default_machine(), name="tiny", slices=1, sram_bytes_per_slice=sram_bytes)
+
+
+def long_program_case(ops: int, sram_bytes: int | None, policy: str = "spill", **kw: Any) -> Callable[[], SimReport]:
+    def run() -> SimReport:
+        module = scale.parse_program(scale.long_program(ops, **kw))
+        machine = default_machine() if sram_bytes is None else small_sram(sram_bytes)
+        return simulate_module.simulate(module, "f", [scale.program_input()], machine, sram_policy=policy).report
+    return run
+
+
+def model_case(name: str, tokens: int) -> Callable[[], SimReport]:
+    def run() -> SimReport:
+        model = next(m for m in MODELS if m.name == name)
+        program = tcpc.compile_file(model.path, dims={**model.dims, "T": tokens})
+        return program.simulate(cost_only=True, routing="skewed").report
+    return run
+
+
+CASES: dict[str, Callable[[], SimReport]] = {
+    "chain 300, roomy": long_program_case(300, None),
+    "chain 300, 4 KB": long_program_case(300, 4096),
+    "chain 300, 3 KB, wide window": long_program_case(300, 3072, window=32, far=0.2, seed=1),
+    "chain 300, 2.5 KB (streams)": long_program_case(300, 2560, seed=2),
+    "chain 300, 1.5 KB (streams)": long_program_case(300, 1536, seed=3),
+    "chain 300, 768 B (fused, refetch)": long_program_case(300, 768, seed=4),
+    "chain 1500, 4 KB": long_program_case(1500, 4096, seed=5),
+    "mixtral T=64": model_case("mixtral", 64),
+    "mixtral T=2048": model_case("mixtral", 2048),
+    "qwen3_moe T=2048": model_case("qwen3_moe", 2048),
+    "deepseek_v3 T=2048": model_case("deepseek_v3", 2048),
+    "gpt_oss T=2048": model_case("gpt_oss", 2048),
+    "llama4 T=2048": model_case("llama4", 2048),
+}
+
+PINNED: dict[str, tuple[tuple[int, ...], str]] = {
+    'chain 300, roomy': ((6088, 14336, 11264, 0, 0, 0, 0, 0, 0), 'f815b28c58328c36'),
+    'chain 300, 4 KB': ((82388, 4096, 4096, 84, 0, 0, 0, 165, 0), '33f469d2263317bf'),
+    'chain 300, 3 KB, wide window': ((163908, 3072, 3072, 264, 0, 0, 0, 437, 0), '96118770abc84624'),
+    'chain 300, 2.5 KB (streams)': ((94660, 2048, 2048, 160, 231, 30, 0, 430, 0), '84fc8e57e6a9368f'),
+    'chain 300, 1.5 KB (streams)': ((182181, 1024, 1024, 67, 392, 158, 0, 617, 0), '247aa9eb212ac369'),
+    'chain 300, 768 B (fused, refetch)': ((315358, 0, 0, 0, 539, 294, 6, 846, 13), '75704a5374aed893'),
+    'chain 1500, 4 KB': ((435396, 4096, 4096, 447, 0, 0, 0, 871, 0), 'adc45bdbd463096f'),
+    'mixtral T=64': ((3280343, 27395376, 27395376, 0, 0, 0, 3, 0, 0), 'e8c4b14ebc5ba305'),
+    'mixtral T=2048': ((53113940, 118132760, 118136880, 8, 12, 12, 3, 40, 0), 'aff9aca505e6281f'),
+    'qwen3_moe T=2048': ((8787970, 134217728, 134217728, 6, 7, 8, 4, 27, 0), '361f8ec61568faad'),
+    'deepseek_v3 T=2048': ((82127437, 134217728, 134217728, 12, 20, 21, 5, 67, 1), '23fc65a3f154a369'),
+    'gpt_oss T=2048': ((23899989, 117964800, 117964800, 6, 15, 26, 3, 62, 0), 'd8c514aaf60db4af'),
+    'llama4 T=2048': ((25914256, 134217728, 134217728, 11, 3, 9, 3, 38, 0), '7287453ce44af847'),
+}
+"""Case -> ((total cycles, scheduled peak SRAM, peak in issue order, spills, streams in, out and
+fused, commands the plan added, refetches), the digest of the whole plan and report)."""
+
+
+def plan_digest(plan: MemoryPlan, report: SimReport) -> str:
+    """Every decision of the plan, and every slot of the schedule, as one hash."""
+    parts: list[Any] = [
+        [astuple(t) for t in plan.tasks],
+        sorted((k, astuple(e)) for k, e in plan.extra.items()),
+        plan.peak_live_bytes, plan.sram_capacity,
+        [astuple(s) for s in plan.spills],
+        [astuple(s) for s in plan.streams],
+        [astuple(r) for r in plan.residencies],
+        sorted((k, astuple(c)) for k, c in plan.costs.items()),
+        report.to_json(),
+    ]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def summarise(case: Callable[[], SimReport], monkeypatch: pytest.MonkeyPatch) -> tuple[tuple[int, ...], str]:
+    """Run `case`, keeping the plan the simulator made."""
+    plans: list[MemoryPlan] = []
+    plan_memory = simulate_module.plan_memory
+
+    def keep(*args: Any, **kw: Any) -> MemoryPlan:
+        plans.append(plan_memory(*args, **kw))
+        return plans[-1]
+
+    monkeypatch.setattr(simulate_module, "plan_memory", keep)
+    report = case()
+    (plan,) = plans
+    refetches = sum(1 for e in plan.extra.values() if e.label.startswith("refetch"))
+    streams = [sum(1 for s in plan.streams if s.direction == d) for d in ("in", "out", "fused")]
+    numbers = (report.total_cycles, report.peak_sram_bytes, plan.peak_live_bytes, len(plan.spills),
+               *streams, len(plan.extra), refetches)
+    return numbers, plan_digest(plan, report)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_plan_is_the_pinned_plan(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    numbers, digest = summarise(CASES[name], monkeypatch)
+    assert (numbers, digest) == PINNED[name]
+
+
+def test_the_cases_cover_every_mechanism() -> None:
+    """Spills, streams in and out, fused results and refetches all occur among the cases."""
+    for column in (3, 4, 5, 6, 8):  # spills, streams in, out, fused, refetches
+        assert any(numbers[column] for numbers, _ in PINNED.values())
+
+
+def test_the_error_policy_stops_where_the_spill_policy_spills() -> None:
+    with pytest.raises(SramOverflowError, match=r"SRAM overflow at %v\d+ = .*: it asks for 1,024 bytes, 0 of 4,096"):
+        long_program_case(300, 4096, "error")()
+
+
+if __name__ == "__main__":  # print PINNED for the current code
+    for name, case in CASES.items():
+        with pytest.MonkeyPatch.context() as patch:
+            print(f"    {name!r}: {summarise(case, patch)!r},")
