@@ -20,11 +20,13 @@ from collections.abc import Callable
 from dataclasses import astuple, replace
 from typing import Any
 
+import numpy as np
 import pytest
 from benchmark_scripts import load_script
 
 import runtime_sim.perf.simulate as simulate_module
 import tcpc
+from runtime_sim.perf.free_space import FreeSpace
 from runtime_sim.perf.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import MemoryPlan, SramOverflowError
 from runtime_sim.perf.report import SimReport
@@ -138,6 +140,61 @@ def test_the_cases_cover_every_mechanism() -> None:
 def test_the_error_policy_stops_where_the_spill_policy_spills() -> None:
     with pytest.raises(SramOverflowError, match=r"SRAM overflow at %v\d+ = .*: it asks for 1,024 bytes, 0 of 4,096"):
         long_program_case(300, 4096, "error")()
+
+
+# --- free space ---------------------------------------------------------------------------------
+
+
+def test_free_space_is_claimed_never_used_first_then_freed_earliest() -> None:
+    free = FreeSpace(100)
+    assert free.take(60) == [] and free.bytes == 40
+    free.add(30, (7, 9))
+    free.add(30, (3, 4))
+    assert free.bytes == 100
+    assert free.take(50) == [3, 4]  # the 40 never-used bytes, then 10 of the piece freed after 4
+    assert free.take(20) == [3, 4]  # the rest of that piece
+    assert free.take(25) == [7, 9]
+    assert free.bytes == 5
+
+
+def test_free_space_merges_pieces_with_the_same_commands_to_wait_for() -> None:
+    free = FreeSpace(0)
+    free.add(10, (2,))
+    free.add(10, (2,))
+    free.add(5, (1, 2))
+    assert free.take(5) == [1, 2]  # the same last command as (2,): ties go by the whole tuple
+    assert free.take(20) == [2]  # one merged piece: waited for once
+    assert free.bytes == 0
+    with pytest.raises(AssertionError, match="claiming 1 of 0 free bytes"):
+        free.take(1)
+
+
+def test_an_empty_piece_in_the_way_is_used_up_with_its_commands() -> None:
+    free = FreeSpace(0)
+    free.add(0, (1,))
+    free.add(8, (2,))
+    assert free.take(4) == [1, 2]
+    assert free.take(0) == []
+
+
+# --- scale -----------------------------------------------------------------------------------------
+
+
+def test_a_program_of_thousands_of_ops_simulates_under_pressure() -> None:
+    """2,000 ops on 4 KB of SRAM: the planner spills before a fifth of the commands or more, and the run
+    computes what the unconstrained run does, never holds more than SRAM, and its critical
+    path is a tight chain of commands."""
+    module = scale.parse_program(scale.long_program(2000))
+    roomy = scale.simulate_program(module, default_machine())
+    tight = scale.simulate_program(module, scale.tight_machine())
+    np.testing.assert_array_equal(tight.outputs[0], roomy.outputs[0])
+    r = tight.report
+    assert len(r.spills) > 400 and not r.streams
+    assert len(r.ops) == 2000 + sum(1 for o in r.ops if o.label.startswith(("spill ", "reload ")))
+    assert r.peak_sram_bytes <= r.sram_capacity == scale.TIGHT_SRAM_BYTES
+    assert r.total_cycles > roomy.report.total_cycles >= roomy.report.roofline.cycles
+    assert sum(r.op(k).cycles for k in r.critical_path) == r.total_cycles
+    assert r.op(r.critical_path[-1]).end == r.total_cycles
 
 
 if __name__ == "__main__":  # print PINNED for the current code
