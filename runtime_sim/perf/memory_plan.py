@@ -256,14 +256,14 @@ class MemoryPlanner:
         reloads = [b for b in reloads if b not in stream_in]
         writes = [b for b in writes if b not in stream_out]
         need -= sum(self.size[b] for b in stream_in) + sum(self.size[b] for b in stream_out)
-        self.rank(self.refetched_at.pop(t.index, ()), t.index)
+        self.rank(self.refetched_at.pop(t.index, ()), t.index)  # sources `t` reads again by a refetch
         self.spill_for(t, need)
         wait = tuple(dict.fromkeys(self.free.take(need)))
         deps += self.stream_in(t, stream_in)
         deps += self.reload(t, reloads, wait)
         deps += self.read_from_hbm(t, direct, stream_out)
         for b in writes:
-            self.hold(b, t.index, [])
+            self.hold(b, t.index)
         for b in t.reads:
             if b in self.live:
                 self.readers[b].append(t.index)
@@ -274,11 +274,11 @@ class MemoryPlanner:
 
     # --- SRAM stays -------------------------------------------------------------------------
 
-    def hold(self, b: int, home: int, readers: list[int]) -> None:
+    def hold(self, b: int, home: int) -> None:
         """Begin a stay of `b` in SRAM, written by command `home`."""
         self.live[b] = self.size[b]
         self.live_bytes += self.size[b]
-        self.home[b], self.readers[b] = home, readers
+        self.home[b], self.readers[b] = home, []
         self.stay[b] = stay = self.stays
         self.stays += 1
         heapq.heappush(self.deaths, (self.last[b], stay, b))
@@ -391,7 +391,7 @@ class MemoryPlanner:
             key = self.transfer(f"reload {self.labels[b]}", "tcp.load", self.size[b], False, t.phase,
                                 self.stored[b], wait)
             self.evicted.discard(b)
-            self.hold(b, key, [])
+            self.hold(b, key)
             keys.append(key)
         return keys
 
