@@ -181,7 +181,7 @@ def test_an_empty_piece_in_the_way_is_used_up_with_its_commands() -> None:
 
 
 def test_a_program_of_thousands_of_ops_simulates_under_pressure() -> None:
-    """2,000 ops on 4 KB of SRAM: the planner spills before a fifth of the commands or more, and the run
+    """2,000 ops on 4 KB of SRAM: the planner spills hundreds of buffers, and the run
     computes what the unconstrained run does, never holds more than SRAM, and its critical
     path is a tight chain of commands."""
     module = scale.parse_program(scale.long_program(2000))
@@ -195,6 +195,17 @@ def test_a_program_of_thousands_of_ops_simulates_under_pressure() -> None:
     assert r.total_cycles > roomy.report.total_cycles >= roomy.report.roofline.cycles
     assert sum(r.op(k).cycles for k in r.critical_path) == r.total_cycles
     assert r.op(r.critical_path[-1]).end == r.total_cycles
+
+
+
+def test_the_scale_benchmark_prints_a_row_per_length(capsys: pytest.CaptureFixture[str]) -> None:
+    scale.main(["--ops", "120", "240"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| ops | roomy: commands | roomy: seconds | tight: commands | tight: spills |")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    assert [r[0] for r in rows] == ["120", "240"]
+    for ops, roomy, _, tight, spills, _ in rows:
+        assert roomy == ops and int(tight) > int(ops) and int(spills) > 0
 
 
 if __name__ == "__main__":  # print PINNED for the current code
