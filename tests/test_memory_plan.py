@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import astuple, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -206,6 +207,17 @@ def test_the_scale_benchmark_prints_a_row_per_length(capsys: pytest.CaptureFixtu
     assert [r[0] for r in rows] == ["120", "240"]
     for ops, roomy, _, tight, spills, _ in rows:
         assert roomy == ops and int(tight) > int(ops) and int(spills) > 0
+
+
+
+def test_the_readme_scale_table_counts_what_the_benchmark_counts() -> None:
+    """The README's commands and spills at 1,000 ops are benchmarks/scale.py's (seconds vary)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("| 1,000 | "))
+    ops, roomy, _, tight, spills, _ = [cell.strip() for cell in line.strip("|").split("|")]
+    row = scale.measure(1000)
+    assert [ops, roomy, tight, spills] == [f"{n:,}" for n in (row.ops, row.roomy_commands, row.tight_commands,
+                                                              row.tight_spills)]
 
 
 if __name__ == "__main__":  # print PINNED for the current code
