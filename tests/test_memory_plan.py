@@ -9,8 +9,9 @@ tests prove the rewrite kept the behaviour. A deliberate change to the plan or t
 changes them: rerun `python tests/test_memory_plan.py` and paste its table.
 
 The cases cover every mechanism: no pressure, Belady spills and reloads, streams in and out,
-DMA results fused into their readers with refetches, the `error` policy, and the real models'
-layers at prefill (cost-only), where the gathered weights stream.
+DMA results fused into their readers with refetches, the `error` policy, and Mixtral-8x7B's
+layer at T = 64 through the full pipeline (cost-only), where the expert weights spill. (The
+models at prefill take minutes since the schedule level: benchmarks, not tests.)
 """
 
 from __future__ import annotations
@@ -66,11 +67,6 @@ CASES: dict[str, Callable[[], SimReport]] = {
     "chain 300, 768 B (fused, refetch)": long_program_case(300, 768, seed=4),
     "chain 1500, 4 KB": long_program_case(1500, 4096, seed=5),
     "mixtral T=64": model_case("mixtral", 64),
-    "mixtral T=2048": model_case("mixtral", 2048),
-    "qwen3_moe T=2048": model_case("qwen3_moe", 2048),
-    "deepseek_v3 T=2048": model_case("deepseek_v3", 2048),
-    "gpt_oss T=2048": model_case("gpt_oss", 2048),
-    "llama4 T=2048": model_case("llama4", 2048),
 }
 
 PINNED: dict[str, tuple[tuple[int, ...], str]] = {
@@ -81,12 +77,7 @@ PINNED: dict[str, tuple[tuple[int, ...], str]] = {
     'chain 300, 1.5 KB (streams)': ((179813, 1024, 1024, 67, 392, 158, 0, 617, 0), 'f829ea76e6a242a5'),
     'chain 300, 768 B (fused, refetch)': ((312990, 0, 0, 0, 539, 294, 6, 846, 13), '35471d3f53d902fa'),
     'chain 1500, 4 KB': ((425764, 4096, 4096, 447, 0, 0, 0, 871, 0), '962ff29408b39a9d'),
-    'mixtral T=64': ((3280343, 27395376, 27395376, 0, 0, 0, 3, 0, 0), 'e8c4b14ebc5ba305'),
-    'mixtral T=2048': ((53113940, 118132760, 118136880, 8, 12, 12, 3, 40, 0), 'aff9aca505e6281f'),
-    'qwen3_moe T=2048': ((8787970, 134217728, 134217728, 6, 7, 8, 4, 27, 0), '361f8ec61568faad'),
-    'deepseek_v3 T=2048': ((82127437, 134217728, 134217728, 12, 20, 21, 5, 67, 1), '23fc65a3f154a369'),
-    'gpt_oss T=2048': ((23899989, 117964800, 117964800, 6, 15, 26, 3, 62, 0), 'd8c514aaf60db4af'),
-    'llama4 T=2048': ((25914256, 134217728, 134217728, 11, 3, 9, 3, 38, 0), '7287453ce44af847'),
+    'mixtral T=64': ((17504569, 119144960, 118161564, 153, 0, 0, 0, 156, 0), '77411ed3768e7bea'),
 }
 """Case -> ((total cycles, scheduled peak SRAM, peak in issue order, spills, streams in, out and
 fused, commands the plan added, refetches), the digest of the whole plan and report)."""
