@@ -10,7 +10,8 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
 - a guarded load or store whose guard is negative: the guard only (`guard_cycles`, on DMA).
 - `tile.copy`: one DMA copy SRAM -> SRAM (between clusters).
 - `tile.load_expert`: one DMA command moving the weight rows of the ids that differ from the
-  previous block's (nothing when the expert is the same, or the block unused).
+  previous block's; when the expert is the same, or the block unused, no command is issued:
+  the guard that decides it only (`guard_cycles`, on a DMA engine).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def _guard_operand(op: Operation) -> tuple:
 def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     source, ids, prev_ids = operands[:3]
     rows = experts_fetched(ids, prev_ids)
+    if rows == 0:  # the expert's weights are already in SRAM, or the block is unused
+        return OpCost(DMA, machine.guard_cycles, bound="guard (reused)")
     return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
 
 
