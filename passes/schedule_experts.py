@@ -23,7 +23,8 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
 - double buffering: a row tile load of block g waits (an `after` operand) for the last
   contraction of block g - 2, the last reader of that block's tiles, so the tiles of two blocks
   are in SRAM at a time and the DMA of block g runs while block g - 1 contracts; an expert's
-  weight load waits for block g - 4 (`WEIGHT_AHEAD`), so the next expert's weights arrive
+  weight load waits for block g - W (`weight_lookahead`: as many experts ahead as their
+  weights fit `weight_bytes` of a cluster's SRAM), so the next experts' weights arrive
   while the current expert's last blocks contract.
 
 Ops that are not block-parallel, or that depend on an op after the loop's place, stay where
@@ -33,12 +34,14 @@ and stood between its ops move after it.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
@@ -51,9 +54,17 @@ from passes.loop_builder import is_row_parallel_ve, leading, move_readers_after,
 
 TILE_AHEAD = 2
 """A block's row tiles are fetched once block g - 2 has contracted: two blocks' tiles in SRAM."""
-WEIGHT_AHEAD = 4
-"""An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
-every few blocks) has the time of up to three blocks' contractions to arrive."""
+DEFAULT_WEIGHT_BYTES = 48 << 20
+"""SRAM per cluster for expert weights being prefetched: a compiler choice (a third of a
+cluster's 128 MB), not a machine number; `schedule-experts{weight_bytes=...}` changes it."""
+
+
+def weight_lookahead(blocks: int, experts: int, set_bytes: int, clusters: int, weight_bytes: int) -> int:
+    """How many blocks ahead an expert's weights are fetched: as many weight sets as fit
+    `weight_bytes`, at the blocks an expert has on average (G / E; each cluster's copy of the
+    loop also steps over the other clusters' blocks), and never less than the row tiles'."""
+    sets = max(1, weight_bytes // max(1, set_bytes))
+    return clusters * max(TILE_AHEAD, sets * -(-blocks // max(1, experts)))
 
 
 def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue) -> bool:
@@ -72,6 +83,11 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue) -> bool:
     if isinstance(op, tcp.ViewOp):
         return leading(op.input) == blocks
     return is_row_parallel_ve(op, blocks)
+
+
+def _bytes(t: Attribute) -> int:
+    assert isinstance(t, TensorType)
+    return max(1, getattr(t.get_element_type(), "bitwidth", 32) // 8)
 
 
 def _root(value: SSAValue) -> Operation | None:
@@ -109,7 +125,8 @@ def _cluster_ids(expert_ids: SSAValue, cluster: int, clusters: int, before: list
     return masked.result
 
 
-def schedule_plan(block: Block, expert_ids: SSAValue, clusters: int = 1) -> scf.ForOp | None:
+def schedule_plan(block: Block, expert_ids: SSAValue, clusters: int = 1,
+                  weight_bytes: int = DEFAULT_WEIGHT_BYTES) -> scf.ForOp | None:
     """Build the expert loop over `expert_ids`'s blocks in `block`, its work split over
     `clusters` clusters; None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
@@ -141,7 +158,10 @@ def schedule_plan(block: Block, expert_ids: SSAValue, clusters: int = 1) -> scf.
         b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
     cluster_ids = [_cluster_ids(expert_ids, c, clusters, before) if split else expert_ids for c in range(clusters)]
 
-    per_copy = [no_ids.result] * len(gathers) + [t.result for t in no_tiles] + [nothing.result] * WEIGHT_AHEAD
+    set_bytes = sum(math.prod(shape_of(g.source.type)[1:]) * _bytes(g.source.type) for g in gathers)
+    ahead = weight_lookahead(blocks, shape_of(gathers[0].source.type)[0] if gathers else 1, set_bytes, clusters,
+                             weight_bytes)
+    per_copy = [no_ids.result] * len(gathers) + [t.result for t in no_tiles] + [nothing.result] * ahead
     carried_init: list[SSAValue] = [b.result for b in buffers] + per_copy * clusters
     body = Block(arg_types=[IndexType(), *(v.type for v in carried_init)])
     index, *args = body.args
@@ -157,7 +177,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, clusters: int = 1) -> scf.
         waits = own[2 * n_gather:]  # waits[i]: the last contraction of block g - 1 - i
         for i, w in enumerate(waits):
             w.name_hint = f"done_{i + 1}_ago"
-        tile_wait, weight_wait = waits[TILE_AHEAD - 1], waits[WEIGHT_AHEAD - 1]
+        tile_wait, weight_wait = waits[TILE_AHEAD - 1], waits[ahead - 1]
         mapping: dict[SSAValue, SSAValue] = {}
 
         def add(op: Operation, name: str | None = None, cluster: int = c) -> SSAValue:
@@ -249,10 +269,11 @@ class ScheduleExpertsPass(ModulePass):
 
     clusters: int = 2
     """Clusters to split the blocks over (a power of two): the whole RNGD chip has 2."""
+    weight_bytes: int = DEFAULT_WEIGHT_BYTES
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 body = fn.body.block
                 for expert_ids in expert_id_values(body):
-                    schedule_plan(body, expert_ids, self.clusters)
+                    schedule_plan(body, expert_ids, self.clusters, self.weight_bytes)
