@@ -23,8 +23,7 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
 - double buffering: a row tile load of block g waits (an `after` operand) for the last
   contraction of block g - 2, the last reader of that block's tiles, so the tiles of two blocks
   are in SRAM at a time and the DMA of block g runs while block g - 1 contracts; an expert's
-  weight load waits for block g - W (`weight_lookahead`: as many experts ahead as their
-  weights fit `weight_bytes` of a cluster's SRAM), so the next experts' weights arrive
+  weight load waits for block g - 4 (`WEIGHT_AHEAD`), so the next expert's weights arrive
   while the current expert's last blocks contract.
 
 Ops that are not block-parallel, or that depend on an op after the loop's place, stay where
@@ -34,18 +33,16 @@ and stood between its ops move after it.
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
-from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, place_in_hbm, place_on_cluster, phase_of
+from dialects.annotations import PHASE_ATTR, place_in_hbm, phase_of
 from dialects.tensor_types import shape_of
 from passes.loop_builder import is_row_parallel_ve, leading, move_readers_after, select_ops, tile_type
 
@@ -54,17 +51,9 @@ from passes.loop_builder import is_row_parallel_ve, leading, move_readers_after,
 
 TILE_AHEAD = 2
 """A block's row tiles are fetched once block g - 2 has contracted: two blocks' tiles in SRAM."""
-DEFAULT_WEIGHT_BYTES = 48 << 20
-"""SRAM per cluster for expert weights being prefetched: a compiler choice (a third of a
-cluster's 128 MB), not a machine number; `schedule-experts{weight_bytes=...}` changes it."""
-
-
-def weight_lookahead(blocks: int, experts: int, set_bytes: int, clusters: int, weight_bytes: int) -> int:
-    """How many blocks ahead an expert's weights are fetched: as many weight sets as fit
-    `weight_bytes`, at the blocks an expert has on average (G / E; each cluster's copy of the
-    loop also steps over the other clusters' blocks), and never less than the row tiles'."""
-    sets = max(1, weight_bytes // max(1, set_bytes))
-    return clusters * max(TILE_AHEAD, sets * -(-blocks // max(1, experts)))
+WEIGHT_AHEAD = 4
+"""An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
+every few blocks) has the time of up to three blocks' contractions to arrive."""
 
 
 def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue) -> bool:
@@ -85,11 +74,6 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue) -> bool:
     return is_row_parallel_ve(op, blocks)
 
 
-def _bytes(t: Attribute) -> int:
-    assert isinstance(t, TensorType)
-    return max(1, getattr(t.get_element_type(), "bitwidth", 32) // 8)
-
-
 def _root(value: SSAValue) -> Operation | None:
     """The op that produced a value's buffer, through views."""
     owner = value.owner
@@ -98,149 +82,105 @@ def _root(value: SSAValue) -> Operation | None:
     return owner if isinstance(owner, Operation) else None
 
 
-def _cluster_ids(expert_ids: SSAValue, cluster: int, clusters: int, before: list[Operation]) -> SSAValue:
-    """expert_ids with the blocks of experts another cluster owns set to -1: cluster c owns the
-    experts e with e mod clusters == c (clusters a power of two), so each expert's weights are
-    loaded by one cluster only. Computed on cluster c, from a DMA copy of expert_ids when the
-    routing ran on another cluster."""
-    ids = expert_ids
-    if cluster != 0:
-        copy = tile.CopyOp(expert_ids)
-        before.append(copy)
-        ids = copy.result
-    t = ids.type
-    mask = ve.ConstOp(clusters - 1, t)
-    owner = ve.AndOp(ids, mask.result)
-    mine = ve.TagOp("eq", owner.result, ve.ConstOp(cluster, t).result)
-    none = ve.ConstOp(-1, t)
-    masked = ve.SelectOp(mine.result, [1], ids, none.result)
-    ops = [mask, owner, mine.operands[1].owner, mine, none, masked]
-    for op in ops:
-        if cluster != 0:
-            place_on_cluster(op, cluster)
-    if cluster != 0:
-        place_on_cluster(before[-1], cluster)
-    before.extend(ops)
-    masked.result.name_hint = f"expert_ids_cluster{cluster}"
-    return masked.result
-
-
-def schedule_plan(block: Block, expert_ids: SSAValue, clusters: int = 1,
-                  weight_bytes: int = DEFAULT_WEIGHT_BYTES) -> scf.ForOp | None:
-    """Build the expert loop over `expert_ids`'s blocks in `block`, its work split over
-    `clusters` clusters; None if nothing moves."""
+def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
+    """Build the expert loop over `expert_ids`'s blocks in `block`; None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
     ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids)])
     if not any(isinstance(op, tcp.ContractOp) for op in ops):
         return None
     inside = set(ops)
+    blocks = shape_of(expert_ids.type)[0]
     last = ops[-1]
-    phase = {PHASE_ATTR: last.attributes[PHASE_ATTR]}
+
     escaping = [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
     if not escaping:
         return None
     gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp)]
-    last_contract = [op for op in ops if isinstance(op, tcp.ContractOp)][-1]
-    split = clusters > 1
 
     before: list[Operation] = []
     c0 = arith.ConstantOp.from_int_and_width(0, IndexType())
     c_blocks = arith.ConstantOp.from_int_and_width(blocks, IndexType())
     c1 = arith.ConstantOp.from_int_and_width(1, IndexType())
+    before += [c0, c_blocks, c1]
     buffers = [tile.BufferOp("hbm", r.type) for r in escaping]
     no_ids = ve.ConstOp(-1, TensorType(i32, [1]))
     no_tiles = [tile.BufferOp("sram", tile_type(g.result.type)) for g in gathers]
-    # The double-buffering waits carry the last contraction of the previous blocks (the last
-    # reader of their loaded tiles); before the first block there is nothing to wait for.
-    nothing = ve.ConstOp(0.0, tile_type(last_contract.result.type))
-    before += [c0, c_blocks, c1, *buffers, no_ids, *no_tiles, nothing]
+    before += buffers + ([no_ids] if gathers else []) + no_tiles
     for b, r in zip(buffers, escaping):
         b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
-    cluster_ids = [_cluster_ids(expert_ids, c, clusters, before) if split else expert_ids for c in range(clusters)]
+    carried_init: list[SSAValue] = [b.result for b in buffers]
+    carried_init += [no_ids.result for _ in gathers] + [t.result for t in no_tiles]
+    # The double-buffering waits carry the last contraction of the two previous blocks (the
+    # last reader of their loaded tiles); before the first block there is nothing to wait for.
+    last_contract = [op for op in ops if isinstance(op, tcp.ContractOp)][-1]
+    nothing = ve.ConstOp(0.0, tile_type(last_contract.result.type))
+    before.append(nothing)
+    carried_init += [nothing.result] * WEIGHT_AHEAD
+    for op in before:
+        op.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
 
-    set_bytes = sum(math.prod(shape_of(g.source.type)[1:]) * _bytes(g.source.type) for g in gathers)
-    ahead = weight_lookahead(blocks, shape_of(gathers[0].source.type)[0] if gathers else 1, set_bytes, clusters,
-                             weight_bytes)
-    per_copy = [no_ids.result] * len(gathers) + [t.result for t in no_tiles] + [nothing.result] * ahead
-    carried_init: list[SSAValue] = [b.result for b in buffers] + per_copy * clusters
     body = Block(arg_types=[IndexType(), *(v.type for v in carried_init)])
     index, *args = body.args
     index.name_hint = "block"
-    n_buf, n_gather, n_copy = len(buffers), len(gathers), len(per_copy)
-    buffer_values: list[SSAValue] = list(args[:n_buf])
-    yielded_copies: list[SSAValue] = []
-    copies: dict[SSAValue, SSAValue] = {}  # an SRAM input of another cluster: its DMA copy
+    n_buf, n_gather = len(buffers), len(gathers)
+    buffer_args = args[:n_buf]
+    prev_ids_args = args[n_buf:n_buf + n_gather]
+    prev_tile_args = args[n_buf + n_gather:n_buf + 2 * n_gather]
+    waits = args[len(args) - WEIGHT_AHEAD:]  # waits[i]: the last contraction of block g - 1 - i
+    for i, w in enumerate(waits):
+        w.name_hint = f"done_{i + 1}_ago"
+    tile_wait, weight_wait = waits[TILE_AHEAD - 1], waits[WEIGHT_AHEAD - 1]
 
-    for c in range(clusters):
-        own = args[n_buf + c * n_copy:n_buf + (c + 1) * n_copy]
-        prev_ids_args, prev_tile_args = own[:n_gather], own[n_gather:2 * n_gather]
-        waits = own[2 * n_gather:]  # waits[i]: the last contraction of block g - 1 - i
-        for i, w in enumerate(waits):
-            w.name_hint = f"done_{i + 1}_ago"
-        tile_wait, weight_wait = waits[TILE_AHEAD - 1], waits[ahead - 1]
-        mapping: dict[SSAValue, SSAValue] = {}
+    mapping: dict[SSAValue, SSAValue] = {}
 
-        def add(op: Operation, name: str | None = None, cluster: int = c) -> SSAValue:
-            op.attributes.update({k: v for k, v in phase.items() if k not in op.attributes})
-            if split and cluster:
-                place_on_cluster(op, cluster)
-            body.add_op(op)
-            if name is not None:
-                op.results[0].name_hint = name
-            return op.results[0]
+    def add(op: Operation, name: str | None = None) -> SSAValue:
+        op.attributes.setdefault(PHASE_ATTR, last.attributes[PHASE_ATTR])
+        body.add_op(op)
+        if name is not None:
+            op.results[0].name_hint = name
+        return op.results[0]
 
-        ids_tile = add(tile.SliceOp(cluster_ids[c], index, tile_type(expert_ids.type)), "expert_of_block")
-        mapping[expert_ids] = ids_tile
-        guard = ids_tile if split else None
+    ids_tile = add(tile.SliceOp(expert_ids, index, tile_type(expert_ids.type)), "expert_of_block")
+    mapping[expert_ids] = ids_tile
 
-        def tile_of(v: SSAValue) -> SSAValue:
-            if v in mapping:
-                return mapping[v]
-            if leading(v) != blocks:
-                return v  # the same for every block: a weight, a table, a splat
-            root = _root(v)
-            name = f"{v.name_hint}_tile" if v.name_hint else None
-            if root is not None and phase_of(root) == "dispatch" and root.dialect_name() == "tcp":
-                place_in_hbm(root)
-                mapping[v] = add(tile.LoadOp(v, index, tile_type(v.type), [tile_wait], guard), name)
-            else:
-                source = v
-                if split and c:
-                    if v not in copies:
-                        copy = tile.CopyOp(v)
-                        place_on_cluster(copy, c)
-                        before.append(copy)
-                        copies[v] = copy.result
-                    source = copies[v]
-                mapping[v] = add(tile.SliceOp(source, index, tile_type(v.type)), name)
+    def tile_of(v: SSAValue) -> SSAValue:
+        if v in mapping:
             return mapping[v]
+        if leading(v) != blocks:
+            return v  # the same for every block: a weight, a table, a splat
+        root = _root(v)
+        name = f"{v.name_hint}_tile" if v.name_hint else None
+        if root is not None and phase_of(root) == "dispatch" and root.dialect_name() == "tcp":
+            place_in_hbm(root)
+            mapping[v] = add(tile.LoadOp(v, index, tile_type(v.type), [tile_wait]), name)
+        else:
+            mapping[v] = add(tile.SliceOp(v, index, tile_type(v.type)), name)
+        return mapping[v]
 
-        loaded: list[SSAValue] = []
-        for op in ops:
-            if isinstance(op, tcp.DmaGatherOp):
-                k = gathers.index(op)
-                new = tile.LoadExpertOp(op.source, ids_tile, prev_ids_args[k], prev_tile_args[k], [weight_wait])
-                new.attributes.update(op.attributes)
-                mapping[op.result] = add(new, op.result.name_hint)
-                loaded.append(op.result)
-                continue
-            operands = [tile_of(v) for v in op.operands]
-            new = type(op).create(operands=operands, result_types=[tile_type(r.type) for r in op.results],
-                                  properties=dict(op.properties), attributes=dict(op.attributes))
-            add(new)
-            for old, r in zip(op.results, new.results):
-                r.name_hint = old.name_hint
-                mapping[old] = r
-        buffer_values = [add(tile.StoreOp(mapping[r], buf, index, guard), f"{r.name_hint}_stored" if r.name_hint else None)
-                         for r, buf in zip(escaping, buffer_values)]
-        yielded_copies += [ids_tile] * n_gather + [mapping[g] for g in loaded]
-        yielded_copies += [mapping[last_contract.result], *waits[:-1]]
-    body.add_op(scf.YieldOp(*buffer_values, *yielded_copies))
+    loaded: list[SSAValue] = []
+    for op in ops:
+        if isinstance(op, tcp.DmaGatherOp):
+            k = gathers.index(op)
+            new = tile.LoadExpertOp(op.source, ids_tile, prev_ids_args[k], prev_tile_args[k], [weight_wait])
+            new.attributes.update(op.attributes)
+            mapping[op.result] = add(new, op.result.name_hint)
+            loaded.append(op.result)
+            continue
+        operands = [tile_of(v) for v in op.operands]
+        new = type(op).create(operands=operands, result_types=[tile_type(r.type) for r in op.results],
+                              properties=dict(op.properties), attributes=dict(op.attributes))
+        body.add_op(new)
+        for old, r in zip(op.results, new.results):
+            r.name_hint = old.name_hint
+            mapping[old] = r
 
-    for op in before:
-        op.attributes.update({k: v for k, v in phase.items() if k not in op.attributes})
+    stored = [add(tile.StoreOp(mapping[r], buf, index), f"{r.name_hint}_stored" if r.name_hint else None)
+              for r, buf in zip(escaping, buffer_args)]
+    done = mapping[last_contract.result]
+    body.add_op(scf.YieldOp(*stored, *(ids_tile for _ in gathers), *(mapping[g] for g in loaded), done, *waits[:-1]))
+
     loop = scf.ForOp(c0, c_blocks, c1, carried_init, body)
-    loop.attributes.update(phase)
+    loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
     for r, result in zip(escaping, loop.results[:n_buf]):
         result.name_hint = r.name_hint
 
@@ -267,13 +207,9 @@ def expert_id_values(block: Block) -> list[SSAValue]:
 class ScheduleExpertsPass(ModulePass):
     name = "schedule-experts"
 
-    clusters: int = 2
-    """Clusters to split the blocks over (a power of two): the whole RNGD chip has 2."""
-    weight_bytes: int = DEFAULT_WEIGHT_BYTES
-
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 body = fn.body.block
                 for expert_ids in expert_id_values(body):
-                    schedule_plan(body, expert_ids, self.clusters, self.weight_bytes)
+                    schedule_plan(body, expert_ids)

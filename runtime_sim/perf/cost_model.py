@@ -9,7 +9,7 @@ gather skips index -1 rows). The formulas themselves live next to their sources:
 
 Engines (docs/hardware.md#pes-clusters-and-slices): `tensor`, the chain Fetch -> Contraction ->
 Vector -> ... -> Commit; all slices of the cluster run it in lockstep and a command occupies
-the whole chain, so it is one unit per cluster (a command is pinned to its op's `tcpc.cluster`). `dma` has one unit per DMA engine; a command runs on one
+the whole chain, so it is one unit. `dma` has one unit per DMA engine; a command runs on one
 engine (the book's 628-cycle figure is one command on one engine), or, when it moves more
 than the machine's `dma.split_bytes`, is spread over several (`OpCost.parts`, see tcp_cost.py). `none` is for ops that do
 no work (views, the splat constants the loader places, returns): zero cycles, no unit.
@@ -45,7 +45,7 @@ NONE = "none"
 
 def engine_units(machine: Machine) -> dict[str, int | None]:
     """Engine -> how many commands it runs at once (None: unlimited, zero-cost ops)."""
-    return {TENSOR: machine.clusters, DMA: machine.dma_engines, NONE: None}
+    return {TENSOR: 1, DMA: machine.dma_engines, NONE: None}
 
 
 @dataclass(frozen=True)

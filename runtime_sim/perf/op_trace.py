@@ -17,7 +17,7 @@ from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, SSAValue
 from xdsl.traits import SymbolTable
 
-from dialects.annotations import OTHER, cluster_of, phase_of
+from dialects.annotations import OTHER, phase_of
 from runtime_sim.perf.cost_model import (
     UNTRACED,
     OpCost,
@@ -47,8 +47,6 @@ class TracedOp:
     writes: tuple[int, ...] = ()
     phase: str = OTHER
     op: Operation | None = field(default=None, compare=False, repr=False)
-    cluster: int = 0
-    """The cluster whose engines run it (`tcpc.cluster`; what a tensor-engine command is pinned to)."""
     """The IR op that ran (planned IR annotates it with its scheduled slot)."""
 
 
@@ -146,4 +144,4 @@ class TraceRecorder(Interpreter.Listener):
                 writes.append(buffer)
             self._values[r] = _Value(index, buffer)
         self.trace.ops.append(TracedOp(index, op.name, op_label(op), cost, deps, reads, tuple(writes),
-                                       phase_of(op) or OTHER, op, cluster_of(op)))
+                                       phase_of(op) or OTHER, op))

@@ -70,12 +70,8 @@ class Schedule:
         return self.busy.get(engine, 0) / (self.makespan * n)
 
 
-def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Mapping[int, int] | None = None) -> Schedule:
-    """Place `tasks` (in issue order) on the engines; `units` gives each engine's unit count;
-    `pinned` maps a task's key to the one unit it must run on (a tensor command to its cluster;
-    modulo the engine's units, so a program split over more clusters than the machine has
-    shares them)."""
-    pinned = pinned or {}
+def schedule(tasks: Sequence[Task], units: Mapping[str, int | None]) -> Schedule:
+    """Place `tasks` (in issue order) on the engines; `units` gives each engine's unit count."""
     graph = nx.DiGraph()
     free: dict[str, list[int]] = {e: [0] * n for e, n in units.items() if n}
     last_on_unit: dict[tuple[str, int], int] = {}
@@ -101,10 +97,7 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
             unit_free = free[t.engine]
             if not 1 <= t.units <= len(unit_free):
                 raise ValueError(f"{t.label}: needs {t.units} units of '{t.engine}', which has {len(unit_free)}")
-            if t.key in pinned and t.units == 1:
-                taken = (pinned[t.key] % len(unit_free),)
-            else:
-                taken = tuple(sorted(sorted(range(len(unit_free)), key=lambda u: (unit_free[u], u))[:t.units]))
+            taken = tuple(sorted(sorted(range(len(unit_free)), key=lambda u: (unit_free[u], u))[:t.units]))
             start = max(ready, *(unit_free[u] for u in taken))
             for u in taken:
                 unit_free[u] = start + t.cycles

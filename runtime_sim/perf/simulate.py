@@ -23,7 +23,7 @@ from xdsl.ir import Operation
 from xdsl.traits import SymbolTable
 
 from runtime_sim.perf import cost_model
-from runtime_sim.perf.cost_model import TENSOR, CostModelError, engine_units, require_lowered
+from runtime_sim.perf.cost_model import CostModelError, engine_units, require_lowered
 from runtime_sim.perf.costs import register_cost_models
 from runtime_sim.perf.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
@@ -107,8 +107,7 @@ def simulate_trace(trace: Trace, machine: Machine,
     """Plan, schedule and report a recorded trace."""
     plan = plan_memory(trace, machine, sram_policy)
     units = engine_units(machine)
-    pinned = {t.index: t.cluster for t in trace.ops if t.cost.engine == TENSOR}
-    sched = schedule(plan.tasks, units, pinned)
+    sched = schedule(plan.tasks, units)
     records: list[OpRecord] = []
     for task in plan.tasks:
         if task.key in plan.extra:
