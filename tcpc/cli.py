@@ -26,6 +26,7 @@ from tcpc.host_memory import ResourceError
 from tcpc.pipelines import LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
+from tcpc.routing_check import RoutingRangeCheck
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
@@ -263,13 +264,14 @@ def cycle_summary(r: SimReport) -> str:
 
 
 def simulate_with_progress(program: Program, fn_name: str, args: argparse.Namespace,
-                           given: dict[str, np.ndarray]) -> SimulationResult:
+                           given: dict[str, np.ndarray], routing_check: RoutingRangeCheck) -> SimulationResult:
     machine = as_machine(args.machine)
     progress = Progress()
+    listeners = [progress] if args.cost_only else [progress, routing_check]
     try:
         return program.simulate(given, seed=args.seed, graph=fn_name, pipeline=args.pipeline, machine=machine,
                                 sram_policy=args.sram_policy, cost_only=args.cost_only,
-                                routing=args.routing or "balanced", listeners=[progress])
+                                routing=args.routing or "balanced", listeners=listeners)
     finally:
         progress.close()
 
@@ -313,6 +315,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if Path(args.file).suffix == ".mlir" and args.set:
         raise UsageError("--set applies to .moe programs, not to .mlir IR")
     paths = output_paths(args)
+    if args.check and args.pipeline and "pin-routing" in (p.name for p in parse_pipeline(args.pipeline)):
+        raise UsageError("--check compares with the reference, whose routing comes from the router; after "
+                         "pin-routing the routing argument takes the balanced scenario instead, so they differ")
     program: Program = compile_file(args.file, parse_set(args.set))
     given = load_npz(args.inputs) if args.inputs else {}
     fn = program.function(args.graph)
@@ -321,8 +326,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # runs on the interpreter then (translation validation), saying why there are no cycles.
     why = "" if args.reference else partly_lowered(program, args)
     not_simulated = f"not simulated: {why}" if why else ""
+    routing_check = RoutingRangeCheck()
     if args.reference or not_simulated:  # the interpreter: the graph-level IR, or the IR after -p
-        result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline)
+        result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline,
+                             listeners=[routing_check])
         if args.pipeline is not None:
             level = f"after {args.pipeline}, {not_simulated or 'not simulated'}"
         else:
@@ -333,7 +340,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.pipeline is None and not LOWERED_PIPELINE and not program.is_ir:
             raise UsageError("running the lowered program needs the lowering passes, which do not exist yet; "
                              "use --reference (graph level) or -p PASSES")
-        sim = simulate_with_progress(program, name, args, given)
+        sim = simulate_with_progress(program, name, args, given, routing_check)
         report = sim.report
         level = f"after {sim.pipeline}" if sim.pipeline else "as given"
         if sim.cost_only:
@@ -349,6 +356,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         outputs = sim.outputs
     for i, (value, t) in enumerate(zip(outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))
+    for found in routing_check.found:
+        sys.stdout.flush()
+        print(f"tcpc: warning: {found.describe()}", file=sys.stderr)
     if report is not None:
         if args.report:
             print()
@@ -448,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except KeyboardInterrupt:
-        print("\ntcpc: interrupted", file=sys.stderr)
+        print("tcpc: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader is gone: point stdout at /dev/null so the interpreter's final flush

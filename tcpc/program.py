@@ -124,8 +124,10 @@ class Program:
         graph: str | None = None,
         reference: bool = True,
         pipeline: str | None = None,
+        listeners: Sequence[Interpreter.Listener] = (),
     ) -> RunResult:
-        """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`."""
+        """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`;
+        `listeners` see every op as it runs."""
         from runtime_sim.semantics.executor import run_function  # xDSL's interpreters are slow to import
 
         name = self.function(graph).sym_name.data
@@ -133,7 +135,7 @@ class Program:
         fn = function_in(module, name)  # after pin-routing it has one more argument
         check_fits(module, name, f"running graph '{name}'")
         args = prepare_inputs(fn, inputs or {}, seed)
-        outputs = run_function(module, name, args)
+        outputs = run_function(module, name, args, listeners=listeners)
         return RunResult(list(outputs), dict(zip(arg_names(fn), args)))
 
     def simulate(
