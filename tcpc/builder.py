@@ -91,7 +91,8 @@ def literal_overflow(value: int | float, element_type: Attribute) -> str | None:
     dtype = numpy_dtype(element_type)
     largest = float(ml_dtypes.finfo(dtype).max)
     try:
-        rounded = float(np.array(float(value), np.float64).astype(np.float32).astype(dtype))
+        with np.errstate(over="ignore"):  # overflow is the question asked here
+            rounded = float(np.array(float(value), np.float64).astype(np.float32).astype(dtype))
     except OverflowError:  # an int beyond any float
         rounded = math.inf
     if not math.isfinite(rounded):
