@@ -159,6 +159,8 @@ EDGES: dict[str, Edge] = {
     # --- corrupt inputs ------------------------------------------------------------------------
     "pickled-inputs": Edge(("run", "{toy}", "--inputs", "{objects_npz}"), EXIT_ERROR,
                            "array 'idx' holds Python objects (pickled)"),
+    "pickled-routing": Edge(("run", "{toy}", "--cost-only", "--routing", "{objects_npz}"), EXIT_ERROR,
+                            "array 'idx' is not a numeric array (pickled objects, or damaged)"),
     "binary-machine": Edge(("run", "{toy}", "--machine", "{binary_toml}"), EXIT_ERROR,
                            "binary.toml: not a UTF-8 text file (byte 8 is b'\\xff')"),
     "binary-mlir": Edge(("run", "{binary_mlir}"), EXIT_ERROR, "binary.mlir: error: not a UTF-8 text file"),
