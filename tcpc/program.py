@@ -248,25 +248,34 @@ def load_ir(source: str, filename: str = "<string>") -> Program:
         raise CompileError(f"invalid IR: {e}") from None
     if not any(isinstance(op, func.FuncOp) for op in module.ops):
         raise CompileError("the IR holds no func.func to run")
-    dynamic = dynamic_value(module)
-    if dynamic is not None:
-        raise CompileError(f"{dynamic} has a size that is not static; tcpc needs every tensor size known at compile time")
+    unsupported = unsupported_value(module)
+    if unsupported is not None:
+        raise CompileError(unsupported)
     return Program(filename, source, {}, module, is_ir=True)
 
 
-def dynamic_value(module: ModuleOp) -> str | None:
-    """The first value whose type is a tensor of unknown size (`tensor<?x8xf32>`, `tensor<*xf32>`),
-    described, or None."""
+def unsupported_value(module: ModuleOp) -> str | None:
+    """Why tcpc cannot run this IR, for the first value it cannot hold (a tensor of unknown
+    size, `tensor<?x8xf32>` or `tensor<*xf32>`; an element type without numpy storage such as
+    f64), or None."""
+    from runtime_sim.semantics.numerics import numpy_dtype
+
     for op in module.walk():
         blocks = [b for r in op.regions for b in r.blocks]
-        for v in [*op.results, *(a for b in blocks for a in b.args)]:
+        arguments = [a for b in blocks for a in b.args]
+        for v in [*op.results, *arguments]:
             t = v.type
-            unranked = isinstance(t, UnrankedTensorType)
-            if unranked or (isinstance(t, TensorType) and any(d < 0 for d in t.get_shape())):
-                name = f"%{v.name_hint}" if v.name_hint else "a value"
-                owner = f"an argument of {op.name}" if v in (a for b in blocks for a in b.args) else f"a result of {op.name}"
-                sizes = ["*"] if unranked else ["?" if d < 0 else str(d) for d in t.get_shape()]
-                return f"{name} ({owner}, tensor<{'x'.join(sizes)}x{t.get_element_type()}>)"
+            name = f"%{v.name_hint}" if v.name_hint else "a value"
+            owner = f"an argument of {op.name}" if v in arguments else f"a result of {op.name}"
+            if isinstance(t, UnrankedTensorType) or (isinstance(t, TensorType) and any(d < 0 for d in t.get_shape())):
+                sizes = ["*"] if isinstance(t, UnrankedTensorType) else ["?" if d < 0 else str(d) for d in t.get_shape()]
+                return (f"{name} ({owner}, tensor<{'x'.join(sizes)}x{t.get_element_type()}>) has a size that is not "
+                        "static; tcpc needs every tensor size known at compile time")
+            if isinstance(t, TensorType):
+                try:
+                    numpy_dtype(t.get_element_type())
+                except ValueError:
+                    return f"{name} ({owner}) has element type {t.get_element_type()}; tcpc runs bf16, f32, i32 and i1 tensors"
     return None
 
 

@@ -49,6 +49,14 @@ builtin.module {
 }
 """
 
+SCALAR_IR = """\
+builtin.module {
+  func.func @f(%x: i32) -> i32 {
+    func.return %x : i32
+  }
+}
+"""
+
 HUGE_IR = """\
 builtin.module {
   func.func @f(%x: tensor<1000000000x1000000xf32>) -> tensor<1000000000x1000000xf32> {
@@ -75,6 +83,8 @@ def files(tmp_path: Path) -> dict[str, str]:
         "fold-overflow.moe": TENSOR_MATH.format(expr="x * (1e308 * 10.0)"),
         "dyn.mlir": DYNAMIC,
         "huge.mlir": HUGE_IR,
+        "scalar.mlir": SCALAR_IR,
+        "f64.mlir": DYNAMIC.replace("?x8xf32", "4xf64"),
         "noname.toml": machine('[dma]\nstartup_cycles = { value = 1000, assumption = "slower start-up" }\n'),
         "huge.toml": machine('[dma]\nstartup_cycles = { value = 100000000000000, assumption = "x" }\n'),
     }
@@ -166,6 +176,9 @@ EDGES: dict[str, Edge] = {
     "binary-mlir": Edge(("run", "{binary_mlir}"), EXIT_ERROR, "binary.mlir: error: not a UTF-8 text file"),
     "dynamic-shape": Edge(("run", "{dyn_mlir}"), EXIT_ERROR,
                           "%x (an argument of func.func, tensor<?x8xf32>) has a size that is not static"),
+    "scalar-argument": Edge(("run", "{scalar_mlir}"), EXIT_ERROR,
+                            "argument 'x' of graph 'f' is i32, not a tensor"),
+    "f64-tensors": Edge(("run", "{f64_mlir}"), EXIT_ERROR, "%x (an argument of func.func) has element type f64"),
     "machine-number-too-large": Edge(("run", "{toy}", "--machine", "{huge_toml}"), EXIT_ERROR,
                                      "[dma] startup_cycles: 100000000000000 is too large to simulate"),
     "machine-without-a-name": Edge(("run", "{toy}", "--machine", "{noname_toml}"), EXIT_OK, "",
@@ -269,7 +282,7 @@ def test_a_closed_pipe_ends_quietly() -> None:
 
 
 SLOW = """\
-dims N = 1024
+dims N = 2048
 graph slow(a: f32[N, N]) -> f32[N, N] {
     b = exp(a @ a)
     c = b @ b
@@ -291,7 +304,7 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path: Path) -> None:
                           env=ENV) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"
-        time.sleep(0.5)
+        time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_INTERRUPTED, (out, err)
