@@ -23,7 +23,7 @@ from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
-from tcpc.pipelines import LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
@@ -84,9 +84,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile and print the IR")
     add_common(c)
-    c.add_argument("--emit", choices=("graph", "lowered", "planned"), default=None,
-                   help="which level to print (default: graph, or the IR after -p); planned is the "
-                        "lowered IR with each op's simulated engine slot")
+    c.add_argument("--emit", choices=("graph", "lowered", "scheduled", "planned"), default=None,
+                   help="which level to print (default: graph, or the IR after -p): lowered is the "
+                        "engine ops on whole tensors, scheduled adds the schedule level (loops, tiles, "
+                        "buffers, DMA), planned is the scheduled IR with each op's simulated engine slot")
     c.add_argument("--seed", type=int, default=None, help="--emit planned: seed for the inputs (default 0)")
     c.add_argument("--machine", default=None, help="--emit planned: machine file (default: RNGD)")
     c.add_argument("--cost-only", action="store_true",
@@ -123,10 +124,10 @@ def make_parser() -> argparse.ArgumentParser:
 def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
     if args.pipeline is not None:
         return args.pipeline
-    if emit in ("lowered", "planned"):
-        if not LOWERED_PIPELINE:
-            raise UsageError(f"--emit {emit}: the lowering pipeline does not exist yet (try --emit graph or -p)")
+    if emit == "lowered":
         return ",".join(LOWERED_PIPELINE)
+    if emit in ("scheduled", "planned"):
+        return ",".join(FULL_PIPELINE)
     return None
 
 
@@ -139,8 +140,9 @@ def check_compile_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"{flag} applies to --emit planned (the plan depends on it); nothing else reads it")
     elif args.print_ir_after_all:
         raise UsageError("--print-ir-after-all prints the IR between passes; --emit planned prints the planned IR once")
-    if args.pipeline is not None and args.emit in ("graph", "lowered"):
-        level = "the IR before any pass" if args.emit == "graph" else "the IR after the full lowering"
+    if args.pipeline is not None and args.emit in ("graph", "lowered", "scheduled"):
+        level = {"graph": "the IR before any pass", "lowered": "the IR after the lowering passes",
+                 "scheduled": "the IR after the full pipeline"}[args.emit]
         raise UsageError(f"--emit {args.emit} prints {level}; -p gives other passes (drop one of them)")
     if args.routing is not None and not args.cost_only:
         raise UsageError("--routing sets the routing of a cost-only plan; add --cost-only")
@@ -154,7 +156,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     chunks: list[str] = []
     if args.emit == "planned":
         seed = args.seed or 0
-        given = f"the IR after {args.pipeline}" if args.pipeline is not None else "the full lowering"
+        given = f"the IR after {args.pipeline}" if args.pipeline is not None else "the full pipeline"
         values = (f"without values, for the {args.routing or 'balanced'} routing (cost-only)" if args.cost_only
                   else f"for the inputs drawn from seed {seed}")
         chunks.append(f"// planned: {given}, each op with the slot the simulator scheduled it in\n"
