@@ -71,12 +71,10 @@ def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int =
     if seed < 0:
         raise InputError(f"the seed must be a non-negative integer, got {seed}")
     names = arg_names(fn)
-    for kind, types in (("argument", fn.function_type.inputs.data), ("result", fn.function_type.outputs.data)):
-        for i, t in enumerate(types):
-            if not isinstance(t, TensorType):
-                shown = f"'{names[i]}'" if kind == "argument" else str(i)
-                raise InputError(f"{kind} {shown} of graph '{fn.sym_name.data}' is {t}, not a tensor; "
-                                 "tcpc runs functions of tensors")
+    for name, t in zip(names, fn.function_type.inputs.data):
+        if not isinstance(t, TensorType):
+            raise InputError(f"argument '{name}' of graph '{fn.sym_name.data}' is {t}, not a tensor; "
+                             "tcpc feeds functions tensors")
     unknown = sorted(set(given) - set(names))
     if unknown:
         raise InputError(

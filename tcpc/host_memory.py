@@ -44,7 +44,7 @@ def value_bytes(t: Attribute) -> int:
         return 0
     try:
         itemsize = tensor_dtype(t).itemsize
-    except Exception:  # an element type without a numpy dtype: count its bits
+    except ValueError:  # an element type without a numpy dtype: count its bits
         itemsize = max(1, math.ceil(getattr(t.get_element_type(), "bitwidth", 32) / 8))
     return math.prod(max(d, 0) for d in t.get_shape()) * itemsize
 
