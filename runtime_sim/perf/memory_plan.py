@@ -51,18 +51,26 @@ moves more than the machine's `dma.split_bytes` is spread evenly over several DM
 compiler issues a large copy as several commands), so a large copy runs at the engines'
 combined rate rather than one engine's. Views and other free commands move no data, so they
 never reload.
+
+**The planner.** `MemoryPlanner` holds the state of SRAM and HBM at the current command and
+has one method per mechanism above (holding and releasing buffers, ranking them for Belady,
+choosing streams, spilling, reloading, streaming, fusing, refetching, scheduling the command);
+free space is `free_space.FreeSpace`. Planning is O(n log n) in the commands, so programs of
+tens of thousands of ops plan in seconds (benchmarks/scale.py).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+import heapq
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from runtime_sim.perf.cost_model import DMA, NONE, OpCost
+from runtime_sim.perf.free_space import FreeSpace
 from runtime_sim.perf.machine import Machine
-from runtime_sim.perf.op_trace import Trace
+from runtime_sim.perf.op_trace import Trace, TracedOp
 from runtime_sim.perf.scheduler import Slot, Task
 from runtime_sim.perf.tcp_cost import dma_copy_cost, hbm_share_cycles, requests
 
@@ -144,14 +152,6 @@ class MemoryPlan:
         return self.costs.get(key, trace.ops[key].cost)
 
 
-@dataclass(frozen=True)
-class _Free:
-    """Free space, reusable once every command in `wait` has ended."""
-
-    bytes: int
-    wait: tuple[int, ...]
-
-
 def via_hbm(machine: Machine, cost: OpCost, nbytes: int) -> OpCost:
     """A DMA command's cost when `nbytes` more of its traffic is HBM's rather than SRAM's: the
     same requests, more HBM bytes, and never faster than its share of HBM bandwidth."""
@@ -162,183 +162,350 @@ def via_hbm(machine: Machine, cost: OpCost, nbytes: int) -> OpCost:
     return replace(cost, hbm_bytes=hbm)
 
 
-def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRAM_POLICY) -> MemoryPlan:
-    if policy not in SRAM_POLICIES:
-        raise ValueError(f"SRAM policy must be one of {', '.join(SRAM_POLICIES)}, got {policy!r}")
-    ops, size, labels = trace.ops, trace.buffer_bytes, trace.buffer_labels
-    end = len(ops)
-    uses: dict[int, list[int]] = {b: [] for b in size}
-    first: dict[int, int] = {}
-    for t in ops:
-        for b in t.writes:
-            first[b] = t.index
-        for b in t.reads:
-            uses[b].append(t.index)
-    last = {b: max([first.get(b, 0), *uses[b], end if b in trace.outputs else 0]) for b in size}
-    capacity = machine.sram_bytes
+class MemoryPlanner:
+    """Builds the MemoryPlan of one trace. `plan` walks the commands in issue order; for each,
+    `place` frees the buffers that died, refetches fused results, makes room (streams, then
+    spills), claims the space, inserts the transfers and schedules the command. The state is
+    what SRAM and HBM hold at the current command.
 
-    tasks: list[Task] = []
-    extra: dict[int, ExtraOp] = {}
-    spills: list[Spill] = []
-    streams: list[Stream] = []
-    costs: dict[int, OpCost] = {}
-    residencies: list[Residency] = []
-    free: list[_Free] = [_Free(capacity, ())]
-    live: dict[int, int] = {}  # buffer -> bytes, resident and still to be read
-    home: dict[int, int] = {}  # buffer -> the command that wrote its current residency
-    readers: dict[int, list[int]] = {}  # buffer -> commands that read this residency
-    stored: dict[int, tuple[int, ...]] = {}  # buffer -> the commands that put its copy in HBM
-    copy_bytes: dict[int, int] = {}  # buffer -> bytes of its HBM copy
-    evicted: set[int] = set()  # buffers not in SRAM whose copy is in HBM
-    fused: dict[int, int] = {}  # DMA result too large for SRAM -> the command that produces it
-    fused_read: dict[int, bool] = {}  # whether a reader has taken its rows yet
-    peak = 0
+    Every step is O(log n) per buffer it touches: the buffers that die and the buffer to spill
+    next come off heaps, free space is a heap of coalesced pieces (free_space.py), and the
+    bytes live and free are running totals; so planning is O(n log n) in the commands."""
 
-    def plan_cost(key: int) -> OpCost:
-        return costs.get(key, trace.ops[key].cost)
+    def __init__(self, trace: Trace, machine: Machine, policy: SramPolicy) -> None:
+        self.trace, self.machine, self.policy = trace, machine, policy
+        self.size, self.labels = trace.buffer_bytes, trace.buffer_labels
+        self.end = len(trace.ops)
+        self.capacity = machine.sram_bytes
+        self.uses, self.last = self._lifetimes()
+        # The plan so far.
+        self.tasks: list[Task] = []
+        self.extra: dict[int, ExtraOp] = {}
+        self.spills: list[Spill] = []
+        self.streams: list[Stream] = []
+        self.residencies: list[Residency] = []
+        self.costs: dict[int, OpCost] = {}
+        self.peak = 0
+        # SRAM.
+        self.free = FreeSpace(self.capacity)
+        self.live: dict[int, int] = {}
+        """Buffer -> bytes, resident and still to be read, in the order their stays began."""
+        self.live_bytes = 0
+        self.home: dict[int, int] = {}
+        """Buffer -> the command that wrote its current stay (its producer or a reload)."""
+        self.readers: dict[int, list[int]] = {}
+        """Buffer -> the commands that read its current stay."""
+        self.stay: dict[int, int] = {}
+        """Buffer -> the number of its current stay (stays are numbered in the order they begin)."""
+        self.stays = 0
+        self.deaths: list[tuple[int, int, int]] = []
+        """Heap of (last reader, stay, buffer): stale once the stay ended or the buffer lives longer."""
+        self.ranks: list[tuple[int, int, int]] = []
+        """Heap of (-next reader, buffer, version): the buffer needed furthest in the future first."""
+        self.rank_version: dict[int, int] = {}
+        # HBM.
+        self.stored: dict[int, tuple[int, ...]] = {}
+        """Buffer -> the commands that put its copy in HBM."""
+        self.copy_bytes: dict[int, int] = {}
+        """Buffer -> the bytes of its HBM copy."""
+        self.evicted: set[int] = set()
+        """Buffers not in SRAM whose copy is in HBM."""
+        self.fused: dict[int, int] = {}
+        """A DMA result too large for SRAM -> the command that produces it."""
+        self.fused_read: dict[int, bool] = {}
+        """Whether a reader has taken its rows yet."""
+        self.refetched_at: dict[int, list[int]] = {}
+        """Command -> sources of a fused result it reads (read again by its refetch)."""
 
-    def add_transfer(label: str, name: str, nbytes: int, to_hbm: bool, phase: str, deps: tuple[int, ...],
-                     after: tuple[int, ...] = ()) -> tuple[int, ...]:
-        cost = dma_copy_cost(machine, nbytes, src_hbm=not to_hbm, dst_hbm=to_hbm)
-        key = end + len(extra)
-        extra[key] = ExtraOp(label, name, cost, phase)
-        tasks.append(Task(key, label, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps),
-                          cost.parts))
-        return (key,)
+    def _lifetimes(self) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Each buffer's readers in issue order, and the last command it must live to (the
+        function's results: the end)."""
+        uses: dict[int, list[int]] = {b: [] for b in self.size}
+        first: dict[int, int] = {}
+        for t in self.trace.ops:
+            for b in t.writes:
+                first[b] = t.index
+            for b in t.reads:
+                uses[b].append(t.index)
+        outputs = self.trace.outputs
+        last = {b: max([first.get(b, 0), *uses[b], self.end if b in outputs else 0]) for b in self.size}
+        return uses, last
 
-    def release(b: int) -> None:
-        wait = tuple(dict.fromkeys([home[b], *readers[b]]))
-        residencies.append(Residency(labels[b], size[b], home[b], wait))
-        free.append(_Free(size[b], wait))
-        del live[b]
+    def plan(self) -> MemoryPlan:
+        for t in self.trace.ops:
+            self.release_dead(t.index)
+            self.place(t)
+        for b in self.live:
+            self.residencies.append(Residency(self.labels[b], self.size[b], self.home[b], None))
+        return MemoryPlan(self.tasks, self.extra, self.peak, self.capacity, self.spills, self.residencies,
+                          self.streams, self.costs)
 
-    def take(n: int) -> list[int]:
-        """Claim n bytes, never-used space first, then the space freed earliest; returns the
-        commands the claimant must wait for."""
-        free.sort(key=lambda f: (max(f.wait, default=-1), f.wait))
-        wait: list[int] = []
-        while n > 0:
-            f = free[0]
-            use = min(n, f.bytes)
-            wait.extend(f.wait)
-            n -= use
-            if use == f.bytes:
-                free.pop(0)
-            else:
-                free[0] = _Free(f.bytes - use, f.wait)
-        return wait
-
-    for t in ops:
-        for b in [b for b in live if last[b] < t.index]:
-            release(b)
+    def place(self, t: TracedOp) -> None:
+        """Plan one command: room for its new buffers, the transfers it needs, its task."""
         engine = t.cost.engine
-        deps = list(t.deps)
-        for b in dict.fromkeys(t.reads):  # a DMA result fused into its readers (see above)
-            if b in fused and engine != NONE:
-                if fused_read[b]:  # the first reader got the rows; every later one fetches them again
-                    src = fused[b]
-                    cost, src_deps = plan_cost(src), [src]
-                    for s in trace.ops[src].reads:
-                        if s in evicted:
-                            src_deps += stored[s]
-                            cost = via_hbm(machine, cost, min(copy_bytes[s], cost.bytes_moved - (cost.result_bytes or 0)))
-                    key = end + len(extra)
-                    extra[key] = ExtraOp(f"refetch {labels[b]}", trace.ops[src].name, cost, t.phase)
-                    tasks.append(Task(key, f"refetch {labels[b]}", cost.engine, cost.cycles, tuple(dict.fromkeys(src_deps)),
-                                      units=cost.parts))
-                    for s in trace.ops[src].reads:
-                        if s in live:
-                            readers[s].append(key)
-                    deps.append(key)
-                fused_read[b] = True
-        missing = [b for b in dict.fromkeys(t.reads) if b in evicted]
+        deps = list(t.deps) + self.refetch_fused(t)
+        missing = [b for b in dict.fromkeys(t.reads) if b in self.evicted]
         # Free commands move no data; DMA commands read an HBM copy where it is.
         reloads = missing if engine not in (NONE, DMA) else []
         direct = missing if engine == DMA else []
         writes = list(t.writes)
-        need = sum(size[b] for b in reloads) + sum(size[b] for b in writes)
-        available = sum(f.bytes for f in free)
-        if need > available and policy == "error":
-            raise SramOverflowError(t.label, need, available, capacity)
-        stream_in: list[int] = []
-        stream_out: list[int] = []
-        resident = sum(size[b] for b in dict.fromkeys(t.reads) if b in live)
-        for b in sorted(reloads + writes, key=lambda b: (-size[b], b)):
-            if resident + need <= capacity:
-                break
-            need -= size[b]
-            (stream_out if b in t.writes else stream_in).append(b)
+        need = sum(self.size[b] for b in reloads) + sum(self.size[b] for b in writes)
+        if need > self.free.bytes and self.policy == "error":
+            raise SramOverflowError(t.label, need, self.free.bytes, self.capacity)
+        stream_in, stream_out = self.choose_streams(t, reloads + writes, need)
         reloads = [b for b in reloads if b not in stream_in]
         writes = [b for b in writes if b not in stream_out]
-        if need > available:
-            touched = set(t.reads) | set(t.writes)
-
-            def next_use(b: int) -> int:
-                i = bisect.bisect_right(uses[b], t.index)
-                return uses[b][i] if i < len(uses[b]) else end
-
-            for b in sorted((b for b in live if b not in touched), key=lambda b: (-next_use(b), b)):
-                if need <= available:
-                    break
-                new_store = b not in stored
-                if new_store:
-                    stored[b] = add_transfer(f"spill {labels[b]}", "tcp.store", size[b], True, t.phase, (home[b],))
-                    copy_bytes[b] = size[b]
-                    readers[b].extend(stored[b])
-                spills.append(Spill(labels[b], size[b], t.label, new_store))
-                evicted.add(b)
-                release(b)
-                available += size[b]
-            assert need <= available, "streaming leaves a command only buffers that fit"
-        wait = tuple(dict.fromkeys(take(need)))
-        for b in stream_in:  # read tile by tile from HBM: no SRAM
-            deps += add_transfer(f"stream in {labels[b]}", "tcp.load", copy_bytes[b], False, t.phase, stored[b])
-            streams.append(Stream(labels[b], copy_bytes[b], t.label, "in"))
-        for b in reloads:  # the reloads are the first to write the space they take
-            keys = add_transfer(f"reload {labels[b]}", "tcp.load", size[b], False, t.phase, stored[b], wait)
-            evicted.discard(b)
-            live[b], home[b], readers[b] = size[b], keys[0], list(keys[1:])
-            deps += keys
-        via = 0
-        for b in direct:
-            deps += stored[b]
-            via += min(copy_bytes[b], t.cost.bytes_moved - (t.cost.result_bytes or 0))
-        to_hbm = [b for b in stream_out if engine != DMA or b in trace.outputs]
-        if engine == DMA and to_hbm:
-            via += t.cost.result_bytes if t.cost.result_bytes is not None else size[to_hbm[0]]
-        if via:
-            costs[t.index] = via_hbm(machine, t.cost, via)
+        need -= sum(self.size[b] for b in stream_in) + sum(self.size[b] for b in stream_out)
+        self.rank(self.refetched_at.pop(t.index, ()), t.index)  # sources `t` reads again by a refetch
+        self.spill_for(t, need)
+        wait = tuple(dict.fromkeys(self.free.take(need)))
+        deps += self.stream_in(t, stream_in)
+        deps += self.reload(t, reloads, wait)
+        deps += self.read_from_hbm(t, direct, stream_out)
         for b in writes:
-            live[b], home[b], readers[b] = size[b], t.index, []
+            self.hold(b, t.index)
         for b in t.reads:
-            if b in live:
-                readers[b].append(t.index)
-        peak = max(peak, sum(live.values()))
-        data = tuple(dict.fromkeys(deps))
-        cost = plan_cost(t.index)
-        tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data,
-                          tuple(w for w in wait if w not in data and w != t.index), cost.parts))
-        for b in stream_out:
-            if b not in to_hbm:  # a DMA result: its rows go straight into its readers' tiles
-                fused[b], fused_read[b] = t.index, False
-                for s in t.reads:  # a refetch reads the source again: keep it until the last reader
-                    last[s] = max(last[s], last[b])
-                    for u in uses[b]:
-                        if u > t.index and u not in uses[s]:
-                            bisect.insort(uses[s], u)
-                streams.append(Stream(labels[b], size[b], t.label, "fused"))
+            if b in self.live:
+                self.readers[b].append(t.index)
+        self.peak = max(self.peak, self.live_bytes)
+        self.schedule(t, deps, wait)
+        self.stream_out(t, stream_out)
+        self.rank((*t.reads, *t.writes), t.index)
+
+    # --- SRAM stays -------------------------------------------------------------------------
+
+    def hold(self, b: int, home: int) -> None:
+        """Begin a stay of `b` in SRAM, written by command `home`."""
+        self.live[b] = self.size[b]
+        self.live_bytes += self.size[b]
+        self.home[b], self.readers[b] = home, []
+        self.stay[b] = stay = self.stays
+        self.stays += 1
+        heapq.heappush(self.deaths, (self.last[b], stay, b))
+
+    def release(self, b: int) -> None:
+        """End `b`'s stay: its space is free once its writer and every reader have ended."""
+        wait = tuple(dict.fromkeys([self.home[b], *self.readers[b]]))
+        self.residencies.append(Residency(self.labels[b], self.size[b], self.home[b], wait))
+        self.free.add(self.size[b], wait)
+        del self.live[b]
+        self.live_bytes -= self.size[b]
+
+    def release_dead(self, index: int) -> None:
+        """Release every buffer whose last reader comes before command `index`, in the order
+        their stays began."""
+        dead: list[tuple[int, int]] = []
+        while self.deaths and self.deaths[0][0] < index:
+            last, stay, b = heapq.heappop(self.deaths)
+            if b in self.live and self.stay[b] == stay and self.last[b] == last:
+                dead.append((stay, b))
+        for _, b in sorted(dead):
+            self.release(b)
+
+    def outlive(self, b: int, last: int) -> None:
+        """Keep `b` until command `last` at least."""
+        if last > self.last[b]:
+            self.last[b] = last
+            if b in self.live:
+                heapq.heappush(self.deaths, (last, self.stay[b], b))
+
+    def rank(self, buffers: Iterable[int], index: int) -> None:
+        """Re-rank the live `buffers` by their next reader after command `index`. A buffer's next
+        reader changes only when one of its readers comes: a command that reads it, or (for the
+        source of a fused result) a reader of the result, which refetches it."""
+        for b in dict.fromkeys(buffers):
+            if b in self.live:
+                uses = self.uses[b]
+                i = bisect.bisect_right(uses, index)
+                version = self.rank_version[b] = self.rank_version.get(b, 0) + 1
+                heapq.heappush(self.ranks, (-(uses[i] if i < len(uses) else self.end), b, version))
+
+    # --- making room --------------------------------------------------------------------------
+
+    def choose_streams(self, t: TracedOp, new: list[int], need: int) -> tuple[list[int], list[int]]:
+        """The new buffers (`new`: reloads and results) `t` streams through HBM, largest first,
+        until the rest fits beside its resident operands even with everything else spilled:
+        (operands streamed in, results streamed out)."""
+        stream_in: list[int] = []
+        stream_out: list[int] = []
+        resident = sum(self.size[b] for b in dict.fromkeys(t.reads) if b in self.live)
+        for b in sorted(new, key=lambda b: (-self.size[b], b)):
+            if resident + need <= self.capacity:
+                break
+            need -= self.size[b]
+            (stream_out if b in t.writes else stream_in).append(b)
+        return stream_in, stream_out
+
+    def spill_for(self, t: TracedOp, need: int) -> None:
+        """Spill resident buffers `t` does not touch, the one needed furthest in the future
+        first (Belady), until `need` bytes are free."""
+        touched = set(t.reads) | set(t.writes)
+        kept: list[tuple[int, int, int]] = []
+        while need > self.free.bytes:
+            assert self.ranks, "streaming leaves a command only buffers that fit"
+            entry = heapq.heappop(self.ranks)
+            _, b, version = entry
+            if b not in self.live or self.rank_version[b] != version:
                 continue
-            if engine == DMA:  # written tile by tile to HBM, by the DMA command itself
-                stored[b] = (t.index,)
-                copy_bytes[b] = min(size[b], t.cost.result_bytes if t.cost.result_bytes is not None else size[b])
-            else:  # written tile by tile to HBM
-                stored[b] = add_transfer(f"stream out {labels[b]}", "tcp.store", size[b], True, t.phase, (t.index,))
-                copy_bytes[b] = size[b]
-            evicted.add(b)
-            streams.append(Stream(labels[b], copy_bytes[b], t.label, "out"))
-    for b in live:
-        residencies.append(Residency(labels[b], size[b], home[b], None))
-    return MemoryPlan(tasks, extra, peak, capacity, spills, residencies, streams, costs)
+            if b in touched:
+                kept.append(entry)
+                continue
+            self.spill(t, b)
+        for entry in kept:
+            heapq.heappush(self.ranks, entry)
+
+    def spill(self, t: TracedOp, b: int) -> None:
+        """Evict `b` to make room for `t`: stored to HBM once (after its writer), then released."""
+        new_store = b not in self.stored
+        if new_store:
+            self.stored[b] = (self.transfer(f"spill {self.labels[b]}", "tcp.store", self.size[b], True, t.phase,
+                                            (self.home[b],)),)
+            self.copy_bytes[b] = self.size[b]
+            self.readers[b].extend(self.stored[b])
+        self.spills.append(Spill(self.labels[b], self.size[b], t.label, new_store))
+        self.evicted.add(b)
+        self.release(b)
+
+    # --- transfers ------------------------------------------------------------------------------
+
+    def add_command(self, label: str, name: str, cost: OpCost, phase: str, deps: tuple[int, ...],
+                    after: Iterable[int] = ()) -> int:
+        """Add a command of the plan's own (a transfer or a refetch) in issue order; its key."""
+        key = self.end + len(self.extra)
+        self.extra[key] = ExtraOp(label, name, cost, phase)
+        self.tasks.append(Task(key, label, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps),
+                               cost.parts))
+        return key
+
+    def transfer(self, label: str, name: str, nbytes: int, to_hbm: bool, phase: str, deps: tuple[int, ...],
+                 after: Iterable[int] = ()) -> int:
+        """Add a DMA copy of `nbytes` between SRAM and HBM (a spill, reload or stream)."""
+        cost = dma_copy_cost(self.machine, nbytes, src_hbm=not to_hbm, dst_hbm=to_hbm)
+        return self.add_command(label, name, cost, phase, deps, after)
+
+    def reload(self, t: TracedOp, reloads: list[int], wait: tuple[int, ...]) -> list[int]:
+        """Load spilled operands back before `t`; the reloads are the first to write the space
+        `t` claimed, so they wait for its previous holders. Returns the reload commands."""
+        keys: list[int] = []
+        for b in reloads:
+            key = self.transfer(f"reload {self.labels[b]}", "tcp.load", self.size[b], False, t.phase,
+                                self.stored[b], wait)
+            self.evicted.discard(b)
+            self.hold(b, key)
+            keys.append(key)
+        return keys
+
+    def stream_in(self, t: TracedOp, buffers: list[int]) -> list[int]:
+        """Read operands from HBM tile by tile before `t`, taking no SRAM. Returns the commands."""
+        keys: list[int] = []
+        for b in buffers:
+            nbytes = self.copy_bytes[b]
+            keys.append(self.transfer(f"stream in {self.labels[b]}", "tcp.load", nbytes, False, t.phase,
+                                      self.stored[b]))
+            self.streams.append(Stream(self.labels[b], nbytes, t.label, "in"))
+        return keys
+
+    def writes_to_hbm(self, t: TracedOp, b: int) -> bool:
+        """Whether a result `t` streams goes to HBM (rather than fused into its readers): always
+        but for a DMA command's results that are not the function's."""
+        return t.cost.engine != DMA or b in self.trace.outputs
+
+    def read_from_hbm(self, t: TracedOp, direct: list[int], stream_out: list[int]) -> list[int]:
+        """A DMA command reads evicted operands (`direct`) and writes streamed results in HBM
+        itself: its cost grows by those HBM bytes. Returns the commands it waits for."""
+        deps: list[int] = []
+        via = 0
+        cost = t.cost
+        for b in direct:
+            deps += self.stored[b]
+            via += min(self.copy_bytes[b], cost.bytes_moved - (cost.result_bytes or 0))
+        to_hbm = [b for b in stream_out if self.writes_to_hbm(t, b)]
+        if cost.engine == DMA and to_hbm:
+            via += cost.result_bytes if cost.result_bytes is not None else self.size[to_hbm[0]]
+        if via:
+            self.costs[t.index] = via_hbm(self.machine, cost, via)
+        return deps
+
+    def stream_out(self, t: TracedOp, buffers: list[int]) -> None:
+        """Results of `t` too large for SRAM: written to HBM tile by tile (by a stream command,
+        or by a DMA command itself), or fused into their readers."""
+        for b in buffers:
+            if not self.writes_to_hbm(t, b):
+                self.fuse(t, b)
+                continue
+            if t.cost.engine == DMA:
+                self.stored[b] = (t.index,)
+                result = t.cost.result_bytes
+                self.copy_bytes[b] = min(self.size[b], result if result is not None else self.size[b])
+            else:
+                self.stored[b] = (self.transfer(f"stream out {self.labels[b]}", "tcp.store", self.size[b], True,
+                                                t.phase, (t.index,)),)
+                self.copy_bytes[b] = self.size[b]
+            self.evicted.add(b)
+            self.streams.append(Stream(self.labels[b], self.copy_bytes[b], t.label, "out"))
+
+    # --- fused DMA results ----------------------------------------------------------------------
+
+    def fuse(self, t: TracedOp, b: int) -> None:
+        """DMA command `t` delivers its result `b` straight into its readers' tiles. A refetch
+        reads `t`'s sources again, so they must live until `b`'s last reader."""
+        self.fused[b], self.fused_read[b] = t.index, False
+        later = [u for u in self.uses[b] if u > t.index]
+        for s in t.reads:
+            self.outlive(s, self.last[b])
+            known = set(self.uses[s])
+            added = [u for u in dict.fromkeys(later) if u not in known]
+            if added:
+                self.uses[s] = sorted(self.uses[s] + added)
+                for u in added:
+                    self.refetched_at.setdefault(u, []).append(s)
+        self.streams.append(Stream(self.labels[b], self.size[b], t.label, "fused"))
+
+    def refetch_fused(self, t: TracedOp) -> list[int]:
+        """The first reader of a fused result takes the rows its DMA command fetched; every
+        later one fetches them again, at the command's cost. Returns the refetch commands."""
+        keys: list[int] = []
+        if t.cost.engine == NONE:
+            return keys
+        for b in dict.fromkeys(t.reads):
+            if b not in self.fused:
+                continue
+            if self.fused_read[b]:
+                src = self.trace.ops[self.fused[b]]
+                cost, deps = self.cost_of(src.index), [src.index]
+                for s in src.reads:
+                    if s in self.evicted:
+                        deps += self.stored[s]
+                        cost = via_hbm(self.machine, cost,
+                                       min(self.copy_bytes[s], cost.bytes_moved - (cost.result_bytes or 0)))
+                key = self.add_command(f"refetch {self.labels[b]}", src.name, cost, t.phase, tuple(dict.fromkeys(deps)))
+                for s in src.reads:
+                    if s in self.live:
+                        self.readers[s].append(key)
+                keys.append(key)
+            self.fused_read[b] = True
+        return keys
+
+    # --- the command itself -------------------------------------------------------------------
+
+    def cost_of(self, key: int) -> OpCost:
+        return self.costs.get(key, self.trace.ops[key].cost)
+
+    def schedule(self, t: TracedOp, deps: list[int], wait: tuple[int, ...]) -> None:
+        """Add `t`'s task: data dependencies on its producers and transfers, memory ones on the
+        previous holders of the space it claimed."""
+        data = tuple(dict.fromkeys(deps))
+        known = set(data)
+        cost = self.cost_of(t.index)
+        self.tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data,
+                               tuple(w for w in wait if w not in known and w != t.index), cost.parts))
+
+
+def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRAM_POLICY) -> MemoryPlan:
+    """Place every buffer of `trace` in SRAM or HBM, in issue order (see the module docstring)."""
+    if policy not in SRAM_POLICIES:
+        raise ValueError(f"SRAM policy must be one of {', '.join(SRAM_POLICIES)}, got {policy!r}")
+    return MemoryPlanner(trace, machine, policy).plan()
 
 
 def scheduled_peak(plan: MemoryPlan, slots: Mapping[int, Slot]) -> int:

@@ -14,6 +14,7 @@ command counts in the phase of the command it serves) are given two ways:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from dialects.annotations import PHASES
@@ -131,7 +132,13 @@ class SimReport:
         return self.machine.cycles_to_us(self.total_cycles)
 
     def op(self, key: int) -> OpRecord:
-        return next(o for o in self.ops if o.key == key)
+        """The record of command `key` (a dict lookup: reports of long programs walk the
+        critical path by key)."""
+        return self._records_by_key[key]
+
+    @cached_property
+    def _records_by_key(self) -> dict[int, OpRecord]:
+        return {o.key: o for o in self.ops}
 
     @property
     def phases(self) -> list[PhaseRecord]:

@@ -1,0 +1,217 @@
+"""The memory plan pinned: the same programs must keep giving exactly the same plan.
+
+Each case simulates a program and records what the memory plan decided (every command it
+scheduled with its dependencies, its spills, reloads, streams, refetches, residencies and
+changed costs, the peak in issue order) and what came of it (the report: cycles, scheduled
+peak, every op's slot). The numbers in PINNED were recorded before the planner was rewritten
+for speed (a class with one method per mechanism, heaps in place of re-sorted lists), so these
+tests prove the rewrite kept the behaviour. A deliberate change to the plan or to a cost
+changes them: rerun `python tests/test_memory_plan.py` and paste its table.
+
+The cases cover every mechanism: no pressure, Belady spills and reloads, streams in and out,
+DMA results fused into their readers with refetches, the `error` policy, and Mixtral-8x7B's
+layer at T = 64 through the full pipeline (cost-only), where the expert weights spill. (The
+models at prefill take minutes since the schedule level: benchmarks, not tests.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import astuple, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from benchmark_scripts import load_script
+
+import runtime_sim.perf.simulate as simulate_module
+import tcpc
+from runtime_sim.perf.free_space import FreeSpace
+from runtime_sim.perf.machine import Machine, default_machine
+from runtime_sim.perf.memory_plan import MemoryPlan, SramOverflowError
+from runtime_sim.perf.report import SimReport
+
+scale = load_script("scale")
+MODELS = load_script("run").MODELS
+
+
+def small_sram(sram_bytes: int) -> Machine:
+    """The default machine with one slice of `sram_bytes` (as tests/test_simulator.py's tiny machine)."""
+    return replace(default_machine(), name="tiny", slices=1, sram_bytes_per_slice=sram_bytes)
+
+
+def long_program_case(ops: int, sram_bytes: int | None, policy: str = "spill", **kw: Any) -> Callable[[], SimReport]:
+    def run() -> SimReport:
+        module = scale.parse_program(scale.long_program(ops, **kw))
+        machine = default_machine() if sram_bytes is None else small_sram(sram_bytes)
+        return simulate_module.simulate(module, "f", [scale.program_input()], machine, sram_policy=policy).report
+    return run
+
+
+def model_case(name: str, tokens: int) -> Callable[[], SimReport]:
+    def run() -> SimReport:
+        model = next(m for m in MODELS if m.name == name)
+        program = tcpc.compile_file(model.path, dims={**model.dims, "T": tokens})
+        return program.simulate(cost_only=True, routing="skewed").report
+    return run
+
+
+CASES: dict[str, Callable[[], SimReport]] = {
+    "chain 300, roomy": long_program_case(300, None),
+    "chain 300, 4 KB": long_program_case(300, 4096),
+    "chain 300, 3 KB, wide window": long_program_case(300, 3072, window=32, far=0.2, seed=1),
+    "chain 300, 2.5 KB (streams)": long_program_case(300, 2560, seed=2),
+    "chain 300, 1.5 KB (streams)": long_program_case(300, 1536, seed=3),
+    "chain 300, 768 B (fused, refetch)": long_program_case(300, 768, seed=4),
+    "chain 1500, 4 KB": long_program_case(1500, 4096, seed=5),
+    "mixtral T=64": model_case("mixtral", 64),
+}
+
+PINNED: dict[str, tuple[tuple[int, ...], str]] = {
+    'chain 300, roomy': ((6088, 14336, 11264, 0, 0, 0, 0, 0, 0), '55ab0ae326f208b1'),
+    'chain 300, 4 KB': ((80500, 4096, 4096, 84, 0, 0, 0, 165, 0), '3293548a210cefd8'),
+    'chain 300, 3 KB, wide window': ((161668, 3072, 3072, 264, 0, 0, 0, 437, 0), '40a30d940352d791'),
+    'chain 300, 2.5 KB (streams)': ((93260, 2048, 2048, 160, 231, 30, 0, 430, 0), '9dda07484d6a440b'),
+    'chain 300, 1.5 KB (streams)': ((179813, 1024, 1024, 67, 392, 158, 0, 617, 0), 'f829ea76e6a242a5'),
+    'chain 300, 768 B (fused, refetch)': ((312990, 0, 0, 0, 539, 294, 6, 846, 13), '35471d3f53d902fa'),
+    'chain 1500, 4 KB': ((425764, 4096, 4096, 447, 0, 0, 0, 871, 0), '962ff29408b39a9d'),
+    'mixtral T=64': ((17504569, 119144960, 118161564, 153, 0, 0, 0, 156, 0), '77411ed3768e7bea'),
+}
+"""Case -> ((total cycles, scheduled peak SRAM, peak in issue order, spills, streams in, out and
+fused, commands the plan added, refetches), the digest of the whole plan and report)."""
+
+
+def plan_digest(plan: MemoryPlan, report: SimReport) -> str:
+    """Every decision of the plan, and every slot of the schedule, as one hash."""
+    parts: list[Any] = [
+        [astuple(t) for t in plan.tasks],
+        sorted((k, astuple(e)) for k, e in plan.extra.items()),
+        plan.peak_live_bytes, plan.sram_capacity,
+        [astuple(s) for s in plan.spills],
+        [astuple(s) for s in plan.streams],
+        [astuple(r) for r in plan.residencies],
+        sorted((k, astuple(c)) for k, c in plan.costs.items()),
+        report.to_json(),
+    ]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def summarise(case: Callable[[], SimReport], monkeypatch: pytest.MonkeyPatch) -> tuple[tuple[int, ...], str]:
+    """Run `case`, keeping the plan the simulator made."""
+    plans: list[MemoryPlan] = []
+    plan_memory = simulate_module.plan_memory
+
+    def keep(*args: Any, **kw: Any) -> MemoryPlan:
+        plans.append(plan_memory(*args, **kw))
+        return plans[-1]
+
+    monkeypatch.setattr(simulate_module, "plan_memory", keep)
+    report = case()
+    (plan,) = plans
+    refetches = sum(1 for e in plan.extra.values() if e.label.startswith("refetch"))
+    streams = [sum(1 for s in plan.streams if s.direction == d) for d in ("in", "out", "fused")]
+    numbers = (report.total_cycles, report.peak_sram_bytes, plan.peak_live_bytes, len(plan.spills),
+               *streams, len(plan.extra), refetches)
+    return numbers, plan_digest(plan, report)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_plan_is_the_pinned_plan(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    numbers, digest = summarise(CASES[name], monkeypatch)
+    assert (numbers, digest) == PINNED[name]
+
+
+def test_the_cases_cover_every_mechanism() -> None:
+    """Spills, streams in and out, fused results and refetches all occur among the cases."""
+    for column in (3, 4, 5, 6, 8):  # spills, streams in, out, fused, refetches
+        assert any(numbers[column] for numbers, _ in PINNED.values())
+
+
+def test_the_error_policy_stops_where_the_spill_policy_spills() -> None:
+    with pytest.raises(SramOverflowError, match=r"SRAM overflow at %v\d+ = .*: it asks for 1,024 bytes, 0 of 4,096"):
+        long_program_case(300, 4096, "error")()
+
+
+# --- free space ---------------------------------------------------------------------------------
+
+
+def test_free_space_is_claimed_never_used_first_then_freed_earliest() -> None:
+    free = FreeSpace(100)
+    assert free.take(60) == [] and free.bytes == 40
+    free.add(30, (7, 9))
+    free.add(30, (3, 4))
+    assert free.bytes == 100
+    assert free.take(50) == [3, 4]  # the 40 never-used bytes, then 10 of the piece freed after 4
+    assert free.take(20) == [3, 4]  # the rest of that piece
+    assert free.take(25) == [7, 9]
+    assert free.bytes == 5
+
+
+def test_free_space_merges_pieces_with_the_same_commands_to_wait_for() -> None:
+    free = FreeSpace(0)
+    free.add(10, (2,))
+    free.add(10, (2,))
+    free.add(5, (1, 2))
+    assert free.take(5) == [1, 2]  # the same last command as (2,): ties go by the whole tuple
+    assert free.take(20) == [2]  # one merged piece: waited for once
+    assert free.bytes == 0
+    with pytest.raises(AssertionError, match="claiming 1 of 0 free bytes"):
+        free.take(1)
+
+
+def test_an_empty_piece_in_the_way_is_used_up_with_its_commands() -> None:
+    free = FreeSpace(0)
+    free.add(0, (1,))
+    free.add(8, (2,))
+    assert free.take(4) == [1, 2]
+    assert free.take(0) == []
+
+
+# --- scale -----------------------------------------------------------------------------------------
+
+
+def test_a_program_of_thousands_of_ops_simulates_under_pressure() -> None:
+    """2,000 ops on 4 KB of SRAM: the planner spills hundreds of buffers, and the run
+    computes what the unconstrained run does, never holds more than SRAM, and its critical
+    path is a tight chain of commands."""
+    module = scale.parse_program(scale.long_program(2000))
+    roomy = scale.simulate_program(module, default_machine())
+    tight = scale.simulate_program(module, scale.tight_machine())
+    np.testing.assert_array_equal(tight.outputs[0], roomy.outputs[0])
+    r = tight.report
+    assert len(r.spills) > 400 and not r.streams
+    assert len(r.ops) == 2000 + sum(1 for o in r.ops if o.label.startswith(("spill ", "reload ")))
+    assert r.peak_sram_bytes <= r.sram_capacity == scale.TIGHT_SRAM_BYTES
+    assert r.total_cycles > roomy.report.total_cycles >= roomy.report.roofline.cycles
+    assert sum(r.op(k).cycles for k in r.critical_path) == r.total_cycles
+    assert r.op(r.critical_path[-1]).end == r.total_cycles
+
+
+
+def test_the_scale_benchmark_prints_a_row_per_length(capsys: pytest.CaptureFixture[str]) -> None:
+    scale.main(["--ops", "120", "240"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| ops | roomy: commands | roomy: seconds | tight: commands | tight: spills |")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    assert [r[0] for r in rows] == ["120", "240"]
+    for ops, roomy, _, tight, spills, _ in rows:
+        assert roomy == ops and int(tight) > int(ops) and int(spills) > 0
+
+
+
+def test_the_readme_scale_table_counts_what_the_benchmark_counts() -> None:
+    """The README's commands and spills at 1,000 ops are benchmarks/scale.py's (seconds vary)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("| 1,000 | "))
+    ops, roomy, _, tight, spills, _ = [cell.strip() for cell in line.strip("|").split("|")]
+    row = scale.measure(1000)
+    assert [ops, roomy, tight, spills] == [f"{n:,}" for n in (row.ops, row.roomy_commands, row.tight_commands,
+                                                              row.tight_spills)]
+
+
+if __name__ == "__main__":  # print PINNED for the current code
+    for name, case in CASES.items():
+        with pytest.MonkeyPatch.context() as patch:
+            print(f"    {name!r}: {summarise(case, patch)!r},")
