@@ -19,6 +19,13 @@ and the simulator reports cycles by phase from it (runtime_sim/perf/report.py). 
 lower-math gives graph-level `tmath` ops the phase of their neighbours (see
 `passes/lower_math.py`).
 
+## Expert choices
+
+`lower-routing` marks the op that first reads a scatter's [T, K] expert choices (the view that
+lays the pairs along one axis) with `tcpc.expert_indices = E`. An index outside [0, E) matches
+no expert there and its pair is dropped (the reference rejects it), so the simulator's caller
+can count such choices in a run (tcpc/routing_check.py) without knowing the lowering.
+
 ## Routing arguments
 
 A routing argument is a function argument carrying the arg attribute
@@ -64,6 +71,16 @@ def mark(ops: Iterable[Operation], phase: str) -> None:
         if op.name.startswith(("ve.", "tcp.")) and PHASE_ATTR not in op.attributes:
             op.attributes[PHASE_ATTR] = StringAttr(phase)
 
+
+
+EXPERT_INDICES_ATTR = "tcpc.expert_indices"
+"""Attribute of the op that first reads a lowered routing's expert choices (operand 0): E."""
+
+
+def expert_indices(op: Operation) -> int | None:
+    """E when `op` reads the expert choices of a lowered routing (`tcpc.expert_indices`)."""
+    attr = op.attributes.get(EXPERT_INDICES_ATTR)
+    return attr.value.data if isinstance(attr, IntegerAttr) else None
 
 
 SPACE_ATTR = "tcpc.space"

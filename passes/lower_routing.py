@@ -75,7 +75,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -87,7 +87,7 @@ from xdsl.pattern_rewriter import (
 )
 
 from dialects import moe, tcp, ve
-from dialects.annotations import mark
+from dialects.annotations import EXPERT_INDICES_ATTR, mark
 from dialects.tensor_types import shape_of
 from passes.lowering_builder import LoweringBuilder
 
@@ -144,6 +144,7 @@ def lower_routing(op: moe.ScatterOp) -> tuple[list[Operation], SSAValue, SSAValu
 
     # 1. One-hot of each pair's expert: [P, E].
     pair_expert = b.view(op.expert_idx, [p], "pair_expert")
+    pair_expert.owner.attributes[EXPERT_INDICES_ATTR] = IntegerAttr(e, 64)  # out-of-range choices are counted here
     chosen = b.broadcast(pair_expert, 1, e, "chosen_expert")
     one_hot = b.tag("eq", chosen, b.iota([p, e], 1, "expert_index"), "one_hot")
     expert_mask = b.select(one_hot, 1, 0, "expert_mask")

@@ -6,8 +6,10 @@ bytes (`|V2`, what numpy writes for an ml_dtypes array); bf16 results are saved 
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from xdsl.dialects import func
@@ -69,6 +71,10 @@ def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int =
     if seed < 0:
         raise InputError(f"the seed must be a non-negative integer, got {seed}")
     names = arg_names(fn)
+    for name, t in zip(names, fn.function_type.inputs.data):
+        if not isinstance(t, TensorType):
+            raise InputError(f"argument '{name}' of graph '{fn.sym_name.data}' is {t}, not a tensor; "
+                             "tcpc feeds functions tensors")
     unknown = sorted(set(given) - set(names))
     if unknown:
         raise InputError(
@@ -91,6 +97,7 @@ def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int =
 
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz file; never unpickles (an object array is an InputError)."""
     try:
         data = np.load(path, allow_pickle=False)
     except OSError as e:
@@ -99,8 +106,18 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         raise InputError(f"{path}: not an .npz file") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise InputError(f"{path}: an .npy file holds one unnamed array; give the inputs by name in an .npz (numpy.savez)")
+    arrays: dict[str, np.ndarray] = {}
     with data:
-        return {k: data[k] for k in data.files}
+        for name in data.files:
+            try:
+                arrays[name] = data[name]
+            except ValueError as e:
+                if "allow_pickle" in str(e):  # allow_pickle=False refuses object arrays
+                    raise InputError(f"{path}: array '{name}' holds Python objects (pickled); inputs must be numeric arrays") from None
+                raise InputError(f"{path}: array '{name}' cannot be read: {e}") from None
+            except (OSError, EOFError, zipfile.BadZipFile) as e:
+                raise InputError(f"{path}: array '{name}' cannot be read: {e}") from None
+    return arrays
 
 
 def portable(value: np.ndarray) -> np.ndarray:
@@ -108,5 +125,11 @@ def portable(value: np.ndarray) -> np.ndarray:
     return value.astype(np.float32) if value.dtype == bfloat16 else value
 
 
-def save_outputs(path: str | Path, outputs: Sequence[np.ndarray]) -> None:
-    np.savez(path, **{f"out{i}": portable(v) for i, v in enumerate(outputs)})
+def save_outputs(file: str | Path | IO[bytes], outputs: Sequence[np.ndarray]) -> None:
+    """Write `out0`, `out1`, ... to exactly `file` (numpy would append `.npz` to a bare name)."""
+    arrays = {f"out{i}": portable(v) for i, v in enumerate(outputs)}
+    if isinstance(file, str | Path):
+        with open(file, "wb") as f:
+            np.savez(f, **arrays)
+    else:
+        np.savez(file, **arrays)

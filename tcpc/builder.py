@@ -13,6 +13,8 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import ml_dtypes
+import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType, i1
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
@@ -20,6 +22,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from dialects import moe, tensor_types, tmath
 from dialects.tensor_types import format_shape, format_type, shape_of
+from runtime_sim.semantics.numerics import numpy_dtype
 from tcpc import syntax as ast
 from tcpc.diagnostics import CompileError, Loc
 
@@ -67,6 +70,36 @@ REDUCE_BUILTINS: dict[str, type[tmath.ReduceOp]] = {
 }
 CONSTANTS = {"inf": math.inf, "true": True, "false": False}
 
+INDEX_MAX = 2**31 - 1
+"""The largest size of one axis, and of the token-choice pairs and blocked rows of a scatter:
+the lowered IR computes indices (iotas, ranks, row numbers) in i32."""
+ELEMENTS_MAX = 2**63 - 1
+"""The most elements one tensor may have: MLIR shapes and numpy sizes are 64-bit."""
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+
+
+def literal_overflow(value: int | float, element_type: Attribute) -> str | None:
+    """Why a finite scalar cannot be a constant of `element_type` (it does not fit an i32, or
+    it rounds to infinity in a float type), or None when it can."""
+    shown = brief(value)
+    if tensor_types.is_int_type(element_type):
+        if not I32_MIN <= value <= I32_MAX:
+            return f"{shown} does not fit in i32 ({I32_MIN} to {I32_MAX})"
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # inf and -inf are written on purpose
+    dtype = numpy_dtype(element_type)
+    largest = float(ml_dtypes.finfo(dtype).max)
+    try:
+        with np.errstate(over="ignore"):  # overflow is the question asked here
+            rounded = float(np.array(float(value), np.float64).astype(np.float32).astype(dtype))
+    except OverflowError:  # an int beyond any float
+        rounded = math.inf
+    if not math.isfinite(rounded):
+        name = "bf16" if dtype == ml_dtypes.bfloat16 else "f32"
+        return f"{shown} overflows {name} (largest {largest:.8g})"
+    return None
+
 
 def is_number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
@@ -87,6 +120,12 @@ def spell(v: object) -> str:
     if isinstance(v, tuple):
         return "[" + ", ".join(spell(i) for i in v) + "]"
     return repr(v)
+
+
+def brief(v: object) -> str:
+    """`spell(v)`, but a number of hundreds of digits as its length."""
+    text = spell(v)
+    return text if len(text) <= 24 else f"an integer of {len(text.lstrip('-'))} digits"
 
 
 def _divide(a: int | float, b: int | float, loc: Loc) -> int | float:
@@ -165,7 +204,19 @@ class GraphBuilder:
         return v
 
     def shape(self, dims: Sequence[ast.Expr]) -> list[int]:
-        return [self.static_int(d, "a dimension") for d in dims]
+        """Sizes that the IR can hold: each at most INDEX_MAX, their product at most ELEMENTS_MAX."""
+        sizes = []
+        for d in dims:
+            size = self.static_int(d, "a dimension")
+            if size > INDEX_MAX:
+                what = f"dim {d.id} = {size}" if isinstance(d, ast.Name) else f"the size {size}"
+                raise CompileError(f"{what} is too large: the lowered IR indexes an axis with i32, "
+                                   f"at most {INDEX_MAX:,} (2^31 - 1)", d.loc)
+            sizes.append(size)
+        if dims and math.prod(sizes) > ELEMENTS_MAX:
+            raise CompileError(f"a tensor of shape {format_shape(sizes)} has {math.prod(sizes):,} elements, "
+                               f"more than the {ELEMENTS_MAX:,} (2^63 - 1) a shape can hold", dims[0].loc)
+        return sizes
 
     def tensor_type(self, t: ast.TensorTypeExpr) -> TensorType:
         return TensorType(tensor_types.ELEMENT_TYPES[t.dtype], self.shape(t.dims))
@@ -191,6 +242,9 @@ class GraphBuilder:
             raise CompileError("cannot do arithmetic on booleans", loc)
         if tensor_types.is_int_type(element_type) and not (isinstance(v, int) or v.is_integer()):
             raise CompileError(f"{v} is not an integer, and the other operand is i32; convert with f32(...)", loc)
+        overflow = literal_overflow(v, element_type)
+        if overflow is not None:
+            raise CompileError(overflow, loc)
         return self.emit(tmath.ConstantOp(v, TensorType(element_type, [])), loc).result
 
     def operands(self, lhs: Value, rhs: Value, loc: Loc) -> tuple[SSAValue, SSAValue]:
@@ -269,7 +323,14 @@ class GraphBuilder:
                 return Static(_divide(a, b, e.loc))
             if e.op == "@":
                 raise CompileError("'@' needs tensor operands", e.loc)
-            return Static(FOLD[e.op](a, b))
+            try:
+                folded = FOLD[e.op](a, b)
+            except OverflowError:  # an int too large for a float
+                raise CompileError(f"{brief(a)} {e.op} {brief(b)} overflows a 64-bit float", e.loc) from None
+            if (isinstance(folded, float) and not math.isfinite(folded)
+                    and not any(isinstance(v, float) and not math.isfinite(v) for v in (a, b))):
+                raise CompileError(f"{brief(a)} {e.op} {brief(b)} overflows a 64-bit float", e.loc)
+            return Static(folded)
         if e.op == "@":
             if isinstance(lhs, Static) or isinstance(rhs, Static):
                 raise CompileError("'@' needs tensor operands", e.loc)
@@ -523,6 +584,9 @@ class GraphBuilder:
         block = self.static_int(args["block"], "block")
         capacity = None if args["capacity"] is None else self.static_int(args["capacity"], "capacity")
         tokens, k = ids
+        if tokens * k > INDEX_MAX:
+            raise CompileError(f"scatter: T * K = {tokens} * {k} = {tokens * k:,} token choices, more than the "
+                               f"{INDEX_MAX:,} (2^31 - 1) the lowered routing numbers in i32", c.loc)
         if k > experts:
             raise CompileError(f"scatter: K = {k} exceeds E = {experts} (a token picks K distinct experts)", c.loc)
         most = tokens if capacity is None else min(tokens, capacity)
@@ -534,6 +598,10 @@ class GraphBuilder:
                 args["block"].loc,
             )
         route = moe.RouteType.make(tokens, k, experts, block, capacity)
+        rows = route.blocks.data * block
+        if rows > INDEX_MAX:
+            raise CompileError(f"scatter: G * B = {route.blocks.data} * {block} = {rows:,} blocked rows, more than the "
+                               f"{INDEX_MAX:,} (2^31 - 1) the lowered routing addresses in i32", c.loc)
         op = self.emit(moe.ScatterOp(x, idx, route), c.loc)
         return op.blocked, op.route
 

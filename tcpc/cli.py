@@ -8,9 +8,10 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, NoReturn
 
 import numpy as np
 from xdsl.utils.exceptions import InterpretationError, PassFailedException
@@ -21,16 +22,41 @@ from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.diagnostics import CompileError
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, parse_pipeline
+from tcpc.host_memory import ResourceError
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
+from tcpc.routing_check import RoutingRangeCheck
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
 
 
+EXIT_OK = 0
+EXIT_ERROR = 1
+"""An error in what the command names: the program, an input, a file, the machine, the
+pipeline, a size this computer cannot hold; also a failed --check."""
+EXIT_USAGE = 2
+"""The command line itself: an unknown or missing option, options that do not go together
+(argparse's own status for the same kind of mistake)."""
+EXIT_INTERNAL = 70
+"""A bug in tcpc (sysexits' EX_SOFTWARE): `tcpc: internal error: ...`, TCPC_DEBUG=1 for the traceback."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (128 + SIGINT, what a shell reports for a process SIGINT ends)."""
+EXIT_BROKEN_PIPE = 141
+"""The reader of stdout went away (`tcpc ... | head`): 128 + SIGPIPE, quietly."""
+
+
 class UsageError(Exception):
-    """A command-line mistake that is not in the program text."""
+    """A command-line mistake that is not in the program text (exit status EXIT_USAGE)."""
+
+
+class SetError(Exception):
+    """A `--set` that is not NAME=INTEGER: a mistake in the program's dims, like a bad dim value."""
+
+
+class FileError(Exception):
+    """A file tcpc was asked to write that it cannot write; the message names the path."""
 
 
 def parse_set(items: Sequence[str]) -> dict[str, int]:
@@ -38,11 +64,11 @@ def parse_set(items: Sequence[str]) -> dict[str, int]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise UsageError(f"--set {item}: expected NAME=VALUE")
+            raise SetError(f"--set {item}: expected NAME=VALUE")
         try:
             dims[name.strip()] = int(value)
         except ValueError:
-            raise UsageError(f"--set {item}: {value!r} is not an integer") from None
+            raise SetError(f"--set {item}: {value!r} is not an integer") from None
     return dims
 
 
@@ -53,7 +79,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tcpc", description=__doc__)
+    parser = TcpcArgumentParser(prog="tcpc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compile", help="compile and print the IR")
@@ -62,8 +88,12 @@ def make_parser() -> argparse.ArgumentParser:
                    help="which level to print (default: graph, or the IR after -p): lowered is the "
                         "engine ops on whole tensors, scheduled adds the schedule level (loops, tiles, "
                         "buffers, DMA), planned is the scheduled IR with each op's simulated engine slot")
-    c.add_argument("--seed", type=int, default=0, help="--emit planned: seed for the inputs (default 0)")
+    c.add_argument("--seed", type=int, default=None, help="--emit planned: seed for the inputs (default 0)")
     c.add_argument("--machine", default=None, help="--emit planned: machine file (default: RNGD)")
+    c.add_argument("--cost-only", action="store_true",
+                   help="--emit planned: plan without values (real model sizes); the routing comes from --routing")
+    c.add_argument("--routing", default=None, metavar="SCENARIO",
+                   help=f"--emit planned --cost-only: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
@@ -101,21 +131,43 @@ def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
     return None
 
 
+def check_compile_flags(args: argparse.Namespace) -> None:
+    """Options that only `--emit planned` reads, and `--emit` levels that `-p` contradicts."""
+    if args.emit != "planned":
+        for flag, value in (("--seed", args.seed), ("--machine", args.machine), ("--cost-only", args.cost_only),
+                            ("--routing", args.routing)):
+            if value not in (None, False):
+                raise UsageError(f"{flag} applies to --emit planned (the plan depends on it); nothing else reads it")
+    elif args.print_ir_after_all:
+        raise UsageError("--print-ir-after-all prints the IR between passes; --emit planned prints the planned IR once")
+    if args.pipeline is not None and args.emit in ("graph", "lowered", "scheduled"):
+        level = {"graph": "the IR before any pass", "lowered": "the IR after the lowering passes",
+                 "scheduled": "the IR after the full pipeline"}[args.emit]
+        raise UsageError(f"--emit {args.emit} prints {level}; -p gives other passes (drop one of them)")
+    if args.routing is not None and not args.cost_only:
+        raise UsageError("--routing sets the routing of a cost-only plan; add --cost-only")
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
+    check_compile_flags(args)
+    out = writable(args.output, "-o", [args.file]) if args.output else None
     program = compile_file(args.file, parse_set(args.set))
     spec = passes_for(args, args.emit)
     chunks: list[str] = []
-    if args.emit == "planned" and args.pipeline is None:
-        chunks.append(f"// planned: the full pipeline, each op with the slot the simulator scheduled it in\n"
-                      f"// (tcpc.plan), for the inputs drawn from seed {args.seed}\n")
-        chunks.append(print_ir(program.planned(seed=args.seed, machine=as_machine(args.machine)), args.generic))
+    if args.emit == "planned":
+        seed = args.seed or 0
+        given = f"the IR after {args.pipeline}" if args.pipeline is not None else "the full pipeline"
+        values = (f"without values, for the {args.routing or 'balanced'} routing (cost-only)" if args.cost_only
+                  else f"for the inputs drawn from seed {seed}")
+        chunks.append(f"// planned: {given}, each op with the slot the simulator scheduled it in\n"
+                      f"// (tcpc.plan), {values}\n")
+        planned = program.planned(seed=seed, machine=as_machine(args.machine), pipeline=args.pipeline,
+                                  cost_only=args.cost_only, routing=args.routing or "balanced")
+        chunks.append(print_ir(planned, args.generic))
     elif spec is None:
         chunks.append(print_ir(program.module, args.generic))
     else:
-        try:
-            passes = parse_pipeline(spec)
-        except Exception as e:
-            raise UsageError(f"-p {spec}: {e}") from None
+        passes = parse_pipeline(spec)
         if args.print_ir_after_all:
             chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic)}")
         def after(p, module):
@@ -125,21 +177,58 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if not args.print_ir_after_all:
             chunks.append(print_ir(lowered, args.generic))
     text = "".join(chunks)
-    if args.output:
-        Path(args.output).write_text(text)
+    if out is not None:
+        write_file(out, lambda f: f.write(text.encode()))
     else:
         sys.stdout.write(text)
-    return 0
+    return EXIT_OK
+
+
+def writable(path: str, flag: str, inputs: Sequence[str | None]) -> Path:
+    """`path` if tcpc may write it: not a directory, not one of the files it reads, in a
+    directory that exists. Checked before any work, so a long run never ends in a bad path."""
+    target = Path(path)
+    if target.is_dir():
+        raise FileError(f"{flag} {path}: is a directory; name a file")
+    for given in inputs:
+        if given and Path(given).exists() and target.exists() and target.resolve() == Path(given).resolve():
+            raise FileError(f"{flag} {path}: is an input of this command; writing it would overwrite it")
+    if not target.parent.is_dir():
+        raise FileError(f"{flag} {path}: no such file or directory ({target.parent} does not exist)")
+    if target.exists() and not os.access(target, os.W_OK) or not target.exists() and not os.access(target.parent, os.W_OK):
+        raise FileError(f"{flag} {path}: permission denied")
+    return target
+
+
+def write_file(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write a file whole or not at all: on an error (a full disk) the partial file is removed
+    and the error names the path."""
+    try:
+        with open(path, "wb") as f:
+            write(f)
+    except OSError as e:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        raise FileError(f"cannot write {path}: {(e.strerror or str(e)).lower()}") from None
 
 
 def describe(name: str, value: np.ndarray) -> str:
+    """Shape, dtype, the first values; for floats the mean and largest magnitude of the finite
+    values, and how many overflowed to +-inf or are NaN, in words."""
     v = value.astype(np.float64) if value.dtype.kind in "fV" or value.dtype.name == "bfloat16" else value
     head = np.array2string(np.asarray(v).reshape(-1)[:6], precision=4, separator=", ")
     stats = ""
     if value.size and v.dtype.kind == "f":
-        stats = f"  mean {np.nanmean(v):.4g}  abs max {np.nanmax(np.abs(v)):.4g}"
-        if np.isnan(v).any():
-            stats += f"  NaN x{int(np.isnan(v).sum())}"
+        finite = v[np.isfinite(v)]
+        if finite.size:
+            stats = f"  mean {finite.mean():.4g}  abs max {np.abs(finite).max():.4g}"
+        nan, pos, neg = int(np.isnan(v).sum()), int(np.isposinf(v).sum()), int(np.isneginf(v).sum())
+        if nan or pos or neg:
+            counts = [f"{n} {what}" for n, what in ((nan, "NaN"), (pos, "+inf"), (neg, "-inf")) if n]
+            whole = "all" if finite.size == 0 else f"{value.size - finite.size} of {value.size}"
+            stats += f"  not finite: {whole} ({', '.join(counts)})"
     return f"{name}: {list(value.shape)} {value.dtype.name}  first {head}{stats}"
 
 
@@ -177,13 +266,14 @@ def cycle_summary(r: SimReport) -> str:
 
 
 def simulate_with_progress(program: Program, fn_name: str, args: argparse.Namespace,
-                           given: dict[str, np.ndarray]) -> SimulationResult:
+                           given: dict[str, np.ndarray], routing_check: RoutingRangeCheck) -> SimulationResult:
     machine = as_machine(args.machine)
     progress = Progress()
+    listeners = [progress] if args.cost_only else [progress, routing_check]
     try:
         return program.simulate(given, seed=args.seed, graph=fn_name, pipeline=args.pipeline, machine=machine,
                                 sram_policy=args.sram_policy, cost_only=args.cost_only,
-                                routing=args.routing or "balanced", listeners=[progress])
+                                routing=args.routing or "balanced", listeners=listeners)
     finally:
         progress.close()
 
@@ -200,14 +290,36 @@ def partly_lowered(program: Program, args: argparse.Namespace) -> str:
     return f"{', '.join(sorted(left))} have no cost; the full pipeline lowers them" if left else ""
 
 
-def write_json(path: str, data: object) -> None:
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+def write_json(path: Path, data: object) -> None:
+    text = json.dumps(data, indent=1) + "\n"
+    write_file(path, lambda f: f.write(text.encode()))
+
+
+def output_paths(args: argparse.Namespace) -> dict[str, Path]:
+    """The files `tcpc run` will write, checked before the run; two flags naming one file
+    would leave only the last."""
+    reads = [args.file, args.inputs, args.machine, args.routing]
+    paths: dict[str, Path] = {}
+    for flag in ("out", "report_json", "trace"):
+        value = getattr(args, flag)
+        if value:
+            name = "--" + flag.replace("_", "-")
+            path = writable(value, name, reads)
+            for other, seen in paths.items():
+                if seen.resolve() == path.resolve():
+                    raise UsageError(f"{other} and {name} both name {value}")
+            paths[name] = path
+    return paths
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     check_flags(args)
     if Path(args.file).suffix == ".mlir" and args.set:
         raise UsageError("--set applies to .moe programs, not to .mlir IR")
+    paths = output_paths(args)
+    if args.check and args.pipeline and "pin-routing" in (p.name for p in parse_pipeline(args.pipeline)):
+        raise UsageError("--check compares with the reference, whose routing comes from the router; after "
+                         "pin-routing the routing argument takes the balanced scenario instead, so they differ")
     program: Program = compile_file(args.file, parse_set(args.set))
     given = load_npz(args.inputs) if args.inputs else {}
     fn = program.function(args.graph)
@@ -216,8 +328,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # runs on the interpreter then (translation validation), saying why there are no cycles.
     why = "" if args.reference else partly_lowered(program, args)
     not_simulated = f"not simulated: {why}" if why else ""
+    routing_check = RoutingRangeCheck()
     if args.reference or not_simulated:  # the interpreter: the graph-level IR, or the IR after -p
-        result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline)
+        result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline,
+                             listeners=[routing_check])
         if args.pipeline is not None:
             level = f"after {args.pipeline}, {not_simulated or 'not simulated'}"
         else:
@@ -228,7 +342,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.pipeline is None and not LOWERED_PIPELINE and not program.is_ir:
             raise UsageError("running the lowered program needs the lowering passes, which do not exist yet; "
                              "use --reference (graph level) or -p PASSES")
-        sim = simulate_with_progress(program, name, args, given)
+        sim = simulate_with_progress(program, name, args, given, routing_check)
         report = sim.report
         level = f"after {sim.pipeline}" if sim.pipeline else "as given"
         if sim.cost_only:
@@ -244,19 +358,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         outputs = sim.outputs
     for i, (value, t) in enumerate(zip(outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))
+    for found in routing_check.found:
+        sys.stdout.flush()
+        print(f"tcpc: warning: {found.describe()}", file=sys.stderr)
     if report is not None:
         if args.report:
             print()
             sys.stdout.write(report.to_text())
         print(cycle_summary(report))
         if args.report_json:
-            write_json(args.report_json, report.to_json())
+            write_json(paths["--report-json"], report.to_json())
             print(f"wrote {args.report_json}")
         if args.trace:
-            write_json(args.trace, report.chrome_trace())
+            write_json(paths["--trace"], report.chrome_trace())
             print(f"wrote {args.trace}")
     if args.out:
-        save_outputs(args.out, outputs)
+        write_file(paths["--out"], lambda f: save_outputs(f, outputs))
         print(f"wrote {args.out}")
     if args.check:
         ref = program.run(given, seed=args.seed, graph=name, reference=True)
@@ -264,13 +381,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         for c in results:
             print(f"check: {c.message}")
         if not all(c.ok for c in results):
-            return 1
+            return EXIT_ERROR
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
-    return 0
+    return EXIT_OK
 
 
-def simulation_error(e: Exception) -> str | None:
+def simulation_error(e: Exception, command: str) -> str | None:
     """The message of a simulator error that is the user's to fix, or None. (Imported here,
     not at the top: the simulator's modules are slow to import and `tcpc compile` needs none.)"""
     from runtime_sim.perf.cost_model import NotLoweredError
@@ -278,16 +395,26 @@ def simulation_error(e: Exception) -> str | None:
     from runtime_sim.perf.memory_plan import SramOverflowError
 
     if isinstance(e, NotLoweredError):
-        return f"{e} (--reference runs it without simulating)"
+        hint = "--reference runs it without simulating" if command == "run" else "--emit planned needs every op lowered"
+        return f"{e} ({hint})"
     if isinstance(e, (CostOnlyError, SramOverflowError)):
         return str(e)
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+class TcpcArgumentParser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line after the usage, and EXIT_USAGE."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"tcpc: error: {message}\n")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the command, turning every error the user can fix into one line on stderr and its
+    exit status (the table in the README)."""
     try:
-        code = cmd_compile(args) if args.command == "compile" else cmd_run(args)
+        return cmd_compile(args) if args.command == "compile" else cmd_run(args)
     except CompileError as e:
         source = ""
         try:
@@ -295,29 +422,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             pass
         print(e.render(args.file, source), file=sys.stderr)
-        return 1
-    except (UsageError, InputError, MachineError, RoutingError) as e:
+    except UsageError as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
+    except (SetError, FileError, InputError, MachineError, RoutingError, PipelineError, ResourceError) as e:
+        print(f"tcpc: error: {e}", file=sys.stderr)
     except InterpretationError as e:
         print(f"tcpc: error while running: {e}", file=sys.stderr)
-        return 1
     except PassFailedException as e:  # a pass that cannot run on this IR, e.g. out of order
         print(f"tcpc: error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:  # the .moe file, -o, --out
-        print(f"tcpc: error: {e.filename}: {(e.strerror or str(e)).lower()}", file=sys.stderr)
-        return 1
+    except MemoryError:
+        print("tcpc: error: out of memory (--cost-only computes the cycles without values)", file=sys.stderr)
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except OSError as e:  # the .moe file, an input that is not readable
+        where = f"{e.filename}: " if e.filename is not None else ""
+        print(f"tcpc: error: {where}{(e.strerror or str(e)).lower()}", file=sys.stderr)
     except Exception as e:  # never a traceback for the user; TCPC_DEBUG=1 shows it
-        message = simulation_error(e)
-        if message is not None:
-            print(f"tcpc: error: {message}", file=sys.stderr)
-            return 1
-        if os.environ.get("TCPC_DEBUG"):
-            raise
-        print(f"tcpc: internal error: {type(e).__name__}: {e} (set TCPC_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 2
-    return code
+        message = simulation_error(e, args.command)
+        if message is None:
+            if os.environ.get("TCPC_DEBUG"):
+                raise
+            print(f"tcpc: internal error: {type(e).__name__}: {e} (set TCPC_DEBUG=1 for the traceback)", file=sys.stderr)
+            return EXIT_INTERNAL
+        print(f"tcpc: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`tcpc`: exit statuses are EXIT_* above. numpy's floating-point warnings are never printed
+    raw: the outputs say which values are not finite (`describe`)."""
+    try:
+        args = make_parser().parse_args(argv)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            code = run_command(args)
+        sys.stdout.flush()
+        return code
+    except KeyboardInterrupt:
+        print("tcpc: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader is gone: point stdout at /dev/null so the interpreter's final flush
+        # does not fail again, and end quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import sys
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from tcpc.pipelines import DIALECTS, PASSES
+from tcpc.pipelines import DIALECTS, PASSES, PipelineError, check_pipeline_syntax
 
 
 class TcpcOptMain(xDSLOptMain):
@@ -22,13 +22,33 @@ class TcpcOptMain(xDSLOptMain):
         for name, factory in PASSES.items():
             self.register_pass(name, factory)
 
+    def setup_pipeline(self) -> None:
+        """tcpc's syntax checks first: one-line errors for an unclosed brace, an empty pass, an
+        option given twice, which xDSL accepts or reports with a BaseException."""
+        if self.args.passes:
+            check_pipeline_syntax(self.args.passes)
+        super().setup_pipeline()
+
 
 def main() -> None:
     """Bad IR gets xDSL's located message and exit status 1, never a traceback."""
     try:
         TcpcOptMain(description="tcpc's modular optimizer driver").run()
-    except (ParseError, VerifyException, DiagnosticException, PassFailedException) as e:
+    except (ParseError, VerifyException, DiagnosticException, PassFailedException, PipelineError) as e:
         print(f"tcpc-opt: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except UnicodeDecodeError as e:
+        print(f"tcpc-opt: error: the input is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r})",
+              file=sys.stderr)
+        sys.exit(1)
+    except ValueError as e:  # xDSL's unknown passes and bad options
+        print(f"tcpc-opt: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except BaseException as e:  # xDSL's ArgSpecParseError is a BaseException
+        if type(e).__name__ != "ArgSpecParseError":
+            raise
+        message = " ".join(line.strip() for line in str(e).splitlines()[-1:])
+        print(f"tcpc-opt: error: pass pipeline: {message}", file=sys.stderr)
         sys.exit(1)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from importlib.resources import files
 
@@ -90,7 +91,10 @@ class _ToAst(Transformer):
         return ast.Neg(_loc(meta), items[0])
 
     def number(self, meta, items):
-        return ast.Number(_loc(items[0]), _number(str(items[0])))
+        value = _number(str(items[0]))
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CompileError(f"the number {items[0]} is not finite (it overflows a 64-bit float); write inf for infinity", _loc(items[0]))
+        return ast.Number(_loc(items[0]), value)
 
     def string(self, meta, items):
         return ast.String(_loc(items[0]), str(items[0])[1:-1])

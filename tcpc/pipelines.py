@@ -13,6 +13,8 @@ from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.ir import Dialect
 from xdsl.passes import ModulePass, PassPipeline
+from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind
+from xdsl.utils.exceptions import ArgSpecParseError
 
 from dialects.moe import MoE
 from dialects.tcp import TCP
@@ -66,11 +68,92 @@ def make_context() -> Context:
     return ctx
 
 
+class PipelineError(ValueError):
+    """A `-p` pipeline that cannot be parsed or built; the message quotes the pipeline and
+    says where and what is wrong, on one line."""
+
+    def __init__(self, spec: str, message: str, column: int | None = None):
+        where = f" at column {column}" if column is not None else ""
+        super().__init__(f"pipeline '{spec}': {message}{where}")
+
+
+def check_pipeline_syntax(spec: str) -> None:
+    """Catch the slips xDSL's pipeline parser accepts or reports with a multi-line message (or
+    a BaseException): an empty pass between commas, before the first or after the last, an
+    unclosed brace, an option given twice, a character the pipeline syntax has no use for."""
+    lexer = PipelineLexer(spec)
+    tokens = []
+    try:
+        while not tokens or tokens[-1].kind is not SpecTokenKind.EOF:
+            tokens.append(lexer.lex())
+    except ArgSpecParseError as e:
+        column = _column(e)
+        bad = spec[column - 1] if column is not None and column <= len(spec) else "?"
+        raise PipelineError(spec, f"unexpected character {bad!r}", column) from None
+    open_brace: int | None = None
+    options: set[str] = set()
+    expect_pass = True
+    after_name = False
+    for i, token in enumerate(tokens):
+        kind, column = token.kind, token.span.start + 1
+        if open_brace is not None:
+            if kind is SpecTokenKind.R_BRACE:
+                open_brace = None
+            elif kind is SpecTokenKind.EOF:
+                raise PipelineError(spec, "'{' is never closed", open_brace)
+            elif kind is SpecTokenKind.IDENT and tokens[i - 1].kind in (SpecTokenKind.L_BRACE, SpecTokenKind.SPACE):
+                if token.span.text in options:
+                    raise PipelineError(spec, f"option '{token.span.text}' is given twice", column)
+                options.add(token.span.text)
+            continue
+        if kind is SpecTokenKind.SPACE:
+            raise PipelineError(spec, "a space outside '{...}' (passes are separated by ',' alone)", column)
+        if kind is SpecTokenKind.COMMA or (kind is SpecTokenKind.EOF and i > 0):
+            if expect_pass:
+                raise PipelineError(spec, "a pass name is missing (two commas, or a comma at an end)", column)
+            expect_pass, after_name = True, False
+        elif kind is SpecTokenKind.IDENT and expect_pass:
+            expect_pass, after_name = False, True
+        elif kind is SpecTokenKind.L_BRACE and after_name:
+            open_brace, options, after_name = column, set(), False
+        elif kind is SpecTokenKind.R_BRACE:
+            raise PipelineError(spec, "'}' without a '{'", column)
+        elif kind is not SpecTokenKind.EOF:
+            expected = "a pass name" if expect_pass else "',' or '{'"
+            raise PipelineError(spec, f"unexpected '{token.span.text}', expected {expected}", column)
+
+
+def _column(e: ArgSpecParseError) -> int | None:
+    """The column xDSL's message gives (`pass-pipeline:1:COLUMN`), if any."""
+    for line in str(e).splitlines():
+        if line.startswith("pass-pipeline:"):
+            try:
+                return int(line.rsplit(":", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
 def parse_pipeline(spec: str) -> list[ModulePass]:
-    """Parse `a,b{opt=1}` into pass instances; unknown names raise ValueError."""
+    """Parse `a,b{opt=1}` into pass instances; every mistake (syntax, an unknown pass, a bad
+    option) raises PipelineError with a one-line message."""
     if not spec.strip():
         return []
-    return list(PassPipeline.parse_spec(PASSES, spec).passes)
+    check_pipeline_syntax(spec)
+    try:
+        return list(PassPipeline.parse_spec(PASSES, spec).passes)
+    except ArgSpecParseError as e:  # a BaseException in xDSL: catch it by name
+        message = str(e).strip().splitlines()[-1].strip()
+        raise PipelineError(spec, message[0].lower() + message[1:], _column(e)) from None
+    except ValueError as e:
+        text = str(e)
+        if text.startswith("Unrecognized passes"):
+            unknown = text.split("[", 1)[1].rstrip("]")
+            noun = "pass" if "," not in unknown else "passes"
+            raise PipelineError(spec, f"unknown {noun} {unknown} (known: {', '.join(PASSES)})") from None
+        raise PipelineError(spec, text) from None
+    except Exception as e:  # xDSL reports bad option values with plain exceptions
+        raise PipelineError(spec, str(e)) from None
 
 
 def apply_pipeline(module: ModuleOp, passes: list[ModulePass],

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, TensorType, UnrankedTensorType
 from xdsl.interpreter import Interpreter
 from xdsl.printer import Printer
 
 from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import build_module, evaluate_dims
 from tcpc.diagnostics import CompileError
+from tcpc.host_memory import check_fits
 from tcpc.parser import parse
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from runtime_sim.perf.machine import Machine
     from runtime_sim.perf.report import SimReport
     from runtime_sim.perf.routing_scenarios import Routing
+    from runtime_sim.perf.simulate import SimResult
 
 
 def print_ir(module: ModuleOp, generic: bool = False) -> str:
@@ -112,11 +114,7 @@ class Program:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering."""
         if pipeline is None:
             pipeline = self.full_pipeline()
-        try:
-            passes = parse_pipeline(pipeline)
-        except Exception as e:  # xDSL reports unknown passes and bad options with plain exceptions
-            raise CompileError(f"pipeline '{pipeline}': {e}") from None
-        return apply_pipeline(self.module, passes)
+        return apply_pipeline(self.module, parse_pipeline(pipeline))  # PipelineError if malformed
 
     def run(
         self,
@@ -126,14 +124,18 @@ class Program:
         graph: str | None = None,
         reference: bool = True,
         pipeline: str | None = None,
+        listeners: Sequence[Interpreter.Listener] = (),
     ) -> RunResult:
-        """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`."""
+        """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`;
+        `listeners` see every op as it runs."""
         from runtime_sim.semantics.executor import run_function  # xDSL's interpreters are slow to import
 
-        fn = self.function(graph)
-        args = prepare_inputs(fn, inputs or {}, seed)
+        name = self.function(graph).sym_name.data
         module = self.module if reference and pipeline is None else self.lower(pipeline)
-        outputs = run_function(module, fn.sym_name.data, args)
+        fn = function_in(module, name)  # after pin-routing it has one more argument
+        check_fits(module, name, f"running graph '{name}'")
+        args = prepare_inputs(fn, inputs or {}, seed)
+        outputs = run_function(module, name, args, listeners=listeners)
         return RunResult(list(outputs), dict(zip(arg_names(fn), args)))
 
     def simulate(
@@ -163,11 +165,39 @@ class Program:
         (`balanced`, `skewed`, `one-expert`, or an .npz / .npy of [T, K] expert indices;
         `seed` draws `skewed`), and the result has no outputs.
         """
+        module, spec, args, result = self._simulated(inputs, seed=seed, graph=graph, pipeline=pipeline,
+                                                     machine=machine, sram_policy=sram_policy, uncosted=uncosted,
+                                                     cost_only=cost_only, routing=routing, listeners=listeners)
+        if cost_only:
+            return SimulationResult([], {}, result.report, result.graph, spec, True, result.routing)
+        fn = function_in(module, self.function(graph).sym_name.data)
+        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.graph, spec)
+
+    def planned(self, inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0, graph: str | None = None,
+                machine: Machine | str | Path | None = None, sram_policy: str = "spill",
+                pipeline: str | None = None, cost_only: bool = False, routing: str | Path = "balanced") -> ModuleOp:
+        """The lowered IR (the full pipeline, or `pipeline`), each op annotated with the slot the
+        simulator scheduled it in (`tcpc.plan`: engine, unit, start and end cycle, bound) when
+        run on `inputs` (drawn from `seed` where not given): guards skip blocks by the routing,
+        so the plan follows the data. `cost_only=True` plans without values, for the routing
+        scenario `routing`, as `simulate` does."""
+        from runtime_sim.perf.simulate import annotate_plan
+
+        module, _, _, result = self._simulated(inputs, seed=seed, graph=graph, pipeline=pipeline, machine=machine,
+                                               sram_policy=sram_policy, cost_only=cost_only, routing=routing)
+        annotate_plan(result)
+        return module
+
+    def _simulated(self, inputs: Mapping[str, np.ndarray] | None, *, seed: int, graph: str | None,
+                   pipeline: str | None, machine: Machine | str | Path | None, sram_policy: str,
+                   uncosted: str = "error", cost_only: bool = False, routing: str | Path = "balanced",
+                   listeners: Sequence[Interpreter.Listener] = ()) -> tuple[ModuleOp, str, list[np.ndarray], SimResult]:
+        """The simulated IR (its ops are the trace's), the passes it went through, the
+        arguments it ran on (none in cost-only mode) and the simulator's result."""
         from runtime_sim.perf.cost_only import simulate_cost_only
         from runtime_sim.perf.simulate import simulate
 
-        fn = self.function(graph)
-        name = fn.sym_name.data
+        name = self.function(graph).sym_name.data
         spec = self.full_pipeline() if pipeline is None else pipeline
         mach = as_machine(machine)
         if cost_only:
@@ -177,30 +207,13 @@ class Program:
             module = self.lower(spec)
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
                                         uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
-            return SimulationResult([], {}, result.report, result.graph, spec, True, result.routing)
-        module, args = self._lowered_call(spec, name, inputs, seed)
+            return module, spec, [], result
+        module = self.lower(spec)
+        check_fits(module, name, f"simulating graph '{name}' with values")
+        args = prepare_inputs(function_in(module, name), inputs or {}, seed)
         result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
                           uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
-        return SimulationResult(list(result.outputs), dict(zip(arg_names(function_in(module, name)), args)),
-                                result.report, result.graph, spec)
-
-    def planned(self, inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0, graph: str | None = None,
-                machine: Machine | str | Path | None = None, sram_policy: str = "spill") -> ModuleOp:
-        """The fully lowered IR, each op annotated with the slot the simulator scheduled it in
-        (`tcpc.plan`: engine, unit, start and end cycle, bound) when run on `inputs` (drawn from
-        `seed` where not given): guards skip blocks by the routing, so the plan follows the data."""
-        from runtime_sim.perf.simulate import annotate_plan, simulate
-
-        name = self.function(graph).sym_name.data
-        module, args = self._lowered_call(self.full_pipeline(), name, inputs, seed)
-        annotate_plan(simulate(module, name, args, as_machine(machine), sram_policy=sram_policy))  # type: ignore[arg-type]
-        return module
-
-    def _lowered_call(self, spec: str, name: str, inputs: Mapping[str, np.ndarray] | None,
-                      seed: int) -> tuple[ModuleOp, list[np.ndarray]]:
-        """The IR after `spec`, and the arguments of its function `name` in declared order."""
-        module = self.lower(spec)
-        return module, prepare_inputs(function_in(module, name), inputs or {}, seed)
+        return module, spec, args, result
 
 
 def compile_source(source: str, dims: Mapping[str, int] | None = None, filename: str = "<string>") -> Program:
@@ -235,7 +248,35 @@ def load_ir(source: str, filename: str = "<string>") -> Program:
         raise CompileError(f"invalid IR: {e}") from None
     if not any(isinstance(op, func.FuncOp) for op in module.ops):
         raise CompileError("the IR holds no func.func to run")
+    unsupported = unsupported_value(module)
+    if unsupported is not None:
+        raise CompileError(unsupported)
     return Program(filename, source, {}, module, is_ir=True)
+
+
+def unsupported_value(module: ModuleOp) -> str | None:
+    """Why tcpc cannot run this IR, for the first value it cannot hold (a tensor of unknown
+    size, `tensor<?x8xf32>` or `tensor<*xf32>`; an element type without numpy storage such as
+    f64), or None."""
+    from runtime_sim.semantics.numerics import numpy_dtype
+
+    for op in module.walk():
+        blocks = [b for r in op.regions for b in r.blocks]
+        arguments = [a for b in blocks for a in b.args]
+        for v in [*op.results, *arguments]:
+            t = v.type
+            name = f"%{v.name_hint}" if v.name_hint else "a value"
+            owner = f"an argument of {op.name}" if v in arguments else f"a result of {op.name}"
+            if isinstance(t, UnrankedTensorType) or (isinstance(t, TensorType) and any(d < 0 for d in t.get_shape())):
+                sizes = ["*"] if isinstance(t, UnrankedTensorType) else ["?" if d < 0 else str(d) for d in t.get_shape()]
+                return (f"{name} ({owner}, tensor<{'x'.join(sizes)}x{t.get_element_type()}>) has a size that is not "
+                        "static; tcpc needs every tensor size known at compile time")
+            if isinstance(t, TensorType):
+                try:
+                    numpy_dtype(t.get_element_type())
+                except ValueError:
+                    return f"{name} ({owner}) has element type {t.get_element_type()}; tcpc runs bf16, f32, i32 and i1 tensors"
+    return None
 
 
 def compile_file(path: str | Path, dims: Mapping[str, int] | None = None) -> Program:

@@ -50,10 +50,10 @@ def tcpc_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
     return code, out.out, out.err
 
 
-def failure(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """Run a command that must fail cleanly; its one-line error."""
+def failure(capsys: pytest.CaptureFixture[str], *argv: str, status: int = 1) -> str:
+    """Run a command that must fail cleanly (status 1; usage errors 2); its one-line error."""
     code, out, err = tcpc_main(capsys, *argv)
-    assert code == 1, (out, err)
+    assert code == status, (out, err)
     assert "Traceback" not in err and "internal error" not in err
     assert err.startswith(("tcpc: error", f"{argv[1]}: error: ", f"{argv[1]}:")), err
     return err

@@ -37,9 +37,10 @@ def tcpc_main(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, s
     return code, out.out, out.err
 
 
-def failure(capsys: pytest.CaptureFixture[str], *argv: object) -> str:
+def failure(capsys: pytest.CaptureFixture[str], *argv: object, status: int = 1) -> str:
+    """Run a command that must fail cleanly (status 1; usage errors 2); its one-line error."""
     code, out, err = tcpc_main(capsys, *argv)
-    assert code == 1, (out, err)
+    assert code == status, (out, err)
     assert "Traceback" not in err and "internal error" not in err
     return err
 
@@ -150,19 +151,20 @@ def test_cost_only_scenarios_change_the_weight_traffic(lowered: Path, tmp_path: 
 def test_flag_combinations(lowered: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     npz = tmp_path / "in.npz"
     np.savez(npz, gates=np.ones((16, 2), np.float32))
+    usage = 2  # options that do not go together: a usage error, like argparse's own
     cases = [
-        (["--reference", "--report"], "--report needs a simulation"),
-        (["--reference", "--trace", "t.json"], "--trace needs a simulation"),
-        (["--reference", "--cost-only"], "--cost-only needs a simulation"),
-        (["--cost-only", "--inputs", npz], "--inputs does not apply to --cost-only"),
-        (["--cost-only", "--out", "o.npz"], "--out does not apply to --cost-only"),
-        (["--cost-only", "--check"], "--check does not apply to --cost-only"),
-        (["--routing", "skewed"], "--routing sets the routing of a cost-only run; add --cost-only"),
-        (["--cost-only", "--routing", "zipf"], "unknown routing 'zipf'"),
-        (["--set", "T=4"], "--set applies to .moe programs"),
+        (["--reference", "--report"], "--report needs a simulation", usage),
+        (["--reference", "--trace", "t.json"], "--trace needs a simulation", usage),
+        (["--reference", "--cost-only"], "--cost-only needs a simulation", usage),
+        (["--cost-only", "--inputs", npz], "--inputs does not apply to --cost-only", usage),
+        (["--cost-only", "--out", "o.npz"], "--out does not apply to --cost-only", usage),
+        (["--cost-only", "--check"], "--check does not apply to --cost-only", usage),
+        (["--routing", "skewed"], "--routing sets the routing of a cost-only run; add --cost-only", usage),
+        (["--cost-only", "--routing", "zipf"], "unknown routing 'zipf'", 1),
+        (["--set", "T=4"], "--set applies to .moe programs", usage),
     ]
-    for flags, message in cases:
-        assert message in failure(capsys, "run", lowered, *flags)
+    for flags, message, status in cases:
+        assert message in failure(capsys, "run", lowered, *flags, status=status)
 
 
 def test_check_and_outputs_of_a_simulation(lowered: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

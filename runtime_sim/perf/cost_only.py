@@ -273,4 +273,4 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     interpreter.call_op(function, tuple(args))
     report, graph = simulate_trace(recorder.trace, machine, sram_policy)
     return SimResult((), report, graph, cost_only=True,
-                     routing={names[i].lstrip("%"): c for i, c in chosen.items()})
+                     routing={names[i].lstrip("%"): c for i, c in chosen.items()}, trace=recorder.trace)

@@ -5,7 +5,9 @@ assumed (`assumption = "..."`), so a report can always say what a cycle count re
 default machine is `machines/rngd.toml` (one RNGD cluster of 256 slices). A file may start
 from another with `extends = "rngd"` (a built-in name, or a path relative to the file) and
 override single numbers. Mistakes (bad TOML, a missing or unknown key, a wrong type, a number
-that must be positive) raise MachineError naming the file and the key.
+that must be positive, a number too large to simulate, a file that is not UTF-8 text) raise
+MachineError naming the file and the key. A file that extends another is named by its own
+`name`, or by its file name: never by the machine it extends.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ class _Field:
     key: str
     integer: bool
     minimum: int  # 1: must be positive; 0: may be zero (latencies that an ideal machine drops)
+    maximum: float = 2**40
+    """Larger numbers cannot be simulated: cycle counts are summed over thousands of commands
+    and must stay exact integers in 64-bit floats (below 2^53)."""
 
 
 SCHEMA: dict[str, _Field] = {
-    "clock_hz": _Field("chip", "clock_hz", False, 1),
+    "clock_hz": _Field("chip", "clock_hz", False, 1, 1e15),
     "slices": _Field("chip", "slices", True, 1),
     "sram_bytes_per_slice": _Field("sram", "bytes_per_slice", True, 1),
     "fetch_bytes_per_cycle": _Field("sram", "fetch_bytes_per_cycle", True, 1),
@@ -54,7 +59,7 @@ SCHEMA: dict[str, _Field] = {
     "dma_startup_cycles": _Field("dma", "startup_cycles", True, 0),
     "dma_request_bytes": _Field("dma", "request_bytes", True, 1),
     "dma_split_bytes": _Field("dma", "split_bytes", True, 1),
-    "hbm_bytes_per_second": _Field("hbm", "bytes_per_second", False, 1),
+    "hbm_bytes_per_second": _Field("hbm", "bytes_per_second", False, 1, 1e18),
     "guard_cycles": _Field("control", "guard_cycles", True, 0),
     "config_overhead_cycles": _Field("control", "config_overhead_cycles", True, 0),
 }
@@ -132,9 +137,13 @@ def _read(path: Path, depth: int = 0) -> dict[str, Any]:
     if depth > 8:
         raise MachineError(f"{path}: 'extends' chain is too deep (a cycle?)")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise MachineError(f"{path}: no such machine file") from None
+    except OSError as e:
+        raise MachineError(f"{path}: cannot read the machine file: {(e.strerror or str(e)).lower()}") from None
+    except UnicodeDecodeError as e:
+        raise MachineError(f"{path}: not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
     except tomllib.TOMLDecodeError as e:
         raise MachineError(f"{path}: not valid TOML: {e}") from None
     base = data.pop("extends", None)
@@ -144,6 +153,8 @@ def _read(path: Path, depth: int = 0) -> dict[str, Any]:
         raise _error(path, "extends", "expected a machine name or a path (a string)")
     base_path = MACHINES_DIR / f"{base}.toml" if (MACHINES_DIR / f"{base}.toml").exists() else path.parent / base
     merged = _read(base_path, depth + 1)
+    merged.pop("name", None)  # a machine is named by its own file, never by the one it extends
+    merged["description"] = f"{base} with the numbers of {path.name}"
     for key, value in data.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
@@ -169,7 +180,10 @@ def _number(path: Path, f: _Field, entry: Any) -> tuple[int | float, str]:
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise _error(path, where, f"expected {'an integer' if f.integer else 'a number'}, got {value!r}")
     if not value >= f.minimum:  # also rejects NaN
-        raise _error(path, where, f"must be {'positive' if f.minimum else 'zero or more'}, got {value!r}")
+        need = ("positive" if not value > 0 else "at least 1") if f.minimum else "zero or more"
+        raise _error(path, where, f"must be {need}, got {value!r}")
+    if value > f.maximum:  # also rejects inf
+        raise _error(path, where, f"{value!r} is too large to simulate (at most {f.maximum:.4g})")
     return value, f"{cites[0]}: {entry[cites[0]].strip()}"
 
 

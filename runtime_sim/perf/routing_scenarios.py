@@ -61,11 +61,16 @@ def load_choices(path: str | Path) -> np.ndarray:
         return data
     with data:
         if FILE_KEY in data.files:
-            return data[FILE_KEY]
-        if len(data.files) == 1:
-            return data[data.files[0]]
-        raise RoutingError(f"{path}: holds {len(data.files)} arrays ({', '.join(data.files)}); "
-                           f"name the expert choices '{FILE_KEY}'")
+            name = FILE_KEY
+        elif len(data.files) == 1:
+            name = data.files[0]
+        else:
+            raise RoutingError(f"{path}: holds {len(data.files)} arrays ({', '.join(data.files)}); "
+                               f"name the expert choices '{FILE_KEY}'")
+        try:
+            return data[name]
+        except ValueError:  # allow_pickle=False refuses object arrays; or a damaged header
+            raise RoutingError(f"{path}: array '{name}' is not a numeric array (pickled objects, or damaged)") from None
 
 
 def check_choices(choices: np.ndarray, tokens: int, k: int, experts: int, where: str) -> np.ndarray:

@@ -139,7 +139,7 @@ def annotate_plan(result: SimResult) -> None:
     attribute `tcpc.plan = {engine = "dma", unit = 2, start = 0, end = 628, bound = "dma"}`
     (the planned IR of `tcpc compile --emit planned`). Commands the memory plan added (spills,
     reloads, streams) have no op of their own; an op the plan streamed says so in `bound`."""
-    assert result.trace is not None, "a cost-only run keeps no ops"
+    assert result.trace is not None, "simulate and simulate_cost_only keep the trace"
     for record in result.report.ops:
         if record.key >= len(result.trace.ops) or (op := result.trace.ops[record.key].op) is None:
             continue
