@@ -38,11 +38,12 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-math": _lazy("passes.lower_math", "LowerMathPass"),
     "load-arguments": _lazy("passes.load_arguments", "LoadArgumentsPass"),
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
+    "fuse-ve-chains": _lazy("passes.fuse_ve_chains", "FuseVeChainsPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 
 LOWERED_PIPELINE: tuple[str, ...] = (
-    "lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments",
+    "lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments", "fuse-ve-chains",
 )
 """The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops."""
 
