@@ -54,7 +54,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, Region, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     VarConstraint,
@@ -69,7 +69,7 @@ from xdsl.irdl import (
     traits_def,
     var_operand_def,
 )
-from xdsl.parser import Parser
+from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.str_enum import StrEnum
@@ -825,7 +825,7 @@ class ChainOp(IRDLOperation):
 
     @classmethod
     def parse(cls, parser: Parser) -> ChainOp:
-        def assignment() -> tuple[Parser.UnresolvedArgument, object]:
+        def assignment() -> tuple[Parser.UnresolvedArgument, UnresolvedOperand]:
             arg = parser.parse_argument(expect_type=False)
             parser.parse_punctuation("=")
             return arg, parser.parse_unresolved_operand()
@@ -838,7 +838,7 @@ class ChainOp(IRDLOperation):
             parser.raise_error(f"ve.chain has {len(pairs)} inputs but {len(types)} types", pos, parser.pos)
         parser.parse_punctuation("->")
         result_type = parser.parse_type()
-        inputs = [parser.resolve_operand(operand, t) for (_, operand), t in zip(pairs, types)]  # type: ignore[arg-type]
+        inputs = [parser.resolve_operand(operand, t) for (_, operand), t in zip(pairs, types)]
         body = parser.parse_region([arg.resolve(t) for (arg, _), t in zip(pairs, types)])
         attrs = parser.parse_optional_attr_dict()
         op = cls(inputs, result_type, body)
@@ -857,11 +857,6 @@ class YieldOp(IRDLOperation):
 
     def __init__(self, value: SSAValue):
         super().__init__(operands=[value])
-
-
-def chain_body(input_types: Sequence[Attribute]) -> Region:
-    """An empty chain body with one block argument per input."""
-    return Region(Block(arg_types=input_types))
 
 
 VE = Dialect(

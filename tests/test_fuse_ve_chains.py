@@ -9,20 +9,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 from xdsl.dialects import scf
-from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp
 from xdsl.dialects.arith import ConstantOp
+from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp
 from xdsl.ir import Block, Region
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import VerifyException
 
 import tcpc
 from dialects import ve
-from dialects.ve_stages import CHAIN_SLOTS, NOT_IN_A_CHAIN, REINTERPRET, STAGES, chain_problem
+from dialects.ve_stages import (
+    CHAIN_SLOTS,
+    NOT_IN_A_CHAIN,
+    REINTERPRET,
+    STAGES,
+    chain_problem,
+)
 from passes.fuse_ve_chains import FuseVeChainsPass
+from runtime_sim.perf.cost_model import cost_function
+from runtime_sim.perf.cost_only import placeholder
+from runtime_sim.perf.costs import register_cost_models
 from runtime_sim.perf.machine import default_machine
 from runtime_sim.perf.simulate import simulate
 from runtime_sim.semantics.executor import run_function
-from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline
+from tcpc.pipelines import (
+    LOWERED_PIPELINE,
+    apply_pipeline,
+    make_context,
+    parse_pipeline,
+)
 from tcpc.program import prepare_inputs
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.moe"))
@@ -90,12 +104,12 @@ def test_a_legal_run_has_no_problem() -> None:
 
 
 def test_an_alu_used_twice_is_illegal() -> None:
-    text = f"""
-    func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {{
+    text = """
+    func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
       %a = ve.sigmoid %x : tensor<8xf32>
       %b = ve.tanh %a : tensor<8xf32>
       func.return %b : tensor<8xf32>
-    }}"""
+    }"""
     problem = chain_problem(members_of(text))
     assert problem is not None and "ve.tanh needs Float (FpFpu)" in problem  # the book's tanh(sqrt(x))
 
@@ -276,3 +290,22 @@ def test_cost_only_runs_chains() -> None:
     cost = program.simulate(cost_only=True)
     assert any(r.name == "ve.chain" for r in cost.report.ops)
     assert cost.outputs == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_fusing_only_removes_costs(path: Path) -> None:
+    """Every chain of every example costs no more cycles and bytes than its members run one by
+    one, and no fewer cycles than its slowest member's stream plus one overhead."""
+    register_cost_models()
+    module = tcpc.compile_file(path).lower()
+
+    def cost(op):
+        return cost_function(op)(op, tuple(placeholder(v.type) for v in op.operands),
+                                 tuple(placeholder(r.type) for r in op.results), M)
+
+    for chain in chains(module):
+        whole, alone = cost(chain), [cost(m) for m in chain.members]
+        assert whole.cycles <= sum(c.cycles for c in alone)
+        assert whole.bytes_moved <= sum(c.bytes_moved for c in alone)
+        assert whole.flops == sum(c.flops for c in alone)
+        assert whole.cycles >= max(c.cycles for c in alone)
