@@ -43,8 +43,11 @@ The rules a chain obeys (`chain_problem`), the ones of the book plus tcpc's choi
 2. the members form one stream: each member after the first reads the previous member's result
    (or, after a `tag`, the value the tag compared) as one operand; its other operands come from
    outside the chain (constants, or tensors read as the unfused op reads them, through the
-   register-file operand port); no member reads an earlier intermediate other than the stream
-   (the book's stash is not used);
+   register-file operand port), or from the stash: at most one earlier intermediate, read
+   once, produced by a member at a stage the book lets stash (`STASHABLE`; `widen`'s result is
+   the stream entering the Tag stage, which may stash). Book, Operands: "the slot is
+   single-use ... read-once", stashable at Branch, Logic, Fxp, Narrow, Fp, FpDiv, Clip. So
+   SwiGLU's `x * sigmoid(x)` after a widen is one chain;
 3. tags: a member that reads tags reads the chain's `tag` result, or (without one) one tag tensor
    from outside for the whole chain;
 4. only the last member's result leaves the chain: every other member's result is used by
@@ -132,6 +135,10 @@ NOT_IN_A_CHAIN: dict[str, str] = {
 }
 """Op name -> why it never is a member of a chain."""
 
+STASHABLE: frozenset[str] = frozenset({"Fetch", "Tag", "Logic", "Fxp", "Float", "FpDiv", "Clip"})
+"""Stages after which the stream may be stashed (the book's Stashable stages; after Fetch the
+stream is at the Tag stage). Narrow is stashable too, but no op of tcpc's ends there."""
+
 REINTERPRET = "ve.bitcast"
 """No stage and no ALU: may sit anywhere in a chain (book, Reinterpret)."""
 
@@ -188,11 +195,13 @@ def tag_operands(op: Operation) -> tuple[SSAValue, ...]:
     return ()
 
 
-def _stream_problem(members: Sequence[Operation]) -> str | None:
+def _stream_problem(members: Sequence[Operation], homes: Sequence[Slot | None]) -> str | None:
     """Rules 2 and 3 of the module docstring."""
     results = {r for op in members for r in op.results}
+    home_of = {op.results[0]: home for op, home in zip(members, homes, strict=True) if op.results}
     stream: SSAValue | None = None
     tags: SSAValue | None = None
+    stash: SSAValue | None = None
     for i, op in enumerate(members):
         if isinstance(op, ve.TagOp):
             if not isinstance(op.rhs.owner, ve.ConstOp):
@@ -214,7 +223,11 @@ def _stream_problem(members: Sequence[Operation]) -> str | None:
             return f"{op.name} does not read the previous op's result"
         inner = [v for v in data if v in results and v is not stream]
         if inner:
-            return f"{op.name} reads an intermediate result other than the stream"
+            home = home_of.get(inner[0])
+            if stash is not None or len(inner) > 1 or home is None or home.stage not in STASHABLE:
+                return f"{op.name} reads an intermediate result other than the stream (the stash holds one " \
+                       "value of a stashable stage, read once)"
+            stash = inner[0]
         stream = op.results[0]
     return None
 
@@ -238,7 +251,7 @@ def chain_problem(members: Sequence[Operation], *, complete: bool = True) -> str
     homes = assign_slots(members)
     if isinstance(homes, str):
         return homes
-    problem = _stream_problem(members)
+    problem = _stream_problem(members, homes)
     if problem is None and complete:
         problem = _escape_problem(members)
     return problem

@@ -22,7 +22,7 @@ becomes
     }
 
 How: in every block (function bodies, loop bodies: any block but a chain's own), each op in
-order that can start a chain grows one while the next op is the only user of the last
+order that can start a chain grows one while the next op is the first user of the last
 member's result (for a `ve.tag`, of its tags) and the members stay legal; the run is then cut
 back from its end until it is legal as a whole (only its last result used outside) and has at
 least two ops that run a stage. The chain takes the last member's place; its inputs are the
@@ -48,18 +48,17 @@ from dialects.ve_stages import chain_problem, is_chainable, runs_a_stage
 
 
 def _next_member(last: Operation) -> Operation | None:
-    """The op that continues the stream after `last`: the only user of its result, later in
-    the same block."""
-    users = {use.operation for use in last.results[0].uses}
-    if len(users) != 1:
-        return None
-    (user,) = users
+    """The op that continues the stream after `last`: the first user of its result, when all
+    its users are later in the same block (a second user may join later, reading the result
+    from the stash; if none does, the chain is cut back before `last`)."""
     block = last.parent_block()
-    if user.parent_block() is not block or block is None:
+    users = {use.operation for use in last.results[0].uses}
+    if block is None or not users or any(u.parent_block() is not block for u in users):
         return None
-    if block.get_operation_index(user) < block.get_operation_index(last):
+    index = block.get_operation_index(last)
+    if any(block.get_operation_index(u) < index for u in users):
         return None
-    return user
+    return min(users, key=block.get_operation_index)
 
 
 def grow_chain(first: Operation) -> list[Operation]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from xdsl.dialects import scf
@@ -158,6 +159,27 @@ def test_a_member_must_read_the_stream() -> None:
     assert chain_problem(members_of(text)) == "ve.mul does not read the previous op's result"
 
 
+def test_the_stash_holds_one_value_of_a_stashable_stage_read_once() -> None:
+    silu = """
+    func.func @f(%x: tensor<8xbf16>) -> tensor<8xf32> {
+      %y = ve.widen %x : tensor<8xbf16> -> tensor<8xf32>
+      %s = ve.sigmoid %y : tensor<8xf32>
+      %m = ve.mul %y, %s : tensor<8xf32>
+      func.return %m : tensor<8xf32>
+    }"""
+    assert chain_problem(members_of(silu)) is None  # widen's result stashed as it enters Tag
+    twice = silu.replace("func.return %m", "%a = ve.add %m, %y : tensor<8xf32>\n      func.return %a")
+    assert "stash holds one" in (chain_problem(members_of(twice)) or "")
+    after_reduce = """
+    func.func @f(%x: tensor<8x4xf32>) -> tensor<8xf32> {
+      %r = ve.reduce_max %x along 1 : tensor<8x4xf32> -> tensor<8xf32>
+      %d = ve.div %r, %r : tensor<8xf32>
+      %m = ve.max %d, %r : tensor<8xf32>
+      func.return %m : tensor<8xf32>
+    }"""
+    assert "stash holds one" in (chain_problem(members_of(after_reduce)) or "")  # IntraSliceReduce cannot stash
+
+
 @pytest.mark.parametrize("op", ["ve.broadcast", "ve.scan"])
 def test_ops_that_never_join_a_chain(op: str) -> None:
     assert op in NOT_IN_A_CHAIN
@@ -211,6 +233,27 @@ def test_the_pass_fuses_in_nested_blocks() -> None:
     (chain,) = chains(module)
     assert chain.parent_block() is loop_body
     assert [m.name for m in chain.members] == ["ve.sigmoid", "ve.mul", "ve.narrow"]
+
+
+def test_a_stashed_intermediate_takes_no_sram() -> None:
+    text = f"""
+    func.func @f(%x: tensor<{N}xbf16>) -> tensor<{N}xbf16> {{
+      %y = ve.widen %x : tensor<{N}xbf16> -> tensor<{N}xf32>
+      %s = ve.sigmoid %y : tensor<{N}xf32>
+      %m = ve.mul %y, %s : tensor<{N}xf32>
+      %h = ve.narrow %m : tensor<{N}xf32> -> tensor<{N}xbf16>
+      func.return %h : tensor<{N}xbf16>
+    }}"""
+    module = fused(parse(text))
+    (chain,) = chains(module)
+    assert [m.name for m in chain.members] == ["ve.widen", "ve.sigmoid", "ve.mul", "ve.narrow"]
+    x = np.linspace(-3, 3, N, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    result = simulate(module, "f", [x])
+    (rec,) = result.report.ops
+    assert rec.cycles == OVERHEAD + 4 * LATENCY + 20
+    assert rec.bytes == 2 * N + 2 * N  # the bf16 input once, the bf16 result
+    want = run_function(parse(text), "f", [x])
+    np.testing.assert_array_equal(result.outputs[0].view(np.uint16), want[0].view(np.uint16))
 
 
 def test_the_pass_is_idempotent() -> None:

@@ -3,10 +3,10 @@
 // RUN: tcpc-opt %s -p fuse-ve-chains --print-op-generic | tcpc-opt | filecheck %s
 // RUN: tcpc-opt %s -p fuse-ve-chains,fuse-ve-chains | filecheck %s
 
-// SwiGLU's gate: sigmoid (Float, FpFpu), a multiply (Float, FpMul0) and the cast to bf16 (the
-// Cast Engine after the chain) run as one invocation. The chain reads the two tensors from
-// outside (%y twice: as the stream and as the multiply's operand) and yields the bf16 result;
-// the widen stays outside because its result has two users.
+// SwiGLU's gate: the widen (the fetch-side cast), sigmoid (Float, FpFpu), a multiply (Float,
+// FpMul0) and the cast to bf16 (the Cast Engine after the chain) run as one invocation. The
+// multiply reads the widened %y a second time from the stash (taken as the stream enters the
+// Tag stage), so %y never reaches SRAM: the chain reads only the bf16 input.
 func.func @silu(%y_bf16: tensor<64xbf16>) -> tensor<64xbf16> {
   %y = ve.widen %y_bf16 : tensor<64xbf16> -> tensor<64xf32>
   %s = ve.sigmoid %y : tensor<64xf32>
@@ -16,14 +16,31 @@ func.func @silu(%y_bf16: tensor<64xbf16>) -> tensor<64xbf16> {
 }
 
 // CHECK-LABEL: func.func @silu
-// CHECK-NEXT:  %y = ve.widen %y_bf16
-// CHECK-NEXT:  %h = ve.chain (%[[Y:.*]] = %y) : (tensor<64xf32>) -> tensor<64xbf16> {
-// CHECK-NEXT:    %s = ve.sigmoid %[[Y]] : tensor<64xf32>
-// CHECK-NEXT:    %m = ve.mul %[[Y]], %s : tensor<64xf32>
+// CHECK-NEXT:  %h = ve.chain (%[[X:.*]] = %y_bf16) : (tensor<64xbf16>) -> tensor<64xbf16> {
+// CHECK-NEXT:    %y = ve.widen %[[X]] : tensor<64xbf16> -> tensor<64xf32>
+// CHECK-NEXT:    %s = ve.sigmoid %y : tensor<64xf32>
+// CHECK-NEXT:    %m = ve.mul %y, %s : tensor<64xf32>
 // CHECK-NEXT:    %[[H:.*]] = ve.narrow %m : tensor<64xf32> -> tensor<64xbf16>
 // CHECK-NEXT:    ve.yield %[[H]] : tensor<64xbf16>
 // CHECK-NEXT:  }
 // CHECK-NEXT:  func.return %h : tensor<64xbf16>
+
+// The stash holds one value, read once: a second read of %y ends the chain before it.
+func.func @stash_once(%y_bf16: tensor<64xbf16>) -> tensor<64xf32> {
+  %y = ve.widen %y_bf16 : tensor<64xbf16> -> tensor<64xf32>
+  %s = ve.sigmoid %y : tensor<64xf32>
+  %m = ve.mul %y, %s : tensor<64xf32>
+  %a = ve.add %m, %y : tensor<64xf32>
+  func.return %a : tensor<64xf32>
+}
+
+// CHECK-LABEL: func.func @stash_once
+// CHECK-NEXT:  %y = ve.widen %y_bf16
+// CHECK-NEXT:  %a = ve.chain (%[[Y:.*]] = %y)
+// CHECK-NEXT:    %s = ve.sigmoid %[[Y]]
+// CHECK-NEXT:    %m = ve.mul %[[Y]], %s
+// CHECK-NEXT:    %[[A:.*]] = ve.add %m, %[[Y]]
+// CHECK-NEXT:    ve.yield %[[A]]
 
 // Constants ride in the members' immediate slots: they are copied into the chain, and an
 // outer one nobody else reads is dropped. The phase goes with the chain.
