@@ -9,10 +9,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from xdsl.dialects import scf
-from xdsl.dialects.arith import ConstantOp
-from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp
-from xdsl.ir import Block, Region
+from xdsl.dialects import arith, scf
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import VerifyException
 
@@ -213,25 +211,25 @@ def test_the_pass_groups_a_run_into_one_chain() -> None:
 
 def test_the_pass_fuses_in_nested_blocks() -> None:
     # A loop body (scf.for, as the schedule level builds them) is a block like any other.
-    module = parse(SILU)
-    fn = next(iter(module.ops))
-    body = fn.body.block
-    ops = [op for op in body.ops if op.name.startswith("ve.")]
-    lb, ub, step = (ConstantOp(IntegerAttr(v, IndexType())) for v in (0, 2, 1))
-    loop_body = Block(arg_types=[IndexType()])
-    loop = scf.ForOp(lb.result, ub.result, step.result, [], Region(loop_body))
-    for op in (lb, ub, step, loop):
-        body.insert_op_before(op, body.first_op)
-    for op in ops:
-        op.detach()
-        loop_body.add_op(op)
-    loop_body.add_op(scf.YieldOp())
-    ret = body.last_op
-    ret.operands = [fn.body.block.args[0]]  # the loop's values stay inside it
-    # (the function returns its argument; the loop body still computes the chain)
-    FuseVeChainsPass().apply(make_context(), module)
+    ctx = make_context()
+    ctx.load_dialect(arith.Arith)
+    ctx.load_dialect(scf.Scf)
+    module = Parser(ctx, """
+    func.func @f(%y: tensor<64xf32>) -> tensor<64xf32> {
+      %lb = arith.constant 0 : index
+      %ub = arith.constant 2 : index
+      %step = arith.constant 1 : index
+      scf.for %i = %lb to %ub step %step {
+        %s = ve.sigmoid %y : tensor<64xf32>
+        %m = ve.mul %y, %s : tensor<64xf32>
+        %h = ve.narrow %m : tensor<64xf32> -> tensor<64xbf16>
+      }
+      func.return %y : tensor<64xf32>
+    }""").parse_module()
+    FuseVeChainsPass().apply(ctx, module)
+    module.verify()
     (chain,) = chains(module)
-    assert chain.parent_block() is loop_body
+    assert isinstance(chain.parent_op(), scf.ForOp)
     assert [m.name for m in chain.members] == ["ve.sigmoid", "ve.mul", "ve.narrow"]
 
 
