@@ -31,7 +31,7 @@ from runtime_sim.perf.machine import default_machine
 from runtime_sim.perf.simulate import simulate
 from runtime_sim.semantics.executor import run_function
 from tcpc.pipelines import (
-    LOWERED_PIPELINE,
+    FULL_PIPELINE,
     apply_pipeline,
     make_context,
     parse_pipeline,
@@ -263,8 +263,8 @@ def test_the_pass_is_idempotent() -> None:
 def test_fusing_never_changes_a_value(path: Path) -> None:
     """The IR before and after the pass, on the same inputs: bit-identical outputs."""
     program = tcpc.compile_file(path)
-    assert LOWERED_PIPELINE[-1] == "fuse-ve-chains"
-    before = program.lower(",".join(LOWERED_PIPELINE[:-1]))
+    assert FULL_PIPELINE[-1] == "fuse-ve-chains"
+    before = program.lower(",".join(FULL_PIPELINE[:-1]))
     after = fused(before)
     assert chains(after), "every example has runs that fuse"
     name = program.graph_names[0]

@@ -17,8 +17,7 @@ LOWERED_DIALECTS = {"func", "tcp", "ve", "builtin"}
 
 
 def test_the_default_pipeline_is_the_full_lowering() -> None:
-    assert LOWERED_PIPELINE == ("lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments",
-                                "fuse-ve-chains")
+    assert LOWERED_PIPELINE == ("lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
