@@ -9,7 +9,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from xdsl.dialects import arith, scf
+from xdsl.dialects import scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import VerifyException
@@ -211,9 +211,7 @@ def test_the_pass_groups_a_run_into_one_chain() -> None:
 
 def test_the_pass_fuses_in_nested_blocks() -> None:
     # A loop body (scf.for, as the schedule level builds them) is a block like any other.
-    ctx = make_context()
-    ctx.load_dialect(arith.Arith)
-    ctx.load_dialect(scf.Scf)
+    ctx = make_context()  # tcpc's dialects include scf and arith, which the schedule level uses
     module = Parser(ctx, """
     func.func @f(%y: tensor<64xf32>) -> tensor<64xf32> {
       %lb = arith.constant 0 : index
