@@ -22,8 +22,9 @@ A fused chain (`ve.chain`, one invocation running several ops in the chain's sta
              + reduce_steps + ring + filter_cycles   as above, for the members that have them
   A single op is the chain of one member: the two formulas agree on it.
 
-Cumsum (a time-axis scan; the MoE document's branch-logged add): rows of length n are
-scanned one step per cycle with every lane of every slice on an independent row:
+Cumsum (a time-axis scan; the branch-logged add of the book's MoE chapter,
+docs/hardware.md#vector-engine): rows of length n are scanned one step per cycle with every
+lane of every slice on an independent row:
     cycles = config_overhead + alus_used * alu_latency + n * ceil(rows / (slices * ways))
 
 ve_cost.py turns these cycles into each `ve` op's OpCost (bytes moved: the operands it reads,
