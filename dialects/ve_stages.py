@@ -1,8 +1,8 @@
 """Which stage of the vector-engine chain runs each `ve` op, and which ops may share one
 invocation of the chain: the legality table of `ve.chain` and the `fuse-ve-chains` pass.
 
-Source: the furiosa-opt book, "Intra-Slice Chain" (docs/src/computing-tensors/vector-engine/
-intra-slice-chain.md; summarised in notes/tcp-hardware.md). The chain is a fixed sequence of
+Source: the furiosa-opt book, "Intra-Slice Chain" (the public furiosa-ai/furiosa-opt
+repository's book; summarised in docs/hardware.md#vector-engine). The chain is a fixed sequence of
 optional stages; software runs the ones it needs and skips the rest, so one invocation runs
 ops whose stages come in this order. Within a stage, each ALU runs at most once per invocation
 ("Operators sharing the same class cannot fuse into one invocation"); each ALU used adds one
