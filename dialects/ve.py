@@ -20,7 +20,10 @@ with static shapes and no data-dependent control flow:
 - layout and reductions: `broadcast` (tile along a new axis), `reduce_sum`, `reduce_max`,
   `reduce_min` (intra-slice, dropping the axis);
 - `filter`: keep the elements whose tag is in a set, packed densely along an axis into a static
-  size, padded with a 32-bit pattern.
+  size, padded with a 32-bit pattern;
+- `chain` (ended by `yield`): several of the ops above run as one invocation of the chain, in
+  its fixed stage order (dialects/ve_stages.py says which ops may share one; the
+  `fuse-ve-chains` pass forms them).
 
 Tags are `tensor<...xi4>` values holding 0..15 (the simulator stores them as uint8): a distinct
 element type, so a verifier can tell a tag stream from data, and four bits as on the chip.
@@ -51,7 +54,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Attribute, Dialect, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, Region, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     VarConstraint,
@@ -61,12 +64,14 @@ from xdsl.irdl import (
     operand_def,
     opt_prop_def,
     prop_def,
+    region_def,
     result_def,
     traits_def,
+    var_operand_def,
 )
-from xdsl.parser import Parser
+from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
-from xdsl.traits import Pure
+from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.str_enum import StrEnum
 
 from dialects.tensor_types import expect, format_type, shape_of
@@ -752,6 +757,109 @@ class FilterOp(IRDLOperation):
         expect(r[axis] >= 1, "ve.filter needs an output size of at least 1")
 
 
+# --------------------------------------------------------------------------------------------
+# Chains
+
+
+@irdl_op_definition
+class ChainOp(IRDLOperation):
+    """Several `ve` ops run as ONE invocation of the vector-engine chain: the data streams
+    through their stages once, in the chain's fixed order, and only the last op's result leaves
+    the chain (intermediates never reach SRAM). The body's block arguments are the tensors the
+    chain reads (`inputs`); constants live in the body (immediate slots); `ve.yield` gives the
+    result. Which ops may share an invocation is dialects/ve_stages.py's `chain_problem`.
+
+        %h = ve.chain (%a = %x, %b = %y) : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xbf16> {
+          %0 = ve.mul %a, %b : tensor<8xf32>
+          %1 = ve.narrow %0 : tensor<8xf32> -> tensor<8xbf16>
+          ve.yield %1 : tensor<8xbf16>
+        }
+    """
+
+    name = "ve.chain"
+    inputs = var_operand_def(TensorType)
+    result = result_def(TensorType)
+    body = region_def("single_block")
+    traits = traits_def(Pure(), IsolatedFromAbove())
+
+    def __init__(self, inputs: Sequence[SSAValue], result_type: Attribute, body: Region):
+        super().__init__(operands=[inputs], result_types=[result_type], regions=[body])
+
+    @property
+    def members(self) -> list[Operation]:
+        """The ops that run on a stage (or reinterpret): everything but constants and the yield."""
+        return [op for op in self.body.block.ops if not isinstance(op, (ConstOp, YieldOp))]
+
+    def verify_(self) -> None:
+        from dialects.ve_stages import chain_problem  # the stage table imports this module
+
+        block = self.body.block
+        expect(tuple(a.type for a in block.args) == tuple(v.type for v in self.inputs),
+               "ve.chain's block arguments must have the types of its inputs")
+        last = block.last_op
+        expect(isinstance(last, YieldOp), "ve.chain's body must end with ve.yield")
+        assert isinstance(last, YieldOp)
+        expect(last.value.type == self.result.type,
+               f"ve.chain yields {format_type(last.value.type)} but gives {format_type(self.result.type)}")
+        members = self.members
+        expect(len(members) >= 1 and last.value.owner is members[-1], "ve.chain yields its last op's result")
+        problem = chain_problem(members)
+        expect(problem is None, f"ve.chain cannot run as one invocation: {problem}")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" (")
+        printer.print_list(zip(self.body.block.args, self.inputs, strict=True),
+                           lambda pair: self._print_input(printer, *pair))
+        printer.print_string(") : (")
+        printer.print_list((v.type for v in self.inputs), printer.print_attribute)
+        printer.print_string(") -> ")
+        printer.print_attribute(self.result.type)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+        printer.print_op_attributes(self.attributes)
+
+    @staticmethod
+    def _print_input(printer: Printer, arg: SSAValue, value: SSAValue) -> None:
+        printer.print_ssa_value(arg)
+        printer.print_string(" = ")
+        printer.print_ssa_value(value)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ChainOp:
+        def assignment() -> tuple[Parser.UnresolvedArgument, UnresolvedOperand]:
+            arg = parser.parse_argument(expect_type=False)
+            parser.parse_punctuation("=")
+            return arg, parser.parse_unresolved_operand()
+
+        pairs = parser.parse_comma_separated_list(parser.Delimiter.PAREN, assignment)
+        parser.parse_punctuation(":")
+        pos = parser.pos
+        types = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
+        if len(types) != len(pairs):
+            parser.raise_error(f"ve.chain has {len(pairs)} inputs but {len(types)} types", pos, parser.pos)
+        parser.parse_punctuation("->")
+        result_type = parser.parse_type()
+        inputs = [parser.resolve_operand(operand, t) for (_, operand), t in zip(pairs, types)]
+        body = parser.parse_region([arg.resolve(t) for (arg, _), t in zip(pairs, types)])
+        attrs = parser.parse_optional_attr_dict()
+        op = cls(inputs, result_type, body)
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """The result of a `ve.chain`: what its last op leaves the chain with."""
+
+    name = "ve.yield"
+    value = operand_def(TensorType)
+    traits = traits_def(IsTerminator(), HasParent(ChainOp))
+    assembly_format = "$value `:` type($value) attr-dict"
+
+    def __init__(self, value: SSAValue):
+        super().__init__(operands=[value])
+
+
 VE = Dialect(
     "ve",
     [
@@ -788,6 +896,8 @@ VE = Dialect(
         ReduceMaxOp,
         ReduceMinOp,
         FilterOp,
+        ChainOp,
+        YieldOp,
     ],
     [PredicateAttr, ScanKindAttr],
 )

@@ -43,6 +43,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
     "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
     "schedule-tokens": _lazy("passes.schedule_tokens", "ScheduleTokensPass"),
+    "fuse-ve-chains": _lazy("passes.fuse_ve_chains", "FuseVeChainsPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 
@@ -52,10 +53,11 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 """The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops, each
 working on whole tensors."""
 
-SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-experts", "schedule-tokens")
+SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-experts", "schedule-tokens", "fuse-ve-chains")
 """The schedule level, after the lowering: static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs: README, "The schedule
-level")."""
+level"); then consecutive vector-engine ops, in every block, fused into one chain invocation
+each (README, "fuse-ve-chains")."""
 
 FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
 """What `tcpc run` simulates and `--emit scheduled` prints."""

@@ -77,6 +77,7 @@ CostFn = Callable[[Operation, tuple[Any, ...], tuple[Any, ...], Machine], OpCost
 _COSTS: dict[str, CostFn] = {}
 _VIEWS: set[str] = set()
 _UNBUFFERED: set[str] = set()
+_FUSED: set[str] = set()
 _DATA_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
 _ORDER_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
 _ALIASES: dict[str, int] = {}
@@ -137,6 +138,17 @@ def register_unbuffered(*ops: type[Operation] | str) -> None:
         name = _op_name(op)
         _UNBUFFERED.add(name)
         _COSTS[name] = free_cost
+
+
+def register_fused(*ops: type[Operation] | str) -> None:
+    """Ops costed as ONE command together with everything in their regions (a `ve.chain`):
+    the simulator costs the op and records nothing for the ops it runs inside."""
+    for op in ops:
+        _FUSED.add(_op_name(op))
+
+
+def is_fused(op: Operation) -> bool:
+    return op.name in _FUSED
 
 
 def register_data_operands(op: type[Operation] | str, operands: Callable[[Operation], tuple[SSAValue, ...]]) -> None:

@@ -47,6 +47,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 from xdsl.ir import Attribute, Dialect, Operation
+from xdsl.traits import IsTerminator
 
 from dialects.annotations import routing_arguments
 from dialects.moe import MoE
@@ -177,9 +178,11 @@ class ShapeOnlyFunctions(InterpreterFunctions):
 
 def shape_only_functions(semantics: Interpreter) -> ShapeOnlyFunctions:
     """`ShapeOnlyFunctions` with `run_symbolic` registered for every op of the symbolic
-    dialects: one implementation for all of them, so it is registered in a loop."""
+    dialects: one implementation for all of them, so it is registered in a loop. An op with a
+    region (`ve.chain`) is one symbolic op too: its body runs only inside a thunk, on the
+    semantics, when a value of it is needed; its terminator (`ve.yield`) never runs here."""
     methods = {f"run_{op.name.replace('.', '_')}": impl(op)(ShapeOnlyFunctions.run_symbolic)
-               for dialect in SYMBOLIC_DIALECTS for op in dialect.operations}
+               for dialect in SYMBOLIC_DIALECTS for op in dialect.operations if not op.has_trait(IsTerminator)}
     return register_impls(type("ShapeOnlyDialectFunctions", (ShapeOnlyFunctions,), methods))(semantics)
 
 

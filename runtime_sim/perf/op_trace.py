@@ -17,6 +17,7 @@ from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, SSAValue
 from xdsl.traits import SymbolTable
 
+from dialects import ve
 from dialects.annotations import OTHER, phase_of
 from runtime_sim.perf.cost_model import (
     UNTRACED,
@@ -25,6 +26,7 @@ from runtime_sim.perf.cost_model import (
     check_cost,
     cost_function,
     in_hbm,
+    is_fused,
     is_unbuffered,
     not_costed,
     order_operands,
@@ -66,8 +68,13 @@ class _Value:
 
 
 def op_label(op: Operation) -> str:
+    """`%y = ve.mul`; a chain names its members: `%h = ve.chain[3](sigmoid,mul,narrow)`."""
+    name = op.name
+    if isinstance(op, ve.ChainOp):
+        members = op.members
+        name = f"{op.name}[{len(members)}]({','.join(m.name.removeprefix('ve.') for m in members)})"
     names = [f"%{r.name_hint}" for r in op.results if r.name_hint]
-    return f"{', '.join(names)} = {op.name}" if names else op.name
+    return f"{', '.join(names)} = {name}" if names else name
 
 
 class TraceRecorder(Interpreter.Listener):
@@ -82,11 +89,17 @@ class TraceRecorder(Interpreter.Listener):
         self._loop_results: dict[scf.ForOp, list[_Value]] = {}
         self._args: list[tuple[Any, ...]] = []
         self._returned: list[_Value] = []
+        self._fused: Operation | None = None
+        """The fused op running now (a `ve.chain`): the ops inside it are its cost, not traced."""
 
     def _value(self, v: SSAValue) -> _Value:
         return self._values.get(v, _Value(None, None))  # entry arguments: in HBM, ready at 0
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        if self._fused is not None:
+            return
+        if is_fused(op):
+            self._fused = op
         self._args.append(args)
         if isinstance(op, func.CallOp):
             callee = SymbolTable.lookup_symbol(op, op.callee)
@@ -110,6 +123,10 @@ class TraceRecorder(Interpreter.Listener):
                 self.trace.outputs.update(v.buffer for v in self._returned if v.buffer is not None)
 
     def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
+        if self._fused is not None:
+            if op is not self._fused:
+                return
+            self._fused = None
         args = self._args.pop()
         if op.name in UNTRACED:
             if isinstance(op, func.CallOp):

@@ -4,10 +4,12 @@ The formulas are vector_cost.py's; this module decides, per op, the stage, its r
 (`int`: 8 elements per cycle per slice; `float`: 4) and the shape of the work. Sources: the
 furiosa-opt book, "Intra-Slice Chain" (stage table with each stage's way, the ALU classes of
 the Logic, Fxp, Float and Clip clusters, Reinterpret, operand sources), "Intra-Slice Reduce",
-"Cast Engine", "Fetch Engine"; summarised in docs/hardware.md#vector-engine. Every op is one
-chain invocation of its own (configuration overhead + one stage of latency + the stream): the
-lowering does not fuse ops into one invocation yet, so chains of elementwise ops are charged
-pessimistically.
+"Cast Engine", "Fetch Engine"; summarised in docs/hardware.md#vector-engine. An op on its own
+is costed as one chain invocation of its own (configuration overhead + one stage of latency +
+the stream); ops that the `fuse-ve-chains` pass grouped into a `ve.chain` (legal by the stage
+table of dialects/ve_stages.py) are costed together as ONE invocation (`chain_cost`): the
+overhead once, each member's stage latency, one pass at the slowest member's rate, and only the
+chain's inputs and result as SRAM traffic.
 
 | op | stage (ALU) | rate | cost |
 |---|---|---|---|
@@ -30,6 +32,8 @@ pessimistically.
 | `iota`, `position_tag` | static tables placed in DM by the loader | free | no cycles, no SRAM counted: one line of n values, fetched with zero strides along the other axes |
 | `bitcast` | Reinterpret: no instruction, no ALU | free | a view of its input |
 | `broadcast` | the consumer's fetch sequencer (a stride-0 axis) or VRF operand indexer ("an axis the stream has and the operand does not is a broadcast") | free | a view of its input; the consumer streams the full broadcast shape |
+| `chain` | its members' stages (dialects/ve_stages.py), one invocation | slowest member | overhead once + every member's latency + one pass of the data (vector_cost.py) |
+| `yield` | the end of a chain | free | no instruction |
 
 Decisions behind the table:
 - *const is free.* The book gives each pass three immediate registers; a `ve.const` is a
@@ -60,29 +64,29 @@ them, for any `ve` or `tcp` op left without a cost.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from xdsl.dialects.builtin import Float32Type, TensorType
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from dialects import ve
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import (
     TENSOR,
-    CostFn,
     OpCost,
+    free_cost,
     register_cost,
+    register_fused,
     register_unbuffered,
     register_view,
 )
 from runtime_sim.perf.machine import Machine
-from runtime_sim.perf.vector_cost import AluClass, scan_cycles, vector_chain_cycles
+from runtime_sim.perf.vector_cost import AluClass, ChainStage, chain_invocation_cycles, scan_cycles
 
 Rate = Literal["int", "float", "by type"]
 """`int`: 8-way; `float`: 4-way; `by type`: 8-way on i32, 4-way on f32."""
-Kind = Literal["stream", "reduce", "scan", "filter", "slot", "table", "view"]
+Kind = Literal["stream", "reduce", "scan", "filter", "slot", "table", "view", "chain", "end"]
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ VE_COSTS: dict[str, VeCost] = {
     "ve.position_tag": VeCost("static branch log in DM", "int", "table"),
     "ve.bitcast": VeCost("Reinterpret (no instruction)", "int", "view"),
     "ve.broadcast": VeCost("fetch sequencer / VRF indexer broadcast", "int", "view"),
+    "ve.chain": VeCost("its members' stages, one invocation", "int", "chain"),
+    "ve.yield": VeCost("the chain's output (no instruction)", "int", "end"),
 }
 """Op name -> how it is costed (the module docstring's table)."""
 
@@ -196,58 +202,68 @@ def _written_bytes(results: tuple[Any, ...]) -> int:
     return sum(int(getattr(v, "nbytes", 0)) for v in results)
 
 
-def _stream_cost(spec: VeCost) -> CostFn:
-    def cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
-        n = _size(op.results[0])
-        cycles, bound = vector_chain_cycles(machine, n, alu=_rate(spec, op), alus_used=1)
-        return OpCost(TENSOR, cycles, bytes_moved=_read_bytes(op, operands) + _written_bytes(results),
-                      flops=_flops(spec, op, n), bound=bound)
-
-    return cost
-
-
-def _reduce_cost(spec: VeCost) -> CostFn:
-    def cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+def chain_stage(op: Operation) -> ChainStage:
+    """The work `op` does in a chain invocation (alone, or as a member of a `ve.chain`): a
+    stream, a reduction or the Filter stage; a reinterpret (bitcast) does none."""
+    spec = ve_cost_of(type(op))
+    assert spec is not None and spec.kind in _CHAIN_KINDS, f"{op.name} does not run on a chain stage"
+    if spec.kind == "view":
+        return ChainStage(0, "int", alus_used=0)
+    if spec.kind == "reduce":
         shape = shape_of(op.operands[0].type)
-        axis = op.axis.value.data  # type: ignore[attr-defined]
-        n = math.prod(shape)
-        out = _size(op.results[0])
-        cycles, bound = vector_chain_cycles(machine, n, alu="float", alus_used=1, reduce_steps=shape[axis])
-        return OpCost(TENSOR, cycles, bytes_moved=_read_bytes(op, operands) + _written_bytes(results),
-                      flops=_flops(spec, op, n - out), bound=bound)
-
-    return cost
+        return ChainStage(math.prod(shape), "float", reduce_steps=shape[op.axis.value.data])  # type: ignore[attr-defined]
+    if spec.kind == "filter":
+        return ChainStage(_size(op.operands[0]), "int", filter_stage=True)
+    return ChainStage(_size(op.results[0]), _rate(spec, op))
 
 
-def _scan_cost(spec: VeCost) -> CostFn:
-    def cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
-        shape = shape_of(op.operands[0].type)
-        axis = op.axis.value.data  # type: ignore[attr-defined]
-        n = math.prod(shape)
-        steps = shape[axis]
-        rows = n // steps if steps else 0
-        cycles, bound = scan_cycles(machine, rows, steps, alu="int", alus_used=1)
-        return OpCost(TENSOR, cycles, bytes_moved=_read_bytes(op, operands) + _written_bytes(results),
-                      flops=_flops(spec, op, n), bound=bound)
-
-    return cost
+def op_flops(op: Operation) -> int:
+    """The float operations of one chain-stage op: one per element it computes (a reduction:
+    one per element it folds in)."""
+    spec = ve_cost_of(type(op))
+    assert spec is not None
+    if spec.kind == "reduce":
+        return _flops(spec, op, _size(op.operands[0]) - _size(op.results[0]))
+    return _flops(spec, op, _size(op.results[0])) if spec.kind == "stream" else 0
 
 
-def _filter_cost(spec: VeCost) -> CostFn:
-    def cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
-        n = _size(op.operands[0])
-        cycles, bound = vector_chain_cycles(machine, n, alu="int", alus_used=1, filter_stage=True)
-        return OpCost(TENSOR, cycles, bytes_moved=_read_bytes(op, operands) + _written_bytes(results), bound=bound)
-
-    return cost
+def _chain_stage_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    """A single op: one chain invocation of one stage."""
+    cycles, bound = chain_invocation_cycles(machine, [chain_stage(op)])
+    return OpCost(TENSOR, cycles, bytes_moved=_read_bytes(op, operands) + _written_bytes(results),
+                  flops=op_flops(op), bound=bound)
 
 
-_BUILDERS: dict[str, Callable[[VeCost], CostFn]] = {
-    "stream": _stream_cost,
-    "reduce": _reduce_cost,
-    "scan": _scan_cost,
-    "filter": _filter_cost,
-}
+def _scan_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    spec = VE_COSTS["ve.scan"]
+    shape = shape_of(op.operands[0].type)
+    axis = op.axis.value.data  # type: ignore[attr-defined]
+    n = math.prod(shape)
+    steps = shape[axis]
+    rows = n // steps if steps else 0
+    cycles, bound = scan_cycles(machine, rows, steps, alu="int", alus_used=1)
+    return OpCost(TENSOR, cycles, bytes_moved=_read_bytes(op, operands) + _written_bytes(results),
+                  flops=_flops(spec, op, n), bound=bound)
+
+
+def chain_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    """A `ve.chain`: ONE invocation for all its members (vector_cost.chain_invocation_cycles:
+    the overhead once, every member's ALU latency, one pass at the slowest member's rate).
+    Bytes: what the chain reads from SRAM (every read a member makes of a chain input, as the
+    unfused op would count it; constants ride in immediate slots) and the result it writes;
+    intermediates stay in the chain."""
+    assert isinstance(op, ve.ChainOp)
+    members = op.members
+    cycles, bound = chain_invocation_cycles(machine, [chain_stage(m) for m in members])
+    args = op.body.block.args
+    read = sum(int(getattr(operands[v.index], "nbytes", 0))
+               for m in members for v in m.operands if isinstance(v, BlockArgument) and v in args)
+    return OpCost(TENSOR, cycles, bytes_moved=read + _written_bytes(results),
+                  flops=sum(op_flops(m) for m in members), bound=bound)
+
+
+_CHAIN_KINDS = ("stream", "reduce", "filter", "view")
+"""Kinds of work that run on a chain stage (a view only as a member: a reinterpret)."""
 
 
 def register_ve_op(op_class: type[Operation]) -> bool:
@@ -260,8 +276,15 @@ def register_ve_op(op_class: type[Operation]) -> bool:
         register_unbuffered(op_class)
     elif spec.kind == "view":
         register_view(op_class)
+    elif spec.kind == "scan":
+        register_cost(op_class)(_scan_cost)
+    elif spec.kind == "chain":
+        register_cost(op_class)(chain_cost)
+        register_fused(op_class)
+    elif spec.kind == "end":
+        register_cost(op_class)(free_cost)
     else:
-        register_cost(op_class)(_BUILDERS[spec.kind](spec))
+        register_cost(op_class)(_chain_stage_cost)
     return True
 
 

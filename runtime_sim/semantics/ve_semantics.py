@@ -10,7 +10,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.interpreter import (
+    Interpreter,
+    InterpreterFunctions,
+    ReturnedValues,
+    TerminatorValue,
+    impl,
+    impl_terminator,
+    register_impls,
+)
 
 from dialects import tensor_types, tmath, ve
 from runtime_sim.semantics.numerics import (
@@ -230,6 +238,16 @@ class VEFunctions(InterpreterFunctions):
         size = tensor_types.shape_of(op.result.type)[op.axis.value.data]
         return _out(op, filter_compact(x, tags, set(op.keep.get_values()), op.axis.value.data,
                                        size, op.pad.value.data))
+
+    @impl(ve.ChainOp)
+    def run_chain(self, interpreter: Interpreter, op: ve.ChainOp, args: tuple[Any, ...]):
+        """The members in order on the chain's inputs: fusing changes the cost, never a value."""
+        return interpreter.run_ssacfg_region(op.body, args, "ve.chain")
+
+    @impl_terminator(ve.YieldOp)
+    def run_yield(self, interpreter: Interpreter, op: ve.YieldOp,
+                  args: tuple[Any, ...]) -> tuple[TerminatorValue, tuple[Any, ...]]:
+        return ReturnedValues(args), ()
 
     # One implementation serves each family, registered under each op of it (the tables above
     # give each op's numpy function).
