@@ -20,6 +20,7 @@ from runtime_sim.perf.machine import MachineError
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
+from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
@@ -87,6 +88,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"cost-only routing: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
+    r.add_argument("--weights", default=None, metavar="PATH",
+                   help="real weights: a .safetensors file, a directory of shards with model.safetensors.index.json, "
+                        "or a snapshot directory with config.json (dims come from it)")
+    r.add_argument("--layer", type=int, default=None, metavar="N", help="--weights: which layer's MoE block to read")
     return parser
 
 
@@ -159,8 +164,10 @@ def check_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"{name(flag)} needs a simulation; --reference runs the IR without one")
         if args.sram_policy != "spill":
             raise UsageError("--sram-policy needs a simulation; --reference runs the IR without one")
+    if (args.weights is None) != (args.layer is None):
+        raise UsageError("--weights and --layer go together: --weights PATH --layer N")
     if args.cost_only:
-        for flag in ("inputs", "out", "check"):
+        for flag in ("inputs", "out", "check", "weights"):
             if given(flag):
                 raise UsageError(f"{name(flag)} does not apply to --cost-only, which computes no values")
     elif args.routing is not None:
@@ -203,12 +210,26 @@ def write_json(path: str, data: object) -> None:
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
+def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray]) -> Program:
+    """The program with a checkpoint's dims, its layer's weights added to `given`."""
+    from tcpc.checkpoints import compile_with_weights as load, open_checkpoint
+
+    checkpoint = open_checkpoint(args.weights)
+    layer = load(args.file, checkpoint, args.layer, parse_set(args.set), args.graph)
+    both = sorted(set(given) & set(layer.weights))
+    if both:
+        raise UsageError(f"argument '{both[0]}' is given by both --inputs and --weights")
+    given.update(layer.weights)
+    print(layer.describe(checkpoint, args.layer))
+    return layer.program
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     check_flags(args)
     if Path(args.file).suffix == ".mlir" and args.set:
         raise UsageError("--set applies to .moe programs, not to .mlir IR")
-    program: Program = compile_file(args.file, parse_set(args.set))
     given = load_npz(args.inputs) if args.inputs else {}
+    program = compile_with_weights(args, given) if args.weights else compile_file(args.file, parse_set(args.set))
     fn = program.function(args.graph)
     name = fn.sym_name.data
     # The IR after a partial pipeline may still hold graph-level ops, which have no cost: it
@@ -295,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         print(e.render(args.file, source), file=sys.stderr)
         return 1
-    except (UsageError, InputError, MachineError, RoutingError) as e:
+    except (UsageError, InputError, MachineError, RoutingError, CheckpointError) as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
         return 1
     except InterpretationError as e:
