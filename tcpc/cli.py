@@ -21,6 +21,7 @@ from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.checkpoints import CheckpointError
+from tcpc.sweep import SweepError
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
@@ -92,6 +93,18 @@ def make_parser() -> argparse.ArgumentParser:
                    help="real weights: a .safetensors file, a directory of shards with model.safetensors.index.json, "
                         "or a snapshot directory with config.json (dims come from it)")
     r.add_argument("--layer", type=int, default=None, metavar="N", help="--weights: which layer's MoE block to read")
+
+    s = sub.add_parser("sweep", help="cost-only simulations over a grid of programs, dims, machines, routings "
+                                     "and pass options, on Dask (results as Parquet and CSV)")
+    s.add_argument("spec", help="sweep spec (TOML; see examples/sweeps/)")
+    s.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="results directory (default: the spec's `out`, else SPEC-NAME-sweep/ here)")
+    s.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: a LocalCluster)")
+    s.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="LocalCluster worker processes (default: one per core)")
+    s.add_argument("--plot", action="store_true",
+                   help="also draw roofline.png and cycles_vs_PARAM.png for each swept parameter")
     return parser
 
 
@@ -290,6 +303,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tcpc.sweep import load_spec, plot, run_sweep
+
+    spec = load_spec(args.spec)
+    if args.workers is not None and (args.workers < 1 or args.scheduler):
+        raise UsageError("--workers N (N >= 1) sizes the LocalCluster; it does not apply with --scheduler")
+    out = Path(args.out) if args.out else spec.out or Path(f"{Path(args.spec).stem}-sweep")
+    where = f"the Dask scheduler at {args.scheduler}" if args.scheduler else "a LocalCluster"
+    print(f"sweep {args.spec}: {len(spec.points)} point(s) on {where}")
+    outcome = run_sweep(spec, out, scheduler=args.scheduler, workers=args.workers)
+    print(f"  ran {outcome.ran}, skipped {outcome.skipped} already done, {len(outcome.failed)} failed")
+    for row in outcome.failed[:10]:
+        print(f"  failed {row['key']}: {row['error']}")
+    if len(outcome.failed) > 10:
+        print(f"  ... {len(outcome.failed) - 10} more failures in the results' error column")
+    print(f"wrote {out / 'results.parquet'} and {out / 'results.csv'} ({len(outcome.rows)} rows)")
+    if args.plot:
+        for path in plot(outcome.rows, out):
+            print(f"wrote {path}")
+    return 0
+
+
 def simulation_error(e: Exception) -> str | None:
     """The message of a simulator error that is the user's to fix, or None. (Imported here,
     not at the top: the simulator's modules are slow to import and `tcpc compile` needs none.)"""
@@ -307,7 +342,7 @@ def simulation_error(e: Exception) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
-        code = cmd_compile(args) if args.command == "compile" else cmd_run(args)
+        code = {"compile": cmd_compile, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
     except CompileError as e:
         source = ""
         try:
@@ -316,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         print(e.render(args.file, source), file=sys.stderr)
         return 1
-    except (UsageError, InputError, MachineError, RoutingError, CheckpointError) as e:
+    except (UsageError, InputError, MachineError, RoutingError, CheckpointError, SweepError) as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
         return 1
     except InterpretationError as e:
