@@ -203,8 +203,10 @@ def pipeline_for(options: Mapping[str, Any]) -> str | None:
 def machine_file(base: str, overrides: Mapping[str, Any], directory: Path) -> Path | str:
     """A machine file that `extends` the base machine with the overrides (each marked as a
     sweep's assumption, as machine files require), or the base itself without any."""
+    from runtime_sim.perf.machine import MACHINES_DIR
+
     if not overrides:
-        return base
+        return MACHINES_DIR / f"{base}.toml" if (MACHINES_DIR / f"{base}.toml").exists() else base
     lines = [f"extends = {json.dumps(base)}", f"name = {json.dumps(Path(base).stem + ' (swept)')}"]
     by_section: dict[str, list[str]] = {}
     for key, value in overrides.items():
@@ -401,7 +403,7 @@ def _client(scheduler: str | None, workers: int | None, processes: bool) -> tupl
         except (OSError, TimeoutError) as e:
             raise SweepError(f"--scheduler {scheduler}: cannot connect ({e})") from None
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=processes,
-                           dashboard_address=None, silence_logs=logging.ERROR)
+                           dashboard_address=":0", silence_logs=logging.ERROR)
     return Client(cluster), cluster
 
 
