@@ -34,6 +34,10 @@ class Source:
     interleaved: bool = False
     """The parts alternate along `parts_axis` (gpt-oss: gate, up, gate, up, ...) instead of
     being two halves (the gate half first)."""
+    mxfp4: bool = False
+    """Stored as MXFP4 (gpt-oss's released checkpoints): `{tensor}_blocks`, uint8 [..., N / 32, 16]
+    holding two e2m1 values a byte (low nibble first), and `{tensor}_scales`, uint8 e8m0 [..., N / 32],
+    one power of two per 32 values along the last stored axis (N); dequantized exactly to bf16."""
     scale: str | None = None
     """fp8 slot: the block-scale tensor stored beside an f8e4m3 weight (`weight_scale_inv`,
     one f32 per 128 x 128 block). Named here so a loader for low-precision weights knows
@@ -178,16 +182,28 @@ DEEPSEEK_V3 = Family(
                   Requirement("n_shared_experts", 1, 1, "the program adds one shared expert")),
 )
 
+_GPT_OSS_ROUTER_AND_BIASES = {
+    "router": linear("router.weight"), "router_bias": Source("router.bias"),
+    "b_gate": fused("experts.gate_up_proj_bias", 0, -1, interleaved=True),
+    "b_up": fused("experts.gate_up_proj_bias", 1, -1, interleaved=True),
+    "b_down": Source("experts.down_proj_bias"),
+}
+
 GPT_OSS = Family(
     name="gpt_oss", model_types=("gpt_oss",), program="gpt_oss.moe", graph="gpt_oss",
     prefixes=("model.layers.{layer}.mlp",),
-    layouts=(Layout("fused, interleaved gate_up_proj [E, D, 2F]", {
-        "router": linear("router.weight"), "router_bias": Source("router.bias"),
-        "w_gate": fused("experts.gate_up_proj", 0, -1, interleaved=True),
-        "b_gate": fused("experts.gate_up_proj_bias", 0, -1, interleaved=True),
-        "w_up": fused("experts.gate_up_proj", 1, -1, interleaved=True),
-        "b_up": fused("experts.gate_up_proj_bias", 1, -1, interleaved=True),
-        "w_down": Source("experts.down_proj"), "b_down": Source("experts.down_proj_bias")}),),
+    layouts=(Layout("bf16, interleaved gate_up_proj [E, D, 2F]", {
+                 **_GPT_OSS_ROUTER_AND_BIASES,
+                 "w_gate": fused("experts.gate_up_proj", 0, -1, interleaved=True),
+                 "w_up": fused("experts.gate_up_proj", 1, -1, interleaved=True),
+                 "w_down": Source("experts.down_proj")}),
+             Layout("MXFP4, transposed: gate_up_proj [E, 2F, D] interleaved, down_proj [E, D, F]", {
+                 **_GPT_OSS_ROUTER_AND_BIASES,
+                 "w_gate": Source("experts.gate_up_proj", transpose=True, part=0, parts_axis=1, interleaved=True,
+                                  mxfp4=True),
+                 "w_up": Source("experts.gate_up_proj", transpose=True, part=1, parts_axis=1, interleaved=True,
+                                mxfp4=True),
+                 "w_down": Source("experts.down_proj", transpose=True, mxfp4=True)})),
     dims={"D": "hidden_size", "F": "intermediate_size", "E": ("num_local_experts", "num_experts"),
           "K": ("num_experts_per_tok", "experts_per_token")},
     requirements=(Requirement("swiglu_limit", 7.0, 7.0, "the program clamps the SwiGLU at 7"),),

@@ -25,6 +25,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 
 from dialects.tensor_types import format_type, shape_of
+from runtime_sim.semantics.numerics import bfloat16
 from tcpc.arrays import InputError, arg_names, to_declared
 from tcpc.checkpoint_families import FAMILIES, Config, Family, Layout, Source
 from tcpc.program import Program, compile_file
@@ -232,6 +233,48 @@ def _names(source: Source, prefix: str, experts: int) -> list[str]:
     return [f"{prefix}.{source.tensor}"]
 
 
+def _stored_names(source: Source, prefix: str, experts: int) -> list[str]:
+    """The tensors the checkpoint must hold for `source` (an MXFP4 weight is two)."""
+    names = _names(source, prefix, experts)
+    return [n + suffix for n in names for suffix in MXFP4_SUFFIXES] if source.mxfp4 else names
+
+
+FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+"""The sixteen e2m1 (fp4) values by code (OCP Microscaling Formats spec v1.0)."""
+MXFP4_SUFFIXES = ("_blocks", "_scales")
+MXFP4_BLOCK = 32
+
+
+def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """MXFP4 to bf16, exactly: blocks [..., G, 16] uint8 (two e2m1 codes a byte, low nibble
+    first), scales [..., G] uint8 e8m0 (2 ** (s - 127)); the result is [..., G * 32]. Dequantized
+    one slice of the first axis at a time, so the f32 temporaries stay one expert's size."""
+    out = np.empty((*blocks.shape[:-2], blocks.shape[-2] * MXFP4_BLOCK), bfloat16)
+    for i in range(blocks.shape[0]):
+        codes = np.stack([blocks[i] & 0x0F, blocks[i] >> 4], axis=-1)  # [..., G, 16, 2]
+        values = FP4_VALUES[codes].reshape(*blocks.shape[1:-1], MXFP4_BLOCK)
+        values = np.ldexp(values, scales[i].astype(np.int32)[..., None] - 127)
+        out[i] = values.reshape(out.shape[1:]).astype(bfloat16)
+    return out
+
+
+def _read_mxfp4(reader: _Reader, checkpoint: Checkpoint, name: str, want: tuple[int, ...], what: str) -> np.ndarray:
+    """The MXFP4 weight `name` (its _blocks and _scales) dequantized to the stored shape `want`."""
+    if want[-1] % MXFP4_BLOCK:
+        raise CheckpointError(f"{checkpoint.path}: '{name}' is MXFP4, in blocks of {MXFP4_BLOCK} along an axis of "
+                              f"{want[-1]} ({what})")
+    groups = want[-1] // MXFP4_BLOCK
+    arrays = []
+    for suffix, shape in zip(MXFP4_SUFFIXES, ((*want[:-1], groups, MXFP4_BLOCK // 2), (*want[:-1], groups))):
+        file = checkpoint.files[name + suffix]
+        dtype, found = reader.meta(name + suffix, file)
+        if tuple(found) != shape or dtype != "U8":
+            raise CheckpointError(f"{file}: tensor '{name + suffix}' is {dtype} {_shape(found)}, expected U8 "
+                                  f"{_shape(shape)} ({what})")
+        arrays.append(reader.read(name + suffix, file))
+    return dequantize_mxfp4(*arrays)
+
+
 def _transform(value: np.ndarray, source: Source) -> np.ndarray:
     if source.part is not None:
         axis = source.parts_axis % value.ndim
@@ -250,7 +293,7 @@ def _choose(checkpoint: Checkpoint, family: Family, layer: int,
         prefix = template.format(layer=layer)
         for layout in family.layouts:
             wanted = [n for arg, s in layout.arguments.items() if arg in declared
-                      for n in _names(s, prefix, shape_of(declared[arg])[0])]
+                      for n in _stored_names(s, prefix, shape_of(declared[arg])[0])]
             missing = [n for n in wanted if n not in checkpoint.files]
             if not missing:
                 return prefix, layout
@@ -258,13 +301,10 @@ def _choose(checkpoint: Checkpoint, family: Family, layer: int,
                 best = (len(missing), prefix, layout, missing[0])
     assert best is not None
     _, prefix, layout, name = best
-    hint = ""
-    if f"{name}_blocks" in checkpoint.files:
-        hint = f"; it is stored as MXFP4 ({name}_blocks, {name}_scales), which tcpc does not read yet"
     others = [lay.name for lay in family.layouts if lay is not layout]
     alternatives = f"; also tried: {', '.join(others)}" if others else ""
     raise CheckpointError(f"{checkpoint.path}: tensor '{name}' not found (layer {layer} of a {family.name} "
-                          f"checkpoint, layout '{layout.name}'{alternatives}){hint}")
+                          f"checkpoint, layout '{layout.name}'{alternatives})")
 
 
 def load_layer(checkpoint: Checkpoint, family: Family, layer: int, fn: func.FuncOp) -> dict[str, np.ndarray]:
@@ -285,11 +325,15 @@ def load_layer(checkpoint: Checkpoint, family: Family, layer: int, fn: func.Func
             names = _names(source, prefix, shape_of(t)[0])
             scales = _names(Source(source.scale), prefix, shape_of(t)[0]) if source.scale else [None] * len(names)
             for name, scale in zip(names, scales):
+                what = f"argument '{arg}' {format_type(t)} of {family.program}"
+                if source.mxfp4:
+                    parts.append(_transform(_read_mxfp4(reader, checkpoint, name, want, what), source))
+                    continue
                 file = checkpoint.files[name]
                 dtype, shape = reader.meta(name, file)
                 if tuple(shape) != want:
                     raise CheckpointError(f"{file}: tensor '{name}' has shape {_shape(shape)}, expected {_shape(want)} "
-                                          f"(argument '{arg}' {format_type(t)} of {family.program})")
+                                          f"({what})")
                 if dtype.startswith("F8"):
                     fp8_weight(name, file, dtype, scale if scale in checkpoint.files else None)
                 if dtype not in FLOAT_DTYPES:

@@ -19,7 +19,7 @@ from tcpc.cli import main
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 LAYERS = 2
-D, F, E = 16, 8, 4
+D, F, E = 64, 32, 4  # multiples of 32: MXFP4 blocks
 
 
 def bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -122,23 +122,46 @@ def deepseek_v3(rng: np.random.Generator) -> Tiny:
     return Tiny(t, config, expected, {"D": D, "F": F, "FS": F, "E": E, "K": 2, "NG": 2, "TG": 1})
 
 
-def gpt_oss(rng: np.random.Generator) -> Tiny:
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def mxfp4(rng: np.random.Generator, *shape: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random MXFP4 codes for a [..., N] weight: the packed blocks [..., N/32, 16], the e8m0
+    scales [..., N/32], and the values they stand for (built from the codes, not unpacked)."""
+    codes = rng.integers(0, 16, size=shape)
+    scales = rng.integers(120, 130, size=(*shape[:-1], shape[-1] // 32)).astype(np.uint8)
+    sign = np.where(codes >= 8, -1.0, 1.0)
+    values = sign * np.array(E2M1)[codes % 8] * 2.0 ** (np.repeat(scales, 32, axis=-1).astype(np.int64) - 127)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return packed.reshape(*shape[:-1], shape[-1] // 32, 16), scales, values
+
+
+def gpt_oss(rng: np.random.Generator, quantized: bool = False) -> Tiny:
+    """bf16 experts ([E, D, 2F] interleaved), or the released MXFP4 ones ([E, 2F, D] interleaved
+    and [E, D, F], blocks along the input axis)."""
     t: dict[str, np.ndarray] = {}
+    dense: dict[str, np.ndarray] = {}  # the MXFP4 weights' values, in the bf16 layout
     for i in range(LAYERS):
         p = f"model.layers.{i}.mlp"
         t[f"{p}.router.weight"] = bf16(rng, E, D)
         t[f"{p}.router.bias"] = bf16(rng, E)
-        t[f"{p}.experts.gate_up_proj"] = bf16(rng, E, D, 2 * F)
+        if quantized:
+            for name, shape in (("gate_up_proj", (E, 2 * F, D)), ("down_proj", (E, D, F))):
+                t[f"{p}.experts.{name}_blocks"], t[f"{p}.experts.{name}_scales"], values = mxfp4(rng, *shape)
+                dense[f"{p}.experts.{name}"] = values.transpose(0, 2, 1)
+        else:
+            t[f"{p}.experts.gate_up_proj"] = bf16(rng, E, D, 2 * F)
+            t[f"{p}.experts.down_proj"] = bf16(rng, E, F, D)
         t[f"{p}.experts.gate_up_proj_bias"] = bf16(rng, E, 2 * F)
-        t[f"{p}.experts.down_proj"] = bf16(rng, E, F, D)
         t[f"{p}.experts.down_proj_bias"] = bf16(rng, E, D)
 
     def expected(i: int) -> dict[str, np.ndarray]:
         p = f"model.layers.{i}.mlp"
-        gu, gub = t[f"{p}.experts.gate_up_proj"], t[f"{p}.experts.gate_up_proj_bias"]
+        weights = dense if quantized else t
+        gu, gub = weights[f"{p}.experts.gate_up_proj"], t[f"{p}.experts.gate_up_proj_bias"]
         return {"router": t[f"{p}.router.weight"].T, "router_bias": t[f"{p}.router.bias"],
                 "w_gate": gu[..., 0::2], "b_gate": gub[..., 0::2], "w_up": gu[..., 1::2], "b_up": gub[..., 1::2],
-                "w_down": t[f"{p}.experts.down_proj"], "b_down": t[f"{p}.experts.down_proj_bias"]}
+                "w_down": weights[f"{p}.experts.down_proj"], "b_down": t[f"{p}.experts.down_proj_bias"]}
 
     config = {"model_type": "gpt_oss", "hidden_size": D, "intermediate_size": F, "num_local_experts": E,
               "num_experts_per_tok": 2, "num_hidden_layers": LAYERS, "swiglu_limit": 7.0}
@@ -255,7 +278,8 @@ def test_without_config_dims_come_from_the_program(tmp_path: Path, capsys: pytes
     code, _, err = tcpc(capsys, "run", EXAMPLES / "mixtral.moe", "--weights", ckpt, "--layer", 0, "--set", "E=4",
                         "--reference")
     assert code == 1
-    assert "tensor 'model.layers.0.block_sparse_moe.gate.weight' has shape [4, 16], expected [4, 64]" in err
+    assert (f"model.safetensors: tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' has shape [{F}, {D}], "
+            f"expected [128, {D}] (argument 'w_gate' bf16[4, 64, 128] of mixtral.moe)") in err  # F = 128 there
 
 
 def error(capsys: pytest.CaptureFixture[str], ckpt: Path, family: str = "qwen3_moe", layer: int = 0,
@@ -326,13 +350,22 @@ def test_low_precision_checkpoints_say_so(tmp_path: Path, capsys: pytest.Capture
     err = error(capsys, write(tmp_path / "fp8", tiny), "deepseek_v3")
     assert f"tensor '{p}.weight' is F8_E4M3 with block scales '{p}.weight_scale_inv'" in err
     assert "fp8 checkpoints are not supported yet" in err
-    mx = gpt_oss(rng)
-    gu = "model.layers.0.mlp.experts.gate_up_proj"
-    del mx.tensors[gu]
-    mx.tensors[f"{gu}_blocks"] = np.zeros((E, 2 * F, D // 32 or 1, 16), np.uint8)
-    mx.tensors[f"{gu}_scales"] = np.zeros((E, 2 * F, D // 32 or 1), np.uint8)
+    mx = gpt_oss(rng, quantized=True)
+    gu = "model.layers.0.mlp.experts.gate_up_proj_scales"
+    mx.tensors[gu] = mx.tensors[gu].astype(np.int32)
     err = error(capsys, write(tmp_path / "mxfp4", mx), "gpt_oss")
-    assert f"tensor '{gu}' not found" in err and "stored as MXFP4" in err
+    assert f"tensor '{gu}' is I32 [{E}, {2 * F}, {D // 32}], expected U8 [{E}, {2 * F}, {D // 32}]" in err
+
+
+def test_gpt_oss_mxfp4_checkpoint_dequantizes_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = gpt_oss(np.random.default_rng(11), quantized=True)
+    ckpt = write(tmp_path / "ckpt", tiny)
+    loaded = compile_with_weights(EXAMPLES / "gpt_oss.moe", open_checkpoint(ckpt), 1, {})
+    for name, value in tiny.expected(1).items():
+        assert np.array_equal(loaded.weights[name].astype(np.float64), value.astype(np.float64)), name
+    code, out, err = tcpc(capsys, "run", EXAMPLES / "gpt_oss.moe", "--weights", ckpt, "--layer", 0, "--check")
+    assert code == 0, err
+    assert "check: outputs" in out
 
 
 def test_only_the_chosen_layer_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
