@@ -311,7 +311,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("--workers N (N >= 1) sizes the LocalCluster; it does not apply with --scheduler")
     out = Path(args.out) if args.out else spec.out or Path(f"{Path(args.spec).stem}-sweep")
     where = f"the Dask scheduler at {args.scheduler}" if args.scheduler else "a LocalCluster"
-    print(f"sweep {args.spec}: {len(spec.points)} point(s) on {where}")
+    about = f" ({spec.description})" if spec.description else ""
+    print(f"sweep {args.spec}{about}: {len(spec.points)} point(s) on {where}")
     outcome = run_sweep(spec, out, scheduler=args.scheduler, workers=args.workers)
     print(f"  ran {outcome.ran}, skipped {outcome.skipped} already done, {len(outcome.failed)} failed")
     for row in outcome.failed[:10]:

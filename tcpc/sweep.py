@@ -91,23 +91,23 @@ def _pass_key(where: str, key: str) -> str:
     return key
 
 
-def _axes(where: str, table: Mapping[str, Any], base: Path) -> dict[tuple[str, str], list[Any]]:
+def _axes(where: str, table: Mapping[str, Any], base: Path, allowed: set[str]) -> dict[tuple[str, str], list[Any]]:
     """(group, name) -> values for one spec or case table."""
-    unknown = set(table) - (SPEC_KEYS if where == "spec" else CASE_KEYS)
+    unknown = set(table) - allowed
     if unknown:
-        allowed = SPEC_KEYS if where == "spec" else CASE_KEYS
         raise SweepError(f"{where}: unknown key '{sorted(unknown)[0]}' (keys: {', '.join(sorted(allowed))})")
     axes: dict[tuple[str, str], list[Any]] = {}
     programs = table.get("programs", table.get("program"))
     if programs is not None:
         values = _values(f"{where}: programs", programs)
         axes[("", "program")] = [str((base / str(p)).resolve()) for p in values]
-    for key in ("routing", "seed", "sram_policy"):
+    for key in ("seed", "sram_policy"):
         if key in table:
             axes[("", key)] = _values(f"{where}: {key}", table[key])
-    if "machine" in table:
-        names = _values(f"{where}: machine", table["machine"])
-        axes[("", "machine")] = [m if (base / str(m)).suffix != ".toml" else str((base / m).resolve()) for m in names]
+    for key, suffixes in (("routing", (".npz", ".npy")), ("machine", (".toml",))):
+        if key in table:  # a scenario or built-in machine by name, or a file relative to the spec
+            names = _values(f"{where}: {key}", table[key])
+            axes[("", key)] = [str((base / v).resolve()) if str(v).endswith(suffixes) else v for v in names]
     for group, check in (("dims", None), ("machine_overrides", _machine_key), ("pass_options", _pass_key)):
         sub = table.get(group, {})
         if not isinstance(sub, dict):
@@ -129,11 +129,11 @@ def load_spec(path: str | Path) -> Spec:
         raise SweepError(f"{path}: not valid TOML: {e}") from None
     base = path.parent
     try:
-        grid = _axes("spec", data, base)
+        grid = _axes("spec", data, base, SPEC_KEYS)
         cases = data.get("cases", [{}])
         if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
             raise SweepError("spec: cases must be an array of tables ([[cases]])")
-        case_axes = [_axes(f"case {i + 1}", c, base) for i, c in enumerate(cases)]
+        case_axes = [_axes(f"case {i + 1}", c, base, CASE_KEYS) for i, c in enumerate(cases)]
     except SweepError as e:
         raise SweepError(f"{path}: {e}") from None
     points: list[Point] = []
@@ -180,7 +180,9 @@ def point_key(point: Point) -> str:
 def input_columns(point: Point) -> dict[str, Any]:
     """The point's parameters as flat columns: program (file name), routing, seed, sram_policy,
     machine, dim.NAME, machine.SECTION.KEY, pass.PASS.OPTION."""
-    cols: dict[str, Any] = {"program": Path(point["program"]).name, "routing": str(point["routing"]),
+    routing = str(point["routing"])
+    cols: dict[str, Any] = {"program": Path(point["program"]).name,
+                            "routing": Path(routing).name if routing.endswith((".npz", ".npy")) else routing,
                             "seed": point["seed"], "sram_policy": point["sram_policy"],
                             "machine": Path(point["machine"]).stem}
     cols.update({f"dim.{k}": v for k, v in point["dims"].items()})
@@ -314,12 +316,19 @@ def _arrow() -> Any:
     return pyarrow
 
 
+GROUPS = ("dim.", "machine.", "pass.", "phase.")
+"""The prefixes of the columns after the core ones, in the order they are written."""
+
+
+def _column_order(name: str) -> tuple[int, str]:
+    prefix = name.split(".")[0] + "."
+    return (GROUPS.index(prefix) if prefix in GROUPS else len(GROUPS), name)
+
+
 def to_table(rows: Sequence[Mapping[str, Any]]) -> Any:
     pa = _arrow()
     core = dict(CORE_SCHEMA)
-    extra = sorted({k for r in rows for k in r} - set(core),
-                   key=lambda k: (["dim.", "machine.", "pass.", "phase."].index(k.split(".")[0] + ".")
-                                  if k.split(".")[0] + "." in ("dim.", "machine.", "pass.", "phase.") else 9, k))
+    extra = sorted({k for r in rows for k in r} - set(core), key=_column_order)
     fields = [pa.field(name, getattr(pa, t)()) for name, t in CORE_SCHEMA]
     columns = [pa.array([r.get(name) for r in rows], type=f.type) for name, f in zip(core, fields)]
     for name in extra:
@@ -462,7 +471,7 @@ INPUT_COLUMNS = ("program", "routing", "seed", "sram_policy", "machine")
 def swept_parameters(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """The input columns that take more than one value among `rows`."""
     rows = list(rows)
-    names = [c for c in INPUT_COLUMNS] + sorted({k for r in rows for k in r if k.startswith(INPUT_PREFIXES)})
+    names = list(INPUT_COLUMNS) + sorted({k for r in rows for k in r if k.startswith(INPUT_PREFIXES)})
     return [n for n in names if len({json.dumps(r.get(n)) for r in rows}) > 1]
 
 

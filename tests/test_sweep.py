@@ -116,15 +116,18 @@ def test_sweep_runs_records_failures_and_resumes(tmp_path: Path) -> None:
 
 
 def test_parquet_schema(tmp_path: Path) -> None:
-    spec = load_spec(write_spec(tmp_path, f'programs = ["{TOY}"]\n[dims]\nT = [4, 8]\n'))
-    run_sweep(spec, tmp_path / "out", workers=1, processes=False)
+    spec = load_spec(write_spec(tmp_path, f'programs = ["{TOY}"]\n[dims]\nT = [4, 8]\n'
+                                          '[pass_options]\n"lower-topk.strategy" = ["rank", "rounds"]\n'))
+    outcome = run_sweep(spec, tmp_path / "out", workers=1, processes=False)
+    assert outcome.ran == 4 and not outcome.failed
+    assert {r["pass.lower-topk.strategy"] for r in outcome.rows} == {"rank", "rounds"}
     schema = pq.read_schema(tmp_path / "out" / "results.parquet")
     types = {f.name: str(f.type) for f in schema}
     for name, t in [("key", "string"), ("status", "string"), ("error", "string"), ("program", "string"),
                     ("total_cycles", "int64"), ("microseconds", "double"), ("roofline_ratio", "double"),
                     ("peak_sram_bytes", "int64"), ("hbm_bytes", "int64"), ("block_size", "int64"),
                     ("arithmetic_intensity", "double"), ("achieved_flops_per_s", "double"),
-                    ("dim.T", "int64"), ("phase.experts", "int64")]:
+                    ("dim.T", "int64"), ("pass.lower-topk.strategy", "string"), ("phase.experts", "int64")]:
         assert types.get(name) == t, name
 
 
