@@ -21,11 +21,11 @@ from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.checkpoints import CheckpointError
-from tcpc.sweep import SweepError
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
+from tcpc.sweep import SweepError
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
@@ -225,10 +225,10 @@ def write_json(path: str, data: object) -> None:
 
 def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray]) -> Program:
     """The program with a checkpoint's dims, its layer's weights added to `given`."""
-    from tcpc.checkpoints import compile_with_weights as load, open_checkpoint
+    from tcpc import checkpoints
 
-    checkpoint = open_checkpoint(args.weights)
-    layer = load(args.file, checkpoint, args.layer, parse_set(args.set), args.graph)
+    checkpoint = checkpoints.open_checkpoint(args.weights)
+    layer = checkpoints.compile_with_weights(args.file, checkpoint, args.layer, parse_set(args.set), args.graph)
     both = sorted(set(given) & set(layer.weights))
     if both:
         raise UsageError(f"argument '{both[0]}' is given by both --inputs and --weights")

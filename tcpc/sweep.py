@@ -95,7 +95,7 @@ def _axes(where: str, table: Mapping[str, Any], base: Path, allowed: set[str]) -
     """(group, name) -> values for one spec or case table."""
     unknown = set(table) - allowed
     if unknown:
-        raise SweepError(f"{where}: unknown key '{sorted(unknown)[0]}' (keys: {', '.join(sorted(allowed))})")
+        raise SweepError(f"{where}: unknown key '{min(unknown)}' (keys: {', '.join(sorted(allowed))})")
     axes: dict[tuple[str, str], list[Any]] = {}
     programs = table.get("programs", table.get("program"))
     if programs is not None:
@@ -309,8 +309,8 @@ swept inputs) and phase.* (critical-path cycles by phase), typed from their valu
 def _arrow() -> Any:
     try:
         import pyarrow
-        import pyarrow.csv  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow.csv
+        import pyarrow.parquet
     except ImportError:
         raise SweepError(f"tcpc sweep writes Parquet with pyarrow: {EXTRA}") from None
     return pyarrow
@@ -333,11 +333,10 @@ def to_table(rows: Sequence[Mapping[str, Any]]) -> Any:
     columns = [pa.array([r.get(name) for r in rows], type=f.type) for name, f in zip(core, fields)]
     for name in extra:
         values = [r.get(name) for r in rows]
-        if name.startswith("phase."):
+        given = [v for v in values if v is not None and not isinstance(v, bool)]
+        if name.startswith("phase.") or all(isinstance(v, int) for v in given):
             column = pa.array(values, type=pa.int64())
-        elif all(isinstance(v, int) and not isinstance(v, bool) for v in values if v is not None):
-            column = pa.array(values, type=pa.int64())
-        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values if v is not None):
+        elif all(isinstance(v, (int, float)) for v in given):
             column = pa.array([None if v is None else float(v) for v in values], type=pa.float64())
         else:
             column = pa.array([None if v is None else str(v) for v in values], type=pa.string())

@@ -269,7 +269,7 @@ def test_without_config_dims_come_from_the_program(tmp_path: Path, capsys: pytes
     tiny = mixtral(np.random.default_rng(1))
     ckpt = write(tmp_path, tiny, config=False)
     sets = [a for k, v in tiny.dims.items() for a in ("--set", f"{k}={v}")]
-    code, out, err = tcpc(capsys, "run", EXAMPLES / "mixtral.moe", "--weights", ckpt, "--layer", 0, *sets, "--reference")
+    code, _, err = tcpc(capsys, "run", EXAMPLES / "mixtral.moe", "--weights", ckpt, "--layer", 0, *sets, "--reference")
     assert code == 0, err
     # without --set, the program's default dims do not fit the checkpoint: a shape error
     code, _, err = tcpc(capsys, "run", EXAMPLES / "mixtral.moe", "--weights", ckpt, "--layer", 0, "--reference")
