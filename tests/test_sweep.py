@@ -151,3 +151,21 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, f'programs = ["{TOY}"]\n')
     assert main(["sweep", str(spec), "--workers", "0"]) == 1
     assert "--workers N (N >= 1)" in capsys.readouterr().err
+
+
+def test_progress_counts_points_on_a_terminal() -> None:
+    import io
+
+    from tcpc.sweep import SweepProgress
+
+    stream = io.StringIO()
+    bar = SweepProgress(3, stream, force=True)
+    bar.point_done(True)
+    bar.point_done(False)
+    bar.point_done(True)
+    assert "sweep: 3 / 3 points, 1 failed" in stream.getvalue()
+    bar.close()
+    assert stream.getvalue().endswith("\r\x1b[K")
+    quiet = io.StringIO()  # not a terminal: nothing
+    SweepProgress(1, quiet).point_done(True)
+    assert quiet.getvalue() == ""
