@@ -11,8 +11,8 @@ any Dask scheduler (`--scheduler ADDRESS`: SSH, Kubernetes, Slurm clusters run t
 Results: one row per point in `results.parquet` and `results.csv` (the inputs, cycles and
 microseconds, the roofline and the ratio to it, cycles by phase on the critical path, peak
 SRAM, HBM bytes, the chosen block size when the report gives one). A point that fails records
-its error and the sweep goes on. Rows are keyed by a hash of the point (its parameters and its
-program's text): a rerun skips the points already done, and retries the failed ones.
+its error and the sweep goes on. Rows are keyed by a hash of the point (its parameters and the
+text of the files it reads): a rerun skips the points already done, and retries the failed ones.
 """
 
 from __future__ import annotations
@@ -168,12 +168,13 @@ def _point(values: Mapping[tuple[str, str], Any]) -> Point:
 
 
 def point_key(point: Point) -> str:
-    """A hash of the point's parameters and of its program's text (an edited program reruns)."""
+    """A hash of the point's parameters and of the files it reads (its program, and a machine
+    or routing file): an edited file reruns the points that read it."""
     h = hashlib.sha256(json.dumps(point, sort_keys=True).encode())
-    try:
-        h.update(Path(point["program"]).read_bytes())
-    except OSError:
-        pass
+    for name in ("program", "machine", "routing"):
+        path = Path(str(point[name]))
+        if path.is_file():
+            h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -169,3 +169,15 @@ def test_progress_counts_points_on_a_terminal() -> None:
     quiet = io.StringIO()  # not a terminal: nothing
     SweepProgress(1, quiet).point_done(True)
     assert quiet.getvalue() == ""
+
+
+def test_an_edited_machine_file_reruns_its_points(tmp_path: Path) -> None:
+    machine = tmp_path / "m.toml"
+    machine.write_text('extends = "rngd"\n[hbm]\nbytes_per_second = { value = 1e12, assumption = "test" }\n')
+    spec_path = write_spec(tmp_path, f'programs = ["{TOY}"]\nmachine = "m.toml"\n')
+    first = run_sweep(load_spec(spec_path), tmp_path / "out", workers=1, processes=False)
+    assert first.ran == 1 and first.rows[0]["hbm_bytes_per_s"] == 1e12
+    assert run_sweep(load_spec(spec_path), tmp_path / "out", workers=1, processes=False).ran == 0
+    machine.write_text(machine.read_text().replace("1e12", "2e12"))
+    again = run_sweep(load_spec(spec_path), tmp_path / "out", workers=1, processes=False)
+    assert again.ran == 1 and again.rows[0]["hbm_bytes_per_s"] == 2e12
