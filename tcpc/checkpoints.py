@@ -184,12 +184,11 @@ def check_layer(checkpoint: Checkpoint, family: Family, layer: int) -> None:
 
 
 class _Reader:
-    """Open safetensors files (memory-mapped), each opened once, tensors read once."""
+    """Open safetensors files (memory-mapped), each opened once."""
 
     def __init__(self, stack: ExitStack):
         self.stack = stack
         self.handles: dict[Path, Any] = {}
-        self.arrays: dict[str, np.ndarray] = {}
 
     def handle(self, file: Path) -> Any:
         if file not in self.handles:
@@ -206,9 +205,7 @@ class _Reader:
         return s.get_dtype(), list(s.get_shape())
 
     def read(self, name: str, file: Path) -> np.ndarray:
-        if name not in self.arrays:
-            self.arrays[name] = self.handle(file).get_tensor(name)
-        return self.arrays[name]
+        return self.handle(file).get_tensor(name)
 
 
 @contextmanager
@@ -307,6 +304,24 @@ def _choose(checkpoint: Checkpoint, family: Family, layer: int,
                           f"checkpoint, layout '{layout.name}'{alternatives})")
 
 
+def _stored(reader: _Reader, checkpoint: Checkpoint, name: str, scale: str | None, want: tuple[int, ...],
+            source: Source, what: str) -> np.ndarray:
+    """One checkpoint tensor as stored (an MXFP4 one dequantized), after checking its shape
+    and dtype against `want`."""
+    if source.mxfp4:
+        return _read_mxfp4(reader, checkpoint, name, want, what)
+    file = checkpoint.files[name]
+    dtype, shape = reader.meta(name, file)
+    if tuple(shape) != want:
+        raise CheckpointError(f"{file}: tensor '{name}' has shape {_shape(shape)}, expected {_shape(want)} ({what})")
+    if dtype.startswith("F8"):
+        fp8_weight(name, file, dtype, scale if scale in checkpoint.files else None)
+    if dtype not in FLOAT_DTYPES:
+        raise CheckpointError(f"{file}: tensor '{name}' is {dtype}, expected a float tensor "
+                              f"({', '.join(FLOAT_DTYPES)}) for {what}")
+    return reader.read(name, file)
+
+
 def load_layer(checkpoint: Checkpoint, family: Family, layer: int, fn: func.FuncOp) -> dict[str, np.ndarray]:
     """Graph argument name -> its weights from layer `layer`, in the declared shape and dtype."""
     check_layer(checkpoint, family, layer)
@@ -314,35 +329,29 @@ def load_layer(checkpoint: Checkpoint, family: Family, layer: int, fn: func.Func
     declared = {name: t for name, t in types.items() if isinstance(t, TensorType)}
     prefix, layout = _choose(checkpoint, family, layer, declared)
     weights: dict[str, np.ndarray] = {}
+    fused: dict[str, np.ndarray] = {}  # a fused gate_up tensor feeds two arguments: read it once
     with _reader() as reader:
         for arg, source in layout.arguments.items():
             if arg not in declared:
                 raise CheckpointError(f"graph '{fn.sym_name.data}' has no argument '{arg}', which the "
                                       f"{family.name} table fills from '{prefix}.{source.tensor}'")
             t = declared[arg]
+            what = f"argument '{arg}' {format_type(t)} of {family.program}"
             want = source.stored_shape(shape_of(t))
-            parts = []
             names = _names(source, prefix, shape_of(t)[0])
             scales = _names(Source(source.scale), prefix, shape_of(t)[0]) if source.scale else [None] * len(names)
+            parts = []
             for name, scale in zip(names, scales):
-                what = f"argument '{arg}' {format_type(t)} of {family.program}"
-                if source.mxfp4:
-                    parts.append(_transform(_read_mxfp4(reader, checkpoint, name, want, what), source))
-                    continue
-                file = checkpoint.files[name]
-                dtype, shape = reader.meta(name, file)
-                if tuple(shape) != want:
-                    raise CheckpointError(f"{file}: tensor '{name}' has shape {_shape(shape)}, expected {_shape(want)} "
-                                          f"({what})")
-                if dtype.startswith("F8"):
-                    fp8_weight(name, file, dtype, scale if scale in checkpoint.files else None)
-                if dtype not in FLOAT_DTYPES:
-                    raise CheckpointError(f"{file}: tensor '{name}' is {dtype}, expected a float tensor "
-                                          f"({', '.join(FLOAT_DTYPES)}) for argument '{arg}' {format_type(t)}")
-                parts.append(_transform(reader.read(name, file), source))
-            value = np.stack(parts) if source.per_expert else parts[0]
+                if source.part is None:
+                    stored = _stored(reader, checkpoint, name, scale, want, source, what)
+                else:
+                    if name not in fused:
+                        fused[name] = _stored(reader, checkpoint, name, scale, want, source, what)
+                    stored = fused[name]
+                parts.append(_transform(stored, source))
+            value = np.stack(parts) if source.per_expert else np.ascontiguousarray(parts[0])
             try:
-                weights[arg] = to_declared(arg, np.ascontiguousarray(value), t)
+                weights[arg] = to_declared(arg, value, t)
             except InputError as e:  # cannot happen after the shape check, unless the table is wrong
                 raise CheckpointError(f"{prefix}: {e}") from None
     return weights
