@@ -76,7 +76,7 @@ def _tensor_names(file: Path) -> list[str]:
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """Find a checkpoint's tensors and its config.json, reading only headers."""
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or directory")
     if path.is_file():
