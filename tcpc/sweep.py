@@ -378,6 +378,8 @@ class SweepProgress(Progress):
     def __init__(self, total: int, stream: IO[str] | None = None, *, force: bool = False):
         super().__init__(total, stream, delay=0.0, force=force)
         self.failed = 0
+        if self.enabled:  # at once: starting a cluster takes seconds
+            self._draw(f"sweep: 0 / {total:,} points")
 
     def point_done(self, ok: bool) -> None:
         self.done += 1
