@@ -411,7 +411,7 @@ def _client(scheduler: str | None, workers: int | None, processes: bool) -> tupl
     if scheduler is not None:
         try:
             return Client(scheduler, timeout="10s"), None
-        except (OSError, TimeoutError) as e:
+        except (OSError, TimeoutError, ValueError) as e:  # ValueError: not an address
             raise SweepError(f"--scheduler {scheduler}: cannot connect ({e})") from None
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=processes,
                            dashboard_address=":0", silence_logs=logging.ERROR)

@@ -151,6 +151,8 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, f'programs = ["{TOY}"]\n')
     assert main(["sweep", str(spec), "--workers", "0"]) == 1
     assert "--workers N (N >= 1)" in capsys.readouterr().err
+    assert main(["sweep", str(spec), "-o", str(tmp_path / "o"), "--scheduler", "nonsense"]) == 1
+    assert "--scheduler nonsense: cannot connect (missing port number" in capsys.readouterr().err
 
 
 def test_progress_counts_points_on_a_terminal() -> None:
