@@ -393,3 +393,9 @@ def test_bad_checkpoint_files(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no .safetensors file"):
         open_checkpoint(tmp_path / "empty")
+
+
+def test_a_program_with_no_table(tmp_path: Path) -> None:
+    ckpt = open_checkpoint(write(tmp_path, mixtral(np.random.default_rng(0)), config=False))
+    with pytest.raises(CheckpointError, match="graph 'toy' has no checkpoint mapping"):
+        compile_with_weights(EXAMPLES / "toy.moe", ckpt, 0, {})
