@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tcpc.pipelines import LOWERED_PIPELINE
+from tcpc.pipelines import FULL_PIPELINE
 from tcpc.progress import Progress
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ def _machine_key(where: str, key: str) -> str:
 
 def _pass_key(where: str, key: str) -> str:
     name, dot, option = key.partition(".")
-    if not dot or name not in LOWERED_PIPELINE or not option:
-        raise SweepError(f"{where}: '{key}' is not PASS.OPTION of a pass of the pipeline ({', '.join(LOWERED_PIPELINE)})")
+    if not dot or name not in FULL_PIPELINE or not option:
+        raise SweepError(f"{where}: '{key}' is not PASS.OPTION of a pass of the pipeline ({', '.join(FULL_PIPELINE)})")
     return key
 
 
@@ -200,7 +200,7 @@ def pipeline_for(options: Mapping[str, Any]) -> str | None:
     for key, value in options.items():
         name, _, option = key.partition(".")
         by_pass.setdefault(name, []).append(f"{option}={str(value).lower() if isinstance(value, bool) else value}")
-    return ",".join(f"{p}{{{' '.join(by_pass[p])}}}" if p in by_pass else p for p in LOWERED_PIPELINE)
+    return ",".join(f"{p}{{{' '.join(by_pass[p])}}}" if p in by_pass else p for p in FULL_PIPELINE)
 
 
 def machine_file(base: str, overrides: Mapping[str, Any], directory: Path) -> Path | str:

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tcpc.cli import main
+from tcpc.pipelines import FULL_PIPELINE
 from tcpc.program import compile_file
 from tcpc.sweep import SweepError, load_spec, pipeline_for, point_key, run_sweep
 
@@ -76,8 +77,8 @@ def test_spec_errors(tmp_path: Path, text: str, message: str) -> None:
 
 def test_pass_options_build_the_pipeline() -> None:
     assert pipeline_for({}) is None
-    assert pipeline_for({"lower-topk.strategy": "rounds"}) == \
-        "lower-topk{strategy=rounds},lower-routing,lower-dispatch,lower-math,load-arguments"
+    assert pipeline_for({"lower-topk.strategy": "rounds"}) == ",".join(
+        ["lower-topk{strategy=rounds}", *FULL_PIPELINE[1:]])
 
 
 def test_sweep_runs_records_failures_and_resumes(tmp_path: Path) -> None:
