@@ -21,12 +21,14 @@ from runtime_sim.perf.machine import MachineError
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
+from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
+from tcpc.sweep import SweepError
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
@@ -118,6 +120,22 @@ def make_parser() -> argparse.ArgumentParser:
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"cost-only routing: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
+    r.add_argument("--weights", default=None, metavar="PATH",
+                   help="real weights: a .safetensors file, a directory of shards with model.safetensors.index.json, "
+                        "or a snapshot directory with config.json (dims come from it)")
+    r.add_argument("--layer", type=int, default=None, metavar="N", help="--weights: which layer's MoE block to read")
+
+    s = sub.add_parser("sweep", help="cost-only simulations over a grid of programs, dims, machines, routings "
+                                     "and pass options, on Dask (results as Parquet and CSV)")
+    s.add_argument("spec", help="sweep spec (TOML; see examples/sweeps/)")
+    s.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="results directory (default: the spec's `out`, else SPEC-NAME-sweep/ here)")
+    s.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: a LocalCluster)")
+    s.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="LocalCluster worker processes (default: one per core)")
+    s.add_argument("--plot", action="store_true",
+                   help="also draw roofline.png and cycles_vs_PARAM.png for each swept parameter")
     return parser
 
 
@@ -249,8 +267,10 @@ def check_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"{name(flag)} needs a simulation; --reference runs the IR without one")
         if args.sram_policy != "spill":
             raise UsageError("--sram-policy needs a simulation; --reference runs the IR without one")
+    if (args.weights is None) != (args.layer is None):
+        raise UsageError("--weights and --layer go together: --weights PATH --layer N")
     if args.cost_only:
-        for flag in ("inputs", "out", "check"):
+        for flag in ("inputs", "out", "check", "weights"):
             if given(flag):
                 raise UsageError(f"{name(flag)} does not apply to --cost-only, which computes no values")
     elif args.routing is not None:
@@ -312,6 +332,20 @@ def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     return paths
 
 
+def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray]) -> Program:
+    """The program with a checkpoint's dims, its layer's weights added to `given`."""
+    from tcpc import checkpoints
+
+    checkpoint = checkpoints.open_checkpoint(args.weights)
+    layer = checkpoints.compile_with_weights(args.file, checkpoint, args.layer, parse_set(args.set), args.graph)
+    both = sorted(set(given) & set(layer.weights))
+    if both:
+        raise UsageError(f"argument '{both[0]}' is given by both --inputs and --weights")
+    given.update(layer.weights)
+    print(layer.describe(checkpoint, args.layer))
+    return layer.program
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     check_flags(args)
     if Path(args.file).suffix == ".mlir" and args.set:
@@ -320,8 +354,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check and args.pipeline and "pin-routing" in (p.name for p in parse_pipeline(args.pipeline)):
         raise UsageError("--check compares with the reference, whose routing comes from the router; after "
                          "pin-routing the routing argument takes the balanced scenario instead, so they differ")
-    program: Program = compile_file(args.file, parse_set(args.set))
     given = load_npz(args.inputs) if args.inputs else {}
+    program = compile_with_weights(args, given) if args.weights else compile_file(args.file, parse_set(args.set))
     fn = program.function(args.graph)
     name = fn.sym_name.data
     # The IR after a partial pipeline may still hold graph-level ops, which have no cost: it
@@ -387,6 +421,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tcpc.sweep import load_spec, plot, run_sweep
+
+    spec = load_spec(args.spec)
+    if args.workers is not None and (args.workers < 1 or args.scheduler):
+        raise UsageError("--workers N (N >= 1) sizes the LocalCluster; it does not apply with --scheduler")
+    out = Path(args.out) if args.out else spec.out or Path(f"{Path(args.spec).stem}-sweep")
+    where = f"the Dask scheduler at {args.scheduler}" if args.scheduler else "a LocalCluster"
+    about = f" ({spec.description})" if spec.description else ""
+    print(f"sweep {args.spec}{about}: {len(spec.points)} point(s) on {where}")
+    outcome = run_sweep(spec, out, scheduler=args.scheduler, workers=args.workers)
+    print(f"  ran {outcome.ran}, skipped {outcome.skipped} already done, {len(outcome.failed)} failed")
+    for row in outcome.failed[:10]:
+        print(f"  failed {row['key']}: {row['error']}")
+    if len(outcome.failed) > 10:
+        print(f"  ... {len(outcome.failed) - 10} more failures in the results' error column")
+    print(f"wrote {out / 'results.parquet'} and {out / 'results.csv'} ({len(outcome.rows)} rows)")
+    if args.plot:
+        for path in plot(outcome.rows, out):
+            print(f"wrote {path}")
+    return 0
+
+
 def simulation_error(e: Exception, command: str) -> str | None:
     """The message of a simulator error that is the user's to fix, or None. (Imported here,
     not at the top: the simulator's modules are slow to import and `tcpc compile` needs none.)"""
@@ -414,7 +471,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the command, turning every error the user can fix into one line on stderr and its
     exit status (the table in the README)."""
     try:
-        return cmd_compile(args) if args.command == "compile" else cmd_run(args)
+        return {"compile": cmd_compile, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
     except CompileError as e:
         source = ""
         try:
@@ -425,7 +482,8 @@ def run_command(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (SetError, FileError, InputError, MachineError, RoutingError, PipelineError, ResourceError) as e:
+    except (SetError, FileError, InputError, MachineError, RoutingError, PipelineError, ResourceError,
+            CheckpointError, SweepError) as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
     except InterpretationError as e:
         print(f"tcpc: error while running: {e}", file=sys.stderr)

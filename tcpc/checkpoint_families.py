@@ -1,0 +1,231 @@
+"""Where each example family's weights live in a HuggingFace checkpoint: one declarative table
+per family, read by tcpc/checkpoints.py (and documented in the README's "Real checkpoints").
+
+A table maps the graph arguments of an examples/*.moe program to tensor names under the
+chosen layer's prefix, with the layout transform that turns the stored tensor into the shape
+the program declares; the program's dims come from config.json. Names and layouts follow the
+HuggingFace checkpoints of each model (the per-expert `nn.Linear` weights are [out, in], the
+programs take [in, out]) and transformers' fused expert tensors, which some checkpoints store
+instead. The activations (the first argument) are not weights: they come from `--inputs` or
+the seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Config = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One checkpoint tensor (or one per expert) and the transform to the program's layout."""
+
+    tensor: str
+    """Name under the layer prefix; `{e}` marks one tensor per expert, stacked on a new first axis."""
+    transpose: bool = False
+    """Swap the last two axes: nn.Linear's [out, in] to the program's [in, out]."""
+    part: int | None = None
+    """Of a fused gate/up tensor, which part this argument is: 0 the gate, 1 the up projection."""
+    parts_axis: int = -1
+    """The stored axis that holds the two parts."""
+    interleaved: bool = False
+    """The parts alternate along `parts_axis` (gpt-oss: gate, up, gate, up, ...) instead of
+    being two halves (the gate half first)."""
+    mxfp4: bool = False
+    """Stored as MXFP4 (gpt-oss's released checkpoints): `{tensor}_blocks`, uint8 [..., N / 32, 16]
+    holding two e2m1 values a byte (low nibble first), and `{tensor}_scales`, uint8 e8m0 [..., N / 32],
+    one power of two per 32 values along the last stored axis (N); dequantized exactly to bf16."""
+    scale: str | None = None
+    """fp8 slot: the block-scale tensor stored beside an f8e4m3 weight (`weight_scale_inv`,
+    one f32 per 128 x 128 block). Named here so a loader for low-precision weights knows
+    where to find it; today an fp8 weight stops with an error saying so."""
+
+    @property
+    def per_expert(self) -> bool:
+        return "{e}" in self.tensor
+
+    def stored_shape(self, declared: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape the checkpoint must hold (of each expert's tensor, when per expert) for
+        the program's `declared` shape: the inverse of the transform."""
+        shape = list(declared[1:] if self.per_expert else declared)
+        if self.transpose:
+            shape[-2], shape[-1] = shape[-1], shape[-2]
+        if self.part is not None:
+            shape[self.parts_axis] *= 2
+        return tuple(shape)
+
+
+def linear(tensor: str, scale: bool = False) -> Source:
+    """An nn.Linear weight (or one per expert): stored [out, in], transposed."""
+    return Source(tensor, transpose=True, scale=tensor.removesuffix("weight") + "weight_scale_inv" if scale else None)
+
+
+def fused(tensor: str, part: int, axis: int, *, transpose: bool = False, interleaved: bool = False) -> Source:
+    """One part of a fused gate_up tensor."""
+    return Source(tensor, transpose=transpose, part=part, parts_axis=axis, interleaved=interleaved)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way a family's checkpoints store a layer: graph argument -> its source."""
+
+    name: str
+    arguments: dict[str, Source]
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A config value the program bakes in (a constant in the .moe text, not a dim)."""
+
+    key: str
+    expected: Any
+    default: Any
+    """What transformers assumes when config.json omits the key."""
+    why: str
+
+
+ConfigValue = str | tuple[str, ...] | Callable[[Config], int]
+"""A dim from config.json: a key, the first present of several keys, or a function of the config."""
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    """config.json `model_type` values of this family."""
+    program: str
+    """The example program (under examples/) whose graph arguments the layouts name."""
+    graph: str
+    prefixes: tuple[str, ...]
+    """Where layer `{layer}`'s MoE block lives; the first that the checkpoint holds is used."""
+    layouts: tuple[Layout, ...]
+    """Alternative layouts, the first the checkpoint holds completely wins."""
+    dims: dict[str, ConfigValue]
+    moe_layer: Callable[[Config, int], bool] = lambda config, layer: True
+    requirements: tuple[Requirement, ...] = ()
+    config_section: str | None = None
+    """A nested config holding the text model's values (Llama-4's `text_config`)."""
+    layers_key: str = "num_hidden_layers"
+
+
+def _swiglu_experts(gate: str, up: str, down: str, scale: bool = False) -> dict[str, Source]:
+    return {"w_gate": linear(f"experts.{{e}}.{gate}.weight", scale), "w_up": linear(f"experts.{{e}}.{up}.weight", scale),
+            "w_down": linear(f"experts.{{e}}.{down}.weight", scale)}
+
+
+_FUSED_EXPERTS = {  # transformers' fused experts: gate_up_proj [E, 2F, D] (gate half first), down_proj [E, D, F]
+    "w_gate": fused("experts.gate_up_proj", 0, 1, transpose=True),
+    "w_up": fused("experts.gate_up_proj", 1, 1, transpose=True),
+    "w_down": Source("experts.down_proj", transpose=True),
+}
+
+
+def _qwen3_moe_layer(config: Config, layer: int) -> bool:
+    step = config.get("decoder_sparse_step", 1)
+    return (layer not in config.get("mlp_only_layers", []) and config.get("num_experts", 0) > 0
+            and (layer + 1) % step == 0)
+
+
+def _deepseek_moe_layer(config: Config, layer: int) -> bool:
+    return (config.get("n_routed_experts") is not None and layer >= config.get("first_k_dense_replace", 0)
+            and layer % config.get("moe_layer_freq", 1) == 0)
+
+
+def _llama4_moe_layer(config: Config, layer: int) -> bool:
+    layers = config.get("moe_layers")
+    if layers is None:
+        step = config.get("interleave_moe_layer_step", 1)
+        layers = range(step - 1, config.get("num_hidden_layers", 0), step)
+    return layer in layers
+
+
+MIXTRAL = Family(
+    name="mixtral", model_types=("mixtral",), program="mixtral.moe", graph="mixtral",
+    prefixes=("model.layers.{layer}.block_sparse_moe",),
+    layouts=(Layout("per expert (w1 gate, w3 up, w2 down)",
+                    {"router": linear("gate.weight"), **_swiglu_experts("w1", "w3", "w2")}),),
+    dims={"D": "hidden_size", "F": "intermediate_size", "E": "num_local_experts", "K": "num_experts_per_tok"},
+)
+
+QWEN3_MOE = Family(
+    name="qwen3_moe", model_types=("qwen3_moe",), program="qwen3_moe.moe", graph="qwen3_moe",
+    prefixes=("model.layers.{layer}.mlp",),
+    layouts=(Layout("per expert", {"router": linear("gate.weight"), **_swiglu_experts("gate_proj", "up_proj", "down_proj")}),
+             Layout("fused gate_up_proj", {"router": linear("gate.weight"), **_FUSED_EXPERTS})),
+    dims={"D": "hidden_size", "F": "moe_intermediate_size", "E": "num_experts", "K": "num_experts_per_tok"},
+    moe_layer=_qwen3_moe_layer,
+    requirements=(Requirement("norm_topk_prob", True, False, "the program renormalises the top-K probabilities"),),
+)
+
+_DEEPSEEK_SHARED = {"ws_gate": linear("shared_experts.gate_proj.weight", True),
+                    "ws_up": linear("shared_experts.up_proj.weight", True),
+                    "ws_down": linear("shared_experts.down_proj.weight", True)}
+_DEEPSEEK_ROUTER = {"router": linear("gate.weight"), "bias": Source("gate.e_score_correction_bias")}
+
+DEEPSEEK_V3 = Family(
+    name="deepseek_v3", model_types=("deepseek_v3",), program="deepseek_v3.moe", graph="deepseek_v3",
+    prefixes=("model.layers.{layer}.mlp",),
+    layouts=(Layout("per expert", {**_DEEPSEEK_ROUTER, **_swiglu_experts("gate_proj", "up_proj", "down_proj", True),
+                                   **_DEEPSEEK_SHARED}),
+             Layout("fused gate_up_proj", {**_DEEPSEEK_ROUTER, **_FUSED_EXPERTS, **_DEEPSEEK_SHARED})),
+    dims={"D": "hidden_size", "F": "moe_intermediate_size", "E": "n_routed_experts", "K": "num_experts_per_tok",
+          "NG": "n_group", "TG": "topk_group",
+          "FS": lambda c: c["moe_intermediate_size"] * c.get("n_shared_experts", 1)},
+    moe_layer=_deepseek_moe_layer,
+    requirements=(Requirement("routed_scaling_factor", 2.5, 2.5, "the program scales the weights by 2.5"),
+                  Requirement("norm_topk_prob", True, True, "the program renormalises the chosen scores"),
+                  Requirement("scoring_func", "sigmoid", "sigmoid", "the program scores experts with a sigmoid"),
+                  Requirement("topk_method", "noaux_tc", "noaux_tc", "the program routes by groups with the correction bias"),
+                  Requirement("n_shared_experts", 1, 1, "the program adds one shared expert")),
+)
+
+_GPT_OSS_ROUTER_AND_BIASES = {
+    "router": linear("router.weight"), "router_bias": Source("router.bias"),
+    "b_gate": fused("experts.gate_up_proj_bias", 0, -1, interleaved=True),
+    "b_up": fused("experts.gate_up_proj_bias", 1, -1, interleaved=True),
+    "b_down": Source("experts.down_proj_bias"),
+}
+
+GPT_OSS = Family(
+    name="gpt_oss", model_types=("gpt_oss",), program="gpt_oss.moe", graph="gpt_oss",
+    prefixes=("model.layers.{layer}.mlp",),
+    layouts=(Layout("bf16, interleaved gate_up_proj [E, D, 2F]", {
+                 **_GPT_OSS_ROUTER_AND_BIASES,
+                 "w_gate": fused("experts.gate_up_proj", 0, -1, interleaved=True),
+                 "w_up": fused("experts.gate_up_proj", 1, -1, interleaved=True),
+                 "w_down": Source("experts.down_proj")}),
+             Layout("MXFP4, transposed: gate_up_proj [E, 2F, D] interleaved, down_proj [E, D, F]", {
+                 **_GPT_OSS_ROUTER_AND_BIASES,
+                 "w_gate": Source("experts.gate_up_proj", transpose=True, part=0, parts_axis=1, interleaved=True,
+                                  mxfp4=True),
+                 "w_up": Source("experts.gate_up_proj", transpose=True, part=1, parts_axis=1, interleaved=True,
+                                mxfp4=True),
+                 "w_down": Source("experts.down_proj", transpose=True, mxfp4=True)})),
+    dims={"D": "hidden_size", "F": "intermediate_size", "E": ("num_local_experts", "num_experts"),
+          "K": ("num_experts_per_tok", "experts_per_token")},
+    requirements=(Requirement("swiglu_limit", 7.0, 7.0, "the program clamps the SwiGLU at 7"),),
+)
+
+_LLAMA4_LAYOUT = {
+    "router": linear("router.weight"),
+    "w_gate": fused("experts.gate_up_proj", 0, -1), "w_up": fused("experts.gate_up_proj", 1, -1),
+    "w_down": Source("experts.down_proj"),
+    "ws_gate": linear("shared_expert.gate_proj.weight"), "ws_up": linear("shared_expert.up_proj.weight"),
+    "ws_down": linear("shared_expert.down_proj.weight"),
+}
+
+LLAMA4 = Family(
+    name="llama4", model_types=("llama4", "llama4_text"), program="llama4.moe", graph="llama4",
+    prefixes=("language_model.model.layers.{layer}.feed_forward", "model.layers.{layer}.feed_forward"),
+    layouts=(Layout("fused gate_up_proj [E, D, 2F]", _LLAMA4_LAYOUT),),
+    dims={"D": "hidden_size", "F": "intermediate_size", "FS": "intermediate_size", "E": "num_local_experts",
+          "K": "num_experts_per_tok"},
+    moe_layer=_llama4_moe_layer,
+    requirements=(Requirement("num_experts_per_tok", 1, 1, "the program routes top-1 (it scales the expert input)"),),
+    config_section="text_config",
+)
+
+FAMILIES: tuple[Family, ...] = (MIXTRAL, QWEN3_MOE, DEEPSEEK_V3, GPT_OSS, LLAMA4)

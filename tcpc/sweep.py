@@ -1,0 +1,579 @@
+"""`tcpc sweep SPEC.toml`: cost-only simulations over a grid of programs, dims, machine
+variants, routing scenarios and pass options, run on Dask distributed.
+
+A spec (examples/sweeps/*.toml) gives each parameter one value or a list of values; every
+combination of the lists is one *point* (a grid), crossed with the optional `[[cases]]` (each
+a partial point, e.g. one model's program and dims). A point is one cost-only compile and
+simulation, the same code path as `tcpc run --cost-only` (Program.simulate). Points are
+independent, so they run as Dask tasks: on a LocalCluster of this machine by default, or on
+any Dask scheduler (`--scheduler ADDRESS`: SSH, Kubernetes, Slurm clusters run the same code).
+
+Results: one row per point in `results.parquet` and `results.csv` (the inputs, cycles and
+microseconds, the roofline and the ratio to it, cycles by phase on the critical path, peak
+SRAM, HBM bytes, the chosen block size when the report gives one). A point that fails records
+its error and the sweep goes on. Rows are keyed by a hash of the point (its parameters and the
+text of the files it reads): a rerun skips the points already done, and retries the failed ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import tempfile
+import time
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from tcpc.pipelines import FULL_PIPELINE
+from tcpc.progress import Progress
+
+if TYPE_CHECKING:
+    from runtime_sim.perf.report import SimReport
+
+Point = dict[str, Any]
+"""program (absolute path), dims, machine (base), machine_overrides ("section.key" -> value),
+pass_options ("pass.option" -> value), routing, seed, sram_policy."""
+
+RESULTS = "results.parquet"
+RESULTS_CSV = "results.csv"
+EXTRA = "pip install 'tcpc[sweep]'"
+SPEC_KEYS = {"description", "programs", "program", "routing", "machine", "seed", "sram_policy", "dims",
+             "machine_overrides", "pass_options", "cases", "out"}
+CASE_KEYS = {"program", "routing", "machine", "seed", "sram_policy", "dims", "machine_overrides", "pass_options"}
+
+
+class SweepError(Exception):
+    """A spec that cannot be swept, or a missing optional dependency."""
+
+
+@dataclass
+class Spec:
+    path: Path
+    points: list[Point]
+    description: str = ""
+    out: Path | None = None
+    """Where the results go (the spec's `out`, relative to the spec), unless --out says."""
+
+
+def _values(where: str, value: Any) -> list[Any]:
+    """A parameter's values: a list is an axis of the grid, anything else one value."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise SweepError(f"{where}: an empty list")
+    for v in values:
+        if isinstance(v, (dict, list)):
+            raise SweepError(f"{where}: expected a number or a string, or a list of them")
+    return values
+
+
+def _machine_key(where: str, key: str) -> str:
+    """A machine file key as `section.key`, given as that or as a Machine field name."""
+    from runtime_sim.perf.machine import SCHEMA
+
+    by_place = {f"{f.section}.{f.key}" for f in SCHEMA.values()}
+    if key in by_place:
+        return key
+    if key in SCHEMA:
+        return f"{SCHEMA[key].section}.{SCHEMA[key].key}"
+    raise SweepError(f"{where}: '{key}' is not a machine file key (keys: {', '.join(sorted(by_place))})")
+
+
+def _pass_key(where: str, key: str) -> str:
+    name, dot, option = key.partition(".")
+    if not dot or name not in FULL_PIPELINE or not option:
+        raise SweepError(f"{where}: '{key}' is not PASS.OPTION of a pass of the pipeline ({', '.join(FULL_PIPELINE)})")
+    return key
+
+
+def _axes(where: str, table: Mapping[str, Any], base: Path, allowed: set[str]) -> dict[tuple[str, str], list[Any]]:
+    """(group, name) -> values for one spec or case table."""
+    unknown = set(table) - allowed
+    if unknown:
+        raise SweepError(f"{where}: unknown key '{min(unknown)}' (keys: {', '.join(sorted(allowed))})")
+    axes: dict[tuple[str, str], list[Any]] = {}
+    programs = table.get("programs", table.get("program"))
+    if programs is not None:
+        values = _values(f"{where}: programs", programs)
+        axes[("", "program")] = [str((base / str(p)).resolve()) for p in values]
+    for key in ("seed", "sram_policy"):
+        if key in table:
+            axes[("", key)] = _values(f"{where}: {key}", table[key])
+    for key, suffixes in (("routing", (".npz", ".npy")), ("machine", (".toml",))):
+        if key in table:  # a scenario or built-in machine by name, or a file relative to the spec
+            names = _values(f"{where}: {key}", table[key])
+            axes[("", key)] = [str((base / v).resolve()) if str(v).endswith(suffixes) else v for v in names]
+    for group, check in (("dims", None), ("machine_overrides", _machine_key), ("pass_options", _pass_key)):
+        sub = table.get(group, {})
+        if not isinstance(sub, dict):
+            raise SweepError(f"{where}: [{group}] must be a table")
+        for key, value in sub.items():
+            name = check(f"{where}: [{group}]", key) if check else key
+            axes[(group, name)] = _values(f"{where}: [{group}] {key}", value)
+    return axes
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read a sweep spec and expand it into its points."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SweepError(f"{path}: no such sweep spec") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(f"{path}: not valid TOML: {e}") from None
+    base = path.parent
+    try:
+        grid = _axes("spec", data, base, SPEC_KEYS)
+        cases = data.get("cases", [{}])
+        if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+            raise SweepError("spec: cases must be an array of tables ([[cases]])")
+        case_axes = [_axes(f"case {i + 1}", c, base, CASE_KEYS) for i, c in enumerate(cases)]
+    except SweepError as e:
+        raise SweepError(f"{path}: {e}") from None
+    points: list[Point] = []
+    for case in case_axes:
+        if any(len(v) != 1 for v in case.values()):
+            raise SweepError(f"{path}: a case gives one value per parameter (lists go in the grid)")
+        axes = {**grid, **case}
+        if ("", "program") not in axes:
+            raise SweepError(f"{path}: no program (programs = [...], or program in each case)")
+        names = list(axes)
+        for combo in itertools.product(*(axes[n] for n in names)):
+            points.append(_point(dict(zip(names, combo))))
+    seen: set[str] = set()
+    unique = []
+    for p in points:
+        if (k := point_key(p)) not in seen:
+            seen.add(k)
+            unique.append(p)
+    out = data.get("out")
+    return Spec(path, unique, str(data.get("description", "")), base / out if isinstance(out, str) else None)
+
+
+def _point(values: Mapping[tuple[str, str], Any]) -> Point:
+    point: Point = {"program": "", "dims": {}, "machine": "rngd", "machine_overrides": {}, "pass_options": {},
+                    "routing": "balanced", "seed": 0, "sram_policy": "spill"}
+    for (group, name), value in values.items():
+        if group:
+            point[group][name] = value
+        else:
+            point[name] = value
+    return point
+
+
+def point_key(point: Point) -> str:
+    """A hash of the point's parameters and of the files it reads (its program, and a machine
+    or routing file): an edited file reruns the points that read it."""
+    h = hashlib.sha256(json.dumps(point, sort_keys=True).encode())
+    for name in ("program", "machine", "routing"):
+        path = Path(str(point[name]))
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def input_columns(point: Point) -> dict[str, Any]:
+    """The point's parameters as flat columns: program (file name), routing, seed, sram_policy,
+    machine, dim.NAME, machine.SECTION.KEY, pass.PASS.OPTION."""
+    routing = str(point["routing"])
+    cols: dict[str, Any] = {"program": Path(point["program"]).name,
+                            "routing": Path(routing).name if routing.endswith((".npz", ".npy")) else routing,
+                            "seed": point["seed"], "sram_policy": point["sram_policy"],
+                            "machine": Path(point["machine"]).stem}
+    cols.update({f"dim.{k}": v for k, v in point["dims"].items()})
+    cols.update({f"machine.{k}": v for k, v in point["machine_overrides"].items()})
+    cols.update({f"pass.{k}": str(v) for k, v in point["pass_options"].items()})
+    return cols
+
+
+def pipeline_for(options: Mapping[str, Any]) -> str | None:
+    """The full pipeline with the given pass options, or None (the default) without any."""
+    if not options:
+        return None
+    by_pass: dict[str, list[str]] = {}
+    for key, value in options.items():
+        name, _, option = key.partition(".")
+        by_pass.setdefault(name, []).append(f"{option}={str(value).lower() if isinstance(value, bool) else value}")
+    return ",".join(f"{p}{{{' '.join(by_pass[p])}}}" if p in by_pass else p for p in FULL_PIPELINE)
+
+
+def machine_file(base: str, overrides: Mapping[str, Any], directory: Path) -> Path | str:
+    """A machine file that `extends` the base machine with the overrides (each marked as a
+    sweep's assumption, as machine files require), or the base itself without any."""
+    from runtime_sim.perf.machine import MACHINES_DIR
+
+    if not overrides:
+        return MACHINES_DIR / f"{base}.toml" if (MACHINES_DIR / f"{base}.toml").exists() else base
+    lines = [f"extends = {json.dumps(base)}", f"name = {json.dumps(Path(base).stem + ' (swept)')}"]
+    by_section: dict[str, list[str]] = {}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        by_section.setdefault(section, []).append(
+            f"{name} = {{ value = {json.dumps(value)}, assumption = \"a sweep's what-if value\" }}")
+    for section, entries in by_section.items():
+        lines += [f"[{section}]", *entries]
+    path = directory / "machine.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def chosen_block(report: SimReport) -> int | None:
+    """The block size the compiler chose, when the report records one (read defensively:
+    older reports have none)."""
+    for holder in (report, getattr(report, "schedule", None)):
+        for name in ("block_size", "chosen_block_size", "chosen_block", "block"):
+            value = holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
+def report_columns(report: SimReport) -> dict[str, Any]:
+    m, r = report.machine, report.roofline
+    seconds = report.total_cycles / m.clock_hz
+    cols: dict[str, Any] = {
+        "total_cycles": report.total_cycles,
+        "microseconds": report.microseconds,
+        "roofline_cycles": r.cycles,
+        "roofline_ratio": report.total_cycles / r.cycles if r.cycles > 0 else None,
+        "roofline_bound": r.bound,
+        "flops": r.flops,
+        "hbm_bytes": r.hbm_bytes,
+        "hbm_bytes_moved": sum(o.hbm_bytes for o in report.ops),  # the memory plan's spills and streams too
+        "arithmetic_intensity": r.flops / r.hbm_bytes if r.hbm_bytes else None,
+        "achieved_flops_per_s": r.flops / seconds if seconds > 0 else None,
+        "peak_flops_per_s": m.peak_flops_per_cycle * m.clock_hz,
+        "hbm_bytes_per_s": m.hbm_bytes_per_second,
+        "peak_sram_bytes": report.peak_sram_bytes,
+        "sram_capacity_bytes": report.sram_capacity,
+        "spills": len(report.spills),
+        "streams": len(report.streams),
+        "block_size": chosen_block(report),
+    }
+    cols.update({f"phase.{p.name}": p.critical_cycles for p in report.phases})
+    return cols
+
+
+def error_text(e: BaseException, point: Point) -> str:
+    """One line, as `tcpc run` would say it."""
+    from tcpc.diagnostics import CompileError
+
+    if isinstance(e, CompileError):
+        return e.render(Path(point["program"]).name, "").splitlines()[0]
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def run_point(point: Point) -> dict[str, Any]:
+    """One point: compile, lower and simulate cost-only (a Dask task; never raises)."""
+    from tcpc.program import compile_file
+
+    start = time.perf_counter()
+    row: dict[str, Any] = {"key": point_key(point), **input_columns(point)}
+    try:
+        program = compile_file(point["program"], point["dims"])
+        with tempfile.TemporaryDirectory(prefix="tcpc-sweep-") as tmp:
+            machine = machine_file(point["machine"], point["machine_overrides"], Path(tmp))
+            sim = program.simulate(cost_only=True, pipeline=pipeline_for(point["pass_options"]), machine=machine,
+                                   routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
+        row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),
+                   **report_columns(sim.report))
+    except Exception as e:  # the sweep goes on; the row says why
+        row.update(status="error", error=error_text(e, point))
+    row["seconds"] = time.perf_counter() - start
+    return row
+
+
+# ---------------------------------------------------------------- results
+
+
+CORE_SCHEMA: tuple[tuple[str, str], ...] = (
+    ("key", "string"), ("status", "string"), ("error", "string"), ("program", "string"), ("routing", "string"),
+    ("seed", "int64"), ("sram_policy", "string"), ("machine", "string"), ("dims", "string"),
+    ("total_cycles", "int64"), ("microseconds", "float64"), ("roofline_cycles", "float64"),
+    ("roofline_ratio", "float64"), ("roofline_bound", "string"), ("flops", "int64"), ("hbm_bytes", "int64"),
+    ("hbm_bytes_moved", "int64"), ("arithmetic_intensity", "float64"), ("achieved_flops_per_s", "float64"),
+    ("peak_flops_per_s", "float64"), ("hbm_bytes_per_s", "float64"), ("peak_sram_bytes", "int64"),
+    ("sram_capacity_bytes", "int64"), ("spills", "int64"), ("streams", "int64"), ("block_size", "int64"),
+    ("seconds", "float64"),
+)
+"""Columns every results file has, with their Arrow types; then dim.*, machine.*, pass.* (the
+swept inputs) and phase.* (critical-path cycles by phase), typed from their values."""
+
+
+def _arrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.csv
+        import pyarrow.parquet
+    except ImportError:
+        raise SweepError(f"tcpc sweep writes Parquet with pyarrow: {EXTRA}") from None
+    return pyarrow
+
+
+GROUPS = ("dim.", "machine.", "pass.", "phase.")
+"""The prefixes of the columns after the core ones, in the order they are written."""
+
+
+def _column_order(name: str) -> tuple[int, str]:
+    prefix = name.split(".")[0] + "."
+    return (GROUPS.index(prefix) if prefix in GROUPS else len(GROUPS), name)
+
+
+def to_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    pa = _arrow()
+    core = dict(CORE_SCHEMA)
+    extra = sorted({k for r in rows for k in r} - set(core), key=_column_order)
+    fields = [pa.field(name, getattr(pa, t)()) for name, t in CORE_SCHEMA]
+    columns = [pa.array([r.get(name) for r in rows], type=f.type) for name, f in zip(core, fields)]
+    for name in extra:
+        values = [r.get(name) for r in rows]
+        given = [v for v in values if v is not None and not isinstance(v, bool)]
+        if name.startswith("phase.") or all(isinstance(v, int) for v in given):
+            column = pa.array(values, type=pa.int64())
+        elif all(isinstance(v, (int, float)) for v in given):
+            column = pa.array([None if v is None else float(v) for v in values], type=pa.float64())
+        else:
+            column = pa.array([None if v is None else str(v) for v in values], type=pa.string())
+        fields.append(pa.field(name, column.type))
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def write_results(rows: Sequence[Mapping[str, Any]], out: Path) -> None:
+    """results.parquet and results.csv, each written whole and then moved into place."""
+    pa = _arrow()
+    out.mkdir(parents=True, exist_ok=True)
+    table = to_table(rows)
+    for name, write in ((RESULTS, pa.parquet.write_table), (RESULTS_CSV, pa.csv.write_csv)):
+        tmp = out / f".{name}.tmp"
+        write(table, str(tmp))
+        os.replace(tmp, out / name)
+
+
+def read_results(out: Path) -> list[dict[str, Any]]:
+    """The rows of an earlier run (none when there is no results file)."""
+    path = out / RESULTS
+    if not path.exists():
+        return []
+    pa = _arrow()
+    try:
+        return pa.parquet.read_table(str(path)).to_pylist()
+    except Exception as e:  # pyarrow's errors have no common base
+        raise SweepError(f"{path}: cannot read the earlier results ({e}); move it away to start over") from None
+
+
+# ---------------------------------------------------------------- running
+
+
+class SweepProgress(Progress):
+    """`sweep: done / total points (failed)` on a terminal (the op-level Progress, counting points)."""
+
+    def __init__(self, total: int, stream: IO[str] | None = None, *, force: bool = False):
+        super().__init__(total, stream, delay=0.0, force=force)
+        self.failed = 0
+        if self.enabled:  # at once: starting a cluster takes seconds
+            self._draw(f"sweep: 0 / {total:,} points")
+
+    def point_done(self, ok: bool) -> None:
+        self.done += 1
+        self.failed += not ok
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < self.interval and self.done < (self.total or 0)):
+            return
+        self.last = now
+        failed = f", {self.failed} failed" if self.failed else ""
+        self._draw(f"sweep: {self.done:,} / {self.total:,} points{failed}")
+
+
+@dataclass
+class SweepOutcome:
+    out: Path
+    rows: list[dict[str, Any]]
+    """Every row of the results file: this spec's points and any earlier ones."""
+    ran: int
+    skipped: int
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    """The rows of this run's points that failed."""
+
+
+def _client(scheduler: str | None, workers: int | None, processes: bool) -> tuple[Any, Any]:
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise SweepError(f"tcpc sweep runs on Dask distributed: {EXTRA}") from None
+    if scheduler is not None:
+        try:
+            return Client(scheduler, timeout="10s"), None
+        except (OSError, TimeoutError, ValueError) as e:  # ValueError: not an address
+            raise SweepError(f"--scheduler {scheduler}: cannot connect ({e})") from None
+    cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=processes,
+                           dashboard_address=":0", silence_logs=logging.ERROR)
+    return Client(cluster), cluster
+
+
+def run_sweep(spec: Spec, out: Path, *, scheduler: str | None = None, workers: int | None = None,
+              processes: bool = True, progress: IO[str] | None = None, save_every: float = 10.0) -> SweepOutcome:
+    """Run the spec's points not already done in `out`, on a LocalCluster (`workers` worker
+    processes, or threads with processes=False) or on the Dask scheduler at `scheduler`."""
+    earlier = {r["key"]: r for r in read_results(out)}
+    todo = [p for p in spec.points if earlier.get(point_key(p), {}).get("status") != "ok"]
+    rows = dict(earlier)
+    outcome = SweepOutcome(out, [], len(todo), len(spec.points) - len(todo))
+    if todo:
+        client, cluster = _client(scheduler, workers, processes)
+        from dask.distributed import as_completed
+
+        bar = SweepProgress(len(todo), progress)
+        saved = time.monotonic()
+        try:
+            futures = client.map(run_point, todo, pure=False)
+            points = {f.key: p for f, p in zip(futures, todo)}
+            for future in as_completed(futures):
+                try:
+                    row = future.result()
+                except Exception as e:  # a worker that died: the point's row says so
+                    point = points[future.key]
+                    row = {"key": point_key(point), **input_columns(point), "status": "error",
+                           "error": f"the worker failed: {error_text(e, point)}"}
+                rows[row["key"]] = row
+                if row["status"] != "ok":
+                    outcome.failed.append(row)
+                bar.point_done(row["status"] == "ok")
+                if time.monotonic() - saved > save_every:
+                    write_results(list(rows.values()), out)
+                    saved = time.monotonic()
+        finally:
+            bar.close()
+            write_results(list(rows.values()), out)  # whatever finished, even when interrupted
+            client.close()
+            if cluster is not None:
+                cluster.close()
+    elif not (out / RESULTS).exists():
+        write_results([], out)
+    order = [point_key(p) for p in spec.points]
+    outcome.rows = [rows[k] for k in order if k in rows] + [r for k, r in rows.items() if k not in set(order)]
+    if todo:
+        write_results(outcome.rows, out)
+    return outcome
+
+
+# ---------------------------------------------------------------- charts
+
+INPUT_PREFIXES = ("dim.", "machine.", "pass.")
+INPUT_COLUMNS = ("program", "routing", "seed", "sram_policy", "machine")
+
+
+def swept_parameters(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The input columns that take more than one value among `rows`."""
+    rows = list(rows)
+    names = list(INPUT_COLUMNS) + sorted({k for r in rows for k in r if k.startswith(INPUT_PREFIXES)})
+    return [n for n in names if len({json.dumps(r.get(n)) for r in rows}) > 1]
+
+
+def _label(row: Mapping[str, Any], names: Sequence[str]) -> str:
+    """`T=64, sram.bytes_per_slice=128 KB`: the dim. and machine. prefixes left out."""
+    return ", ".join(f"{n.removeprefix('dim.').removeprefix('machine.')}={_tick(n, row.get(n))}" for n in names) or "all"
+
+
+def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
+    """roofline.png (arithmetic intensity vs achieved FLOP/s under each machine's roof) and
+    cycles_vs_PARAM.png for each swept parameter; the points that succeeded only."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SweepError(f"tcpc sweep --plot draws with matplotlib: {EXTRA}") from None
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("total_cycles")]
+    if not ok:
+        raise SweepError("nothing to plot: no point succeeded")
+    swept = swept_parameters(ok)
+    paths = [_roofline_chart(plt, ok, swept, out / "roofline.png")]
+    for name in swept:
+        paths.append(_cycles_chart(plt, ok, name, [s for s in swept if s != name],
+                                   out / f"cycles_vs_{name.replace('.', '_')}.png"))
+    return paths
+
+
+def _roofline_chart(plt: Any, rows: Sequence[Mapping[str, Any]], swept: Sequence[str], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    points = [r for r in rows if r.get("arithmetic_intensity") and r.get("achieved_flops_per_s")]
+    xs = [r["arithmetic_intensity"] for r in points]
+    lo, hi = (min(xs) / 4, max(xs) * 4) if xs else (0.1, 1e4)
+    roofs = sorted({(r["peak_flops_per_s"], r["hbm_bytes_per_s"]) for r in rows})
+    for peak, bandwidth in roofs:
+        knee = peak / bandwidth
+        grid = sorted({lo, hi, min(max(knee, lo), hi)})
+        label = f"roof: {peak / 1e12:.0f} TFLOP/s, {bandwidth / 1e12:.2f} TB/s" if len(roofs) > 1 else \
+            f"roof: {peak / 1e12:.0f} TFLOP/s peak, {bandwidth / 1e12:.2f} TB/s HBM"
+        ax.plot(grid, [min(peak, x * bandwidth) for x in grid], "k-" if len(roofs) == 1 else "-", lw=1.5, label=label)
+    colour_by = swept[0] if swept else None
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in points:
+        groups.setdefault(_label(r, [colour_by]) if colour_by else "points", []).append(r)
+    for name, group in groups.items():
+        ax.scatter([r["arithmetic_intensity"] for r in group], [r["achieved_flops_per_s"] for r in group],
+                   s=28, label=name, zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
+    ax.set_ylabel("achieved FLOP/s (layer FLOPs / simulated time)")
+    ax.set_title("Roofline: simulated MoE layers")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    return (0, value) if isinstance(value, (int, float)) else (1, str(value))
+
+
+def _tick(name: str, value: Any) -> str:
+    if "bytes" in name and isinstance(value, int):
+        for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+            if value >= scale and value % scale == 0:
+                return f"{value // scale} {unit}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _cycles_chart(plt: Any, rows: Sequence[Mapping[str, Any]], name: str, others: Sequence[str], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(10 if others else 7.5, 5))
+    values = sorted({r.get(name) for r in rows}, key=_sort_key)
+    numeric = all(isinstance(v, (int, float)) for v in values)
+    position = {v: (v if numeric else i) for i, v in enumerate(values)}
+    lines: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        lines.setdefault(_label(r, others), []).append(r)
+    for label, group in list(lines.items())[:12]:
+        group = sorted(group, key=lambda r: _sort_key(r.get(name)))
+        ax.plot([position[r.get(name)] for r in group], [r["total_cycles"] for r in group], "o-", ms=4, label=label)
+    if len(lines) > 12:
+        ax.set_title(f"{len(lines) - 12} more combinations not drawn", fontsize=8, loc="right")
+    if numeric and len(values) > 2 and min(values) > 0 and max(values) / min(values) >= 4:
+        ax.set_xscale("log", base=2)
+    if not numeric or len(values) <= 10:
+        ticks = [position[v] for v in values]
+        ax.set_xticks(ticks, [_tick(name, v) for v in values])
+        ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel(name)
+    ax.set_ylabel("total cycles")
+    ax.set_title(f"Cycles against {name}", loc="left")
+    ax.grid(True, which="both", alpha=0.3)
+    if len(lines) > 1:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,401 @@
+"""`tcpc run --weights`: tiny checkpoints of every family, written with safetensors' numpy API
+in the HuggingFace names and layouts (and a config.json), run with --check and compared with
+the same weights passed as an npz; and the errors of a checkpoint that does not fit."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ml_dtypes import bfloat16
+from safetensors.numpy import save_file
+
+from tcpc.checkpoints import CheckpointError, compile_with_weights, open_checkpoint
+from tcpc.cli import main
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+LAYERS = 2
+D, F, E = 64, 32, 4  # multiples of 32: MXFP4 blocks
+
+
+def bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(bfloat16)
+
+
+@dataclass
+class Tiny:
+    """A tiny checkpoint: HF tensors of every layer, its config, and what the graph's
+    arguments must be for layer 1 (built here by hand, not by the loader's tables)."""
+
+    tensors: dict[str, np.ndarray]
+    config: dict[str, object]
+    expected: Callable[[int], dict[str, np.ndarray]]
+    dims: dict[str, int]
+
+
+def per_expert(rng: np.random.Generator, prefix: str, names: tuple[str, str, str], f: int = F) -> dict[str, np.ndarray]:
+    gate, up, down = names
+    out = {}
+    for e in range(E):
+        out[f"{prefix}.experts.{e}.{gate}.weight"] = bf16(rng, f, D)
+        out[f"{prefix}.experts.{e}.{up}.weight"] = bf16(rng, f, D)
+        out[f"{prefix}.experts.{e}.{down}.weight"] = bf16(rng, D, f)
+    return out
+
+
+def stacked_t(tensors: dict[str, np.ndarray], prefix: str, name: str) -> np.ndarray:
+    return np.stack([tensors[f"{prefix}.experts.{e}.{name}.weight"].T for e in range(E)])
+
+
+def mixtral(rng: np.random.Generator) -> Tiny:
+    t: dict[str, np.ndarray] = {}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}.block_sparse_moe"
+        t[f"{p}.gate.weight"] = bf16(rng, E, D)
+        t.update(per_expert(rng, p, ("w1", "w3", "w2")))
+        t[f"model.layers.{i}.self_attn.q_proj.weight"] = bf16(rng, D, D)  # not read
+
+    def expected(i: int) -> dict[str, np.ndarray]:
+        p = f"model.layers.{i}.block_sparse_moe"
+        return {"router": t[f"{p}.gate.weight"].T, "w_gate": stacked_t(t, p, "w1"), "w_up": stacked_t(t, p, "w3"),
+                "w_down": stacked_t(t, p, "w2")}
+
+    config = {"model_type": "mixtral", "hidden_size": D, "intermediate_size": F, "num_local_experts": E,
+              "num_experts_per_tok": 2, "num_hidden_layers": LAYERS}
+    return Tiny(t, config, expected, {"D": D, "F": F, "E": E, "K": 2})
+
+
+def qwen3_moe(rng: np.random.Generator, fused: bool = False) -> Tiny:
+    t: dict[str, np.ndarray] = {}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}.mlp"
+        t[f"{p}.gate.weight"] = bf16(rng, E, D)
+        if fused:
+            t[f"{p}.experts.gate_up_proj"] = bf16(rng, E, 2 * F, D)
+            t[f"{p}.experts.down_proj"] = bf16(rng, E, D, F)
+        else:
+            t.update(per_expert(rng, p, ("gate_proj", "up_proj", "down_proj")))
+
+    def expected(i: int) -> dict[str, np.ndarray]:
+        p = f"model.layers.{i}.mlp"
+        if fused:
+            gu = t[f"{p}.experts.gate_up_proj"]
+            experts = {"w_gate": gu[:, :F, :].transpose(0, 2, 1), "w_up": gu[:, F:, :].transpose(0, 2, 1),
+                       "w_down": t[f"{p}.experts.down_proj"].transpose(0, 2, 1)}
+        else:
+            experts = {"w_gate": stacked_t(t, p, "gate_proj"), "w_up": stacked_t(t, p, "up_proj"),
+                       "w_down": stacked_t(t, p, "down_proj")}
+        return {"router": t[f"{p}.gate.weight"].T, **experts}
+
+    config = {"model_type": "qwen3_moe", "hidden_size": D, "moe_intermediate_size": F, "num_experts": E,
+              "num_experts_per_tok": 2, "num_hidden_layers": LAYERS, "norm_topk_prob": True,
+              "decoder_sparse_step": 1, "mlp_only_layers": []}
+    return Tiny(t, config, expected, {"D": D, "F": F, "E": E, "K": 2})
+
+
+def deepseek_v3(rng: np.random.Generator) -> Tiny:
+    t: dict[str, np.ndarray] = {}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}.mlp"
+        t[f"{p}.gate.weight"] = bf16(rng, E, D)
+        t[f"{p}.gate.e_score_correction_bias"] = rng.standard_normal(E).astype(np.float32)
+        t.update(per_expert(rng, p, ("gate_proj", "up_proj", "down_proj")))
+        for name, shape in (("gate_proj", (F, D)), ("up_proj", (F, D)), ("down_proj", (D, F))):
+            t[f"{p}.shared_experts.{name}.weight"] = bf16(rng, *shape)
+
+    def expected(i: int) -> dict[str, np.ndarray]:
+        p = f"model.layers.{i}.mlp"
+        return {"router": t[f"{p}.gate.weight"].T, "bias": t[f"{p}.gate.e_score_correction_bias"],
+                "w_gate": stacked_t(t, p, "gate_proj"), "w_up": stacked_t(t, p, "up_proj"),
+                "w_down": stacked_t(t, p, "down_proj"),
+                "ws_gate": t[f"{p}.shared_experts.gate_proj.weight"].T, "ws_up": t[f"{p}.shared_experts.up_proj.weight"].T,
+                "ws_down": t[f"{p}.shared_experts.down_proj.weight"].T}
+
+    config = {"model_type": "deepseek_v3", "hidden_size": D, "moe_intermediate_size": F, "n_routed_experts": E,
+              "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "n_shared_experts": 1,
+              "first_k_dense_replace": 0, "moe_layer_freq": 1, "num_hidden_layers": LAYERS,
+              "routed_scaling_factor": 2.5, "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+    return Tiny(t, config, expected, {"D": D, "F": F, "FS": F, "E": E, "K": 2, "NG": 2, "TG": 1})
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def mxfp4(rng: np.random.Generator, *shape: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random MXFP4 codes for a [..., N] weight: the packed blocks [..., N/32, 16], the e8m0
+    scales [..., N/32], and the values they stand for (built from the codes, not unpacked)."""
+    codes = rng.integers(0, 16, size=shape)
+    scales = rng.integers(120, 130, size=(*shape[:-1], shape[-1] // 32)).astype(np.uint8)
+    sign = np.where(codes >= 8, -1.0, 1.0)
+    values = sign * np.array(E2M1)[codes % 8] * 2.0 ** (np.repeat(scales, 32, axis=-1).astype(np.int64) - 127)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return packed.reshape(*shape[:-1], shape[-1] // 32, 16), scales, values
+
+
+def gpt_oss(rng: np.random.Generator, quantized: bool = False) -> Tiny:
+    """bf16 experts ([E, D, 2F] interleaved), or the released MXFP4 ones ([E, 2F, D] interleaved
+    and [E, D, F], blocks along the input axis)."""
+    t: dict[str, np.ndarray] = {}
+    dense: dict[str, np.ndarray] = {}  # the MXFP4 weights' values, in the bf16 layout
+    for i in range(LAYERS):
+        p = f"model.layers.{i}.mlp"
+        t[f"{p}.router.weight"] = bf16(rng, E, D)
+        t[f"{p}.router.bias"] = bf16(rng, E)
+        if quantized:
+            for name, shape in (("gate_up_proj", (E, 2 * F, D)), ("down_proj", (E, D, F))):
+                t[f"{p}.experts.{name}_blocks"], t[f"{p}.experts.{name}_scales"], values = mxfp4(rng, *shape)
+                dense[f"{p}.experts.{name}"] = values.transpose(0, 2, 1)
+        else:
+            t[f"{p}.experts.gate_up_proj"] = bf16(rng, E, D, 2 * F)
+            t[f"{p}.experts.down_proj"] = bf16(rng, E, F, D)
+        t[f"{p}.experts.gate_up_proj_bias"] = bf16(rng, E, 2 * F)
+        t[f"{p}.experts.down_proj_bias"] = bf16(rng, E, D)
+
+    def expected(i: int) -> dict[str, np.ndarray]:
+        p = f"model.layers.{i}.mlp"
+        weights = dense if quantized else t
+        gu, gub = weights[f"{p}.experts.gate_up_proj"], t[f"{p}.experts.gate_up_proj_bias"]
+        return {"router": t[f"{p}.router.weight"].T, "router_bias": t[f"{p}.router.bias"],
+                "w_gate": gu[..., 0::2], "b_gate": gub[..., 0::2], "w_up": gu[..., 1::2], "b_up": gub[..., 1::2],
+                "w_down": weights[f"{p}.experts.down_proj"], "b_down": t[f"{p}.experts.down_proj_bias"]}
+
+    config = {"model_type": "gpt_oss", "hidden_size": D, "intermediate_size": F, "num_local_experts": E,
+              "num_experts_per_tok": 2, "num_hidden_layers": LAYERS, "swiglu_limit": 7.0}
+    return Tiny(t, config, expected, {"D": D, "F": F, "E": E, "K": 2})
+
+
+def llama4(rng: np.random.Generator) -> Tiny:
+    t: dict[str, np.ndarray] = {}
+    for i in range(LAYERS):
+        p = f"language_model.model.layers.{i}.feed_forward"
+        t[f"{p}.router.weight"] = bf16(rng, E, D)
+        t[f"{p}.experts.gate_up_proj"] = bf16(rng, E, D, 2 * F)
+        t[f"{p}.experts.down_proj"] = bf16(rng, E, F, D)
+        for name, shape in (("gate_proj", (F, D)), ("up_proj", (F, D)), ("down_proj", (D, F))):
+            t[f"{p}.shared_expert.{name}.weight"] = bf16(rng, *shape)
+
+    def expected(i: int) -> dict[str, np.ndarray]:
+        p = f"language_model.model.layers.{i}.feed_forward"
+        gu = t[f"{p}.experts.gate_up_proj"]
+        return {"router": t[f"{p}.router.weight"].T, "w_gate": gu[..., :F], "w_up": gu[..., F:],
+                "w_down": t[f"{p}.experts.down_proj"],
+                "ws_gate": t[f"{p}.shared_expert.gate_proj.weight"].T, "ws_up": t[f"{p}.shared_expert.up_proj.weight"].T,
+                "ws_down": t[f"{p}.shared_expert.down_proj.weight"].T}
+
+    text = {"model_type": "llama4_text", "hidden_size": D, "intermediate_size": F, "intermediate_size_mlp": 4 * F,
+            "num_local_experts": E, "num_experts_per_tok": 1, "num_hidden_layers": LAYERS,
+            "interleave_moe_layer_step": 1}
+    return Tiny(t, {"model_type": "llama4", "text_config": text}, expected, {"D": D, "F": F, "FS": F, "E": E, "K": 1})
+
+
+FAMILIES = {"mixtral": mixtral, "qwen3_moe": qwen3_moe, "deepseek_v3": deepseek_v3, "gpt_oss": gpt_oss,
+            "llama4": llama4}
+
+
+def write(tmp: Path, tiny: Tiny, shards: int = 1, config: bool = True) -> Path:
+    """A snapshot directory: config.json and the tensors in `shards` files (with an index when
+    more than one, as HF writes them)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    names = sorted(tiny.tensors)
+    weight_map = {}
+    for s in range(shards):
+        part = names[s::shards]
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
+        save_file({n: np.ascontiguousarray(tiny.tensors[n]) for n in part}, str(tmp / file))
+        weight_map.update({n: file for n in part})
+    if shards > 1:
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    if config:
+        (tmp / "config.json").write_text(json.dumps(tiny.config))
+    return tmp
+
+
+def tcpc(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tiny_checkpoint_runs_checks_and_matches_npz(family: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = FAMILIES[family](np.random.default_rng(7))
+    ckpt = write(tmp_path / "ckpt", tiny, shards=2)
+    program = EXAMPLES / f"{family}.moe"
+    code, out, err = tcpc(capsys, "run", program, "--weights", ckpt, "--layer", 1, "--check",
+                          "--out", tmp_path / "from_ckpt.npz")
+    assert code == 0, err
+    assert "check: outputs" in out and f"weights: layer 1 of {ckpt}" in out
+    # The same weights by hand, as an npz, with the dims given by --set.
+    np.savez(tmp_path / "weights.npz", **{k: np.asarray(v, np.float32) for k, v in tiny.expected(1).items()})
+    sets = [a for k, v in tiny.dims.items() for a in ("--set", f"{k}={v}")]
+    code, _, err = tcpc(capsys, "run", program, "--inputs", tmp_path / "weights.npz", *sets,
+                        "--out", tmp_path / "from_npz.npz")
+    assert code == 0, err
+    a, b = np.load(tmp_path / "from_ckpt.npz"), np.load(tmp_path / "from_npz.npz")
+    assert np.array_equal(a["out0"], b["out0"])
+    assert np.abs(a["out0"]).max() > 0
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_loaded_weights_are_the_hf_tensors_in_program_layout(family: str, tmp_path: Path) -> None:
+    tiny = FAMILIES[family](np.random.default_rng(3))
+    ckpt = open_checkpoint(write(tmp_path, tiny))
+    for layer in range(LAYERS):
+        loaded = compile_with_weights(EXAMPLES / f"{family}.moe", ckpt, layer, {})
+        assert loaded.dims == tiny.dims
+        want = tiny.expected(layer)
+        assert set(loaded.weights) == set(want)
+        for name, value in want.items():
+            assert loaded.weights[name].shape == value.shape, name
+            assert np.array_equal(loaded.weights[name].astype(np.float32), value.astype(np.float32)), name
+
+
+def test_fused_qwen3_layout_and_a_single_file(tmp_path: Path) -> None:
+    tiny = qwen3_moe(np.random.default_rng(5), fused=True)
+    write(tmp_path, tiny)
+    ckpt = open_checkpoint(tmp_path / "model.safetensors")  # a file: config.json beside it is read
+    loaded = compile_with_weights(EXAMPLES / "qwen3_moe.moe", ckpt, 0, {"T": 8})
+    assert loaded.program.dims["T"] == 8 and loaded.program.dims["F"] == F
+    for name, value in tiny.expected(0).items():
+        assert np.array_equal(loaded.weights[name].astype(np.float32), value.astype(np.float32)), name
+
+
+def test_without_config_dims_come_from_the_program(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = mixtral(np.random.default_rng(1))
+    ckpt = write(tmp_path, tiny, config=False)
+    sets = [a for k, v in tiny.dims.items() for a in ("--set", f"{k}={v}")]
+    code, _, err = tcpc(capsys, "run", EXAMPLES / "mixtral.moe", "--weights", ckpt, "--layer", 0, *sets, "--reference")
+    assert code == 0, err
+    # without --set, the program's default dims do not fit the checkpoint: a shape error
+    code, _, err = tcpc(capsys, "run", EXAMPLES / "mixtral.moe", "--weights", ckpt, "--layer", 0, "--reference")
+    assert code == 1
+    assert "tensor 'model.layers.0.block_sparse_moe.experts.4.w1.weight' not found" in err  # E = 8 there
+    code, _, err = tcpc(capsys, "run", EXAMPLES / "mixtral.moe", "--weights", ckpt, "--layer", 0, "--set", "E=4",
+                        "--reference")
+    assert code == 1
+    assert (f"model.safetensors: tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' has shape [{F}, {D}], "
+            f"expected [128, {D}] (argument 'w_gate' bf16[4, 64, 128] of mixtral.moe)") in err  # F = 128 there
+
+
+def error(capsys: pytest.CaptureFixture[str], ckpt: Path, family: str = "qwen3_moe", layer: int = 0,
+          *more: object) -> str:
+    code, _, err = tcpc(capsys, "run", EXAMPLES / f"{family}.moe", "--weights", ckpt, "--layer", layer, *more)
+    assert code == 1, err
+    assert err.startswith("tcpc: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_errors_name_the_tensor_shapes_and_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(0)
+    base = qwen3_moe(rng)
+    # a missing tensor
+    tiny = qwen3_moe(rng)
+    del tiny.tensors["model.layers.0.mlp.experts.3.up_proj.weight"]
+    err = error(capsys, write(tmp_path / "missing", tiny))
+    assert "tensor 'model.layers.0.mlp.experts.3.up_proj.weight' not found" in err and "missing" in err
+    # a wrong shape
+    tiny = qwen3_moe(rng)
+    tiny.tensors["model.layers.0.mlp.experts.1.down_proj.weight"] = bf16(rng, D, F + 1)
+    err = error(capsys, write(tmp_path / "shape", tiny))
+    assert (f"{tmp_path / 'shape' / 'model.safetensors'}: tensor 'model.layers.0.mlp.experts.1.down_proj.weight' "
+            f"has shape [{D}, {F + 1}], expected [{D}, {F}]") in err
+    # a wrong dtype
+    tiny = qwen3_moe(rng)
+    tiny.tensors["model.layers.0.mlp.gate.weight"] = np.ones((E, D), np.int32)
+    err = error(capsys, write(tmp_path / "dtype", tiny))
+    assert "tensor 'model.layers.0.mlp.gate.weight' is I32, expected a float tensor" in err
+    # a layer out of range
+    err = error(capsys, write(tmp_path / "ok", base), "qwen3_moe", 5)
+    assert "layer 5 is out of range" in err and "num_hidden_layers = 2 (layers 0..1)" in err
+    # a program of another family
+    err = error(capsys, tmp_path / "ok", "mixtral")
+    assert "a qwen3_moe checkpoint; its program is examples/qwen3_moe.moe" in err
+    # a model with no mapping
+    other = qwen3_moe(rng)
+    other.config["model_type"] = "llama"
+    err = error(capsys, write(tmp_path / "llama", other))
+    assert "model_type 'llama' has no tensor mapping" in err
+    # a config value the program bakes in
+    other = qwen3_moe(rng)
+    other.config["norm_topk_prob"] = False
+    err = error(capsys, write(tmp_path / "norm", other))
+    assert "norm_topk_prob = False, but examples/qwen3_moe.moe needs True" in err
+    # a dense layer
+    dense = deepseek_v3(rng)
+    dense.config["first_k_dense_replace"] = 1
+    err = error(capsys, write(tmp_path / "dense", dense), "deepseek_v3", 0)
+    assert "layer 0 of this deepseek_v3 checkpoint is a dense MLP" in err and "MoE layers: 1" in err
+    # flags
+    err = error(capsys, tmp_path / "ok", "qwen3_moe", 0, "--cost-only")
+    assert "--weights does not apply to --cost-only" in err
+    code, _, err = tcpc(capsys, "run", EXAMPLES / "qwen3_moe.moe", "--weights", tmp_path / "ok")
+    assert code == 1 and "--weights and --layer go together" in err
+    err = error(capsys, tmp_path / "nowhere")
+    assert "nowhere: no such file or directory" in err
+
+
+def test_low_precision_checkpoints_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ml_dtypes import float8_e4m3fn
+
+    rng = np.random.default_rng(0)
+    tiny = deepseek_v3(rng)
+    p = "model.layers.0.mlp.experts.0.gate_proj"
+    tiny.tensors[f"{p}.weight"] = tiny.tensors[f"{p}.weight"].astype(float8_e4m3fn)
+    tiny.tensors[f"{p}.weight_scale_inv"] = np.ones((1, 1), np.float32)
+    err = error(capsys, write(tmp_path / "fp8", tiny), "deepseek_v3")
+    assert f"tensor '{p}.weight' is F8_E4M3 with block scales '{p}.weight_scale_inv'" in err
+    assert "fp8 checkpoints are not supported yet" in err
+    mx = gpt_oss(rng, quantized=True)
+    gu = "model.layers.0.mlp.experts.gate_up_proj_scales"
+    mx.tensors[gu] = mx.tensors[gu].astype(np.int32)
+    err = error(capsys, write(tmp_path / "mxfp4", mx), "gpt_oss")
+    assert f"tensor '{gu}' is I32 [{E}, {2 * F}, {D // 32}], expected U8 [{E}, {2 * F}, {D // 32}]" in err
+
+
+def test_gpt_oss_mxfp4_checkpoint_dequantizes_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = gpt_oss(np.random.default_rng(11), quantized=True)
+    ckpt = write(tmp_path / "ckpt", tiny)
+    loaded = compile_with_weights(EXAMPLES / "gpt_oss.moe", open_checkpoint(ckpt), 1, {})
+    for name, value in tiny.expected(1).items():
+        assert np.array_equal(loaded.weights[name].astype(np.float64), value.astype(np.float64)), name
+    code, out, err = tcpc(capsys, "run", EXAMPLES / "gpt_oss.moe", "--weights", ckpt, "--layer", 0, "--check")
+    assert code == 0, err
+    assert "check: outputs" in out
+
+
+def test_only_the_chosen_layer_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tcpc import checkpoints
+
+    tiny = mixtral(np.random.default_rng(2))
+    ckpt = open_checkpoint(write(tmp_path, tiny))
+    read: list[str] = []
+    original = checkpoints._Reader.read
+
+    def spy(self: checkpoints._Reader, name: str, file: Path) -> np.ndarray:
+        read.append(name)
+        return original(self, name, file)
+
+    monkeypatch.setattr(checkpoints._Reader, "read", spy)
+    compile_with_weights(EXAMPLES / "mixtral.moe", ckpt, 1, {})
+    assert read and all(n.startswith("model.layers.1.block_sparse_moe.") for n in read)
+    assert len(read) == 1 + 3 * E
+
+
+def test_bad_checkpoint_files(tmp_path: Path) -> None:
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="junk.safetensors: not a readable safetensors file"):
+        open_checkpoint(tmp_path / "junk.safetensors")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no .safetensors file"):
+        open_checkpoint(tmp_path / "empty")
+
+
+def test_a_program_with_no_table(tmp_path: Path) -> None:
+    ckpt = open_checkpoint(write(tmp_path, mixtral(np.random.default_rng(0)), config=False))
+    with pytest.raises(CheckpointError, match="graph 'toy' has no checkpoint mapping"):
+        compile_with_weights(EXAMPLES / "toy.moe", ckpt, 0, {})
