@@ -17,7 +17,8 @@ LOWERED_DIALECTS = {"func", "tcp", "ve", "builtin"}
 
 
 def test_the_default_pipeline_is_the_full_lowering() -> None:
-    assert LOWERED_PIPELINE == ("lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments")
+    assert LOWERED_PIPELINE == ("lower-topk", "lower-routing", "lower-dispatch", "lower-quant", "lower-math",
+                                "load-arguments")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

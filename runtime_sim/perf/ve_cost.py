@@ -77,6 +77,7 @@ from runtime_sim.perf.cost_model import (
     register_view,
 )
 from runtime_sim.perf.machine import Machine
+from runtime_sim.semantics.numerics import stored_nbytes
 from runtime_sim.perf.vector_cost import AluClass, scan_cycles, vector_chain_cycles
 
 Rate = Literal["int", "float", "by type"]
@@ -187,12 +188,12 @@ def _read_bytes(op: Operation, operands: tuple[Any, ...]) -> int:
     for operand, value in zip(op.operands, operands):
         if isinstance(operand.owner, ve.ConstOp):
             continue
-        total += int(getattr(value, "nbytes", 0))
+        total += stored_nbytes(value)
     return total
 
 
 def _written_bytes(results: tuple[Any, ...]) -> int:
-    return sum(int(getattr(v, "nbytes", 0)) for v in results)
+    return sum(stored_nbytes(v) for v in results)
 
 
 def _stream_cost(spec: VeCost) -> CostFn:

@@ -12,6 +12,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions
 from xdsl.interpreters.func import FuncFunctions
 
 from runtime_sim.semantics.moe_semantics import MoEFunctions
+from runtime_sim.semantics.quant_semantics import QuantFunctions
 from runtime_sim.semantics.tcp_semantics import TCPFunctions
 from runtime_sim.semantics.tmath_semantics import TMathFunctions
 from runtime_sim.semantics.ve_semantics import VEFunctions
@@ -22,6 +23,7 @@ SEMANTICS: list[type[InterpreterFunctions]] = [
     MoEFunctions,
     VEFunctions,
     TCPFunctions,
+    QuantFunctions,
 ]
 """Every dialect's numpy semantics; each lowering level registers its own here."""
 
