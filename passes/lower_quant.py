@@ -60,8 +60,8 @@ class _Emitter(LoweringBuilder):
         if times == 1:
             return x
         shape = list(shape_of(x.type))
-        tiled = self.broadcast(x, axis + 1, times)
-        return self.view(tiled, [*shape[:axis], shape[axis] * times, *shape[axis + 1:]], name)
+        tiled = self.broadcast(x, axis + 1, times, "tiled")
+        return self.view(tiled, [*shape[:axis], shape[axis] * times, *shape[axis + 1:]], name or "repeated")
 
     def expand_scales(self, scales: SSAValue, shape: tuple[int, ...], name: str) -> SSAValue:
         """Scales in f32 lanes, one per element of a tensor of `shape`."""
