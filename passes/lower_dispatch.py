@@ -22,7 +22,9 @@ sections 3.4 to 3.6):
   - `ve.narrow` to bf16 when the result is bf16: the contraction's f32 result is rounded once,
     as the reference rounds it.
 - `moe.scaled_grouped_matmul %xq, %wq, %route scales %xs, %ws (bias %b)?` -> the same, with
-  the weight scales gathered too (`w_scales_gathered`) and `tcp.scaled_contract` in place of
+  the weight scales gathered too (`w_scales_gathered`; right after the plan's row masks when
+  they are a function argument, so that the small scale gathers run early rather than queue
+  behind the weight gathers) and `tcp.scaled_contract` in place of
   `tcp.contract`: the f32 partial sum of each K-block is multiplied by its two scales in the
   chain's vector stage and summed in K order; values and scales move at their stored width.
 - `moe.combine %yb, %route (weights %w)?` -> `tcp.view` as [G*B, D] rows (`y_rows`),
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import BFloat16Type, ModuleOp, TensorType, f32, i32
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -155,6 +157,20 @@ class _RowMasks:
             self.wide[key] = op.result
         return self.wide[key]
 
+    def early_gather(self, plan: moe.RouteOp, source: SSAValue, name: str, rewriter: PatternRewriter) -> SSAValue | None:
+        """`tcp.dma_gather %source[%expert_ids]` placed right after the plan's masks, when
+        `source` is a function argument (so it is available there): block scales are small,
+        and gathered early they run beside the dispatch rather than queueing behind weight
+        gathers that occupy every DMA engine (commands issue in program order). None when
+        `source` is computed in the function."""
+        if not isinstance(source, BlockArgument):
+            return None
+        self.row_valid(plan, rewriter)
+        op = tcp.DmaGatherOp(source, plan.expert_ids)
+        op.result.name_hint = name
+        self._insert(plan, [op], InsertPoint.after(self.last[plan]), rewriter)
+        return op.result
+
     def _insert(self, plan: moe.RouteOp, ops: list[Operation], at: InsertPoint, rewriter: PatternRewriter) -> None:
         mark(ops, "experts")
         rewriter.insert(ops, at)
@@ -186,15 +202,17 @@ def lower_grouped_matmul(op: moe.GroupedMatmulOp, plan: moe.RouteOp, rows_valid:
     return e.ops, e.to_result(masked, op.result.type, op.result.name_hint or "y_blocked")
 
 
-def lower_scaled_grouped_matmul(op: moe.ScaledGroupedMatmulOp, plan: moe.RouteOp, rows_valid: SSAValue
-                                 ) -> tuple[list[Operation], SSAValue]:
-    """As `lower_grouped_matmul`, with the weights' block scales gathered beside them (both
-    at their stored width) and one `tcp.scaled_contract`, which applies the scales to the f32
-    partial sums in the chain's vector stage."""
+def lower_scaled_grouped_matmul(op: moe.ScaledGroupedMatmulOp, plan: moe.RouteOp, rows_valid: SSAValue,
+                                 weight_scales: SSAValue | None = None) -> tuple[list[Operation], SSAValue]:
+    """As `lower_grouped_matmul`, with the weights' block scales gathered too (both at their
+    stored width; the scales already gathered when `weight_scales` is given) and one
+    `tcp.scaled_contract`, which applies the scales to the f32 partial sums in the chain's
+    vector stage."""
     g, b, f = shape_of(op.result.type)
     e = _Emitter()
     weights = e.emit(tcp.DmaGatherOp(op.weight, plan.expert_ids), "w_gathered")
-    weight_scales = e.emit(tcp.DmaGatherOp(op.weight_scales, plan.expert_ids), "w_scales_gathered")
+    if weight_scales is None:
+        weight_scales = e.emit(tcp.DmaGatherOp(op.weight_scales, plan.expert_ids), "w_scales_gathered")
     bias = None
     if op.bias is not None:
         gathered = e.emit(tcp.DmaGatherOp(op.bias, plan.expert_ids), "bias_gathered")
@@ -241,7 +259,9 @@ class LowerDispatchPattern(RewritePattern):
             mark(ops, "experts")
         elif isinstance(op, moe.ScaledGroupedMatmulOp):
             width = shape_of(op.result.type)[2]
-            ops, result = lower_scaled_grouped_matmul(op, plan, self.masks.rows_valid(plan, width, rewriter))
+            rows_valid = self.masks.rows_valid(plan, width, rewriter)
+            scales = self.masks.early_gather(plan, op.weight_scales, "w_scales_gathered", rewriter)
+            ops, result = lower_scaled_grouped_matmul(op, plan, rows_valid, scales)
             mark(ops, "experts")
         else:
             ops, result = lower_combine(op, plan)
