@@ -165,9 +165,11 @@ def costed_op_names() -> set[str]:
     return set(_COSTS)
 
 
-# Control flow does no work; the splat constants of tmath are data the loader places in memory.
-register_cost(func.ReturnOp, func.CallOp, "tmath.constant")(free_cost)
-register_view("tmath.reshape", "tcp.view")
+def register_builtin_costs() -> None:
+    """Control flow does no work; the splat constants of tmath are data the loader places in
+    memory; a reshape is a view."""
+    register_cost(func.ReturnOp, func.CallOp, "tmath.constant")(free_cost)
+    register_view("tmath.reshape")
 
 UNTRACED = {func.ReturnOp.name, func.CallOp.name}
 """Ops that only pass values along: the simulator follows them but lists no row for them."""

@@ -28,11 +28,10 @@ SEMANTICS: list[type[InterpreterFunctions]] = [
 """Every dialect's numpy semantics; each lowering level registers its own here."""
 
 
-def make_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = (),
-                     cls: type[Interpreter] = Interpreter) -> Interpreter:
-    """`listeners` see every op as it runs (the simulator costs ops through one); `cls` may be
-    a subclass that runs ops differently (cost-only mode's shape-only interpreter)."""
-    interpreter = cls(module, listeners=tuple(listeners))
+def make_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = ()) -> Interpreter:
+    """`listeners` see every op as it runs (the simulator costs ops through one; cost-only mode
+    registers shape-only implementations over these, runtime_sim/perf/cost_only.py)."""
+    interpreter = Interpreter(module, listeners=tuple(listeners))
     for functions in SEMANTICS:
         interpreter.register_implementations(functions())
     return interpreter
