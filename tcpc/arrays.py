@@ -2,6 +2,8 @@
 
 npz has no bf16: a bf16 argument accepts any real array (rounded to nearest even) or raw bf16
 bytes (`|V2`, what numpy writes for an ml_dtypes array); bf16 results are saved as f32 (exact).
+A low-precision argument (f8e4m3, f8e5m2, f4e2m1, e8m0) accepts any real array (converted with
+saturation, round to nearest even) or its raw bytes (`|V1`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def to_declared(name: str, value: np.ndarray, t: TensorType) -> np.ndarray:
         return value
     if value.dtype == np.dtype("V2") and want == bfloat16:
         return value.view(bfloat16)
+    if value.dtype == np.dtype("V1") and want.itemsize == 1:  # raw f8, f4 (one per byte) or e8m0
+        return value.view(want)
     if want == np.int32:
         if value.dtype.kind not in "iu":
             raise InputError(f"input '{name}' is {value.dtype}, the graph declares {format_type(t)} (integers)")

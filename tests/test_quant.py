@@ -345,3 +345,24 @@ graph g(w8: f8e4m3[E, D, F], w4: f4e2m1[E, D, F], ids: i32[4]) -> i32[4] { retur
     c4 = cost_dma_gather(g4, (np.zeros((8, 512, 256), float4_e2m1), idx), (), machine)
     assert cost_model.in_hbm(w8)
     assert c8.hbm_bytes == 3 * 512 * 256 and c4.hbm_bytes == 3 * 512 * 256 // 2
+
+
+def test_npz_inputs_take_raw_or_real_low_precision_arrays(tmp_path: Path) -> None:
+    """--inputs: fp8 and e8m0 arguments from raw ml_dtypes arrays (npz writes them as |V1) or
+    from real values, which are saturated and rounded; both give the run from those values."""
+    from tcpc.cli import main
+
+    program = tcpc.compile_file(ROOT / "examples" / "gpt_oss_mxfp4.moe")
+    inputs = program.run(seed=4).inputs
+    raw = tmp_path / "raw.npz"
+    np.savez(raw, **inputs)
+    real = tmp_path / "real.npz"
+    np.savez(real, **{k: v.astype(np.float32) for k, v in inputs.items()})
+    outs = []
+    for path in (raw, real):
+        out = tmp_path / f"out_{path.stem}.npz"
+        assert main(["run", str(ROOT / "examples" / "gpt_oss_mxfp4.moe"), "--reference", "--inputs", str(path),
+                     "--out", str(out)]) == 0
+        outs.append(np.load(out)["out0"])
+    want = program.run(inputs).outputs[0].astype(np.float32)
+    assert np.array_equal(outs[0], want) and np.array_equal(outs[1], want)

@@ -23,6 +23,8 @@ pessimistically.
 | `fxp_to_fp`, `fp_to_fxp` | FxpToFp, FpToFxp | 8-way | stream |
 | `narrow` (f32 -> bf16) | Cast Engine (one flit per cycle) | 8-way | stream |
 | `widen` (bf16 -> f32) | Fetch Adapter cast (assumption: one flit per cycle, like the Cast Engine) | 8-way | stream |
+| `widen_low` (f8e4m3, f8e5m2, f4e2m1, e8m0 -> f32) | fetch lookup table (f4e2m1 -> f8) and cast path (a `ConversionOp`; assumption: one flit per cycle) | 8-way | stream |
+| `narrow_low` (f32 -> f8e4m3, f8e5m2) | Cast Engine (a `ConversionOp`) | 8-way | stream |
 | `reduce_sum reduce_max reduce_min` | IntraSliceReduce (accumulator tree) | 4-way | stream + first output after n steps of the reduced axis |
 | `scan` | Fxp add (i32) or Clip add/max/min (f32 add, max, min) with a guarded register-file operand | 8 rows per slice | time-axis scan: n cycles per round of rows |
 | `filter` | Filter | 8-way | stream + the Filter stage's packing latency (machine file, assumption) |
