@@ -15,7 +15,6 @@ import ml_dtypes
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
-
 from xdsl.ir import SSAValue
 
 from dialects import moe, quant, tcp

@@ -22,13 +22,24 @@ from xdsl.printer import Printer
 import tcpc
 from dialects import tcp
 from dialects.moe import RouteType
-from runtime_sim.perf import cost_model
 from passes.lower_quant import LowerQuantPass
+from runtime_sim.perf import cost_model
 from runtime_sim.perf.machine import load_machine
-from runtime_sim.perf.tcp_cost import cost_contract, cost_dma_gather, cost_scaled_contract
+from runtime_sim.perf.tcp_cost import (
+    cost_contract,
+    cost_dma_gather,
+    cost_scaled_contract,
+)
 from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.moe_semantics import dispatch, route_plan
-from runtime_sim.semantics.numerics import float4_e2m1, float8_e4m3, float8_e5m2, float8_e8m0, round_to, tensor_dtype
+from runtime_sim.semantics.numerics import (
+    float4_e2m1,
+    float8_e4m3,
+    float8_e5m2,
+    float8_e8m0,
+    round_to,
+    tensor_dtype,
+)
 from runtime_sim.semantics.quantization import QUANTIZE_EPS, dequantize, quantize
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import apply_pipeline, make_context
@@ -217,7 +228,7 @@ def test_fp8_projection_within_the_derived_tolerance_of_bf16(seed: int) -> None:
     s = np.einsum("gbd,gdf->gbf", np.abs(blocks), wg)
     amax = np.abs(blocks).reshape(*blocks.shape[:2], 2, 128).max(axis=-1)  # [G, B, 2]
     a = np.einsum("gbk,gkf->gbf", amax / 448, wg.reshape(wg.shape[0], 2, 128, -1).sum(axis=2))
-    ulp = lambda v: np.exp2(np.floor(np.log2(np.maximum(np.abs(v), 2.0**-126))) - 7)  # noqa: E731
+    ulp = lambda v: np.exp2(np.floor(np.log2(np.maximum(np.abs(v), 2.0**-126))) - 7)
     bound = (2**-4 + 2**-8) * s + 2**-10 * a + ulp(y8) + ulp(y16)
     unused = plan.expert_ids < 0
     assert (y8[unused] == 0).all() and (y16[unused] == 0).all()
@@ -313,7 +324,7 @@ graph g(x: f8e4m3[G, B, D], xs: f32[G, B, D / 128], w: f8e4m3[G, D, F], ws: f32[
     bf16 = tcp.ContractOp("gbd,gdf->gbf", args[6], args[7], TensorType(f32, [64, 64, 768]))
     for op in (fp8, fp4, bf16):
         block.add_op(op)
-    z = lambda v: np.zeros(tuple(v.type.get_shape()), dtype=tensor_dtype(v.type))  # noqa: E731
+    z = lambda v: np.zeros(tuple(v.type.get_shape()), dtype=tensor_dtype(v.type))
     out = np.zeros((64, 64, 768), np.float32)
     c8 = cost_scaled_contract(fp8, tuple(z(v) for v in fp8.operands), (out,), machine)
     c4 = cost_scaled_contract(fp4, tuple(z(v) for v in fp4.operands), (out,), machine)

@@ -79,8 +79,8 @@ from runtime_sim.perf.cost_model import (
     register_view,
 )
 from runtime_sim.perf.machine import Machine
-from runtime_sim.semantics.numerics import stored_nbytes
 from runtime_sim.perf.vector_cost import AluClass, scan_cycles, vector_chain_cycles
+from runtime_sim.semantics.numerics import stored_nbytes
 
 Rate = Literal["int", "float", "by type"]
 """`int`: 8-way; `float`: 4-way; `by type`: 8-way on i32, 4-way on f32."""
