@@ -377,3 +377,105 @@ def test_npz_inputs_take_raw_or_real_low_precision_arrays(tmp_path: Path) -> Non
         outs.append(np.load(out)["out0"])
     want = program.run(inputs).outputs[0].astype(np.float32)
     assert np.array_equal(outs[0], want) and np.array_equal(outs[1], want)
+
+
+
+LAYER = """
+dims T = 16, D = 256, F = 128, E = 8, K = 2, B = 4
+graph fp8(x: bf16[T, D], router: bf16[D, E], w_gate: f8e4m3[E, D, F], w_gate_scale: f32[E, D / 128, F / 128],
+          w_up: f8e4m3[E, D, F], w_up_scale: f32[E, D / 128, F / 128],
+          w_down: f8e4m3[E, F, D], w_down_scale: f32[E, F / 128, D / 128])
+        -> (bf16[T, D], bf16[14, 4, F], bf16[14, 4, F], bf16[14, 4, F], bf16[14, 4, D], i32[T, K], bf16[T, K]) {
+    top_p, top_e = topk(softmax(f32(x @ router)), K)
+    weights = bf16(top_p / sum(top_p, axis=-1, keepdims=true))
+    xb, route = scatter(x, top_e, experts=E, block=B)
+    xq, xs = quantize(xb, f8e4m3, group=128)
+    g = grouped_matmul(xq, w_gate, route, scales=(xs, w_gate_scale))
+    u = grouped_matmul(xq, w_up, route, scales=(xs, w_up_scale))
+    h = silu(g) * u
+    hq, hs = quantize(h, f8e4m3, group=128)
+    y = grouped_matmul(hq, w_down, route, scales=(hs, w_down_scale))
+    return combine(y, route, weights), g, u, h, y, top_e, weights
+}
+graph ref(x: bf16[T, D], router: bf16[D, E], w_gate: bf16[E, D, F], w_up: bf16[E, D, F], w_down: bf16[E, F, D])
+        -> (bf16[T, D], bf16[14, 4, F], bf16[14, 4, F], bf16[14, 4, F], bf16[14, 4, D], i32[T, K], bf16[T, K]) {
+    top_p, top_e = topk(softmax(f32(x @ router)), K)
+    weights = bf16(top_p / sum(top_p, axis=-1, keepdims=true))
+    xb, route = scatter(x, top_e, experts=E, block=B)
+    g = grouped_matmul(xb, w_gate, route)
+    u = grouped_matmul(xb, w_up, route)
+    h = silu(g) * u
+    y = grouped_matmul(h, w_down, route)
+    return combine(y, route, weights), g, u, h, y, top_e, weights
+}
+"""
+
+
+def ulp_bf16(v: np.ndarray) -> np.ndarray:
+    """One bf16 ulp at |v| (at least the smallest normal's)."""
+    return np.exp2(np.floor(np.log2(np.maximum(np.abs(v), 2.0**-126))) - 7)
+
+
+def projection_bound(x: np.ndarray, w: np.ndarray, group: int = 128) -> np.ndarray:
+    """(2^-4 + 2^-8) S + 2^-10 A of test_fp8_projection_within_the_derived_tolerance_of_bf16, for
+    blocked rows x [G, B, D] and each block's real weight w [G, D, F]."""
+    ax, aw = np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64))
+    s = np.einsum("gbd,gdf->gbf", ax, aw)
+    amax = ax.reshape(*ax.shape[:2], -1, group).max(axis=-1)
+    a = np.einsum("gbk,gkf->gbf", amax / 448, aw.reshape(aw.shape[0], -1, group, aw.shape[2]).sum(axis=2))
+    return (2**-4 + 2**-8) * s + 2**-10 * a
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_fp8_layer_within_the_propagated_tolerance_of_bf16(seed: int) -> None:
+    """The whole Qwen3-style layer in fp8 (w8a8, 128 x 128 blocks) against the same layer in bf16
+    on the dequantized weights (the same router, so the same routing and weights). The bound is
+    propagated per element through the layer from the projection bound P(x, w) above:
+
+      gate, up:  Eg = P(x, Wg) + 2 ulp,  Eu = P(x, Wu) + 2 ulp
+      silu:      Es = 1.1 Eg + 2 ulp              (|silu'| <= 1.0998; each side rounds to bf16)
+      h = s * u: Eh = |s16| Eu + |u8| Es + 2 ulp
+      down:      Ey = P(h8, Wd) + sum_f Eh_f |Wd16_f| + 3 ulp
+      combine:   Eout = sum_k |p_k| Ey_k + 2 ulp  (the same bf16 routing weights p)
+
+    (ulp: one bf16 ulp at the larger of the two sides' values.) It is a worst case, about ten
+    times the measured difference here; the projection bound is the tight one."""
+    rng = np.random.default_rng(seed)
+    program = tcpc.compile_source(LAYER)
+    x = round_to(rng.standard_normal((16, 256)).astype(np.float32), BF16)
+    router = round_to((rng.standard_normal((256, 8)) / 16).astype(np.float32), BF16)
+    q = {}
+    for name, shape in (("w_gate", (8, 256, 128)), ("w_up", (8, 256, 128)), ("w_down", (8, 128, 256))):
+        q[name] = round_to((rng.standard_normal(shape) * 100).astype(np.float32), float8_e4m3)
+        q[f"{name}_scale"] = np.exp2(rng.uniform(-12, -9, size=(8, shape[1] // 128, shape[2] // 128))).astype(np.float32)
+    real = {n: dequantize(q[n], q[f"{n}_scale"]) for n in ("w_gate", "w_up", "w_down")}
+    out8, g8, u8, h8, y8, top_e, weights = program.run({"x": x, "router": router, **q}, graph="fp8").outputs
+    out16, g16, u16, h16, y16, top_e16, weights16 = program.run(
+        {"x": x, "router": router, **{n: round_to(w, BF16) for n, w in real.items()}}, graph="ref").outputs
+    assert np.array_equal(top_e, top_e16) and np.array_equal(bits(weights), bits(weights16))
+    out8, g8, u8, h8, y8, out16, g16, u16, h16, y16 = (
+        np.asarray(v, np.float64) for v in (out8, g8, u8, h8, y8, out16, g16, u16, h16, y16))
+
+    def ulp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return ulp_bf16(np.maximum(np.abs(a), np.abs(b)))
+
+    def silu(v: np.ndarray) -> np.ndarray:
+        return v / (1 + np.exp(-v))
+
+    plan = route_plan(top_e, RouteType.make(16, 2, 8, 4))
+    experts = np.maximum(plan.expert_ids, 0)
+    xb = dispatch(x, plan).astype(np.float64)
+    wg, wu, wd = (real[n][experts] for n in ("w_gate", "w_up", "w_down"))
+    wd16 = np.abs(np.asarray(round_to(real["w_down"], BF16), np.float64)[experts])
+    eg = projection_bound(xb, wg) + 2 * ulp(g8, g16)
+    eu = projection_bound(xb, wu) + 2 * ulp(u8, u16)
+    es = 1.1 * eg + 2 * ulp(silu(g8), silu(g16))
+    eh = np.abs(silu(g16)) * eu + np.abs(u8) * es + 2 * ulp(h8, h16)
+    ey = projection_bound(h8, wd) + np.einsum("gbf,gfd->gbd", eh, wd16) + 3 * ulp(y8, y16)
+    assert (np.abs(y8 - y16) <= ey).all(), float((np.abs(y8 - y16) / ey).max())
+    rows = ey.reshape(-1, ey.shape[-1])
+    p = np.abs(np.asarray(weights, np.float64))
+    eout = sum(p[:, k, None] * rows[plan.scatter_idx[:, k]] for k in range(2)) + 2 * ulp(out8, out16)
+    err = np.abs(out8 - out16)
+    assert (err <= eout).all(), float((err / eout).max())
+    assert err.max() > 0
