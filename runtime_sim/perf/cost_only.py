@@ -51,6 +51,7 @@ from xdsl.ir import Attribute, Dialect, Operation
 from dialects.annotations import routing_arguments
 from dialects.moe import MoE
 from dialects.tcp import TCP
+from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
 from dialects.tensor_types import shape_of
@@ -148,7 +149,7 @@ class Lazy:
         return self.get()
 
 
-SYMBOLIC_DIALECTS: tuple[Dialect, ...] = (MoE, TMath, VE, TCP)
+SYMBOLIC_DIALECTS: tuple[Dialect, ...] = (MoE, TMath, VE, TCP, Tile)
 """The dialects whose ops run symbolically. Control flow (func, and the loops of the schedule
 level) runs for real: its operands are never tensors of data."""
 

@@ -12,12 +12,14 @@ from functools import cache
 
 from runtime_sim.perf.cost_model import register_builtin_costs
 from runtime_sim.perf.tcp_cost import register_tcp_costs
+from runtime_sim.perf.tile_cost import register_tile_costs
 from runtime_sim.perf.ve_cost import register_ve_costs
 
 COST_MODELS: list[Callable[[], object]] = [
     register_builtin_costs,
     register_tcp_costs,
     register_ve_costs,
+    register_tile_costs,
 ]
 """Each registers the costs of one dialect's ops (cost_model.register_cost and friends)."""
 

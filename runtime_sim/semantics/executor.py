@@ -9,11 +9,14 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions
+from xdsl.interpreters.arith import ArithFunctions
 from xdsl.interpreters.func import FuncFunctions
+from xdsl.interpreters.scf import ScfFunctions
 
 from runtime_sim.semantics.moe_semantics import MoEFunctions
 from runtime_sim.semantics.quant_semantics import QuantFunctions
 from runtime_sim.semantics.tcp_semantics import TCPFunctions
+from runtime_sim.semantics.tile_semantics import TileFunctions
 from runtime_sim.semantics.tmath_semantics import TMathFunctions
 from runtime_sim.semantics.ve_semantics import VEFunctions
 
@@ -23,6 +26,9 @@ SEMANTICS: list[type[InterpreterFunctions]] = [
     MoEFunctions,
     VEFunctions,
     TCPFunctions,
+    ScfFunctions,
+    ArithFunctions,
+    TileFunctions,
     QuantFunctions,
 ]
 """Every dialect's numpy semantics; each lowering level registers its own here."""
