@@ -17,7 +17,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import SSAValue
 
-from dialects import moe, quant, tcp
+from dialects import moe, quant, tcp, tile
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import format_type, shape_of
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, RoutingError, scenario_choices
@@ -31,8 +31,9 @@ SCALE_OPERANDS: dict[type, tuple[int, ...]] = {
 }
 """Operand positions that hold block scales, at every level."""
 
-_MOVES = (tcp.ViewOp, tcp.DmaGatherOp, tcp.LoadOp)
-"""Ops that pass a value on unchanged in kind (a scale gathered or loaded is still a scale)."""
+_MOVES = (tcp.ViewOp, tcp.DmaGatherOp, tcp.LoadOp, tile.SliceOp, tile.LoadOp, tile.LoadExpertOp)
+"""Ops that pass their first operand on unchanged in kind (a scale gathered, loaded or sliced
+is still a scale), at every level."""
 
 
 class InputError(Exception):
