@@ -3,6 +3,7 @@
     python benchmarks/precisions.py            # the table (about a minute on 2 cores): precisions.md
     python benchmarks/precisions.py --quick    # T = 1 only; writes the file only with --out
     python benchmarks/precisions.py --out DIR
+    python benchmarks/precisions.py --tokens 1 64   # chosen token counts
 
 For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
 
@@ -197,15 +198,17 @@ def table(rows: Sequence[Row], machine: Machine) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T = 1 only")
+    parser.add_argument("--tokens", type=int, nargs="+", help="the token counts (default 1 64 2048)")
     parser.add_argument("--out", type=Path, help="directory for precisions.md (default: benchmarks/, not with --quick)")
     args = parser.parse_args(argv)
     machine = load_machine()
-    rows = rows_for(QUICK_TOKENS if args.quick else TOKENS, machine)
+    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine)
     text = table(rows, machine)
     print(text)
     out = args.out or (None if args.quick else Path(__file__).parent)
     if out is not None:
-        command = "python benchmarks/precisions.py" + (" --quick" if args.quick else "")
+        command = "python benchmarks/precisions.py" + (" --quick" if args.quick else "") + (
+            " --tokens " + " ".join(map(str, args.tokens)) if args.tokens else "")
         (out / "precisions.md").write_text(
             f"# Precisions: bf16, fp8, MXFP4 (`{command}`, machine {machine.name})\n\n{text}\n")
     return 0
