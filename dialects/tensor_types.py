@@ -88,7 +88,7 @@ CONTRACTION_PAIRS: dict[tuple[str, str], str] = {
     ("f8e5m2", "f8e5m2"): "f8e5m2 x f8e5m2",
     ("f8e4m3", "f4e2m1"): "f8e4m3 x f4e2m1 (the fetch stage's lookup table turns f4e2m1 into f8e4m3)",
 }
-"""The low-precision operand pairs of the contraction engine (notes/tcp-hardware.md,
+"""The low-precision operand pairs of the contraction engine (docs/hardware.md,
 Precisions): matched fp8 pairs into f32, and MXFP4 values through the fetch stage's lookup
 table. Pairs cannot be mixed: there is no fp8 x bf16."""
 

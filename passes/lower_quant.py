@@ -13,7 +13,7 @@
   [1, K, N] views, then `ve.narrow` to bf16.
 
 Each step is the operation `runtime_sim/semantics/quantization.py` performs, in its order, so
-the lowered ops give the reference's bits (checked by tests/test_lower_quant.py). Every op
+the lowered ops give the reference's bits (checked by tests/test_quant.py). Every op
 takes the phase of the quantized value's first user (`experts` for what feeds a grouped
 matmul), else `other`.
 """

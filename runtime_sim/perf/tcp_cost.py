@@ -233,7 +233,7 @@ def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tupl
       512 TFLOPS), `macs_per_cycle_fp8`; tree depth 6 (`tree_depth_fp8_cycles`);
     - fetch: the bytes of the running blocks' operands *at their stored width* (an f4e2m1
       weight is half a byte per value, widened to f8e4m3 by the fetch stage's lookup table
-      (notes/tcp-hardware.md, Precisions) after it is read) and their scales;
+      (docs/hardware.md, Precisions) after it is read) and their scales;
     - vector scales: every f32 partial sum (one per K-block of each result element) gets
       lhs scale * rhs scale and is added to the running sum: the Float cluster's multiply
       and fma in one pass (assumption: one pass, 4-way, as every float stage runs; the book

@@ -1,5 +1,5 @@
 """Quantization, dequantization and block-scaled contraction: the one definition every level
-uses (DESIGN section 5, low-precision types).
+uses (docs/architecture.md, Shared semantics).
 
 - Conversion to f8e4m3 / f8e5m2 / f4e2m1 saturates and rounds to nearest even
   (`numerics.round_to`, `numerics.saturate_to`).
