@@ -52,6 +52,7 @@ _MOE_PHASES = {
     "moe.route": "routing",
     "moe.dispatch": "dispatch",
     "moe.grouped_matmul": "experts",
+    "moe.scaled_grouped_matmul": "experts",
     "moe.combine": "combine",
 }
 """Graph-level MoE ops, before they are lowered, belong to the phase their lowering marks."""

@@ -15,6 +15,7 @@ from xdsl.dialects.builtin import (
     IntegerType,
     StringAttr,
     TensorType,
+    bf16,
     i32,
     i64,
 )
@@ -36,6 +37,7 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
+from dialects.quant import check_pair, check_scales, k_block
 from dialects.tensor_types import expect, format_type, is_float_type, is_int_type, promote, shape_of
 
 TOPK_ORDERS = ("score", "index")
@@ -255,6 +257,64 @@ class GroupedMatmulOp(IRDLOperation):
 
 
 @irdl_op_definition
+class ScaledGroupedMatmulOp(IRDLOperation):
+    """`grouped_matmul` of block-scaled low-precision operands: blocks [G, B, D] with scales
+    [G, B, D / kx] (per row and K-group, as `quant.quantize` gives them) times each block's
+    expert weight [D, F] with scales [E, D / kw, F / nb].
+
+    As the chip does it: the contraction engine multiplies matched low-precision pairs
+    (f8e4m3 x f8e4m3, f8e5m2 x f8e5m2; f4e2m1 weights become f8e4m3 in the fetch stage's
+    lookup table) into f32 partial sums over each K-block of min(kx, kw) elements; the vector
+    engine multiplies each partial sum by its row's and its weight block's scales (f32, in
+    that order) and adds them in K order, strictly left to right, then the bias if given.
+    Padding rows and unused blocks are zero; the result is rounded once to bf16."""
+
+    name = "moe.scaled_grouped_matmul"
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    route = operand_def(RouteType)
+    input_scales = operand_def(TensorType)
+    weight_scales = operand_def(TensorType)
+    bias = opt_operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$input `,` $weight `,` $route `scales` $input_scales `,` $weight_scales (`bias` $bias^)? attr-dict `:` "
+        "type($input) `,` type($weight) `,` type($route) `,` type($input_scales) `,` type($weight_scales) "
+        "(`,` type($bias)^)? `->` type($result)"
+    )
+
+    def __init__(self, input, weight, route, input_scales, weight_scales, bias=None):
+        g, b, _ = shape_of(input.type)
+        f = shape_of(weight.type)[2]
+        super().__init__(
+            operands=[input, weight, route, input_scales, weight_scales, bias],
+            result_types=[TensorType(bf16, [g, b, f])],
+        )
+
+    def verify_(self) -> None:
+        r = self.route.type
+        assert isinstance(r, RouteType)
+        xs, ws = shape_of(self.input.type), shape_of(self.weight.type)
+        expect(len(xs) == 3 and xs[:2] == (r.blocks.data, r.block.data),
+               f"input {format_type(self.input.type)} is not [G, B, D] with G = {r.blocks.data}, B = {r.block.data}")
+        expect(len(ws) == 3 and ws[0] == r.experts.data and ws[1] == xs[2],
+               f"weight {format_type(self.weight.type)} is not [E, D, F] with E = {r.experts.data}, D = {xs[2]}")
+        check_pair(self.input.type.get_element_type(), self.weight.type.get_element_type(), "scaled_grouped_matmul")
+        xb = check_scales(self.input.type, self.input_scales.type, "input")
+        wb = check_scales(self.weight.type, self.weight_scales.type, "weight")
+        expect(xb[:2] == (1, 1), "input scales must be per row: [G, B, D / group]")
+        expect(wb[0] == 1, "weight scales must be per expert: [E, D / kw, F / nb]")
+        expect(k_block(xb[2], wb[1]) is not None,
+               f"the K-blocks of the scales ({xb[2]} for the input, {wb[1]} for the weight) do not nest")
+        if self.bias is not None:
+            bs = shape_of(self.bias.type)
+            expect(bs == (ws[0], ws[2]), f"bias {format_type(self.bias.type)} is not [E, F] = [{ws[0]}, {ws[2]}]")
+            expect(is_float_type(self.bias.type.get_element_type()), "bias must be float")
+        expect(self.result.type == TensorType(bf16, [xs[0], xs[1], ws[2]]), "result must be bf16 [G, B, F]")
+
+
+@irdl_op_definition
 class CombineOp(IRDLOperation):
     """Blocks [G, B, D] back to tokens [T, D]: out[t] = sum over k in order 0..K-1 of
     weight[t, k] * blocks[row of pair (t, k)], in f32, rounded to the blocks' type. A dropped
@@ -349,6 +409,6 @@ class DispatchOp(IRDLOperation):
 
 MoE = Dialect(
     "moe",
-    [TopKOp, ScatterOp, GroupedMatmulOp, CombineOp, RouteOp, DispatchOp],
+    [TopKOp, ScatterOp, GroupedMatmulOp, ScaledGroupedMatmulOp, CombineOp, RouteOp, DispatchOp],
     [RouteType],
 )

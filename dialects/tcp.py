@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from xdsl.dialects.builtin import StringAttr, TensorType
+from xdsl.dialects.builtin import StringAttr, TensorType, f32
 from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
@@ -27,6 +27,7 @@ from xdsl.irdl import (
 )
 from xdsl.traits import Pure
 
+from dialects.quant import check_pair, check_scales, k_block
 from dialects.tensor_types import (
     broadcast_shapes,
     check_reshape,
@@ -131,6 +132,68 @@ class ContractOp(IRDLOperation):
             gt = self.guard.type
             expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
                     f"guard must be i32 [{shape[0] if shape else ''}] (one per block), got {format_type(gt)}")
+
+
+@irdl_op_definition
+class ScaledContractOp(IRDLOperation):
+    """Block-scaled contraction `gbd,gdf->gbf` of low-precision operands into f32: lhs
+    [G, B, D] with scales [G, B, D / kx], rhs [G, D, F] with scales [G, D / kw, F / nb].
+
+    The contraction engine multiplies matched pairs (f8e4m3 x f8e4m3, f8e5m2 x f8e5m2; an
+    f4e2m1 rhs is turned into f8e4m3 by the fetch stage's lookup table) and reduces each
+    K-block of min(kx, kw) elements into an f32 partial sum; the vector engine, next in the
+    chain, multiplies the partial sum by its two scales (lhs scale * rhs scale, in f32) and
+    adds it to the running sum in K order; then `bias` (broadcasting to [G, B, F]). The
+    partial sums never leave the chain. With `guard` (i32 [G]), a block whose guard is
+    negative is skipped and left zero. Semantics: `quantization.scaled_contract`."""
+
+    name = "tcp.scaled_contract"
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    lhs_scales = operand_def(TensorType)
+    rhs_scales = operand_def(TensorType)
+    bias = opt_operand_def(TensorType)
+    guard = opt_operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = (
+        "$lhs `,` $rhs `scales` $lhs_scales `,` $rhs_scales (`bias` $bias^)? (`guard` $guard^)? `:` "
+        "type($lhs) `,` type($rhs) `,` type($lhs_scales) `,` type($rhs_scales) "
+        "(`bias` type($bias)^)? (`guard` type($guard)^)? `->` type($result) attr-dict"
+    )
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue, lhs_scales: SSAValue, rhs_scales: SSAValue,
+                 bias: SSAValue | None = None, guard: SSAValue | None = None):
+        g, b, _ = shape_of(lhs.type)
+        f = shape_of(rhs.type)[2]
+        super().__init__(operands=[lhs, rhs, lhs_scales, rhs_scales, bias, guard],
+                         result_types=[TensorType(f32, [g, b, f])])
+
+    @property
+    def k_block(self) -> int:
+        """Elements of D in one partial sum."""
+        d = shape_of(self.lhs.type)[2]
+        return min(d // shape_of(self.lhs_scales.type)[2], d // shape_of(self.rhs_scales.type)[1])
+
+    def verify_(self) -> None:
+        ls, rs = shape_of(self.lhs.type), shape_of(self.rhs.type)
+        expect(len(ls) == 3 and len(rs) == 3 and ls[0] == rs[0] and ls[2] == rs[1],
+               f"scaled_contract takes [G, B, D] and [G, D, F], got {format_type(self.lhs.type)} and {format_type(self.rhs.type)}")
+        check_pair(self.lhs.type.get_element_type(), self.rhs.type.get_element_type(), "scaled_contract")
+        lb = check_scales(self.lhs.type, self.lhs_scales.type, "lhs")
+        rb = check_scales(self.rhs.type, self.rhs_scales.type, "rhs")
+        expect(lb[:2] == (1, 1) and rb[0] == 1, "scales must be per row of lhs and per block of rhs")
+        expect(k_block(lb[2], rb[1]) is not None, f"the K-blocks of the scales ({lb[2]} and {rb[1]}) do not nest")
+        shape = (ls[0], ls[1], rs[2])
+        expect(self.result.type == TensorType(f32, shape), f"result must be f32 {list(shape)}")
+        if self.bias is not None:
+            expect(broadcast_shapes(shape_of(self.bias.type), shape) == shape,
+                   f"bias {format_type(self.bias.type)} does not broadcast to {list(shape)}")
+        if self.guard is not None:
+            gt = self.guard.type
+            expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
+                   f"guard must be i32 [{shape[0]}] (one per block), got {format_type(gt)}")
 
 
 @irdl_op_definition
@@ -239,4 +302,4 @@ class ViewOp(IRDLOperation):
         check_reshape(self.input.type, self.result.type, "view")
 
 
-TCP = Dialect("tcp", [ContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp, ViewOp], [])
+TCP = Dialect("tcp", [ContractOp, ScaledContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp, ViewOp], [])

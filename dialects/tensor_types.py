@@ -10,11 +10,41 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from xdsl.dialects.builtin import BFloat16Type, Float32Type, IntegerType, TensorType, bf16, f32, i1, i32
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float4E2M1FNType,
+    Float8E4M3FNType,
+    Float8E5M2Type,
+    Float8E8M0FNUType,
+    Float32Type,
+    IntegerType,
+    TensorType,
+    bf16,
+    f32,
+    i1,
+    i32,
+)
 from xdsl.ir import Attribute
 from xdsl.utils.exceptions import VerifyException
 
-ELEMENT_TYPES: dict[str, Attribute] = {"bf16": bf16, "f32": f32, "i32": i32, "i1": i1}
+LOW_PRECISION_TYPES: dict[str, Attribute] = {
+    "f8e4m3": Float8E4M3FNType(),
+    "f8e5m2": Float8E5M2Type(),
+    "f4e2m1": Float4E2M1FNType(),
+}
+"""Stored-only float types of quantized values (OCP 8-bit and MX formats). f8e4m3 is the `FN`
+variant (no infinities, one NaN pattern, max 448): what DeepSeek-V3, Qwen3-FP8 and vLLM use
+(torch.float8_e4m3fn). They take no arithmetic: they are quantized from, dequantized to, or
+multiplied by the contraction engine in matched pairs (`contraction_pair`)."""
+
+E8M0 = Float8E8M0FNUType()
+"""A block scale stored as a bare exponent (2^(e - 127), MXFP4's scale): exact in f32."""
+
+SCALE_TYPES: tuple[Attribute, ...] = (f32, E8M0)
+"""Element types a block scale may have."""
+
+ELEMENT_TYPES: dict[str, Attribute] = {"bf16": bf16, "f32": f32, "i32": i32, "i1": i1,
+                                       **LOW_PRECISION_TYPES, "e8m0": E8M0}
 
 
 def type_name(element_type: Attribute) -> str:
@@ -28,7 +58,56 @@ def type_name(element_type: Attribute) -> str:
 
 
 def is_float_type(element_type: Attribute) -> bool:
+    """bf16 or f32: the float types that take arithmetic."""
     return isinstance(element_type, BFloat16Type | Float32Type)
+
+
+def is_low_precision_type(element_type: Attribute) -> bool:
+    return element_type in LOW_PRECISION_TYPES.values()
+
+
+def is_scale_type(element_type: Attribute) -> bool:
+    return element_type in SCALE_TYPES
+
+
+def stored_bits(element_type: Attribute) -> int:
+    """Bits one element occupies in memory (f4e2m1 packs two values per byte)."""
+    if isinstance(element_type, Float4E2M1FNType):
+        return 4
+    if isinstance(element_type, Float8E4M3FNType | Float8E5M2Type | Float8E8M0FNUType):
+        return 8
+    if isinstance(element_type, BFloat16Type):
+        return 16
+    if isinstance(element_type, IntegerType) and element_type.width.data == 1:
+        return 8
+    return 32
+
+
+CONTRACTION_PAIRS: dict[tuple[str, str], str] = {
+    ("f8e4m3", "f8e4m3"): "f8e4m3 x f8e4m3",
+    ("f8e5m2", "f8e5m2"): "f8e5m2 x f8e5m2",
+    ("f8e4m3", "f4e2m1"): "f8e4m3 x f4e2m1 (the fetch stage's lookup table turns f4e2m1 into f8e4m3)",
+}
+"""The low-precision operand pairs of the contraction engine (docs/hardware.md,
+Precisions): matched fp8 pairs into f32, and MXFP4 values through the fetch stage's lookup
+table. Pairs cannot be mixed: there is no fp8 x bf16."""
+
+
+def contraction_pair(lhs: Attribute, rhs: Attribute) -> str | None:
+    """The contraction engine's name for a low-precision operand pair, or None if it has none."""
+    return CONTRACTION_PAIRS.get((type_name(lhs), type_name(rhs)))
+
+
+def describe_pairs() -> str:
+    return "; ".join(CONTRACTION_PAIRS.values())
+
+
+def block_shape(values: Sequence[int], scales: Sequence[int]) -> tuple[int, ...] | None:
+    """The block each scale covers (values[i] / scales[i] along every axis), or None when the
+    ranks differ or an axis does not divide."""
+    if len(values) != len(scales) or any(s < 1 or v % s for v, s in zip(values, scales)):
+        return None
+    return tuple(v // s for v, s in zip(values, scales))
 
 
 def is_int_type(element_type: Attribute) -> bool:

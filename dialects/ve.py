@@ -9,7 +9,8 @@ with static shapes and no data-dependent control flow:
   static table in DM);
 - conversions: `bitcast` (i32 <-> f32, bits unchanged), `widen` (bf16 -> f32, the bf16 bits in the
   upper half of the lane, exact), `narrow` (f32 -> bf16, round to nearest even, or `truncate`:
-  keep the upper 16 bits), `fxp_to_fp` and `fp_to_fxp`;
+  keep the upper 16 bits), `widen_low` / `narrow_low` (fp8 and fp4 <-> f32, the latter
+  saturating), `fxp_to_fp` and `fp_to_fxp`;
 - ALUs: logic `and or xor shl shr_u shr_s` (i32), fixed-point or float `add sub mul` (by the
   element type), float `div exp sigmoid log sqrt tanh`, clip `max min`;
 - tags: `tag` (compare two streams, 1 where true and 0 elsewhere), `position_tag` (the static
@@ -74,7 +75,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.str_enum import StrEnum
 
-from dialects.tensor_types import expect, format_type, shape_of
+from dialects.tensor_types import E8M0, LOW_PRECISION_TYPES, expect, format_type, shape_of
 
 TAG = IntegerType(4)
 """The element type of a tag stream: 4 bits, ids 0..15."""
@@ -307,6 +308,27 @@ class NarrowOp(IRDLOperation):
         expect(shape_of(a) == shape_of(r), f"ve.narrow keeps the shape: {format_type(a)} -> {format_type(r)}")
         expect(isinstance(_element(a), Float32Type), "ve.narrow takes f32")
         expect(isinstance(_element(r), BFloat16Type), "ve.narrow gives bf16")
+
+
+@irdl_op_definition
+class WidenLowOp(ConversionOp):
+    """f8e4m3, f8e5m2, f4e2m1 or an e8m0 scale -> f32, exact: how stored low-precision values
+    enter a lane (the fetch stage's lookup table turns f4e2m1 into f8, the cast path f8 into
+    f32; an e8m0 exponent becomes the f32 power of two, a bit shift)."""
+
+    name = "ve.widen_low"
+    FROM: ClassVar[tuple[Attribute, ...]] = (*LOW_PRECISION_TYPES.values(), E8M0)
+    TO: ClassVar[tuple[Attribute, ...]] = (f32,)
+
+
+@irdl_op_definition
+class NarrowLowOp(ConversionOp):
+    """f32 -> f8e4m3 or f8e5m2 (the Cast Engine): saturating (beyond the largest finite value,
+    inf included, gives it), round to nearest even, NaN stays NaN."""
+
+    name = "ve.narrow_low"
+    FROM: ClassVar[tuple[Attribute, ...]] = (f32,)
+    TO: ClassVar[tuple[Attribute, ...]] = (LOW_PRECISION_TYPES["f8e4m3"], LOW_PRECISION_TYPES["f8e5m2"])
 
 
 @irdl_op_definition
@@ -868,6 +890,8 @@ VE = Dialect(
         BitcastOp,
         WidenOp,
         NarrowOp,
+        WidenLowOp,
+        NarrowLowOp,
         FxpToFpOp,
         FpToFxpOp,
         AndOp,

@@ -21,6 +21,12 @@ sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
     (`row_valid`, [G, B]), built once per routing plan and broadcast over F;
   - `ve.narrow` to bf16 when the result is bf16: the contraction's f32 result is rounded once,
     as the reference rounds it.
+- `moe.scaled_grouped_matmul %xq, %wq, %route scales %xs, %ws (bias %b)?` -> the same, with
+  the weight scales gathered too (`w_scales_gathered`; right after the plan's row masks when
+  they are a function argument, so that the small scale gathers run early rather than queue
+  behind the weight gathers) and `tcp.scaled_contract` in place of
+  `tcp.contract`: the f32 partial sum of each K-block is multiplied by its two scales in the
+  chain's vector stage and summed in K order; values and scales move at their stored width.
 - `moe.combine %yb, %route (weights %w)?` -> `tcp.view` as [G*B, D] rows (`y_rows`),
   `tcp.dma_gather` by scatter_idx to [T, K, D] (`y_restored`; a dropped pair reads nothing and
   is zero), `ve.widen` to f32, then with weights: the weights (widened) with a dropped pair's
@@ -50,7 +56,7 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import BFloat16Type, ModuleOp, TensorType, f32, i32
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -67,7 +73,7 @@ from dialects.annotations import mark
 from dialects.tensor_types import shape_of
 from passes.lowering_builder import LoweringBuilder, element_of
 
-PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.CombineOp)
+PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.ScaledGroupedMatmulOp, moe.CombineOp)
 
 
 class _Emitter(LoweringBuilder):
@@ -151,6 +157,20 @@ class _RowMasks:
             self.wide[key] = op.result
         return self.wide[key]
 
+    def early_gather(self, plan: moe.RouteOp, source: SSAValue, name: str, rewriter: PatternRewriter) -> SSAValue | None:
+        """`tcp.dma_gather %source[%expert_ids]` placed right after the plan's masks, when
+        `source` is a function argument (so it is available there): block scales are small,
+        and gathered early they run beside the dispatch rather than queueing behind weight
+        gathers that occupy every DMA engine (commands issue in program order). None when
+        `source` is computed in the function."""
+        if not isinstance(source, BlockArgument):
+            return None
+        self.row_valid(plan, rewriter)
+        op = tcp.DmaGatherOp(source, plan.expert_ids)
+        op.result.name_hint = name
+        self._insert(plan, [op], InsertPoint.after(self.last[plan]), rewriter)
+        return op.result
+
     def _insert(self, plan: moe.RouteOp, ops: list[Operation], at: InsertPoint, rewriter: PatternRewriter) -> None:
         mark(ops, "experts")
         rewriter.insert(ops, at)
@@ -182,6 +202,27 @@ def lower_grouped_matmul(op: moe.GroupedMatmulOp, plan: moe.RouteOp, rows_valid:
     return e.ops, e.to_result(masked, op.result.type, op.result.name_hint or "y_blocked")
 
 
+def lower_scaled_grouped_matmul(op: moe.ScaledGroupedMatmulOp, plan: moe.RouteOp, rows_valid: SSAValue,
+                                 weight_scales: SSAValue | None = None) -> tuple[list[Operation], SSAValue]:
+    """As `lower_grouped_matmul`, with the weights' block scales gathered too (both at their
+    stored width; the scales already gathered when `weight_scales` is given) and one
+    `tcp.scaled_contract`, which applies the scales to the f32 partial sums in the chain's
+    vector stage."""
+    g, b, f = shape_of(op.result.type)
+    e = _Emitter()
+    weights = e.emit(tcp.DmaGatherOp(op.weight, plan.expert_ids), "w_gathered")
+    if weight_scales is None:
+        weight_scales = e.emit(tcp.DmaGatherOp(op.weight_scales, plan.expert_ids), "w_scales_gathered")
+    bias = None
+    if op.bias is not None:
+        gathered = e.emit(tcp.DmaGatherOp(op.bias, plan.expert_ids), "bias_gathered")
+        bias = e.view(gathered, [g, 1, f], "bias_blocked")
+    acc = e.emit(tcp.ScaledContractOp(op.input, weights, op.input_scales, weight_scales,
+                                      bias=bias, guard=plan.expert_ids), "y_acc")
+    masked = e.emit(ve.SelectOp(rows_valid, [1], acc, e.const(0.0, [g, b, f], f32)), "y_masked")
+    return e.ops, e.to_result(masked, op.result.type, op.result.name_hint or "y_blocked")
+
+
 def lower_combine(op: moe.CombineOp, plan: moe.RouteOp) -> tuple[list[Operation], SSAValue]:
     r = plan.route.type
     t, k, g, b = r.tokens.data, r.k.data, r.blocks.data, r.block.data
@@ -206,8 +247,8 @@ class LowerDispatchPattern(RewritePattern):
     masks: _RowMasks = field(default_factory=_RowMasks)
 
     @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: moe.DispatchOp | moe.GroupedMatmulOp | moe.CombineOp,
-                          rewriter: PatternRewriter) -> None:
+    def match_and_rewrite(self, op: moe.DispatchOp | moe.GroupedMatmulOp | moe.ScaledGroupedMatmulOp
+                          | moe.CombineOp, rewriter: PatternRewriter) -> None:
         plan = plan_of(op, op.route)
         if isinstance(op, moe.DispatchOp):
             ops, result = lower_dispatch(op, plan)
@@ -215,6 +256,12 @@ class LowerDispatchPattern(RewritePattern):
         elif isinstance(op, moe.GroupedMatmulOp):
             width = shape_of(op.result.type)[2]
             ops, result = lower_grouped_matmul(op, plan, self.masks.rows_valid(plan, width, rewriter))
+            mark(ops, "experts")
+        elif isinstance(op, moe.ScaledGroupedMatmulOp):
+            width = shape_of(op.result.type)[2]
+            rows_valid = self.masks.rows_valid(plan, width, rewriter)
+            scales = self.masks.early_gather(plan, op.weight_scales, "w_scales_gathered", rewriter)
+            ops, result = lower_scaled_grouped_matmul(op, plan, rows_valid, scales)
             mark(ops, "experts")
         else:
             ops, result = lower_combine(op, plan)

@@ -49,6 +49,9 @@ from passes.loop_builder import is_row_parallel_ve, leading, move_readers_after,
 
 
 
+CONTRACTIONS = (tcp.ContractOp, tcp.ScaledContractOp)
+"""The guarded block contractions a loop is built around (bf16/f32, and block-scaled fp8/MXFP4)."""
+
 TILE_AHEAD = 2
 """A block's row tiles are fetched once block g - 2 has contracted: two blocks' tiles in SRAM."""
 WEIGHT_AHEAD = 4
@@ -69,6 +72,8 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue) -> bool:
         (a, b), out = spec.split("->")[0].split(","), spec.split("->")[1]
         return a[0] == out[0] and (out[0] not in b or b[0] == out[0]) and (
             op.bias is None or leading(op.bias) in (blocks, None))
+    if isinstance(op, tcp.ScaledContractOp):  # every operand is per block
+        return op.bias is None or leading(op.bias) in (blocks, None)
     if isinstance(op, tcp.ViewOp):
         return leading(op.input) == blocks
     return is_row_parallel_ve(op, blocks)
@@ -86,7 +91,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
     """Build the expert loop over `expert_ids`'s blocks in `block`; None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
     ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids)])
-    if not any(isinstance(op, tcp.ContractOp) for op in ops):
+    if not any(isinstance(op, CONTRACTIONS) for op in ops):
         return None
     inside = set(ops)
     blocks = shape_of(expert_ids.type)[0]
@@ -112,7 +117,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
     carried_init += [no_ids.result for _ in gathers] + [t.result for t in no_tiles]
     # The double-buffering waits carry the last contraction of the two previous blocks (the
     # last reader of their loaded tiles); before the first block there is nothing to wait for.
-    last_contract = [op for op in ops if isinstance(op, tcp.ContractOp)][-1]
+    last_contract = [op for op in ops if isinstance(op, CONTRACTIONS)][-1]
     nothing = ve.ConstOp(0.0, tile_type(last_contract.result.type))
     before.append(nothing)
     carried_init += [nothing.result] * WEIGHT_AHEAD
@@ -198,7 +203,7 @@ def expert_id_values(block: Block) -> list[SSAValue]:
     """The plans of a function body: the guards of its block contractions, in order."""
     found: list[SSAValue] = []
     for op in block.ops:
-        if isinstance(op, tcp.ContractOp) and op.guard is not None and op.guard not in found:
+        if isinstance(op, CONTRACTIONS) and op.guard is not None and op.guard not in found:
             found.append(op.guard)
     return found
 

@@ -2,6 +2,8 @@
 
 npz has no bf16: a bf16 argument accepts any real array (rounded to nearest even) or raw bf16
 bytes (`|V2`, what numpy writes for an ml_dtypes array); bf16 results are saved as f32 (exact).
+A low-precision argument (f8e4m3, f8e5m2, f4e2m1, e8m0) accepts any real array (converted with
+saturation, round to nearest even) or its raw bytes (`|V1`).
 """
 
 from __future__ import annotations
@@ -11,14 +13,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+import ml_dtypes
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
+from xdsl.ir import SSAValue
 
+from dialects import moe, quant, tcp, tile
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import format_type, shape_of
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, RoutingError, scenario_choices
-from runtime_sim.semantics.numerics import bfloat16, round_to, tensor_dtype
+from runtime_sim.semantics.numerics import LOW_PRECISION_DTYPES, bfloat16, float8_e8m0, round_to, tensor_dtype
+
+SCALE_OPERANDS: dict[type, tuple[int, ...]] = {
+    quant.DequantizeOp: (1,),
+    quant.ScaledMatmulOp: (2, 3),
+    moe.ScaledGroupedMatmulOp: (3, 4),
+    tcp.ScaledContractOp: (2, 3),
+}
+"""Operand positions that hold block scales, at every level."""
+
+_MOVES = (tcp.ViewOp, tcp.DmaGatherOp, tcp.LoadOp, tile.SliceOp, tile.LoadOp, tile.LoadExpertOp)
+"""Ops that pass their first operand on unchanged in kind (a scale gathered, loaded or sliced
+is still a scale), at every level."""
 
 
 class InputError(Exception):
@@ -39,6 +56,8 @@ def to_declared(name: str, value: np.ndarray, t: TensorType) -> np.ndarray:
         return value
     if value.dtype == np.dtype("V2") and want == bfloat16:
         return value.view(bfloat16)
+    if value.dtype == np.dtype("V1") and want.itemsize == 1:  # raw f8, f4 (one per byte) or e8m0
+        return value.view(want)
     if want == np.int32:
         if value.dtype.kind not in "iu":
             raise InputError(f"input '{name}' is {value.dtype}, the graph declares {format_type(t)} (integers)")
@@ -51,14 +70,33 @@ def to_declared(name: str, value: np.ndarray, t: TensorType) -> np.ndarray:
     return round_to(value.astype(np.float32), want)
 
 
-def draw(t: TensorType, rng: np.random.Generator, first: bool) -> np.ndarray:
+def is_scale(value: SSAValue) -> bool:
+    """Whether a value is used as block scales, directly or after views, gathers and loads."""
+    for use in value.uses:
+        op = use.operation
+        if use.index in SCALE_OPERANDS.get(type(op), ()):
+            return True
+        if isinstance(op, _MOVES) and use.index == 0 and is_scale(op.results[0]):
+            return True
+    return False
+
+
+def draw(t: TensorType, rng: np.random.Generator, first: bool, scale: bool = False) -> np.ndarray:
     """A deterministic random input: activations (the first argument) ~ N(0, 1); other float
     tensors of rank >= 2 ~ N(0, 1 / fan_in) with fan_in the second-to-last axis, like weights;
-    i32 tensors uniform in [0, 4)."""
+    i32 tensors uniform in [0, 4). Low-precision values ~ N(0, 1) * max_finite / 4, saturated;
+    block scales (`scale`, and every e8m0 tensor) 2^u with u uniform in [-8, -4] (an integer u
+    for e8m0)."""
     shape = shape_of(t)
     want = tensor_dtype(t)
     if want == np.int32:
         return rng.integers(0, 4, size=shape, dtype=np.int32)
+    if scale or want == float8_e8m0:
+        exponent = rng.integers(-8, -3, size=shape) if want == float8_e8m0 else rng.uniform(-8, -4, size=shape)
+        return round_to(np.exp2(exponent).astype(np.float32), want)
+    if want in LOW_PRECISION_DTYPES:
+        spread = float(ml_dtypes.finfo(want).max) / 4
+        return round_to((rng.standard_normal(shape) * spread).astype(np.float32), want)
     scale = 1.0 if first or len(shape) < 2 else 1.0 / np.sqrt(shape[-2])
     return round_to((rng.standard_normal(shape) * scale).astype(np.float32), want)
 
@@ -92,7 +130,8 @@ def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int =
             except RoutingError as e:
                 raise InputError(f"routing argument '{name}': {e}") from None
         else:
-            values.append(draw(t, np.random.default_rng([seed, i]), first=i == 0))
+            arg = fn.body.blocks.first.args[i]
+            values.append(draw(t, np.random.default_rng([seed, i]), first=i == 0, scale=is_scale(arg)))
     return values
 
 

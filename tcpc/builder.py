@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType, i1
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
-from dialects import moe, tensor_types, tmath
+from dialects import moe, quant, tensor_types, tmath
 from dialects.tensor_types import format_shape, format_type, shape_of
 from runtime_sim.semantics.numerics import numpy_dtype
 from tcpc import syntax as ast
@@ -289,6 +289,8 @@ class GraphBuilder:
                 if name in CONSTANTS:
                     return Static(CONSTANTS[name])
                 raise CompileError(f"unknown name '{name}'", e.loc)
+            case ast.TupleExpr(items=items):
+                return tuple(self.single(i) for i in items)
             case ast.ListExpr(items=items):
                 return Static(tuple(self.static_int(i, "a list item", minimum=-(2**31)) for i in items))
             case ast.Neg(operand=operand):
@@ -303,6 +305,7 @@ class GraphBuilder:
                 return self.binary(e)
             case ast.Convert(dtype=dtype, operand=operand):
                 x = self.tensor(operand, f"the operand of {dtype}(...)")
+                self.check_not_quantized(dtype, x, e.loc)
                 shape = shape_of(x.type)
                 return self.emit(tmath.CastOp(x, TensorType(tensor_types.ELEMENT_TYPES[dtype], shape)), e.loc).result
             case ast.Call():
@@ -312,6 +315,25 @@ class GraphBuilder:
     def check_arith(self, v: SSAValue, loc: Loc) -> None:
         if tensor_types.is_bool_type(v.type.get_element_type()):
             raise CompileError("cannot do arithmetic on booleans; use where(...)", loc)
+        self.check_stored_only(v, loc)
+
+    def check_stored_only(self, v: SSAValue, loc: Loc) -> None:
+        """Low-precision values and e8m0 scales take no arithmetic: they are dequantized or
+        multiplied in matched pairs by grouped_matmul / scaled_matmul with their scales."""
+        et = v.type.get_element_type()
+        if tensor_types.is_low_precision_type(et) or et == tensor_types.E8M0:
+            raise CompileError(
+                f"{format_type(v.type)} is stored-only and takes no arithmetic; use dequantize(values, scales), "
+                "or grouped_matmul(..., scales=(xs, ws)) / scaled_matmul(...)",
+                loc,
+            )
+
+    def check_not_quantized(self, dtype: str, x: SSAValue, loc: Loc) -> None:
+        """Conversions between float types only: quantized values need their scales."""
+        target = tensor_types.ELEMENT_TYPES[dtype]
+        if tensor_types.is_low_precision_type(target) or target == tensor_types.E8M0:
+            raise CompileError(f"{dtype}(...) would drop the block scales; use quantize(x, {dtype}, group=...)", loc)
+        self.check_stored_only(x, loc)
 
     def binary(self, e: ast.Binary) -> Value:
         lhs, rhs = self.operand(e.lhs), self.operand(e.rhs)
@@ -440,6 +462,7 @@ class GraphBuilder:
                 return Static(fold(v.value for v in values))
         args = self.bind(c, ["x"], {"axis": None, "keepdims": False})
         x = self.tensor(args["x"], f"the argument of {c.func}")
+        self.check_stored_only(x, c.loc)
         if tensor_types.is_bool_type(x.type.get_element_type()):
             raise CompileError(f"{c.func}() of booleans; convert with i32(...) first", c.loc)
         shape = shape_of(x.type)
@@ -612,7 +635,7 @@ class GraphBuilder:
         return v
 
     def call_grouped_matmul(self, c: ast.Call) -> Value:
-        args = self.bind(c, ["x", "w", "route"], {"bias": None})
+        args = self.bind(c, ["x", "w", "route"], {"bias": None, "scales": None})
         x = self.tensor(args["x"], "the blocks of grouped_matmul")
         w = self.tensor(args["w"], "the expert weights of grouped_matmul")
         route = self.route(args["route"])
@@ -626,9 +649,6 @@ class GraphBuilder:
                 f"grouped_matmul weights must be [E, D, F] = [{e}, {xs[2]}, F], got {format_type(w.type)}",
                 args["w"].loc,
             )
-        et = self.promote(x, w, c.loc)
-        if not tensor_types.is_float_type(et):
-            raise CompileError("grouped_matmul needs float tensors", c.loc)
         bias = None
         if args["bias"] is not None:
             bias = self.tensor(args["bias"], "the bias of grouped_matmul")
@@ -637,7 +657,107 @@ class GraphBuilder:
                     f"grouped_matmul bias must be a float [E, F] = [{e}, {ws[2]}], got {format_type(bias.type)}",
                     args["bias"].loc,
                 )
+        if args["scales"] is not None or self.quantized(x) or self.quantized(w):
+            x_scales, w_scales = self.scales(c, args["scales"], x, w, "grouped_matmul")
+            self.check_scale_shape(x_scales, (g, b, None), x, args["scales"], "grouped_matmul input scales", "[G, B, D / group]")
+            self.check_scale_shape(w_scales, (e, None, None), w, args["scales"], "grouped_matmul weight scales", "[E, D / kw, F / nb]")
+            self.check_k_blocks(xs[2] // shape_of(x_scales.type)[2], ws[1] // shape_of(w_scales.type)[1], args["scales"])
+            return self.emit(moe.ScaledGroupedMatmulOp(x, w, route, x_scales, w_scales, bias), c.loc).result
+        et = self.promote(x, w, c.loc)
+        if not tensor_types.is_float_type(et):
+            raise CompileError("grouped_matmul needs float tensors", c.loc)
         return self.emit(moe.GroupedMatmulOp(x, w, route, bias), c.loc).result
+
+    # --- low precision -------------------------------------------------------------------
+
+    @staticmethod
+    def quantized(v: SSAValue) -> bool:
+        return tensor_types.is_low_precision_type(v.type.get_element_type())
+
+    def scales(self, c: ast.Call, e: ast.Expr | None, x: SSAValue, w: SSAValue, what: str
+               ) -> tuple[SSAValue, SSAValue]:
+        """The `scales=(xs, ws)` of a block-scaled contraction, after checking the operand pair."""
+        xt, wt = x.type.get_element_type(), w.type.get_element_type()
+        if tensor_types.contraction_pair(xt, wt) is None:
+            raise CompileError(
+                f"{what} cannot multiply {format_type(x.type)} by {format_type(w.type)}: the contraction engine "
+                f"takes matched pairs (bf16 x bf16; {tensor_types.describe_pairs()}); quantize the input "
+                "with quantize(x, f8e4m3, group=...)",
+                c.loc,
+            )
+        if e is None:
+            raise CompileError(f"{what} of quantized values needs their block scales: scales=(xs, ws)", c.loc)
+        v = self.expr(e)
+        if not (isinstance(v, tuple) and len(v) == 2 and all(isinstance(i, SSAValue) and isinstance(i.type, TensorType) for i in v)):
+            raise CompileError("scales= takes two tensors: scales=(input_scales, weight_scales)", e.loc)
+        for s in v:
+            if not tensor_types.is_scale_type(s.type.get_element_type()):
+                raise CompileError(f"block scales must be f32 or e8m0, got {format_type(s.type)}", e.loc)
+        return v[0], v[1]
+
+    def check_scale_shape(self, scales: SSAValue, fixed: Sequence[int | None], values: SSAValue,
+                          e: ast.Expr, what: str, form: str) -> None:
+        """Scales of the values' rank, equal to `fixed` where it is given, dividing the values
+        into whole blocks elsewhere."""
+        ss, vs = shape_of(scales.type), shape_of(values.type)
+        ok = tensor_types.block_shape(vs, ss) is not None and all(f is None or f == s for f, s in zip(fixed, ss))
+        if not ok:
+            raise CompileError(
+                f"{what} must be {form} dividing {format_type(values.type)} into whole blocks, got {format_type(scales.type)}",
+                e.loc,
+            )
+
+    def check_k_blocks(self, kx: int, kw: int, e: ast.Expr) -> None:
+        if quant.k_block(kx, kw) is None:
+            raise CompileError(
+                f"the scales' blocks along the reduced axis ({kx} for the input, {kw} for the weight) "
+                "do not nest: one must divide the other",
+                e.loc,
+            )
+
+    def call_quantize(self, c: ast.Call) -> Result:
+        args = self.bind(c, ["x", "dtype"], {"group": None})
+        x = self.tensor(args["x"], "the argument of quantize")
+        if not tensor_types.is_float_type(x.type.get_element_type()):
+            raise CompileError(f"quantize() takes bf16 or f32, got {format_type(x.type)}", args["x"].loc)
+        dtype = self.static(args["dtype"], "the type of quantize").value
+        if dtype not in ("f8e4m3", "f8e5m2"):
+            raise CompileError(
+                f"quantize() gives f8e4m3 or f8e5m2 (what the cast engine writes), got {spell(dtype)}", args["dtype"].loc
+            )
+        if args["group"] is None:
+            raise CompileError("quantize() needs group=... (elements per scale along the last axis)", c.loc)
+        shape = shape_of(x.type)
+        group = self.static_int(args["group"], "group")
+        if not shape or shape[-1] % group:
+            raise CompileError(f"quantize: group {group} does not divide the last axis of {format_type(x.type)}", args["group"].loc)
+        op = self.emit(quant.QuantizeOp(x, tensor_types.ELEMENT_TYPES[dtype], group), c.loc)
+        return op.values, op.scales
+
+    def call_dequantize(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["values", "scales"])
+        values = self.tensor(args["values"], "the values of dequantize")
+        scales = self.tensor(args["scales"], "the scales of dequantize")
+        if not self.quantized(values):
+            raise CompileError(f"dequantize() takes f8e4m3, f8e5m2 or f4e2m1 values, got {format_type(values.type)}", args["values"].loc)
+        if not tensor_types.is_scale_type(scales.type.get_element_type()):
+            raise CompileError(f"block scales must be f32 or e8m0, got {format_type(scales.type)}", args["scales"].loc)
+        self.check_scale_shape(scales, [None] * len(shape_of(values.type)), values, args["scales"], "dequantize scales",
+                               "of the values' rank")
+        return self.emit(quant.DequantizeOp(values, scales), c.loc).result
+
+    def call_scaled_matmul(self, c: ast.Call) -> Value:
+        args = self.bind(c, ["x", "w"], {"scales": None})
+        x = self.tensor(args["x"], "the input of scaled_matmul")
+        w = self.tensor(args["w"], "the weight of scaled_matmul")
+        xs, ws = shape_of(x.type), shape_of(w.type)
+        if len(xs) != 2 or len(ws) != 2 or xs[1] != ws[0]:
+            raise CompileError(f"scaled_matmul takes [M, K] and [K, N], got {format_type(x.type)} and {format_type(w.type)}", c.loc)
+        x_scales, w_scales = self.scales(c, args["scales"], x, w, "scaled_matmul")
+        self.check_scale_shape(x_scales, (xs[0], None), x, args["scales"], "scaled_matmul input scales", "[M, K / group]")
+        self.check_scale_shape(w_scales, (None, None), w, args["scales"], "scaled_matmul weight scales", "[K / kw, N / nb]")
+        self.check_k_blocks(xs[1] // shape_of(x_scales.type)[1], ws[0] // shape_of(w_scales.type)[0], args["scales"])
+        return self.emit(quant.ScaledMatmulOp(x, w, x_scales, w_scales, TensorType(tensor_types.ELEMENT_TYPES["bf16"], [xs[0], ws[1]])), c.loc).result
 
     def call_combine(self, c: ast.Call) -> Value:
         args = self.bind(c, ["x", "route"], {"weights": None})

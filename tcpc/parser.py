@@ -120,6 +120,13 @@ class _ToAst(Transformer):
         dtype, operand = items
         return ast.Convert(_loc(dtype), str(dtype), operand)
 
+    def type_name(self, meta, items):
+        """An element type named as a value, `quantize(x, f8e4m3, ...)`: its name as a string."""
+        return ast.String(_loc(items[0]), str(items[0]))
+
+    def tuple(self, meta, items):
+        return ast.TupleExpr(_loc(meta), tuple(items))
+
     def list(self, meta, items):
         return ast.ListExpr(_loc(meta), tuple(i for i in items if i is not None))
 

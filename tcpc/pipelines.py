@@ -17,12 +17,13 @@ from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind
 from xdsl.utils.exceptions import ArgSpecParseError
 
 from dialects.moe import MoE
+from dialects.quant import Quant
 from dialects.tcp import TCP
 from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, Quant]
 
 
 def _lazy(module: str, name: str) -> Callable[[], type[ModulePass]]:
@@ -39,6 +40,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-routing": _lazy("passes.lower_routing", "LowerRoutingPass"),
     "lower-dispatch": _lazy("passes.lower_dispatch", "LowerDispatchPass"),
     "lower-math": _lazy("passes.lower_math", "LowerMathPass"),
+    "lower-quant": _lazy("passes.lower_quant", "LowerQuantPass"),
     "load-arguments": _lazy("passes.load_arguments", "LoadArgumentsPass"),
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
     "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
@@ -48,7 +50,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 
 LOWERED_PIPELINE: tuple[str, ...] = (
-    "lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments",
+    "lower-topk", "lower-routing", "lower-dispatch", "lower-quant", "lower-math", "load-arguments",
 )
 """The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops, each
 working on whole tensors."""

@@ -55,6 +55,13 @@ class ListExpr(Expr):
 
 
 @dataclass(frozen=True)
+class TupleExpr(Expr):
+    """`(a, b)`: several values as one argument (`scales=(xs, ws)`)."""
+
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
 class Neg(Expr):
     operand: Expr
 

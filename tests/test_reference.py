@@ -352,7 +352,8 @@ def model_qwen3_moe(o, d, a):
     return [o.combine(swiglu(o, xb, route, a), route, weights)]
 
 
-def model_deepseek_v3(o, d, a):
+def deepseek_route(o, d, a):
+    """DeepSeek-V3's group-limited routing: the chosen experts and their weights."""
     t, e, ng = d["T"], d["E"], d["NG"]
     s = sigmoid(matmul(f32(a["x"]), a["router"]))
     biased = add(s, a["bias"])
@@ -366,7 +367,12 @@ def model_deepseek_v3(o, d, a):
     top_s = take(s, top_e)
     total = add(reduce_sum(top_s, -1, keepdims=True), scalar(1e-20, top_s))
     weights = mul(div(top_s, total), scalar(2.5, top_s))
-    xb, route = o.scatter(a["x"], top_e, e, d["B"])
+    return top_e, weights
+
+
+def model_deepseek_v3(o, d, a):
+    top_e, weights = deepseek_route(o, d, a)
+    xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
     routed = o.combine(swiglu(o, xb, route, a), route, weights)
     return [add(routed, dense_swiglu(a["x"], a))]
 
@@ -377,12 +383,17 @@ def model_gpt_oss(o, d, a):
     weights = softmax(top_v)
     xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
     g = o.grouped_matmul(xb, a["w_gate"], route, a["b_gate"])
-    gate = binary(np.minimum, g, scalar(7.0, g))
     u = o.grouped_matmul(xb, a["w_up"], route, a["b_up"])
+    h = clamped_swiglu(g, u)
+    return [o.combine(o.grouped_matmul(h, a["w_down"], route, a["b_down"]), route, weights)]
+
+
+def clamped_swiglu(g, u):
+    """gpt-oss's activation: (clip(u, -7, 7) + 1) * gate * sigmoid(1.702 * gate), gate = min(g, 7)."""
+    gate = binary(np.minimum, g, scalar(7.0, g))
     up = binary(np.minimum, binary(np.maximum, u, scalar(-7.0, u)), scalar(7.0, u))
     glu = mul(gate, sigmoid(bf16(mul(f32(gate), np.float32(1.702)))))
-    h = mul(add(up, scalar(1.0, up)), glu)
-    return [o.combine(o.grouped_matmul(h, a["w_down"], route, a["b_down"]), route, weights)]
+    return mul(add(up, scalar(1.0, up)), glu)
 
 
 def model_llama4(o, d, a):
@@ -395,6 +406,100 @@ def model_llama4(o, d, a):
     return [add(dense_swiglu(a["x"], a), routed)]
 
 
+# --- low precision: quantization and block-scaled contractions, with loops over groups -------
+
+
+def quantize(x: np.ndarray, dtype: np.dtype, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """vLLM's per-token-group quantization along the last axis, one group at a time: scale =
+    max(amax, 1e-10) / max_finite in f32 (a NaN in the group makes it NaN), value = x / scale
+    clamped to +-max_finite and cast by ml_dtypes."""
+    top = np.float32(ml_dtypes.finfo(dtype).max)
+    values = np.zeros(x.shape, dtype=dtype)
+    scales = np.zeros((*x.shape[:-1], x.shape[-1] // group), dtype=F32)
+    for pos in np.ndindex(*scales.shape):
+        chunk = f32(x[pos[:-1]][pos[-1] * group:(pos[-1] + 1) * group])
+        amax = np.float32(np.nan) if np.isnan(chunk).any() else np.float32(max(abs(float(v)) for v in chunk))
+        scale = np.float32(np.nan) if np.isnan(amax) else np.float32(max(amax, np.float32(1e-10)) / top)
+        scales[pos] = scale
+        values[pos[:-1]][pos[-1] * group:(pos[-1] + 1) * group] = np.clip(chunk / scale, -top, top).astype(dtype)
+    return values, scales
+
+
+def scaled_rows(xq: np.ndarray, xs: np.ndarray, w: np.ndarray, ws: np.ndarray) -> np.ndarray:
+    """Rows xq [B, D] (scales [B, D / kx]) times w [D, F] (scales [D / kw, F / nb]) in f32: for
+    each K-block of min(kx, kw), the f32 partial sum times (row scale * weight scale), added in
+    K order."""
+    d, f = w.shape
+    kx, kw, nb = d // xs.shape[1], d // ws.shape[0], f // ws.shape[1]
+    kb = min(kx, kw)
+    acc = np.zeros((xq.shape[0], f), dtype=F32)
+    for j in range(d // kb):
+        part = f32(xq[:, j * kb:(j + 1) * kb]) @ f32(w[j * kb:(j + 1) * kb])
+        scale = f32(xs[:, j * kb // kx])[:, None] * np.repeat(f32(ws[j * kb // kw]), nb)[None, :]
+        acc = acc + part * scale
+    return acc
+
+
+def scaled_grouped_matmul(xq, xs, w, ws, layout: Layout, bias=None) -> np.ndarray:
+    g, b, _ = xq.shape
+    out = np.zeros((g, b, w.shape[2]), dtype=BF16)
+    for blk in range(g):
+        e = layout.expert_of_block[blk]
+        if e < 0:
+            continue
+        acc = scaled_rows(xq[blk], xs[blk], w[e], ws[e])
+        if bias is not None:
+            acc = acc + f32(bias[e])
+        for r in range(b):
+            if layout.valid[blk * b + r]:
+                out[blk, r] = acc[r].astype(BF16)
+    return out
+
+
+def scaled_matmul(xq, xs, w, ws) -> np.ndarray:
+    return bf16(scaled_rows(xq, xs, w, ws))
+
+
+F8E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+def fp8_swiglu(d, xb, route, a, bias=None):
+    """Routed SwiGLU experts in w8a8: the blocks and the intermediate quantized per group."""
+    xq, xs = quantize(xb, F8E4M3, d["QG"])
+    g = scaled_grouped_matmul(xq, xs, a["w_gate"], a["w_gate_scale"], route, None if bias is None else a["b_gate"])
+    u = scaled_grouped_matmul(xq, xs, a["w_up"], a["w_up_scale"], route, None if bias is None else a["b_up"])
+    h = mul(silu(g), u) if bias is None else clamped_swiglu(g, u)
+    hq, hs = quantize(h, F8E4M3, d["QG"])
+    return scaled_grouped_matmul(hq, hs, a["w_down"], a["w_down_scale"], route, None if bias is None else a["b_down"])
+
+
+def model_qwen3_moe_fp8(o, d, a):
+    probs = softmax(f32(matmul(a["x"], a["router"])))
+    top_p, top_e = o.topk(probs, d["K"])
+    weights = bf16(div(top_p, reduce_sum(top_p, -1, keepdims=True)))
+    xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
+    return [o.combine(fp8_swiglu(d, xb, route, a), route, weights)]
+
+
+def model_deepseek_v3_fp8(o, d, a):
+    top_e, weights = deepseek_route(o, d, a)
+    xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
+    routed = o.combine(fp8_swiglu(d, xb, route, a), route, weights)
+    sq, ss = quantize(a["x"], F8E4M3, d["QG"])
+    shared_h = mul(silu(scaled_matmul(sq, ss, a["ws_gate"], a["ws_gate_scale"])),
+                   scaled_matmul(sq, ss, a["ws_up"], a["ws_up_scale"]))
+    hq, hs = quantize(shared_h, F8E4M3, d["QG"])
+    return [add(routed, scaled_matmul(hq, hs, a["ws_down"], a["ws_down_scale"]))]
+
+
+def model_gpt_oss_mxfp4(o, d, a):
+    logits = add(matmul(a["x"], a["router"]), a["router_bias"])
+    top_v, top_e = o.topk(logits, d["K"])
+    weights = softmax(top_v)
+    xb, route = o.scatter(a["x"], top_e, d["E"], d["B"])
+    return [o.combine(fp8_swiglu(d, xb, route, a, bias=True), route, weights)]
+
+
 MODELS: dict[str, Callable[[Oracle, dict[str, int], dict[str, np.ndarray]], list[np.ndarray]]] = {
     "toy": model_toy,
     "mixtral": model_mixtral,
@@ -402,6 +507,9 @@ MODELS: dict[str, Callable[[Oracle, dict[str, int], dict[str, np.ndarray]], list
     "deepseek_v3": model_deepseek_v3,
     "gpt_oss": model_gpt_oss,
     "llama4": model_llama4,
+    "qwen3_moe_fp8": model_qwen3_moe_fp8,
+    "deepseek_v3_fp8": model_deepseek_v3_fp8,
+    "gpt_oss_mxfp4": model_gpt_oss_mxfp4,
 }
 
 

@@ -69,6 +69,13 @@ class OpCost:
     parts: int = 1
     """Units of its engine the command occupies for `cycles`: a large DMA command is spread
     over several DMA engines (tcp_cost.dma_parts), its parts running in parallel."""
+    fp8_flops: int = 0
+    """The part of `flops` done on fp8 operand pairs, whose peak is the fp8 rate."""
+
+
+def flop_cycles(machine: Machine, flops: int, fp8_flops: int = 0) -> float:
+    """The fewest cycles the tensor unit needs for `flops`, `fp8_flops` of them at the fp8 peak."""
+    return (flops - fp8_flops) / machine.peak_flops_per_cycle + fp8_flops / (2 * machine.peak_fp8_macs_per_cycle)
 
 
 CostFn = Callable[[Operation, tuple[Any, ...], tuple[Any, ...], Machine], OpCost]
@@ -275,7 +282,7 @@ def check_cost(op: Operation, cost: OpCost, machine: Machine) -> None:
         raise CostModelError(f"{op.name}: {cost.parts} parts on '{cost.engine}', which has {limit} units")
     if cost.cycles < 0 or cost.flops < 0 or cost.hbm_bytes < 0 or cost.bytes_moved < 0:
         raise CostModelError(f"{op.name}: negative cost {cost}")
-    if cost.flops and (cost.engine != TENSOR or cost.flops > cost.cycles * machine.peak_flops_per_cycle):
+    if cost.flops and (cost.engine != TENSOR or flop_cycles(machine, cost.flops, cost.fp8_flops) > cost.cycles):
         raise CostModelError(f"{op.name}: {cost.flops} FLOPs in {cost.cycles} cycles on '{cost.engine}' exceeds the tensor unit's peak")
     if cost.hbm_bytes and (cost.engine != DMA or cost.hbm_bytes * machine.dma_engines
                            > cost.cycles * machine.hbm_bytes_per_cycle * cost.parts):

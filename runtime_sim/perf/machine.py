@@ -48,6 +48,8 @@ SCHEMA: dict[str, _Field] = {
     "macs_per_cycle_bf16": _Field("contraction", "macs_per_cycle_bf16", True, 1),
     "f32_rate_divisor": _Field("contraction", "f32_rate_divisor", True, 1),
     "tree_depth_cycles": _Field("contraction", "tree_depth_cycles", True, 0),
+    "macs_per_cycle_fp8": _Field("contraction", "macs_per_cycle_fp8", True, 1),
+    "tree_depth_fp8_cycles": _Field("contraction", "tree_depth_fp8_cycles", True, 0),
     "flit_bytes": _Field("vector", "flit_bytes", True, 1),
     "int_ways": _Field("vector", "int_ways", True, 1),
     "float_ways": _Field("vector", "float_ways", True, 1),
@@ -83,6 +85,8 @@ class Machine:
     macs_per_cycle_bf16: int
     f32_rate_divisor: int
     tree_depth_cycles: int
+    macs_per_cycle_fp8: int
+    tree_depth_fp8_cycles: int
     flit_bytes: int
     int_ways: int
     float_ways: int
@@ -114,6 +118,12 @@ class Machine:
     def peak_macs_per_cycle(self) -> int:
         """bf16 MACs per cycle of the cluster: the contraction engine's peak."""
         return self.macs_per_cycle_bf16 * self.slices
+
+    @property
+    def peak_fp8_macs_per_cycle(self) -> int:
+        """fp8 x fp8 MACs per cycle of the cluster (f4e2m1 weights run at this rate too: the
+        fetch stage's lookup table makes them f8e4m3)."""
+        return self.macs_per_cycle_fp8 * self.slices
 
     @property
     def peak_flops_per_cycle(self) -> int:

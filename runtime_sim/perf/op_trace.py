@@ -32,6 +32,7 @@ from runtime_sim.perf.cost_model import (
     order_operands,
 )
 from runtime_sim.perf.machine import Machine
+from runtime_sim.semantics.numerics import stored_nbytes
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class TraceRecorder(Interpreter.Listener):
                 buffer = None
             else:
                 buffer = len(self.trace.buffer_bytes)
-                self.trace.buffer_bytes[buffer] = int(getattr(value, "nbytes", 0))
+                self.trace.buffer_bytes[buffer] = stored_nbytes(value)
                 self.trace.buffer_labels[buffer] = f"%{r.name_hint}" if r.name_hint else f"{op.name}#{index}"
                 writes.append(buffer)
             self._values[r] = _Value(index, buffer)

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from dialects.annotations import PHASES
+from runtime_sim.perf.cost_model import flop_cycles
 from runtime_sim.perf.machine import Machine
 from runtime_sim.perf.memory_plan import Spill, Stream
 
@@ -103,8 +104,9 @@ class Roofline:
         return "compute" if self.flop_cycles >= self.byte_cycles else "hbm bandwidth"
 
 
-def roofline(machine: Machine, flops: int, hbm_bytes: int) -> Roofline:
-    return Roofline(flops, hbm_bytes, flops / machine.peak_flops_per_cycle, hbm_bytes / machine.hbm_bytes_per_cycle)
+def roofline(machine: Machine, flops: int, hbm_bytes: int, fp8_flops: int = 0) -> Roofline:
+    """`fp8_flops` of the `flops` count at the fp8 peak (twice bf16's on RNGD)."""
+    return Roofline(flops, hbm_bytes, flop_cycles(machine, flops, fp8_flops), hbm_bytes / machine.hbm_bytes_per_cycle)
 
 
 @dataclass

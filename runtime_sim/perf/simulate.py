@@ -122,7 +122,8 @@ def simulate_trace(trace: Trace, machine: Machine,
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
     # The layer's own HBM traffic: its commands as traced, without the plan's spills, reloads
     # and streams (the cost of SRAM pressure, which the ratio to the roofline then shows).
-    bound = roofline(machine, sum(r.flops for r in records), sum(t.cost.hbm_bytes for t in trace.ops))
+    bound = roofline(machine, sum(r.flops for r in records), sum(t.cost.hbm_bytes for t in trace.ops),
+                     sum(t.cost.fp8_flops for t in trace.ops))
     if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
         raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
     report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,

@@ -51,6 +51,7 @@ from dialects import tcp
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands, register_view
 from runtime_sim.perf.machine import Machine
+from runtime_sim.semantics.numerics import float4_e2m1, stored_nbytes
 
 
 def requests(nbytes: int, machine: Machine) -> int:
@@ -119,7 +120,11 @@ def gathered_rows(indices: np.ndarray) -> int:
 
 
 def row_bytes(value: np.ndarray) -> int:
-    return int(math.prod(value.shape[1:])) * value.dtype.itemsize
+    """Bytes of one row at the stored width (f4e2m1: two values per byte)."""
+    elements = int(math.prod(value.shape[1:]))
+    if value.dtype == float4_e2m1:
+        return -(-elements // 2)
+    return elements * value.dtype.itemsize
 
 
 def cost_dma_gather(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -137,11 +142,11 @@ def cost_dma_scatter(op: Operation, operands: tuple[Any, ...], results: tuple[An
 
 
 def cost_load(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
-    return dma_copy_cost(machine, operands[0].nbytes, in_hbm(op.operands[0]), False)
+    return dma_copy_cost(machine, stored_nbytes(operands[0]), in_hbm(op.operands[0]), False)
 
 
 def cost_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
-    return dma_copy_cost(machine, operands[0].nbytes, in_hbm(op.operands[0]), True)
+    return dma_copy_cost(machine, stored_nbytes(operands[0]), in_hbm(op.operands[0]), True)
 
 
 def contraction_cycles(machine: Machine, *, macs: int, fetch_bytes: int, commit_bytes: int,
@@ -197,6 +202,68 @@ def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
     return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound)
 
 
+def scaled_contraction_cycles(machine: Machine, *, macs: int, partial_sums: int, fetch_bytes: int,
+                              commit_bytes: int, blocks_run: int, guards: int) -> tuple[int, str]:
+    """Cycles of one block-scaled low-precision contraction and its bound: as
+    `contraction_cycles`, with the fp8 MAC rate and tree depth, and one more work term, the
+    vector stage applying the scales (`vector scales`, see `cost_scaled_contract`)."""
+    m = machine
+    fixed = m.config_overhead_cycles + guards * m.guard_cycles
+    if blocks_run == 0:
+        return fixed, "guard (every block skipped)"
+    terms = {
+        "compute": math.ceil(macs / m.peak_fp8_macs_per_cycle),
+        "fetch": math.ceil(fetch_bytes / (m.fetch_bytes_per_cycle * m.slices)),
+        "commit": math.ceil(commit_bytes / (m.commit_bytes_per_cycle * m.slices)),
+        "vector scales": math.ceil(partial_sums / (m.float_ways * m.slices)),
+        "block count": blocks_run,
+    }
+    bound = max(terms, key=lambda k: terms[k])
+    work = terms[bound]
+    fill = fixed + m.tree_depth_fp8_cycles + m.alu_latency_cycles
+    return fill + work, bound if work > fill else "overhead"
+
+
+def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...],
+                         machine: Machine) -> OpCost:
+    """A block-scaled fp8 (or f4e2m1-through-the-lookup-table) contraction: one chain
+    invocation in which the contraction engine and the vector engine run pipelined.
+
+    - compute: MACs at the fp8 rate (paper: 64 fp8 per lane per cycle, 512 per slice;
+      512 TFLOPS), `macs_per_cycle_fp8`; tree depth 6 (`tree_depth_fp8_cycles`);
+    - fetch: the bytes of the running blocks' operands *at their stored width* (an f4e2m1
+      weight is half a byte per value, widened to f8e4m3 by the fetch stage's lookup table
+      (docs/hardware.md, Precisions) after it is read) and their scales;
+    - vector scales: every f32 partial sum (one per K-block of each result element) gets
+      lhs scale * rhs scale and is added to the running sum: the Float cluster's multiply
+      and fma in one pass (assumption: one pass, 4-way, as every float stage runs; the book
+      lists FpMul0/FpMul1 and FpFma as separate ALUs of the cluster), one ALU latency;
+    - commit: the f32 result.
+    The terms overlap (the engines are pipelined), so the invocation takes the largest.
+    FLOPs: 2 per MAC (at the fp8 peak in the roofline), plus the bias adds; the scale work is
+    costed in cycles (the `vector scales` term) but not counted as FLOPs."""
+    assert isinstance(op, tcp.ScaledContractOp)
+    lhs, rhs, lhs_scales, rhs_scales, *optional = operands
+    bias = optional.pop(0) if op.bias is not None else None
+    guard = optional.pop(0) if op.guard is not None else None
+    g, b, d = lhs.shape
+    f = rhs.shape[2]
+    run = int(np.count_nonzero(np.asarray(guard) >= 0)) if guard is not None else g
+    per_block = sum(stored_nbytes(v) for v in (lhs, rhs, lhs_scales, rhs_scales)) // g
+    fetch = per_block * run
+    if bias is not None:
+        fetch += stored_nbytes(bias) * run // g if bias.shape[0] == g and g > 1 else stored_nbytes(bias)
+    out_elements = run * b * f
+    commit = out_elements * 4
+    macs = out_elements * d
+    partial_sums = out_elements * (d // op.k_block)
+    cycles, bound = scaled_contraction_cycles(machine, macs=macs, partial_sums=partial_sums, fetch_bytes=fetch,
+                                              commit_bytes=commit, blocks_run=run,
+                                              guards=g if guard is not None else 0)
+    flops = 2 * macs + (out_elements if bias is not None else 0)
+    return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound, fp8_flops=2 * macs)
+
+
 def register_tcp_costs() -> None:
     """The cost of every `tcp` op, and the operands whose values those costs read (cost-only
     mode computes exactly these)."""
@@ -205,7 +272,9 @@ def register_tcp_costs() -> None:
     register_cost(tcp.LoadOp)(cost_load)
     register_cost(tcp.StoreOp)(cost_store)
     register_cost(tcp.ContractOp)(cost_contract)
+    register_cost(tcp.ScaledContractOp)(cost_scaled_contract)
     register_view(tcp.ViewOp)
     register_data_operands(tcp.DmaGatherOp, lambda op: (op.operands[1],))
     register_data_operands(tcp.DmaScatterOp, lambda op: (op.operands[1],))
     register_data_operands(tcp.ContractOp, lambda op: () if op.guard is None else (op.guard,))  # type: ignore[attr-defined]
+    register_data_operands(tcp.ScaledContractOp, lambda op: () if op.guard is None else (op.guard,))  # type: ignore[attr-defined]

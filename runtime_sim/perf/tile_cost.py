@@ -32,6 +32,7 @@ from runtime_sim.perf.cost_model import (
 )
 from runtime_sim.perf.machine import Machine
 from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_rows_cost, row_bytes
+from runtime_sim.semantics.numerics import stored_nbytes
 
 
 def experts_fetched(ids: np.ndarray, prev_ids: np.ndarray) -> int:
@@ -43,13 +44,13 @@ def experts_fetched(ids: np.ndarray, prev_ids: np.ndarray) -> int:
 
 
 def cost_tile_load(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
-    return dma_copy_cost(machine, results[0].nbytes, in_hbm(op.operands[0]), False)
+    return dma_copy_cost(machine, stored_nbytes(results[0]), in_hbm(op.operands[0]), False)
 
 
 def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     if not in_hbm(op.results[0]):
         return OpCost("none", 0, bound="committed in place")
-    return dma_copy_cost(machine, operands[0].nbytes, False, True)
+    return dma_copy_cost(machine, stored_nbytes(operands[0]), False, True)
 
 
 def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:

@@ -25,6 +25,8 @@ chain's inputs and result as SRAM traffic.
 | `fxp_to_fp`, `fp_to_fxp` | FxpToFp, FpToFxp | 8-way | stream |
 | `narrow` (f32 -> bf16) | Cast Engine (one flit per cycle) | 8-way | stream |
 | `widen` (bf16 -> f32) | Fetch Adapter cast (assumption: one flit per cycle, like the Cast Engine) | 8-way | stream |
+| `widen_low` (f8e4m3, f8e5m2, f4e2m1, e8m0 -> f32) | fetch lookup table (f4e2m1 -> f8) and cast path (a `ConversionOp`; assumption: one flit per cycle) | 8-way | stream |
+| `narrow_low` (f32 -> f8e4m3, f8e5m2) | Cast Engine (a `ConversionOp`) | 8-way | stream |
 | `reduce_sum reduce_max reduce_min` | IntraSliceReduce (accumulator tree) | 4-way | stream + first output after n steps of the reduced axis |
 | `scan` | Fxp add (i32) or Clip add/max/min (f32 add, max, min) with a guarded register-file operand | 8 rows per slice | time-axis scan: n cycles per round of rows |
 | `filter` | Filter | 8-way | stream + the Filter stage's packing latency (machine file, assumption) |
@@ -83,6 +85,7 @@ from runtime_sim.perf.cost_model import (
 )
 from runtime_sim.perf.machine import Machine
 from runtime_sim.perf.vector_cost import AluClass, ChainStage, chain_invocation_cycles, scan_cycles
+from runtime_sim.semantics.numerics import stored_nbytes
 
 Rate = Literal["int", "float", "by type"]
 """`int`: 8-way; `float`: 4-way; `by type`: 8-way on i32, 4-way on f32."""
@@ -194,12 +197,12 @@ def _read_bytes(op: Operation, operands: tuple[Any, ...]) -> int:
     for operand, value in zip(op.operands, operands):
         if isinstance(operand.owner, ve.ConstOp):
             continue
-        total += int(getattr(value, "nbytes", 0))
+        total += stored_nbytes(value)
     return total
 
 
 def _written_bytes(results: tuple[Any, ...]) -> int:
-    return sum(int(getattr(v, "nbytes", 0)) for v in results)
+    return sum(stored_nbytes(v) for v in results)
 
 
 def chain_stage(op: Operation) -> ChainStage:

@@ -11,6 +11,7 @@ from xdsl.utils.exceptions import InterpretationError
 
 from dialects import moe
 from runtime_sim.semantics.numerics import compute, contract, round_to, tensor_dtype
+from runtime_sim.semantics.quantization import scaled_contract
 
 
 def topk_indices(x: np.ndarray, k: int, order: str = "score") -> np.ndarray:
@@ -145,6 +146,24 @@ class MoEFunctions(InterpreterFunctions):
             if expert < 0:
                 continue
             out[block] = contract("bd,df->bf", compute(x[block]), compute(weight[expert]))
+            if bias is not None:
+                out[block] += compute(bias[expert])
+        out.reshape(g * b, f)[~plan.row_valid] = 0
+        return (round_to(out, tensor_dtype(op.result.type)),)
+
+    @impl(moe.ScaledGroupedMatmulOp)
+    def run_scaled_grouped_matmul(
+        self, interpreter: Interpreter, op: moe.ScaledGroupedMatmulOp, args: tuple[Any, ...]
+    ):
+        x, weight, plan, x_scales, w_scales = args[:5]
+        bias = args[5] if len(args) > 5 else None
+        g, b, f = moe.shape_of(op.result.type)
+        out = np.zeros((g, b, f), dtype=np.float32)
+        for block, expert in enumerate(plan.expert_ids):
+            if expert < 0:
+                continue
+            out[block] = scaled_contract(x[block:block + 1], x_scales[block:block + 1],
+                                         weight[expert:expert + 1], w_scales[expert:expert + 1])[0]
             if bias is not None:
                 out[block] += compute(bias[expert])
         out.reshape(g * b, f)[~plan.row_valid] = 0

@@ -12,7 +12,16 @@ import math
 
 import ml_dtypes
 import numpy as np
-from xdsl.dialects.builtin import BFloat16Type, Float32Type, IntegerType, TensorType
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float4E2M1FNType,
+    Float8E4M3FNType,
+    Float8E5M2Type,
+    Float8E8M0FNUType,
+    Float32Type,
+    IntegerType,
+    TensorType,
+)
 from xdsl.ir import Attribute
 
 from dialects import ve
@@ -22,7 +31,20 @@ TAG_DTYPE = np.dtype(np.uint8)
 """Storage of a `ve` branch tag (4 bits, 0..15)."""
 
 DTYPE_NAMES = ("bf16", "f32", "i32")
-"""The element types a .moe program may declare (comparisons add i1)."""
+"""The element types a .moe program computes with (comparisons add i1; the low-precision
+storage types below are declared too, but take no arithmetic)."""
+
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
+"""f8e4m3: the `fn` variant (no inf, NaN = S.1111.111, max 448), torch.float8_e4m3fn."""
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+"""f8e5m2: IEEE-like (inf and NaN), max 57344."""
+float4_e2m1 = np.dtype(ml_dtypes.float4_e2m1fn)
+"""f4e2m1: MXFP4's values (no inf, no NaN, max 6); numpy stores one per byte, the chip two."""
+float8_e8m0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+"""e8m0: MX block scales, 2^(e - 127) (NaN = 0xff, no zero, no sign)."""
+
+LOW_PRECISION_DTYPES = (float8_e4m3, float8_e5m2, float4_e2m1)
+"""The quantized value types: conversion to them saturates (see `round_to`)."""
 
 
 def numpy_dtype(element_type: Attribute) -> np.dtype:
@@ -33,6 +55,14 @@ def numpy_dtype(element_type: Attribute) -> np.dtype:
         return bfloat16
     if isinstance(element_type, Float32Type):
         return np.dtype(np.float32)
+    if isinstance(element_type, Float8E4M3FNType):
+        return float8_e4m3
+    if isinstance(element_type, Float8E5M2Type):
+        return float8_e5m2
+    if isinstance(element_type, Float4E2M1FNType):
+        return float4_e2m1
+    if isinstance(element_type, Float8E8M0FNUType):
+        return float8_e8m0
     if isinstance(element_type, IntegerType):
         width = element_type.width.data
         if width == 1:
@@ -51,9 +81,24 @@ def is_float(dtype: np.dtype) -> bool:
     return dtype == bfloat16 or dtype == np.float32
 
 
+def is_low_precision(dtype: np.dtype) -> bool:
+    return dtype in LOW_PRECISION_DTYPES or dtype == float8_e8m0
+
+
+def stored_nbytes(value: object) -> int:
+    """Bytes a value occupies in the chip's memory: its elements at their stored width, so
+    f4e2m1 counts half a byte each (numpy keeps one per byte). What every cost counts."""
+    dtype = getattr(value, "dtype", None)
+    nbytes = int(getattr(value, "nbytes", 0))
+    if dtype == float4_e2m1:
+        return -(-nbytes // 2)
+    return nbytes
+
+
 def compute(x: np.ndarray) -> np.ndarray:
-    """The array in its arithmetic type: floats in f32, integers and booleans as they are."""
-    if is_float(x.dtype):
+    """The array in its arithmetic type: floats (and stored low-precision values, exactly) in
+    f32, integers and booleans as they are."""
+    if is_float(x.dtype) or is_low_precision(x.dtype):
         return x.astype(np.float32)
     return x
 
@@ -74,7 +119,18 @@ def round_to(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype == bfloat16 and x.dtype != np.float32 and x.dtype.kind == "f":
         # Round once to f32 first: every level computes in f32, never in f64.
         x = x.astype(np.float32)
+    if dtype in LOW_PRECISION_DTYPES:
+        return saturate_to(np.asarray(x, np.float32), dtype)
     return x.astype(dtype)
+
+
+def saturate_to(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """f32 to a low-precision type, saturating: values beyond the largest finite value (inf
+    included) become it, with their sign; the rest round to nearest even (ml_dtypes' cast);
+    NaN stays NaN (f4e2m1 has none: ml_dtypes gives -0 there).
+    The conversion of the cast engine and of vLLM's `clamp(x / s, -max, max).to(fp8)`."""
+    limit = np.float32(ml_dtypes.finfo(dtype).max)
+    return np.clip(x, -limit, limit).astype(dtype)
 
 
 def _sequential(ufunc: np.ufunc, x: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:

@@ -10,6 +10,7 @@ from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tcp
 from runtime_sim.semantics.numerics import GatheredRows, compute, contract, round_to, tensor_dtype
+from runtime_sim.semantics.quantization import scaled_contract
 
 
 def check_rows(op_name: str, indices: np.ndarray, rows: int) -> None:
@@ -31,6 +32,20 @@ class TCPFunctions(InterpreterFunctions):
         if guard is not None:
             out[guard < 0] = 0
         return (round_to(out, tensor_dtype(op.result.type)),)
+
+    @impl(tcp.ScaledContractOp)
+    def run_scaled_contract(self, interpreter: Interpreter, op: tcp.ScaledContractOp, args: tuple[Any, ...]):
+        lhs, rhs, lhs_scales, rhs_scales, *optional = (np.asarray(a) for a in args)
+        bias = optional.pop(0) if op.bias is not None else None
+        guard = optional.pop(0) if op.guard is not None else None
+        g, b, f = tcp.shape_of(op.result.type)
+        out = np.zeros((g, b, f), np.float32)
+        run = np.arange(g) if guard is None else np.nonzero(guard >= 0)[0]
+        if run.size:  # only the blocks that run are computed; each block's bits are its own
+            out[run] = scaled_contract(lhs[run], lhs_scales[run], rhs[run], rhs_scales[run])
+        if bias is not None:
+            out[run] = out[run] + np.broadcast_to(compute(bias), (g, b, f))[run]
+        return (out,)
 
     @impl(tcp.DmaGatherOp)
     def run_dma_gather(self, interpreter: Interpreter, op: tcp.DmaGatherOp, args: tuple[Any, ...]):

@@ -185,6 +185,14 @@ class VEFunctions(InterpreterFunctions):
         with np.errstate(all="ignore"):
             return _out(op, round_to(x, bfloat16))
 
+    @impl(ve.WidenLowOp)
+    def run_widen_low(self, interpreter: Interpreter, op: ve.WidenLowOp, args: tuple[Any, ...]):
+        return _out(op, np.asarray(args[0]).astype(np.float32))
+
+    @impl(ve.NarrowLowOp)
+    def run_narrow_low(self, interpreter: Interpreter, op: ve.NarrowLowOp, args: tuple[Any, ...]):
+        return _out(op, round_to(np.asarray(args[0]), tensor_dtype(op.result.type)))
+
     @impl(ve.FxpToFpOp)
     def run_fxp_to_fp(self, interpreter: Interpreter, op: ve.FxpToFpOp, args: tuple[Any, ...]):
         return _out(op, np.asarray(args[0]).astype(np.float32))

@@ -1,0 +1,218 @@
+"""bf16 vs fp8 vs MXFP4 expert weights, at real dims, decode and prefill, cost-only.
+
+    python benchmarks/precisions.py            # the table (about a minute on 2 cores): precisions.md
+    python benchmarks/precisions.py --quick    # T = 1 only; writes the file only with --out
+    python benchmarks/precisions.py --out DIR
+    python benchmarks/precisions.py --tokens 1 64   # chosen token counts
+
+For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
+
+- `bf16`: the bf16 example (examples/deepseek_v3.moe, qwen3_moe.moe, gpt_oss.moe);
+- `fp8`: f8e4m3 weights with f32 block scales and activations quantized per token group
+  (examples/deepseek_v3_fp8.moe and qwen3_moe_fp8.moe: 128 x 128 blocks, groups of 128, the
+  checkpoints' layout). gpt-oss has no fp8 checkpoint and 2880 is no multiple of 128: its fp8
+  variant is examples/gpt_oss_mxfp4.moe with the weights declared f8e4m3, f32 scales and
+  64 x 64 blocks, groups of 64 (written by `variant` below);
+- `mxfp4`: f4e2m1 weights with e8m0 scales per 32 along the reduction axis and activations in
+  f8e4m3 groups of 32 (examples/gpt_oss_mxfp4.moe, gpt-oss's checkpoint; DeepSeek-V3's and
+  Qwen3's MXFP4 variants are their fp8 examples with the weights declared f4e2m1 and e8m0
+  scales, `variant` below). The shared expert of DeepSeek-V3 takes its routed experts' format.
+
+Each is compiled with the full pipeline and simulated cost-only with balanced routing, at
+T = 1 and 64 (decode) and 2048 (prefill), B as benchmarks/run.py picks it. Columns: simulated
+time; its ratio to the bf16 layer's; the chip limit of the format, computed here from the
+layer's FLOPs at the format's peak (the experts' contractions at the fp8 rate for fp8 and
+MXFP4, the rest at bf16's) and its minimal HBM bytes at HBM bandwidth (the weights of the
+experts balanced routing uses, at their stored width with their scales, the router's, the
+shared expert's, the tokens in and out), on the simulated machine (one cluster, the chip's
+HBM); the simulated time over that limit; the HBM bytes the simulation moved (the layer's own
+commands); and the critical path split into experts and the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+import tcpc  # noqa: E402
+from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
+from runtime_sim.perf.machine import Machine, load_machine  # noqa: E402
+
+
+def _load_run():
+    spec = importlib.util.spec_from_file_location("tcpc_benchmark_run", Path(__file__).with_name("run.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_run()
+EXAMPLES = ROOT / "examples"
+TOKENS: tuple[int, ...] = (1, 64, 2048)
+QUICK_TOKENS: tuple[int, ...] = (1,)
+FORMATS: tuple[str, ...] = ("bf16", "fp8", "mxfp4")
+TARGETS = {"fp8": 0.55, "mxfp4": 0.30}
+"""Decode targets (issue 14): the format's simulated time over bf16's."""
+
+
+@dataclass(frozen=True)
+class Family:
+    title: str
+    dims: dict[str, int]
+    """The real model's dims (every dim but T, B and the block sizes)."""
+    shared: int
+    """Width of the shared expert (0: none)."""
+    router_bytes: int
+    """Bytes per router weight (f32 for DeepSeek-V3's, bf16 otherwise)."""
+    sources: dict[str, tuple[str, dict[str, int]]]
+    """Format -> (example stem, the block dims it is compiled with)."""
+
+
+FP8_BLOCKS = dict(QK=128, QN=128, QG=128)
+MX_BLOCKS = dict(QK=32, QN=1, QG=32)
+FAMILIES: tuple[Family, ...] = (
+    Family("DeepSeek-V3", dict(D=7168, F=2048, FS=2048, E=256, K=8, NG=8, TG=4), 2048, 4,
+           {"bf16": ("deepseek_v3", {}), "fp8": ("deepseek_v3_fp8", FP8_BLOCKS), "mxfp4": ("deepseek_v3_fp8", MX_BLOCKS)}),
+    Family("Qwen3-30B-A3B", dict(D=2048, F=768, E=128, K=8), 0, 2,
+           {"bf16": ("qwen3_moe", {}), "fp8": ("qwen3_moe_fp8", FP8_BLOCKS), "mxfp4": ("qwen3_moe_fp8", MX_BLOCKS)}),
+    Family("gpt-oss-120b", dict(D=2880, F=2880, E=128, K=4), 0, 2,
+           {"bf16": ("gpt_oss", {}), "fp8": ("gpt_oss_mxfp4", dict(QK=64, QN=64, QG=64)), "mxfp4": ("gpt_oss_mxfp4", MX_BLOCKS)}),
+)
+
+STORED = {"bf16": "bf16", "fp8": "f8e4m3", "mxfp4": "f4e2m1"}
+SCALE = {"fp8": "f32", "mxfp4": "e8m0"}
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "mxfp4": 0.5}
+SCALE_BYTES = {"bf16": 0.0, "fp8": 4.0, "mxfp4": 1.0}
+
+
+def variant(source: str, fmt: str) -> str:
+    """A low-precision example's program with its weights (parameters whose name starts with
+    `w`) declared in `fmt`'s stored type and their `*_scale` parameters in its scale type."""
+    source = re.sub(r"\b(w\w*): (f8e4m3|f4e2m1)\[", lambda m: f"{m.group(1)}: {STORED[fmt]}[", source)
+    return re.sub(r"\b(w\w*_scale): (f32|e8m0)\[", lambda m: f"{m.group(1)}: {SCALE[fmt]}[", source)
+
+
+@dataclass
+class Row:
+    title: str
+    fmt: str
+    tokens: int
+    block: int
+    total_cycles: int
+    limit_cycles: float
+    hbm_bytes: int
+    experts_cycles: int
+    microseconds: float
+    limit_microseconds: float
+    seconds: float
+    bf16_cycles: int = 0
+
+    @property
+    def ratio(self) -> float:
+        """Simulated time over the bf16 layer's."""
+        return self.total_cycles / self.bf16_cycles
+
+    @property
+    def over_limit(self) -> float:
+        return self.total_cycles / self.limit_cycles
+
+
+def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: dict[str, int]) -> float:
+    """Cycles of the format's chip limit (see the module docstring)."""
+    d = family.dims
+    pairs = tokens * d["K"]
+    used = min(d["E"], pairs)
+    expert_weights = 3 * d["D"] * d["F"]
+    shared_weights = 3 * d["D"] * family.shared
+    scale_block = blocks.get("QK", 1) * blocks.get("QN", 1) if fmt != "bf16" else 1
+    per_weight = WEIGHT_BYTES[fmt] + SCALE_BYTES[fmt] / scale_block
+    nbytes = ((used * expert_weights + shared_weights) * per_weight + d["D"] * d["E"] * family.router_bytes
+              + 2 * tokens * d["D"] * 2)
+    expert_flops = 2 * (pairs * expert_weights + tokens * shared_weights)
+    router_flops = 2 * tokens * d["D"] * d["E"]
+    fast = 2 * machine.peak_fp8_macs_per_cycle if fmt != "bf16" else machine.peak_flops_per_cycle
+    flop_cycles = expert_flops / fast + router_flops / machine.peak_flops_per_cycle
+    return max(flop_cycles, nbytes / machine.hbm_bytes_per_cycle)
+
+
+def precision_row(family: Family, fmt: str, tokens: int, machine: Machine) -> Row:
+    stem, blocks = family.sources[fmt]
+    path = EXAMPLES / f"{stem}.moe"
+    source = path.read_text()
+    if fmt != "bf16":
+        source = variant(source, fmt)
+    block = bench.block_size(tokens, family.dims["K"], family.dims["E"])
+    dims = {**family.dims, **blocks, "T": tokens, "B": block}
+    start = time.perf_counter()
+    program = tcpc.compile_source(source, dims=dims, filename=str(path))
+    name = program.function().sym_name.data
+    module = program.lower("pin-routing," + program.full_pipeline())
+    report = simulate_cost_only(module, name, routing="balanced").report
+    seconds = time.perf_counter() - start
+    experts = next((p.critical_cycles for p in report.phases if p.name == "experts"), 0)
+    limit = chip_limit(machine, family, fmt, tokens, blocks)
+    return Row(family.title, fmt, tokens, block, report.total_cycles, limit, report.roofline.hbm_bytes, experts,
+               report.microseconds, machine.cycles_to_us(limit), seconds)
+
+
+def rows_for(tokens: Sequence[int], machine: Machine) -> list[Row]:
+    rows: list[Row] = []
+    for family in FAMILIES:
+        for t in tokens:
+            group = [precision_row(family, fmt, t, machine) for fmt in FORMATS]
+            for row in group:
+                row.bf16_cycles = group[0].total_cycles
+            rows.extend(group)
+    return rows
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def table(rows: Sequence[Row], machine: Machine) -> str:
+    head = ["model", "T", "format", "simulated µs", "x bf16", "target", "chip limit µs", "x limit", "HBM MB",
+            "experts µs", "rest µs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 3 else "---:" for i in range(len(head))) + "|"]
+    for r in rows:
+        target = f"<= {TARGETS[r.fmt]:.2f}" if r.fmt in TARGETS and r.tokens <= 64 else ""
+        rest = r.total_cycles - r.experts_cycles
+        lines.append(f"| {r.title} | {r.tokens} | {r.fmt} | {_num(r.microseconds)} | {r.ratio:.3f} | {target} | "
+                     f"{_num(r.limit_microseconds)} | {r.over_limit:.2f} | {r.hbm_bytes / 1e6:,.1f} | "
+                     f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="T = 1 only")
+    parser.add_argument("--tokens", type=int, nargs="+", help="the token counts (default 1 64 2048)")
+    parser.add_argument("--out", type=Path, help="directory for precisions.md (default: benchmarks/, not with --quick)")
+    args = parser.parse_args(argv)
+    machine = load_machine()
+    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine)
+    text = table(rows, machine)
+    print(text)
+    out = args.out or (None if args.quick else Path(__file__).parent)
+    if out is not None:
+        command = "python benchmarks/precisions.py" + (" --quick" if args.quick else "") + (
+            " --tokens " + " ".join(map(str, args.tokens)) if args.tokens else "")
+        (out / "precisions.md").write_text(
+            f"# Precisions: bf16, fp8, MXFP4 (`{command}`, machine {machine.name})\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

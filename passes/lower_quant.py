@@ -1,0 +1,154 @@
+"""`lower-quant`: the graph-level `quant` ops become vector-engine and contraction commands.
+
+- `quant.quantize %x {group = g}` (x [..., N], bf16 or f32) -> per group of g along the last
+  axis, in f32 lanes: `ve.widen` (bf16), a `tcp.view` as [..., N / g, g], |x| by clearing the
+  sign bit (`ve.and` 0x7fffffff on the bits), `ve.reduce_max` over the group (`amax`),
+  `ve.max` with eps and `ve.div` by the type's largest finite value (`scales`), then x divided
+  by its group's scale (`ve.broadcast` + `ve.div`) and `ve.narrow_low`, the cast engine's
+  saturating conversion (`values`).
+- `quant.dequantize %v, %s` -> `ve.widen_low` of the values (and of e8m0 scales), the scales
+  repeated over their blocks (`ve.broadcast` + `tcp.view` per blocked axis, free views), one
+  `ve.mul`.
+- `quant.scaled_matmul %x, %w scales %xs, %ws` -> `tcp.scaled_contract` on [1, M, K] and
+  [1, K, N] views, then `ve.narrow` to bf16.
+
+Each step is the operation `runtime_sim/semantics/quantization.py` performs, in its order, so
+the lowered ops give the reference's bits (checked by tests/test_quant.py). Every op
+takes the phase of the quantized value's first user (`experts` for what feeds a grouped
+matmul), else `other`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+from xdsl.context import Context
+from xdsl.dialects.builtin import BFloat16Type, ModuleOp, TensorType, f32, i32
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from dialects import quant, tcp, ve
+from dialects.annotations import OTHER, mark, phase_of
+from dialects.tensor_types import block_shape, shape_of
+from passes.lowering_builder import LoweringBuilder, element_of
+from runtime_sim.semantics.numerics import numpy_dtype
+from runtime_sim.semantics.quantization import QUANTIZE_EPS
+
+
+class _Emitter(LoweringBuilder):
+    def to_f32(self, x: SSAValue, name: str | None = None) -> SSAValue:
+        """x in f32 lanes: bf16 widens, stored low-precision values and e8m0 scales widen through
+        the cast path; f32 is already there. All exact."""
+        et = element_of(x)
+        if et == f32:
+            return x
+        if isinstance(et, BFloat16Type):
+            return self.widen(x, name)
+        return self.emit(ve.WidenLowOp(x, TensorType(f32, list(shape_of(x.type)))), name)
+
+    def repeat(self, x: SSAValue, axis: int, times: int, name: str | None = None) -> SSAValue:
+        """Each element of `axis` repeated `times` times: a broadcast along a new axis just
+        after it, viewed back with `axis` `times` as long (both free)."""
+        if times == 1:
+            return x
+        shape = list(shape_of(x.type))
+        tiled = self.broadcast(x, axis + 1, times, "tiled")
+        return self.view(tiled, [*shape[:axis], shape[axis] * times, *shape[axis + 1:]], name or "repeated")
+
+    def expand_scales(self, scales: SSAValue, shape: tuple[int, ...], name: str) -> SSAValue:
+        """Scales in f32 lanes, one per element of a tensor of `shape`."""
+        x = self.to_f32(scales, f"{name}_f32")
+        block = block_shape(shape, shape_of(scales.type))
+        assert block is not None
+        for axis, times in enumerate(block):
+            x = self.repeat(x, axis, times)
+        x.name_hint = name
+        return x
+
+
+def lower_quantize(op: quant.QuantizeOp) -> tuple[list[Operation], list[SSAValue]]:
+    shape = shape_of(op.input.type)
+    g = op.group_size
+    grouped_shape = [*shape[:-1], shape[-1] // g, g]
+    last = len(grouped_shape) - 1
+    dtype = numpy_dtype(op.values.type.get_element_type())
+    e = _Emitter()
+    x = e.view(e.to_f32(op.input, "x_f32"), grouped_shape, "x_groups")
+    magnitude = e.bitcast(e.binary(ve.AndOp, e.bitcast(x, i32), 0x7FFFFFFF), f32, "x_abs")
+    amax = e.reduce(ve.ReduceMaxOp, magnitude, last, "amax")
+    floor = e.binary(ve.MaxOp, amax, float(QUANTIZE_EPS), "amax_floor")
+    scales = e.binary(ve.DivOp, floor, float(ml_dtypes.finfo(dtype).max), op.scales.name_hint or "scales")
+    scaled = e.binary(ve.DivOp, x, e.broadcast(scales, last, g), "x_scaled")
+    values = e.emit(ve.NarrowLowOp(scaled, TensorType(op.values.type.get_element_type(), grouped_shape)), "values_groups")
+    return e.ops, [e.view(values, shape, op.values.name_hint or "values"), scales]
+
+
+def lower_dequantize(op: quant.DequantizeOp) -> tuple[list[Operation], list[SSAValue]]:
+    e = _Emitter()
+    values = e.to_f32(op.values, "values_f32")
+    scales = e.expand_scales(op.scales, shape_of(op.values.type), "scales_expanded")
+    return e.ops, [e.emit(ve.MulOp(values, scales), op.result.name_hint or "dequantized")]
+
+
+def lower_scaled_matmul(op: quant.ScaledMatmulOp) -> tuple[list[Operation], list[SSAValue]]:
+    (m, _), (_, n) = shape_of(op.input.type), shape_of(op.weight.type)
+    e = _Emitter()
+
+    def batch(v: SSAValue, name: str) -> SSAValue:
+        return e.view(v, [1, *shape_of(v.type)], name)
+
+    acc = e.emit(tcp.ScaledContractOp(batch(op.input, "x_batch"), batch(op.weight, "w_batch"),
+                                      batch(op.input_scales, "x_scales_batch"),
+                                      batch(op.weight_scales, "w_scales_batch")), "y_acc")
+    y = e.view(acc, [m, n], "y_f32")
+    return e.ops, [e.narrow(y, op.result.name_hint or "y") if isinstance(op.result.type.get_element_type(), BFloat16Type) else y]
+
+
+LOWERINGS = {
+    quant.QuantizeOp: lower_quantize,
+    quant.DequantizeOp: lower_dequantize,
+    quant.ScaledMatmulOp: lower_scaled_matmul,
+}
+
+
+def quant_phase(op: Operation) -> str:
+    """The phase of the first user of the op's first result that has one, else `other`."""
+    for use in op.results[0].uses:
+        phase = phase_of(use.operation)
+        if phase is not None:
+            return phase
+    return OTHER
+
+
+@dataclass
+class LowerQuantPattern(RewritePattern):
+    phases: dict[Operation, str]
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: quant.QuantizeOp | quant.DequantizeOp | quant.ScaledMatmulOp,
+                          rewriter: PatternRewriter) -> None:
+        ops, results = LOWERINGS[type(op)](op)
+        mark(ops, self.phases.get(op, OTHER))
+        rewriter.replace(op, ops, results)
+
+
+@dataclass(frozen=True)
+class LowerQuantPass(ModulePass):
+    """quant.quantize / dequantize / scaled_matmul -> ve and tcp ops (see the module docstring)."""
+
+    name = "lower-quant"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        phases = {o: quant_phase(o) for o in op.walk() if type(o) in LOWERINGS}
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier([LowerQuantPattern(phases)], dce_enabled=False),
+            apply_recursively=False,
+        ).rewrite_module(op)

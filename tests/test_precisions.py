@@ -1,0 +1,61 @@
+"""benchmarks/precisions.py: its format variants compile and simulate to the reference, its
+chip limit follows the bytes, and a row at small dims is consistent."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import tcpc
+from runtime_sim.perf.machine import load_machine
+from tests.benchmark_scripts import load_script
+
+precisions = load_script("precisions")
+
+SMALL = {"DeepSeek-V3": dict(D=256, F=128, FS=128, E=16, K=4, NG=4, TG=2),
+         "Qwen3-30B-A3B": dict(D=256, F=128, E=16, K=4),
+         "gpt-oss-120b": dict(D=128, F=128, E=16, K=4)}
+
+
+@pytest.mark.parametrize("family", precisions.FAMILIES, ids=lambda f: f.title)
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_variants_declare_the_format_and_run_exactly(family, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    stem, blocks = family.sources[fmt]
+    source = precisions.variant((precisions.EXAMPLES / f"{stem}.moe").read_text(), fmt)
+    weights = re.findall(r"\b(w\w*): (\w+)\[", source)
+    assert weights and all(t == precisions.STORED[fmt] for name, t in weights if not name.endswith("_scale"))
+    assert all(t == precisions.SCALE[fmt] for name, t in weights if name.endswith("_scale"))
+    small = {**SMALL[family.title], **{k: min(v, 32) for k, v in blocks.items()}, "T": 8, "B": 2}
+    program = tcpc.compile_source(source, dims=small)
+    want, got = program.run(seed=1).outputs[0], program.simulate(seed=1).outputs[0]
+    assert np.array_equal(want.view(np.uint16), got.view(np.uint16))
+
+
+def test_chip_limit_follows_the_stored_width() -> None:
+    machine = load_machine()
+    qwen = precisions.FAMILIES[1]
+    limits = {fmt: precisions.chip_limit(machine, qwen, fmt, 1, qwen.sources[fmt][1]) for fmt in precisions.FORMATS}
+    # decode is bound by bytes: fp8 about half of bf16, MXFP4 about a quarter (plus scales, router, tokens)
+    assert 0.45 < limits["fp8"] / limits["bf16"] < 0.55
+    assert 0.25 < limits["mxfp4"] / limits["bf16"] < 0.32
+    prefill = {fmt: precisions.chip_limit(machine, qwen, fmt, 4096, qwen.sources[fmt][1]) for fmt in ("bf16", "fp8")}
+    assert prefill["fp8"] < prefill["bf16"]
+
+
+def test_row_at_small_dims_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = load_machine()
+    family = precisions.Family("small Qwen3", SMALL["Qwen3-30B-A3B"], 0, 2,
+                               {"bf16": ("qwen3_moe", {}), "fp8": ("qwen3_moe_fp8", dict(QK=128, QN=128, QG=128)),
+                                "mxfp4": ("qwen3_moe_fp8", precisions.MX_BLOCKS)})
+    monkeypatch.setattr(precisions, "FAMILIES", (family,))
+    rows = precisions.rows_for((4,), machine)
+    assert [r.fmt for r in rows] == list(precisions.FORMATS)
+    assert rows[0].ratio == 1.0
+    for r in rows:
+        assert r.total_cycles >= r.experts_cycles > 0
+        assert r.hbm_bytes > 0
+    assert rows[1].hbm_bytes < rows[0].hbm_bytes and rows[2].hbm_bytes < rows[1].hbm_bytes
+    text = precisions.table(rows, machine)
+    assert text.count("\n") == 2 + len(rows) - 1 and "small Qwen3" in text
