@@ -14,12 +14,13 @@ from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.ir import Dialect
 from xdsl.passes import ModulePass, PassPipeline
 
+from dialects.ccl import CCL
 from dialects.moe import MoE
 from dialects.tcp import TCP
 from dialects.tmath import TMath
 from dialects.ve import VE
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, CCL]
 
 
 def _lazy(module: str, name: str) -> Callable[[], type[ModulePass]]:
@@ -38,6 +39,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-math": _lazy("passes.lower_math", "LowerMathPass"),
     "load-arguments": _lazy("passes.load_arguments", "LoadArgumentsPass"),
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
+    "shard-experts": _lazy("passes.shard_experts", "ShardExpertsPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 

@@ -9,7 +9,7 @@ elsewhere; cost_only.py's `simulate_cost_only` records one without values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,6 +20,7 @@ from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringA
 from xdsl.interpreter import Interpreter
 from xdsl.traits import SymbolTable
 
+import runtime_sim.perf.ccl_cost  # noqa: F401  (registers the ccl cost functions)
 import runtime_sim.perf.tcp_cost  # noqa: F401  (registers the tcp cost functions)
 import runtime_sim.perf.ve_cost  # noqa: F401  (registers the ve cost functions)
 from runtime_sim.perf.cost_model import CostModelError, engine_units, require_lowered, uncosted_ops
@@ -93,11 +94,12 @@ def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machin
     return SimResult(outputs, report, graph, trace=recorder.trace)
 
 
-def simulate_trace(trace: Trace, machine: Machine,
-                   sram_policy: SramPolicy = DEFAULT_SRAM_POLICY) -> tuple[SimReport, nx.DiGraph]:
-    """Plan, schedule and report a recorded trace."""
+def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
+                   extra_units: Mapping[str, int] | None = None) -> tuple[SimReport, nx.DiGraph]:
+    """Plan, schedule and report a recorded trace; `extra_units` adds engines the machine does
+    not have (a mesh chip's link)."""
     plan = plan_memory(trace, machine, sram_policy)
-    units = engine_units(machine)
+    units = {**engine_units(machine), **(extra_units or {})}
     sched = schedule(plan.tasks, units)
     records: list[OpRecord] = []
     for task in plan.tasks:
