@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
+from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
 from runtime_sim.perf.machine import MachineError
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.diagnostics import CompileError
+from tcpc.mesh_run import MeshSpec, simulate_on_mesh
 from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
@@ -66,6 +68,8 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
+    c.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="shard over a mesh first: ep=8, dp=2,ep=4, optionally strategy=a2a|allgather")
 
     r = sub.add_parser("run", help="simulate a graph (or run its reference) and print its outputs")
     add_common(r)
@@ -85,6 +89,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="when SRAM is full: spill to HBM, and stream ops too large for SRAM through it (default), or stop with an error")
     r.add_argument("--cost-only", action="store_true",
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
+    r.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, optionally strategy=a2a|allgather")
+    r.add_argument("--mesh-machine", default=None, metavar="FILE",
+                   help="--mesh: mesh file (TOML: chip machine, mesh shape, links; default RNGD cards over PCIe)")
     r.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"cost-only routing: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     return parser
@@ -103,6 +111,10 @@ def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
 def cmd_compile(args: argparse.Namespace) -> int:
     program = compile_file(args.file, parse_set(args.set))
     spec = passes_for(args, args.emit)
+    if args.mesh is not None:
+        if args.emit == "planned" or args.pipeline is not None:
+            raise UsageError("--mesh prints the sharded graph, or with --emit lowered its lowering; not with -p or --emit planned")
+        spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit == "lowered")
     chunks: list[str] = []
     if args.emit == "planned" and args.pipeline is None:
         chunks.append(f"// planned: the full lowering, each op with the slot the simulator scheduled it in\n"
@@ -205,6 +217,10 @@ def write_json(path: str, data: object) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     check_flags(args)
+    if args.mesh is not None:
+        return cmd_run_mesh(args)
+    if args.mesh_machine is not None:
+        raise UsageError("--mesh-machine describes the chips of a --mesh run; add --mesh")
     if Path(args.file).suffix == ".mlir" and args.set:
         raise UsageError("--set applies to .moe programs, not to .mlir IR")
     program: Program = compile_file(args.file, parse_set(args.set))
@@ -269,16 +285,66 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_mesh(args: argparse.Namespace) -> int:
+    """`tcpc run --mesh`: every chip simulated, the outputs put back together and checked."""
+    for flag in ("reference", "pipeline", "machine"):
+        if getattr(args, flag) not in (None, False):
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply to --mesh (the mesh file names the chip machine: --mesh-machine)")
+    spec = MeshSpec.parse(args.mesh)
+    program: Program = compile_file(args.file, parse_set(args.set))
+    given = load_npz(args.inputs) if args.inputs else {}
+    fn = program.function(args.graph)
+    name = fn.sym_name.data
+    sim = simulate_on_mesh(program, spec, given, seed=args.seed, graph=name, machine=args.mesh_machine,
+                           sram_policy=args.sram_policy, cost_only=args.cost_only, routing=args.routing or "balanced")
+    report = sim.report
+    how = f"{spec.mesh} ({spec.strategy}), {len(report.chips)} chips of {report.machine.chip.name} on {report.machine.name}"
+    if sim.cost_only:
+        print(f"graph {name} from {args.file}, sharded over {how}, cost-only (no values computed)")
+        for arg, routing in sim.routing.items():
+            print(f"  routing %{arg}: {routing.describe()}")
+    else:
+        print(f"graph {name} from {args.file}, sharded over {how}, seed {args.seed}")
+    for i, (value, t) in enumerate(zip(sim.outputs, fn.function_type.outputs.data)):
+        print("  " + describe(f"out{i} {format_type(t)}", value))
+    if args.report:
+        print()
+        sys.stdout.write(report.to_text())
+    comm = report.communication_cycles
+    print(f"cycles: {report.total_cycles:,} = {report.microseconds:,.3f} us on the slowest of {len(report.chips)} chips; "
+          f"{comm:,} in collectives ({comm / report.total_cycles:.0%})" if report.total_cycles else "cycles: 0")
+    if args.report_json:
+        write_json(args.report_json, report.to_json())
+        print(f"wrote {args.report_json}")
+    if args.trace:
+        write_json(args.trace, report.chrome_trace())
+        print(f"wrote {args.trace}")
+    if args.out:
+        save_outputs(args.out, sim.outputs)
+        print(f"wrote {args.out}")
+    if args.check:
+        ref = program.run(given, seed=args.seed, graph=name, reference=True)
+        results = compare_outputs(sim.outputs, ref.outputs)
+        for c in results:
+            print(f"check: {c.message}")
+        if not all(c.ok for c in results):
+            return 1
+        print("check: outputs agree with the reference" if any(not c.identical for c in results)
+              else "check: outputs equal the reference")
+    return 0
+
+
 def simulation_error(e: Exception) -> str | None:
     """The message of a simulator error that is the user's to fix, or None. (Imported here,
     not at the top: the simulator's modules are slow to import and `tcpc compile` needs none.)"""
     from runtime_sim.perf.cost_model import NotLoweredError
     from runtime_sim.perf.cost_only import CostOnlyError
     from runtime_sim.perf.memory_plan import SramOverflowError
+    from runtime_sim.perf.mesh_simulate import MeshError
 
     if isinstance(e, NotLoweredError):
         return f"{e} (--reference runs it without simulating)"
-    if isinstance(e, (CostOnlyError, SramOverflowError)):
+    if isinstance(e, (CostOnlyError, SramOverflowError, MeshError)):
         return str(e)
     return None
 
@@ -295,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         print(e.render(args.file, source), file=sys.stderr)
         return 1
-    except (UsageError, InputError, MachineError, RoutingError) as e:
+    except (UsageError, InputError, MachineError, RoutingError, MeshSpecError) as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
         return 1
     except InterpretationError as e:

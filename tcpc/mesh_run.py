@@ -28,7 +28,7 @@ if False:  # typing only; the simulator is slow to import
 
 @dataclass(frozen=True)
 class MeshSpec:
-    """`--mesh`: the mesh and the expert-parallel strategy."""
+    """`--mesh`: the mesh and the expert-parallel strategy (bad specs raise ccl.MeshSpecError)."""
 
     mesh: ccl.Mesh
     strategy: str = "a2a"
@@ -43,15 +43,12 @@ class MeshSpec:
             if name.strip() == "strategy":
                 strategy = value.strip()
                 if strategy not in STRATEGIES:
-                    raise CompileError(f"--mesh {spec}: unknown strategy '{strategy}' (expected {', '.join(STRATEGIES)})")
+                    raise ccl.MeshSpecError(f"mesh '{spec}': unknown strategy '{strategy}' (expected {', '.join(STRATEGIES)})")
             else:
                 axes.append(item)
-        try:
-            mesh = ccl.Mesh.parse(",".join(axes))
-        except ccl.MeshSpecError as e:
-            raise CompileError(str(e)) from None
+        mesh = ccl.Mesh.parse(",".join(axes))
         if mesh.size("tp") > 1:
-            raise CompileError(f"--mesh {spec}: tensor parallelism (tp) is not implemented yet; use dp and ep")
+            raise ccl.MeshSpecError(f"mesh '{spec}': tensor parallelism (tp) is not implemented yet; use dp and ep")
         return MeshSpec(mesh, strategy)
 
     def pipeline(self, cost_only: bool = False, lowered: bool = True) -> str:
