@@ -102,7 +102,7 @@ class _Builder:
             raise _fail(f"{op.name} mixes tensors resized in different ways")
         types = list(op.result_types)
         change = next(iter(resized), None)
-        if change is not None:
+        if change is not None and change[0] != change[1]:
             old, new = change
             types = [_with_rows(t, new) if isinstance(t, TensorType) and shape_of(t)[:1] == (old,) else t
                      for t in types]
@@ -115,7 +115,7 @@ class _Builder:
         for old_r, new_r in zip(op.results, new_op.results):
             new_r.name_hint = old_r.name_hint
             self.values[old_r] = new_r
-            if change is not None and new_r.type != old_r.type:
+            if change is not None and (new_r.type != old_r.type or change[0] == change[1]):
                 self.rows[new_r] = change
 
 
