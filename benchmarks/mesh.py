@@ -7,7 +7,8 @@ cards, a2a against allgather, balanced against skewed routing, on the mesh simul
 Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
 default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
-link each). T is tokens per chip: decode 1, 16, 128 and prefill 4096. The block size is
+link each). T is tokens per chip: decode 1, 16, 128 at every mesh size, prefill 4096 on each
+model's smallest mesh; skewed routing and allgather at T = 16 and at prefill. The block size is
 run.py's rule on the tokens an expert receives (T * chips * K / E).
 
 Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
@@ -142,17 +143,20 @@ def table(rows: list[Row], clock_hz: float = 1e9) -> str:
 
 
 def runs(quick: bool) -> list[tuple[Model, int, int, str, str]]:
+    """Decode at every mesh size with balanced routing; skewed routing and allgather at
+    T = 16; prefill on each model's smallest mesh (the static worst-case buffers of larger
+    meshes make prefill runs long)."""
     if quick:
         return [(MODELS[0], 8, t, "a2a", "balanced") for t in DECODE]
     plan = []
     for model in MODELS:
         for chips in model.chips:
-            for tokens in (*DECODE, PREFILL):
-                plan.append((model, chips, tokens, "a2a", "balanced"))
+            plan += [(model, chips, tokens, "a2a", "balanced") for tokens in DECODE]
             plan.append((model, chips, 16, "a2a", "skewed"))
             plan.append((model, chips, 16, "allgather", "balanced"))
-        plan.append((model, model.chips[0], PREFILL, "allgather", "balanced"))
-        plan.append((model, model.chips[0], PREFILL, "a2a", "skewed"))
+        smallest = model.chips[0]
+        plan += [(model, smallest, PREFILL, "a2a", "balanced"), (model, smallest, PREFILL, "a2a", "skewed"),
+                 (model, smallest, PREFILL, "allgather", "balanced")]
     return plan
 
 

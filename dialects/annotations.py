@@ -66,6 +66,21 @@ def mark(ops: Iterable[Operation], phase: str) -> None:
 
 
 
+SPACE_ATTR = "tcpc.space"
+"""Discardable attribute of an op whose result the compiler placed in HBM (`"hbm"`): the
+schedule level puts tensors too large for SRAM there (a dispatch's blocked rows, written by
+DMA and read back a block at a time). Results without it are in SRAM."""
+
+
+def place_in_hbm(op: Operation) -> None:
+    op.attributes[SPACE_ATTR] = StringAttr("hbm")
+
+
+def placed_in_hbm(op: Operation) -> bool:
+    attr = op.attributes.get(SPACE_ATTR)
+    return isinstance(attr, StringAttr) and attr.data == "hbm"
+
+
 ROUTING_ATTR = "tcpc.routing_experts"
 """Arg attribute of a routing argument: the number of experts E its indices choose from."""
 

@@ -29,7 +29,7 @@ reference (DESIGN section 5) made explicit:
   batch axes broadcast by leaving a size-1 axis out of that operand's side), rounded once to
   the result type. The simulator runs `tcp.contract` through the same routine as the reference
   matmul (`runtime_sim.semantics.numerics.contract`), so it gives the reference's bits; the chip
-  accumulates in its own order, which is allowed to differ by the tolerance in `MATMUL_ULPS`.
+  accumulates in its own order, which is allowed to differ by the tolerance in `runtime_sim/semantics/tolerance.py`.
 - one_hot: the index broadcast along a new axis, tagged `eq` against an iota, select 1 / 0.
 - take along the last axis: negative indices + N first; then a one-hot tag of [..., M, N]
   against an iota selects the value's 32 bits (INT_MIN elsewhere) and a reduce_max over N picks
@@ -68,16 +68,6 @@ from runtime_sim.semantics.tmath_semantics import constant_value
 INT_MIN = -(2**31)
 SIGN_BIT = 0x80000000
 MAGNITUDE_BITS = 0x7FFFFFFF
-
-MATMUL_ULPS = 2
-"""The documented tolerance of a lowered matmul on the chip, in ulps of the output type: a
-result may differ from the reference by at most MATMUL_ULPS ulps of the output type at the scale
-S = sum_k |a_ik * b_kj| (the f32 accumulation order is the engine's), plus the one ulp of the
-final rounding at the result itself. Any f32 accumulation order is within K * 2^-24 * S of the
-exact sum, so two orders are within 2 * K * 2^-24 * S: at most 2 ulps of bf16 at S for
-K <= 2^16 (bf16 keeps 8 significant bits, so an ulp at S is more than 2^-8 * S). f32 outputs
-need 2 * K ulps of f32 at S. The simulator itself is bit-identical to the reference: it runs
-`tcp.contract` through the reference matmul's routine."""
 
 BINARY: dict[type, type[ve.BinaryOp]] = {
     tmath.AddOp: ve.AddOp,

@@ -23,7 +23,7 @@ from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.diagnostics import CompileError
 from tcpc.mesh_run import MeshSpec, simulate_on_mesh
-from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, parse_pipeline
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
 
@@ -60,9 +60,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile and print the IR")
     add_common(c)
-    c.add_argument("--emit", choices=("graph", "lowered", "planned"), default=None,
-                   help="which level to print (default: graph, or the IR after -p); planned is the "
-                        "lowered IR with each op's simulated engine slot")
+    c.add_argument("--emit", choices=("graph", "lowered", "scheduled", "planned"), default=None,
+                   help="which level to print (default: graph, or the IR after -p): lowered is the "
+                        "engine ops on whole tensors, scheduled adds the schedule level (loops, tiles, "
+                        "buffers, DMA), planned is the scheduled IR with each op's simulated engine slot")
     c.add_argument("--seed", type=int, default=0, help="--emit planned: seed for the inputs (default 0)")
     c.add_argument("--machine", default=None, help="--emit planned: machine file (default: RNGD)")
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
@@ -101,10 +102,10 @@ def make_parser() -> argparse.ArgumentParser:
 def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
     if args.pipeline is not None:
         return args.pipeline
-    if emit in ("lowered", "planned"):
-        if not LOWERED_PIPELINE:
-            raise UsageError(f"--emit {emit}: the lowering pipeline does not exist yet (try --emit graph or -p)")
+    if emit == "lowered":
         return ",".join(LOWERED_PIPELINE)
+    if emit in ("scheduled", "planned"):
+        return ",".join(FULL_PIPELINE)
     return None
 
 
@@ -117,7 +118,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit == "lowered")
     chunks: list[str] = []
     if args.emit == "planned" and args.pipeline is None:
-        chunks.append(f"// planned: the full lowering, each op with the slot the simulator scheduled it in\n"
+        chunks.append(f"// planned: the full pipeline, each op with the slot the simulator scheduled it in\n"
                       f"// (tcpc.plan), for the inputs drawn from seed {args.seed}\n")
         chunks.append(print_ir(program.planned(seed=args.seed, machine=as_machine(args.machine)), args.generic))
     elif spec is None:

@@ -18,7 +18,7 @@ from dialects import ccl
 from passes.shard_experts import STRATEGIES
 from tcpc.arrays import prepare_inputs
 from tcpc.diagnostics import CompileError
-from tcpc.pipelines import LOWERED_PIPELINE
+from tcpc.pipelines import FULL_PIPELINE
 from tcpc.program import Program, function_in
 
 if False:  # typing only; the simulator is slow to import
@@ -53,7 +53,7 @@ class MeshSpec:
 
     def pipeline(self, cost_only: bool = False, lowered: bool = True) -> str:
         shard = f"shard-experts{{ep={self.mesh.size('ep')} dp={self.mesh.size('dp')} strategy={self.strategy}}}"
-        passes = (["pin-routing"] if cost_only else []) + [shard] + (list(LOWERED_PIPELINE) if lowered else [])
+        passes = (["pin-routing"] if cost_only else []) + [shard] + (list(FULL_PIPELINE) if lowered else [])
         return ",".join(passes)
 
 

@@ -9,7 +9,7 @@ import importlib
 from collections.abc import Callable
 
 from xdsl.context import Context
-from xdsl.dialects import func
+from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.ir import Dialect
 from xdsl.passes import ModulePass, PassPipeline
@@ -17,10 +17,11 @@ from xdsl.passes import ModulePass, PassPipeline
 from dialects.ccl import CCL
 from dialects.moe import MoE
 from dialects.tcp import TCP
+from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, CCL]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, CCL]
 
 
 def _lazy(module: str, name: str) -> Callable[[], type[ModulePass]]:
@@ -39,6 +40,8 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-math": _lazy("passes.lower_math", "LowerMathPass"),
     "load-arguments": _lazy("passes.load_arguments", "LoadArgumentsPass"),
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
+    "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
+    "schedule-tokens": _lazy("passes.schedule_tokens", "ScheduleTokensPass"),
     "shard-experts": _lazy("passes.shard_experts", "ShardExpertsPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
@@ -46,7 +49,16 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
 LOWERED_PIPELINE: tuple[str, ...] = (
     "lower-topk", "lower-routing", "lower-dispatch", "lower-math", "load-arguments",
 )
-"""The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops."""
+"""The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops, each
+working on whole tensors."""
+
+SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-experts", "schedule-tokens")
+"""The schedule level, after the lowering: static loops over blocks and token tiles whose
+tiles fit SRAM, weights loaded once per expert and prefetched (docs: README, "The schedule
+level")."""
+
+FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
+"""What `tcpc run` simulates and `--emit scheduled` prints."""
 
 
 def make_context() -> Context:

@@ -20,7 +20,7 @@ from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import build_module, evaluate_dims
 from tcpc.diagnostics import CompileError
 from tcpc.parser import parse
-from tcpc.pipelines import LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -106,7 +106,7 @@ class Program:
             return ""
         if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-        return ",".join(LOWERED_PIPELINE)
+        return ",".join(FULL_PIPELINE)
 
     def lower(self, pipeline: str | None = None) -> ModuleOp:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering."""

@@ -35,6 +35,7 @@ from dialects import moe, tcp, ve
 from passes.lower_dispatch import LowerDispatchPass
 from runtime_sim.semantics.executor import function_named, run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
+from runtime_sim.semantics.tolerance import ULPS
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
 
@@ -480,11 +481,6 @@ def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(ordinal(a) - ordinal(b))
 
 
-EXAMPLE_ULPS = 2
-"""End to end, after two or three grouped matmuls and the activations between them, the
-outputs may differ from the reference by this many ulps of bf16 (the contraction's f32 order)."""
-
-
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_after_lower_dispatch(path: Path) -> None:
     program = tcpc.compile_file(path)
@@ -500,7 +496,7 @@ def test_every_example_after_lower_dispatch(path: Path) -> None:
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape
             assert (np.isnan(g.astype(np.float32)) == np.isnan(w.astype(np.float32))).all()
-            assert int(ulps(g, w).max()) <= EXAMPLE_ULPS, f"{graph}: {int(ulps(g, w).max())} ulps"
+            assert int(ulps(g, w).max()) <= ULPS  # the one tolerance (runtime_sim/semantics/tolerance.py), f"{graph}: {int(ulps(g, w).max())} ulps"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ bits, and tests below check that separately.
 
 matmul: the simulator runs `tcp.contract` through the reference's own routine, so a lowered
 matmul is bit-identical too; the tolerance a chip's accumulation order is allowed
-(`passes.lower_math.MATMUL_ULPS`) is tested against accumulation orders that differ (np.einsum's,
+(`runtime_sim.semantics.tolerance.ULPS`) is tested against accumulation orders that differ (np.einsum's,
 and a strictly sequential one)."""
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from xdsl.parser import Parser
 
 import tcpc
 from dialects import tcp, tensor_types, tmath, ve
-from passes.lower_math import MATMUL_ULPS, LowerMathPass
+from passes.lower_math import LowerMathPass
 from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.numerics import contract
+from runtime_sim.semantics.tolerance import ULPS
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
 
@@ -433,12 +434,12 @@ def test_matmul_batch_broadcast_spec() -> None:
 
 
 def matmul_tolerance(a: np.ndarray, b: np.ndarray, want: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """MATMUL_ULPS ulps of the output type at S = sum_k |a_k b_k| (f32: 2 K ulps), plus one
+    """ULPS ulps of the output type at S = sum_k |a_k b_k| (f32: 2 K ulps), plus one
     ulp at the result for the final rounding."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     scale = np.matmul(np.abs(a64), np.abs(b64))
     k = a.shape[-1]
-    ulps = MATMUL_ULPS if dtype == BF16 else 2 * k
+    ulps = ULPS if dtype == BF16 else 2 * k
 
     def ulp(v: np.ndarray) -> np.ndarray:
         v = np.abs(v).astype(np.float32)
@@ -460,7 +461,7 @@ def sequential_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 def test_other_accumulation_orders_are_within_the_stated_tolerance(m: int, k: int, n: int, dtype: str) -> None:
     """The chip accumulates in its own order; np.einsum and a strictly sequential sum are two
-    other orders, and must lie within MATMUL_ULPS of the reference (which they do not match
+    other orders, and must lie within ULPS of the reference (which they do not match
     bit for bit: that is why the simulator shares the reference's routine)."""
     rng = np.random.default_rng(k)
     a = rng.standard_normal((m, k)).astype(np.float32).astype(DTYPES[dtype]).astype(np.float32)

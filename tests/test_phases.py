@@ -18,7 +18,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 def lowered_ops(example: str):
     module = tcpc.compile_file(EXAMPLES / f"{example}.moe").lower()
-    return [op for op in module.walk() if op.name.startswith(("ve.", "tcp."))]
+    return [op for op in module.walk() if op.name.startswith(("ve.", "tcp.", "tile."))]
 
 
 def named(ops, name: str):

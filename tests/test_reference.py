@@ -1,7 +1,7 @@
 """An independent check of the graph-level reference (the `moe` and `tmath` semantics).
 
 The first half of this file re-implements the `moe` ops from DESIGN section 5 with plain Python
-loops over tokens, pairs and experts, using only numpy and ml_dtypes (never `runtime_sim`):
+loops over tokens, pairs and experts, using only numpy and ml_dtypes (never `runtime_sim`'s semantics):
 
 - top-k as a sort-free selection loop: largest first; equal values (-0.0 == +0.0) go to the
   lower index; NaN is never chosen over a number; NaNs among themselves by lower index;
@@ -18,7 +18,8 @@ to its type). Each example is run through `tcpc.compile_file(...).run(...)` and 
 its model on the same inputs, including the intermediate results of every `moe` op.
 
 Tolerance: routing decisions (top-k indices, scatter rows, block expert ids) must be identical.
-Values must agree within 1 ulp of their own type (bf16 or f32), NaN matching NaN. Because the
+Values must agree within `tolerance.ULPS` ulps of their own type (bf16 or f32), NaN matching NaN
+(the project's one tolerance; the only thing this file takes from runtime_sim). Because the
 models mirror every rounding point, and run each contraction in f32 with the shapes the graph has
 (per block for grouped matmul), the values are in practice bit-identical; the ulp allows for a
 different f32 accumulation order, not for a different rounding point.
@@ -39,13 +40,12 @@ from xdsl.dialects.builtin import FunctionType
 
 import tcpc
 from dialects.moe import max_blocks
+from runtime_sim.semantics.tolerance import ULPS
 from tcpc.program import Program
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-ULPS = 1
-"""Values may differ by this many units in the last place of their type (see the docstring)."""
 
 
 # --- the independent semantics -------------------------------------------------------------

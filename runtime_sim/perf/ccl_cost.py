@@ -33,6 +33,7 @@ import numpy as np
 from xdsl.ir import Operation
 
 from dialects import ccl
+from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import LINK, OpCost, free_cost, register_cost, register_data_operands
 from runtime_sim.perf.machine import Machine
 from runtime_sim.perf.mesh_machine import MeshMachine
@@ -42,10 +43,9 @@ PLAN_STREAMS = 5
 """Elementwise vector invocations over [T*K, chips] charged for one `ccl.a2a_plan`."""
 
 
-@register_cost(ccl.A2APlanOp)
 def cost_a2a_plan(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     assert isinstance(op, ccl.A2APlanOp)
-    t, k = operands[0].shape
+    t, k = shape_of(op.experts_idx.type)
     n = op.group_size
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
     scan, bound = scan_cycles(machine, n, t * k)
@@ -107,6 +107,9 @@ def provisional_cost(op: Operation, operands: tuple[Any, ...], results: tuple[An
     return OpCost(LINK, 0, bound="link")
 
 
-register_cost(*ccl.COLLECTIVES)(provisional_cost)
-register_cost(ccl.ChipIdOp)(free_cost)
-register_data_operands(ccl.AllToAllOp, lambda op: () if op.rows is None else (op.rows,))  # type: ignore[attr-defined]
+def register_ccl_costs() -> None:
+    """The cost of every `ccl` op, and the operand whose values an all-to-all's cost reads."""
+    register_cost(ccl.A2APlanOp)(cost_a2a_plan)
+    register_cost(*ccl.COLLECTIVES)(provisional_cost)
+    register_cost(ccl.ChipIdOp)(free_cost)
+    register_data_operands(ccl.AllToAllOp, lambda op: () if op.rows is None else (op.rows,))  # type: ignore[attr-defined]

@@ -31,9 +31,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from xdsl.dialects import func
+from xdsl.dialects import func, scf
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
+from dialects import tile
+from dialects.annotations import placed_in_hbm
 from runtime_sim.perf.machine import Machine
 
 TENSOR = "tensor"
@@ -79,6 +81,8 @@ _COSTS: dict[str, CostFn] = {}
 _VIEWS: set[str] = set()
 _UNBUFFERED: set[str] = set()
 _DATA_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
+_ORDER_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
+_ALIASES: dict[str, int] = {}
 
 
 class NotLoweredError(Exception):
@@ -111,7 +115,21 @@ def register_view(*ops: type[Operation] | str) -> None:
     for op in ops:
         name = _op_name(op)
         _VIEWS.add(name)
+        _ALIASES[name] = 0
         _COSTS[name] = free_cost
+
+
+def register_alias(op: type[Operation] | str, operand: int) -> None:
+    """`op`'s result is the buffer of its operand number `operand` (a tile written into a
+    buffer in place, a slice of a tensor): the memory plan gives it no new space, and it lives
+    where that operand lives. Its cost is registered separately."""
+    _ALIASES[_op_name(op)] = operand
+
+
+def register_order_operands(op: type[Operation] | str, operands: Callable[[Operation], tuple[SSAValue, ...]]) -> None:
+    """Declare operands that only order `op` after their producers (double buffering's waits):
+    the op reads no data from them, so they do not keep a buffer alive."""
+    _ORDER_OPERANDS[_op_name(op)] = operands
 
 
 def register_unbuffered(*ops: type[Operation] | str) -> None:
@@ -128,6 +146,16 @@ def register_data_operands(op: type[Operation] | str, operands: Callable[[Operat
     """Declare the operands whose runtime *values* `op`'s cost function reads (all others it
     may read only for shape and dtype)."""
     _DATA_OPERANDS[_op_name(op)] = operands
+
+
+def order_operands(op: Operation) -> tuple[SSAValue, ...]:
+    fn = _ORDER_OPERANDS.get(op.name)
+    return fn(op) if fn is not None else ()
+
+
+def aliased_operand(op: Operation) -> int | None:
+    """The operand whose buffer `op`'s result is (views, in-place stores), or None."""
+    return _ALIASES.get(op.name)
 
 
 def data_operands(op: Operation) -> tuple[SSAValue, ...]:
@@ -161,11 +189,19 @@ def costed_op_names() -> set[str]:
     return set(_COSTS)
 
 
-# Control flow does no work; the splat constants of tmath are data the loader places in memory.
-register_cost(func.ReturnOp, func.CallOp, "tmath.constant")(free_cost)
-register_view("tmath.reshape", "tcp.view")
+def register_builtin_costs() -> None:
+    """Control flow does no work; the splat constants of tmath are data the loader places in
+    memory; a reshape is a view."""
+    register_cost(func.ReturnOp, func.CallOp, "tmath.constant")(free_cost)
+    register_view("tmath.reshape")
+    # A static loop is the sequencer's: its index arithmetic and its yield do no engine work
+    # (an assumption: the book gives no per-iteration cost of a static loop).
+    register_cost(*LOOP_OPS)(free_cost)
 
-UNTRACED = {func.ReturnOp.name, func.CallOp.name}
+LOOP_OPS: tuple[str, ...] = ("scf.for", "scf.yield", "arith.constant", "arith.addi", "arith.muli")
+"""The control ops of the schedule level's static loops."""
+
+UNTRACED = {func.ReturnOp.name, func.CallOp.name, *LOOP_OPS}
 """Ops that only pass values along: the simulator follows them but lists no row for them."""
 
 
@@ -190,17 +226,31 @@ def require_lowered(ops: Iterable[Operation]) -> None:
 
 def in_hbm(value: SSAValue) -> bool:
     """Where the memory plan keeps a value: function arguments (the layer's inputs and
-    weights) and stored values are in HBM, views are where their input is, everything else
-    an op produces is in SRAM."""
+    weights), stored values and what the compiler placed in HBM (`tcpc.space = "hbm"`, an HBM
+    `tile.buffer`) are in HBM; views and in-place stores are where their buffer is; a loop's
+    iteration argument is where its initial value is; everything else an op produces is in
+    SRAM."""
     while True:
         if isinstance(value, BlockArgument):
             block: Block = value.block
-            return isinstance(block.parent_op(), func.FuncOp)
+            parent = block.parent_op()
+            if isinstance(parent, scf.ForOp) and value.index > 0:
+                value = parent.iter_args[value.index - 1]
+                continue
+            return isinstance(parent, func.FuncOp)
         owner = value.owner
-        if isinstance(owner, Operation) and is_view(owner):
-            value = owner.operands[0]
+        if not isinstance(owner, Operation):
+            return False
+        alias = aliased_operand(owner)
+        if alias is not None:
+            value = owner.operands[alias]
             continue
-        return isinstance(owner, Operation) and owner.name == "tcp.store"
+        if isinstance(owner, scf.ForOp):
+            value = owner.iter_args[owner.results.index(value)]
+            continue
+        if isinstance(owner, tile.BufferOp):
+            return owner.space.data == "hbm"
+        return owner.name == "tcp.store" or placed_in_hbm(owner)
 
 
 def check_cost(op: Operation, cost: OpCost, machine: Machine) -> None:

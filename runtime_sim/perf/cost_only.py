@@ -45,10 +45,15 @@ from typing import Any
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.interpreter import Interpreter, OpImplResult
-from xdsl.ir import Attribute, Operation
+from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.ir import Attribute, Dialect, Operation
 
 from dialects.annotations import routing_arguments
+from dialects.moe import MoE
+from dialects.tcp import TCP
+from dialects.tile import Tile
+from dialects.tmath import TMath
+from dialects.ve import VE
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import data_operands
 from runtime_sim.perf.machine import Machine, default_machine
@@ -97,10 +102,10 @@ def is_placeholder(value: Any) -> bool:
 class _Thunk:
     """One op whose operands are all real, run only if one of its results is needed."""
 
-    __slots__ = ("interpreter", "op", "inputs", "values")
+    __slots__ = ("semantics", "op", "inputs", "values")
 
-    def __init__(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]):
-        self.interpreter = interpreter
+    def __init__(self, semantics: Interpreter, op: Operation, inputs: tuple[Any, ...]):
+        self.semantics = semantics
         self.op = op
         self.inputs: tuple[Any, ...] | None = inputs
         self.values: tuple[Any, ...] | None = None
@@ -109,8 +114,8 @@ class _Thunk:
         assert self.inputs is not None
         args = tuple(v.get() if isinstance(v, Lazy) else v for v in self.inputs)
         with np.errstate(all="ignore"):
-            # The registered semantics, without the listeners (they saw the op already).
-            self.values = tuple(self.interpreter._impls.run(self.interpreter, self.op, args).values)
+            # The registered semantics, on an interpreter without listeners (they saw the op already).
+            self.values = tuple(self.semantics.run_op(self.op, args))
         self.inputs = None
 
 
@@ -144,40 +149,84 @@ class Lazy:
         return self.get()
 
 
-class ShapeOnlyInterpreter(Interpreter):
-    """xDSL's interpreter with every op run symbolically (see the module docstring). The
-    listeners see, for each op, forced values of its data operands and placeholders for
-    everything else, so a cost function can never read a value that was not computed."""
+SYMBOLIC_DIALECTS: tuple[Dialect, ...] = (MoE, TMath, VE, TCP, Tile)
+"""The dialects whose ops run symbolically. Control flow (func, and the loops of the schedule
+level) runs for real: its operands are never tensors of data."""
 
-    def _run_op(self, op: Operation, inputs: tuple[Any, ...]) -> OpImplResult:
-        if isinstance(op, (func.CallOp, func.ReturnOp)):
-            return super()._run_op(op, inputs)
-        data = set(data_operands(op))
-        views = []
-        for operand, value in zip(op.operands, inputs):
-            if operand in data:
-                if is_placeholder(value):
-                    raise CostOnlyError(
-                        f"the cost of {_describe(op)} depends on the values of its operand {_name(operand)}, "
-                        f"which is computed from input(s) {', '.join(sorted(value.sources)) or '?'}; cost-only mode "
-                        "has values only for routing arguments (tcpc.routing_experts; the pin-routing pass makes "
-                        "one of each moe.scatter's expert indices)")
-                views.append(value.force() if isinstance(value, Lazy) else value)
-            else:
-                views.append(placeholder(operand.type))
-        for listener in self.listeners:
-            listener.will_interpret_op(op, tuple(views))
+
+def _is_symbolic(op: Operation) -> bool:
+    return op.dialect_name() in {d.name for d in SYMBOLIC_DIALECTS}
+
+
+class ShapeOnlyFunctions(InterpreterFunctions):
+    """The symbolic implementation of every op of `SYMBOLIC_DIALECTS` (see the module
+    docstring), registered over the real semantics with `override=True`; `semantics` is a
+    plain interpreter of the same module whose public `run_op` computes a thunk."""
+
+    def __init__(self, semantics: Interpreter):
+        self.semantics = semantics
+
+    def run_symbolic(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         shapes = [p for p in inputs if is_placeholder(p)]
         if shapes:
             sources = frozenset().union(*(p.sources for p in shapes))
-            results: tuple[Any, ...] = tuple(placeholder(r.type, sources) for r in op.results)
-        else:
-            thunk = _Thunk(self, op, inputs)
-            results = tuple(Lazy(thunk, i) for i in range(len(op.results)))
-        result_views = tuple(placeholder(r.type) for r in op.results)
+            return tuple(placeholder(r.type, sources) for r in op.results)
+        thunk = _Thunk(self.semantics, op, inputs)
+        return tuple(Lazy(thunk, i) for i in range(len(op.results)))
+
+
+def shape_only_functions(semantics: Interpreter) -> ShapeOnlyFunctions:
+    """`ShapeOnlyFunctions` with `run_symbolic` registered for every op of the symbolic
+    dialects: one implementation for all of them, so it is registered in a loop."""
+    methods = {f"run_{op.name.replace('.', '_')}": impl(op)(ShapeOnlyFunctions.run_symbolic)
+               for dialect in SYMBOLIC_DIALECTS for op in dialect.operations}
+    return register_impls(type("ShapeOnlyDialectFunctions", (ShapeOnlyFunctions,), methods))(semantics)
+
+
+class ShapeOnlyListener(Interpreter.Listener):
+    """Shows the listeners, for each symbolic op, forced values of its data operands and
+    placeholders for everything else, so a cost function can never read a value that was not
+    computed; other ops (calls, returns, loops) they see as they are."""
+
+    def __init__(self, listeners: Sequence[Interpreter.Listener]):
+        self.listeners = tuple(listeners)
+
+    def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        if _is_symbolic(op):
+            args = _views(op, args)
         for listener in self.listeners:
-            listener.did_interpret_op(op, result_views)
-        return OpImplResult(results, None)
+            listener.will_interpret_op(op, args)
+
+    def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
+        if _is_symbolic(op):
+            results = tuple(placeholder(r.type) for r in op.results)
+        for listener in self.listeners:
+            listener.did_interpret_op(op, results)
+
+
+def _views(op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    data = set(data_operands(op))
+    views = []
+    for operand, value in zip(op.operands, inputs):
+        if operand in data:
+            if is_placeholder(value):
+                raise CostOnlyError(
+                    f"the cost of {_describe(op)} depends on the values of its operand {_name(operand)}, "
+                    f"which is computed from input(s) {', '.join(sorted(value.sources)) or '?'}; cost-only mode "
+                    "has values only for routing arguments (tcpc.routing_experts; the pin-routing pass makes "
+                    "one of each moe.scatter's expert indices)")
+            views.append(value.force() if isinstance(value, Lazy) else value)
+        else:
+            views.append(placeholder(operand.type))
+    return tuple(views)
+
+
+def shape_only_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = ()) -> Interpreter:
+    """xDSL's interpreter with the symbolic dialects' ops run shape-only (public API only:
+    the real semantics registered first, the symbolic ones over them with override=True)."""
+    interpreter = make_interpreter(module, [ShapeOnlyListener(listeners)])
+    interpreter.register_implementations(shape_only_functions(make_interpreter(module)), override=True)
+    return interpreter
 
 
 def _name(value: Any) -> str:
@@ -220,7 +269,7 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     names = arg_names(entry)
     args = [chosen[i].choices if i in chosen else placeholder(t, frozenset([names[i]]))
             for i, t in enumerate(entry.function_type.inputs.data)]
-    interpreter = make_interpreter(module, [recorder, *listeners], ShapeOnlyInterpreter)
+    interpreter = shape_only_interpreter(module, [recorder, *listeners])
     interpreter.call_op(function, tuple(args))
     report, graph = simulate_trace(recorder.trace, machine, sram_policy)
     return SimResult((), report, graph, cost_only=True,

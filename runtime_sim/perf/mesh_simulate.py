@@ -18,7 +18,7 @@ at once, the others exchange nothing and yield placeholders.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
-from xdsl.interpreter import Interpreter, OpImplResult
+from xdsl.interpreter import Interpreter, impl, register_impls
 from xdsl.ir import Operation
 
 from dialects import ccl
@@ -34,14 +34,14 @@ from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.ccl_cost import Traffic, link_cycles, traffic
 from runtime_sim.perf.cost_model import LINK
-from runtime_sim.perf.cost_only import Lazy, ShapeOnlyInterpreter, is_placeholder, placeholder
+from runtime_sim.perf.cost_only import Lazy, is_placeholder, placeholder, shape_only_interpreter
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
 from runtime_sim.perf.mesh_machine import MeshMachine
 from runtime_sim.perf.op_trace import Trace
 from runtime_sim.perf.report import SimReport
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import simulate_trace, trace_recorder
-from runtime_sim.semantics.ccl_semantics import run_mesh
+from runtime_sim.semantics.ccl_semantics import CCLFunctions, ChipInterpreter, MeshExchange, plain_chip, run_mesh
 from runtime_sim.semantics.executor import function_named
 
 _COLLECTIVE_NAMES = {c.name for c in ccl.COLLECTIVES}
@@ -74,21 +74,50 @@ class TrafficRecorder(Interpreter.Listener):
             self.axes.append(op.axis_name)  # type: ignore[attr-defined]
 
 
-class MeshShapeOnlyInterpreter(ShapeOnlyInterpreter):
-    """Cost-only interpreter of one chip: a collective with values runs at once (every chip
-    reaches it at the same point); one with placeholders exchanges nothing."""
+class ShapeOnlyCCLFunctions(CCLFunctions):
+    """Cost-only mode's `ccl` ops on one chip: one with a placeholder operand exchanges nothing
+    and yields placeholders (every chip has placeholders there, the program being the same);
+    one with values computes them first and runs at once (a lazy collective would meet the
+    other chips at a different point)."""
 
-    def _run_op(self, op: Operation, inputs: tuple[Any, ...]) -> OpImplResult:
-        if not isinstance(op, ccl.COLLECTIVES) or any(is_placeholder(v) for v in inputs):
-            return super()._run_op(op, inputs)
+    def run_now(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        if any(is_placeholder(v) for v in inputs):
+            sources = frozenset().union(*(getattr(v, "sources", frozenset()) for v in inputs))
+            return tuple(placeholder(r.type, sources) for r in op.results)
         values = tuple(v.force() if isinstance(v, Lazy) else v for v in inputs)
-        for listener in self.listeners:
-            listener.will_interpret_op(op, values)
-        with np.errstate(all="ignore"):
-            results = tuple(self._impls.run(self, op, values).values)
-        for listener in self.listeners:
-            listener.did_interpret_op(op, tuple(placeholder(r.type) for r in op.results))
-        return OpImplResult(results, None)
+        return tuple(getattr(CCLFunctions, _method(op))(self, interpreter, op, values).values)
+
+
+def _method(op: Operation | type[Operation]) -> str:
+    return f"run_{op.name.split('.')[1]}"
+
+
+ShapeOnlyCCL = register_impls(type("ShapeOnlyCCL", (ShapeOnlyCCLFunctions,), {
+    f"{_method(op)}_shape_only": impl(op)(ShapeOnlyCCLFunctions.run_now) for op in ccl.CCL.operations}))
+
+
+class _ForcedValues(Interpreter.Listener):
+    """Shows a listener the values of a ccl op's operands, computed (lazy ones) or placeholders."""
+
+    def __init__(self, listener: Interpreter.Listener):
+        self.listener = listener
+
+    def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        self.listener.will_interpret_op(op, tuple(v.force() if isinstance(v, Lazy) else v for v in args))
+
+    def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
+        self.listener.did_interpret_op(op, results)
+
+
+def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]]) -> ChipInterpreter:
+    """Cost-only mode's interpreter of one chip (cost_only.shape_only_interpreter) with its ccl ops."""
+
+    def build(module: ModuleOp, exchange: MeshExchange, chip: int) -> Interpreter:
+        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in listeners(chip)])
+        interpreter.register_implementations(ShapeOnlyCCL(exchange, chip), override=True)
+        return interpreter
+
+    return build
 
 
 @dataclass(frozen=True)
@@ -251,12 +280,12 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
                 else:
                     row.append(placeholder(t, frozenset([names[i]])))
             per_chip.append(row)
-        run_mesh(module, function, mesh, per_chip, lambda c: (recorders[c], traffics[c]), MeshShapeOnlyInterpreter)
+        run_mesh(module, function, mesh, per_chip, shape_only_chip(lambda c: (recorders[c], traffics[c])))
         outputs: list[tuple[Any, ...]] = []
     else:
         if args is None or len(args) != mesh.chips:
             raise MeshError(f"the mesh {mesh} needs arguments for {mesh.chips} chips")
-        outputs = run_mesh(module, function, mesh, args, lambda c: (recorders[c], traffics[c]))
+        outputs = run_mesh(module, function, mesh, args, plain_chip(lambda c: (recorders[c], traffics[c])))
     report = schedule_mesh(machine, mesh, [r.trace for r in recorders], traffics, sram_policy)
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     report.routing = {names[i]: r for i, r in chosen.items()}

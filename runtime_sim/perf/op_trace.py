@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from xdsl.dialects import func
+from xdsl.dialects import func, scf
 from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, SSAValue
 from xdsl.traits import SymbolTable
@@ -21,12 +21,13 @@ from dialects.annotations import OTHER, phase_of
 from runtime_sim.perf.cost_model import (
     UNTRACED,
     OpCost,
+    aliased_operand,
     check_cost,
     cost_function,
     in_hbm,
     is_unbuffered,
-    is_view,
     not_costed,
+    order_operands,
 )
 from runtime_sim.perf.machine import Machine
 
@@ -78,6 +79,7 @@ class TraceRecorder(Interpreter.Listener):
         self.trace = Trace()
         self._entry = entry
         self._values: dict[SSAValue, _Value] = {}
+        self._loop_results: dict[scf.ForOp, list[_Value]] = {}
         self._args: list[tuple[Any, ...]] = []
         self._returned: list[_Value] = []
 
@@ -91,6 +93,17 @@ class TraceRecorder(Interpreter.Listener):
             if isinstance(callee, func.FuncOp) and callee.body.blocks.first is not None:
                 for arg, operand in zip(callee.body.blocks.first.args, op.operands):
                     self._values[arg] = self._value(operand)
+        elif isinstance(op, scf.ForOp):
+            # Iteration arguments start as the initial values; a zero-trip loop returns them.
+            initial = [self._value(v) for v in op.iter_args]
+            for arg, value in zip(op.body.block.args[1:], initial):
+                self._values[arg] = value
+            self._loop_results[op] = initial
+        elif isinstance(op, scf.YieldOp) and isinstance(loop := op.parent_op(), scf.ForOp):
+            carried = [self._value(v) for v in op.operands]
+            for arg, value in zip(loop.body.block.args[1:], carried):
+                self._values[arg] = value
+            self._loop_results[loop] = carried
         elif isinstance(op, func.ReturnOp):
             self._returned = [self._value(v) for v in op.operands]
             if op.parent_op() is self._entry:
@@ -102,6 +115,9 @@ class TraceRecorder(Interpreter.Listener):
             if isinstance(op, func.CallOp):
                 for r, v in zip(op.results, self._returned):
                     self._values[r] = v
+            elif isinstance(op, scf.ForOp):
+                for r, v in zip(op.results, self._loop_results.pop(op)):
+                    self._values[r] = v
             return
         fn = cost_function(op) or (None if self.strict else not_costed)
         if fn is None:
@@ -110,12 +126,15 @@ class TraceRecorder(Interpreter.Listener):
         check_cost(op, cost, self.machine)
         index = len(self.trace.ops)
         ins = [self._value(v) for v in op.operands]
+        order_only = set(order_operands(op))
         deps = tuple(sorted({v.producer for v in ins if v.producer is not None}))
-        reads = tuple(sorted({v.buffer for v in ins if v.buffer is not None}))
+        reads = tuple(sorted({v.buffer for v, operand in zip(ins, op.operands)
+                              if v.buffer is not None and operand not in order_only}))
+        alias = aliased_operand(op)
         writes: list[int] = []
         for r, value in zip(op.results, results):
-            if is_view(op):
-                buffer = ins[0].buffer if ins else None
+            if alias is not None:
+                buffer = ins[alias].buffer
             elif is_unbuffered(op) or in_hbm(r):
                 buffer = None
             else:

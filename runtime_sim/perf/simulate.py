@@ -9,7 +9,8 @@ elsewhere; cost_only.py's `simulate_cost_only` records one without values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,12 +19,12 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr
 from xdsl.interpreter import Interpreter
+from xdsl.ir import Operation
 from xdsl.traits import SymbolTable
 
-import runtime_sim.perf.ccl_cost  # noqa: F401  (registers the ccl cost functions)
-import runtime_sim.perf.tcp_cost  # noqa: F401  (registers the tcp cost functions)
-import runtime_sim.perf.ve_cost  # noqa: F401  (registers the ve cost functions)
-from runtime_sim.perf.cost_model import CostModelError, engine_units, require_lowered, uncosted_ops
+from runtime_sim.perf import cost_model
+from runtime_sim.perf.cost_model import CostModelError, engine_units, require_lowered
+from runtime_sim.perf.costs import register_cost_models
 from runtime_sim.perf.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
 from runtime_sim.perf.op_trace import Trace, TraceRecorder
@@ -65,10 +66,17 @@ def reachable_functions(module: ModuleOp, entry: func.FuncOp) -> list[func.FuncO
     return list(seen.values())
 
 
+def uncosted_ops(ops: Iterable[Operation]) -> Counter[str]:
+    """Names (with counts) of the ops under `ops` that no registered cost model covers."""
+    register_cost_models()
+    return cost_model.uncosted_ops(ops)
+
+
 def trace_recorder(module: ModuleOp, function: str, machine: Machine,
                    uncosted: UncostedPolicy) -> TraceRecorder:
     """The listener that costs `function` as it runs, after checking (`uncosted="error"`) that
     every op it can reach has a cost."""
+    register_cost_models()
     entry = function_named(module, function)
     if uncosted == "error":
         require_lowered(reachable_functions(module, entry))

@@ -48,7 +48,7 @@ from xdsl.ir import Operation
 
 from dialects import tcp
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands
+from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands, register_view
 from runtime_sim.perf.machine import Machine
 
 
@@ -121,14 +121,12 @@ def row_bytes(value: np.ndarray) -> int:
     return int(math.prod(value.shape[1:])) * value.dtype.itemsize
 
 
-@register_cost(tcp.DmaGatherOp)
 def cost_dma_gather(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     source, indices = operands
     rows = gathered_rows(indices)
     return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
 
 
-@register_cost(tcp.DmaScatterOp)
 def cost_dma_scatter(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     source, indices = operands
     per_row = np.asarray(indices).reshape(indices.shape[0], -1) >= 0
@@ -137,12 +135,10 @@ def cost_dma_scatter(op: Operation, operands: tuple[Any, ...], results: tuple[An
     return dma_rows_cost(machine, read, written, row_bytes(source), in_hbm(op.operands[0]), False)
 
 
-@register_cost(tcp.LoadOp)
 def cost_load(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     return dma_copy_cost(machine, operands[0].nbytes, in_hbm(op.operands[0]), False)
 
 
-@register_cost(tcp.StoreOp)
 def cost_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     return dma_copy_cost(machine, operands[0].nbytes, in_hbm(op.operands[0]), True)
 
@@ -167,7 +163,6 @@ def contraction_cycles(machine: Machine, *, macs: int, fetch_bytes: int, commit_
     return fill + work, bound if work > fill else "overhead"
 
 
-@register_cost(tcp.ContractOp)
 def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     assert isinstance(op, tcp.ContractOp)
     lhs, rhs, *optional = operands
@@ -201,7 +196,15 @@ def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
     return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound)
 
 
-# The operands whose values these costs read (cost-only mode computes exactly these).
-register_data_operands(tcp.DmaGatherOp, lambda op: (op.operands[1],))
-register_data_operands(tcp.DmaScatterOp, lambda op: (op.operands[1],))
-register_data_operands(tcp.ContractOp, lambda op: () if op.guard is None else (op.guard,))  # type: ignore[attr-defined]
+def register_tcp_costs() -> None:
+    """The cost of every `tcp` op, and the operands whose values those costs read (cost-only
+    mode computes exactly these)."""
+    register_cost(tcp.DmaGatherOp)(cost_dma_gather)
+    register_cost(tcp.DmaScatterOp)(cost_dma_scatter)
+    register_cost(tcp.LoadOp)(cost_load)
+    register_cost(tcp.StoreOp)(cost_store)
+    register_cost(tcp.ContractOp)(cost_contract)
+    register_view(tcp.ViewOp)
+    register_data_operands(tcp.DmaGatherOp, lambda op: (op.operands[1],))
+    register_data_operands(tcp.DmaScatterOp, lambda op: (op.operands[1],))
+    register_data_operands(tcp.ContractOp, lambda op: () if op.guard is None else (op.guard,))  # type: ignore[attr-defined]

@@ -268,5 +268,3 @@ def register_ve_costs() -> list[str]:
     """Register every op of the `ve` dialect; returns the names left without a cost."""
     return [cls.name for cls in ve.VE.operations if not register_ve_op(cls)]
 
-
-UNCOSTED_VE_OPS = register_ve_costs()

@@ -20,12 +20,8 @@ Cumsum (a time-axis scan; the MoE document's branch-logged add): rows of length 
 scanned one step per cycle with every lane of every slice on an independent row:
     cycles = config_overhead + alus_used * alu_latency + n * ceil(rows / (slices * ways))
 
-Wiring one to an op takes a few lines in a module that simulate.py imports:
-
-    @register_cost(ve.FloatOp)
-    def cost_float(op, operands, results, machine):
-        n = results[0].size
-        return vector_op_cost(machine, n, alu="float", alus_used=len(op.stages), flops=n)
+ve_cost.py turns these cycles into each `ve` op's OpCost (bytes moved: the operands it reads,
+except splats in a constant slot, plus the results it writes).
 """
 
 from __future__ import annotations
@@ -33,14 +29,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from runtime_sim.perf.cost_model import TENSOR, OpCost
 from runtime_sim.perf.machine import Machine
 
 AluClass = Literal["int", "float"]
 """`int`: integer, logic and clip stages (8-way); `float`: float, reduce and divide (4-way)."""
 
-LANE_BYTES = 4
-"""The vector engine works on 32-bit values only."""
 
 
 def vector_ways(machine: Machine, alu: AluClass) -> int:
@@ -77,22 +70,3 @@ def scan_cycles(machine: Machine, rows: int, axis_len: int, *, alu: AluClass = "
     scan = axis_len * rounds
     fixed = m.config_overhead_cycles + alus_used * m.alu_latency_cycles
     return fixed + scan, "scan" if scan >= fixed else "overhead"
-
-
-def vector_op_cost(machine: Machine, elements: int, *, alu: AluClass, alus_used: int,
-                   out_elements: int | None = None, reduce_steps: int = 0,
-                   inter_slice: bool = False, filter_stage: bool = False, flops: int = 0) -> OpCost:
-    """An OpCost for a chain invocation: reads `elements` 32-bit values and writes
-    `out_elements` (default the same count); `flops` is the caller's count of float work."""
-    cycles, bound = vector_chain_cycles(machine, elements, alu=alu, alus_used=alus_used,
-                                        reduce_steps=reduce_steps, inter_slice=inter_slice,
-                                        filter_stage=filter_stage)
-    out = elements if out_elements is None else out_elements
-    return OpCost(TENSOR, cycles, bytes_moved=LANE_BYTES * (elements + out), flops=flops, bound=bound)
-
-
-def scan_op_cost(machine: Machine, rows: int, axis_len: int, *, alu: AluClass = "int",
-                 alus_used: int = 1, flops: int = 0) -> OpCost:
-    """An OpCost for a cumsum-style scan (reads and writes every element once)."""
-    cycles, bound = scan_cycles(machine, rows, axis_len, alu=alu, alus_used=alus_used)
-    return OpCost(TENSOR, cycles, bytes_moved=2 * LANE_BYTES * rows * axis_len, flops=flops, bound=bound)

@@ -139,24 +139,35 @@ class CCLFunctions(InterpreterFunctions):
         return a2a_plan(np.asarray(args[0]), op.group_size, op.experts.value.data, op.slots, op.capacity_limit)
 
 
-ChipListeners = Callable[[int], Sequence[Interpreter.Listener]]
+ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
+"""(module, exchange, chip) -> the interpreter chip `chip` runs on, its listeners attached."""
+
+
+def plain_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]] = lambda chip: ()) -> ChipInterpreter:
+    """The reference semantics with the chip's `ccl` ops and `listeners(chip)`."""
+
+    def build(module: ModuleOp, exchange: MeshExchange, chip: int) -> Interpreter:
+        interpreter = make_interpreter(module, listeners(chip))
+        interpreter.register_implementations(CCLFunctions(exchange, chip))
+        return interpreter
+
+    return build
 
 
 def run_mesh(module: ModuleOp, function: str, mesh: ccl.Mesh, args: Sequence[Sequence[Any]],
-             listeners: ChipListeners = lambda chip: (), cls: type[Interpreter] = Interpreter) -> list[tuple[Any, ...]]:
+             interpreter: ChipInterpreter = plain_chip()) -> list[tuple[Any, ...]]:
     """Run `function` on every chip of `mesh` (chip c on `args[c]`), exchanging values at the
-    collectives; the outputs of every chip, in chip order. `listeners(c)` gives chip c's
-    interpreter listeners; `cls` its interpreter class (cost-only mode's shape-only one)."""
+    collectives; the outputs of every chip, in chip order. `interpreter` builds each chip's
+    interpreter (`plain_chip(listeners)`, or cost-only mode's shape-only one)."""
     exchange = MeshExchange(mesh)
     outputs: list[tuple[Any, ...] | None] = [None] * mesh.chips
     errors: list[BaseException | None] = [None] * mesh.chips
 
     def chip_main(chip: int) -> None:
         try:
-            interpreter = make_interpreter(module, listeners(chip), cls)
-            interpreter.register_implementations(CCLFunctions(exchange, chip))
+            runner = interpreter(module, exchange, chip)
             with np.errstate(all="ignore"):
-                outputs[chip] = tuple(interpreter.call_op(function, tuple(args[chip])))
+                outputs[chip] = tuple(runner.call_op(function, tuple(args[chip])))
         except threading.BrokenBarrierError as e:
             errors[chip] = e
         except BaseException as e:  # noqa: BLE001 - handed to the caller below

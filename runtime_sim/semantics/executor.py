@@ -9,10 +9,13 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions
+from xdsl.interpreters.arith import ArithFunctions
 from xdsl.interpreters.func import FuncFunctions
+from xdsl.interpreters.scf import ScfFunctions
 
 from runtime_sim.semantics.moe_semantics import MoEFunctions
 from runtime_sim.semantics.tcp_semantics import TCPFunctions
+from runtime_sim.semantics.tile_semantics import TileFunctions
 from runtime_sim.semantics.tmath_semantics import TMathFunctions
 from runtime_sim.semantics.ve_semantics import VEFunctions
 
@@ -22,15 +25,17 @@ SEMANTICS: list[type[InterpreterFunctions]] = [
     MoEFunctions,
     VEFunctions,
     TCPFunctions,
+    ScfFunctions,
+    ArithFunctions,
+    TileFunctions,
 ]
 """Every dialect's numpy semantics; each lowering level registers its own here."""
 
 
-def make_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = (),
-                     cls: type[Interpreter] = Interpreter) -> Interpreter:
-    """`listeners` see every op as it runs (the simulator costs ops through one); `cls` may be
-    a subclass that runs ops differently (cost-only mode's shape-only interpreter)."""
-    interpreter = cls(module, listeners=tuple(listeners))
+def make_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = ()) -> Interpreter:
+    """`listeners` see every op as it runs (the simulator costs ops through one; cost-only mode
+    registers shape-only implementations over these, runtime_sim/perf/cost_only.py)."""
+    interpreter = Interpreter(module, listeners=tuple(listeners))
     for functions in SEMANTICS:
         interpreter.register_implementations(functions())
     return interpreter

@@ -10,12 +10,7 @@ import math
 
 import ml_dtypes
 import numpy as np
-from xdsl.dialects.builtin import (
-    BFloat16Type,
-    Float32Type,
-    IntegerType,
-    TensorType,
-)
+from xdsl.dialects.builtin import BFloat16Type, Float32Type, IntegerType, TensorType
 from xdsl.ir import Attribute
 
 from dialects import ve

@@ -155,9 +155,23 @@ class TMathFunctions(InterpreterFunctions):
             )
         return (np.take_along_axis(x, idx.astype(np.int64), axis=-1),)
 
-    # One implementation serves each family; register it under every op of the family.
-    for _family, _run in ((BINARY, run_binary), (UNARY, run_unary), (REDUCE, run_reduce)):
-        for _op in _family:
-            locals()[f"run_{_op.name}"] = impl(_op)(_run)
-    del _family, _run, _op
+    # One implementation serves each family, registered under each op of it (the tables above
+    # give each op's numpy function).
+    run_add = impl(tmath.AddOp)(run_binary)
+    run_sub = impl(tmath.SubOp)(run_binary)
+    run_mul = impl(tmath.MulOp)(run_binary)
+    run_div = impl(tmath.DivOp)(run_binary)
+    run_maximum = impl(tmath.MaximumOp)(run_binary)
+    run_minimum = impl(tmath.MinimumOp)(run_binary)
+    run_neg = impl(tmath.NegOp)(run_unary)
+    run_abs = impl(tmath.AbsOp)(run_unary)
+    run_exp = impl(tmath.ExpOp)(run_unary)
+    run_log = impl(tmath.LogOp)(run_unary)
+    run_sqrt = impl(tmath.SqrtOp)(run_unary)
+    run_tanh = impl(tmath.TanhOp)(run_unary)
+    run_sigmoid = impl(tmath.SigmoidOp)(run_unary)
+    run_silu = impl(tmath.SiluOp)(run_unary)
+    run_reduce_sum = impl(tmath.ReduceSumOp)(run_reduce)
+    run_reduce_max = impl(tmath.ReduceMaxOp)(run_reduce)
+    run_reduce_min = impl(tmath.ReduceMinOp)(run_reduce)
 

@@ -18,6 +18,14 @@ f32: 24) and `scale` is the largest finite |want| of that output.
 
 NaN must meet NaN and infinities must match exactly, sign included.
 
+For one contraction the same ULPS bounds the chip's own accumulation order, measured at the
+contraction's scale S = sum_k |a_ik * b_kj|: a result may differ from the reference by at most
+ULPS ulps of the output type at S, plus the one ulp of the final rounding at the result itself.
+Any f32 accumulation order is within K * 2^-24 * S of the exact sum, so two orders are within
+2 * K * 2^-24 * S: at most 2 ulps of bf16 at S for K <= 2^16 (bf16 keeps 8 significant bits, so
+an ulp at S is more than 2^-8 * S). f32 outputs need 2 * K ulps of f32 at S. The simulator itself
+is bit-identical to the reference: it runs `tcp.contract` through the reference matmul's routine.
+
 These are the only tolerance numbers; `tcpc run --check` and the tests use them.
 """
 

@@ -231,8 +231,25 @@ class VEFunctions(InterpreterFunctions):
         return _out(op, filter_compact(x, tags, set(op.keep.get_values()), op.axis.value.data,
                                        size, op.pad.value.data))
 
-    # One implementation serves each family; register it under every op of the family.
-    for _family, _run in ((BINARY, run_binary), (UNARY_FLOAT, run_unary), (REDUCE, run_reduce)):
-        for _op in _family:
-            locals()[f"run_{_op.name}"] = impl(_op)(_run)
-    del _family, _run, _op
+    # One implementation serves each family, registered under each op of it (the tables above
+    # give each op's numpy function).
+    run_and = impl(ve.AndOp)(run_binary)
+    run_or = impl(ve.OrOp)(run_binary)
+    run_xor = impl(ve.XorOp)(run_binary)
+    run_shl = impl(ve.ShlOp)(run_binary)
+    run_shr_u = impl(ve.ShrUOp)(run_binary)
+    run_shr_s = impl(ve.ShrSOp)(run_binary)
+    run_add = impl(ve.AddOp)(run_binary)
+    run_sub = impl(ve.SubOp)(run_binary)
+    run_mul = impl(ve.MulOp)(run_binary)
+    run_div = impl(ve.DivOp)(run_binary)
+    run_max = impl(ve.MaxOp)(run_binary)
+    run_min = impl(ve.MinOp)(run_binary)
+    run_exp = impl(ve.ExpOp)(run_unary)
+    run_sigmoid = impl(ve.SigmoidOp)(run_unary)
+    run_log = impl(ve.LogOp)(run_unary)
+    run_sqrt = impl(ve.SqrtOp)(run_unary)
+    run_tanh = impl(ve.TanhOp)(run_unary)
+    run_reduce_sum = impl(ve.ReduceSumOp)(run_reduce)
+    run_reduce_max = impl(ve.ReduceMaxOp)(run_reduce)
+    run_reduce_min = impl(ve.ReduceMinOp)(run_reduce)

@@ -1,0 +1,87 @@
+"""Building blocks of the schedule level's loops, shared by its passes: which ops work row by
+row along a tensor's first axis, choosing the ops a loop can absorb without a cycle through
+the ops it leaves outside, tile types, and moving an absorbed op's outside readers after the
+loop."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+
+from dialects import ve
+
+ZERO_OPERAND_VE = (ve.ConstOp, ve.IotaOp, ve.PositionTagOp)
+"""`ve` ops without operands: a splat, a numbering or a position tag along another axis."""
+
+
+def leading(value: SSAValue) -> int | None:
+    t = value.type
+    if isinstance(t, TensorType) and len(t.get_shape()) >= 1:
+        return t.get_shape()[0]
+    return None
+
+
+def works_along_axis_zero(op: Operation) -> bool:
+    attr = op.properties.get("axis") or op.attributes.get("axis")
+    value = getattr(getattr(attr, "value", None), "data", None)
+    return value == 0
+
+
+def is_row_parallel_ve(op: Operation, extent: int) -> bool:
+    """A `ve` op whose every operand and result has `extent` rows on its first axis and that
+    does not reduce, scan, filter or number along that axis: row i of its results depends on
+    row i of its operands alone."""
+    if op.dialect_name() != "ve" or not op.results or works_along_axis_zero(op):
+        return False
+    if any(leading(r) != extent for r in op.results):
+        return False
+    return isinstance(op, ZERO_OPERAND_VE) or (bool(op.operands) and all(leading(v) == extent for v in op.operands))
+
+
+def tile_type(t: Attribute, rows: int = 1) -> Attribute:
+    """`t` with `rows` rows on its first axis."""
+    assert isinstance(t, TensorType)
+    return TensorType(t.get_element_type(), [rows, *t.get_shape()[1:]])
+
+
+def select_ops(block: Block, candidates: list[Operation]) -> list[Operation]:
+    """`candidates` (ops of `block`, in order) minus those that must follow an outside op which
+    itself reads one of them: they cannot be in one loop without a cycle."""
+    chosen = list(candidates)
+    while True:
+        inside = set(chosen)
+        tainted: set[Operation] = set()
+        for op in block.ops:
+            if op in inside:
+                continue
+            for v in (v for nested in op.walk() for v in nested.operands):
+                owner = v.owner
+                if isinstance(owner, Operation) and (owner in inside or owner in tainted):
+                    tainted.add(op)
+                    break
+        keep = [op for op in chosen
+                if not any(isinstance(v.owner, Operation) and v.owner in tainted for v in op.operands)]
+        if len(keep) == len(chosen):
+            return chosen
+        chosen = keep
+
+
+def move_readers_after(block: Block, anchor: Operation, produced: list[SSAValue], inside: set[Operation]) -> None:
+    """Outside ops that stood among a loop's absorbed ops (`inside`) and read its results
+    (`produced`, directly or through each other) now follow `anchor`, in their order."""
+    moved: set[Operation] = set()
+    results = set(produced)
+    ordered: list[Operation] = []
+    for op in block.ops:
+        if op is anchor:
+            break
+        if op in inside:
+            continue
+        read = (v for nested in op.walk() for v in nested.operands)  # a loop reads inside its body too
+        if any(v in results or (isinstance(v.owner, Operation) and v.owner in moved) for v in read):
+            moved.add(op)
+            ordered.append(op)
+    for op in ordered:
+        op.detach()
+        block.insert_op_after(op, anchor)
+        anchor = op

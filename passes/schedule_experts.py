@@ -1,0 +1,215 @@
+"""`schedule-experts`: the expert loop of the schedule level.
+
+After `lower-dispatch` and `lower-math`, an MoE layer's experts are whole-tensor commands over
+all G blocks at once: a weight gather `tcp.dma_gather %w[%expert_ids]` ([G, D, F], every
+block's own copy of its expert's weight), a guarded `tcp.contract "gbd,gdf->gbf"`, and `ve`
+ops (row masks, roundings, the activation between the grouped matmuls) on [G, B, F]. At real
+sizes those tensors are gigabytes, far beyond SRAM. This pass turns them into one static loop
+over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tiles:
+
+- every experts-phase op that is *block-parallel* (its operands and results have G blocks on
+  their first axis, and it does not reduce, scan, filter or number along that axis) moves into
+  the loop, cloned with one block instead of G. The block's results are the same numbers, by
+  the same routine (a contraction of one block is the contraction's batch item g: one
+  np.matmul per item either way), so the loop is bit-identical to what it replaces;
+- a weight gather becomes `tile.load_expert %w[%ids_g] reuse %prev_ids, %prev_tile`: the
+  canonical layout keeps an expert's blocks adjacent, so its weights are loaded once per run
+  of blocks and reused; unused blocks (id -1) load nothing and their guarded contractions skip;
+- a block-parallel input made elsewhere is sliced per block: the dispatch's blocked token rows
+  are placed in HBM (`tcpc.space = "hbm"` on the DMA scatter that writes them) and loaded a
+  block at a time (`tile.load`); smaller inputs in SRAM are addressed in place (`tile.slice`);
+- a result used after the loop is stored a block at a time into an HBM buffer (`tile.buffer`,
+  `tile.store`), which the combine's gather then reads;
+- double buffering: a row tile load of block g waits (an `after` operand) for the last
+  contraction of block g - 2, the last reader of that block's tiles, so the tiles of two blocks
+  are in SRAM at a time and the DMA of block g runs while block g - 1 contracts; an expert's
+  weight load waits for block g - 4 (`WEIGHT_AHEAD`), so the next expert's weights arrive
+  while the current expert's last blocks contract.
+
+Ops that are not block-parallel, or that depend on an op after the loop's place, stay where
+they are. The loop goes right after the last op it absorbs; outside ops that read its results
+and stood between its ops move after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from dialects import tcp, tile, ve
+from dialects.annotations import PHASE_ATTR, place_in_hbm, phase_of
+from dialects.tensor_types import shape_of
+from passes.loop_builder import is_row_parallel_ve, leading, move_readers_after, select_ops, tile_type
+
+
+
+
+TILE_AHEAD = 2
+"""A block's row tiles are fetched once block g - 2 has contracted: two blocks' tiles in SRAM."""
+WEIGHT_AHEAD = 4
+"""An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
+every few blocks) has the time of up to three blocks' contractions to arrive."""
+
+
+def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue) -> bool:
+    """Whether `op` computes each of the G blocks from that block alone (see the docstring)."""
+    if phase_of(op) != "experts" or not op.results:
+        return False
+    if isinstance(op, tcp.DmaGatherOp):
+        return op.indices is expert_ids
+    if any(leading(r) != blocks for r in op.results):
+        return False
+    if isinstance(op, tcp.ContractOp):
+        spec = op.spec.data
+        (a, b), out = spec.split("->")[0].split(","), spec.split("->")[1]
+        return a[0] == out[0] and (out[0] not in b or b[0] == out[0]) and (
+            op.bias is None or leading(op.bias) in (blocks, None))
+    if isinstance(op, tcp.ViewOp):
+        return leading(op.input) == blocks
+    return is_row_parallel_ve(op, blocks)
+
+
+def _root(value: SSAValue) -> Operation | None:
+    """The op that produced a value's buffer, through views."""
+    owner = value.owner
+    while isinstance(owner, tcp.ViewOp):
+        owner = owner.input.owner
+    return owner if isinstance(owner, Operation) else None
+
+
+def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
+    """Build the expert loop over `expert_ids`'s blocks in `block`; None if nothing moves."""
+    blocks = shape_of(expert_ids.type)[0]
+    ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids)])
+    if not any(isinstance(op, tcp.ContractOp) for op in ops):
+        return None
+    inside = set(ops)
+    blocks = shape_of(expert_ids.type)[0]
+    last = ops[-1]
+
+    escaping = [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
+    if not escaping:
+        return None
+    gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp)]
+
+    before: list[Operation] = []
+    c0 = arith.ConstantOp.from_int_and_width(0, IndexType())
+    c_blocks = arith.ConstantOp.from_int_and_width(blocks, IndexType())
+    c1 = arith.ConstantOp.from_int_and_width(1, IndexType())
+    before += [c0, c_blocks, c1]
+    buffers = [tile.BufferOp("hbm", r.type) for r in escaping]
+    no_ids = ve.ConstOp(-1, TensorType(i32, [1]))
+    no_tiles = [tile.BufferOp("sram", tile_type(g.result.type)) for g in gathers]
+    before += buffers + ([no_ids] if gathers else []) + no_tiles
+    for b, r in zip(buffers, escaping):
+        b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
+    carried_init: list[SSAValue] = [b.result for b in buffers]
+    carried_init += [no_ids.result for _ in gathers] + [t.result for t in no_tiles]
+    # The double-buffering waits carry the last contraction of the two previous blocks (the
+    # last reader of their loaded tiles); before the first block there is nothing to wait for.
+    last_contract = [op for op in ops if isinstance(op, tcp.ContractOp)][-1]
+    nothing = ve.ConstOp(0.0, tile_type(last_contract.result.type))
+    before.append(nothing)
+    carried_init += [nothing.result] * WEIGHT_AHEAD
+    for op in before:
+        op.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
+
+    body = Block(arg_types=[IndexType(), *(v.type for v in carried_init)])
+    index, *args = body.args
+    index.name_hint = "block"
+    n_buf, n_gather = len(buffers), len(gathers)
+    buffer_args = args[:n_buf]
+    prev_ids_args = args[n_buf:n_buf + n_gather]
+    prev_tile_args = args[n_buf + n_gather:n_buf + 2 * n_gather]
+    waits = args[len(args) - WEIGHT_AHEAD:]  # waits[i]: the last contraction of block g - 1 - i
+    for i, w in enumerate(waits):
+        w.name_hint = f"done_{i + 1}_ago"
+    tile_wait, weight_wait = waits[TILE_AHEAD - 1], waits[WEIGHT_AHEAD - 1]
+
+    mapping: dict[SSAValue, SSAValue] = {}
+
+    def add(op: Operation, name: str | None = None) -> SSAValue:
+        op.attributes.setdefault(PHASE_ATTR, last.attributes[PHASE_ATTR])
+        body.add_op(op)
+        if name is not None:
+            op.results[0].name_hint = name
+        return op.results[0]
+
+    ids_tile = add(tile.SliceOp(expert_ids, index, tile_type(expert_ids.type)), "expert_of_block")
+    mapping[expert_ids] = ids_tile
+
+    def tile_of(v: SSAValue) -> SSAValue:
+        if v in mapping:
+            return mapping[v]
+        if leading(v) != blocks:
+            return v  # the same for every block: a weight, a table, a splat
+        root = _root(v)
+        name = f"{v.name_hint}_tile" if v.name_hint else None
+        if root is not None and phase_of(root) == "dispatch" and root.dialect_name() == "tcp":
+            place_in_hbm(root)
+            mapping[v] = add(tile.LoadOp(v, index, tile_type(v.type), [tile_wait]), name)
+        else:
+            mapping[v] = add(tile.SliceOp(v, index, tile_type(v.type)), name)
+        return mapping[v]
+
+    loaded: list[SSAValue] = []
+    for op in ops:
+        if isinstance(op, tcp.DmaGatherOp):
+            k = gathers.index(op)
+            new = tile.LoadExpertOp(op.source, ids_tile, prev_ids_args[k], prev_tile_args[k], [weight_wait])
+            new.attributes.update(op.attributes)
+            mapping[op.result] = add(new, op.result.name_hint)
+            loaded.append(op.result)
+            continue
+        operands = [tile_of(v) for v in op.operands]
+        new = type(op).create(operands=operands, result_types=[tile_type(r.type) for r in op.results],
+                              properties=dict(op.properties), attributes=dict(op.attributes))
+        body.add_op(new)
+        for old, r in zip(op.results, new.results):
+            r.name_hint = old.name_hint
+            mapping[old] = r
+
+    stored = [add(tile.StoreOp(mapping[r], buf, index), f"{r.name_hint}_stored" if r.name_hint else None)
+              for r, buf in zip(escaping, buffer_args)]
+    done = mapping[last_contract.result]
+    body.add_op(scf.YieldOp(*stored, *(ids_tile for _ in gathers), *(mapping[g] for g in loaded), done, *waits[:-1]))
+
+    loop = scf.ForOp(c0, c_blocks, c1, carried_init, body)
+    loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
+    for r, result in zip(escaping, loop.results[:n_buf]):
+        result.name_hint = r.name_hint
+
+    block.insert_ops_after([*before, loop], last)
+    for r, result in zip(escaping, loop.results[:n_buf]):
+        r.replace_uses_with_if(result, lambda use: use.operation not in inside)
+    move_readers_after(block, loop, list(loop.results), inside)
+    for op in reversed(ops):
+        op.detach()
+        op.erase()
+    return loop
+
+
+def expert_id_values(block: Block) -> list[SSAValue]:
+    """The plans of a function body: the guards of its block contractions, in order."""
+    found: list[SSAValue] = []
+    for op in block.ops:
+        if isinstance(op, tcp.ContractOp) and op.guard is not None and op.guard not in found:
+            found.append(op.guard)
+    return found
+
+
+@dataclass(frozen=True)
+class ScheduleExpertsPass(ModulePass):
+    name = "schedule-experts"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for fn in op.ops:
+            if isinstance(fn, func.FuncOp) and fn.body.blocks:
+                body = fn.body.block
+                for expert_ids in expert_id_values(body):
+                    schedule_plan(body, expert_ids)

@@ -1,0 +1,177 @@
+"""`schedule-tokens`: token-tile loops of the schedule level, for the router and the combine.
+
+The router's work after its matmul (softmax or sigmoid, the bit-packed top-k ranking, whose
+[T, E, E] tensors are 268 MB at T = 4096, E = 128, the routing weights) and the combine (the
+gather of each token's K rows, the weighted sum) are row-parallel along the tokens: row t of
+every result depends on row t of the operands alone. This pass puts each phase's row-parallel
+ops into a static loop over tiles of `rows` tokens, `scf.for %row = 0 to T_main step rows`,
+plus one straight-line copy of the body for the remaining T - T_main tokens when the tile does
+not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes` of SRAM.
+
+- Inputs with T rows made outside the loop are addressed a tile at a time in SRAM
+  (`tile.slice`); everything else (a gather's source rows in HBM, tables, splats) is used whole.
+- Results used after the loop are written a tile at a time into SRAM buffers (`tile.buffer`,
+  `tile.store`: the producing engine commits each tile at its place).
+- The tile height: the largest number of rows whose intermediates (every result of the body,
+  as if none were freed) fit `tile_bytes`, rounded down to a multiple of 8 (one flit of 32-bit
+  values per slice lane) when at least 8, and at most T.
+
+Contractions stay outside these loops: a matmul split into row tiles is computed by different
+BLAS kernels than the whole one and would not give its bits (the expert loop's contractions
+split along their batch axis, which does; see passes/schedule_experts.py). Every other op's
+row-tiled form computes the same numbers in the same order, so the pass is bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from dialects import tcp, tile
+from dialects.annotations import PHASE_ATTR, phase_of
+from passes.loop_builder import is_row_parallel_ve, leading, move_readers_after, select_ops, tile_type
+
+TILED_PHASES = ("router", "combine")
+
+DEFAULT_TILE_BYTES = 8 << 20
+"""The SRAM a token tile's intermediates may take: small against the chip's SRAM (the expert
+loop's tiles and weights, and the routing tensors, live at the same time). A compiler choice,
+not a machine number; `schedule-tokens{tile_bytes=...}` changes it."""
+
+
+def is_row_parallel(op: Operation, tokens: int) -> bool:
+    if isinstance(op, tcp.DmaGatherOp):
+        return leading(op.indices) == tokens and leading(op.result) == tokens
+    if isinstance(op, tcp.ViewOp):
+        return leading(op.input) == tokens and leading(op.result) == tokens
+    return is_row_parallel_ve(op, tokens)
+
+
+def tile_rows(ops: list[Operation], tokens: int, tile_bytes: int) -> int:
+    per_row = sum(math.prod(tile_type(r.type).get_shape()) * _element_bytes(r.type) for op in ops for r in op.results)
+    rows = max(1, min(tokens, tile_bytes // max(1, per_row)))
+    return rows - rows % 8 if rows >= 8 else rows
+
+
+def _element_bytes(t: object) -> int:
+    assert isinstance(t, TensorType)
+    width = getattr(t.get_element_type(), "bitwidth", 32)
+    return max(1, width // 8)
+
+
+def _index(value: int) -> arith.ConstantOp:
+    return arith.ConstantOp.from_int_and_width(value, IndexType())
+
+
+def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, add,
+                mapping: dict[SSAValue, SSAValue]) -> None:
+    """Append `ops` working on `rows` tokens from `offset` (outside inputs sliced on demand)."""
+
+    def tile_of(v: SSAValue) -> SSAValue:
+        if v not in mapping:
+            if leading(v) != tokens:
+                return v
+            name = f"{v.name_hint}_tile" if v.name_hint else None
+            mapping[v] = add(tile.SliceOp(v, offset, tile_type(v.type, rows)), name)
+        return mapping[v]
+
+    for op in ops:
+        operands = [tile_of(v) for v in op.operands]
+        new = type(op).create(operands=operands, result_types=[tile_type(r.type, rows) for r in op.results],
+                              properties=dict(op.properties), attributes=dict(op.attributes))
+        add(new)
+        for old, r in zip(op.results, new.results):
+            r.name_hint = old.name_hint
+            mapping[old] = r
+
+
+def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int) -> scf.ForOp | None:
+    """One token-tile loop over the row-parallel ops of `phase`; None if it would not help."""
+    candidates = [op for op in block.ops if phase_of(op) == phase and is_row_parallel(op, tokens)]
+    ops = select_ops(block, candidates)
+    inside = set(ops)
+    escaping = [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
+    rows = tile_rows(ops, tokens, tile_bytes)
+    if not escaping or rows >= tokens:
+        return None
+    main = tokens - tokens % rows
+    marker = {PHASE_ATTR: ops[-1].attributes[PHASE_ATTR]}
+
+    before: list[Operation] = [c0 := _index(0), c_main := _index(main), c_rows := _index(rows)]
+    buffers = [tile.BufferOp("sram", r.type) for r in escaping]
+    before += buffers
+    for b, r in zip(buffers, escaping):
+        b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
+
+    body = Block(arg_types=[IndexType(), *(b.result.type for b in buffers)])
+    offset, *buffer_args = body.args
+    offset.name_hint = "row"
+
+    def add_to(target: Block):
+        def add(op: Operation, name: str | None = None) -> SSAValue:
+            op.attributes.update({k: v for k, v in marker.items() if k not in op.attributes})
+            target.add_op(op)
+            if name is not None:
+                op.results[0].name_hint = name
+            return op.results[0]
+        return add
+
+    mapping: dict[SSAValue, SSAValue] = {}
+    add = add_to(body)
+    _clone_rows(ops, rows, offset, tokens, add, mapping)
+    stored = [add(tile.StoreOp(mapping[r], buf, offset)) for r, buf in zip(escaping, buffer_args)]
+    body.add_op(scf.YieldOp(*stored))
+    loop = scf.ForOp(c0, c_main, c_rows, [b.result for b in buffers], body)
+    loop.attributes.update(marker)
+    after: list[Operation] = [loop]
+    results: list[SSAValue] = list(loop.results)
+    if main < tokens:  # the remainder: the body once more, on the last tokens - main rows
+        rest = Block()
+        add_rest = add_to(rest)
+        c_rest = add_rest(_index(main))
+        rest_mapping: dict[SSAValue, SSAValue] = {}
+        _clone_rows(ops, tokens - main, c_rest, tokens, add_rest, rest_mapping)
+        results = [add_rest(tile.StoreOp(rest_mapping[r], buf, c_rest)) for r, buf in zip(escaping, results)]
+        after += list(rest.ops)
+        for op in after[1:]:
+            op.detach()
+    for r, result in zip(escaping, results):
+        result.name_hint = r.name_hint
+    for op in before:
+        op.attributes.update(marker)
+    block.insert_ops_after([*before, *after], ops[-1])
+    for r, result in zip(escaping, results):
+        r.replace_uses_with_if(result, lambda use: use.operation not in inside)
+    move_readers_after(block, after[-1], results, inside)
+    for op in reversed(ops):
+        op.detach()
+        op.erase()
+    return loop
+
+
+def token_count(fn: func.FuncOp) -> int | None:
+    """T: the rows of the first routing plan's scatter_idx (the combine's gather indices)."""
+    for op in fn.walk():
+        if isinstance(op, tcp.DmaGatherOp) and phase_of(op) == "combine":
+            return leading(op.indices)
+    return None
+
+
+@dataclass(frozen=True)
+class ScheduleTokensPass(ModulePass):
+    name = "schedule-tokens"
+
+    tile_bytes: int = DEFAULT_TILE_BYTES
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for fn in op.ops:
+            if isinstance(fn, func.FuncOp) and fn.body.blocks and (tokens := token_count(fn)) is not None:
+                for phase in TILED_PHASES:
+                    while schedule_phase(fn.body.block, phase, tokens, self.tile_bytes) is not None:
+                        pass

@@ -1,0 +1,69 @@
+"""Costs of the schedule level's `tile` ops (dialects/tile.py), from the DMA formulas in
+tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
+
+- `tile.buffer`: free; an HBM buffer takes no SRAM, an SRAM one its size.
+- `tile.slice`: addressing within an SRAM tensor: free, and no new SRAM (its source's buffer).
+- `tile.load`: one DMA copy of the tile, HBM -> SRAM.
+- `tile.store`: into an HBM buffer, one DMA copy SRAM -> HBM; into an SRAM buffer, free: the
+  engine that produced the tile commits it at the buffer's address (an assumption: the
+  compiler gives the producer that destination).
+- `tile.load_expert`: one DMA command moving the weight rows of the ids that differ from the
+  previous block's (nothing when the expert is the same, or the block unused).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from xdsl.ir import Operation
+
+from dialects import tile
+from runtime_sim.perf.cost_model import (
+    OpCost,
+    free_cost,
+    in_hbm,
+    register_alias,
+    register_cost,
+    register_data_operands,
+    register_order_operands,
+)
+from runtime_sim.perf.machine import Machine
+from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_rows_cost, row_bytes
+
+
+def experts_fetched(ids: np.ndarray, prev_ids: np.ndarray) -> int:
+    """Rows a `tile.load_expert` moves: ids that changed and name an expert."""
+    ids, prev_ids = np.asarray(ids), np.asarray(prev_ids)
+    if np.array_equal(ids, prev_ids):
+        return 0
+    return int(np.count_nonzero(ids >= 0))
+
+
+def cost_tile_load(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    return dma_copy_cost(machine, results[0].nbytes, in_hbm(op.operands[0]), False)
+
+
+def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    if not in_hbm(op.results[0]):
+        return OpCost("none", 0, bound="committed in place")
+    return dma_copy_cost(machine, operands[0].nbytes, False, True)
+
+
+def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    source, ids, prev_ids = operands[:3]
+    rows = experts_fetched(ids, prev_ids)
+    return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
+
+
+def register_tile_costs() -> None:
+    register_cost(tile.BufferOp)(free_cost)
+    register_cost(tile.SliceOp)(free_cost)
+    register_alias(tile.SliceOp, 0)
+    register_cost(tile.LoadOp)(cost_tile_load)
+    register_order_operands(tile.LoadOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
+    register_cost(tile.StoreOp)(cost_tile_store)
+    register_alias(tile.StoreOp, 1)
+    register_cost(tile.LoadExpertOp)(cost_load_expert)
+    register_data_operands(tile.LoadExpertOp, lambda op: (op.ids, op.prev_ids))  # type: ignore[attr-defined]
+    register_order_operands(tile.LoadExpertOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]

@@ -1,0 +1,65 @@
+"""Numpy semantics of the `tile` ops (dialects/tile.py).
+
+`tile.store` writes into its destination array in place and returns it: the schedule level
+threads a buffer through its loop so each buffer has one live SSA name at a time, and copying
+a [G, B, D] buffer once per block would make simulation quadratic in the number of blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.utils.exceptions import InterpretationError
+
+from dialects import tile
+from dialects.tensor_types import shape_of
+from runtime_sim.semantics.numerics import tensor_dtype
+
+
+def _rows(op_name: str, source: np.ndarray, offset: int, n: int) -> slice:
+    if not 0 <= offset <= source.shape[0] - n:
+        raise InterpretationError(f"{op_name}: rows [{offset}, {offset + n}) are outside [0, {source.shape[0]})")
+    return slice(offset, offset + n)
+
+
+def expert_rows(source: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """source[ids] with zero rows where an id is -1 (gathered on the raw bits, as a DMA does)."""
+    ids = np.asarray(ids)
+    if ((ids < -1) | (ids >= source.shape[0])).any():
+        raise InterpretationError(f"tile.load_expert: expert id outside [-1, {source.shape[0]})")
+    bits = np.asarray(source).view(np.dtype(f"u{source.dtype.itemsize}"))
+    out = bits[np.maximum(ids, 0)]
+    out[ids < 0] = 0
+    return out.view(source.dtype)
+
+
+@register_impls
+class TileFunctions(InterpreterFunctions):
+    @impl(tile.BufferOp)
+    def run_buffer(self, interpreter: Interpreter, op: tile.BufferOp, args: tuple[Any, ...]):
+        return (np.zeros(shape_of(op.result.type), tensor_dtype(op.result.type)),)
+
+    @impl(tile.SliceOp)
+    def run_slice(self, interpreter: Interpreter, op: tile.SliceOp, args: tuple[Any, ...]):
+        source, offset = args
+        return (source[_rows(op.name, source, offset, shape_of(op.result.type)[0])],)
+
+    @impl(tile.LoadOp)
+    def run_load(self, interpreter: Interpreter, op: tile.LoadOp, args: tuple[Any, ...]):
+        source, offset = args[:2]
+        return (np.array(source[_rows(op.name, source, offset, shape_of(op.result.type)[0])]),)
+
+    @impl(tile.StoreOp)
+    def run_store(self, interpreter: Interpreter, op: tile.StoreOp, args: tuple[Any, ...]):
+        value, dest, offset = args
+        dest[_rows(op.name, dest, offset, value.shape[0])] = value
+        return (dest,)
+
+    @impl(tile.LoadExpertOp)
+    def run_load_expert(self, interpreter: Interpreter, op: tile.LoadExpertOp, args: tuple[Any, ...]):
+        source, ids, prev_ids, prev_tile = args[:4]
+        if np.array_equal(ids, prev_ids):
+            return (prev_tile,)
+        return (expert_rows(source, ids),)
