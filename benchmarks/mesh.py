@@ -3,12 +3,13 @@ cards, a2a against allgather, balanced against skewed routing, on the mesh simul
 
     python benchmarks/mesh.py            # the default table (a few minutes on 2 cores): benchmarks/mesh.md
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, decode only; prints the table
+    python benchmarks/mesh.py --full     # every T and strategy at every mesh size (long)
 
 Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
 default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
-link each). T is tokens per chip: decode 1, 16, 128 at every mesh size, prefill 4096 on each
-model's smallest mesh; skewed routing and allgather at T = 16 and at prefill. The block size is
+link each). T is tokens per chip: decode 1, 16, 128, prefill 4096 (`runs` says which
+combinations the default plan takes). The block size is
 run.py's rule on the tokens an expert receives (T * chips * K / E).
 
 Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
@@ -142,32 +143,38 @@ def table(rows: list[Row], clock_hz: float = 1e9) -> str:
     return "\n".join(lines) + "\n"
 
 
-def runs(quick: bool) -> list[tuple[Model, int, int, str, str]]:
-    """Decode at every mesh size with balanced routing; skewed routing and allgather at
-    T = 16; prefill on each model's smallest mesh (the static worst-case buffers of larger
-    meshes make prefill runs long)."""
+def runs(quick: bool, full: bool = False) -> list[tuple[Model, int, int, str, str]]:
+    """The default plan: DeepSeek-V3 decode on 8 chips at every T, a2a against allgather and
+    balanced against skewed at T = 16, every mesh size at T = 16, prefill on the smallest mesh
+    of each model. `full`: every T and strategy at every mesh size (long: the static
+    worst-case buffers of prefill on large meshes)."""
     if quick:
         return [(MODELS[0], 8, t, "a2a", "balanced") for t in DECODE]
     plan = []
     for model in MODELS:
-        for chips in model.chips:
-            plan += [(model, chips, tokens, "a2a", "balanced") for tokens in DECODE]
-            plan.append((model, chips, 16, "a2a", "skewed"))
-            plan.append((model, chips, 16, "allgather", "balanced"))
         smallest = model.chips[0]
-        plan += [(model, smallest, PREFILL, "a2a", "balanced"), (model, smallest, PREFILL, "a2a", "skewed"),
-                 (model, smallest, PREFILL, "allgather", "balanced")]
+        for chips in model.chips:
+            tokens = (*DECODE, PREFILL) if full or (chips == smallest and model is MODELS[0]) else (16,)
+            plan += [(model, chips, t, "a2a", "balanced") for t in tokens if full or t != PREFILL]
+            if full or chips == smallest:
+                plan += [(model, chips, 16, "a2a", "skewed"), (model, chips, 16, "allgather", "balanced")]
+        if not full:
+            plan.append((model, smallest, PREFILL, "a2a", "balanced"))
+        else:
+            plan += [(model, c, PREFILL, s, r) for c in model.chips
+                     for s, r in (("a2a", "skewed"), ("allgather", "balanced"))]
     return plan
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="DeepSeek-V3 on 8 chips, decode only")
+    parser.add_argument("--full", action="store_true", help="every T and strategy at every mesh size (long)")
     parser.add_argument("--out", default=None, help="write the table here (default: benchmarks/mesh.md unless --quick)")
     args = parser.parse_args(argv)
     machine = load_mesh_machine()
     rows = []
-    for model, chips, tokens, strategy, routing in runs(args.quick):
+    for model, chips, tokens, strategy, routing in runs(args.quick, args.full):
         rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     text = table(rows)

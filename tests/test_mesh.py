@@ -169,3 +169,47 @@ def test_collectives_wait_for_the_slowest_chip() -> None:
 def test_tp_is_refused_clearly() -> None:
     with pytest.raises(ccl.MeshSpecError, match="tensor parallelism"):
         MeshSpec.parse("ep=4,tp=2")
+
+
+def test_ccl_verifier_names_the_problem() -> None:
+    from xdsl.dialects.builtin import TensorType, i32
+    from xdsl.ir import Block
+    from xdsl.utils.exceptions import VerifyException
+
+    block = Block(arg_types=[TensorType(i32, [4, 2]), TensorType(i32, [3, 5])])
+    plan = ccl.A2APlanOp(block.args[0], "ep", 2, 8)
+    assert ccl.a2a_slots(4, 2, 4) == 8 and plan.slots == 8
+    plan.verify()
+    with pytest.raises(VerifyException, match="do not divide over 3 chips"):
+        ccl.A2APlanOp(block.args[0], "ep", 3, 8).verify()
+    with pytest.raises(VerifyException, match="one slice per chip"):
+        ccl.AllToAllOp(block.args[1], "ep", 2).verify()
+    with pytest.raises(VerifyException, match="reductions take float tensors"):
+        ccl.AllReduceOp(block.args[1], "ep", 3).verify()
+
+
+def test_mesh_coordinates_and_groups() -> None:
+    mesh = ccl.Mesh.parse("ep=4, dp=2")
+    assert str(mesh) == "dp=2,ep=4" and mesh.chips == 8
+    assert mesh.coordinates(6) == {"dp": 1, "ep": 2}
+    assert mesh.group(6, "ep") == [4, 5, 6, 7] and mesh.group(6, "dp") == [2, 6]
+    for bad in ("ep=0", "ep=2,ep=2", "ep=x", "pp=2"):
+        with pytest.raises(ccl.MeshSpecError):
+            ccl.Mesh.parse(bad)
+
+
+def test_benchmark_rows_stay_above_their_bound() -> None:
+    from benchmark_scripts import load_script
+
+    bench = load_script("mesh")
+    model = bench.MODELS[1]
+    tiny = dict(D=16, F=32, E=8, K=2)
+    for strategy, routing in (("a2a", "balanced"), ("allgather", "skewed")):
+        row = bench.mesh_row(model, 2, 4, strategy, routing, dims=tiny)
+        assert row.total_cycles >= row.bound > 0 and 0 < row.communication_cycles < row.total_cycles
+        assert f"| {strategy} | {routing} |" in bench.table([row])
+    choices = np.array([[0, 1], [2, 3], [0, 2], [1, 3]], dtype=np.int32)  # chips 0, 0 | 1, 1 of E = 4
+    machine = load_mesh_machine()
+    # chip 0: its token 1 goes to chip 1 and comes back; both tokens of chip 1 come in and their
+    # results go out: 3 rows each way
+    assert bench.link_bound_cycles(choices, 2, 4, 30, machine) == 3 * 30 / machine.link_bytes_per_cycle
