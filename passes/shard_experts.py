@@ -200,7 +200,7 @@ class ShardExpertsPass(ModulePass):
         tokens = self._token_arguments(fn, layer)
         experts = self._expert_arguments(fn)
         t, tl = layer.route.tokens.data, layer.tokens
-        e, el = layer.route.experts.data, layer.experts_per_chip
+        el = layer.experts_per_chip
         arg_types = []
         for a in old_block.args:
             if a.index in experts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.dialects.builtin import DictionaryAttr, ModuleOp, StringAttr
@@ -21,7 +22,7 @@ from tcpc.diagnostics import CompileError
 from tcpc.pipelines import FULL_PIPELINE
 from tcpc.program import Program, function_in
 
-if False:  # typing only; the simulator is slow to import
+if TYPE_CHECKING:  # the simulator is slow to import
     from runtime_sim.perf.mesh_machine import MeshMachine
     from runtime_sim.perf.mesh_simulate import MeshReport
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
 from xdsl.interpreter import Interpreter, impl, register_impls
@@ -33,12 +32,13 @@ from dialects import ccl
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.ccl_cost import Traffic, link_cycles, traffic
-from runtime_sim.perf.cost_model import LINK
+from runtime_sim.perf.cost_model import LINK, engine_units
 from runtime_sim.perf.cost_only import Lazy, is_placeholder, placeholder, shape_only_interpreter
-from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
+from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
 from runtime_sim.perf.mesh_machine import MeshMachine
 from runtime_sim.perf.op_trace import Trace
 from runtime_sim.perf.report import SimReport
+from runtime_sim.perf.scheduler import schedule
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import simulate_trace, trace_recorder
 from runtime_sim.semantics.ccl_semantics import CCLFunctions, ChipInterpreter, MeshExchange, plain_chip, run_mesh
@@ -318,25 +318,27 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
         groups.append(seen)
     wait = [[0] * count for _ in range(n)]
 
-    def run() -> list[SimReport]:
-        reports = []
-        for c, trace in enumerate(traces):
-            ops = list(trace.ops)
-            for j, key in enumerate(keys[c]):
-                cost = dataclasses.replace(ops[key].cost, cycles=wait[c][j] + duration[c][j])
-                ops[key] = dataclasses.replace(ops[key], cost=cost)
-            timed = Trace(ops, trace.buffer_bytes, trace.buffer_labels, trace.outputs)
-            reports.append(simulate_trace(timed, machine.chip, sram_policy, {LINK: 1})[0])
-        return reports
+    def timed(c: int) -> Trace:
+        ops = list(traces[c].ops)
+        for j, key in enumerate(keys[c]):
+            ops[key] = dataclasses.replace(ops[key], cost=dataclasses.replace(ops[key].cost, cycles=wait[c][j] + duration[c][j]))
+        return Trace(ops, traces[c].buffer_bytes, traces[c].buffer_labels, traces[c].outputs)
 
+    # The memory plan follows program order, not time: plan each chip once, then only
+    # reschedule its tasks with the collectives' cycles as they are fixed.
+    units = {**engine_units(machine.chip), LINK: 1}
+    plans = [plan_memory(timed(c), machine.chip, sram_policy) for c in range(n)]
     for j in range(count):
-        reports = run()
+        starts: dict[int, int] = {}
+        for c in range(n):
+            cycles = {key: wait[c][i] + duration[c][i] for i, key in enumerate(keys[c])}
+            tasks = [dataclasses.replace(t, cycles=cycles[t.key]) if t.key in cycles else t for t in plans[c].tasks]
+            starts[c] = schedule(tasks, units).slots[keys[c][j]].start
         for group in groups[j]:
-            starts = {c: reports[c].op(keys[c][j]).start + wait[c][j] for c in group}
-            sync = max(starts.values())
+            sync = max(starts[c] for c in group)
             for c in group:
                 wait[c][j] = sync - starts[c]
-    reports = run()
+    reports = [simulate_trace(timed(c), machine.chip, sram_policy, {LINK: 1})[0] for c in range(n)]
     links = []
     for c in range(n):
         for j, key in enumerate(keys[c]):
