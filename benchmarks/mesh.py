@@ -1,15 +1,15 @@
 """Expert parallelism across chips: DeepSeek-V3 and Qwen3-30B-A3B sharded over meshes of RNGD
 cards, a2a against allgather, balanced against skewed routing, on the mesh simulator.
 
-    python benchmarks/mesh.py            # the default table (a few minutes on 2 cores): benchmarks/mesh.md
-    python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, decode only; prints the table
-    python benchmarks/mesh.py --full     # every T and strategy at every mesh size (long)
+    python benchmarks/mesh.py            # the default table (minutes on 2 cores): benchmarks/mesh.md
+    python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
+    python benchmarks/mesh.py --full     # every T and strategy at every mesh size (hours)
 
 Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
 default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
-link each). T is tokens per chip: decode 1, 16, 128, prefill 4096 (`runs` says which
-combinations the default plan takes). The block size is
+link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes a
+few of these combinations (`runs`), `--full` all of them. The block size is
 run.py's rule on the tokens an expert receives (T * chips * K / E).
 
 Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
@@ -144,32 +144,27 @@ def table(rows: list[Row], clock_hz: float = 1e9) -> str:
 
 
 def runs(quick: bool, full: bool = False) -> list[tuple[Model, int, int, str, str]]:
-    """The default plan: DeepSeek-V3 decode on 8 chips at every T, a2a against allgather and
-    balanced against skewed at T = 16, every mesh size at T = 16, prefill on the smallest mesh
-    of each model. `full`: every T and strategy at every mesh size (long: the static
-    worst-case buffers of prefill on large meshes)."""
+    """The default plan (minutes on 2 cores): DeepSeek-V3 decode on 8 chips, a2a against
+    allgather and balanced against skewed at T = 16, Qwen3 at T = 16 on every mesh size.
+    `full`: every T (prefill included) and strategy at every mesh size (hours: every chip is
+    interpreted and scheduled, and prefill's static worst-case buffers are large)."""
     if quick:
-        return [(MODELS[0], 8, t, "a2a", "balanced") for t in DECODE]
-    plan = []
-    for model in MODELS:
-        smallest = model.chips[0]
-        for chips in model.chips:
-            tokens = (*DECODE, PREFILL) if full or (chips == smallest and model is MODELS[0]) else (16,)
-            plan += [(model, chips, t, "a2a", "balanced") for t in tokens if full or t != PREFILL]
-            if full or chips == smallest:
-                plan += [(model, chips, 16, "a2a", "skewed"), (model, chips, 16, "allgather", "balanced")]
-        if not full:
-            plan.append((model, smallest, PREFILL, "a2a", "balanced"))
-        else:
-            plan += [(model, c, PREFILL, s, r) for c in model.chips
-                     for s, r in (("a2a", "skewed"), ("allgather", "balanced"))]
+        return [(MODELS[0], 8, t, "a2a", "balanced") for t in DECODE[:2]]
+    if full:
+        return [(model, chips, t, s, r) for model in MODELS for chips in model.chips for t in (*DECODE, PREFILL)
+                for s, r in (("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced"))]
+    deepseek, qwen = MODELS
+    plan = [(deepseek, 8, t, "a2a", "balanced") for t in DECODE[:2]]
+    plan += [(deepseek, 8, 16, "a2a", "skewed"), (deepseek, 8, 16, "allgather", "balanced")]
+    plan += [(qwen, chips, 16, "a2a", "balanced") for chips in qwen.chips]
+    plan += [(qwen, 2, 16, "a2a", "skewed"), (qwen, 2, 16, "allgather", "balanced")]
     return plan
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="DeepSeek-V3 on 8 chips, decode only")
-    parser.add_argument("--full", action="store_true", help="every T and strategy at every mesh size (long)")
+    parser.add_argument("--quick", action="store_true", help="DeepSeek-V3 on 8 chips, T = 1 and 16")
+    parser.add_argument("--full", action="store_true", help="every T and strategy at every mesh size (hours)")
     parser.add_argument("--out", default=None, help="write the table here (default: benchmarks/mesh.md unless --quick)")
     args = parser.parse_args(argv)
     machine = load_mesh_machine()

@@ -333,7 +333,9 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
         for c in range(n):
             cycles = {key: wait[c][i] + duration[c][i] for i, key in enumerate(keys[c])}
             tasks = [dataclasses.replace(t, cycles=cycles[t.key]) if t.key in cycles else t for t in plans[c].tasks]
-            starts[c] = schedule(tasks, units).slots[keys[c][j]].start
+            upto = next(i for i, t in enumerate(tasks) if t.key == keys[c][j])
+            # In issue order nothing after the collective moves its start.
+            starts[c] = schedule(tasks[:upto + 1], units).slots[keys[c][j]].start
         for group in groups[j]:
             sync = max(starts[c] for c in group)
             for c in group:
