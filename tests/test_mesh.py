@@ -213,3 +213,11 @@ def test_benchmark_rows_stay_above_their_bound() -> None:
     # chip 0: its token 1 goes to chip 1 and comes back; both tokens of chip 1 come in and their
     # results go out: 3 rows each way
     assert bench.link_bound_cycles(choices, 2, 4, 30, machine) == 3 * 30 / machine.link_bytes_per_cycle
+
+
+def test_reference_scatter_drops_pairs_routed_to_no_expert() -> None:
+    from runtime_sim.semantics.moe_semantics import route_plan
+
+    plan = route_plan(np.array([[1], [-1], [1], [0]], dtype=np.int32), moe.RouteType.make(4, 1, 2, 2))
+    assert plan.scatter_idx.reshape(-1).tolist() == [2, -1, 3, 0]
+    assert plan.expert_ids.tolist()[:2] == [0, 1]
