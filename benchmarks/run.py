@@ -71,7 +71,7 @@ MODELS: tuple[Model, ...] = (
     Model("gpt_oss", "gpt-oss-120b", dict(D=2880, F=2880, E=128, K=4)),
     Model("llama4", "Llama-4-Scout", dict(D=5120, F=8192, FS=8192, E=16, K=1)),
 )
-"""Dims from each example's header (Mixtral's from shared notes: Mixtral-8x7B)."""
+"""Dims from each example's header (Mixtral's: docs/models.md#configurations)."""
 
 BUDGET_MODEL, BUDGET_TOKENS = "qwen3_moe", 4096
 

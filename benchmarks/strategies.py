@@ -1,4 +1,4 @@
-"""Strategies side by side (DESIGN section 7), on the same simulator.
+"""Strategies side by side (docs/architecture.md#strategies), on the same simulator.
 
     python benchmarks/strategies.py            # Mixtral-8x7B and Qwen3-30B-A3B, T = 1, 64, 2048
     python benchmarks/strategies.py --quick    # T = 1 and 64 only; writes files only with --out

@@ -50,7 +50,7 @@ def a2a_slots(tokens: int, k: int, experts_per_chip: int, capacity: int | None =
     are distinct), and with a per-expert capacity C each of those experts can keep at most C of
     one chip's pairs (a chip's later pairs can only drop, never be kept, when earlier chips'
     pairs come first), so min(T * min(K, E/N), E/N * min(T, C)). Every such count is reached by
-    some routing (tests/test_mesh_bounds.py checks it by brute force)."""
+    some routing (tests/test_mesh.py checks it by brute force)."""
     bound = tokens * min(k, experts_per_chip)
     if capacity is not None:
         bound = min(bound, experts_per_chip * min(tokens, capacity))

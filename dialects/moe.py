@@ -1,9 +1,10 @@
 """`moe`: the four Mixture-of-Experts ops and the routing-plan type.
 
 `moe.scatter` places the T*K (token, expert) pairs into G fixed-size blocks of B rows, in the
-canonical layout of DESIGN section 5, and yields the routing plan as a `!moe.route` value that
-`grouped_matmul` and `combine` consume. G is the exact worst case over all routings, so no
-routing can overflow the static buffers. Numpy semantics are in `runtime_sim/semantics/moe_semantics.py`.
+canonical layout (docs/architecture.md#the-routing-plan-and-the-block-layout), and yields the
+routing plan as a `!moe.route` value that `grouped_matmul` and `combine` consume. G is the
+exact worst case over all routings, so no routing can overflow the static buffers. Numpy
+semantics are in `runtime_sim/semantics/moe_semantics.py`.
 """
 
 from __future__ import annotations

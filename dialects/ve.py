@@ -1,6 +1,6 @@
 """`ve`: the TCP vector engine, one op per stage the chain can run, on 32-bit lanes.
 
-Shaped after the public vector-engine description (notes/tcp-hardware.md): the engine works on
+Shaped after the public vector-engine description (docs/hardware.md#vector-engine): it works on
 i32 and f32 values only, every element carries a 4-bit tag, and tags guard which elements an
 operand slot or a register-file write-back sees. The ops here are the stages a lowering needs,
 with static shapes and no data-dependent control flow:
@@ -584,7 +584,8 @@ class ScanOp(IRDLOperation):
     other index; every element's result goes to the output stream.
 
     With a position tag (first 0, middle 1, last 2) read [1, 2] and write [0, 1] this is the
-    inclusive cumsum of the TCP MoE design: each row restarts at its first element."""
+    inclusive cumsum of the book's MoE chapter (docs/hardware.md#vector-engine): each row
+    restarts at its first element."""
 
     name = "ve.scan"
     T: ClassVar = VarConstraint("T", base(TensorType))

@@ -3,8 +3,8 @@
 It runs after `lower-routing`, which leaves the routing plan as `moe.route %scatter_idx,
 %expert_ids` (scatter_idx [T, K]: the row of pair (t, k) in the blocked buffer, -1 if dropped;
 expert_ids [G]: block g's expert, -1 if unused) and `moe.scatter`'s data movement as
-`moe.dispatch`. This pass rewrites the three ops that consume a plan (TCP MoE design,
-sections 3.4 to 3.6):
+`moe.dispatch`. This pass rewrites the three ops that consume a plan (the book's MoE chapter,
+sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
 
 - `moe.dispatch %x, %route` -> `tcp.dma_scatter %x[%scatter_idx]` into a zeroed buffer of G*B
   rows (row t goes to each of its K rows; -1 skips), then `tcp.view` as [G, B, D] (`x_blocked`).

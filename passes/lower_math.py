@@ -2,7 +2,7 @@
 
 After this pass no `tmath` op is left: matmuls are `tcp.contract`, reshapes `tcp.view`, and
 everything else runs on the vector engine's 32-bit lanes (`ve`), with every rounding point of the
-reference (DESIGN section 5) made explicit:
+reference (docs/architecture.md#numbers-and-rounding) made explicit:
 
 - Lanes. A bf16 operand enters a lane by `ve.widen` (exact), the op runs in f32, and a bf16
   result leaves by `ve.narrow` (round to nearest even): exactly the reference's "compute in f32,

@@ -1,11 +1,13 @@
 """`lower-routing`: the index generation of every `moe.scatter` becomes vector-engine (`ve`) ops.
 
-`%xb, %route = moe.scatter %x, %expert_idx` becomes ve ops computing the routing plan of
-DESIGN section 5 (`runtime_sim.semantics.moe_semantics.route_plan`, bit for bit), then
+`%xb, %route = moe.scatter %x, %expert_idx` becomes ve ops computing the routing plan
+(docs/architecture.md#the-routing-plan-and-the-block-layout), bit for bit as
+`runtime_sim.semantics.moe_semantics.route_plan` computes it, then
 `%route = moe.route %scatter_idx, %expert_ids` and `%xb = moe.dispatch %x, %route`; the data
 movement is left to the dispatch lowering. Pairs p = t*K + k run along a flattened axis of
 P = T*K (the `[T, K]` indices are viewed as `[P]`, and `scatter_idx` viewed back: `tcp.view`,
-no data moves); experts run along the other axis. The steps, named as in the TCP MoE design:
+no data moves); experts run along the other axis. The steps, named as in the book's MoE
+chapter, section 3.3 (docs/hardware.md#the-moe-chapter-of-the-book):
 
 1. `expert_mask [P, E]`: the one-hot of each pair's expert, a tag `eq` against an expert iota.
 2. `counts [E]`: the histogram, a reduce-sum of the mask over pairs. With a capacity C,
@@ -23,7 +25,7 @@ no data moves); experts run along the other axis. The steps, named as in the TCP
 7. `expert_ids [G]`: `grid[e, g] = e` where `num_blocks[e] - g > 0`, else -1; flattened
    expert-major and filter-compacted (keep `grid >= 0`) into G entries padded with -1.
 
-Every cumsum is the branch-logger pattern of the design, with nothing opaque: a static
+Every cumsum is the branch-logger pattern of the book (section 4), nothing opaque: a static
 `ve.position_tag` over the scanned axis (first 0, middle 1, last 2; an axis of one element gets
 3, which the scan neither reads nor writes, so it passes through) and `ve.scan add` whose
 register-file operand is read only for tags [1, 2] and written back only for tags [0, 1].

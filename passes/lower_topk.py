@@ -2,8 +2,8 @@
 
 The TCP cannot branch on data, so top-k is computed as ranks, not by sorting:
 
-1. Keys. Each score becomes a signed i32 key whose integer order is the top-k order of DESIGN
-   section 5, so the engine needs only integer compares:
+1. Keys. Each score becomes a signed i32 key whose integer order is the top-k order
+   (docs/architecture.md#top-k-order), so the engine needs only integer compares:
    - bf16: the score's bits go to the upper 16 bits of a lane and a 16-bit index field to the
      lower 16, `0xffff - index` so that a higher field means a lower index and equal scores
      rank by lower index. Before packing, -0.0 becomes +0.0 and every NaN the bf16 pattern
@@ -20,13 +20,14 @@ The TCP cannot branch on data, so top-k is computed as ranks, not by sorting:
    - `rank` (the default): all pairs. The keys are tiled to [..., E, E] and compared,
      key[j] > key[i] (or, for f32 and i32, equal with j < i), and a reduce-sum over j gives
      each element's rank, a permutation of 0..E-1. Constant depth whatever K is, with E^2
-     elements per row: the branchless plan of the TCP MoE design (DESIGN sections 2 and 7).
+     elements per row: the branchless plan of the book's MoE chapter, section 2
+     (docs/hardware.md#the-moe-chapter-of-the-book).
    - `rounds`: K rounds of reduce-max, each marking the row's maximum with its round number
      and masking it to INT_MIN (f32 and i32 keys first pick the lowest index among equal
      maxima with a reduce-min). Five ops over E elements per round (f32: nine, i32: ten),
      so far fewer elements than E^2 when K << E, but K dependent reductions in sequence.
-   The default follows DESIGN section 7, where all-pairs ranking is the TCP plan and rounds the
-   baseline to compare it with; which is cheaper on the chip is the cost model's question.
+   All-pairs ranking is the default as the book's plan, rounds the baseline to compare it with
+   (docs/architecture.md#strategies); which is cheaper on the chip is the cost model's question.
 3. Selection: tag rank < K and filter-compact the payload (and, for f32/i32, the index
    stream) to [..., K], which yields ascending index order (`order = "index"`). Score order
    (the default) costs one more step: the ranks of the kept elements are filtered too, and

@@ -48,9 +48,7 @@ not a machine number; `schedule-tokens{tile_bytes=...}` changes it."""
 def is_row_parallel(op: Operation, tokens: int) -> bool:
     if isinstance(op, tcp.DmaGatherOp):
         return leading(op.indices) == tokens and leading(op.result) == tokens
-    if isinstance(op, tcp.ViewOp):
-        return leading(op.input) == tokens and leading(op.result) == tokens
-    return is_row_parallel_ve(op, tokens)
+    return is_row_parallel_ve(op, tokens)  # views stay outside: a view may be a gather's whole source
 
 
 def tile_rows(ops: list[Operation], tokens: int, tile_bytes: int) -> int:
@@ -82,7 +80,9 @@ def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, 
         return mapping[v]
 
     for op in ops:
-        operands = [tile_of(v) for v in op.operands]
+        # A gather's source is read whole: its indices name rows of all of it.
+        whole = {op.source} if isinstance(op, tcp.DmaGatherOp) else set()
+        operands = [v if v in whole else tile_of(v) for v in op.operands]
         new = type(op).create(operands=operands, result_types=[tile_type(r.type, rows) for r in op.results],
                               properties=dict(op.properties), attributes=dict(op.attributes))
         add(new)

@@ -3,9 +3,10 @@ tests, until the lowering passes produce one.
 
 One expert matmul, y[t] = sum_k gates[t, k] * (x[t] @ w[e_tk]), with the routing given as a
 routing argument (`tcpc.routing_experts`, what the pin-routing pass makes) and the canonical
-block layout of DESIGN section 5 computed on the vector engine: a one-hot over experts, the
-pair count per expert (reduce), each pair's rank within its expert (a cumsum scan), blocks per
-expert and their cumsum, then each pair's row and each block's expert id (-1 when unused).
+block layout (docs/architecture.md#the-routing-plan-and-the-block-layout) computed on the vector
+engine: a one-hot over experts, the pair count per expert (reduce), each pair's rank within its
+expert (a cumsum scan), blocks per expert and their cumsum, then each pair's row and each
+block's expert id (-1 when unused).
 Dispatch is a DMA scatter of token rows into blocks, the weights are gathered per block, the
 contraction skips unused blocks by guard, and a DMA gather plus a contraction over K combine.
 """

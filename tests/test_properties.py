@@ -2,8 +2,9 @@
 
 Small graphs are built with `tcpc.compile_source` over random dims and routings and run on the
 reference; every moe op's results are compared (routing exactly, values within test_reference's
-ULPS). Edge cases that real MoE systems hit (notes/moe-models.md) are pinned as explicit examples:
-all pairs on one expert, empty experts, ties, NaN and +-inf scores, +-0.0, K = E, K = 1, T = 1,
+ULPS). Edge cases that real MoE systems hit
+(docs/models.md#edge-cases-the-examples-and-tests-cover) are pinned as explicit examples: all
+pairs on one expert, empty experts, ties, NaN and +-inf scores, +-0.0, K = E, K = 1, T = 1,
 T*K not a multiple of B, capacity drops, order="index". A brute force checks that
 `dialects.moe.max_blocks` is the exact worst case over all routings.
 """

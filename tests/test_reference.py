@@ -1,7 +1,8 @@
 """An independent check of the graph-level reference (the `moe` and `tmath` semantics).
 
-The first half of this file re-implements the `moe` ops from DESIGN section 5 with plain Python
-loops over tokens, pairs and experts, using only numpy and ml_dtypes (never `runtime_sim`'s semantics):
+The first half of this file re-implements the `moe` ops (docs/architecture.md#shared-semantics)
+with plain Python loops over tokens, pairs and experts, using only numpy and ml_dtypes (never
+`runtime_sim`'s semantics):
 
 - top-k as a sort-free selection loop: largest first; equal values (-0.0 == +0.0) go to the
   lower index; NaN is never chosen over a number; NaNs among themselves by lower index;
@@ -274,7 +275,8 @@ def silu(x):
 
 
 def in_order_sum(v: np.ndarray, axis: int) -> np.ndarray:
-    """Left to right along one axis, one rounding per add (DESIGN: every level sums in order)."""
+    """Left to right along one axis, one rounding per add (every level sums in order:
+    docs/architecture.md#numbers-and-rounding)."""
     v = np.moveaxis(v, axis, -1)
     total = np.zeros(v.shape[:-1], dtype=v.dtype)
     for i in range(v.shape[-1]):

@@ -97,7 +97,8 @@ func.func @f(%x: tensor<{t}x{d}xbf16>, %ti: tensor<{g}x{b}xi32>, %ei: tensor<{g}
 
 
 def blocks(choices: np.ndarray, e: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """The canonical block layout (DESIGN section 5) of a routing: token rows and expert ids."""
+    """The canonical block layout of a routing: token rows and expert ids
+    (docs/architecture.md#the-routing-plan-and-the-block-layout)."""
     t, k = choices.shape
     g = max_blocks(t, k, e, b)
     ti = np.full((g, b), -1, np.int32)

@@ -7,7 +7,7 @@ gather skips index -1 rows). The formulas themselves live next to their sources:
 `tcp_cost.py` (contraction, DMA) and `vector_cost.py` (the vector-engine chain), which
 `ve_cost.py` applies to every `ve` op.
 
-Engines (DESIGN section 6): `tensor` is the per-slice chain Fetch -> ... -> Contraction ->
+Engines (docs/hardware.md#pes-clusters-and-slices): `tensor`, the chain Fetch -> Contraction ->
 Vector -> ... -> Commit; all slices of the cluster run it in lockstep and a command occupies
 the whole chain, so it is one unit. `dma` has one unit per DMA engine; a command runs on one
 engine (the book's 628-cycle figure is one command on one engine), or, when it moves more

@@ -1,7 +1,7 @@
 """List scheduling of costed commands onto engines that run concurrently.
 
-Policy (DESIGN section 6): commands are issued in program order (the order the interpreter ran
-them, which is the order the compiler chose). A command starts when every command producing
+Policy (docs/architecture.md#the-simulator): commands issue in program order (the order the
+interpreter ran them, the compiler's order). A command starts when every command producing
 one of its inputs has finished and a unit of its engine is free; it takes the unit of its
 engine that frees first (lowest index on ties), so a unit runs its commands in order and
 never back-fills. Engines with `None` units (zero-cost ops) never wait for a unit. A command

@@ -2,7 +2,7 @@
 
 Every number comes from the machine file (see machines/rngd.toml for its source). Formulas:
 
-DMA (book, "Moving data"). One part of a command runs on one engine:
+DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command runs on one engine:
     part cycles = startup + (read requests + write requests) of the part * request_bytes / engine bytes-per-cycle
   reads and writes go through the engine one request at a time, which is the book's worked
   figure: a 16 KB move is 64 read + 64 write 256-byte requests + 500 cycles ~ 628 cycles.
@@ -24,7 +24,8 @@ DMA (book, "Moving data"). One part of a command runs on one engine:
   weight already in SRAM). A scatter reads each source row once however many places it goes;
   the zero fill of the rows nobody writes is assumed free (buffers are allocated zeroed).
 
-Contraction (paper, "Contraction engine"; per invocation, all slices in lockstep):
+Contraction (book, "Contraction Engine", "Packet Reducer"; paper;
+docs/hardware.md#contraction-engine; per invocation, all slices in lockstep):
     cycles = config_overhead + guards * guard_cycles
              + [tree_depth + max(blocks run, MAC cycles, fetch cycles, commit cycles)]   if a block runs
     MAC cycles    = MACs of the blocks that run / (MACs per slice per cycle * slices), halved

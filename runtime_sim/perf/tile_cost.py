@@ -8,7 +8,8 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
   engine that produced the tile commits it at the buffer's address (an assumption: the
   compiler gives the producer that destination).
 - `tile.load_expert`: one DMA command moving the weight rows of the ids that differ from the
-  previous block's (nothing when the expert is the same, or the block unused).
+  previous block's; when the expert is the same, or the block unused, no command is issued:
+  the guard that decides it only (`guard_cycles`, on a DMA engine).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from xdsl.ir import Operation
 
 from dialects import tile
 from runtime_sim.perf.cost_model import (
+    DMA,
     OpCost,
     free_cost,
     in_hbm,
@@ -53,6 +55,8 @@ def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any
 def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     source, ids, prev_ids = operands[:3]
     rows = experts_fetched(ids, prev_ids)
+    if rows == 0:  # the expert's weights are already in SRAM, or the block is unused
+        return OpCost(DMA, machine.guard_cycles, bound="guard (reused)")
     return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
 
 

@@ -4,7 +4,7 @@ The formulas are vector_cost.py's; this module decides, per op, the stage, its r
 (`int`: 8 elements per cycle per slice; `float`: 4) and the shape of the work. Sources: the
 furiosa-opt book, "Intra-Slice Chain" (stage table with each stage's way, the ALU classes of
 the Logic, Fxp, Float and Clip clusters, Reinterpret, operand sources), "Intra-Slice Reduce",
-"Cast Engine", "Fetch Engine"; summarised in notes/tcp-hardware.md. Every op is costed as one
+"Cast Engine", "Fetch Engine"; summarised in docs/hardware.md#vector-engine. Every op is one
 chain invocation of its own (configuration overhead + one stage of latency + the stream): the
 lowering does not fuse ops into one invocation yet, so chains of elementwise ops are charged
 pessimistically.
@@ -47,7 +47,8 @@ Decisions behind the table:
 - *i32 reductions run 4-way* like float ones: the stage table gives IntraSliceReduce one way.
 - *f32 max/min run 8-way*: the Clip cluster takes f32 (book, Clip Cluster).
 - *scan*: the carried accumulator needs the scanned axis on Time, so a round of up to
-  slices x 8 independent rows takes n cycles for an axis of n (the MoE design's cumsum).
+  slices x 8 independent rows takes n cycles for an axis of n (the cumsum of the book's MoE
+  chapter, docs/hardware.md#vector-engine).
 
 A later ve op gets a cost without touching this file when it belongs to a family: a subclass
 of `ve.UnaryFloatOp` is a Float-cluster stream, of `ve.LogicOp` a Logic stream, of

@@ -16,8 +16,9 @@ Chain invocation over `elements` 32-bit values spread evenly over the slices:
   the whole invocation 4-way: pass alu="float" for float or divide stages; a reduction
   (reduce_steps > 0) is 4-way whatever `alu` says.
 
-Cumsum (a time-axis scan; the MoE document's branch-logged add): rows of length n are
-scanned one step per cycle with every lane of every slice on an independent row:
+Cumsum (a time-axis scan; the branch-logged add of the book's MoE chapter,
+docs/hardware.md#vector-engine): rows of length n are scanned one step per cycle with every
+lane of every slice on an independent row:
     cycles = config_overhead + alus_used * alu_latency + n * ceil(rows / (slices * ways))
 
 ve_cost.py turns these cycles into each `ve` op's OpCost (bytes moved: the operands it reads,

@@ -14,7 +14,8 @@ from runtime_sim.semantics.numerics import compute, contract, round_to, tensor_d
 
 
 def topk_indices(x: np.ndarray, k: int, order: str = "score") -> np.ndarray:
-    """Indices of the k largest values along the last axis, as i32 (DESIGN section 5).
+    """Indices of the k largest values along the last axis, as i32 (the top-k order of
+    docs/architecture.md#top-k-order).
 
     Sort key, most significant first: NaN after every number; larger value first (-0.0 and
     +0.0 are equal); lower index first.

@@ -1,4 +1,6 @@
-"""Element types and rounding points shared by every level (DESIGN section 5).
+"""Element types and rounding points shared by every level.
+
+See docs/architecture.md#numbers-and-rounding.
 
 Storage is bf16, f32, i32 or i1; float arithmetic happens in f32 and each op's result is rounded
 to its type (round to nearest even, as ml_dtypes casts).

@@ -1,4 +1,4 @@
-"""How close a lowered run's outputs must be to the reference's (DESIGN section 5).
+"""How close a lowered run's outputs must be to the reference's (docs/architecture.md#tolerance).
 
 Integer outputs (routing indices, expert ids) must be identical. Float outputs must be within
 

@@ -1,7 +1,7 @@
 // RUN: tcpc-opt %s -p lower-routing | filecheck %s
 
 // Five tokens, top-2 of four experts, blocks of two rows (G = 7, R = ceil(5 / 2) = 3 blocks at
-// most per expert): the index generation becomes ve ops in the order of the TCP MoE design,
+// most per expert): the index generation becomes ve ops in the order of the book's MoE chapter,
 // and the scatter becomes moe.route + moe.dispatch.
 
 func.func @small(%x: tensor<5x8xbf16>, %top_e: tensor<5x2xi32>) -> tensor<7x2x8xbf16> {
