@@ -288,9 +288,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_run_mesh(args: argparse.Namespace) -> int:
     """`tcpc run --mesh`: every chip simulated, the outputs put back together and checked."""
-    for flag in ("reference", "pipeline", "machine"):
+    why = {"reference": "a mesh run simulates every chip; --check compares with the reference",
+           "pipeline": "the mesh runs shard-experts and then the full pipeline",
+           "machine": "the mesh file names the chip machine: --mesh-machine"}
+    for flag, reason in why.items():
         if getattr(args, flag) not in (None, False):
-            raise UsageError(f"--{flag.replace('_', '-')} does not apply to --mesh (the mesh file names the chip machine: --mesh-machine)")
+            raise UsageError(f"--{flag} does not apply to --mesh ({reason})")
     spec = MeshSpec.parse(args.mesh)
     program: Program = compile_file(args.file, parse_set(args.set))
     given = load_npz(args.inputs) if args.inputs else {}
