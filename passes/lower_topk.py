@@ -75,9 +75,6 @@ MAX_EXPERTS = 1 << 16
 ranked like f32, by its exact widening."""
 
 
-"""The shared emission helper (`passes/lowering_builder.py`), under the name this pass uses."""
-
-
 @dataclass
 class _Keys:
     """What the ranking and the selection need to know about one top-k's scores."""

@@ -21,7 +21,6 @@ def check(row) -> None:
     assert sum(row.critical.values()) == row.total_cycles  # the critical path, split by phase
     assert all(row.critical[p] <= row.busy[p] for p in row.critical)
     assert sum(row.busy.values()) == row.engine_busy  # busy cycles, split by phase
-    assert row.compile_seconds >= 0 and row.simulate_seconds >= 0
 
 
 def test_block_size_rule() -> None:
@@ -53,7 +52,7 @@ def test_cost_only_row_on_toy_dims_is_consistent() -> None:
 def test_values_row_on_toy_dims_is_consistent() -> None:
     row = bench.budget_row(TOY, 8)
     check(row)
-    assert row.mode == "values" and row.extra["inputs_seconds"] >= 0
+    assert row.mode == "values" and "inputs_seconds" in row.extra
     assert any(k.startswith("op tcp.contract") for k in row.extra)
     assert "decode T = 8" in bench.budget_text(row)
 

@@ -20,7 +20,7 @@ import tcpc
 from dialects.moe import max_blocks
 from tcpc.cli import main
 from tcpc.opt import TcpcOptMain
-from tcpc.pipelines import LOWERED_PIPELINE, make_context
+from tcpc.pipelines import make_context
 
 BIN = Path(sys.executable).parent
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mixtral.moe"
@@ -129,8 +129,8 @@ def test_compile_and_opt_end_to_end(tmp_path: Path) -> None:
 
 
 def test_emit_lowered_and_unknown_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
-    if not LOWERED_PIPELINE:
-        assert "does not exist yet" in failure(capsys, "compile", EXAMPLE, "--emit", "lowered")
+    code, out, err = tcpc_main(capsys, "compile", EXAMPLE, "--set", "T=4", "--emit", "lowered")
+    assert code == 0 and "tcp.contract" in out and "tmath." not in out and "moe." not in out, err
     assert "nosuchpass" in failure(capsys, "compile", EXAMPLE, "-p", "nosuchpass")
 
 
@@ -266,13 +266,9 @@ def test_run_time_error_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_run_without_reference(capsys: pytest.CaptureFixture[str]) -> None:
-    """Until the lowering passes exist, `tcpc run` without --reference says so; once they do, it runs."""
+    """`tcpc run` without --reference lowers the program and simulates it."""
     code, out, err = tcpc_main(capsys, "run", EXAMPLE, "--set", "T=4")
-    assert "Traceback" not in err
-    if code == 1:
-        assert "lowering" in err and "do not exist yet" in err and "--reference" in err
-    else:
-        assert code == 0 and "out0 bf16[4, 64]" in out
+    assert code == 0 and "out0 bf16[4, 64]" in out, err
 
 
 # --- end to end: exit status and no traceback --------------------------------------------------

@@ -17,7 +17,7 @@ from ml_dtypes import bfloat16
 import tcpc
 from runtime_sim.semantics.tolerance import ULPS, compare_output, ulp
 from tcpc.cli import main
-from tcpc.pipelines import LOWERED_PIPELINE
+from tcpc.pipelines import FULL_PIPELINE
 from tcpc.progress import Progress
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mixtral.moe"
@@ -183,12 +183,10 @@ def test_ir_files_that_do_not_parse(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_default_run_of_a_moe_program(capsys: pytest.CaptureFixture[str]) -> None:
-    """The full pipeline by default: until it exists, a clear error; then a simulation."""
+    """A .moe program runs through the full pipeline by default, and simulates."""
     code, out, err = tcpc_main(capsys, "run", EXAMPLE, "--set", "T=4", "--cost-only")
-    if not LOWERED_PIPELINE:
-        assert code == 1 and "do not exist yet" in err
-    else:
-        assert code == 0 and "not computed (cost-only)" in out
+    assert code == 0 and "not computed (cost-only)" in out, err
+    assert f"after pin-routing,{','.join(FULL_PIPELINE)}, cost-only" in out
 
 
 def test_end_to_end_without_a_terminal(lowered: Path) -> None:

@@ -212,12 +212,17 @@ def test_cmp_and_where_with_broadcasting(shapes: tuple, predicate: str, cmp_type
 
 
 UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "silu")
+"""The unary-op tests below check the lanes path: a bf16 operand is widened to f32 (exact), the
+op runs on the f32 lane, and the result is narrowed to bf16 (round to nearest even); f32 runs
+on the lane as it is, and i32 neg and abs take the integer path. Their bits must be the
+reference's, which rounds each op's f32 result to its type the same way."""
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(1, 5), max_size=3), st.sampled_from(UNARY_OPS), st.sampled_from(["bf16", "f32", "i32"]),
        st.integers(0, 2**32 - 1))
 def test_unary_ops(shape: list[int], name: str, dtype: str, seed: int) -> None:
+    """Random shapes and values, specials mixed in: widen / op / narrow for bf16, the lane for f32."""
     if dtype == "i32" and name not in ("neg", "abs"):
         dtype = "f32"
     s = tuple(shape)
@@ -242,7 +247,8 @@ def test_neg_and_abs_keep_every_nan_and_zero_bit() -> None:
 
 
 def test_every_bf16_through_unary_and_binary_ops() -> None:
-    """All 65536 bf16 patterns through each unary op and, paired with a shuffle, each binary op."""
+    """All 65536 bf16 patterns through each unary op and, paired with a shuffle, each binary op:
+    the widen / f32 op / narrow path on every bf16 input there is."""
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16)
     other = np.random.default_rng(3).permutation(every)
     s, t = (1 << 16,), ttype((1 << 16,), "bf16")

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 from benchmark_scripts import load_script
 
-from dialects.moe import max_blocks
+import tcpc
+from dialects import moe
+from dialects.tensor_types import shape_of
 
 strategies = load_script("strategies")
 TOY = dict(T=8, D=16, F=32, E=4, K=2, B=4)
@@ -23,10 +25,17 @@ def test_every_strategy_runs_above_its_roofline(strategy: str) -> None:
     assert strategy in strategies.table([row])
 
 
-def test_padded_is_one_t_row_block_per_expert() -> None:
-    for t, k, e in ((8, 2, 4), (64, 8, 128), (2048, 2, 8), (16, 8, 128)):
-        assert max_blocks(t, k, e, block=t) == e  # T*K >= E: G = E blocks of T rows
-    assert max_blocks(1, 2, 8, block=1) == 2  # T*K < E: only the experts a token can pick
+def test_padded_is_blockwise_with_one_t_row_block_per_expert() -> None:
+    """The padded row is the blockwise pipeline's at B = T, whose blocked buffer is the
+    padded-scatter plan's [E, T, D] (T*K >= E here, so G = E blocks of T rows)."""
+    model, t = strategies.MODELS[0], TOY["T"]
+    padded = strategies.strategy_row(model, t, "padded", dims=TOY)
+    blockwise = strategies.strategy_row(model, t, "blockwise", dims={**TOY, "B": t})
+    assert (padded.total_cycles, padded.hbm_bytes, padded.peak_sram_bytes) == (
+        blockwise.total_cycles, blockwise.hbm_bytes, blockwise.peak_sram_bytes)
+    program = tcpc.compile_source(model.path.read_text(), dims={**TOY, "B": t}, filename=str(model.path))
+    scatter = next(op for op in program.module.walk() if isinstance(op, moe.ScatterOp))
+    assert shape_of(scatter.blocked.type) == (TOY["E"], t, TOY["D"])
 
 
 def test_dense_reads_every_experts_weights() -> None:
