@@ -147,7 +147,7 @@ def test_cli_check_report_and_trace(capsys: pytest.CaptureFixture[str], tmp_path
 
 
 def test_skewed_routing_shows_the_hot_chip() -> None:
-    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 64})
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32})
     spec = MeshSpec.parse("ep=4")
     balanced = simulate_on_mesh(program, spec, cost_only=True, routing="balanced").report
     skewed = simulate_on_mesh(program, spec, cost_only=True, routing="skewed", seed=1).report
