@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, NoReturn
 import numpy as np
 from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
+from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
 from runtime_sim.perf.machine import MachineError
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
@@ -24,6 +25,7 @@ from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
+from tcpc.mesh_run import MeshSpec, simulate_on_mesh
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
@@ -99,6 +101,8 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
+    c.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="shard over a mesh first: ep=8, dp=2,ep=4, optionally strategy=a2a|allgather")
 
     r = sub.add_parser("run", help="simulate a graph (or run its reference) and print its outputs")
     add_common(r)
@@ -118,6 +122,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="when SRAM is full: spill to HBM, and stream ops too large for SRAM through it (default), or stop with an error")
     r.add_argument("--cost-only", action="store_true",
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
+    r.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, optionally strategy=a2a|allgather")
+    r.add_argument("--mesh-machine", default=None, metavar="FILE",
+                   help="--mesh: mesh file (TOML: chip machine, mesh shape, links; default RNGD cards over PCIe)")
     r.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"cost-only routing: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     r.add_argument("--weights", default=None, metavar="PATH",
@@ -171,6 +179,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     out = writable(args.output, "-o", [args.file]) if args.output else None
     program = compile_file(args.file, parse_set(args.set))
     spec = passes_for(args, args.emit)
+    if args.mesh is not None:
+        if args.emit == "planned" or args.pipeline is not None:
+            raise UsageError("--mesh prints the sharded graph, or with --emit lowered its lowering; not with -p or --emit planned")
+        spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit == "lowered")
     chunks: list[str] = []
     if args.emit == "planned":
         seed = args.seed or 0
@@ -348,6 +360,10 @@ def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray])
 
 def cmd_run(args: argparse.Namespace) -> int:
     check_flags(args)
+    if args.mesh is not None:
+        return cmd_run_mesh(args)
+    if args.mesh_machine is not None:
+        raise UsageError("--mesh-machine describes the chips of a --mesh run; add --mesh")
     if Path(args.file).suffix == ".mlir" and args.set:
         raise UsageError("--set applies to .moe programs, not to .mlir IR")
     paths = output_paths(args)
@@ -444,17 +460,70 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_mesh(args: argparse.Namespace) -> int:
+    """`tcpc run --mesh`: every chip simulated, the outputs put back together and checked."""
+    why = {"reference": "a mesh run simulates every chip; --check compares with the reference",
+           "pipeline": "the mesh runs shard-experts and then the full pipeline",
+           "machine": "the mesh file names the chip machine: --mesh-machine"}
+    for flag, reason in why.items():
+        if getattr(args, flag) not in (None, False):
+            raise UsageError(f"--{flag} does not apply to --mesh ({reason})")
+    spec = MeshSpec.parse(args.mesh)
+    program: Program = compile_file(args.file, parse_set(args.set))
+    given = load_npz(args.inputs) if args.inputs else {}
+    fn = program.function(args.graph)
+    name = fn.sym_name.data
+    sim = simulate_on_mesh(program, spec, given, seed=args.seed, graph=name, machine=args.mesh_machine,
+                           sram_policy=args.sram_policy, cost_only=args.cost_only, routing=args.routing or "balanced")
+    report = sim.report
+    how = f"{spec.mesh} ({spec.strategy}), {len(report.chips)} chips of {report.machine.chip.name} on {report.machine.name}"
+    if sim.cost_only:
+        print(f"graph {name} from {args.file}, sharded over {how}, cost-only (no values computed)")
+        for arg, routing in sim.routing.items():
+            print(f"  routing %{arg}: {routing.describe()}")
+    else:
+        print(f"graph {name} from {args.file}, sharded over {how}, seed {args.seed}")
+    for i, (value, t) in enumerate(zip(sim.outputs, fn.function_type.outputs.data)):
+        print("  " + describe(f"out{i} {format_type(t)}", value))
+    if args.report:
+        print()
+        sys.stdout.write(report.to_text())
+    comm = report.communication_cycles
+    print(f"cycles: {report.total_cycles:,} = {report.microseconds:,.3f} us on the slowest of {len(report.chips)} chips; "
+          f"{comm:,} in collectives ({comm / report.total_cycles:.0%})" if report.total_cycles else "cycles: 0")
+    if args.report_json:
+        write_json(args.report_json, report.to_json())
+        print(f"wrote {args.report_json}")
+    if args.trace:
+        write_json(args.trace, report.chrome_trace())
+        print(f"wrote {args.trace}")
+    if args.out:
+        save_outputs(args.out, sim.outputs)
+        print(f"wrote {args.out}")
+    if args.check:
+        ref = program.run(given, seed=args.seed, graph=name, reference=True)
+        results = compare_outputs(sim.outputs, ref.outputs)
+        for c in results:
+            print(f"check: {c.message}")
+        if not all(c.ok for c in results):
+            return 1
+        print("check: outputs agree with the reference" if any(not c.identical for c in results)
+              else "check: outputs equal the reference")
+    return 0
+
+
 def simulation_error(e: Exception, command: str) -> str | None:
     """The message of a simulator error that is the user's to fix, or None. (Imported here,
     not at the top: the simulator's modules are slow to import and `tcpc compile` needs none.)"""
     from runtime_sim.perf.cost_model import NotLoweredError
     from runtime_sim.perf.cost_only import CostOnlyError
     from runtime_sim.perf.memory_plan import SramOverflowError
+    from runtime_sim.perf.mesh_simulate import MeshError
 
     if isinstance(e, NotLoweredError):
         hint = "--reference runs it without simulating" if command == "run" else "--emit planned needs every op lowered"
         return f"{e} ({hint})"
-    if isinstance(e, (CostOnlyError, SramOverflowError)):
+    if isinstance(e, (CostOnlyError, SramOverflowError, MeshError)):
         return str(e)
     return None
 
@@ -483,7 +552,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"tcpc: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except (SetError, FileError, InputError, MachineError, RoutingError, PipelineError, ResourceError,
-            CheckpointError, SweepError) as e:
+            CheckpointError, SweepError, MeshSpecError) as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
     except InterpretationError as e:
         print(f"tcpc: error while running: {e}", file=sys.stderr)

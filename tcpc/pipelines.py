@@ -16,6 +16,7 @@ from xdsl.passes import ModulePass, PassPipeline
 from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind
 from xdsl.utils.exceptions import ArgSpecParseError
 
+from dialects.ccl import CCL
 from dialects.moe import MoE
 from dialects.quant import Quant
 from dialects.tcp import TCP
@@ -23,7 +24,7 @@ from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, Quant]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, Quant, CCL]
 
 
 def _lazy(module: str, name: str) -> Callable[[], type[ModulePass]]:
@@ -46,6 +47,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
     "schedule-tokens": _lazy("passes.schedule_tokens", "ScheduleTokensPass"),
     "fuse-ve-chains": _lazy("passes.fuse_ve_chains", "FuseVeChainsPass"),
+    "shard-experts": _lazy("passes.shard_experts", "ShardExpertsPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 

@@ -41,6 +41,9 @@ from runtime_sim.perf.machine import Machine
 TENSOR = "tensor"
 DMA = "dma"
 NONE = "none"
+LINK = "link"
+"""A chip's link to the other chips of a mesh (ccl collectives; runtime_sim/perf/ccl_cost.py):
+not an engine of the single-chip machine, so only a mesh simulation schedules it."""
 
 
 def engine_units(machine: Machine) -> dict[str, int | None]:
@@ -274,7 +277,7 @@ def check_cost(op: Operation, cost: OpCost, machine: Machine) -> None:
     never fall below the roofline: FLOPs only on the tensor unit (one command at a time) and
     no faster than its peak; HBM bytes only on DMA engines and no faster than the share
     (parts / engines) of the HBM bandwidth of the engines the command occupies."""
-    units = engine_units(machine)
+    units = {**engine_units(machine), LINK: 1}
     if cost.engine not in units:
         raise CostModelError(f"{op.name}: unknown engine '{cost.engine}' (engines: {', '.join(units)})")
     limit = units[cost.engine]

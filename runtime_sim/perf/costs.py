@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 
+from runtime_sim.perf.ccl_cost import register_ccl_costs
 from runtime_sim.perf.cost_model import register_builtin_costs
 from runtime_sim.perf.tcp_cost import register_tcp_costs
 from runtime_sim.perf.tile_cost import register_tile_costs
@@ -20,6 +21,7 @@ COST_MODELS: list[Callable[[], object]] = [
     register_tcp_costs,
     register_ve_costs,
     register_tile_costs,
+    register_ccl_costs,
 ]
 """Each registers the costs of one dialect's ops (cost_model.register_cost and friends)."""
 

@@ -10,7 +10,7 @@ elsewhere; cost_only.py's `simulate_cost_only` records one without values.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -102,11 +102,12 @@ def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machin
     return SimResult(outputs, report, graph, trace=recorder.trace)
 
 
-def simulate_trace(trace: Trace, machine: Machine,
-                   sram_policy: SramPolicy = DEFAULT_SRAM_POLICY) -> tuple[SimReport, nx.DiGraph]:
-    """Plan, schedule and report a recorded trace."""
+def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
+                   extra_units: Mapping[str, int] | None = None) -> tuple[SimReport, nx.DiGraph]:
+    """Plan, schedule and report a recorded trace; `extra_units` adds engines the machine does
+    not have (a mesh chip's link)."""
     plan = plan_memory(trace, machine, sram_policy)
-    units = engine_units(machine)
+    units = {**engine_units(machine), **(extra_units or {})}
     sched = schedule(plan.tasks, units)
     records: list[OpRecord] = []
     for task in plan.tasks:

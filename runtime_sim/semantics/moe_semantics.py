@@ -61,15 +61,18 @@ def route_plan(expert_idx: np.ndarray, route: moe.RouteType) -> RoutePlan:
     token's choices drop in k order); dropped pairs get scatter_idx -1.
 
     Each token's K experts must be distinct and in [0, E), as topk gives them: G is the worst
-    case over such routings only, so anything else is an execution error.
+    case over such routings only, so anything else is an execution error. The one exception is
+    -1, a pair routed to no expert (what a chip of a sharded layer sees for another chip's
+    experts): it is dropped (scatter_idx -1) and counts for no expert, as the lowered routing
+    treats it.
     """
     experts, block, blocks = route.experts.data, route.block.data, route.blocks.data
     flat = expert_idx.reshape(-1).astype(np.int64)
-    if flat.size and (flat.min() < 0 or flat.max() >= experts):
-        bad = int(flat.min() if flat.min() < 0 else flat.max())
+    if flat.size and (flat.min() < -1 or flat.max() >= experts):
+        bad = int(flat.min() if flat.min() < -1 else flat.max())
         raise InterpretationError(f"moe.scatter: expert index {bad} is outside [0, {experts})")
     ordered = np.sort(expert_idx.astype(np.int64), axis=-1)
-    repeats = np.nonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=-1))[0]
+    repeats = np.nonzero(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(axis=-1))[0]
     if repeats.size:
         t = int(repeats[0])
         row = ordered[t]
@@ -78,14 +81,16 @@ def route_plan(expert_idx: np.ndarray, route: moe.RouteType) -> RoutePlan:
             f"moe.scatter: token {t} chooses expert {twice} more than once "
             "(a token's K experts must be distinct)"
         )
-    one_hot = flat[:, None] == np.arange(experts)
-    position = (np.cumsum(one_hot, axis=0) - 1)[np.arange(flat.size), flat]
+    routed = flat >= 0  # -1: the pair goes to no expert (another chip's, after sharding)
+    expert = np.maximum(flat, 0)
+    one_hot = (flat[:, None] == np.arange(experts))
+    position = (np.cumsum(one_hot, axis=0) - 1)[np.arange(flat.size), expert]
     capacity = route.capacity_limit
-    kept = position < capacity if capacity is not None else np.ones(flat.size, dtype=np.bool_)
-    kept_counts = np.bincount(flat[kept], minlength=experts)
+    kept = routed & (position < capacity if capacity is not None else True)
+    kept_counts = np.bincount(expert[kept], minlength=experts)
     blocks_per_expert = -(-kept_counts // block)
     first_block = np.cumsum(blocks_per_expert) - blocks_per_expert
-    scatter_idx = np.where(kept, first_block[flat] * block + position, -1)
+    scatter_idx = np.where(kept, first_block[expert] * block + position, -1)
     used = int(blocks_per_expert.sum())
     assert used <= blocks, f"routing needs {used} blocks, more than the worst case {blocks}"
     expert_ids = np.full(blocks, -1, dtype=np.int32)

@@ -1,0 +1,186 @@
+"""Expert parallelism across chips: DeepSeek-V3 and Qwen3-30B-A3B sharded over meshes of RNGD
+cards, a2a against allgather, balanced against skewed routing, on the mesh simulator.
+
+    python benchmarks/mesh.py            # the default table (minutes on 2 cores): benchmarks/mesh.md
+    python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
+    python benchmarks/mesh.py --full     # every T and strategy at every mesh size (hours)
+
+Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
+(`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
+default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
+link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes a
+few of these combinations (`runs`), `--full` all of them. The block size is
+run.py's rule on the tokens an expert receives (T * chips * K / E).
+
+Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
+collectives (waiting included), and the ratio to a lower bound computed here from two limits,
+neither of which the simulator can beat:
+- the chip limit: the largest single-chip roofline among the chips (its own FLOPs at the
+  contraction peak, its own HBM bytes at HBM bandwidth; runtime_sim/perf/report.py);
+- the link limit: for the routing used, the rows that must cross each chip's link in each
+  direction (a token's row to every other chip holding one of its experts, once, and the
+  result back: DeepEP's deduplicated dispatch), at the link's bandwidth.
+The bound is the larger (compute and communication overlapping perfectly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+import tcpc  # noqa: E402
+from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
+from runtime_sim.perf.mesh_simulate import MeshReport  # noqa: E402
+from tcpc.mesh_run import MeshSpec, simulate_on_mesh  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    title: str
+    dims: dict[str, int]
+    chips: tuple[int, ...]
+
+
+MODELS = (
+    Model("deepseek_v3", "DeepSeek-V3", dict(D=7168, F=2048, FS=2048, E=256, K=8, NG=8, TG=4), (8, 16, 32)),
+    Model("qwen3_moe", "Qwen3-30B-A3B", dict(D=2048, F=768, E=128, K=8), (2, 4, 8)),
+)
+DECODE = (1, 16, 128)
+PREFILL = 4096
+
+
+def block_size(tokens: int, k: int, experts: int) -> int:
+    rows = -(-tokens * k // experts)
+    return min(64, max(1, 1 << max(0, rows - 1).bit_length()))
+
+
+def link_bound_cycles(choices: np.ndarray, chips: int, experts: int, row_bytes: int, machine: MeshMachine) -> float:
+    """The link limit: per chip, rows that must leave and enter it (dispatch and return), over
+    the link's bandwidth; the largest over chips."""
+    tokens = choices.shape[0] // chips
+    owner = choices // (experts // chips)
+    home = np.repeat(np.arange(chips), tokens)
+    out = np.zeros(chips)
+    into = np.zeros(chips)
+    for c in range(chips):
+        remote = (owner == c).any(axis=1) & (home != c)  # tokens of other chips that need chip c
+        into[c] += remote.sum()          # their rows arrive at c
+        out[c] += remote.sum()           # and their results leave c
+        mine = home == c
+        needs = [(owner[mine] == d).any(axis=1).sum() for d in range(chips) if d != c]
+        out[c] += sum(needs)             # c's tokens leave for the other chips
+        into[c] += sum(needs)            # and their results come back
+    return float(np.maximum(out, into).max() * row_bytes / machine.link_bytes_per_cycle)
+
+
+@dataclass
+class Row:
+    model: str
+    chips: int
+    tokens: int
+    strategy: str
+    routing: str
+    total_cycles: int
+    communication_cycles: int
+    chip_bound: float
+    link_bound: float
+    hot_chip: int
+    imbalance: float
+    seconds: float
+
+    @property
+    def bound(self) -> float:
+        return max(self.chip_bound, self.link_bound)
+
+    @property
+    def ratio(self) -> float:
+        return self.total_cycles / self.bound if self.bound else math.inf
+
+
+def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
+             dims: dict[str, int] | None = None, machine: MeshMachine | None = None) -> Row:
+    """One cost-only run of `model` with `tokens` per chip on `chips` chips (ep = chips)."""
+    machine = machine or load_mesh_machine()
+    d = dict(dims or model.dims)
+    d["T"] = tokens * chips
+    d["B"] = block_size(d["T"], d["K"], d["E"])
+    start = time.perf_counter()
+    program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims=d)
+    sim = simulate_on_mesh(program, MeshSpec.parse(f"ep={chips},strategy={strategy}"), cost_only=True,
+                           routing=routing, seed=1, machine=machine)
+    report: MeshReport = sim.report
+    choices = next(iter(report.routing.values())).choices
+    row_bytes = 2 * d["D"]
+    busy = [report.compute_busy(c) for c in range(chips)]
+    return Row(model.title, chips, tokens, strategy, routing, report.total_cycles, report.communication_cycles,
+               max(r.roofline.cycles for r in report.chips),
+               link_bound_cycles(choices, chips, d["E"], row_bytes, machine),
+               max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start)
+
+
+def table(rows: list[Row], clock_hz: float = 1e9) -> str:
+    us = 1e6 / clock_hz
+    lines = ["| model | chips | T per chip | strategy | routing | simulated µs | collectives | chip bound µs | "
+             "link bound µs | ratio to bound | busiest chip | imbalance | wall s |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.chips} | {r.tokens} | {r.strategy} | {r.routing} | {r.total_cycles * us:,.1f} | "
+                     f"{r.communication_cycles / r.total_cycles:.0%} | {r.chip_bound * us:,.1f} | {r.link_bound * us:,.1f} | "
+                     f"{r.ratio:.2f} | {r.hot_chip} | {r.imbalance:.2f} | {r.seconds:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def runs(quick: bool, full: bool = False) -> list[tuple[Model, int, int, str, str]]:
+    """The default plan (minutes on 2 cores): DeepSeek-V3 decode on 8 chips, a2a against
+    allgather and balanced against skewed at T = 16, Qwen3 at T = 16 on every mesh size.
+    `full`: every T (prefill included) and strategy at every mesh size (hours: every chip is
+    interpreted and scheduled, and prefill's static worst-case buffers are large)."""
+    if quick:
+        return [(MODELS[0], 8, t, "a2a", "balanced") for t in DECODE[:2]]
+    if full:
+        return [(model, chips, t, s, r) for model in MODELS for chips in model.chips for t in (*DECODE, PREFILL)
+                for s, r in (("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced"))]
+    deepseek, qwen = MODELS
+    plan = [(deepseek, 8, t, "a2a", "balanced") for t in DECODE[:2]]
+    plan += [(deepseek, 8, 16, "a2a", "skewed"), (deepseek, 8, 16, "allgather", "balanced")]
+    plan += [(qwen, chips, 16, "a2a", "balanced") for chips in qwen.chips]
+    plan += [(qwen, 2, 16, "a2a", "skewed"), (qwen, 2, 16, "allgather", "balanced")]
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="DeepSeek-V3 on 8 chips, T = 1 and 16")
+    parser.add_argument("--full", action="store_true", help="every T and strategy at every mesh size (hours)")
+    parser.add_argument("--out", default=None, help="write the table here (default: benchmarks/mesh.md unless --quick)")
+    args = parser.parse_args(argv)
+    machine = load_mesh_machine()
+    rows = []
+    for model, chips, tokens, strategy, routing in runs(args.quick, args.full):
+        rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    text = table(rows)
+    print(text)
+    out = args.out or (None if args.quick else str(Path(__file__).parent / "mesh.md"))
+    if out:
+        Path(out).write_text(f"Generated by `python benchmarks/mesh.py` on {machine.name} "
+                             f"({machine.chip.name} chips).\n\n{text}")
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

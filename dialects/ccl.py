@@ -1,0 +1,350 @@
+"""`ccl`: collectives between the chips of a mesh, for expert and data parallelism.
+
+A sharded layer is one SPMD function that every chip of the mesh runs on its own shard of the
+tokens and experts (`passes/shard_experts.py`). The function carries its mesh as the attribute
+`ccl.mesh = "dp=2,ep=4"` (axes outer to inner; chip c has coordinates c in row-major order over
+the axes). A collective names the mesh axis it spans (`axis = "ep"`): it exchanges values among
+the `chips` chips that differ only in that coordinate, and every chip of the mesh runs it at
+the same point of the program. Static shapes throughout: an all-to-all moves a buffer of
+`chips` fixed-size per-destination slices, of which only the first `rows[d]` rows of slice d
+hold data and cross the link (the rest are zero on both sides).
+
+Semantics over all chips' values are in `runtime_sim/semantics/ccl_semantics.py`, the cost on
+the link model in `runtime_sim/perf/ccl_cost.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, i32, i64
+from xdsl.ir import Dialect
+from xdsl.irdl import (
+    IRDLOperation,
+    ParsePropInAttrDict,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.traits import Pure
+
+from dialects.tensor_types import expect, format_type, is_float_type, is_int_type, shape_of
+
+MESH_ATTR = "ccl.mesh"
+"""Function attribute: the mesh the SPMD function runs on, `"dp=2,ep=4"` (axes outer to inner)."""
+SHARD_ATTR = "ccl.shard"
+"""Argument attribute: how the argument is split over the chips, `"tokens"` (chip c holds
+rows [c * T/n, (c + 1) * T/n)) or `"experts"` (the chip at ep coordinate i holds experts
+[i * E/ep, (i + 1) * E/ep)); arguments without it are replicated."""
+STRATEGY_ATTR = "ccl.strategy"
+"""Function attribute: the expert-parallel strategy the sharding pass used (a2a, allgather)."""
+
+
+def a2a_slots(tokens: int, k: int, experts_per_chip: int, capacity: int | None = None) -> int:
+    """The exact worst case of pairs one chip sends to one destination chip owning
+    `experts_per_chip` experts: each token sends at most min(K, E/N) pairs there (its K experts
+    are distinct), and with a per-expert capacity C each of those experts can keep at most C of
+    one chip's pairs (a chip's later pairs can only drop, never be kept, when earlier chips'
+    pairs come first), so min(T * min(K, E/N), E/N * min(T, C)). Every such count is reached by
+    some routing (tests/test_mesh.py checks it by brute force)."""
+    bound = tokens * min(k, experts_per_chip)
+    if capacity is not None:
+        bound = min(bound, experts_per_chip * min(tokens, capacity))
+    return bound
+
+
+def _axis_props(axis: str, chips: int) -> dict[str, object]:
+    return {"axis": StringAttr(axis), "chips": IntegerAttr(chips, i64)}
+
+
+class _Collective(IRDLOperation):
+    """Shared accessors: the mesh axis and the number of chips along it."""
+
+    @property
+    def group_size(self) -> int:
+        return self.chips.value.data  # type: ignore[attr-defined]
+
+    @property
+    def axis_name(self) -> str:
+        return self.axis.data  # type: ignore[attr-defined]
+
+    def _verify_group(self) -> None:
+        expect(self.group_size >= 1, f"chips must be positive, got {self.group_size}")
+
+
+@irdl_op_definition
+class AllToAllOp(_Collective):
+    """input[d] (the slice for chip d of the group) goes to chip d; result[s] is what chip s
+    sent here. With `rows`, only the first rows[d] rows of slice d are data and cross the link;
+    the rest are zero (the packing makes them so) and arrive as zero."""
+
+    name = "ccl.all_to_all"
+    input = operand_def(TensorType)
+    rows = opt_operand_def(TensorType)
+    result = result_def(TensorType)
+    axis = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$input (`rows` $rows^)? `over` $axis attr-dict `:` type($input) (`,` type($rows)^)? "
+        "`->` type($result)"
+    )
+
+    def __init__(self, input, axis: str, chips: int, rows=None):
+        super().__init__(operands=[input, rows], result_types=[input.type],
+                         properties=_axis_props(axis, chips))
+
+    def verify_(self) -> None:
+        self._verify_group()
+        shape = shape_of(self.input.type)
+        expect(len(shape) >= 1 and shape[0] == self.group_size,
+               f"input {format_type(self.input.type)} needs one slice per chip: a leading axis of {self.group_size}")
+        expect(self.result.type == self.input.type, f"result should be {format_type(self.input.type)}")
+        if self.rows is not None:
+            expect(self.rows.type == TensorType(i32, [self.group_size]), f"rows must be i32 [{self.group_size}]")
+
+
+@irdl_op_definition
+class AllGatherOp(_Collective):
+    """Every chip's input, concatenated along the first axis in chip order."""
+
+    name = "ccl.all_gather"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    axis = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input `over` $axis attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input, axis: str, chips: int):
+        shape = shape_of(input.type)
+        t = TensorType(input.type.get_element_type(), [shape[0] * chips, *shape[1:]])
+        super().__init__(operands=[input], result_types=[t], properties=_axis_props(axis, chips))
+
+    def verify_(self) -> None:
+        self._verify_group()
+        shape = shape_of(self.input.type)
+        expect(len(shape) >= 1, "input needs a leading axis")
+        want = TensorType(self.input.type.get_element_type(), [shape[0] * self.group_size, *shape[1:]])
+        expect(self.result.type == want, f"result should be {format_type(want)}")
+
+
+class _Reduction(_Collective):
+    def _verify_float(self) -> None:
+        element = self.input.type.get_element_type()  # type: ignore[attr-defined]
+        expect(is_float_type(element), "reductions take float tensors")
+
+
+@irdl_op_definition
+class ReduceScatterOp(_Reduction):
+    """The sum over chips (in chip order 0, 1, ..., in f32, rounded once to the type) of every
+    chip's input; chip i keeps the i-th slice of the first axis."""
+
+    name = "ccl.reduce_scatter"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    axis = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input `over` $axis attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input, axis: str, chips: int):
+        shape = shape_of(input.type)
+        t = TensorType(input.type.get_element_type(), [shape[0] // chips, *shape[1:]])
+        super().__init__(operands=[input], result_types=[t], properties=_axis_props(axis, chips))
+
+    def verify_(self) -> None:
+        self._verify_group()
+        self._verify_float()
+        shape = shape_of(self.input.type)
+        expect(len(shape) >= 1 and shape[0] % self.group_size == 0,
+               f"input {format_type(self.input.type)}: leading axis must divide by {self.group_size}")
+        want = TensorType(self.input.type.get_element_type(), [shape[0] // self.group_size, *shape[1:]])
+        expect(self.result.type == want, f"result should be {format_type(want)}")
+
+
+@irdl_op_definition
+class AllReduceOp(_Reduction):
+    """The sum over chips (in chip order, in f32, rounded once), on every chip."""
+
+    name = "ccl.all_reduce"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    axis = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input `over` $axis attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input, axis: str, chips: int):
+        super().__init__(operands=[input], result_types=[input.type], properties=_axis_props(axis, chips))
+
+    def verify_(self) -> None:
+        self._verify_group()
+        self._verify_float()
+        expect(self.result.type == self.input.type, f"result should be {format_type(self.input.type)}")
+
+
+@irdl_op_definition
+class ChipIdOp(_Collective):
+    """This chip's coordinate along the mesh axis (0 .. chips - 1), a scalar i32."""
+
+    name = "ccl.chip_id"
+    result = result_def(TensorType)
+    axis = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "`over` $axis attr-dict `:` type($result)"
+
+    def __init__(self, axis: str, chips: int):
+        super().__init__(result_types=[TensorType(i32, [])], properties=_axis_props(axis, chips))
+
+    def verify_(self) -> None:
+        self._verify_group()
+        expect(self.result.type == TensorType(i32, []), "result must be a scalar i32")
+
+
+@irdl_op_definition
+class A2APlanOp(_Collective):
+    """Where each (token, choice) pair goes in the static send buffer of an all-to-all dispatch.
+
+    Expert e lives on chip e // (E / chips) of the group, as local expert e mod (E / chips).
+    Pairs p = t*K + k in token-major order; a pair's slot is its rank among this chip's pairs
+    bound for the same chip; `slot_rows[t, k] = dest * S + slot` (-1 if dropped). With a
+    capacity C, only an expert's first C pairs of this chip are sent (in that order): no later
+    one could be kept, since the receiver keeps an expert's first C pairs over the group's
+    tokens in token-major order, and this chip's pairs come in that order. `slot_experts[d, s]`
+    is the local expert of slot s towards chip d, plus one (0 marks an empty slot, so the
+    buffer is zero-padded like the rows), and `counts[d]` the slots used towards chip d.
+    S is the exact worst case (`a2a_slots`)."""
+
+    name = "ccl.a2a_plan"
+    experts_idx = operand_def(TensorType)
+    slot_rows = result_def(TensorType)
+    slot_experts = result_def(TensorType)
+    counts = result_def(TensorType)
+    axis = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr)
+    experts = prop_def(IntegerAttr)
+    capacity = prop_def(IntegerAttr)
+    """0: no capacity."""
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$experts_idx `over` $axis attr-dict `:` "
+        "type($experts_idx) `->` type($slot_rows) `,` type($slot_experts) `,` type($counts)"
+    )
+
+    def __init__(self, experts_idx, axis: str, chips: int, experts: int, capacity: int | None = None):
+        t, k = shape_of(experts_idx.type)
+        slots = a2a_slots(t, k, experts // chips, capacity)
+        super().__init__(
+            operands=[experts_idx],
+            result_types=[TensorType(i32, [t, k]), TensorType(i32, [chips, slots]), TensorType(i32, [chips])],
+            properties={**_axis_props(axis, chips), "experts": IntegerAttr(experts, i64),
+                        "capacity": IntegerAttr(capacity or 0, i64)})
+
+    @property
+    def experts_per_chip(self) -> int:
+        return self.experts.value.data // self.group_size
+
+    @property
+    def capacity_limit(self) -> int | None:
+        return self.capacity.value.data or None
+
+    @property
+    def slots(self) -> int:
+        return shape_of(self.slot_experts.type)[1]
+
+    def verify_(self) -> None:
+        self._verify_group()
+        e, n = self.experts.value.data, self.group_size
+        expect(e >= 1 and e % n == 0, f"{e} experts do not divide over {n} chips")
+        expect(self.capacity.value.data >= 0, "capacity must not be negative")
+        shape = shape_of(self.experts_idx.type)
+        expect(len(shape) == 2 and is_int_type(self.experts_idx.type.get_element_type()),
+               f"expert indices {format_type(self.experts_idx.type)} are not i32 [T, K]")
+        t, k = shape
+        slots = a2a_slots(t, k, e // n, self.capacity_limit)
+        expect(self.slot_rows.type == TensorType(i32, [t, k]), f"slot_rows must be i32 [{t}, {k}]")
+        expect(self.slot_experts.type == TensorType(i32, [n, slots]),
+               f"slot_experts must be i32 [{n}, {slots}] (the worst case: a2a_slots)")
+        expect(self.counts.type == TensorType(i32, [n]), f"counts must be i32 [{n}]")
+
+
+COLLECTIVES = (AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp)
+"""The ops that exchange values between chips (every chip runs each at the same point)."""
+
+
+
+MESH_AXES = ("dp", "ep", "tp")
+"""The mesh axes tcpc knows, outer to inner: data, expert and tensor parallelism."""
+
+
+class MeshSpecError(ValueError):
+    """A mesh spec such as `ep=8` or `dp=2,ep=4` that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Named axes with sizes, outer to inner; chip c's coordinates are c in row-major order."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    @staticmethod
+    def parse(spec: str) -> Mesh:
+        sizes: dict[str, int] = {}
+        for item in spec.split(","):
+            name, sep, value = item.strip().partition("=")
+            name = name.strip()
+            if not sep or name not in MESH_AXES:
+                raise MeshSpecError(f"mesh '{spec}': expected axes NAME=SIZE with NAME one of {', '.join(MESH_AXES)}")
+            if name in sizes:
+                raise MeshSpecError(f"mesh '{spec}': axis {name} given twice")
+            try:
+                size = int(value)
+            except ValueError:
+                raise MeshSpecError(f"mesh '{spec}': {name} = {value.strip()!r} is not an integer") from None
+            if size < 1:
+                raise MeshSpecError(f"mesh '{spec}': {name} must be positive, got {size}")
+            sizes[name] = size
+        return Mesh(tuple((a, sizes[a]) for a in MESH_AXES if a in sizes))
+
+    def size(self, axis: str) -> int:
+        return dict(self.axes).get(axis, 1)
+
+    @property
+    def chips(self) -> int:
+        return math.prod(s for _, s in self.axes)
+
+    def coordinates(self, chip: int) -> dict[str, int]:
+        coords: dict[str, int] = {}
+        for name, size in reversed(self.axes):
+            coords[name] = chip % size
+            chip //= size
+        return coords
+
+    def chip_at(self, coords: dict[str, int]) -> int:
+        chip = 0
+        for name, size in self.axes:
+            chip = chip * size + coords.get(name, 0)
+        return chip
+
+    def group(self, chip: int, axis: str) -> list[int]:
+        """The chips that differ from `chip` only along `axis`, in coordinate order."""
+        coords = self.coordinates(chip)
+        return [self.chip_at({**coords, axis: i}) for i in range(self.size(axis))]
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}={s}" for a, s in self.axes)
+
+
+CCL = Dialect("ccl", [AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp, ChipIdOp, A2APlanOp], [])

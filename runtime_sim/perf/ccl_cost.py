@@ -1,0 +1,115 @@
+"""Costs of the `ccl` ops: the local plan on the vector engine, the collectives on the link.
+
+A collective's time depends on what every chip of its group sends, which one chip's trace does
+not know, so its cost here is provisional (zero cycles on the chip's `link`) and `link_cycles`
+gives the real one once the mesh simulation (mesh_simulate.py) has every chip's traffic. The
+link model (mesh_machine.py; numbers in machines/rngd_pcie.toml):
+
+    a step of a collective takes  latency + max(bytes sent, bytes received) / bytes_per_cycle
+    on a chip's link (full duplex: sends and receives use the two directions of its one
+    link, and all of a chip's messages of a step share them);
+- all_to_all: one step, each chip sending its rows for every other chip directly (through the
+  switch); only the rows that hold data cross (the `rows` operand), a chip's own slice stays
+  on chip;
+- all_gather, reduce_scatter: the ring algorithm, N - 1 steps of one chip's share each
+  (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009); all_reduce is a
+  reduce_scatter then an all_gather, 2 (N - 1) steps. The additions of a reduction run on the
+  receiving chip's vector engine, overlapped with the transfer (not charged; an assumption).
+- A collective is synchronous: it starts on every chip of its group when the last one reaches
+  it and ends when the slowest chip's link is done, so a chip that receives more (skewed
+  routing) holds up the whole group.
+
+`ccl.a2a_plan` is index work on the vector engine, charged as the lowered routing's equivalent
+with chips for experts (lower-routing's pair cumsum over [T*K, chips] and five elementwise
+invocations over it: one-hot, mask, rank gather, row, slot expert).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from xdsl.ir import Operation
+
+from dialects import ccl
+from dialects.tensor_types import shape_of
+from runtime_sim.perf.cost_model import LINK, OpCost, free_cost, register_cost, register_data_operands
+from runtime_sim.perf.machine import Machine
+from runtime_sim.perf.mesh_machine import MeshMachine
+from runtime_sim.perf.vector_cost import scan_cycles, vector_chain_cycles
+
+PLAN_STREAMS = 5
+"""Elementwise vector invocations over [T*K, chips] charged for one `ccl.a2a_plan`."""
+
+
+def cost_a2a_plan(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    assert isinstance(op, ccl.A2APlanOp)
+    t, k = shape_of(op.experts_idx.type)
+    n = op.group_size
+    stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
+    scan, bound = scan_cycles(machine, n, t * k)
+    return OpCost("tensor", PLAN_STREAMS * stream + scan, bytes_moved=4 * (PLAN_STREAMS + 1) * 2 * t * k * n,
+                  bound=bound)
+
+
+def _row_bytes(value: Any) -> int:
+    shape = np.shape(value)
+    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(value.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one chip sends in one collective: bytes to each chip of its group (own slot 0)."""
+
+    op: str
+    sent: tuple[int, ...]
+    me: int
+    steps: int
+
+
+def traffic(op: Operation, operands: tuple[Any, ...], group: int, me: int) -> Traffic:
+    """The bytes this chip sends to each chip of the group in `op`."""
+    x = operands[0]
+    if isinstance(op, ccl.AllToAllOp):
+        per_row = _row_bytes(x[0]) if np.ndim(x) > 1 else np.dtype(x.dtype).itemsize
+        if op.rows is not None:
+            rows = [int(r) for r in np.asarray(operands[1])]
+        else:
+            rows = [int(np.shape(x)[1]) if np.ndim(x) > 1 else 1] * group
+        sent = [0 if d == me else rows[d] * per_row for d in range(group)]
+        return Traffic(op.name, tuple(sent), me, 1)
+    share = int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    if isinstance(op, (ccl.ReduceScatterOp, ccl.AllReduceOp)):
+        share //= group
+    steps = (group - 1) * (2 if isinstance(op, ccl.AllReduceOp) else 1)
+    # A ring: each step a chip sends one share to its successor and receives one.
+    nxt = (me + 1) % group
+    sent = [share * steps if (d == nxt and group > 1) else 0 for d in range(group)]
+    return Traffic(op.name, tuple(sent), me, steps)
+
+
+def link_cycles(mesh: MeshMachine, group: list[Traffic], me: int) -> int:
+    """Cycles of chip `me`'s link (its place in `group`) for one collective."""
+    t = group[me]
+    if t.op == "ccl.all_to_all":
+        received = sum(g.sent[me] for g in group)
+    else:
+        received = sum(t.sent)  # a ring receives what it sends
+    volume = max(sum(t.sent), received)
+    if len(group) == 1:
+        return 0
+    return int(t.steps * mesh.link_latency_cycles + np.ceil(volume / mesh.link_bytes_per_cycle))
+
+
+def provisional_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    """Zero cycles on the link until the mesh simulation knows every chip's traffic."""
+    return OpCost(LINK, 0, bound="link")
+
+
+def register_ccl_costs() -> None:
+    """The cost of every `ccl` op, and the operand whose values an all-to-all's cost reads."""
+    register_cost(ccl.A2APlanOp)(cost_a2a_plan)
+    register_cost(*ccl.COLLECTIVES)(provisional_cost)
+    register_cost(ccl.ChipIdOp)(free_cost)
+    register_data_operands(ccl.AllToAllOp, lambda op: () if op.rows is None else (op.rows,))  # type: ignore[attr-defined]

@@ -1,0 +1,354 @@
+"""Simulate an SPMD program (passes/shard_experts.py) on every chip of a mesh.
+
+Every chip runs the function on its own interpreter and thread (ccl_semantics.run_mesh), with
+the single-chip simulator's listener costing its ops (op_trace), so each chip gets its own
+trace, memory plan and schedule on its own engines plus its link. Collectives couple the
+chips: one starts on every chip of its group when the last of them reaches it and lasts as long
+as the busiest link of the group (ccl_cost.py). The schedules are found collective by
+collective: schedule every chip, align collective j's start on its group's latest, fix that
+wait, and go on with j + 1 (a collective's start depends only on what comes before it, so each
+step is final).
+
+Cost-only mode works as on one chip (cost_only.py): routing arguments get a scenario's expert
+choices for all T tokens of the mesh, split by chip as the tokens are; every other argument is
+a placeholder; collectives whose operands have values (expert indices and counts) exchange them
+at once, the others exchange nothing and yield placeholders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
+from xdsl.interpreter import Interpreter, impl, register_impls
+from xdsl.ir import Operation
+
+from dialects import ccl
+from dialects.annotations import routing_arguments
+from dialects.tensor_types import shape_of
+from runtime_sim.perf.ccl_cost import Traffic, link_cycles, traffic
+from runtime_sim.perf.cost_model import LINK, engine_units
+from runtime_sim.perf.cost_only import Lazy, is_placeholder, placeholder, shape_only_interpreter
+from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
+from runtime_sim.perf.mesh_machine import MeshMachine
+from runtime_sim.perf.op_trace import Trace
+from runtime_sim.perf.report import SimReport
+from runtime_sim.perf.scheduler import schedule
+from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
+from runtime_sim.perf.simulate import simulate_trace, trace_recorder
+from runtime_sim.semantics.ccl_semantics import CCLFunctions, ChipInterpreter, MeshExchange, plain_chip, run_mesh
+from runtime_sim.semantics.executor import function_named
+
+_COLLECTIVE_NAMES = {c.name for c in ccl.COLLECTIVES}
+
+
+class MeshError(Exception):
+    """A mesh that does not fit the program or the mesh machine."""
+
+
+def mesh_of(fn: func.FuncOp) -> ccl.Mesh:
+    attr = fn.attributes.get(ccl.MESH_ATTR)
+    if not isinstance(attr, StringAttr):
+        raise MeshError(f"@{fn.sym_name.data} has no {ccl.MESH_ATTR} attribute: run shard-experts first")
+    return ccl.Mesh.parse(attr.data)
+
+
+class TrafficRecorder(Interpreter.Listener):
+    """What one chip sends in each collective, in program order."""
+
+    def __init__(self, mesh: ccl.Mesh, chip: int):
+        self.mesh = mesh
+        self.chip = chip
+        self.traffic: list[Traffic] = []
+        self.axes: list[str] = []
+
+    def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        if isinstance(op, ccl.COLLECTIVES):
+            group = self.mesh.group(self.chip, op.axis_name)  # type: ignore[attr-defined]
+            self.traffic.append(traffic(op, args, len(group), group.index(self.chip)))
+            self.axes.append(op.axis_name)  # type: ignore[attr-defined]
+
+
+class ShapeOnlyCCLFunctions(CCLFunctions):
+    """Cost-only mode's `ccl` ops on one chip: one with a placeholder operand exchanges nothing
+    and yields placeholders (every chip has placeholders there, the program being the same);
+    one with values computes them first and runs at once (a lazy collective would meet the
+    other chips at a different point)."""
+
+    def run_now(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        if any(is_placeholder(v) for v in inputs):
+            sources = frozenset().union(*(getattr(v, "sources", frozenset()) for v in inputs))
+            return tuple(placeholder(r.type, sources) for r in op.results)
+        values = tuple(v.force() if isinstance(v, Lazy) else v for v in inputs)
+        return tuple(getattr(CCLFunctions, _method(op))(self, interpreter, op, values).values)
+
+
+def _method(op: Operation | type[Operation]) -> str:
+    return f"run_{op.name.split('.')[1]}"
+
+
+ShapeOnlyCCL = register_impls(type("ShapeOnlyCCL", (ShapeOnlyCCLFunctions,), {
+    f"{_method(op)}_shape_only": impl(op)(ShapeOnlyCCLFunctions.run_now) for op in ccl.CCL.operations}))
+
+
+class _ForcedValues(Interpreter.Listener):
+    """Shows a listener the values of a ccl op's operands, computed (lazy ones) or placeholders."""
+
+    def __init__(self, listener: Interpreter.Listener):
+        self.listener = listener
+
+    def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        self.listener.will_interpret_op(op, tuple(v.force() if isinstance(v, Lazy) else v for v in args))
+
+    def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
+        self.listener.did_interpret_op(op, results)
+
+
+def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]]) -> ChipInterpreter:
+    """Cost-only mode's interpreter of one chip (cost_only.shape_only_interpreter) with its ccl ops."""
+
+    def build(module: ModuleOp, exchange: MeshExchange, chip: int) -> Interpreter:
+        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in listeners(chip)])
+        interpreter.register_implementations(ShapeOnlyCCL(exchange, chip), override=True)
+        return interpreter
+
+    return build
+
+
+@dataclass(frozen=True)
+class LinkRecord:
+    """One chip's link in one collective."""
+
+    chip: int
+    collective: int
+    op: str
+    label: str
+    sent_bytes: int
+    received_bytes: int
+    busy_cycles: int
+    """The chip's own transfer time."""
+    wait_cycles: int
+    """Cycles the chip waited for the last chip of its group to reach the collective."""
+    start: int
+    end: int
+
+
+@dataclass
+class MeshReport:
+    machine: MeshMachine
+    mesh: ccl.Mesh
+    chips: list[SimReport]
+    links: list[LinkRecord]
+    routing: dict[str, Routing] = field(default_factory=dict)
+
+    @property
+    def total_cycles(self) -> int:
+        return max(r.total_cycles for r in self.chips)
+
+    @property
+    def microseconds(self) -> float:
+        return self.machine.chip.cycles_to_us(self.total_cycles)
+
+    def link_busy(self, chip: int) -> int:
+        return sum(r.busy_cycles for r in self.links if r.chip == chip)
+
+    def link_bytes(self, chip: int) -> tuple[int, int]:
+        mine = [r for r in self.links if r.chip == chip]
+        return sum(r.sent_bytes for r in mine), sum(r.received_bytes for r in mine)
+
+    def compute_busy(self, chip: int) -> int:
+        """The chip's tensor-unit and DMA busy cycles (its own work, without the link)."""
+        return sum(e.busy_cycles for e in self.chips[chip].engines if e.name in ("tensor", "dma"))
+
+    def imbalance(self, values: Sequence[float]) -> float:
+        mean = sum(values) / len(values) if values else 0.0
+        return max(values) / mean if mean else 1.0
+
+    @property
+    def communication_cycles(self) -> int:
+        """Cycles of the critical chip spent in collectives (waiting included)."""
+        chip = max(range(len(self.chips)), key=lambda c: self.chips[c].total_cycles)
+        return sum(r.end - r.start for r in self.links if r.chip == chip)
+
+    def to_text(self) -> str:
+        m = self.machine
+        lines = [
+            f"mesh {self.mesh} on {m.name}: {len(self.chips)} x {m.chip.name}, link {m.link_bytes_per_cycle:g} B/cycle "
+            f"per direction, {m.link_latency_cycles:,} cycles per step",
+            f"total {self.total_cycles:,} cycles = {self.microseconds:.3f} us (the slowest chip)",
+            "",
+            f"{'chip':>4} {'cycles':>12} {'tensor+dma busy':>16} {'link busy':>10} {'link wait':>10} "
+            f"{'sent B':>12} {'received B':>12}",
+        ]
+        for c, r in enumerate(self.chips):
+            sent, received = self.link_bytes(c)
+            wait = sum(x.wait_cycles for x in self.links if x.chip == c)
+            lines.append(f"{c:>4} {r.total_cycles:>12,} {self.compute_busy(c):>16,} {self.link_busy(c):>10,} "
+                         f"{wait:>10,} {sent:>12,} {received:>12,}")
+        busy = [self.compute_busy(c) for c in range(len(self.chips))]
+        received = [self.link_bytes(c)[1] for c in range(len(self.chips))]
+        lines += ["", f"load imbalance (max / mean): tensor+dma busy {self.imbalance(busy):.2f}, "
+                      f"received bytes {self.imbalance(received):.2f}; hottest chip {max(range(len(busy)), key=busy.__getitem__)}",
+                  "", f"{'#':>3} {'collective':<36} {'chip':>4} {'start':>10} {'end':>10} {'busy':>9} {'wait':>9} "
+                      f"{'sent B':>11} {'received B':>11}"]
+        for x in self.links:
+            lines.append(f"{x.collective:>3} {x.label[:36]:<36} {x.chip:>4} {x.start:>10,} {x.end:>10,} "
+                         f"{x.busy_cycles:>9,} {x.wait_cycles:>9,} {x.sent_bytes:>11,} {x.received_bytes:>11,}")
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mesh": str(self.mesh),
+            "machine": self.machine.name,
+            "machine_file": self.machine.path,
+            "machine_assumptions": self.machine.assumptions(),
+            "total_cycles": self.total_cycles,
+            "microseconds": self.microseconds,
+            "communication_cycles": self.communication_cycles,
+            "links": [dataclasses.asdict(x) for x in self.links],
+            "chips": [r.to_json() for r in self.chips],
+        }
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """One process per chip: its engines' tracks (as on one chip) and its link."""
+        events: list[dict[str, Any]] = []
+        to_us = self.machine.chip.cycles_to_us
+        for c, report in enumerate(self.chips):
+            for e in report.chrome_trace()["traceEvents"]:
+                e = dict(e, pid=c + 1)
+                if e.get("name") == "process_name":
+                    e["args"] = {"name": f"chip {c}"}
+                events.append(e)
+            tid = 100
+            events.append({"ph": "M", "pid": c + 1, "tid": tid, "name": "thread_name", "args": {"name": "link"}})
+            for x in (x for x in self.links if x.chip == c):
+                events.append({"ph": "X", "pid": c + 1, "tid": tid, "name": x.label, "cat": "link",
+                               "ts": to_us(x.start), "dur": to_us(x.end - x.start),
+                               "args": {"busy_cycles": x.busy_cycles, "wait_cycles": x.wait_cycles,
+                                        "sent_bytes": x.sent_bytes, "received_bytes": x.received_bytes}})
+        return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"total_cycles": self.total_cycles}}
+
+
+@dataclass
+class MeshResult:
+    outputs: list[tuple[Any, ...]]
+    """Every chip's outputs (empty in cost-only mode)."""
+    report: MeshReport
+
+
+def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int) -> dict[int, Routing]:
+    """Argument index -> the scenario's expert choices for all T tokens of the mesh."""
+    found: dict[int, Routing] = {}
+    for index, experts in routing_arguments(fn).items():
+        t = fn.function_type.inputs.data[index]
+        assert isinstance(t, TensorType)
+        tl, k = shape_of(t)
+        found[index] = Routing(str(routing), experts, scenario_choices(routing, tl * mesh.chips, k, experts, seed))
+    return found
+
+
+def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
+                  args: Sequence[Sequence[Any]] | None = None, *, cost_only: bool = False,
+                  routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
+                  sram_policy: SramPolicy = DEFAULT_SRAM_POLICY) -> MeshResult:
+    """Run and simulate the SPMD `function` on every chip (chip c on `args[c]`), or cost it
+    without values (`cost_only`, routing from the scenario)."""
+    fn = function_named(module, function)
+    mesh = mesh_of(fn)
+    if machine.chips is not None and machine.chips != mesh.chips:
+        raise MeshError(f"the mesh {mesh} has {mesh.chips} chips, the mesh machine {machine.name} "
+                        f"has {machine.chips} (shape {' x '.join(map(str, machine.shape or ()))})")
+    chip_machine = machine.chip
+    recorders = [trace_recorder(module, function, chip_machine, "error") for _ in range(mesh.chips)]
+    traffics = [TrafficRecorder(mesh, c) for c in range(mesh.chips)]
+    chosen: dict[int, Routing] = {}
+    if cost_only:
+        chosen = mesh_routing(fn, mesh, routing, seed)
+        names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
+        per_chip = []
+        for c in range(mesh.chips):
+            row = []
+            for i, t in enumerate(fn.function_type.inputs.data):
+                if i in chosen:
+                    tl = shape_of(t)[0]
+                    row.append(chosen[i].choices[c * tl:(c + 1) * tl])
+                else:
+                    row.append(placeholder(t, frozenset([names[i]])))
+            per_chip.append(row)
+        run_mesh(module, function, mesh, per_chip, shape_only_chip(lambda c: (recorders[c], traffics[c])))
+        outputs: list[tuple[Any, ...]] = []
+    else:
+        if args is None or len(args) != mesh.chips:
+            raise MeshError(f"the mesh {mesh} needs arguments for {mesh.chips} chips")
+        outputs = run_mesh(module, function, mesh, args, plain_chip(lambda c: (recorders[c], traffics[c])))
+    report = schedule_mesh(machine, mesh, [r.trace for r in recorders], traffics, sram_policy)
+    names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
+    report.routing = {names[i]: r for i, r in chosen.items()}
+    return MeshResult(outputs, report)
+
+
+def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], traffics: list[TrafficRecorder],
+                  sram_policy: SramPolicy) -> MeshReport:
+    """Every chip's report, with the collectives aligned across each group (module docstring)."""
+    n = mesh.chips
+    keys = [[o.index for o in t.ops if o.name in _COLLECTIVE_NAMES] for t in traces]
+    count = len(keys[0])
+    if any(len(k) != count or len(t.traffic) != count for k, t in zip(keys, traffics)):
+        raise MeshError("the chips ran different numbers of collectives")
+    busy = [[0] * count for _ in range(n)]
+    duration = [[0] * count for _ in range(n)]
+    groups: list[list[list[int]]] = []
+    for j in range(count):
+        axis = traffics[0].axes[j]
+        seen: list[list[int]] = []
+        for c in range(n):
+            group = mesh.group(c, axis)
+            if group not in seen:
+                seen.append(group)
+                flows = [traffics[g].traffic[j] for g in group]
+                own = [link_cycles(machine, flows, i) for i in range(len(group))]
+                for i, g in enumerate(group):
+                    busy[g][j] = own[i]
+                    duration[g][j] = max(own)
+        groups.append(seen)
+    wait = [[0] * count for _ in range(n)]
+
+    def timed(c: int) -> Trace:
+        ops = list(traces[c].ops)
+        for j, key in enumerate(keys[c]):
+            ops[key] = dataclasses.replace(ops[key], cost=dataclasses.replace(ops[key].cost, cycles=wait[c][j] + duration[c][j]))
+        return Trace(ops, traces[c].buffer_bytes, traces[c].buffer_labels, traces[c].outputs)
+
+    # The memory plan follows program order, not time: plan each chip once, then only
+    # reschedule its tasks with the collectives' cycles as they are fixed.
+    units = {**engine_units(machine.chip), LINK: 1}
+    plans = [plan_memory(timed(c), machine.chip, sram_policy) for c in range(n)]
+    for j in range(count):
+        starts: dict[int, int] = {}
+        for c in range(n):
+            cycles = {key: wait[c][i] + duration[c][i] for i, key in enumerate(keys[c])}
+            tasks = [dataclasses.replace(t, cycles=cycles[t.key]) if t.key in cycles else t for t in plans[c].tasks]
+            upto = next(i for i, t in enumerate(tasks) if t.key == keys[c][j])
+            # In issue order nothing after the collective moves its start.
+            starts[c] = schedule(tasks[:upto + 1], units).slots[keys[c][j]].start
+        for group in groups[j]:
+            sync = max(starts[c] for c in group)
+            for c in group:
+                wait[c][j] = sync - starts[c]
+    reports = [simulate_trace(timed(c), machine.chip, sram_policy, {LINK: 1})[0] for c in range(n)]
+    links = []
+    for c in range(n):
+        for j, key in enumerate(keys[c]):
+            record = reports[c].op(key)
+            t = traffics[c].traffic[j]
+            group = mesh.group(c, traffics[c].axes[j])
+            flows = [traffics[g].traffic[j] for g in group]
+            received = (sum(f.sent[t.me] for f in flows) if t.op == "ccl.all_to_all" else sum(t.sent))
+            links.append(LinkRecord(c, j, t.op, record.label, sum(t.sent), received, busy[c][j], wait[c][j],
+                                    record.start, record.end))
+    return MeshReport(machine, mesh, reports, links)

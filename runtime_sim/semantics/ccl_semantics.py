@@ -1,0 +1,187 @@
+"""Numpy semantics of the `ccl` ops: one definition over all chips' values, and the exchange
+that runs an SPMD function on every chip of a mesh at once.
+
+Each collective is a pure function of the values every chip of its group contributes
+(`all_to_all`, `all_gather`, `reduce_sum`), so there is one semantics whatever runs it.
+`run_mesh` runs the function once per chip, each chip on its own thread with its own
+interpreter; at a collective every chip hands its value to a `MeshExchange` and waits for the
+others (every chip runs every collective at the same point of the program), then takes its own
+share of the result. Reductions sum in chip order 0, 1, ... in f32 and round once, so the order
+is fixed and the same on every run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.utils.exceptions import InterpretationError
+
+from dialects import ccl
+from runtime_sim.semantics.executor import make_interpreter
+from runtime_sim.semantics.numerics import compute, round_to, tensor_dtype
+
+
+def all_to_all(values: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """result[c][s] = values[s][c]: slice c of chip s's buffer goes to chip c."""
+    return [np.stack([np.asarray(v)[c] for v in values]) for c in range(len(values))]
+
+
+def all_gather(values: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(v) for v in values], axis=0)
+
+
+def reduce_sum(values: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """The sum of every chip's value in chip order, in f32 from +0.0, rounded once to `dtype`."""
+    total = np.zeros(np.shape(values[0]), dtype=np.float32)
+    for v in values:
+        total = total + compute(np.asarray(v))
+    return round_to(total, dtype)
+
+
+def a2a_plan(experts_idx: np.ndarray, chips: int, experts: int, slots: int,
+             capacity: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`ccl.a2a_plan`: slot rows [T, K], slot experts (local + 1, 0 empty) [chips, S], counts [chips]."""
+    per_chip = experts // chips
+    flat = experts_idx.reshape(-1).astype(np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= experts):
+        bad = int(flat.min() if flat.min() < 0 else flat.max())
+        raise InterpretationError(f"ccl.a2a_plan: expert index {bad} is outside [0, {experts})")
+    kept = np.ones(flat.size, dtype=np.bool_)
+    if capacity is not None:  # an expert's first C pairs of this chip, token-major
+        position = (np.cumsum(flat[:, None] == np.arange(experts), axis=0) - 1)[np.arange(flat.size), flat]
+        kept = position < capacity
+    dest = flat // per_chip
+    rank = (np.cumsum((dest[:, None] == np.arange(chips)) & kept[:, None], axis=0) - 1)[np.arange(flat.size), dest]
+    if kept.any() and rank[kept].max() >= slots:
+        raise InterpretationError(f"ccl.a2a_plan: {int(rank[kept].max()) + 1} pairs for one chip, more than the "
+                                  f"{slots} slots (a token chose one expert twice?)")
+    rows = np.where(kept, dest * slots + rank, -1)
+    slot_experts = np.zeros(chips * slots, dtype=np.int32)
+    slot_experts[rows[kept]] = (flat[kept] % per_chip) + 1
+    counts = np.bincount(dest[kept], minlength=chips).astype(np.int32)
+    return rows.reshape(experts_idx.shape).astype(np.int32), slot_experts.reshape(chips, slots), counts
+
+
+class MeshExchange:
+    """Where the chips of a mesh meet at each collective. `collect` hands over this chip's
+    value and returns every chip's (in chip order) once all have arrived; a chip that fails
+    breaks the barrier, so the others stop instead of waiting forever."""
+
+    def __init__(self, mesh: ccl.Mesh):
+        self.mesh = mesh
+        self._values: list[Any] = [None] * mesh.chips
+        self._barrier = threading.Barrier(mesh.chips)
+
+    def collect(self, chip: int, value: Any) -> list[Any]:
+        self._values[chip] = value
+        self._barrier.wait()
+        values = list(self._values)
+        self._barrier.wait()  # nobody overwrites a value before everyone has read it
+        return values
+
+    def abort(self) -> None:
+        self._barrier.abort()
+
+
+@register_impls
+class CCLFunctions(InterpreterFunctions):
+    """The `ccl` ops of one chip of a mesh run by `run_mesh`."""
+
+    def __init__(self, exchange: MeshExchange | None = None, chip: int = 0):
+        self.exchange = exchange
+        self.chip = chip
+
+    def _group(self, op: ccl._Collective, value: Any) -> tuple[list[Any], int]:
+        """Every value of this chip's group along the op's axis, and this chip's place in it."""
+        if self.exchange is None:
+            raise InterpretationError(f"{op.name} exchanges values between chips: run the function on a mesh")
+        mesh = self.exchange.mesh
+        if mesh.size(op.axis_name) != op.group_size:
+            raise InterpretationError(f"{op.name} spans {op.group_size} chips along {op.axis_name}, "
+                                      f"the mesh {mesh} has {mesh.size(op.axis_name)}")
+        everyone = self.exchange.collect(self.chip, value)
+        group = mesh.group(self.chip, op.axis_name)
+        return [everyone[c] for c in group], group.index(self.chip)
+
+    @impl(ccl.AllToAllOp)
+    def run_all_to_all(self, interpreter: Interpreter, op: ccl.AllToAllOp, args: tuple[Any, ...]):
+        values, me = self._group(op, np.asarray(args[0]))
+        return (all_to_all(values)[me],)
+
+    @impl(ccl.AllGatherOp)
+    def run_all_gather(self, interpreter: Interpreter, op: ccl.AllGatherOp, args: tuple[Any, ...]):
+        values, _ = self._group(op, np.asarray(args[0]))
+        return (all_gather(values),)
+
+    @impl(ccl.ReduceScatterOp)
+    def run_reduce_scatter(self, interpreter: Interpreter, op: ccl.ReduceScatterOp, args: tuple[Any, ...]):
+        values, me = self._group(op, np.asarray(args[0]))
+        rows = op.result.type.get_shape()[0]
+        return (reduce_sum([v[me * rows:(me + 1) * rows] for v in values], tensor_dtype(op.result.type)),)
+
+    @impl(ccl.AllReduceOp)
+    def run_all_reduce(self, interpreter: Interpreter, op: ccl.AllReduceOp, args: tuple[Any, ...]):
+        values, _ = self._group(op, np.asarray(args[0]))
+        return (reduce_sum(values, tensor_dtype(op.result.type)),)
+
+    @impl(ccl.ChipIdOp)
+    def run_chip_id(self, interpreter: Interpreter, op: ccl.ChipIdOp, args: tuple[Any, ...]):
+        mesh = self.exchange.mesh if self.exchange is not None else ccl.Mesh(((op.axis_name, op.group_size),))
+        return (np.array(mesh.coordinates(self.chip).get(op.axis_name, 0), dtype=np.int32),)
+
+    @impl(ccl.A2APlanOp)
+    def run_a2a_plan(self, interpreter: Interpreter, op: ccl.A2APlanOp, args: tuple[Any, ...]):
+        return a2a_plan(np.asarray(args[0]), op.group_size, op.experts.value.data, op.slots, op.capacity_limit)
+
+
+ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
+"""(module, exchange, chip) -> the interpreter chip `chip` runs on, its listeners attached."""
+
+
+def plain_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]] = lambda chip: ()) -> ChipInterpreter:
+    """The reference semantics with the chip's `ccl` ops and `listeners(chip)`."""
+
+    def build(module: ModuleOp, exchange: MeshExchange, chip: int) -> Interpreter:
+        interpreter = make_interpreter(module, listeners(chip))
+        interpreter.register_implementations(CCLFunctions(exchange, chip))
+        return interpreter
+
+    return build
+
+
+def run_mesh(module: ModuleOp, function: str, mesh: ccl.Mesh, args: Sequence[Sequence[Any]],
+             interpreter: ChipInterpreter = plain_chip()) -> list[tuple[Any, ...]]:
+    """Run `function` on every chip of `mesh` (chip c on `args[c]`), exchanging values at the
+    collectives; the outputs of every chip, in chip order. `interpreter` builds each chip's
+    interpreter (`plain_chip(listeners)`, or cost-only mode's shape-only one)."""
+    exchange = MeshExchange(mesh)
+    outputs: list[tuple[Any, ...] | None] = [None] * mesh.chips
+    errors: list[BaseException | None] = [None] * mesh.chips
+
+    def chip_main(chip: int) -> None:
+        try:
+            runner = interpreter(module, exchange, chip)
+            with np.errstate(all="ignore"):
+                outputs[chip] = tuple(runner.call_op(function, tuple(args[chip])))
+        except threading.BrokenBarrierError as e:
+            errors[chip] = e
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            errors[chip] = e
+            exchange.abort()
+
+    threads = [threading.Thread(target=chip_main, args=(c,), name=f"chip{c}") for c in range(mesh.chips)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)), None)
+    if first is None:
+        first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return [o for o in outputs if o is not None]

@@ -1,0 +1,223 @@
+"""Expert parallelism across chips: the sharded program on every chip against the single-chip
+reference, the exact static bounds by brute force, the mesh files, the reports."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+import tcpc
+from dialects import ccl, moe
+from runtime_sim.perf.machine import MachineError
+from runtime_sim.perf.mesh_machine import load_mesh_machine
+from runtime_sim.semantics.ccl_semantics import a2a_plan, all_to_all, reduce_sum
+from runtime_sim.semantics.tolerance import compare_outputs
+from tcpc.cli import main
+from tcpc.mesh_run import MeshSpec, simulate_on_mesh
+
+CAPACITY_LAYER = """
+dims T = 8, D = 8, F = 16, E = 4, K = 2, B = 2, C = 3
+graph capped(x: bf16[T, D], router: f32[D, E], w_up: bf16[E, D, F], w_down: bf16[E, F, D]) -> bf16[T, D] {
+    probs = softmax(f32(x) @ router)
+    top_p, top_e = topk(probs, K)
+    xb, route = scatter(x, top_e, experts=E, block=B, capacity=C)
+    h = silu(grouped_matmul(xb, w_up, route))
+    return combine(grouped_matmul(h, w_down, route), route, bf16(top_p))
+}
+"""
+
+
+def _checked(program: tcpc.Program, spec: str, seed: int = 0) -> tuple[list, object]:
+    sim = simulate_on_mesh(program, MeshSpec.parse(spec), seed=seed)
+    ref = program.run(seed=seed)
+    return compare_outputs(sim.outputs, ref.outputs), sim
+
+
+@pytest.mark.parametrize("example, spec", [
+    ("examples/deepseek_v3.moe", "ep=4"),
+    ("examples/deepseek_v3.moe", "ep=8"),
+    ("examples/qwen3_moe.moe", "dp=2,ep=2"),
+    ("examples/toy.moe", "ep=2"),
+])
+def test_a2a_is_bit_identical_to_one_chip(example: str, spec: str) -> None:
+    results, sim = _checked(tcpc.compile_file(example), spec)
+    assert all(c.identical for c in results), [c.message for c in results]
+    assert len(sim.report.chips) == MeshSpec.parse(spec).mesh.chips
+
+
+def test_a2a_capacity_drops_what_one_chip_drops() -> None:
+    program = tcpc.compile_source(CAPACITY_LAYER)
+    for seed in range(3):
+        results, _ = _checked(program, "ep=2", seed)
+        assert all(c.identical for c in results)
+
+
+def test_allgather_within_tolerance() -> None:
+    for example in ("examples/deepseek_v3.moe", "examples/mixtral.moe"):
+        results, _ = _checked(tcpc.compile_file(example), "ep=4,strategy=allgather")
+        assert all(c.ok for c in results), [c.message for c in results]
+
+
+def test_semantics_over_all_chips() -> None:
+    values = [np.arange(6).reshape(3, 2) + 10 * c for c in range(3)]
+    out = all_to_all(values)
+    assert out[1][2].tolist() == values[2][1].tolist()
+    halves = [np.float32(1e8), np.float32(1.0), np.float32(-1e8)]
+    # chip order: (1e8 + 1) + -1e8 = 0 in f32; another order would give 1
+    assert reduce_sum([np.array([h]) for h in halves], np.dtype(np.float32))[0] == 0.0
+
+
+def _receive_counts(choices: np.ndarray, chips: int, experts: int, capacity: int | None) -> list[int]:
+    """Pairs each destination gets from one chip: a2a_plan's counts."""
+    s = ccl.a2a_slots(choices.shape[0], choices.shape[1], experts // chips, capacity)
+    return a2a_plan(choices, chips, experts, s, capacity)[2].tolist()
+
+
+@pytest.mark.parametrize("tokens, k, experts, chips", [(2, 2, 4, 2), (3, 2, 4, 2), (2, 3, 6, 3), (3, 1, 4, 4)])
+def test_send_buffers_are_the_exact_worst_case(tokens: int, k: int, experts: int, chips: int) -> None:
+    rows = list(itertools.permutations(range(experts), k))
+    for capacity in (None, 1, 2):
+        worst = 0
+        for routing in itertools.product(rows, repeat=tokens):
+            counts = _receive_counts(np.array(routing, dtype=np.int32), chips, experts, capacity)
+            worst = max(worst, max(counts))
+        assert worst == ccl.a2a_slots(tokens, k, experts // chips, capacity), capacity
+
+
+@pytest.mark.parametrize("tokens, k, experts, chips, block", [(2, 2, 4, 2, 1), (2, 2, 4, 2, 2), (1, 2, 6, 3, 2), (1, 3, 6, 2, 2)])
+def test_receive_blocks_are_the_exact_worst_case(tokens: int, k: int, experts: int, chips: int, block: int) -> None:
+    """G of a receiving chip's scatter is the most blocks any routing of the group's tokens fills."""
+    per_chip = experts // chips
+    group_tokens = tokens * chips
+    rows = list(itertools.combinations(range(experts), k))
+    for capacity in (None, 2):
+        cap = min(capacity or group_tokens, group_tokens)
+        s = ccl.a2a_slots(tokens, k, per_chip, capacity)
+        g = moe.RouteType.make(chips * s, 1, per_chip, block, cap).blocks.data
+        worst = 0
+        for routing in itertools.product(rows, repeat=group_tokens):
+            mine = np.array(routing)  # the receiving chip owns experts [0, E/n)
+            counts = [min(int((mine == e).sum()), cap) for e in range(per_chip)]
+            worst = max(worst, sum(math.ceil(c / block) for c in counts))
+        assert worst == g
+
+
+def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=3"]) == 1
+    assert "E = 16 experts do not divide over ep = 3 chips" in capsys.readouterr().err
+    assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4,xp=2"]) == 1
+    assert "NAME one of dp, ep, tp" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    for text, message in [
+        ('chip = "rngd"\n[link]\nbytes_per_cycle = { value = 0, source = "x" }\nlatency_cycles = { value = 1, assumption = "y" }\n',
+         "[link] bytes_per_cycle: must be positive"),
+        ('chip = "rngd"\n[link]\nbytes_per_cycle = { value = 30, source = "x" }\n', "[link] latency_cycles: missing"),
+        ('[link]\nbytes_per_cycle = { value = 30, source = "x" }\nlatency_cycles = { value = 1, assumption = "y" }\n',
+         "chip: missing"),
+        ('extends = "rngd_pcie"\n[mesh]\nshape = [2, 0]\n', "[mesh] shape: expected a list of positive integers"),
+        ('extends = "rngd_pcie"\n[link]\nbandwidth = 3\n', "[link] bandwidth: unknown key"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(MachineError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            load_mesh_machine(bad)
+        assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine", str(bad)]) == 1
+        assert capsys.readouterr().err.startswith("tcpc: error: ")
+    assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4", "--mesh-machine",
+                 "runtime_sim/perf/machines/rngd_2x4.toml"]) == 1
+    assert "has 8 (shape 2 x 4)" in capsys.readouterr().err
+
+
+def test_cli_check_report_and_trace(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    trace, report = tmp_path / "t.json", tmp_path / "r.json"
+    assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=8", "--check", "--report",
+                 "--trace", str(trace), "--report-json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "check: outputs equal the reference" in out and "load imbalance" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == set(range(1, 9))
+    assert any(e.get("cat") == "link" for e in events)
+    data = json.loads(report.read_text())
+    assert len(data["chips"]) == 8 and data["total_cycles"] == max(c["total_cycles"] for c in data["chips"])
+    assert main(["compile", "examples/toy.moe", "--mesh", "ep=2"]) == 0
+    assert "ccl.all_to_all" in capsys.readouterr().out
+
+
+def test_skewed_routing_shows_the_hot_chip() -> None:
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32})
+    spec = MeshSpec.parse("ep=4")
+    balanced = simulate_on_mesh(program, spec, cost_only=True, routing="balanced").report
+    skewed = simulate_on_mesh(program, spec, cost_only=True, routing="skewed", seed=1).report
+    received = [skewed.link_bytes(c)[1] for c in range(4)]
+    assert max(range(4), key=received.__getitem__) == 0  # Zipf: experts 0.. are the popular ones
+    assert len({balanced.link_bytes(c)[1] for c in range(4)}) == 1
+    assert skewed.imbalance(received) > 1.2
+
+
+def test_collectives_wait_for_the_slowest_chip() -> None:
+    sim = simulate_on_mesh(tcpc.compile_file("examples/deepseek_v3.moe"), MeshSpec.parse("ep=4"), seed=0)
+    report = sim.report
+    for j in {x.collective for x in report.links}:
+        ends = {x.end for x in report.links if x.collective == j}
+        starts = {x.start + x.wait_cycles for x in report.links if x.collective == j}
+        assert len(ends) == 1 and len(starts) == 1
+
+
+def test_tp_is_refused_clearly() -> None:
+    with pytest.raises(ccl.MeshSpecError, match="tensor parallelism"):
+        MeshSpec.parse("ep=4,tp=2")
+
+
+def test_ccl_verifier_names_the_problem() -> None:
+    from xdsl.dialects.builtin import TensorType, i32
+    from xdsl.ir import Block
+    from xdsl.utils.exceptions import VerifyException
+
+    block = Block(arg_types=[TensorType(i32, [4, 2]), TensorType(i32, [3, 5])])
+    plan = ccl.A2APlanOp(block.args[0], "ep", 2, 8)
+    assert ccl.a2a_slots(4, 2, 4) == 8 and plan.slots == 8
+    plan.verify()
+    with pytest.raises(VerifyException, match="do not divide over 3 chips"):
+        ccl.A2APlanOp(block.args[0], "ep", 3, 8).verify()
+    with pytest.raises(VerifyException, match="one slice per chip"):
+        ccl.AllToAllOp(block.args[1], "ep", 2).verify()
+    with pytest.raises(VerifyException, match="reductions take float tensors"):
+        ccl.AllReduceOp(block.args[1], "ep", 3).verify()
+
+
+def test_mesh_coordinates_and_groups() -> None:
+    mesh = ccl.Mesh.parse("ep=4, dp=2")
+    assert str(mesh) == "dp=2,ep=4" and mesh.chips == 8
+    assert mesh.coordinates(6) == {"dp": 1, "ep": 2}
+    assert mesh.group(6, "ep") == [4, 5, 6, 7] and mesh.group(6, "dp") == [2, 6]
+    for bad in ("ep=0", "ep=2,ep=2", "ep=x", "pp=2"):
+        with pytest.raises(ccl.MeshSpecError):
+            ccl.Mesh.parse(bad)
+
+
+def test_benchmark_rows_stay_above_their_bound() -> None:
+    from benchmark_scripts import load_script
+
+    bench = load_script("mesh")
+    model = bench.MODELS[1]
+    tiny = dict(D=16, F=32, E=8, K=2)
+    for strategy, routing in (("a2a", "balanced"), ("allgather", "skewed")):
+        row = bench.mesh_row(model, 2, 4, strategy, routing, dims=tiny)
+        assert row.total_cycles >= row.bound > 0 and 0 < row.communication_cycles < row.total_cycles
+        assert f"| {strategy} | {routing} |" in bench.table([row])
+    choices = np.array([[0, 1], [2, 3], [0, 2], [1, 3]], dtype=np.int32)  # chips 0, 0 | 1, 1 of E = 4
+    machine = load_mesh_machine()
+    # chip 0: its token 1 goes to chip 1 and comes back; both tokens of chip 1 come in and their
+    # results go out: 3 rows each way
+    assert bench.link_bound_cycles(choices, 2, 4, 30, machine) == 3 * 30 / machine.link_bytes_per_cycle
+
+
+def test_reference_scatter_drops_pairs_routed_to_no_expert() -> None:
+    from runtime_sim.semantics.moe_semantics import route_plan
+
+    plan = route_plan(np.array([[1], [-1], [1], [0]], dtype=np.int32), moe.RouteType.make(4, 1, 2, 2))
+    assert plan.scatter_idx.reshape(-1).tolist() == [2, -1, 3, 0]
+    assert plan.expert_ids.tolist()[:2] == [0, 1]
