@@ -130,6 +130,8 @@ NOT_IN_A_CHAIN: dict[str, str] = {
     "ve.position_tag": "a static table in DM, read as an operand",
     "ve.broadcast": "a view the operand reader makes; inside a chain it would change the stream's shape",
     "ve.scan": "its carried accumulator needs the scanned axis on Time, a layout of its own",
+    "ve.widen_low": "an fp8 or fp4 value widened by the fetch stage's lookup table, outside the 32-bit chain",
+    "ve.narrow_low": "a cast to fp8 or fp4 by the Cast Engine, after the chain; not modelled as a member yet",
     "ve.chain": "already a chain",
     "ve.yield": "the end of a chain",
 }

@@ -283,9 +283,9 @@ def test_without_config_dims_come_from_the_program(tmp_path: Path, capsys: pytes
 
 
 def error(capsys: pytest.CaptureFixture[str], ckpt: Path, family: str = "qwen3_moe", layer: int = 0,
-          *more: object) -> str:
+          *more: object, status: int = 1) -> str:
     code, _, err = tcpc(capsys, "run", EXAMPLES / f"{family}.moe", "--weights", ckpt, "--layer", layer, *more)
-    assert code == 1, err
+    assert code == status, err
     assert err.startswith("tcpc: error: ") and err.count("\n") == 1 and "Traceback" not in err
     return err
 
@@ -331,10 +331,10 @@ def test_errors_name_the_tensor_shapes_and_file(tmp_path: Path, capsys: pytest.C
     err = error(capsys, write(tmp_path / "dense", dense), "deepseek_v3", 0)
     assert "layer 0 of this deepseek_v3 checkpoint is a dense MLP" in err and "MoE layers: 1" in err
     # flags
-    err = error(capsys, tmp_path / "ok", "qwen3_moe", 0, "--cost-only")
+    err = error(capsys, tmp_path / "ok", "qwen3_moe", 0, "--cost-only", status=2)  # usage errors exit 2
     assert "--weights does not apply to --cost-only" in err
     code, _, err = tcpc(capsys, "run", EXAMPLES / "qwen3_moe.moe", "--weights", tmp_path / "ok")
-    assert code == 1 and "--weights and --layer go together" in err
+    assert code == 2 and "--weights and --layer go together" in err
     err = error(capsys, tmp_path / "nowhere")
     assert "nowhere: no such file or directory" in err
 

@@ -150,7 +150,7 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sweep", str(tmp_path / "none.toml")]) == 1
     assert "none.toml: no such sweep spec" in capsys.readouterr().err
     spec = write_spec(tmp_path, f'programs = ["{TOY}"]\n')
-    assert main(["sweep", str(spec), "--workers", "0"]) == 1
+    assert main(["sweep", str(spec), "--workers", "0"]) == 2  # a usage error
     assert "--workers N (N >= 1)" in capsys.readouterr().err
     assert main(["sweep", str(spec), "-o", str(tmp_path / "o"), "--scheduler", "nonsense"]) == 1
     assert "--scheduler nonsense: cannot connect (missing port number" in capsys.readouterr().err
