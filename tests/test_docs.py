@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
 import tomllib
 from collections.abc import Iterator
 from functools import cache
@@ -52,8 +53,19 @@ OUTSIDE_DOCUMENTS = [  # first letters bracketed, so grepping the repo for them 
 """Citations of the design document and notes tcpc started from, which live outside the repo."""
 
 
+def repo_files() -> list[Path]:
+    """The repository's own files: git's (tracked, and untracked but not ignored, so a virtual
+    environment inside the checkout, like CI's .ci-venv, is not read); every file outside git."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(REPO.rglob("*"))
+    return sorted(REPO / name for name in listed)
+
+
 def text_files() -> Iterator[Path]:
-    for path in sorted(REPO.rglob("*")):
+    for path in repo_files():
         parts = path.relative_to(REPO).parts
         if any(p in SKIPPED_DIRS or p.endswith(".egg-info") for p in parts):
             continue
