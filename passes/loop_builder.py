@@ -85,3 +85,36 @@ def move_readers_after(block: Block, anchor: Operation, produced: list[SSAValue]
         op.detach()
         block.insert_op_after(op, anchor)
         anchor = op
+
+
+def escaping_results(ops: list[Operation]) -> list[SSAValue]:
+    """The results of `ops` read outside them: what a loop over them must store and return."""
+    inside = set(ops)
+    return [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
+
+
+def clone_rows(op: Operation, operands: list[SSAValue], rows: int) -> Operation:
+    """`op` on `operands`, its results with `rows` rows on their first axis (one block, or a
+    tile of tokens), keeping its properties, attributes and result names."""
+    new = type(op).create(operands=operands, result_types=[tile_type(r.type, rows) for r in op.results],
+                          properties=dict(op.properties), attributes=dict(op.attributes))
+    for old, r in zip(op.results, new.results):
+        r.name_hint = old.name_hint
+    return new
+
+
+def replace_by_loop(block: Block, ops: list[Operation], escaping: list[SSAValue], results: list[SSAValue],
+                    new_ops: list[Operation]) -> None:
+    """Put `new_ops` (the loop and what it needs) right after the last of the absorbed `ops`,
+    let outside readers of `escaping` read `results` instead (moving those that stood among
+    `ops` after the loop), and erase `ops`."""
+    inside = set(ops)
+    for r, result in zip(escaping, results):
+        result.name_hint = r.name_hint
+    block.insert_ops_after(new_ops, ops[-1])
+    for r, result in zip(escaping, results):
+        r.replace_uses_with_if(result, lambda use: use.operation not in inside)
+    move_readers_after(block, new_ops[-1], results, inside)
+    for op in reversed(ops):
+        op.detach()
+        op.erase()

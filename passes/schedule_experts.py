@@ -42,12 +42,9 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, place_in_hbm, phase_of
+from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
 from dialects.tensor_types import shape_of
-from passes.loop_builder import is_row_parallel_ve, leading, move_readers_after, select_ops, tile_type
-
-
-
+from passes.loop_builder import clone_rows, escaping_results, is_row_parallel_ve, leading, replace_by_loop, select_ops, tile_type
 
 CONTRACTIONS = (tcp.ContractOp, tcp.ScaledContractOp)
 """The guarded block contractions a loop is built around (bf16/f32, and block-scaled fp8/MXFP4)."""
@@ -93,11 +90,9 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
     ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids)])
     if not any(isinstance(op, CONTRACTIONS) for op in ops):
         return None
-    inside = set(ops)
-    blocks = shape_of(expert_ids.type)[0]
     last = ops[-1]
 
-    escaping = [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
+    escaping = escaping_results(ops)
     if not escaping:
         return None
     gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp)]
@@ -115,8 +110,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
         b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
     carried_init: list[SSAValue] = [b.result for b in buffers]
     carried_init += [no_ids.result for _ in gathers] + [t.result for t in no_tiles]
-    # The double-buffering waits carry the last contraction of the two previous blocks (the
-    # last reader of their loaded tiles); before the first block there is nothing to wait for.
+    # The double-buffering waits carry the last contraction of the WEIGHT_AHEAD previous blocks
+    # (the last reader of their loaded tiles); before the first block there is nothing to wait for.
     last_contract = [op for op in ops if isinstance(op, CONTRACTIONS)][-1]
     nothing = ve.ConstOp(0.0, tile_type(last_contract.result.type))
     before.append(nothing)
@@ -171,13 +166,9 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
             mapping[op.result] = add(new, op.result.name_hint)
             loaded.append(op.result)
             continue
-        operands = [tile_of(v) for v in op.operands]
-        new = type(op).create(operands=operands, result_types=[tile_type(r.type) for r in op.results],
-                              properties=dict(op.properties), attributes=dict(op.attributes))
+        new = clone_rows(op, [tile_of(v) for v in op.operands], 1)
         body.add_op(new)
-        for old, r in zip(op.results, new.results):
-            r.name_hint = old.name_hint
-            mapping[old] = r
+        mapping.update(zip(op.results, new.results))
 
     stored = [add(tile.StoreOp(mapping[r], buf, index), f"{r.name_hint}_stored" if r.name_hint else None)
               for r, buf in zip(escaping, buffer_args)]
@@ -186,16 +177,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
 
     loop = scf.ForOp(c0, c_blocks, c1, carried_init, body)
     loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
-    for r, result in zip(escaping, loop.results[:n_buf]):
-        result.name_hint = r.name_hint
-
-    block.insert_ops_after([*before, loop], last)
-    for r, result in zip(escaping, loop.results[:n_buf]):
-        r.replace_uses_with_if(result, lambda use: use.operation not in inside)
-    move_readers_after(block, loop, list(loop.results), inside)
-    for op in reversed(ops):
-        op.detach()
-        op.erase()
+    replace_by_loop(block, ops, escaping, list(loop.results[:n_buf]), [*before, loop])
     return loop
 
 

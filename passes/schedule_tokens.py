@@ -35,7 +35,7 @@ from xdsl.passes import ModulePass
 
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR, phase_of
-from passes.loop_builder import is_row_parallel_ve, leading, move_readers_after, select_ops, tile_type
+from passes.loop_builder import clone_rows, escaping_results, is_row_parallel_ve, leading, replace_by_loop, select_ops, tile_type
 
 TILED_PHASES = ("router", "combine")
 
@@ -82,21 +82,16 @@ def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, 
     for op in ops:
         # A gather's source is read whole: its indices name rows of all of it.
         whole = {op.source} if isinstance(op, tcp.DmaGatherOp) else set()
-        operands = [v if v in whole else tile_of(v) for v in op.operands]
-        new = type(op).create(operands=operands, result_types=[tile_type(r.type, rows) for r in op.results],
-                              properties=dict(op.properties), attributes=dict(op.attributes))
+        new = clone_rows(op, [v if v in whole else tile_of(v) for v in op.operands], rows)
         add(new)
-        for old, r in zip(op.results, new.results):
-            r.name_hint = old.name_hint
-            mapping[old] = r
+        mapping.update(zip(op.results, new.results))
 
 
 def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int) -> scf.ForOp | None:
     """One token-tile loop over the row-parallel ops of `phase`; None if it would not help."""
     candidates = [op for op in block.ops if phase_of(op) == phase and is_row_parallel(op, tokens)]
     ops = select_ops(block, candidates)
-    inside = set(ops)
-    escaping = [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
+    escaping = escaping_results(ops)
     rows = tile_rows(ops, tokens, tile_bytes)
     if not escaping or rows >= tokens:
         return None
@@ -141,17 +136,9 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int) -> sc
         after += list(rest.ops)
         for op in after[1:]:
             op.detach()
-    for r, result in zip(escaping, results):
-        result.name_hint = r.name_hint
     for op in before:
         op.attributes.update(marker)
-    block.insert_ops_after([*before, *after], ops[-1])
-    for r, result in zip(escaping, results):
-        r.replace_uses_with_if(result, lambda use: use.operation not in inside)
-    move_readers_after(block, after[-1], results, inside)
-    for op in reversed(ops):
-        op.detach()
-        op.erase()
+    replace_by_loop(block, ops, escaping, results, [*before, *after])
     return loop
 
 

@@ -15,7 +15,8 @@ from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tile
 from dialects.tensor_types import shape_of
-from runtime_sim.semantics.numerics import tensor_dtype
+from runtime_sim.semantics.numerics import GatheredRows, tensor_dtype
+from runtime_sim.semantics.tcp_semantics import check_rows
 
 
 def _rows(op_name: str, source: np.ndarray, offset: int, n: int) -> slice:
@@ -25,14 +26,9 @@ def _rows(op_name: str, source: np.ndarray, offset: int, n: int) -> slice:
 
 
 def expert_rows(source: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """source[ids] with zero rows where an id is -1 (gathered on the raw bits, as a DMA does)."""
-    ids = np.asarray(ids)
-    if ((ids < -1) | (ids >= source.shape[0])).any():
-        raise InterpretationError(f"tile.load_expert: expert id outside [-1, {source.shape[0]})")
-    bits = np.asarray(source).view(np.dtype(f"u{source.dtype.itemsize}"))
-    out = bits[np.maximum(ids, 0)]
-    out[ids < 0] = 0
-    return out.view(source.dtype)
+    """source[ids] with zero rows where an id is -1: a DMA gather's rows (tcp.dma_gather's)."""
+    check_rows("tile.load_expert", np.asarray(ids), source.shape[0])
+    return np.asarray(GatheredRows(np.asarray(source), ids))
 
 
 @register_impls
