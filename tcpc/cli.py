@@ -26,7 +26,7 @@ from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MeshSpec, simulate_on_mesh
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline, pipeline_for
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
@@ -152,6 +152,8 @@ def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
         return args.pipeline
     if emit == "lowered":
         return ",".join(LOWERED_PIPELINE)
+    if emit == "planned" and args.machine is not None:
+        return pipeline_for(as_machine(args.machine).clusters)
     if emit in ("scheduled", "planned"):
         return ",".join(FULL_PIPELINE)
     return None

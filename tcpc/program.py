@@ -21,7 +21,7 @@ from tcpc.builder import build_module, evaluate_dims
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import check_fits
 from tcpc.parser import parse
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline, pipeline_for
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -101,14 +101,15 @@ class Program:
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
 
-    def full_pipeline(self) -> str:
-        """The passes of the full lowering, or a CompileError while they do not exist. An
-        .mlir file's IR is taken as it is (no passes) unless a pipeline is given."""
+    def full_pipeline(self, clusters: int | None = None) -> str:
+        """The passes of the full lowering (for a chip of `clusters` clusters; None: the
+        default machine's), or a CompileError while they do not exist. An .mlir file's IR is
+        taken as it is (no passes) unless a pipeline is given."""
         if self.is_ir:
             return ""
         if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-        return ",".join(FULL_PIPELINE)
+        return ",".join(FULL_PIPELINE) if clusters is None else pipeline_for(clusters)
 
     def lower(self, pipeline: str | None = None) -> ModuleOp:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering."""
@@ -198,8 +199,8 @@ class Program:
         from runtime_sim.perf.simulate import simulate
 
         name = self.function(graph).sym_name.data
-        spec = self.full_pipeline() if pipeline is None else pipeline
         mach = as_machine(machine)
+        spec = self.full_pipeline(mach.clusters) if pipeline is None else pipeline
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")

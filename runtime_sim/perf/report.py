@@ -105,8 +105,10 @@ class Roofline:
 
 
 def roofline(machine: Machine, flops: int, hbm_bytes: int, fp8_flops: int = 0) -> Roofline:
-    """`fp8_flops` of the `flops` count at the fp8 peak (twice bf16's on RNGD)."""
-    return Roofline(flops, hbm_bytes, flop_cycles(machine, flops, fp8_flops), hbm_bytes / machine.hbm_bytes_per_cycle)
+    """The whole chip's bound: every cluster's contraction peak, `fp8_flops` of the `flops` at the
+    fp8 peak (twice bf16's on RNGD), and HBM bandwidth."""
+    return Roofline(flops, hbm_bytes, flop_cycles(machine, flops, fp8_flops) / machine.clusters,
+                    hbm_bytes / machine.hbm_bytes_per_cycle)
 
 
 @dataclass
@@ -186,9 +188,9 @@ class SimReport:
     def to_text(self, max_ops: int | None = None) -> str:
         m, r = self.machine, self.roofline
         lines = [
-            f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.slices} slices, SRAM {_size(self.sram_capacity)}",
+            f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.clusters} x {m.slices} slices, SRAM {_size(self.sram_capacity)}",
             f"total {self.total_cycles:,} cycles = {self.microseconds:.3f} us",
-            f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} FLOPs / {m.peak_flops_per_cycle:,} per cycle, "
+            f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} FLOPs / {m.chip_peak_flops_per_cycle:,} per cycle, "
             f"{r.hbm_bytes:,} HBM bytes / {m.hbm_bytes_per_cycle:,.0f} per cycle)",
             f"peak SRAM {_size(self.peak_sram_bytes)} of {_size(self.sram_capacity)} "
             f"(policy {self.sram_policy}; {len(self.spills)} spill(s), {len(self.streams)} stream(s))",
