@@ -179,3 +179,11 @@ def test_tcpc_opt_refuses_strategy_auto(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "tcpc-opt: error: lower-topk{strategy=auto} is chosen by the cost model" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_sweeps_block_size_column_is_the_choice() -> None:
+    from tcpc.sweep import chosen_block
+
+    decode = tcpc.compile_file(EXAMPLES / "toy.moe", {"T": 1}).simulate(cost_only=True)
+    assert chosen_block(decode.report) == 1
+    assert chosen_block(tcpc.compile_file(EXAMPLES / "toy.moe").simulate(cost_only=True).report) is None
