@@ -95,6 +95,9 @@ class Program:
     choices: list[Choice] = field(default_factory=list)
     """The block sizes the compiler chose by the cost model (`block=auto`, or a block that did
     not fit), with the cycles of every candidate (tcpc/autotune.py)."""
+    _resolved: dict[tuple[object, ...], tuple[list[ModulePass], list[Choice]]] = field(
+        default_factory=dict, repr=False, compare=False)
+    """`passes` memo: costing the strategies compiles and simulates the program twice."""
 
     @property
     def graph_names(self) -> list[str]:
@@ -102,10 +105,6 @@ class Program:
 
     def function(self, graph: str | None = None) -> func.FuncOp:
         return function_in(self.module, graph or self.graph_names[0], self.graph_names)
-
-    _resolved: dict[tuple[object, ...], tuple[list[ModulePass], list[Choice]]] = field(
-        default_factory=dict, repr=False, compare=False)
-    """`passes` memo: costing the strategies compiles and simulates the program twice."""
 
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)

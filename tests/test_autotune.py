@@ -187,3 +187,15 @@ def test_the_sweeps_block_size_column_is_the_choice() -> None:
     decode = tcpc.compile_file(EXAMPLES / "toy.moe", {"T": 1}).simulate(cost_only=True)
     assert chosen_block(decode.report) == 1
     assert chosen_block(tcpc.compile_file(EXAMPLES / "toy.moe").simulate(cost_only=True).report) is None
+
+
+def test_the_choices_benchmark_on_toy_dims() -> None:
+    """benchmarks/choices.py: the choice never costs more than the fixed rule of run.py."""
+    from benchmark_scripts import load_script
+
+    choices = load_script("choices")
+    model = choices.MODELS[0]
+    row = choices.choice_row(model, 8, dims=dict(D=16, F=32, E=4, K=2))
+    assert row.chosen_cycles == min(c for _, c in row.alternatives)
+    assert row.chosen_cycles <= row.rule_cycles
+    assert f"| {row.title} | 8 |" in choices.table([row])
