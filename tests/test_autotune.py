@@ -130,6 +130,18 @@ def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytes
     assert any(loop["phase"] == "experts" for loop in data["loops"])
 
 
+def test_the_json_reports_choice_is_its_cheapest_alternative(tmp_path: Path) -> None:
+    path, report = tmp_path / "auto.moe", tmp_path / "r.json"
+    path.write_text(MIXTRAL_AUTO)
+    assert main(["run", str(path), "--cost-only", "--routing", "skewed", "--report-json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    (choice,) = data["choices"]
+    cycles = {a["value"]: a["cycles"] for a in choice["alternatives"]}
+    assert len(cycles) > 1 and choice["routing"] == "skewed"
+    assert cycles[choice["chosen"]] == min(cycles.values()) == data["total_cycles"]
+    assert choice["chosen"] == min(b for b, c in cycles.items() if c == min(cycles.values()))
+
+
 def test_compile_prints_the_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "auto.moe"
     path.write_text(MIXTRAL_AUTO)
