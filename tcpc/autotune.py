@@ -12,7 +12,9 @@ Block candidates are kept few, so that a decode compile stays fast: the powers o
 quarter to four times the expected rows per expert under balanced routing (T * K / E, at
 least 1), within [1, the largest block that fits], plus that largest block (T, or the
 capacity). Fewer rows than a quarter of an expert's share multiply the blocks (and the
-simulated loop iterations) for nothing; more than four times it pads every block.
+simulated loop iterations) for nothing; more than four times it pads every block. When the
+cheapest candidate is an end of that range of powers of two, the search goes on past it, a
+power of two at a time, while the cycles keep falling.
 """
 
 from __future__ import annotations
@@ -46,19 +48,41 @@ def block_candidates(auto: AutoBlock) -> list[int]:
     return sorted({*powers, most})
 
 
+def choose_block(auto: AutoBlock, cycles_of: Callable[[int], int]) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """The block of fewest cycles (ties: the smaller) among `block_candidates`, extended past an
+    end of their powers of two while that keeps lowering the cycles; and every (block, cycles)
+    tried, by block."""
+    tried = {b: cycles_of(b) for b in block_candidates(auto)}
+    best = min(tried, key=lambda b: (tried[b], b))
+    while (beyond := _past_the_end(best, tried, auto.most)) is not None:
+        before = tried[best]
+        tried[beyond] = cycles_of(beyond)
+        if tried[beyond] <= before and (tried[beyond] < before or beyond < best):
+            best = beyond  # fewer cycles, or as many with a smaller block
+        if tried[beyond] >= before:
+            break  # the cycles stopped falling
+    return best, tuple(sorted(tried.items()))
+
+
+def _past_the_end(best: int, tried: Mapping[int, int], most: int) -> int | None:
+    """The next power of two past `best` when it is the smallest or the largest power of two
+    tried, if it fits and was not tried; else None."""
+    powers = [b for b in tried if b & (b - 1) == 0 and b != most]  # the range's, not the largest block
+    if best not in powers:
+        return None
+    if best == min(powers) and best > 1 and best // 2 not in tried:
+        return best // 2
+    if best == max(powers) and best * 2 < most and best * 2 not in tried:
+        return best * 2
+    return None
+
+
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
                 routing: str | Path, seed: int) -> int:
     """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario."""
     lowered = apply_pipeline(module, [*parse_pipeline("pin-routing"), *passes])
     return sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
                for name in functions)
-
-
-def cheapest(alternatives: Sequence[int | str], cycles_of: Callable[[int | str], int]) -> tuple[int | str, tuple[tuple[int | str, int], ...]]:
-    """The alternative with the fewest cycles (ties: the first), and every (alternative, cycles)."""
-    tried = tuple((a, cycles_of(a)) for a in alternatives)
-    best = min(range(len(tried)), key=lambda i: (tried[i][1], i))
-    return tried[best][0], tried
 
 
 def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]], ModuleOp], filename: str,
@@ -69,14 +93,14 @@ def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]
     chosen: dict[Loc, int] = {}
     choices: list[Choice] = []
     for auto in autos:
-        def cycles_of(block: int | str, auto: AutoBlock = auto) -> int:
-            module = build({**chosen, auto.loc: int(block)})
+        def cycles_of(block: int, auto: AutoBlock = auto) -> int:
+            module = build({**chosen, auto.loc: block})
             return cost_cycles(module, [auto.graph], parse_pipeline(",".join(FULL_PIPELINE)), machine, routing, seed)
 
-        best, tried = cheapest(block_candidates(auto), cycles_of)
-        chosen[auto.loc] = int(best)
-        choices.append(Choice("block", f"{filename}:{auto.loc.line}:{auto.loc.col}", auto.reason, best, tried,
-                              str(routing)))
+        best, tried = choose_block(auto, cycles_of)
+        chosen[auto.loc] = best
+        choices.append(Choice("block", f"{filename}:{auto.loc.line}:{auto.loc.col}", auto.reason, best,
+                              tuple(tried), str(routing)))
     return chosen, choices
 
 
@@ -93,12 +117,13 @@ def resolve_strategies(module: ModuleOp, passes: Sequence[ModulePass], functions
         named = {q.name for q in resolved}
         rest = parse_pipeline(",".join(n for n in FULL_PIPELINE if n not in named))
 
-        def cycles_of(strategy: int | str, i: int = i, p: LowerTopKPass = p) -> int:
-            trial = [replace(p, strategy=str(strategy)) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]
+        def cycles_of(strategy: str, i: int = i, p: LowerTopKPass = p) -> int:
+            trial = [replace(p, strategy=strategy) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]
             return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed)
 
-        best, tried = cheapest(STRATEGIES, cycles_of)
-        resolved[i] = replace(p, strategy=str(best))
+        tried = tuple((s, cycles_of(s)) for s in STRATEGIES)
+        best = min(tried, key=lambda t: (t[1], STRATEGIES.index(t[0])))[0]  # ties: rank, the default
+        resolved[i] = replace(p, strategy=best)
         choices.append(Choice("lower-topk strategy", f"pass {i + 1} of the pipeline", "strategy=auto", best, tried,
                               str(routing)))
     return resolved, choices

@@ -16,7 +16,7 @@ import pytest
 
 import tcpc
 from runtime_sim.perf.report import Choice
-from tcpc.autotune import block_candidates
+from tcpc.autotune import block_candidates, choose_block
 from tcpc.builder import AutoBlock
 from tcpc.cli import main
 from tcpc.diagnostics import Loc
@@ -49,6 +49,28 @@ def auto(tokens: int, k: int, experts: int, capacity: int | None = None) -> Auto
 ])
 def test_block_candidates(tokens: int, k: int, experts: int, capacity: int | None, expected: list[int]) -> None:
     assert block_candidates(auto(tokens, k, experts, capacity)) == expected
+
+
+@pytest.mark.parametrize("best, expected_tried", [
+    (4, [1, 2, 4, 8, 16, 64]),  # inside the range: the candidates only
+    (64, [1, 2, 4, 8, 16, 64]),  # T itself: nothing past it
+    (32, [1, 2, 4, 8, 16, 32, 64]),  # past the largest power of two tried, up to the best
+])
+def test_choose_block_searches_past_the_ends(best: int, expected_tried: list[int]) -> None:
+    """Synthetic cycles with one minimum: the search finds it, and tries one block past it at most."""
+    chosen, tried = choose_block(auto(64, 8, 128), lambda b: abs(b.bit_length() - best.bit_length()) + 100)
+    assert chosen == best
+    assert [b for b, _ in tried] == expected_tried
+
+
+def test_choose_block_goes_down_while_it_pays() -> None:
+    chosen, tried = choose_block(auto(4096, 8, 128), lambda b: abs(b - 16) + 7)
+    assert chosen == 16 and [b for b, _ in tried] == [8, 16, 32, 64, 128, 256, 512, 1024, 4096]
+
+
+def test_choose_block_ties_go_to_the_smaller_block() -> None:
+    chosen, tried = choose_block(auto(4096, 8, 128), lambda b: 5)
+    assert chosen == 32 and tried[0] == (32, 5)  # one past the lower end, equal: the smaller wins, then it stops
 
 
 @pytest.mark.parametrize("family", FAMILIES)
