@@ -224,13 +224,11 @@ def machine_file(base: str, overrides: Mapping[str, Any], directory: Path) -> Pa
 
 
 def chosen_block(report: SimReport) -> int | None:
-    """The block size the compiler chose, when the report records one (read defensively:
-    older reports have none)."""
-    for holder in (report, getattr(report, "schedule", None)):
-        for name in ("block_size", "chosen_block_size", "chosen_block", "block"):
-            value = holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
+    """The block size the compiler chose by the cost model (the first `block=auto` scatter's,
+    or one whose block did not fit), or None when the program fixed it."""
+    for choice in report.choices:
+        if choice.what == "block":
+            return int(choice.chosen)
     return None
 
 
@@ -277,9 +275,11 @@ def run_point(point: Point) -> dict[str, Any]:
     start = time.perf_counter()
     row: dict[str, Any] = {"key": point_key(point), **input_columns(point)}
     try:
-        program = compile_file(point["program"], point["dims"])
         with tempfile.TemporaryDirectory(prefix="tcpc-sweep-") as tmp:
             machine = machine_file(point["machine"], point["machine_overrides"], Path(tmp))
+            # a block=auto (or one that does not fit) is chosen for this point's machine and routing
+            program = compile_file(point["program"], point["dims"], machine=machine, routing=point["routing"],
+                                   seed=point["seed"])
             clusters = as_machine(machine).clusters
             sim = program.simulate(cost_only=True, pipeline=pipeline_for(point["pass_options"], clusters), machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])

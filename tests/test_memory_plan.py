@@ -93,7 +93,8 @@ def plan_digest(plan: MemoryPlan, report: SimReport) -> str:
         [astuple(s) for s in plan.streams],
         [astuple(r) for r in plan.residencies],
         sorted((k, astuple(c)) for k, c in plan.costs.items()),
-        {k: v for k, v in report.to_json().items() if k != "machine_file"},  # not where the repo is
+        # Not where the repo is, nor what the driver adds (its choices, the loops read from the IR).
+        {k: v for k, v in report.to_json().items() if k not in ("machine_file", "choices", "loops")},
     ]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
