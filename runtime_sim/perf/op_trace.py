@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from xdsl.dialects import func, scf
 from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, SSAValue
@@ -21,10 +23,12 @@ from dialects import ve
 from dialects.annotations import OTHER, phase_of
 from runtime_sim.perf.cost_model import (
     UNTRACED,
+    CostFn,
     OpCost,
     aliased_operand,
     check_cost,
     cost_function,
+    data_operands,
     in_hbm,
     is_fused,
     is_unbuffered,
@@ -68,6 +72,34 @@ class _Value:
     buffer: int | None
 
 
+_ENTRY = _Value(None, None)
+"""An entry argument: in HBM, ready at cycle 0."""
+
+_DATA_KEY_BYTES = 4096
+"""Data operands up to this size key the cost cache by their bytes (a guard, a block's expert
+ids); larger ones (a gather's [T*K] indices, outside any loop) are costed every time."""
+
+
+@dataclass(frozen=True)
+class _Statics:
+    """What recording an op needs that is the same every time it runs: an op in a loop runs
+    once per iteration with the same types, so this is worked out on its first run only."""
+
+    name: str
+    label: str
+    phase: str
+    cost_fn: CostFn
+    data: tuple[int, ...]
+    """Operands whose values the cost reads (cost_model.data_operands): they key the cost."""
+    read: tuple[int, ...]
+    """Operands whose buffers it reads (all but the order-only ones)."""
+    alias: int | None
+    fresh: tuple[bool, ...]
+    """Per result: whether it is a new SRAM buffer (not a view, not unbuffered, not in HBM)."""
+    buffer_names: tuple[str | None, ...]
+    """Per result: `%name`, or None for `op.name#index`."""
+
+
 def op_label(op: Operation) -> str:
     """`%y = ve.mul`; a chain names its members: `%h = ve.chain[3](sigmoid,mul,narrow)`."""
     name = op.name
@@ -87,6 +119,8 @@ class TraceRecorder(Interpreter.Listener):
         self.trace = Trace()
         self._entry = entry
         self._values: dict[SSAValue, _Value] = {}
+        self._static: dict[Operation, _Statics] = {}
+        self._costs: dict[Any, OpCost] = {}
         self._loop_results: dict[scf.ForOp, list[_Value]] = {}
         self._args: list[tuple[Any, ...]] = []
         self._returned: list[_Value] = []
@@ -94,7 +128,43 @@ class TraceRecorder(Interpreter.Listener):
         """The fused op running now (a `ve.chain`): the ops inside it are its cost, not traced."""
 
     def _value(self, v: SSAValue) -> _Value:
-        return self._values.get(v, _Value(None, None))  # entry arguments: in HBM, ready at 0
+        return self._values.get(v, _ENTRY)
+
+    def _statics(self, op: Operation) -> _Statics:
+        statics = self._static.get(op)
+        if statics is None:
+            fn = cost_function(op) or (None if self.strict else not_costed)
+            if fn is None:
+                raise KeyError(f"{op.name} has no cost function")  # simulate() checks this first
+            operands = list(op.operands)
+            order_only = set(order_operands(op))
+            alias = aliased_operand(op)
+            statics = self._static[op] = _Statics(
+                op.name, op_label(op), phase_of(op) or OTHER, fn,
+                tuple(operands.index(v) for v in data_operands(op)),
+                tuple(i for i, v in enumerate(operands) if v not in order_only),
+                alias,
+                tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
+                tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results))
+        return statics
+
+    def _cost(self, op: Operation, statics: _Statics, args: tuple[Any, ...], results: tuple[Any, ...]) -> OpCost:
+        """The op's cost, computed once per op and values of its data operands: every other
+        operand it may read for shape and dtype only (cost_model), which do not change."""
+        key: Any = op
+        if statics.data:
+            values = [np.asarray(args[i]) for i in statics.data]
+            if sum(v.nbytes for v in values) > _DATA_KEY_BYTES:
+                key = None
+            else:
+                key = (op, *((v.dtype.str, v.shape, v.tobytes()) for v in values))
+        cost = self._costs.get(key) if key is not None else None
+        if cost is None:
+            cost = statics.cost_fn(op, args, results, self.machine)
+            check_cost(op, cost, self.machine)
+            if key is not None:
+                self._costs[key] = cost
+        return cost
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
         if self._fused is not None:
@@ -137,29 +207,26 @@ class TraceRecorder(Interpreter.Listener):
                 for r, v in zip(op.results, self._loop_results.pop(op)):
                     self._values[r] = v
             return
-        fn = cost_function(op) or (None if self.strict else not_costed)
-        if fn is None:
-            raise KeyError(f"{op.name} has no cost function")  # simulate() checks this first
-        cost = fn(op, args, results, self.machine)
-        check_cost(op, cost, self.machine)
-        index = len(self.trace.ops)
-        ins = [self._value(v) for v in op.operands]
-        order_only = set(order_operands(op))
+        statics = self._statics(op)
+        cost = self._cost(op, statics, args, results)
+        trace = self.trace
+        index = len(trace.ops)
+        values = self._values
+        operands = op.operands
+        ins = [values.get(v, _ENTRY) for v in operands]
         deps = tuple(sorted({v.producer for v in ins if v.producer is not None}))
-        reads = tuple(sorted({v.buffer for v, operand in zip(ins, op.operands)
-                              if v.buffer is not None and operand not in order_only}))
-        alias = aliased_operand(op)
+        reads = tuple(sorted({b for i in statics.read if (b := ins[i].buffer) is not None}))
         writes: list[int] = []
-        for r, value in zip(op.results, results):
-            if alias is not None:
-                buffer = ins[alias].buffer
-            elif is_unbuffered(op) or in_hbm(r):
+        for r, value, fresh, name in zip(op.results, results, statics.fresh, statics.buffer_names):
+            if statics.alias is not None:
+                buffer = ins[statics.alias].buffer
+            elif not fresh:
                 buffer = None
             else:
-                buffer = len(self.trace.buffer_bytes)
-                self.trace.buffer_bytes[buffer] = stored_nbytes(value)
-                self.trace.buffer_labels[buffer] = f"%{r.name_hint}" if r.name_hint else f"{op.name}#{index}"
+                buffer = len(trace.buffer_bytes)
+                trace.buffer_bytes[buffer] = stored_nbytes(value)
+                trace.buffer_labels[buffer] = name or f"{statics.name}#{index}"
                 writes.append(buffer)
-            self._values[r] = _Value(index, buffer)
-        self.trace.ops.append(TracedOp(index, op.name, op_label(op), cost, deps, reads, tuple(writes),
-                                       phase_of(op) or OTHER, op))
+            values[r] = _Value(index, buffer)
+        trace.ops.append(TracedOp(index, statics.name, statics.label, cost, deps, reads, tuple(writes),
+                                  statics.phase, op))
