@@ -61,7 +61,7 @@ from runtime_sim.perf.cost_model import data_operands
 from runtime_sim.perf.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
-from runtime_sim.perf.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder
+from runtime_sim.perf.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder, without_gc_pauses
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
 
@@ -306,7 +306,8 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     args = [chosen[i].choices if i in chosen else placeholder(t, frozenset([names[i]]))
             for i, t in enumerate(entry.function_type.inputs.data)]
     interpreter = shape_only_interpreter(module, [recorder, *listeners])
-    interpreter.call_op(function, tuple(args))
-    report, graph = simulate_trace(recorder.trace, machine, sram_policy)
-    return SimResult((), report, graph, cost_only=True,
+    with without_gc_pauses():
+        interpreter.call_op(function, tuple(args))
+        report, sched = simulate_trace(recorder.trace, machine, sram_policy)
+    return SimResult((), report, sched, cost_only=True,
                      routing={names[i].lstrip("%"): c for i, c in chosen.items()}, trace=recorder.trace)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import networkx as nx
 
@@ -55,7 +56,9 @@ class Slot:
 @dataclass
 class Schedule:
     slots: dict[int, Slot]
-    graph: nx.DiGraph
+    tasks: Sequence[Task]
+    edges: list[tuple[int, int, str]]
+    """(earlier key, later key, kind) in the order found, one per pair (the first kind found)."""
     makespan: int
     critical_path: list[int]
     busy: dict[str, int]
@@ -69,61 +72,81 @@ class Schedule:
             return 0.0
         return self.busy.get(engine, 0) / (self.makespan * n)
 
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The dependency graph (module docstring), built when first asked for: a long program
+        has millions of edges, and a simulation needs none of them."""
+        graph = nx.DiGraph()
+        slots = self.slots
+        graph.add_nodes_from(
+            (t.key, {"label": t.label, "engine": t.engine, "cycles": t.cycles, "unit": (s := slots[t.key]).unit,
+                     "units": s.units, "start": s.start, "end": s.end})
+            for t in self.tasks)
+        graph.add_edges_from((u, v, {"kind": kind}) for u, v, kind in self.edges)
+        return graph
+
 
 def schedule(tasks: Sequence[Task], units: Mapping[str, int | None]) -> Schedule:
     """Place `tasks` (in issue order) on the engines; `units` gives each engine's unit count."""
-    graph = nx.DiGraph()
     free: dict[str, list[int]] = {e: [0] * n for e, n in units.items() if n}
     last_on_unit: dict[tuple[str, int], int] = {}
     slots: dict[int, Slot] = {}
+    preds: dict[int, dict[int, str]] = {}
+    edges: list[tuple[int, int, str]] = []
     busy: dict[str, int] = {e: 0 for e in units}
     for t in tasks:
         if t.engine not in units:
             raise ValueError(f"{t.label}: unknown engine '{t.engine}' (engines: {', '.join(units)})")
         if t.cycles < 0:
             raise ValueError(f"{t.label}: negative cycles {t.cycles}")
-        graph.add_node(t.key, label=t.label, engine=t.engine, cycles=t.cycles)
+        into: dict[int, str] = {}
         ready = 0
         for kind, keys in (("data", t.deps), ("memory", t.after)):
             for d in keys:
-                if d not in slots:
+                slot = slots.get(d)
+                if slot is None:
                     raise ValueError(f"{t.label}: depends on {d}, which is not scheduled before it")
-                if not graph.has_edge(d, t.key):
-                    graph.add_edge(d, t.key, kind=kind)
-                ready = max(ready, slots[d].end)
+                into.setdefault(d, kind)
+                if slot.end > ready:
+                    ready = slot.end
         taken: tuple[int, ...] = (0,)
         start = ready
-        if t.engine in free:
-            unit_free = free[t.engine]
+        unit_free = free.get(t.engine)
+        if unit_free is not None:
             if not 1 <= t.units <= len(unit_free):
                 raise ValueError(f"{t.label}: needs {t.units} units of '{t.engine}', which has {len(unit_free)}")
-            taken = tuple(sorted(sorted(range(len(unit_free)), key=lambda u: (unit_free[u], u))[:t.units]))
+            if t.units == 1:
+                first = min(range(len(unit_free)), key=unit_free.__getitem__)  # the lowest index on ties
+                taken = (first,)
+            else:
+                taken = tuple(sorted(sorted(range(len(unit_free)), key=lambda u: (unit_free[u], u))[:t.units]))
             start = max(ready, *(unit_free[u] for u in taken))
             for u in taken:
                 unit_free[u] = start + t.cycles
                 prev = last_on_unit.get((t.engine, u))
-                if prev is not None and not graph.has_edge(prev, t.key):
-                    graph.add_edge(prev, t.key, kind="engine")
+                if prev is not None:
+                    into.setdefault(prev, "engine")
                 last_on_unit[(t.engine, u)] = t.key
+        preds[t.key] = into
+        edges.extend((d, t.key, kind) for d, kind in into.items())
         slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + t.cycles, taken)
-        nx.set_node_attributes(graph, {t.key: {"unit": taken[0], "units": taken, "start": start,
-                                               "end": start + t.cycles}})
         busy[t.engine] += t.cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
-    return Schedule(slots, graph, makespan, _critical_path(graph, slots), busy, dict(units))
+    return Schedule(slots, tasks, edges, makespan, _critical_path(preds, slots), busy, dict(units))
 
 
-def _critical_path(graph: nx.DiGraph, slots: Mapping[int, Slot]) -> list[int]:
+def _critical_path(preds: Mapping[int, Mapping[int, str]], slots: Mapping[int, Slot]) -> list[int]:
     if not slots:
         return []
     node = max(slots, key=lambda k: (slots[k].end, -k))
     path = [node]
     while True:
         # The predecessor that set the start; data edges first, then the latest issued.
-        binding = [p for p in graph.predecessors(node) if slots[p].end == slots[node].start]
+        into = preds[node]
+        binding = [p for p in into if slots[p].end == slots[node].start]
         if not binding:
             break
-        node = max(binding, key=lambda p: (graph.edges[p, node]["kind"] == "data", p))
+        node = max(binding, key=lambda p: (into[p] == "data", p))
         path.append(node)
     path.reverse()
     return path
