@@ -65,11 +65,11 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (1548165, 4907, 'cde23e97a978c52e', '678f6616f9ff5c35', '8b0602426e009718', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (144223, 5463, '2ffdd821bad08367', '39df10d1cefc0801', '2c1e65d790890936', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (65747, 2384, '7b0168b980d9197b', '8603e46854ff61f6', '0ace8aa6f14ded0a', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (35356, 1397, '04b23885e93f1502', 'a8b6339297bbd603', '36b7dd41cf2bb466', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (35460, 2862, '31f7a026dfb3c871', 'bdb839677513205b', 'e36ab95c69f65982', '778cfe00474e8a2b'),
+    'qwen3 real dims T=64, cost-only, skewed': (1024865, 4907, 'e6a5e7c2c560fc51', '20139001bc530646', '2e9ad014a88be10e', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (142277, 5463, 'ea864eac02d3e238', 'f25e7ecc71a738fa', 'e29c33813529f620', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (64187, 2384, '2a32c16a3a96c081', 'ab9bcdb7b581e844', 'b928baadf9386102', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (34970, 1397, '8e116850ff5efd26', '7535e83ca06fda4e', 'a2a04adefc2defab', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (35236, 2862, '156a2b56dbbdc2e3', '7444a437c362dc88', '71879cfa575ed4ab', '778cfe00474e8a2b'),
 }
 
 
