@@ -61,8 +61,8 @@ class Slot:
 class Schedule:
     slots: dict[int, Slot]
     tasks: Sequence[Task]
-    edges: list[tuple[int, int, str]]
-    """(earlier key, later key, kind) in the order found, one per pair (the first kind found)."""
+    preds: dict[int, dict[int, str]]
+    """Key -> the keys it waits for, each with its edge's kind (the first found), in the order found."""
     makespan: int
     critical_path: list[int]
     busy: dict[str, int]
@@ -86,7 +86,7 @@ class Schedule:
             (t.key, {"label": t.label, "engine": t.engine, "cycles": t.cycles, "unit": (s := slots[t.key]).unit,
                      "units": s.units, "start": s.start, "end": s.end})
             for t in self.tasks)
-        graph.add_edges_from((u, v, {"kind": kind}) for u, v, kind in self.edges)
+        graph.add_edges_from((u, v, {"kind": kind}) for v, into in self.preds.items() for u, kind in into.items())
         return graph
 
 
@@ -96,7 +96,6 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None]) -> Schedule
     last_on_unit: dict[tuple[str, int], int] = {}
     slots: dict[int, Slot] = {}
     preds: dict[int, dict[int, str]] = {}
-    edges: list[tuple[int, int, str]] = []
     busy: dict[str, int] = {e: 0 for e in units}
     for t in tasks:
         if t.engine not in units:
@@ -132,11 +131,10 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None]) -> Schedule
                     into.setdefault(prev, "engine")
                 last_on_unit[(t.engine, u)] = t.key
         preds[t.key] = into
-        edges.extend((d, t.key, kind) for d, kind in into.items())
         slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + t.cycles, taken)
         busy[t.engine] += t.cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
-    return Schedule(slots, tasks, edges, makespan, _critical_path(preds, slots), busy, dict(units))
+    return Schedule(slots, tasks, preds, makespan, _critical_path(preds, slots), busy, dict(units))
 
 
 def _critical_path(preds: Mapping[int, Mapping[int, str]], slots: Mapping[int, Slot]) -> list[int]:
