@@ -58,6 +58,11 @@ class TCPFunctions(InterpreterFunctions):
         lhs, rhs, *optional = args
         bias = optional.pop(0) if op.bias is not None else None
         guard = optional.pop(0) if op.guard is not None else None
+        if guard is not None and not np.any(np.asarray(guard) >= 0):
+            # Every block skipped (an unused block of the expert loop): the zeros that computing
+            # the product and clearing it would give, without computing it.
+            zeros = np.zeros(tcp.shape_of(op.result.type), np.float32)
+            return (round_to(zeros, tensor_dtype(op.result.type)),)
         if _read_only_bf16(rhs):
             # Both operands in f32 (the same values): contract() then makes one matmul of them.
             rhs = self.widened(rhs)
