@@ -63,9 +63,10 @@ def test_a_read_only_bf16_operand_is_widened_once() -> None:
     first = widened(tiles[0])
     assert first.dtype == np.float32 and np.array_equal(first, tiles[0].astype(np.float32))
     assert widened(tiles[0]) is first  # reused
-    widened(tiles[1])
-    widened(tiles[2])  # keeps two: tiles[0] was the least recently used
-    assert widened(tiles[0]) is not first
+    for t in (tiles[1], tiles[2], tiles[0]):  # keeps two: each evicts the least recently used
+        wide = widened(t)
+        assert np.array_equal(wide, t.astype(np.float32))  # in the evicted copy's memory, rewritten
+    assert widened(tiles[0]) is wide and widened(tiles[2]) is not wide
     writeable = tiles[0].copy()
     with pytest.raises(AssertionError):
         widened(writeable)  # its values may change under a copy: never kept

@@ -29,9 +29,12 @@ class WidenedOperands:
     level's expert loop contracts one weight tile (`tile.load_expert`'s, read-only, reused while
     the expert stays the same) with block after block of rows; widening it once rather than
     once per block is most of a prefill's simulation time. Only read-only arrays are kept (their
-    values cannot change under the copy), each with a reference so its id stays its own."""
+    values cannot change under the copy), each with a reference so its id stays its own. A copy
+    lives only here and in the contraction using it, so the least recently used one's memory is
+    reused for the next."""
 
     def __init__(self, keep: int = 4):
+        assert keep >= 2, "a contraction's two operands must both stay"
         self.keep = keep
         self._recent: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
@@ -41,10 +44,15 @@ class WidenedOperands:
         if hit is not None and hit[0] is x:
             self._recent.move_to_end(id(x))
             return hit[1]
-        wide = x.astype(np.float32)
+        spare = None
+        if len(self._recent) >= self.keep:  # the least recently used copy's memory, reused: fresh pages are slow to map
+            _, (_, spare) = self._recent.popitem(last=False)
+        if spare is not None and spare.shape == x.shape:
+            wide = spare
+            np.copyto(wide, x)
+        else:
+            wide = x.astype(np.float32)
         self._recent[id(x)] = (x, wide)
-        if len(self._recent) > self.keep:
-            self._recent.popitem(last=False)
         return wide
 
 
