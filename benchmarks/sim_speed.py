@@ -10,7 +10,7 @@ Rows:
 - `values`: Qwen3-30B-A3B with real (random, seeded) bf16 weights, simulated with values and the
   router's own routing (the budget run of benchmarks/run.py); drawing the inputs is timed apart;
 - `transformers f32`: when torch and transformers are installed (optional, never a dependency
-  of tcpc: `pip install torch transformers`), HuggingFace's own `Qwen3MoeSparseMoeBlock` with
+  of tcpc: `pip install -e '.[bench-hf]'`), HuggingFace's own `Qwen3MoeSparseMoeBlock` with
   the same dims, forward on the same number of tokens in f32 on the CPU, for comparison with the
   `values` row (random weights: the time does not depend on them). Skipped otherwise.
 
