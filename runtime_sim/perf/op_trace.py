@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
-
 from xdsl.dialects import func, scf
 from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, SSAValue
