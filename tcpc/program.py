@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from runtime_sim.perf.machine import Machine
     from runtime_sim.perf.report import Choice, SimReport
     from runtime_sim.perf.routing_scenarios import Routing
+    from runtime_sim.perf.scheduler import Schedule
     from runtime_sim.perf.simulate import SimResult
 
 
@@ -55,12 +56,17 @@ class SimulationResult:
     outputs: list[np.ndarray]
     inputs: dict[str, np.ndarray]
     report: SimReport
-    graph: nx.DiGraph
+    schedule: Schedule
     pipeline: str
     """The passes the simulated IR went through (comma-separated)."""
     cost_only: bool = False
     routing: dict[str, Routing] = field(default_factory=dict)
     """Cost-only mode: routing argument name -> the scenario and [T, K] expert choices used."""
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The scheduled dependency graph (built when first asked for)."""
+        return self.schedule.graph
 
 
 def function_in(module: ModuleOp, name: str, known: Sequence[str] = ()) -> func.FuncOp:
@@ -198,9 +204,9 @@ class Program:
                                                      machine=machine, sram_policy=sram_policy, uncosted=uncosted,
                                                      cost_only=cost_only, routing=routing, listeners=listeners)
         if cost_only:
-            return SimulationResult([], {}, result.report, result.graph, spec, True, result.routing)
+            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing)
         fn = function_in(module, self.function(graph).sym_name.data)
-        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.graph, spec)
+        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.schedule, spec)
 
     def planned(self, inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0, graph: str | None = None,
                 machine: Machine | str | Path | None = None, sram_policy: str = "spill",

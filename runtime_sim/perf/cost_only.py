@@ -39,6 +39,7 @@ cycles as that simulation (tests/test_cost_only.py checks this).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ from runtime_sim.perf.cost_model import data_operands
 from runtime_sim.perf.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
-from runtime_sim.perf.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder
+from runtime_sim.perf.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder, without_gc_pauses
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
 
@@ -155,8 +156,11 @@ SYMBOLIC_DIALECTS: tuple[Dialect, ...] = (MoE, TMath, VE, TCP, Tile)
 level) runs for real: its operands are never tensors of data."""
 
 
+_SYMBOLIC_NAMES = frozenset(d.name for d in SYMBOLIC_DIALECTS)
+
+
 def _is_symbolic(op: Operation) -> bool:
-    return op.dialect_name() in {d.name for d in SYMBOLIC_DIALECTS}
+    return op.dialect_name() in _SYMBOLIC_NAMES
 
 
 class ShapeOnlyFunctions(InterpreterFunctions):
@@ -166,12 +170,18 @@ class ShapeOnlyFunctions(InterpreterFunctions):
 
     def __init__(self, semantics: Interpreter):
         self.semantics = semantics
+        self._shaped: dict[tuple[Operation, frozenset[str]], tuple[Any, ...]] = {}
+        """(op, sources) -> its placeholder results: the same every iteration of a loop."""
 
     def run_symbolic(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-        shapes = [p for p in inputs if is_placeholder(p)]
+        shapes = [p for p in inputs if isinstance(p, (Placeholder, ShapeOnly))]
         if shapes:
             sources = frozenset().union(*(p.sources for p in shapes))
-            return tuple(placeholder(r.type, sources) for r in op.results)
+            key = (op, sources)
+            results = self._shaped.get(key)
+            if results is None:
+                results = self._shaped[key] = tuple(placeholder(r.type, sources) for r in op.results)
+            return results
         thunk = _Thunk(self.semantics, op, inputs)
         return tuple(Lazy(thunk, i) for i in range(len(op.results)))
 
@@ -186,6 +196,16 @@ def shape_only_functions(semantics: Interpreter) -> ShapeOnlyFunctions:
     return register_impls(type("ShapeOnlyDialectFunctions", (ShapeOnlyFunctions,), methods))(semantics)
 
 
+@dataclass(frozen=True)
+class _SymbolicViews:
+    """What the listeners see of one symbolic op, the same every time it runs: a placeholder
+    for each operand (None where the cost reads the value) and for each result."""
+
+    data: tuple[int, ...]
+    operands: tuple[Any, ...]
+    results: tuple[Any, ...]
+
+
 class ShapeOnlyListener(Interpreter.Listener):
     """Shows the listeners, for each symbolic op, forced values of its data operands and
     placeholders for everything else, so a cost function can never read a value that was not
@@ -193,35 +213,48 @@ class ShapeOnlyListener(Interpreter.Listener):
 
     def __init__(self, listeners: Sequence[Interpreter.Listener]):
         self.listeners = tuple(listeners)
+        self._views: dict[Operation, _SymbolicViews | None] = {}
+
+    def _views_of(self, op: Operation) -> _SymbolicViews | None:
+        if op in self._views:
+            return self._views[op]
+        views = None
+        if _is_symbolic(op):
+            operands = list(op.operands)
+            data = tuple(i for i, v in enumerate(operands) if v in set(data_operands(op)))
+            views = _SymbolicViews(data, tuple(None if i in data else placeholder(v.type) for i, v in enumerate(operands)),
+                                   tuple(placeholder(r.type) for r in op.results))
+        self._views[op] = views
+        return views
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
-        if _is_symbolic(op):
-            args = _views(op, args)
+        views = self._views_of(op)
+        if views is not None:
+            args = _forced(op, views, args) if views.data else views.operands
         for listener in self.listeners:
             listener.will_interpret_op(op, args)
 
     def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
-        if _is_symbolic(op):
-            results = tuple(placeholder(r.type) for r in op.results)
+        views = self._views_of(op)
+        if views is not None:
+            results = views.results
         for listener in self.listeners:
             listener.did_interpret_op(op, results)
 
 
-def _views(op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    data = set(data_operands(op))
-    views = []
-    for operand, value in zip(op.operands, inputs):
-        if operand in data:
-            if is_placeholder(value):
-                raise CostOnlyError(
-                    f"the cost of {_describe(op)} depends on the values of its operand {_name(operand)}, "
-                    f"which is computed from input(s) {', '.join(sorted(value.sources)) or '?'}; cost-only mode "
-                    "has values only for routing arguments (tcpc.routing_experts; the pin-routing pass makes "
-                    "one of each moe.scatter's expert indices)")
-            views.append(value.force() if isinstance(value, Lazy) else value)
-        else:
-            views.append(placeholder(operand.type))
-    return tuple(views)
+def _forced(op: Operation, views: _SymbolicViews, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The op's operand views with its data operands' values computed."""
+    forced = list(views.operands)
+    for i in views.data:
+        value = inputs[i]
+        if is_placeholder(value):
+            raise CostOnlyError(
+                f"the cost of {_describe(op)} depends on the values of its operand {_name(op.operands[i])}, "
+                f"which is computed from input(s) {', '.join(sorted(value.sources)) or '?'}; cost-only mode "
+                "has values only for routing arguments (tcpc.routing_experts; the pin-routing pass makes "
+                "one of each moe.scatter's expert indices)")
+        forced[i] = value.force() if isinstance(value, Lazy) else value
+    return tuple(forced)
 
 
 def shape_only_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = ()) -> Interpreter:
@@ -273,7 +306,8 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     args = [chosen[i].choices if i in chosen else placeholder(t, frozenset([names[i]]))
             for i, t in enumerate(entry.function_type.inputs.data)]
     interpreter = shape_only_interpreter(module, [recorder, *listeners])
-    interpreter.call_op(function, tuple(args))
-    report, graph = simulate_trace(recorder.trace, machine, sram_policy)
-    return SimResult((), report, graph, cost_only=True,
+    with without_gc_pauses():
+        interpreter.call_op(function, tuple(args))
+        report, sched = simulate_trace(recorder.trace, machine, sram_policy)
+    return SimResult((), report, sched, cost_only=True,
                      routing={names[i].lstrip("%"): c for i, c in chosen.items()}, trace=recorder.trace)

@@ -121,7 +121,9 @@ class ExtraOp:
     """The phase of the command it makes room for or feeds."""
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per stay of a buffer (hundreds of thousands at prefill), and a frozen
+# dataclass takes about five times as long to build. Nothing modifies one once built.
+@dataclass(slots=True)
 class Residency:
     """One stay of a buffer in SRAM: from the start of command `start` until every command in
     `until` has ended (None: to the end of the run)."""
@@ -241,36 +243,52 @@ class MemoryPlanner:
                           self.streams, self.costs)
 
     def place(self, t: TracedOp) -> None:
-        """Plan one command: room for its new buffers, the transfers it needs, its task."""
+        """Plan one command: room for its new buffers, the transfers it needs, its task. (Each
+        mechanism runs only when it can apply: nothing evicted or fused, everything fitting, is
+        the common case, and a long program has hundreds of thousands of commands.)"""
+        index, size = t.index, self.size
         engine = t.cost.engine
-        deps = list(t.deps) + self.refetch_fused(t)
-        missing = [b for b in dict.fromkeys(t.reads) if b in self.evicted]
+        deps = list(t.deps)
+        if self.fused:
+            deps += self.refetch_fused(t)
+        missing = [b for b in dict.fromkeys(t.reads) if b in self.evicted] if self.evicted else []
         # Free commands move no data; DMA commands read an HBM copy where it is.
         reloads = missing if engine not in (NONE, DMA) else []
         direct = missing if engine == DMA else []
         writes = list(t.writes)
-        need = sum(self.size[b] for b in reloads) + sum(self.size[b] for b in writes)
+        need = sum(size[b] for b in reloads) + sum(size[b] for b in writes)
         if need > self.free.bytes and self.policy == "error":
             raise SramOverflowError(t.label, need, self.free.bytes, self.capacity)
-        stream_in, stream_out = self.choose_streams(t, reloads + writes, need)
-        reloads = [b for b in reloads if b not in stream_in]
-        writes = [b for b in writes if b not in stream_out]
-        need -= sum(self.size[b] for b in stream_in) + sum(self.size[b] for b in stream_out)
-        self.rank(self.refetched_at.pop(t.index, ()), t.index)  # sources `t` reads again by a refetch
-        self.spill_for(t, need)
-        wait = tuple(dict.fromkeys(self.free.take(need)))
-        deps += self.stream_in(t, stream_in)
-        deps += self.reload(t, reloads, wait)
-        deps += self.read_from_hbm(t, direct, stream_out)
+        stream_in: list[int] = []
+        stream_out: list[int] = []
+        if self.live_bytes + need > self.capacity:  # else it fits beside every resident buffer
+            stream_in, stream_out = self.choose_streams(t, reloads + writes, need)
+            reloads = [b for b in reloads if b not in stream_in]
+            writes = [b for b in writes if b not in stream_out]
+            need -= sum(size[b] for b in stream_in) + sum(size[b] for b in stream_out)
+        if self.refetched_at:
+            self.rank(self.refetched_at.pop(index, ()), index)  # sources `t` reads again by a refetch
+        if need > self.free.bytes:
+            self.spill_for(t, need)
+        wait = tuple(dict.fromkeys(self.free.take(need))) if need else ()
+        if stream_in:
+            deps += self.stream_in(t, stream_in)
+        if reloads:
+            deps += self.reload(t, reloads, wait)
+        if direct or stream_out:
+            deps += self.read_from_hbm(t, direct, stream_out)
         for b in writes:
-            self.hold(b, t.index)
+            self.hold(b, index)
+        live, readers = self.live, self.readers
         for b in t.reads:
-            if b in self.live:
-                self.readers[b].append(t.index)
-        self.peak = max(self.peak, self.live_bytes)
+            if b in live:
+                readers[b].append(index)
+        if self.live_bytes > self.peak:
+            self.peak = self.live_bytes
         self.schedule(t, deps, wait)
-        self.stream_out(t, stream_out)
-        self.rank((*t.reads, *t.writes), t.index)
+        if stream_out:
+            self.stream_out(t, stream_out)
+        self.rank((*t.reads, *t.writes), index)
 
     # --- SRAM stays -------------------------------------------------------------------------
 
@@ -313,12 +331,13 @@ class MemoryPlanner:
         """Re-rank the live `buffers` by their next reader after command `index`. A buffer's next
         reader changes only when one of its readers comes: a command that reads it, or (for the
         source of a fused result) a reader of the result, which refetches it."""
+        live, versions, ranks = self.live, self.rank_version, self.ranks
         for b in dict.fromkeys(buffers):
-            if b in self.live:
+            if b in live:
                 uses = self.uses[b]
                 i = bisect.bisect_right(uses, index)
-                version = self.rank_version[b] = self.rank_version.get(b, 0) + 1
-                heapq.heappush(self.ranks, (-(uses[i] if i < len(uses) else self.end), b, version))
+                version = versions[b] = versions.get(b, 0) + 1
+                heapq.heappush(ranks, (-(uses[i] if i < len(uses) else self.end), b, version))
 
     # --- making room --------------------------------------------------------------------------
 
@@ -495,10 +514,12 @@ class MemoryPlanner:
         """Add `t`'s task: data dependencies on its producers and transfers, memory ones on the
         previous holders of the space it claimed."""
         data = tuple(dict.fromkeys(deps))
-        known = set(data)
-        cost = self.cost_of(t.index)
-        self.tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data,
-                               tuple(w for w in wait if w not in known and w != t.index), cost.parts))
+        cost = self.costs.get(t.index, t.cost)
+        after: tuple[int, ...] = ()
+        if wait:
+            known = set(data)
+            after = tuple(w for w in wait if w not in known and w != t.index)
+        self.tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data, after, cost.parts))
 
 
 def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRAM_POLICY) -> MemoryPlan:

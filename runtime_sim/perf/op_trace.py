@@ -10,8 +10,9 @@ that makes up routing later) can be planned, scheduled and reported the same way
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 from xdsl.dialects import func, scf
 from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, SSAValue
@@ -21,10 +22,12 @@ from dialects import ve
 from dialects.annotations import OTHER, cluster_of, phase_of
 from runtime_sim.perf.cost_model import (
     UNTRACED,
+    CostFn,
     OpCost,
     aliased_operand,
     check_cost,
     cost_function,
+    data_operands,
     in_hbm,
     is_fused,
     is_unbuffered,
@@ -36,7 +39,9 @@ from runtime_sim.perf.machine import Machine
 from runtime_sim.semantics.numerics import stored_nbytes
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per command of a run (hundreds of thousands at prefill), and a frozen
+# dataclass takes about five times as long to build. Nothing modifies one once built.
+@dataclass(slots=True)
 class TracedOp:
     """One executed command. `deps` are indices of the commands whose results it reads;
     `reads`/`writes` are SRAM buffer ids (values in HBM have none; a view writes nothing);
@@ -65,8 +70,7 @@ class Trace:
     """Buffers the function returns: live until the end."""
 
 
-@dataclass(frozen=True)
-class _Value:
+class _Value(NamedTuple):
     producer: int | None
     buffer: int | None
     stores: tuple[int, ...] = ()
@@ -80,6 +84,38 @@ class _Value:
     def ready_after(self) -> tuple[int, ...]:
         """The commands a reader of this value waits for."""
         return self.stores + ((self.producer,) if self.producer is not None else ())
+
+
+_ENTRY = _Value(None, None)
+"""An entry argument: in HBM, ready at cycle 0."""
+
+_DATA_KEY_BYTES = 4096
+"""Data operands up to this size key the cost cache by their bytes (a guard, a block's expert
+ids); larger ones (a gather's [T*K] indices, outside any loop) are costed every time."""
+
+
+@dataclass(frozen=True)
+class _Statics:
+    """What recording an op needs that is the same every time it runs: an op in a loop runs
+    once per iteration with the same types, so this is worked out on its first run only."""
+
+    name: str
+    label: str
+    phase: str
+    cost_fn: CostFn
+    data: tuple[int, ...]
+    """Operands whose values the cost reads (cost_model.data_operands): they key the cost."""
+    read: tuple[int, ...]
+    """Operands whose buffers it reads (all but the order-only ones)."""
+    alias: int | None
+    fresh: tuple[bool, ...]
+    """Per result: whether it is a new SRAM buffer (not a view, not unbuffered, not in HBM)."""
+    buffer_names: tuple[str | None, ...]
+    """Per result: `%name`, or None for `op.name#index`."""
+    disjoint: bool
+    """Whether it stores into its aliased operand disjointly (cost_model.register_disjoint_store)."""
+    cluster: int
+    """The cluster whose engines run it (`tcpc.cluster`)."""
 
 
 def op_label(op: Operation) -> str:
@@ -101,6 +137,8 @@ class TraceRecorder(Interpreter.Listener):
         self.trace = Trace()
         self._entry = entry
         self._values: dict[SSAValue, _Value] = {}
+        self._static: dict[Operation, _Statics] = {}
+        self._costs: dict[Any, OpCost] = {}
         self._loop_results: dict[scf.ForOp, list[_Value]] = {}
         self._args: list[tuple[Any, ...]] = []
         self._returned: list[_Value] = []
@@ -108,7 +146,44 @@ class TraceRecorder(Interpreter.Listener):
         """The fused op running now (a `ve.chain`): the ops inside it are its cost, not traced."""
 
     def _value(self, v: SSAValue) -> _Value:
-        return self._values.get(v, _Value(None, None))  # entry arguments: in HBM, ready at 0
+        return self._values.get(v, _ENTRY)
+
+    def _statics(self, op: Operation) -> _Statics:
+        statics = self._static.get(op)
+        if statics is None:
+            fn = cost_function(op) or (None if self.strict else not_costed)
+            if fn is None:
+                raise KeyError(f"{op.name} has no cost function")  # simulate() checks this first
+            operands = list(op.operands)
+            order_only = set(order_operands(op))
+            alias = aliased_operand(op)
+            statics = self._static[op] = _Statics(
+                op.name, op_label(op), phase_of(op) or OTHER, fn,
+                tuple(operands.index(v) for v in data_operands(op)),
+                tuple(i for i, v in enumerate(operands) if v not in order_only),
+                alias,
+                tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
+                tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results),
+                alias is not None and stores_disjointly(op), cluster_of(op))
+        return statics
+
+    def _cost(self, op: Operation, statics: _Statics, args: tuple[Any, ...], results: tuple[Any, ...]) -> OpCost:
+        """The op's cost, computed once per op and values of its data operands: every other
+        operand it may read for shape and dtype only (cost_model), which do not change."""
+        key: Any = op
+        if statics.data:
+            values = [np.asarray(args[i]) for i in statics.data]
+            if sum(v.nbytes for v in values) > _DATA_KEY_BYTES:
+                key = None
+            else:
+                key = (op, *((v.dtype.str, v.shape, v.tobytes()) for v in values))
+        cost = self._costs.get(key) if key is not None else None
+        if cost is None:
+            cost = statics.cost_fn(op, args, results, self.machine)
+            check_cost(op, cost, self.machine)
+            if key is not None:
+                self._costs[key] = cost
+        return cost
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
         if self._fused is not None:
@@ -151,42 +226,43 @@ class TraceRecorder(Interpreter.Listener):
                 for r, v in zip(op.results, self._loop_results.pop(op)):
                     self._values[r] = v
             return
-        fn = cost_function(op) or (None if self.strict else not_costed)
-        if fn is None:
-            raise KeyError(f"{op.name} has no cost function")  # simulate() checks this first
-        cost = fn(op, args, results, self.machine)
-        check_cost(op, cost, self.machine)
-        index = len(self.trace.ops)
-        ins = [self._value(v) for v in op.operands]
-        order_only = set(order_operands(op))
-        alias = aliased_operand(op)
-        disjoint = alias is not None and stores_disjointly(op)
+        statics = self._statics(op)
+        cost = self._cost(op, statics, args, results)
+        trace = self.trace
+        index = len(trace.ops)
+        values = self._values
+        operands = op.operands
+        ins = [values.get(v, _ENTRY) for v in operands]
+        alias = statics.alias
+        disjoint = statics.disjoint
         waits: set[int] = set()
         for i, v in enumerate(ins):
             if disjoint and i == alias:
                 base = v.base if v.chained else v.producer
-                waits.update(() if base is None else (base,))
-            else:
+                if base is not None:
+                    waits.add(base)
+            elif v.chained:
                 waits.update(v.ready_after())
+            elif v.producer is not None:
+                waits.add(v.producer)
         deps = tuple(sorted(waits))
-        reads = tuple(sorted({v.buffer for v, operand in zip(ins, op.operands)
-                              if v.buffer is not None and operand not in order_only}))
+        reads = tuple(sorted({b for i in statics.read if (b := ins[i].buffer) is not None}))
         writes: list[int] = []
-        for r, value in zip(op.results, results):
-            if alias is not None:
-                buffer = ins[alias].buffer
-            elif is_unbuffered(op) or in_hbm(r):
+        for r, value, fresh, name in zip(op.results, results, statics.fresh, statics.buffer_names):
+            if statics.alias is not None:
+                buffer = ins[statics.alias].buffer
+            elif not fresh:
                 buffer = None
             else:
-                buffer = len(self.trace.buffer_bytes)
-                self.trace.buffer_bytes[buffer] = stored_nbytes(value)
-                self.trace.buffer_labels[buffer] = f"%{r.name_hint}" if r.name_hint else f"{op.name}#{index}"
+                buffer = len(trace.buffer_bytes)
+                trace.buffer_bytes[buffer] = stored_nbytes(value)
+                trace.buffer_labels[buffer] = name or f"{statics.name}#{index}"
                 writes.append(buffer)
             if disjoint:
                 dest = ins[alias]  # type: ignore[index]
-                self._values[r] = _Value(index, buffer, dest.ready_after() if dest.chained else (),
-                                         dest.base if dest.chained else dest.producer, chained=True)
+                values[r] = _Value(index, buffer, dest.ready_after() if dest.chained else (),
+                                   dest.base if dest.chained else dest.producer, True)
             else:
-                self._values[r] = _Value(index, buffer)
-        self.trace.ops.append(TracedOp(index, op.name, op_label(op), cost, deps, reads, tuple(writes),
-                                       phase_of(op) or OTHER, op, cluster_of(op)))
+                values[r] = _Value(index, buffer)
+        trace.ops.append(TracedOp(index, statics.name, statics.label, cost, deps, reads, tuple(writes),
+                                  statics.phase, op, statics.cluster))

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import networkx as nx
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per command of a run (hundreds of thousands at prefill), and a frozen
+# dataclass takes about five times as long to build. Nothing modifies one once built.
+@dataclass(slots=True)
 class Task:
     """A command to place: `deps` are keys of earlier tasks whose results it reads, `after`
     keys of earlier tasks it must wait for otherwise (the memory plan's reuse of space)."""
@@ -42,7 +45,9 @@ class Task:
     """Units of its engine it occupies at once (at most the engine's unit count)."""
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per command of a run (hundreds of thousands at prefill), and a frozen
+# dataclass takes about five times as long to build. Nothing modifies one once built.
+@dataclass(slots=True)
 class Slot:
     key: int
     engine: str
@@ -57,7 +62,9 @@ class Slot:
 @dataclass
 class Schedule:
     slots: dict[int, Slot]
-    graph: nx.DiGraph
+    tasks: Sequence[Task]
+    preds: dict[int, dict[int, str]]
+    """Key -> the keys it waits for, each with its edge's kind (the first found), in the order found."""
     makespan: int
     critical_path: list[int]
     busy: dict[str, int]
@@ -71,6 +78,19 @@ class Schedule:
             return 0.0
         return self.busy.get(engine, 0) / (self.makespan * n)
 
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The dependency graph (module docstring), built when first asked for: a long program
+        has millions of edges, and a simulation needs none of them."""
+        graph = nx.DiGraph()
+        slots = self.slots
+        graph.add_nodes_from(
+            (t.key, {"label": t.label, "engine": t.engine, "cycles": t.cycles, "unit": (s := slots[t.key]).unit,
+                     "units": s.units, "start": s.start, "end": s.end})
+            for t in self.tasks)
+        graph.add_edges_from((u, v, {"kind": kind}) for v, into in self.preds.items() for u, kind in into.items())
+        return graph
+
 
 def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Mapping[int, int] | None = None) -> Schedule:
     """Place `tasks` (in issue order) on the engines; `units` gives each engine's unit count;
@@ -78,29 +98,30 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
     modulo the engine's units, so a program split over more clusters than the machine has
     shares them)."""
     pinned = pinned or {}
-    graph = nx.DiGraph()
     free: dict[str, list[int]] = {e: [0] * n for e, n in units.items() if n}
     last_on_unit: dict[tuple[str, int], int] = {}
     slots: dict[int, Slot] = {}
+    preds: dict[int, dict[int, str]] = {}
     busy: dict[str, int] = {e: 0 for e in units}
     for t in tasks:
         if t.engine not in units:
             raise ValueError(f"{t.label}: unknown engine '{t.engine}' (engines: {', '.join(units)})")
         if t.cycles < 0:
             raise ValueError(f"{t.label}: negative cycles {t.cycles}")
-        graph.add_node(t.key, label=t.label, engine=t.engine, cycles=t.cycles)
+        into: dict[int, str] = {}
         ready = 0
         for kind, keys in (("data", t.deps), ("memory", t.after)):
             for d in keys:
-                if d not in slots:
+                slot = slots.get(d)
+                if slot is None:
                     raise ValueError(f"{t.label}: depends on {d}, which is not scheduled before it")
-                if not graph.has_edge(d, t.key):
-                    graph.add_edge(d, t.key, kind=kind)
-                ready = max(ready, slots[d].end)
+                into.setdefault(d, kind)
+                if slot.end > ready:
+                    ready = slot.end
         taken: tuple[int, ...] = (0,)
         start = ready
-        if t.engine in free:
-            unit_free = free[t.engine]
+        unit_free = free.get(t.engine)
+        if unit_free is not None:
             if not 1 <= t.units <= len(unit_free):
                 raise ValueError(f"{t.label}: needs {t.units} units of '{t.engine}', which has {len(unit_free)}")
             if t.key in pinned and t.units == 1:
@@ -111,15 +132,14 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
             for u in taken:
                 unit_free[u] = start + t.cycles
                 prev = last_on_unit.get((t.engine, u))
-                if prev is not None and not graph.has_edge(prev, t.key):
-                    graph.add_edge(prev, t.key, kind="engine")
+                if prev is not None:
+                    into.setdefault(prev, "engine")
                 last_on_unit[(t.engine, u)] = t.key
+        preds[t.key] = into
         slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + t.cycles, taken)
-        nx.set_node_attributes(graph, {t.key: {"unit": taken[0], "units": taken, "start": start,
-                                               "end": start + t.cycles}})
         busy[t.engine] += t.cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
-    return Schedule(slots, graph, makespan, _critical_path(graph, slots), busy, dict(units))
+    return Schedule(slots, tasks, preds, makespan, _critical_path(preds, slots), busy, dict(units))
 
 
 def _pick_units(unit_free: Sequence[int], n: int, ready: int) -> tuple[int, ...]:
@@ -132,17 +152,18 @@ def _pick_units(unit_free: Sequence[int], n: int, ready: int) -> tuple[int, ...]
     return tuple(sorted(sorted(range(len(unit_free)), key=preference)[:n]))
 
 
-def _critical_path(graph: nx.DiGraph, slots: Mapping[int, Slot]) -> list[int]:
+def _critical_path(preds: Mapping[int, Mapping[int, str]], slots: Mapping[int, Slot]) -> list[int]:
     if not slots:
         return []
     node = max(slots, key=lambda k: (slots[k].end, -k))
     path = [node]
     while True:
         # The predecessor that set the start; data edges first, then the latest issued.
-        binding = [p for p in graph.predecessors(node) if slots[p].end == slots[node].start]
+        into = preds[node]
+        binding = [p for p in into if slots[p].end == slots[node].start]
         if not binding:
             break
-        node = max(binding, key=lambda p: (graph.edges[p, node]["kind"] == "data", p))
+        node = max(binding, key=lambda p: (into[p] == "data", p))
         path.append(node)
     path.reverse()
     return path

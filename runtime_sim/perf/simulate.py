@@ -9,8 +9,10 @@ elsewhere; cost_only.py's `simulate_cost_only` records one without values.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,7 +31,7 @@ from runtime_sim.perf.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
 from runtime_sim.perf.op_trace import Trace, TraceRecorder
 from runtime_sim.perf.report import EngineRecord, OpRecord, SimReport, roofline
-from runtime_sim.perf.scheduler import schedule
+from runtime_sim.perf.scheduler import Schedule, schedule
 from runtime_sim.semantics.executor import function_named, run_function
 
 __all__ = ["annotate_plan", "simulate", "simulate_trace", "uncosted_ops"]
@@ -41,15 +43,19 @@ UncostedPolicy = Literal["error", "free"]
 class SimResult:
     outputs: tuple[Any, ...]
     report: SimReport
-    graph: nx.DiGraph
-    """The scheduled dependency graph: node attributes label, engine, cycles, unit, start,
-    end; edge attribute kind (data, memory, engine)."""
+    schedule: Schedule
     cost_only: bool = False
     """True for a cost-only run (cost_only.py): no values were computed and `outputs` is empty."""
     routing: dict[str, Any] = field(default_factory=dict)
     """Routing argument name -> the routing_scenarios.Routing a cost-only run used."""
     trace: Trace | None = None
     """The executed commands, each with the IR op that ran."""
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The scheduled dependency graph: node attributes label, engine, cycles, unit, start,
+        end; edge attribute kind (data, memory, engine). Built when first asked for."""
+        return self.schedule.graph
 
 
 def reachable_functions(module: ModuleOp, entry: func.FuncOp) -> list[func.FuncOp]:
@@ -97,9 +103,25 @@ def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machin
     """
     machine = machine or default_machine()
     recorder = trace_recorder(module, function, machine, uncosted)
-    outputs = run_function(module, function, args, listeners=[recorder, *listeners])
-    report, graph = simulate_trace(recorder.trace, machine, sram_policy)
-    return SimResult(outputs, report, graph, trace=recorder.trace)
+    with without_gc_pauses():
+        outputs = run_function(module, function, args, listeners=[recorder, *listeners])
+        report, sched = simulate_trace(recorder.trace, machine, sram_policy)
+    return SimResult(outputs, report, sched, trace=recorder.trace)
+
+
+@contextmanager
+def without_gc_pauses() -> Iterator[None]:
+    """Python's cycle collector off while a simulation runs. A simulation makes a few objects
+    per executed op (trace records, tasks, slots) and keeps them all, so the collector would
+    scan the growing heap again and again for garbage there is none of (about a third of the
+    time of a long run); values and records are freed by reference counting as always."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def pinned_units(trace: Trace) -> dict[int, int]:
@@ -108,9 +130,10 @@ def pinned_units(trace: Trace) -> dict[int, int]:
 
 
 def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
-                   extra_units: Mapping[str, int] | None = None) -> tuple[SimReport, nx.DiGraph]:
+                   extra_units: Mapping[str, int] | None = None) -> tuple[SimReport, Schedule]:
     """Plan, schedule and report a recorded trace; `extra_units` adds engines the machine does
-    not have (a mesh chip's link)."""
+    not have (a mesh chip's link). Returns the report and the schedule (its `graph` is the
+    dependency graph)."""
     plan = plan_memory(trace, machine, sram_policy)
     units = {**engine_units(machine), **(extra_units or {})}
     sched = schedule(plan.tasks, units, pinned_units(trace))
@@ -134,7 +157,7 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
         raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
     report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
                        scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills, plan.streams)
-    return report, sched.graph
+    return report, sched
 
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tcp
-from runtime_sim.semantics.numerics import GatheredRows, compute, contract, round_to, tensor_dtype
+from runtime_sim.semantics.numerics import GatheredRows, bfloat16, compute, contract, round_to, tensor_dtype
 from runtime_sim.semantics.quantization import scaled_contract
 
 
@@ -19,13 +20,62 @@ def check_rows(op_name: str, indices: np.ndarray, rows: int) -> None:
         raise InterpretationError(f"{op_name}: row index {int(bad.flat[0])} is outside [-1, {rows})")
 
 
+def _read_only_bf16(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype == bfloat16 and not x.flags.writeable
+
+
+class WidenedOperands:
+    """f32 copies of the last few read-only bf16 operands the contractions read. The schedule
+    level's expert loop contracts one weight tile (`tile.load_expert`'s, read-only, reused while
+    the expert stays the same) with block after block of rows; widening it once rather than
+    once per block is most of a prefill's simulation time. Only read-only arrays are kept (their
+    values cannot change under the copy), each with a reference so its id stays its own. A copy
+    lives only here and in the contraction using it, so the least recently used one's memory is
+    reused for the next."""
+
+    def __init__(self, keep: int = 4):
+        assert keep >= 2, "a contraction's two operands must both stay"
+        self.keep = keep
+        self._recent: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        assert _read_only_bf16(x)
+        hit = self._recent.get(id(x))
+        if hit is not None and hit[0] is x:
+            self._recent.move_to_end(id(x))
+            return hit[1]
+        spare = None
+        if len(self._recent) >= self.keep:  # the least recently used copy's memory, reused: fresh pages are slow to map
+            _, (_, spare) = self._recent.popitem(last=False)
+        if spare is not None and spare.shape == x.shape:
+            wide = spare
+            np.copyto(wide, x)
+        else:
+            wide = x.astype(np.float32)
+        self._recent[id(x)] = (x, wide)
+        return wide
+
+
 @register_impls
 class TCPFunctions(InterpreterFunctions):
+    def __init__(self) -> None:
+        self.widened = WidenedOperands()
+
     @impl(tcp.ContractOp)
     def run_contract(self, interpreter: Interpreter, op: tcp.ContractOp, args: tuple[Any, ...]):
         lhs, rhs, *optional = args
         bias = optional.pop(0) if op.bias is not None else None
         guard = optional.pop(0) if op.guard is not None else None
+        if guard is not None and not np.any(np.asarray(guard) >= 0):
+            # Every block skipped (an unused block of the expert loop): the zeros that computing
+            # the product and clearing it would give, without computing it.
+            zeros = np.zeros(tcp.shape_of(op.result.type), np.float32)
+            return (round_to(zeros, tensor_dtype(op.result.type)),)
+        if _read_only_bf16(rhs):
+            # Both operands in f32 (the same values): contract() then makes one matmul of them.
+            rhs = self.widened(rhs)
+            if isinstance(lhs, np.ndarray):
+                lhs = self.widened(lhs) if _read_only_bf16(lhs) else np.asarray(lhs, np.float32)
         out = contract(op.spec.data, lhs, rhs)  # bf16 operands are widened in pieces
         if bias is not None:
             out = out + compute(bias)

@@ -72,4 +72,6 @@ class TileFunctions(InterpreterFunctions):
         source, ids, prev_ids, prev_tile = args[:4]
         if np.array_equal(ids, prev_ids):
             return (prev_tile,)
-        return (expert_rows(source, ids),)
+        rows = expert_rows(source, ids)
+        rows.flags.writeable = False  # weights: nothing writes them, so contractions may keep them widened
+        return (rows,)

@@ -1,0 +1,176 @@
+"""How fast the simulator runs at real dims, now that the schedule level runs loops op by op.
+
+    python benchmarks/sim_speed.py                  # every family at T = 4096 cost-only, Qwen3 with values
+    python benchmarks/sim_speed.py --tokens 2048    # other token counts
+    python benchmarks/sim_speed.py --values-tokens 0  # cost-only rows only
+
+Rows:
+- `cost-only`: every family of benchmarks/run.py at its real dims and T, block size by
+  run.py's rule, compiled with the full pipeline and simulated without values (balanced routing);
+- `values`: Qwen3-30B-A3B with real (random, seeded) bf16 weights, simulated with values and the
+  router's own routing (the budget run of benchmarks/run.py); drawing the inputs is timed apart;
+- `transformers f32`: when torch and transformers are installed (optional, never a dependency
+  of tcpc: `pip install -e '.[bench-hf]'`), HuggingFace's own `Qwen3MoeSparseMoeBlock` with
+  the same dims, forward on the same number of tokens in f32 on the CPU, for comparison with the
+  `values` row (random weights: the time does not depend on them). Skipped otherwise.
+
+Columns: ops simulated (the commands the report lists: every op instance the interpreter ran,
+each loop iteration's ops once per iteration, plus the memory plan's own commands), wall seconds
+of the simulation (interpretation, costing, memory plan, scheduling and report; compiling and
+drawing inputs excluded), and CPU seconds of this process over the same span (several BLAS
+threads add up in the `values` rows; on a machine shared with other jobs the CPU column is the
+steadier one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+import tcpc  # noqa: E402
+from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
+from runtime_sim.perf.simulate import simulate  # noqa: E402
+
+
+def _load_run():
+    spec = importlib.util.spec_from_file_location("tcpc_benchmark_run", Path(__file__).with_name("run.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_run()
+TOKENS: tuple[int, ...] = (4096,)
+VALUES_MODEL = "qwen3_moe"
+
+
+@dataclass
+class Row:
+    title: str
+    tokens: int
+    block: int | None
+    mode: str
+    ops: int | None
+    """Commands simulated; None for the transformers row."""
+    wall_seconds: float
+    cpu_seconds: float
+    note: str = ""
+
+
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def cost_only_row(model, tokens: int, dims: dict[str, int] | None = None) -> Row:  # type: ignore[no-untyped-def]
+    """Compile `model` at T = tokens and simulate it cost-only (routing balanced), timed."""
+    dims = dims or bench.dims_for(model, tokens)
+    program = tcpc.compile_file(model.path, dims=dims)
+    name = program.function().sym_name.data
+    module = program.lower("pin-routing," + program.full_pipeline())
+    wall, cpu = _clocks()
+    result = simulate_cost_only(module, name, routing="balanced")
+    text = result.report.to_text()  # the report, as `tcpc run --report` prints it
+    wall_end, cpu_end = _clocks()
+    return Row(model.title, tokens, dims.get("B"), "cost-only", len(result.report.ops), wall_end - wall,
+               cpu_end - cpu, f"{result.report.total_cycles:,} cycles, report {len(text) // 1024:,} KB")
+
+
+def values_row(model, tokens: int, seed: int = 0, dims: dict[str, int] | None = None) -> Row:  # type: ignore[no-untyped-def]
+    """Compile `model` at T = tokens and simulate it with seeded random inputs, timed apart
+    from drawing the inputs."""
+    dims = dims or bench.dims_for(model, tokens)
+    program = tcpc.compile_file(model.path, dims=dims)
+    name = program.function().sym_name.data
+    module = program.lower()
+    drawn, _ = _clocks()
+    inputs = bench.random_inputs(program, seed)
+    wall, cpu = _clocks()
+    result = simulate(module, name, list(inputs.values()))
+    text = result.report.to_text()
+    wall_end, cpu_end = _clocks()
+    return Row(model.title, tokens, dims.get("B"), "values", len(result.report.ops), wall_end - wall,
+               cpu_end - cpu, f"{result.report.total_cycles:,} cycles, report {len(text) // 1024:,} KB; "
+               f"drawing the inputs {wall - drawn:.1f} s more")
+
+
+def transformers_row(model, tokens: int, repeats: int = 3) -> Row | None:  # type: ignore[no-untyped-def]
+    """HuggingFace's Qwen3-MoE block at `model`'s dims, forward on `tokens` tokens in f32 on
+    the CPU: the best of `repeats` runs after one warm-up. None without torch and transformers."""
+    try:
+        import torch
+        from transformers import Qwen3MoeConfig
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+    except ImportError:
+        return None
+    d = model.dims
+    config = Qwen3MoeConfig(hidden_size=d["D"], moe_intermediate_size=d["F"], num_experts=d["E"],
+                            num_experts_per_tok=d["K"], norm_topk_prob=True)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        block = Qwen3MoeSparseMoeBlock(config).float().eval()
+        x = torch.randn(1, tokens, d["D"], dtype=torch.float32)
+        block(x)
+        best_wall, best_cpu = float("inf"), float("inf")
+        for _ in range(repeats):
+            wall, cpu = _clocks()
+            block(x)
+            wall_end, cpu_end = _clocks()
+            best_wall, best_cpu = min(best_wall, wall_end - wall), min(best_cpu, cpu_end - cpu)
+    return Row(model.title, tokens, None, "transformers f32", None, best_wall, best_cpu,
+               f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {repeats}")
+
+
+def table(rows: Sequence[Row]) -> str:
+    head = ["family", "T", "B", "mode", "ops simulated", "wall s", "CPU s", "note"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---|---:|---:|---:|---|"]
+    for r in rows:
+        cells = [r.title, str(r.tokens), "-" if r.block is None else str(r.block), r.mode,
+                 "-" if r.ops is None else f"{r.ops:,}", f"{r.wall_seconds:.2f}", f"{r.cpu_seconds:.2f}", r.note]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="T of the cost-only rows")
+    parser.add_argument("--values-tokens", type=int, default=4096,
+                        help="T of the Qwen3-30B-A3B run with values (and of transformers'); 0: none")
+    parser.add_argument("--families", nargs="+", default=[m.name for m in bench.MODELS],
+                        help="families of the cost-only rows (example names)")
+    args = parser.parse_args(argv)
+    models = {m.name: m for m in bench.MODELS}
+    unknown = [f for f in args.families if f not in models]
+    if unknown:
+        parser.error(f"unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)} "
+                     f"(families: {', '.join(models)})")
+    rows: list[Row] = []
+    for name in args.families:
+        for t in args.tokens:
+            print(f"  {name} T={t} cost-only ...", file=sys.stderr, flush=True)
+            rows.append(cost_only_row(models[name], t))
+    if args.values_tokens:
+        model = models[VALUES_MODEL]
+        print(f"  {model.title} T={args.values_tokens} with values ...", file=sys.stderr, flush=True)
+        rows.append(values_row(model, args.values_tokens))
+        hf = transformers_row(model, args.values_tokens)
+        if hf is None:
+            print("  (torch or transformers not installed: no transformers row)", file=sys.stderr)
+        else:
+            rows.append(hf)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""What the simulator reuses across loop iterations, and the speed benchmark on a toy layer.
+
+The pinned simulations (tests/test_sim_pinned.py) show the reuse changes no result; these tests
+show it happens: an op in a loop is costed once per distinct value of its data operands, a
+reused weight tile is widened once, and the dependency graph is built only when asked for.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from benchmark_scripts import load_script
+
+import tcpc
+from runtime_sim.perf import cost_model
+from runtime_sim.perf.costs import register_cost_models
+from runtime_sim.semantics.numerics import bfloat16
+from runtime_sim.semantics.tcp_semantics import WidenedOperands
+
+speed = load_script("sim_speed")
+TOY = speed.bench.Model("toy", "toy", dict(D=8, F=16, E=4, K=2))
+
+
+def counting_costs(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> Counter[str]:
+    """Count the calls of the cost functions of the ops `names`."""
+    register_cost_models()
+    calls: Counter[str] = Counter()
+    for name in names:
+        fn = cost_model._COSTS[name]
+
+        def counted(op: Any, operands: Any, results: Any, machine: Any, fn: Any = fn) -> Any:
+            calls[op.name] += 1
+            return fn(op, operands, results, machine)
+
+        monkeypatch.setitem(cost_model._COSTS, name, counted)
+    return calls
+
+
+def test_an_op_in_a_loop_is_costed_once_per_value_of_its_data_operands(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = counting_costs(monkeypatch, ("tcp.contract", "tile.load", "ve.chain"))
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 256})
+    result = program.simulate(cost_only=True, routing="skewed")
+    executed = Counter(r.name for r in result.report.ops)
+    module = program.lower("pin-routing," + program.full_pipeline())
+    static = Counter(op.name for op in module.walk())
+    assert executed["tcp.contract"] > 5 * static["tcp.contract"]  # loops run the same ops many times
+    # tile.load and ve.chain read no values: one cost per op of the IR
+    assert calls["tile.load"] <= static["tile.load"] < executed["tile.load"]
+    assert calls["ve.chain"] <= static["ve.chain"] < executed["ve.chain"]
+    # a guarded contraction's cost depends on its guard, the block's expert id: at most one per
+    # op and expert (E = 16 here), or -1
+    assert calls["tcp.contract"] <= 17 * static["tcp.contract"] and 2 * calls["tcp.contract"] < executed["tcp.contract"]
+
+
+def test_a_read_only_bf16_operand_is_widened_once() -> None:
+    widened = WidenedOperands(keep=2)
+    tiles = [np.arange(6, dtype=np.float32).reshape(2, 3).astype(bfloat16) + i for i in range(3)]
+    for t in tiles:
+        t.flags.writeable = False
+    first = widened(tiles[0])
+    assert first.dtype == np.float32 and np.array_equal(first, tiles[0].astype(np.float32))
+    assert widened(tiles[0]) is first  # reused
+    for t in (tiles[1], tiles[2], tiles[0]):  # keeps two: each evicts the least recently used
+        wide = widened(t)
+        assert np.array_equal(wide, t.astype(np.float32))  # in the evicted copy's memory, rewritten
+    assert widened(tiles[0]) is wide and widened(tiles[2]) is not wide
+    writeable = tiles[0].copy()
+    with pytest.raises(AssertionError):
+        widened(writeable)  # its values may change under a copy: never kept
+
+
+def test_expert_weight_tiles_are_read_only_and_results_unchanged() -> None:
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 64})
+    tiles: list[np.ndarray] = []
+
+    class Tiles:
+        def will_interpret_op(self, op: Any, args: Any) -> None:
+            pass
+
+        def did_interpret_op(self, op: Any, results: Any) -> None:
+            if op.name == "tile.load_expert":
+                tiles.append(results[0])
+
+    result = program.simulate(seed=4, listeners=[Tiles()])
+    assert tiles and not any(t.flags.writeable for t in tiles)
+    reference = program.run(seed=4, reference=True)
+    np.testing.assert_array_equal(result.outputs[0], reference.outputs[0])
+
+
+def test_the_graph_is_built_when_asked_for() -> None:
+    result = tcpc.compile_file("examples/toy.moe").simulate(cost_only=True)
+    assert "graph" not in vars(result.schedule)  # not built by the simulation
+    graph = result.graph
+    assert graph is result.graph  # built once
+    assert graph.number_of_nodes() == len(result.report.ops)
+    assert all(graph.nodes[k]["end"] == result.report.op(k).end for k in result.report.critical_path)
+
+
+def test_the_speed_benchmark_rows_and_table() -> None:
+    rows = [speed.cost_only_row(TOY, 16, {**TOY.dims, "T": 16, "B": 2}),
+            speed.values_row(TOY, 16, dims={**TOY.dims, "T": 16, "B": 2})]
+    assert [r.mode for r in rows] == ["cost-only", "values"]
+    assert rows[0].ops > 0 and rows[1].ops > 0
+    lines = speed.table(rows).splitlines()
+    assert lines[0] == "| family | T | B | mode | ops simulated | wall s | CPU s | note |"
+    assert [line.split("|")[4].strip() for line in lines[2:]] == ["cost-only", "values"]

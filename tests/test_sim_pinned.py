@@ -1,0 +1,83 @@
+"""Whole simulations pinned: making the simulator faster must not change one number it reports.
+
+Each case runs a looped program (the schedule level's `scf.for` over token tiles and G blocks)
+through the full pipeline and hashes everything the simulation returns: the report's JSON
+(every command with its slot, engine, bytes, FLOPs and bound; the phases, engines, spills,
+streams, roofline and critical path), the scheduled dependency graph (every node with its
+attributes, every edge with its kind), the chrome trace, and, for runs with values, the outputs
+bit for bit. The digests were recorded before the simulator cached per-op work across loop
+iterations (runtime_sim/perf/op_trace.py) and stopped building the graph node by node, so these
+tests prove those changes kept the results. A deliberate change to a cost, the plan or the
+lowering changes them: rerun `python tests/test_sim_pinned.py` and paste its table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tcpc
+from tcpc.program import SimulationResult
+
+QWEN3_REAL = dict(D=2048, F=768, E=128, K=8)
+"""Qwen3-30B-A3B (examples/qwen3_moe.moe's header)."""
+
+
+def cost_only_case(example: str, dims: dict[str, int], routing: str) -> Callable[[], SimulationResult]:
+    def run() -> SimulationResult:
+        return tcpc.compile_file(f"examples/{example}.moe", dims=dims).simulate(cost_only=True, routing=routing)
+    return run
+
+
+def values_case(example: str, dims: dict[str, int], seed: int) -> Callable[[], SimulationResult]:
+    def run() -> SimulationResult:
+        return tcpc.compile_file(f"examples/{example}.moe", dims=dims).simulate(seed=seed)
+    return run
+
+
+CASES: dict[str, Callable[[], SimulationResult]] = {
+    "qwen3 real dims T=64, cost-only, skewed": cost_only_case("qwen3_moe", {**QWEN3_REAL, "T": 64}, "skewed"),
+    "qwen3 T=256, cost-only, balanced": cost_only_case("qwen3_moe", {"T": 256}, "balanced"),
+    "qwen3 T=200 B=8, values": values_case("qwen3_moe", {"T": 200, "B": 8}, 1),
+    "deepseek_v3 T=48, values": values_case("deepseek_v3", {"T": 48}, 2),
+    "gpt_oss_mxfp4 T=40, values": values_case("gpt_oss_mxfp4", {"T": 40}, 3),
+}
+
+
+def _hash(value: Any) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+
+def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
+    """(total cycles, commands, report JSON, graph, chrome trace, outputs) hashed."""
+    report = result.report
+    json = {k: v for k, v in report.to_json().items() if k != "machine_file"}  # not where the repo is
+    graph = (sorted((n, sorted(a.items())) for n, a in result.graph.nodes(data=True)),
+             sorted((u, v, sorted(a.items())) for u, v, a in result.graph.edges(data=True)))
+    outputs = [(o.dtype.str, o.shape, hashlib.sha256(np.ascontiguousarray(o).tobytes()).hexdigest())
+               for o in result.outputs]
+    return (report.total_cycles, len(report.ops), _hash(json), _hash(graph), _hash(report.chrome_trace()),
+            _hash(outputs))
+
+
+PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
+    'qwen3 real dims T=64, cost-only, skewed': (1024865, 4907, 'e6a5e7c2c560fc51', '20139001bc530646', '2e9ad014a88be10e', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (142277, 5463, 'ea864eac02d3e238', 'f25e7ecc71a738fa', 'e29c33813529f620', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (64187, 2384, '2a32c16a3a96c081', 'ab9bcdb7b581e844', 'b928baadf9386102', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (34970, 1397, '8e116850ff5efd26', '7535e83ca06fda4e', 'a2a04adefc2defab', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (35236, 2862, '156a2b56dbbdc2e3', '7444a437c362dc88', '71879cfa575ed4ab', '778cfe00474e8a2b'),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_simulation_is_the_pinned_simulation(name: str) -> None:
+    assert digests(CASES[name]()) == PINNED[name]
+
+
+if __name__ == "__main__":
+    for name, case in CASES.items():
+        print(f"    {name!r}: {digests(case())!r},")
