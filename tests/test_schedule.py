@@ -58,12 +58,14 @@ QWEN3_SMALL_PREFILL = dict(T=256, D=256, F=128, E=16, K=4, B=16)
 
 def test_each_expert_is_loaded_once_per_run_of_its_blocks() -> None:
     """Balanced routing, 64 pairs per expert in blocks of 16: each of the 16 experts' three
-    weights is fetched once, and the other 3 blocks of each expert reuse it."""
+    weights is fetched once, and the other 3 blocks of each expert reuse it. Every one of the
+    G blocks is guarded; the unused ones (G - 64) stop at their guard."""
     report = cost_only("qwen3_moe.moe", QWEN3_SMALL_PREFILL)
     loads = [o for o in report.ops if o.name == "tile.load_expert"]
     fetched = [o for o in loads if o.hbm_bytes > 0]
     d = QWEN3_SMALL_PREFILL
-    assert len(loads) == 3 * max_blocks(d["T"], d["K"], d["E"], d["B"])  # one per weight per block
+    assert len([o for o in report.ops if o.name == "tile.guard"]) == max_blocks(d["T"], d["K"], d["E"], d["B"])
+    assert len(loads) == 3 * 16 * 4  # one per weight per used block
     assert len(fetched) == 3 * 16
     assert all(o.hbm_bytes >= 256 * 128 * 2 for o in fetched)
 

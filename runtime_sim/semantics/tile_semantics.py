@@ -53,6 +53,10 @@ class TileFunctions(InterpreterFunctions):
         dest[_rows(op.name, dest, offset, value.shape[0])] = value
         return (dest,)
 
+    @impl(tile.GuardOp)
+    def run_guard(self, interpreter: Interpreter, op: tile.GuardOp, args: tuple[Any, ...]):
+        return (bool(np.any(np.asarray(args[0]) >= 0)),)
+
     @impl(tile.LoadExpertOp)
     def run_load_expert(self, interpreter: Interpreter, op: tile.LoadExpertOp, args: tuple[Any, ...]):
         source, ids, prev_ids, prev_tile = args[:4]
