@@ -73,14 +73,14 @@ CASES: dict[str, Callable[[], SimReport]] = {
 }
 
 PINNED: dict[str, tuple[tuple[int, ...], str]] = {
-    'chain 300, roomy': ((6088, 14336, 11264, 0, 0, 0, 0, 0, 0), '72d94b4aeafad802'),
-    'chain 300, 4 KB': ((80500, 4096, 4096, 84, 0, 0, 0, 165, 0), '205793ad90f1b609'),
-    'chain 300, 3 KB, wide window': ((161668, 3072, 3072, 264, 0, 0, 0, 437, 0), '4863b2721b24300d'),
-    'chain 300, 2.5 KB (streams)': ((93260, 2048, 2048, 160, 231, 30, 0, 430, 0), '93e079f60ae7b396'),
-    'chain 300, 1.5 KB (streams)': ((179813, 1024, 1024, 67, 392, 158, 0, 617, 0), '8ffec8b91875b82d'),
-    'chain 300, 768 B (fused, refetch)': ((312990, 0, 0, 0, 539, 294, 6, 846, 13), '1af00bb7eacfa31e'),
-    'chain 1500, 4 KB': ((425764, 4096, 4096, 447, 0, 0, 0, 871, 0), '8793d4e71079adc2'),
-    'mixtral T=64': ((16459290, 119144960, 117899420, 142, 0, 0, 0, 146, 0), '09f92fffaf2fa7ff'),
+    'chain 300, roomy': ((6084, 14336, 11264, 0, 0, 0, 0, 0, 0), 'a207fae3a95e87e7'),
+    'chain 300, 4 KB': ((79988, 4096, 4096, 84, 0, 0, 0, 165, 0), '7cf9a073192f7a35'),
+    'chain 300, 3 KB, wide window': ((160540, 3072, 3072, 264, 0, 0, 0, 437, 0), '18627e2eeae4487b'),
+    'chain 300, 2.5 KB (streams)': ((92624, 2048, 2048, 160, 231, 30, 0, 430, 0), '6296a48e8d3cccff'),
+    'chain 300, 1.5 KB (streams)': ((178549, 1024, 1024, 67, 392, 158, 0, 617, 0), 'c7fce5181bb13594'),
+    'chain 300, 768 B (fused, refetch)': ((310678, 0, 0, 0, 539, 294, 6, 846, 13), 'd30649dc367bcb17'),
+    'chain 1500, 4 KB': ((423024, 4096, 4096, 447, 0, 0, 0, 871, 0), '2d6ec66b92920687'),
+    'mixtral T=64': ((12570164, 119144960, 117899420, 142, 0, 0, 0, 146, 0), '56e8fdaed591da31'),
 }
 """Case -> ((total cycles, scheduled peak SRAM, peak in issue order, spills, streams in, out and
 fused, commands the plan added, refetches), the digest of the whole plan and report)."""
