@@ -164,7 +164,8 @@ def loops_of(module: ModuleOp, function: str) -> str:
             continue
         trips = -(-(ub - lb) // step)
         rows = step if step > 1 else None
-        parts.append(f"{phase_of(op) or 'loop'}: {trips}" + (f" x {rows} rows" if rows else " blocks"))
+        unit = f" x {rows} rows" if rows else (" block" if trips == 1 else " blocks")
+        parts.append(f"{phase_of(op) or 'loop'}: {trips}{unit}")
     return "; ".join(parts) or "-"
 
 

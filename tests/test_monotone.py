@@ -14,7 +14,7 @@ whole sweep (T from 128 to 1024 in steps of 8, SRAM and HBM upward):
   pieces of split_bytes, `tcp_cost.largest_part_requests`, never decreasing in the bytes);
 - list scheduling: the scheduler took the DMA engine that freed first, so a weight load waiting
   for its inputs took an engine idle since long ago and a row load ready earlier queued behind
-  it (T = 776: 733,696 cycles, now 691,561); it now takes the best fit, which gives every
+  it (at T = 776 the expert loop slowed by a sixth); it now takes the best fit, which gives every
   command the same start and leaves the long-idle engines to later commands. List scheduling
   is not monotone by construction in general (Graham's anomalies): the sweeps check it.
 """
