@@ -1,6 +1,6 @@
-"""benchmarks/run.py and benchmarks/schedule.py on toy sizes: the block-size rule, rows whose numbers agree with each
-other, the table, and the chart step without matplotlib. No wall-clock assertions: the
-benchmark itself is not a test."""
+"""benchmarks/run.py and benchmarks/schedule.py on toy sizes: the block-size rule, rows whose
+numbers agree with each other, the table, the chart step without matplotlib, and the chip limit
+computed from the graph. No wall-clock assertions: the benchmark itself is not a test."""
 
 from __future__ import annotations
 
