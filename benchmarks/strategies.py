@@ -19,10 +19,13 @@ The strategies:
 - `topk rounds`: blockwise with `lower-topk{strategy=rounds}` (K rounds of reduce-max) in place
   of the all-pairs ranking.
 
-Every strategy goes through the same full pipeline, `load-arguments` included: an argument a
-contraction or vector op reads (the router, x, the dense strategy's whole weight tensors) is
-loaded by a `tcp.load`, so the dense strategy pays for fetching every expert's weights (a load
-too large for SRAM is delivered into its readers' tiles, see runtime_sim/perf/memory_plan.py).
+Every strategy goes through the same full pipeline, `load-arguments` and the schedule level
+included (what `tcpc run` simulates: the expert loop over blocks, token tiles, fused vector
+chains): an argument a contraction or vector op reads (the router, x, the dense strategy's
+whole weight tensors) is loaded by a `tcp.load`, so the dense strategy pays for fetching every
+expert's weights (a load too large for SRAM is delivered into its readers' tiles, see
+runtime_sim/perf/memory_plan.py). The dense strategy has no grouped matmul, so the expert loop
+does not apply to it; its vector work is tiled over tokens like the others'.
 
 Columns: simulated and roofline microseconds and their ratio, peak SRAM, and the layer's HBM
 bytes (the roofline's: the commands as traced, without the memory plan's spills and streams).
@@ -46,7 +49,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 import tcpc  # noqa: E402
 from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
-from tcpc.pipelines import LOWERED_PIPELINE  # noqa: E402
+from tcpc.pipelines import FULL_PIPELINE  # noqa: E402
 
 
 def _load_run():
@@ -118,7 +121,7 @@ def strategy_row(model, tokens: int, strategy: str, dims: dict[str, int] | None 
     start = time.perf_counter()
     program = tcpc.compile_source(source, dims=dims, filename=str(model.path))
     name = program.function().sym_name.data
-    passes = list(LOWERED_PIPELINE)
+    passes = list(FULL_PIPELINE)
     if strategy == "topk rounds":
         passes[passes.index("lower-topk")] = "lower-topk{strategy=rounds}"
     module = program.lower(",".join(["pin-routing", *passes]))

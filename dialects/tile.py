@@ -13,7 +13,9 @@ from and goes to, so the placement is in the IR, not guessed by the simulator:
   or the producing engine's commit into SRAM); the result is the same buffer;
 - `tile.load_expert %w[%ids] reuse %prev_ids, %prev_tile`: the weight rows of a block's expert,
   fetched by DMA only when the block's expert differs from the previous block's: consecutive
-  blocks of one expert (the canonical layout keeps them adjacent) load its weights once.
+  blocks of one expert (the canonical layout keeps them adjacent) load its weights once;
+- `tile.guard %ids`: an `i1`, whether any of the ids names an expert (is not negative): the
+  condition of the `scf.if` that skips an unused block's whole body.
 
 A `guard` (one i32, a block's expert id) skips a load or store when negative: a skipped load
 gives zeros, a skipped store leaves the buffer as it is; the guard itself costs a little. The
@@ -31,7 +33,7 @@ semantics: runtime_sim/semantics/tile_semantics.py; costs: runtime_sim/perf/tile
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import IndexType, StringAttr, TensorType
+from xdsl.dialects.builtin import IndexType, StringAttr, TensorType, i1
 from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
@@ -196,4 +198,23 @@ class LoadExpertOp(IRDLOperation):
         expect(self.prev_tile.type == want, "tile.load_expert: prev_tile must have the result's type")
 
 
-Tile = Dialect("tile", [BufferOp, SliceOp, LoadOp, StoreOp, CopyOp, LoadExpertOp], [])
+@irdl_op_definition
+class GuardOp(IRDLOperation):
+    """Whether a block runs: true when any of `ids` (i32 [n]) is not negative. The sequencer
+    reads the scalar and branches, so a block no expert uses costs only this guard."""
+
+    name = "tile.guard"
+    ids = operand_def(TensorType)
+    result = result_def(i1)
+    traits = traits_def(Pure())
+    assembly_format = "$ids `:` type($ids) attr-dict"
+
+    def __init__(self, ids: SSAValue):
+        super().__init__(operands=[ids], result_types=[i1])
+
+    def verify_(self) -> None:
+        t = self.ids.type
+        expect(is_int_type(t.get_element_type()) and len(shape_of(t)) == 1, "tile.guard: ids must be i32 [n]")
+
+
+Tile = Dialect("tile", [BufferOp, SliceOp, LoadOp, StoreOp, CopyOp, LoadExpertOp, GuardOp], [])

@@ -1,10 +1,11 @@
 """Building blocks of the schedule level's loops, shared by its passes: which ops work row by
 row along a tensor's first axis, choosing the ops a loop can absorb without a cycle through
-the ops it leaves outside, tile types, and moving an absorbed op's outside readers after the
-loop."""
+the ops it leaves outside, tile types, moving an absorbed op's outside readers after the
+loop, and skipping an iteration's whole body on a runtime condition."""
 
 from __future__ import annotations
 
+from xdsl.dialects import scf
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
@@ -118,3 +119,28 @@ def replace_by_loop(block: Block, ops: list[Operation], escaping: list[SSAValue]
     for op in reversed(ops):
         op.detach()
         op.erase()
+
+
+def skip_unless(body: Block, condition: SSAValue) -> scf.IfOp:
+    """Move every op of a loop body after `condition`'s producer, up to the body's yield, into
+    an `scf.if %condition`: an iteration whose condition is false yields its carried values
+    unchanged (the body's arguments after the index), so it does no work at all; the loop
+    yields the branch's results."""
+    loop_yield = body.last_op
+    assert isinstance(loop_yield, scf.YieldOp) and isinstance(condition.owner, Operation)
+    moved: list[Operation] = []
+    op = condition.owner.next_op
+    while op is not None and op is not loop_yield:
+        moved.append(op)
+        op = op.next_op
+    for op in moved:
+        op.detach()
+    carried = list(loop_yield.operands)
+    then = Block([*moved, scf.YieldOp(*carried)])
+    otherwise = Block([scf.YieldOp(*body.args[1:])])
+    branch = scf.IfOp(condition, [v.type for v in carried], [then], [otherwise])
+    body.insert_op_before(branch, loop_yield)
+    body.insert_op_before(scf.YieldOp(*branch.results), loop_yield)
+    loop_yield.detach()
+    loop_yield.erase()
+    return branch

@@ -12,6 +12,13 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   the loop, cloned with one block instead of G. The block's results are the same numbers, by
   the same routine (a contraction of one block is the contraction's batch item g: one
   np.matmul per item either way), so the loop is bit-identical to what it replaces;
+- a block no expert uses (id -1: G counts the worst routing's blocks) is skipped whole: the
+  body after its id is an `scf.if` on `tile.guard` of the id, whose other branch yields the
+  carried values unchanged, so an unused block costs its guard and nothing else. Its rows of
+  the result buffers stay zero, so this is done only when the combine's gather is the one
+  reader of every result (`read_by_combine`): it reads only routed pairs' rows. A routing
+  that leaves more blocks unused therefore never pays for them, which keeps the layer's time
+  monotone in T;
 - a weight gather becomes `tile.load_expert %w[%ids_g] reuse %prev_ids, %prev_tile`: the
   canonical layout keeps an expert's blocks adjacent, so its weights are loaded once per run
   of blocks and reused; unused blocks (id -1) load nothing and their guarded contractions skip;
@@ -44,7 +51,16 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
 from dialects.tensor_types import shape_of
-from passes.loop_builder import clone_rows, escaping_results, is_row_parallel_ve, leading, replace_by_loop, select_ops, tile_type
+from passes.loop_builder import (
+    clone_rows,
+    escaping_results,
+    is_row_parallel_ve,
+    leading,
+    replace_by_loop,
+    select_ops,
+    skip_unless,
+    tile_type,
+)
 
 CONTRACTIONS = (tcp.ContractOp, tcp.ScaledContractOp)
 """The guarded block contractions a loop is built around (bf16/f32, and block-scaled fp8/MXFP4)."""
@@ -82,6 +98,22 @@ def _root(value: SSAValue) -> Operation | None:
     while isinstance(owner, tcp.ViewOp):
         owner = owner.input.owner
     return owner if isinstance(owner, Operation) else None
+
+
+def read_by_combine(value: SSAValue, inside: set[Operation]) -> bool:
+    """Whether every reader of `value` outside `inside` is the combine's DMA gather of its rows
+    (through views): its indices name only the rows of routed pairs, which lie in used blocks,
+    so the rows of an unused block are never read and the loop may skip it."""
+    for use in value.uses:
+        reader = use.operation
+        if reader in inside:
+            continue
+        if isinstance(reader, tcp.ViewOp):
+            if not read_by_combine(reader.result, inside):
+                return False
+        elif not (isinstance(reader, tcp.DmaGatherOp) and use.index == 0 and phase_of(reader) == "combine"):
+            return False
+    return True
 
 
 def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
@@ -142,6 +174,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
 
     ids_tile = add(tile.SliceOp(expert_ids, index, tile_type(expert_ids.type)), "expert_of_block")
     mapping[expert_ids] = ids_tile
+    skippable = all(read_by_combine(r, set(ops)) for r in escaping)
+    runs = add(tile.GuardOp(ids_tile), "block_runs") if skippable else None
 
     def tile_of(v: SSAValue) -> SSAValue:
         if v in mapping:
@@ -174,6 +208,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
               for r, buf in zip(escaping, buffer_args)]
     done = mapping[last_contract.result]
     body.add_op(scf.YieldOp(*stored, *(ids_tile for _ in gathers), *(mapping[g] for g in loaded), done, *waits[:-1]))
+    if runs is not None:
+        skip_unless(body, runs).attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
 
     loop = scf.ForOp(c0, c_blocks, c1, carried_init, body)
     loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]

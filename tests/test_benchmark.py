@@ -1,6 +1,6 @@
-"""benchmarks/run.py on toy sizes: the block-size rule, rows whose numbers agree with each
-other, the table, and the chart step without matplotlib. No wall-clock assertions: the
-benchmark itself is not a test."""
+"""benchmarks/run.py and benchmarks/schedule.py on toy sizes: the block-size rule, rows whose
+numbers agree with each other, the table, the chart step without matplotlib, and the chip limit
+computed from the graph. No wall-clock assertions: the benchmark itself is not a test."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from benchmark_scripts import load_script
+
+import tcpc
 
 bench = load_script("run")
 TOY = bench.Model("toy", "toy", dict(D=8, F=16, E=4, K=2))
@@ -98,3 +100,36 @@ def test_op_counts_script_gives_the_readme_numbers() -> None:
     assert f"| 8 | 2 | bf16 | score | {rank[0]} / {rank[1]} | {rounds[0]} / {rounds[1]} |" in readme
     blocks, ops, elements, scans = counts.scatter(16, 2, 8, 4, None)
     assert f"| 16 | 2 | 8 | 4 |  | {blocks} | {ops} | {elements:,} | {', '.join(map(str, scans))} |" in readme
+
+
+# --- benchmarks/schedule.py ------------------------------------------------------------------------
+
+schedule_bench = load_script("schedule")
+
+
+def test_the_chip_limit_counts_flops_and_minimal_bytes_from_the_graph() -> None:
+    """Mixtral's layer at T = 4, D 8, F 16, E 4, K 2: 8 routed pairs, so every expert is used."""
+    dims = dict(T=4, D=8, F=16, E=4, K=2, B=2)
+    program = tcpc.compile_file(bench.MODELS[0].path, dims=dims)
+    limit = schedule_bench.chip_limit(program.function(), 4, 2, 4)
+    router = 2 * 4 * 8 * 4  # x [4, 8] @ router [8, 4]
+    experts = 3 * 2 * (4 * 2) * 8 * 16  # three grouped matmuls, 8 pairs each
+    assert limit.flops == router + experts
+    weights = 3 * 4 * 8 * 16 * 2  # bf16, every expert used
+    assert limit.hbm_bytes == 4 * 8 * 2 + 8 * 4 * 4 + weights + 4 * 8 * 2  # x, f32 router, weights, out
+    one = schedule_bench.chip_limit(program.function(), 1, 2, 4)  # T = 1 uses 2 of the 4 experts
+    assert one.hbm_bytes < limit.hbm_bytes
+
+
+def test_overlap_counts_cycles_in_which_both_run() -> None:
+    assert schedule_bench.overlap_cycles([(0, 10), (5, 20)], [(8, 12), (30, 40)]) == 4
+    assert schedule_bench.overlap_cycles([(0, 10)], [(10, 20)]) == 0
+
+
+def test_a_schedule_row_is_above_the_chip_limit() -> None:
+    toy = bench.Model("mixtral", "toy Mixtral", dict(D=64, F=128, E=8, K=2))
+    row = schedule_bench.schedule_row(toy, 16)
+    assert row.ratio >= 1 and row.cycles == sum(row.critical.values())
+    assert "experts:" in row.loops and row.spills == row.streams == 0
+    assert 0 <= row.overlap <= row.contraction_cycles
+    assert "toy Mixtral" in schedule_bench.table([row])

@@ -6,7 +6,10 @@ changed costs, the peak in issue order) and what came of it (the report: cycles,
 peak, every op's slot). The numbers in PINNED were recorded before the planner was rewritten
 for speed (a class with one method per mechanism, heaps in place of re-sorted lists), so these
 tests prove the rewrite kept the behaviour. A deliberate change to the plan or to a cost
-changes them: rerun `python tests/test_memory_plan.py` and paste its table.
+changes them: rerun `python tests/test_memory_plan.py` and paste its table. (Regenerated since,
+each time checked against the old planner on the same code: schedule-experts skipping unused
+blocks; the scheduler's best-fit unit choice and the DMA split into pieces; the DMA's pipelined
+HBM <-> SRAM transfers; the whole chip, split-clusters.)
 
 The cases cover every mechanism: no pressure, Belady spills and reloads, streams in and out,
 DMA results fused into their readers with refetches, the `error` policy, and Mixtral-8x7B's

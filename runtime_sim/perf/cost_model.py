@@ -227,11 +227,12 @@ def register_builtin_costs() -> None:
     register_cost(func.ReturnOp, func.CallOp, "tmath.constant")(free_cost)
     register_view("tmath.reshape")
     # A static loop is the sequencer's: its index arithmetic and its yield do no engine work
-    # (an assumption: the book gives no per-iteration cost of a static loop).
+    # (an assumption: the book gives no per-iteration cost of a static loop). A branch costs
+    # its condition (`tile.guard`, costed on its own) and nothing more.
     register_cost(*LOOP_OPS)(free_cost)
 
-LOOP_OPS: tuple[str, ...] = ("scf.for", "scf.yield", "arith.constant", "arith.addi", "arith.muli")
-"""The control ops of the schedule level's static loops."""
+LOOP_OPS: tuple[str, ...] = ("scf.for", "scf.if", "scf.yield", "arith.constant", "arith.addi", "arith.muli")
+"""The control ops of the schedule level's static loops and of its guarded block bodies."""
 
 UNTRACED = {func.ReturnOp.name, func.CallOp.name, *LOOP_OPS}
 """Ops that only pass values along: the simulator follows them but lists no row for them."""
@@ -279,6 +280,9 @@ def in_hbm(value: SSAValue) -> bool:
             continue
         if isinstance(owner, scf.ForOp):
             value = owner.iter_args[owner.results.index(value)]
+            continue
+        if isinstance(owner, scf.IfOp):  # where the taken branch's value is: the then branch's
+            value = owner.true_region.block.last_op.operands[owner.results.index(value)]  # type: ignore[union-attr]
             continue
         if isinstance(owner, tile.BufferOp):
             return owner.space.data == "hbm"

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xdsl.dialects import func
+from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
 from xdsl.ir import Attribute, Dialect, Operation
@@ -153,7 +153,9 @@ class Lazy:
 
 SYMBOLIC_DIALECTS: tuple[Dialect, ...] = (MoE, TMath, VE, TCP, Tile)
 """The dialects whose ops run symbolically. Control flow (func, and the loops of the schedule
-level) runs for real: its operands are never tensors of data."""
+level) runs for real: its operands are never tensors of data. A branch's condition (the
+schedule level's `tile.guard` of a block's expert id) comes from the routing, like a
+contraction's guard: `scf.if` forces it."""
 
 
 _SYMBOLIC_NAMES = frozenset(d.name for d in SYMBOLIC_DIALECTS)
@@ -172,6 +174,15 @@ class ShapeOnlyFunctions(InterpreterFunctions):
         self.semantics = semantics
         self._shaped: dict[tuple[Operation, frozenset[str]], tuple[Any, ...]] = {}
         """(op, sources) -> its placeholder results: the same every iteration of a loop."""
+
+    @impl(scf.IfOp)
+    def run_if(self, interpreter: Interpreter, op: scf.IfOp, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        (cond,) = args
+        if is_placeholder(cond):
+            raise CostOnlyError(f"the branch {_describe(op)} depends on input(s) {', '.join(sorted(cond.sources)) or '?'}; "
+                                "cost-only mode has values only for routing arguments")
+        taken = cond.force() if isinstance(cond, Lazy) else cond
+        return interpreter.run_ssacfg_region(op.true_region if taken else op.false_region, ())
 
     def run_symbolic(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         shapes = [p for p in inputs if isinstance(p, (Placeholder, ShapeOnly))]

@@ -46,7 +46,7 @@ HBM, without a reload. Reading or writing HBM in place of SRAM only adds to a DM
 HBM bytes (and to its cycles if its share of HBM bandwidth then binds).
 
 **Transfers.** A spill, reload or stream is one DMA copy, and like every DMA command one that
-moves more than the machine's `dma.split_bytes` is spread evenly over several DMA engines
+moves more than the machine's `dma.split_bytes` is cut into pieces over several DMA engines
 (tcp_cost.dma_parts, the same rule as the layer's own gathers and loads; assumption: a
 compiler issues a large copy as several commands), so a large copy runs at the engines'
 combined rate rather than one engine's. Views and other free commands move no data, so they
@@ -158,7 +158,7 @@ def via_hbm(machine: Machine, cost: OpCost, nbytes: int) -> OpCost:
     """A DMA command's cost when `nbytes` more of its traffic is HBM's rather than SRAM's: the
     same requests, more HBM bytes, and never faster than its share of HBM bandwidth."""
     hbm = cost.hbm_bytes + requests(nbytes, machine) * machine.dma_request_bytes
-    share = hbm_share_cycles(machine, hbm, cost.parts)
+    share = hbm_share_cycles(machine, hbm, cost.result_bytes if cost.result_bytes is not None else cost.bytes_moved // 2)
     if share > cost.cycles:
         return replace(cost, cycles=share, hbm_bytes=hbm, bound="hbm")
     return replace(cost, hbm_bytes=hbm)

@@ -139,7 +139,8 @@ class TraceRecorder(Interpreter.Listener):
         self._values: dict[SSAValue, _Value] = {}
         self._static: dict[Operation, _Statics] = {}
         self._costs: dict[Any, OpCost] = {}
-        self._loop_results: dict[scf.ForOp, list[_Value]] = {}
+        self._loop_results: dict[Operation, list[_Value]] = {}
+        """A loop's (or a branch's) results as its last yield gave them."""
         self._args: list[tuple[Any, ...]] = []
         self._returned: list[_Value] = []
         self._fused: Operation | None = None
@@ -207,6 +208,8 @@ class TraceRecorder(Interpreter.Listener):
             for arg, value in zip(loop.body.block.args[1:], carried):
                 self._values[arg] = value
             self._loop_results[loop] = carried
+        elif isinstance(op, scf.YieldOp) and isinstance(branch := op.parent_op(), scf.IfOp):
+            self._loop_results[branch] = [self._value(v) for v in op.operands]
         elif isinstance(op, func.ReturnOp):
             self._returned = [self._value(v) for v in op.operands]
             if op.parent_op() is self._entry:
@@ -222,8 +225,8 @@ class TraceRecorder(Interpreter.Listener):
             if isinstance(op, func.CallOp):
                 for r, v in zip(op.results, self._returned):
                     self._values[r] = v
-            elif isinstance(op, scf.ForOp):
-                for r, v in zip(op.results, self._loop_results.pop(op)):
+            elif isinstance(op, (scf.ForOp, scf.IfOp)):
+                for r, v in zip(op.results, self._loop_results.pop(op, [])):
                     self._values[r] = v
             return
         statics = self._statics(op)

@@ -2,14 +2,22 @@
 
 Policy (docs/architecture.md#the-simulator): commands issue in program order (the order the
 interpreter ran them, the compiler's order). A command starts when every command producing
-one of its inputs has finished and a unit of its engine is free. Units run their commands in
-order and never back-fill, so which unit a command takes matters: it takes a unit that is
-already free when its inputs are ready, the one freed most recently (best fit), so that a
-command waiting for late inputs does not hold a unit an earlier-ready command could use;
-when none is free by then, the unit that frees first (lowest index on ties). Engines with `None` units (zero-cost ops) never wait for a unit. A command
-that needs several units (a large DMA command spread over several engines, `Task.units`)
-takes the units that free first and starts when the last of them is free; it holds them all
-until it ends (its parts run in parallel).
+one of its inputs has finished and a unit of its engine is free: as early as the units allow
+(`units` of them free). Of the units free by then it takes the ones that became free last
+(best fit; lowest index on ties), so a unit runs its commands in order and never back-fills.
+Engines with `None` units (zero-cost ops) never wait for a unit. A command that needs several
+units (a large DMA command spread over several engines, `Task.units`) holds them all until it
+ends (its parts run in parallel).
+
+Why best fit: the start is the same as taking the units that freed first, but a command that
+waits for its inputs (a weight load behind the previous one, a guard behind a load) no longer
+takes a unit idle since long ago, which a later command that is ready early could have used:
+with first-free, such a command pushed a ready row load behind it on the same unit, and a
+layer with more tokens (more commands, each waiting less) came out faster than one with fewer.
+The units' free times after each command are then never later, in sorted order, than
+first-free's would be from the same state.
+A tensor-unit command pinned to a cluster (`pinned`, from its op's `tcpc.cluster`) takes
+that cluster's unit.
 
 The dependency graph is a networkx DiGraph over command keys with `kind="data"` edges
 (producer -> consumer), `kind="memory"` edges (a command reusing SRAM space waits for the
@@ -126,9 +134,12 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
                 raise ValueError(f"{t.label}: needs {t.units} units of '{t.engine}', which has {len(unit_free)}")
             if t.key in pinned and t.units == 1:
                 taken = (pinned[t.key] % len(unit_free),)
+                start = max(ready, unit_free[taken[0]])
             else:
-                taken = _pick_units(unit_free, t.units, ready)
-            start = max(ready, *(unit_free[u] for u in taken))
+                first_free = sorted(range(len(unit_free)), key=lambda u: (unit_free[u], u))
+                start = max(ready, unit_free[first_free[t.units - 1]])
+                fits = sorted((u for u in range(len(unit_free)) if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
+                taken = tuple(sorted(fits[:t.units]))
             for u in taken:
                 unit_free[u] = start + t.cycles
                 prev = last_on_unit.get((t.engine, u))
@@ -140,16 +151,6 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
         busy[t.engine] += t.cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
     return Schedule(slots, tasks, preds, makespan, _critical_path(preds, slots), busy, dict(units))
-
-
-def _pick_units(unit_free: Sequence[int], n: int, ready: int) -> tuple[int, ...]:
-    """The `n` units a command ready at `ready` takes: those already free by then, the most
-    recently freed first (best fit: a unit that frees earlier stays for a command that is
-    ready earlier), then those that free first; lowest index on ties."""
-    def preference(u: int) -> tuple[bool, int, int]:
-        idle = unit_free[u] <= ready
-        return (not idle, -unit_free[u] if idle else unit_free[u], u)
-    return tuple(sorted(sorted(range(len(unit_free)), key=preference)[:n]))
 
 
 def _critical_path(preds: Mapping[int, Mapping[int, str]], slots: Mapping[int, Slot]) -> list[int]:

@@ -11,15 +11,20 @@ DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command ru
   copy (Example 3); an HBM -> DM transfer pipelines them ("Cross-tier transfers like HBM <-> DM
   pipeline the read and write phases": max(65,536 reads, 65,536 writes) + 500 ~ 66,036 cycles,
   Example 2).
-  A command moving more than the machine's `dma.split_bytes` is spread evenly over several
-  engines (assumption, machines/rngd.toml: a compiler issues a large transfer as several
-  commands): parts = min(engines, bytes // split_bytes), cut at request boundaries; each part pays
-  its own start-up and the parts run in parallel, so the command takes its largest part's
-  cycles and occupies `parts` engines for that long (`dma_parts` is the one rule, used for
-  the tcp ops here and for the memory plan's spills, reloads and streams). A part never moves
-  HBM bytes faster than one engine's share of HBM bandwidth (hbm bytes/cycle / engines), so
-  all engines together never exceed HBM bandwidth:
-    cycles = max(part cycles, hbm_bytes * engines / (parts * hbm bytes-per-cycle))
+  A command moving more than the machine's `dma.split_bytes` is cut into several (assumption,
+  machines/rngd.toml: a compiler issues a large transfer as several commands): pieces of
+  split_bytes, the last one smaller, one engine each, parts = min(engines, ceil(bytes /
+  split_bytes)); beyond one piece per engine, the bytes are spread evenly over all of them. So
+  the largest part moves min(bytes, max(split_bytes, bytes / engines)), in whole requests
+  (`largest_part_requests`), which never shrinks when the command grows: a bigger transfer is
+  never faster (spreading evenly over floor(bytes / split_bytes) parts, the rule before, made a
+  2 MB copy twice as fast as a 2 MB - 1 B one). Each part pays its own start-up and the parts
+  run in parallel, so the command takes its largest part's cycles and occupies `parts` engines
+  for that long (`dma_parts` is the one rule, used for the tcp ops here and for the memory
+  plan's spills, reloads and streams). A part never moves HBM bytes faster than one engine's
+  share of HBM bandwidth (hbm bytes/cycle / engines), so all engines together never exceed
+  HBM bandwidth:
+    cycles = max(part cycles, hbm_bytes * (largest part / bytes) * engines / hbm bytes-per-cycle)
   On RNGD the share (187.5 B/cycle) is below what an engine reaches across tiers (256 B/cycle),
   so HBM bandwidth binds an HBM <-> SRAM command, and eight parts saturate HBM; within a tier an
   engine reaches 128 B/cycle. Rows are moved in whole requests: a row of r bytes costs
@@ -47,6 +52,7 @@ docs/hardware.md#contraction-engine; per invocation, all slices in lockstep):
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -64,29 +70,47 @@ def requests(nbytes: int, machine: Machine) -> int:
     return -(-nbytes // machine.dma_request_bytes)
 
 
+def largest_part_requests(machine: Machine, payload_requests: int) -> int:
+    """Requests (of the payload, one direction) the largest part of a DMA command moving
+    `payload_requests` carries: all of them up to `dma.split_bytes`; one piece of split_bytes
+    while there are engines for every piece; then an even share of every engine. Never
+    decreasing in the payload."""
+    piece = requests(machine.dma_split_bytes, machine)
+    if payload_requests <= piece:
+        return payload_requests
+    return max(piece, -(-payload_requests // machine.dma_engines))
+
+
 def dma_parts(machine: Machine, nbytes: int) -> int:
-    """How many engines a DMA command moving `nbytes` is spread over: one up to the machine's
-    `dma.split_bytes`, otherwise one part per split_bytes, at most every engine. The one split
-    rule of every DMA command (a part is a run of whole requests, so a large row is cut too)."""
-    return max(1, min(machine.dma_engines, nbytes // machine.dma_split_bytes))
+    """How many engines a DMA command moving `nbytes` is spread over: one piece of the
+    machine's `dma.split_bytes` per engine (the last piece smaller), at most every engine. The
+    one split rule of every DMA command (a part is a run of whole requests, so a large row is
+    cut too)."""
+    pieces = -(-requests(nbytes, machine) // requests(machine.dma_split_bytes, machine))
+    return max(1, min(machine.dma_engines, pieces))
 
 
-def hbm_share_cycles(machine: Machine, hbm_bytes: int, parts: int = 1) -> int:
-    """The fewest cycles `parts` engines take to move `hbm_bytes` through HBM: each engine's
-    share is 1 / engines of HBM bandwidth."""
-    return math.ceil(hbm_bytes * machine.dma_engines / (parts * machine.hbm_bytes_per_cycle))
+def hbm_share_cycles(machine: Machine, hbm_bytes: int, payload_bytes: int) -> int:
+    """The fewest cycles a DMA command moving `payload_bytes` (`hbm_bytes` of them through
+    HBM) takes: its largest part's HBM bytes at one engine's share, 1 / engines, of HBM
+    bandwidth."""
+    payload = requests(payload_bytes, machine)
+    largest = Fraction(largest_part_requests(machine, payload), payload) if payload else Fraction(1)
+    return math.ceil(hbm_bytes * largest * machine.dma_engines / Fraction(machine.hbm_bytes_per_cycle))
 
 
 def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int,
-               parts: int = 1, cross_tier: bool = False) -> tuple[int, str]:
-    """Cycles of one DMA command spread evenly over `parts` engines, and the term that bounds
-    it (see the module docstring): a cross-tier command pipelines its reads and writes."""
+               payload_bytes: int, cross_tier: bool = False) -> tuple[int, str]:
+    """Cycles of one DMA command moving `payload_bytes` (`dma_parts` of them), and the term
+    that bounds it (see the module docstring): a cross-tier command pipelines its reads and
+    writes."""
     m = machine
+    payload = requests(payload_bytes, m)
     issued = max(read_requests, write_requests) if cross_tier else read_requests + write_requests
-    per_part = -(-issued // parts)
+    per_part = -(-issued * largest_part_requests(m, payload) // payload) if payload else issued
     transfer = math.ceil(per_part * m.dma_request_bytes / m.dma_bytes_per_cycle)
     engine = m.dma_startup_cycles + transfer
-    share = hbm_share_cycles(m, hbm_bytes, parts)
+    share = hbm_share_cycles(m, hbm_bytes, payload_bytes)
     if share > engine:
         return share, "hbm"
     return engine, "dma startup" if m.dma_startup_cycles >= transfer else "dma bandwidth"
@@ -99,8 +123,9 @@ def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes
     reads, writes = rows_read * per_row, rows_written * per_row
     hbm = (reads if src_hbm else 0) + (writes if dst_hbm else 0)
     hbm_bytes = hbm * machine.dma_request_bytes
-    parts = dma_parts(machine, max(rows_read, rows_written) * row_bytes)
-    cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes, parts, cross_tier=src_hbm != dst_hbm)
+    payload = max(rows_read, rows_written) * row_bytes
+    parts = dma_parts(machine, payload)
+    cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes, payload, cross_tier=src_hbm != dst_hbm)
     return OpCost(DMA, cycles, bytes_moved=(rows_read + rows_written) * row_bytes, hbm_bytes=hbm_bytes, bound=bound,
                   result_bytes=rows_written * row_bytes, parts=parts)
 
@@ -110,7 +135,7 @@ def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -
     n = requests(nbytes, machine)
     hbm_bytes = ((n if src_hbm else 0) + (n if dst_hbm else 0)) * machine.dma_request_bytes
     parts = dma_parts(machine, nbytes)
-    cycles, bound = dma_cycles(machine, n, n, hbm_bytes, parts, cross_tier=src_hbm != dst_hbm)
+    cycles, bound = dma_cycles(machine, n, n, hbm_bytes, nbytes, cross_tier=src_hbm != dst_hbm)
     return OpCost(DMA, cycles, bytes_moved=2 * nbytes, hbm_bytes=hbm_bytes, bound=bound, result_bytes=nbytes,
                   parts=parts)
 

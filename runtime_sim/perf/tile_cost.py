@@ -14,6 +14,8 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
 - `tile.load_expert`: one DMA command moving the weight rows of the ids that differ from the
   previous block's; when the expert is the same, or the block unused, no command is issued:
   the guard that decides it only (`guard_cycles`, on a DMA engine).
+- `tile.guard`: the sequencer reads one scalar and branches (`guard_cycles`, on the tensor
+  unit, as a contraction's guard): an unused block's `scf.if` costs this and nothing else.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from xdsl.ir import Operation
 from dialects import tile
 from runtime_sim.perf.cost_model import (
     DMA,
+    TENSOR,
     OpCost,
     free_cost,
     in_hbm,
@@ -87,6 +90,10 @@ def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[An
     return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
 
 
+def cost_guard(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    return OpCost(TENSOR, machine.guard_cycles, bound="guard")
+
+
 def register_tile_costs() -> None:
     register_cost(tile.BufferOp)(free_cost)
     register_cost(tile.SliceOp)(free_cost)
@@ -99,6 +106,7 @@ def register_tile_costs() -> None:
     register_cost(tile.StoreOp)(cost_tile_store)
     register_alias(tile.StoreOp, 1)
     register_disjoint_store(tile.StoreOp)
+    register_cost(tile.GuardOp)(cost_guard)
     register_cost(tile.LoadExpertOp)(cost_load_expert)
     register_data_operands(tile.LoadExpertOp, lambda op: (op.ids, op.prev_ids))  # type: ignore[attr-defined]
     register_order_operands(tile.LoadExpertOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]

@@ -67,6 +67,10 @@ class TileFunctions(InterpreterFunctions):
     def run_copy(self, interpreter: Interpreter, op: tile.CopyOp, args: tuple[Any, ...]):
         return (args[0],)
 
+    @impl(tile.GuardOp)
+    def run_guard(self, interpreter: Interpreter, op: tile.GuardOp, args: tuple[Any, ...]):
+        return (bool(np.any(np.asarray(args[0]) >= 0)),)
+
     @impl(tile.LoadExpertOp)
     def run_load_expert(self, interpreter: Interpreter, op: tile.LoadExpertOp, args: tuple[Any, ...]):
         source, ids, prev_ids, prev_tile = args[:4]

@@ -1,0 +1,264 @@
+"""The schedule level against the chip's limit: issue #12's target table.
+
+    python benchmarks/schedule.py                                  # every family, T = 1, 16, 64, 2048, 4096
+    python benchmarks/schedule.py --families qwen3_moe --tokens 1 64   # a subset (real-dim prefill is slow)
+    python benchmarks/schedule.py --out DIR                        # also write DIR/schedule.md
+
+Every family of benchmarks/run.py's model table (examples/*.moe at the real model's dims) is
+compiled with the full pipeline (the schedule level included) and simulated cost-only with
+balanced routing on the default machine. The block size is run.py's rule (`block_size`: the
+rows an expert receives under balanced routing, a power of two, at most 64), which also keeps
+a decode block within T (a block may not exceed T until `block=auto` lands).
+
+The chip limit is computed here, not taken from the simulator's counters:
+
+    limit = max(FLOPs / 256 TFLOPS, minimal HBM bytes / 1.5 TB/s)
+
+the whole RNGD chip's bf16 peak and HBM bandwidth (docs/hardware.md#one-chip), with
+
+- FLOPs from the graph-level IR: 2 M N K for every `tmath.matmul` (the router, shared
+  experts), and 2 x (T x K routed pairs) x the weight's two dims for every
+  `moe.grouped_matmul` (padding rows of a block are not work);
+- minimal HBM bytes: every function argument once (tokens in, the router, shared experts),
+  except the per-expert tensors (the weights, biases and scales the grouped matmuls read),
+  of which only the experts the routing uses count, once each; plus the outputs, written once.
+
+Columns: simulated cycles, the limit and their ratio; the cycles each phase spends on the
+critical path (they sum to the simulated time); the overlap of DMA and contraction (cycles in
+which a DMA command and a contraction both run, as a share of the contraction cycles); B and
+the schedule level's loops (`phase: trips x rows`, from the IR); peak SRAM; spills and streams
+(the compiler's placement should need none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+from xdsl.dialects import func, scf  # noqa: E402
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType  # noqa: E402
+
+import tcpc  # noqa: E402
+from dialects.annotations import PHASES, phase_of  # noqa: E402
+from dialects.moe import GroupedMatmulOp  # noqa: E402
+from dialects.tensor_types import shape_of  # noqa: E402
+from dialects.tmath import MatmulOp  # noqa: E402
+from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
+from runtime_sim.perf.report import SimReport  # noqa: E402
+from runtime_sim.perf.routing_scenarios import scenario_choices  # noqa: E402
+from runtime_sim.semantics.numerics import stored_nbytes, tensor_dtype  # noqa: E402
+
+
+def _load_run():
+    spec = importlib.util.spec_from_file_location("tcpc_benchmark_run", Path(__file__).with_name("run.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_run()
+TOKENS: tuple[int, ...] = (1, 16, 64, 2048, 4096)
+CHIP_FLOPS_PER_SECOND = 256e12
+"""RNGD's bf16 peak, the whole chip (2 clusters of 256 slices): docs/hardware.md#one-chip (SDK)."""
+CHIP_HBM_BYTES_PER_SECOND = 1.5e12
+"""RNGD's HBM3 bandwidth: docs/hardware.md#one-chip (SDK)."""
+CONTRACTIONS = ("tcp.contract", "tcp.scaled_contract")
+
+
+@dataclass(frozen=True)
+class Limit:
+    flops: int
+    hbm_bytes: int
+
+    @property
+    def seconds(self) -> float:
+        return max(self.flops / CHIP_FLOPS_PER_SECOND, self.hbm_bytes / CHIP_HBM_BYTES_PER_SECOND)
+
+    @property
+    def bound(self) -> str:
+        return "flops" if self.flops / CHIP_FLOPS_PER_SECOND >= self.hbm_bytes / CHIP_HBM_BYTES_PER_SECOND else "hbm"
+
+
+def stored_bytes(t: TensorType) -> int:
+    """Bytes of a tensor of type `t` at its stored width (f4e2m1: half a byte per value)."""
+    return stored_nbytes(np.broadcast_to(np.zeros((), tensor_dtype(t)), shape_of(t)))
+
+
+def chip_limit(graph: func.FuncOp, tokens: int, k: int, experts: int) -> Limit:
+    """The layer's FLOPs and minimal HBM bytes from its graph-level IR (see the docstring);
+    the experts used are those of the balanced routing scenario."""
+    used = len(np.unique(scenario_choices("balanced", tokens, k, experts)))
+    args = list(graph.body.block.args)
+    per_expert: set[int] = set()
+    flops = 0
+    for op in graph.walk():
+        if isinstance(op, MatmulOp):
+            out = shape_of(op.results[0].type)
+            flops += 2 * math.prod(out) * shape_of(op.operands[0].type)[-1]
+        elif isinstance(op, GroupedMatmulOp):
+            w = shape_of(op.operands[1].type)
+            flops += 2 * tokens * k * w[-2] * w[-1]
+            per_expert.update(args.index(v) for v in (op.weight, op.bias) if v in args)
+    hbm = 0
+    for i, arg in enumerate(args):
+        t = arg.type
+        if not isinstance(t, TensorType):
+            continue
+        size = stored_bytes(t)
+        hbm += size * used // experts if i in per_expert else size
+    hbm += sum(stored_bytes(t) for t in graph.function_type.outputs.data if isinstance(t, TensorType))
+    return Limit(flops, hbm)
+
+
+def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def overlap_cycles(a: Iterable[tuple[int, int]], b: Iterable[tuple[int, int]]) -> int:
+    """Cycles in which some interval of `a` and some interval of `b` both run."""
+    ua, ub = _union(a), _union(b)
+    i = j = total = 0
+    while i < len(ua) and j < len(ub):
+        lo, hi = max(ua[i][0], ub[j][0]), min(ua[i][1], ub[j][1])
+        total += max(0, hi - lo)
+        if ua[i][1] < ub[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def loops_of(module: ModuleOp, function: str) -> str:
+    """The schedule level's top-level loops of `function`: `phase: trips x rows` each."""
+    fn = next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == function)
+    parts = []
+    for op in fn.body.block.ops:
+        if not isinstance(op, scf.ForOp):
+            continue
+        bounds = []
+        for v in (op.lb, op.ub, op.step):
+            value = getattr(v.owner, "value", None)
+            bounds.append(value.value.data if isinstance(value, IntegerAttr) else None)
+        lb, ub, step = bounds
+        if None in bounds or not step:
+            parts.append(f"{phase_of(op) or 'loop'}: ?")
+            continue
+        trips = -(-(ub - lb) // step)
+        rows = step if step > 1 else None
+        unit = f" x {rows} rows" if rows else (" block" if trips == 1 else " blocks")
+        parts.append(f"{phase_of(op) or 'loop'}: {trips}{unit}")
+    return "; ".join(parts) or "-"
+
+
+@dataclass
+class Row:
+    title: str
+    tokens: int
+    block: int
+    cycles: int
+    microseconds: float
+    limit: Limit
+    critical: dict[str, int]
+    overlap: int
+    contraction_cycles: int
+    loops: str
+    peak_sram_bytes: int
+    spills: int
+    streams: int
+    seconds: float
+
+    @property
+    def limit_microseconds(self) -> float:
+        return self.limit.seconds * 1e6
+
+    @property
+    def ratio(self) -> float:
+        return self.microseconds / self.limit_microseconds if self.limit_microseconds else math.inf
+
+
+def schedule_row(model, tokens: int) -> Row:  # type: ignore[no-untyped-def]
+    """`model` at T = tokens: compiled with the full pipeline, simulated cost-only (balanced)."""
+    dims = bench.dims_for(model, tokens)
+    start = time.perf_counter()
+    program = tcpc.compile_file(model.path, dims=dims)
+    name = program.function().sym_name.data
+    limit = chip_limit(program.function(), tokens, dims["K"], dims["E"])
+    module = program.lower("pin-routing," + program.full_pipeline())
+    report: SimReport = simulate_cost_only(module, name, routing="balanced").report
+    seconds = time.perf_counter() - start
+    dma = [(o.start, o.end) for o in report.ops if o.engine == "dma"]
+    contracting = [(o.start, o.end) for o in report.ops if o.name in CONTRACTIONS]
+    return Row(model.title, tokens, dims["B"], report.total_cycles, report.microseconds, limit,
+               {p.name: p.critical_cycles for p in report.phases}, overlap_cycles(dma, contracting),
+               sum(e - s for s, e in _union(contracting)), loops_of(module, name), report.peak_sram_bytes,
+               len(report.spills), len(report.streams), seconds)
+
+
+def table(rows: Sequence[Row]) -> str:
+    phases = [p for p in PHASES if any(p in r.critical for r in rows)]
+    head = (["model", "T", "B", "simulated cycles", "limit µs", "simulated µs", "ratio"]
+            + [f"{p} cycles" for p in phases]
+            + ["DMA ∥ contraction", "loops", "peak SRAM MB", "spills", "streams", "run s"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
+    for r in rows:
+        share = f"{r.overlap:,} ({100 * r.overlap / r.contraction_cycles:.0f}%)" if r.contraction_cycles else "-"
+        cells = [r.title, str(r.tokens), str(r.block), f"{r.cycles:,}", bench._num(r.limit_microseconds),
+                 bench._num(r.microseconds), f"{r.ratio:.2f}"]
+        cells += [f"{r.critical.get(p, 0):,}" for p in phases]
+        cells += [share, r.loops, f"{r.peak_sram_bytes / 2**20:.1f}", str(r.spills), str(r.streams), f"{r.seconds:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    names = [m.name for m in bench.MODELS]
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", nargs="+", choices=names, default=names, metavar="NAME",
+                        help=f"model families to run (default: all of {', '.join(names)})")
+    parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS), metavar="T",
+                        help=f"token counts (default: {' '.join(map(str, TOKENS))})")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table to DIR/schedule.md")
+    args = parser.parse_args(argv)
+    if any(t < 1 for t in args.tokens):
+        parser.error("--tokens: every T must be at least 1")
+    rows = []
+    for model in (m for m in bench.MODELS if m.name in args.families):
+        for t in args.tokens:
+            row = schedule_row(model, t)
+            rows.append(row)
+            print(f"  {model.title} T={t}: {row.cycles:,} cycles, {row.ratio:.2f}x the chip limit "
+                  f"({row.seconds:.1f} s)", file=sys.stderr, flush=True)
+    text = table(rows)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        command = "python benchmarks/schedule.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        doc = (__doc__ or "").split("\n\n", 2)[2]
+        (args.out / "schedule.md").write_text(
+            f"# The schedule level against the chip limit\n\nGenerated by `{command.strip()}`. "
+            + bench.machine_text(command.strip()) + "\n\n" + doc.strip() + "\n\n" + text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
