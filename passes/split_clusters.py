@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+from xdsl.ir import Block, BlockArgument, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
@@ -57,6 +57,17 @@ def _in_hbm(value: SSAValue) -> bool:
     if isinstance(owner, tile.BufferOp):
         return owner.memory.data == "hbm"
     return isinstance(owner, Operation) and placed_in_hbm(owner)
+
+
+def _is_stored(value: SSAValue) -> bool:
+    """Whether `value` is a buffer a `tile.store` wrote, directly or as a branch's result."""
+    owner = value.owner
+    if isinstance(owner, tile.StoreOp):
+        return True
+    if isinstance(owner, scf.IfOp) and isinstance(value, OpResult):
+        then_yield = owner.true_region.block.last_op
+        return isinstance(then_yield, scf.YieldOp) and _is_stored(then_yield.operands[value.index])
+    return False
 
 
 def _is_constant(value: SSAValue) -> bool:
@@ -103,7 +114,7 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
     expert_ids = slice_op.source
     index, *old_args = body.args
     # A carried value is a result buffer (shared by every cluster) when the body yields a store into it.
-    shared = [i for i, v in enumerate(yielded.operands) if isinstance(v.owner, tile.StoreOp)]
+    shared = [i for i, v in enumerate(yielded.operands) if _is_stored(v)]
     private = [i for i in range(len(old_args)) if i not in shared]
     for i in private:
         if loop.results[i].uses:
