@@ -92,6 +92,7 @@ _DATA_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
 _ORDER_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
 _ALIASES: dict[str, int] = {}
 _DISJOINT_STORES: set[str] = set()
+_UNREAD: dict[str, Callable[[Operation, tuple[Any, ...]], tuple[int, ...]]] = {}
 
 
 class NotLoweredError(Exception):
@@ -133,6 +134,18 @@ def register_alias(op: type[Operation] | str, operand: int) -> None:
     buffer in place, a slice of a tensor): the memory plan gives it no new space, and it lives
     where that operand lives. Its cost is registered separately."""
     _ALIASES[_op_name(op)] = operand
+
+
+def register_unread_operands(op: type[Operation] | str,
+                             operands: Callable[[Operation, tuple[Any, ...]], tuple[int, ...]]) -> None:
+    """Declare that `op`, run on some operand values, does not touch some operands at all:
+    `operands(op, values)` gives their indices, which the op then neither waits for nor keeps
+    alive (a weight load that fetches a new expert does not read the previous expert's tile)."""
+    _UNREAD[_op_name(op)] = operands
+
+
+def unread_operands(op: Operation) -> Callable[[Operation, tuple[Any, ...]], tuple[int, ...]] | None:
+    return _UNREAD.get(op.name)
 
 
 def register_disjoint_store(op: type[Operation] | str) -> None:

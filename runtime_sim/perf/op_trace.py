@@ -9,6 +9,7 @@ that makes up routing later) can be planned, scheduled and reported the same way
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -34,6 +35,7 @@ from runtime_sim.perf.cost_model import (
     not_costed,
     order_operands,
     stores_disjointly,
+    unread_operands,
 )
 from runtime_sim.perf.machine import Machine
 from runtime_sim.semantics.numerics import stored_nbytes
@@ -116,6 +118,8 @@ class _Statics:
     """Whether it stores into its aliased operand disjointly (cost_model.register_disjoint_store)."""
     cluster: int
     """The cluster whose engines run it (`tcpc.cluster`)."""
+    unread: Callable[[Operation, tuple[Any, ...]], tuple[int, ...]] | None
+    """Operands it may skip, by its operands' values (cost_model.register_unread_operands)."""
 
 
 def op_label(op: Operation) -> str:
@@ -165,7 +169,7 @@ class TraceRecorder(Interpreter.Listener):
                 alias,
                 tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
                 tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results),
-                alias is not None and stores_disjointly(op), cluster_of(op))
+                alias is not None and stores_disjointly(op), cluster_of(op), unread_operands(op))
         return statics
 
     def _cost(self, op: Operation, statics: _Statics, args: tuple[Any, ...], results: tuple[Any, ...]) -> OpCost:
@@ -238,8 +242,11 @@ class TraceRecorder(Interpreter.Listener):
         ins = [values.get(v, _ENTRY) for v in operands]
         alias = statics.alias
         disjoint = statics.disjoint
+        unread = statics.unread(op, args) if statics.unread is not None else ()
         waits: set[int] = set()
         for i, v in enumerate(ins):
+            if i in unread:
+                continue
             if disjoint and i == alias:
                 base = v.base if v.chained else v.producer
                 if base is not None:
@@ -249,7 +256,7 @@ class TraceRecorder(Interpreter.Listener):
             elif v.producer is not None:
                 waits.add(v.producer)
         deps = tuple(sorted(waits))
-        reads = tuple(sorted({b for i in statics.read if (b := ins[i].buffer) is not None}))
+        reads = tuple(sorted({b for i in statics.read if (b := ins[i].buffer) is not None and i not in unread}))
         writes: list[int] = []
         for r, value, fresh, name in zip(op.results, results, statics.fresh, statics.buffer_names):
             if statics.alias is not None:

@@ -13,7 +13,9 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
   figure, and the same is assumed.
 - `tile.load_expert`: one DMA command moving the weight rows of the ids that differ from the
   previous block's; when the expert is the same, or the block unused, no command is issued:
-  the guard that decides it only (`guard_cycles`, on a DMA engine).
+  the guard that decides it only (`guard_cycles`, on a DMA engine). A load of another expert
+  does not read the previous tile, so it does not wait for it (`register_unread_operands`):
+  the next expert's weights are fetched while the previous expert's are still arriving.
 - `tile.guard`: the sequencer reads one scalar and branches (`guard_cycles`, on the tensor
   unit, as a contraction's guard): an unused block's `scf.if` costs this and nothing else.
 """
@@ -37,6 +39,7 @@ from runtime_sim.perf.cost_model import (
     register_data_operands,
     register_disjoint_store,
     register_order_operands,
+    register_unread_operands,
 )
 from runtime_sim.perf.machine import Machine
 from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_rows_cost, row_bytes
@@ -90,6 +93,11 @@ def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[An
     return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
 
 
+def _unreused_tile(op: Operation, operands: tuple[Any, ...]) -> tuple[int, ...]:
+    """A load of another expert's weights neither reads nor waits for the previous tile."""
+    return () if np.array_equal(operands[1], operands[2]) else (3,)
+
+
 def cost_guard(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     return OpCost(TENSOR, machine.guard_cycles, bound="guard")
 
@@ -106,6 +114,7 @@ def register_tile_costs() -> None:
     register_cost(tile.StoreOp)(cost_tile_store)
     register_alias(tile.StoreOp, 1)
     register_disjoint_store(tile.StoreOp)
+    register_unread_operands(tile.LoadExpertOp, _unreused_tile)
     register_cost(tile.GuardOp)(cost_guard)
     register_cost(tile.LoadExpertOp)(cost_load_expert)
     register_data_operands(tile.LoadExpertOp, lambda op: (op.ids, op.prev_ids))  # type: ignore[attr-defined]
