@@ -26,11 +26,12 @@ class TCPFunctions(InterpreterFunctions):
         lhs, rhs, *optional = args
         bias = optional.pop(0) if op.bias is not None else None
         guard = optional.pop(0) if op.guard is not None else None
-        out = contract(op.spec.data, lhs, rhs)  # bf16 operands are widened in pieces
+        acc = optional.pop(0) if op.acc is not None else None
+        out = contract(op.spec.data, lhs, rhs, acc)  # bf16 operands are widened in pieces
         if bias is not None:
             out = out + compute(bias)
         if guard is not None:
-            out[guard < 0] = 0
+            out[guard < 0] = 0 if acc is None else acc[guard < 0]
         return (round_to(out, tensor_dtype(op.result.type)),)
 
     @impl(tcp.ScaledContractOp)
