@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
 from dialects.tensor_types import shape_of
+from passes.f_tiles import CLUSTER_SRAM_BYTES, choose_f_tile, find_f_region, with_last_dim
 from passes.loop_builder import clone_rows, escaping_results, is_row_parallel_ve, leading, replace_by_loop, select_ops, tile_type
 
 CONTRACTIONS = (tcp.ContractOp, tcp.ScaledContractOp)
@@ -84,7 +85,31 @@ def _root(value: SSAValue) -> Operation | None:
     return owner if isinstance(owner, Operation) else None
 
 
-def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
+@dataclass
+class _Slot:
+    """A weight load whose tile a block passes to the next (reuse): the gather it replaces and
+    its F tile (None: the whole weight)."""
+
+    gather: tcp.DmaGatherOp
+    columns: tuple[int, int] | None
+    type: Attribute
+
+
+def _window(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, rows: bool) -> tuple[list[int], list[int]] | None:
+    """The part of each expert's weight an F tile loads: `columns` of the last axis, or (down
+    weight) of the first axis after the expert's."""
+    if columns is None:
+        return None
+    whole = list(shape_of(gather.source.type)[1:])
+    axis = 0 if rows else len(whole) - 1
+    offsets = [0] * len(whole)
+    offsets[axis] = columns[0]
+    whole[axis] = columns[1] - columns[0]
+    return offsets, whole
+
+
+def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_SRAM_BYTES,
+                  f_tile: int = 0) -> scf.ForOp | None:
     """Build the expert loop over `expert_ids`'s blocks in `block`; None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
     ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids)])
@@ -97,6 +122,27 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
         return None
     gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp)]
 
+    region = find_f_region(ops, gathers)
+    tiles: list[tuple[int, int]] = []
+    resident = True
+    if region is not None:
+        width, resident = choose_f_tile(region, gathers, sram_bytes, f_tile)
+        if width < region.f:
+            tiles = [(f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
+    tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g is region.down_weight)]
+
+    slots: list[_Slot] = []
+    for g in gathers:
+        if g not in tiled_gathers:
+            slots.append(_Slot(g, None, tile_type(g.result.type)))
+        elif resident:
+            rows = region is not None and g is region.down_weight
+            for columns in tiles:
+                window = _window(g, columns, rows)
+                assert window is not None
+                slots.append(_Slot(g, columns, TensorType(g.result.type.get_element_type(), [1, *window[1]])))
+    streamed = bool(tiles) and not resident
+
     before: list[Operation] = []
     c0 = arith.ConstantOp.from_int_and_width(0, IndexType())
     c_blocks = arith.ConstantOp.from_int_and_width(blocks, IndexType())
@@ -104,31 +150,36 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
     before += [c0, c_blocks, c1]
     buffers = [tile.BufferOp("hbm", r.type) for r in escaping]
     no_ids = ve.ConstOp(-1, TensorType(i32, [1]))
-    no_tiles = [tile.BufferOp("sram", tile_type(g.result.type)) for g in gathers]
-    before += buffers + ([no_ids] if gathers else []) + no_tiles
+    no_tiles = [tile.BufferOp("sram", slot.type) for slot in slots]
+    before += buffers + ([no_ids] if slots else []) + no_tiles
     for b, r in zip(buffers, escaping):
         b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
     carried_init: list[SSAValue] = [b.result for b in buffers]
-    carried_init += [no_ids.result for _ in gathers] + [t.result for t in no_tiles]
+    carried_init += [no_ids.result for _ in slots] + [t.result for t in no_tiles]
     # The double-buffering waits carry the last contraction of the WEIGHT_AHEAD previous blocks
     # (the last reader of their loaded tiles); before the first block there is nothing to wait for.
+    # Streamed F tiles also carry the previous block's last two down-projection tiles.
     last_contract = [op for op in ops if isinstance(op, CONTRACTIONS)][-1]
     nothing = ve.ConstOp(0.0, tile_type(last_contract.result.type))
     before.append(nothing)
-    carried_init += [nothing.result] * WEIGHT_AHEAD
+    n_tile_waits = TILE_AHEAD if streamed else 0
+    carried_init += [nothing.result] * (n_tile_waits + WEIGHT_AHEAD)
     for op in before:
         op.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
 
     body = Block(arg_types=[IndexType(), *(v.type for v in carried_init)])
     index, *args = body.args
     index.name_hint = "block"
-    n_buf, n_gather = len(buffers), len(gathers)
+    n_buf, n_slots = len(buffers), len(slots)
     buffer_args = args[:n_buf]
-    prev_ids_args = args[n_buf:n_buf + n_gather]
-    prev_tile_args = args[n_buf + n_gather:n_buf + 2 * n_gather]
+    prev_ids_args = args[n_buf:n_buf + n_slots]
+    prev_tile_args = args[n_buf + n_slots:n_buf + 2 * n_slots]
+    tile_done_args = args[n_buf + 2 * n_slots:n_buf + 2 * n_slots + n_tile_waits]
     waits = args[len(args) - WEIGHT_AHEAD:]  # waits[i]: the last contraction of block g - 1 - i
     for i, w in enumerate(waits):
         w.name_hint = f"done_{i + 1}_ago"
+    for i, w in enumerate(tile_done_args):
+        w.name_hint = f"f_tile_done_{n_tile_waits - i}_ago"
     tile_wait, weight_wait = waits[TILE_AHEAD - 1], waits[WEIGHT_AHEAD - 1]
 
     mapping: dict[SSAValue, SSAValue] = {}
@@ -157,14 +208,78 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
             mapping[v] = add(tile.SliceOp(v, index, tile_type(v.type)), name)
         return mapping[v]
 
-    loaded: list[SSAValue] = []
+    slot_results: list[SSAValue | None] = [None] * n_slots
+
+    def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue, rows: bool = False) -> SSAValue:
+        """The block's tile of `gather`'s weight (`columns` of F), reusing the previous block's
+        when its slot is carried."""
+        k = next((i for i, s in enumerate(slots) if s.gather is gather and s.columns == columns), None)
+        prev = (prev_ids_args[k], prev_tile_args[k]) if k is not None else (None, None)
+        new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait], _window(gather, columns, rows))
+        new.attributes.update(gather.attributes)
+        result = add(new, gather.result.name_hint)
+        if k is not None:
+            slot_results[k] = result
+        return result
+
+    down_tiles: list[SSAValue] = []
+
+    def f_tiles() -> SSAValue:
+        """Every F tile of the region, in order: its loads, its column work, its share of the
+        down-projection accumulated onto the previous tile's; the last tile's sum."""
+        assert region is not None
+        acc: SSAValue | None = None
+        for t, columns in enumerate(tiles):
+            width = columns[1] - columns[0]
+            if not streamed:
+                wait = weight_wait
+            else:
+                wait = down_tiles[t - TILE_AHEAD] if t >= TILE_AHEAD else tile_done_args[t]
+            local: dict[SSAValue, SSAValue] = {}
+
+            def operand(v: SSAValue) -> SSAValue:
+                return local[v] if v in local else tile_of(v)
+
+            for op in region.tiled:
+                if isinstance(op, tcp.DmaGatherOp):
+                    local[op.result] = load(op, columns, wait)
+                    continue
+                if isinstance(op, tcp.ContractOp):
+                    new: Operation = tcp.ContractOp(
+                        op.spec.data, operand(op.lhs), operand(op.rhs), with_last_dim(tile_type(op.result.type), width),
+                        bias=None if op.bias is None else operand(op.bias),
+                        guard=None if op.guard is None else operand(op.guard))
+                    new.attributes.update(op.attributes)
+                else:
+                    new = type(op).create(operands=[operand(v) for v in op.operands],
+                                          result_types=[with_last_dim(tile_type(r.type), width) for r in op.results],
+                                          properties=dict(op.properties), attributes=dict(op.attributes))
+                body.add_op(new)
+                for old, r in zip(op.results, new.results):
+                    r.name_hint = old.name_hint
+                    local[old] = r
+            down = region.down
+            weight = load(region.down_weight, columns, wait, rows=True)
+            final = t == len(tiles) - 1
+            new = tcp.ContractOp(down.spec.data, local[down.lhs], weight, tile_type(down.result.type),
+                                 bias=tile_of(down.bias) if final and down.bias is not None else None,
+                                 guard=None if down.guard is None else tile_of(down.guard), acc=acc)
+            new.attributes.update(down.attributes)
+            acc = add(new, down.result.name_hint)
+            down_tiles.append(acc)
+        assert acc is not None
+        return acc
+
+    deferred: set[Operation] = set()
+    if tiles and region is not None:
+        deferred = (set(region.tiled) - set(region.shared)) | {region.down, region.down_weight}
     for op in ops:
+        if op in deferred:
+            if region is not None and op is region.down:
+                mapping[op.result] = f_tiles()
+            continue
         if isinstance(op, tcp.DmaGatherOp):
-            k = gathers.index(op)
-            new = tile.LoadExpertOp(op.source, ids_tile, prev_ids_args[k], prev_tile_args[k], [weight_wait])
-            new.attributes.update(op.attributes)
-            mapping[op.result] = add(new, op.result.name_hint)
-            loaded.append(op.result)
+            mapping[op.result] = load(op, None, weight_wait)
             continue
         new = clone_rows(op, [tile_of(v) for v in op.operands], 1)
         body.add_op(new)
@@ -173,7 +288,9 @@ def schedule_plan(block: Block, expert_ids: SSAValue) -> scf.ForOp | None:
     stored = [add(tile.StoreOp(mapping[r], buf, index), f"{r.name_hint}_stored" if r.name_hint else None)
               for r, buf in zip(escaping, buffer_args)]
     done = mapping[last_contract.result]
-    body.add_op(scf.YieldOp(*stored, *(ids_tile for _ in gathers), *(mapping[g] for g in loaded), done, *waits[:-1]))
+    assert all(r is not None for r in slot_results)
+    body.add_op(scf.YieldOp(*stored, *(ids_tile for _ in slots), *slot_results, *down_tiles[len(down_tiles) - n_tile_waits:],
+                            done, *waits[:-1]))
 
     loop = scf.ForOp(c0, c_blocks, c1, carried_init, body)
     loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
@@ -192,11 +309,17 @@ def expert_id_values(block: Block) -> list[SSAValue]:
 
 @dataclass(frozen=True)
 class ScheduleExpertsPass(ModulePass):
+    """`sram_bytes`: the SRAM the F tile is chosen for (default one cluster's); `f_tile`: the F
+    tile when positive (a multiple of 512 keeps it exact), chosen from `sram_bytes` when 0."""
+
     name = "schedule-experts"
+
+    sram_bytes: int = CLUSTER_SRAM_BYTES
+    f_tile: int = 0
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 body = fn.body.block
                 for expert_ids in expert_id_values(body):
-                    schedule_plan(body, expert_ids)
+                    schedule_plan(body, expert_ids, self.sram_bytes, self.f_tile)

@@ -91,9 +91,10 @@ def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_by
 
 
 def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes: int,
-                  src_hbm: bool, dst_hbm: bool) -> OpCost:
-    """A DMA command moving whole rows: `rows_read` rows read, `rows_written` rows written."""
-    per_row = requests(row_bytes, machine)
+                  src_hbm: bool, dst_hbm: bool, pieces: int = 1) -> OpCost:
+    """A DMA command moving whole rows: `rows_read` rows read, `rows_written` rows written,
+    each row `pieces` equal contiguous pieces (a window of a row: each piece in whole requests)."""
+    per_row = pieces * requests(row_bytes // pieces, machine)
     reads, writes = rows_read * per_row, rows_written * per_row
     hbm = (reads if src_hbm else 0) + (writes if dst_hbm else 0)
     hbm_bytes = hbm * machine.dma_request_bytes
