@@ -168,15 +168,18 @@ def choose_f_tile(region: FRegion, gathers: list[tcp.DmaGatherOp], sram_bytes: i
     """The F tile, and whether the tiles stay resident (reused by the expert's next blocks).
 
     Resident when two experts' whole weights fit the weights' share of SRAM (the current one
-    and the next, prefetched): then the tile is all of F unless `forced`. Otherwise the tiles
-    stream: the largest multiple of F_TILE_GRAIN whose TILES_IN_FLIGHT tiles of every tiled
-    weight fit the share (at least one grain), and every block fetches its expert's tiles."""
+    and the next, prefetched): then the tile is one grain (`forced` if given), so an expert's
+    weights arrive as several DMA commands spread over more engines, and the first tile
+    contracts while the next arrive (Qwen3-30B-A3B, F = 768, T = 1024: 2.46x -> 2.26x the
+    roofline). Otherwise the tiles stream: the largest multiple of F_TILE_GRAIN whose
+    TILES_IN_FLIGHT tiles of every tiled weight fit the share (at least one grain), and every
+    block fetches its expert's tiles."""
     budget = sram_bytes // WEIGHT_SHARE
     resident = 2 * expert_bytes(gathers) <= budget
     if forced > 0:
         return min(forced, region.f), resident
     if resident:
-        return region.f, True
+        return min(F_TILE_GRAIN, region.f), True
     tiled = [g for g in gathers if g in region.tiled or g is region.down_weight]
     per_column = expert_bytes(tiled) / region.f
     tile = int(budget // (TILES_IN_FLIGHT * per_column)) // F_TILE_GRAIN * F_TILE_GRAIN
