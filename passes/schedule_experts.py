@@ -26,6 +26,15 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   weight load waits for block g - 4 (`WEIGHT_AHEAD`), so the next expert's weights arrive
   while the current expert's last blocks contract.
 
+- F tiles (passes/f_tiles.py): when the plan is up-projections, column work and one
+  down-projection (a SwiGLU or a plain MLP), the block's work runs per tile of F: each tile
+  loads its window of every weight (`tile.load_expert ... at`), contracts and activates
+  [1, B, tile], and adds its share of the down-projection to the previous tile's f32 sum
+  (`tcp.contract ... acc`); the last tile's sum is what the untiled contraction gave, bit for
+  bit. Tiles of experts that fit (two of them in half the SRAM) are carried to the next block
+  for reuse and wait like whole weights; streamed tiles (Mixtral, Llama-4, DeepSeek-V3, gpt-oss
+  at real dims) are fetched per block, each waiting for the down-projection two tiles earlier.
+
 Ops that are not block-parallel, or that depend on an op after the loop's place, stay where
 they are. The loop goes right after the last op it absorbs; outside ops that read its results
 and stood between its ops move after it.
