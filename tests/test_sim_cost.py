@@ -22,7 +22,7 @@ from runtime_sim.perf.cost_model import (
 from runtime_sim.perf.costs import register_cost_models
 from runtime_sim.perf.machine import default_machine
 from runtime_sim.perf.simulate import simulate
-from runtime_sim.perf.tcp_cost import contraction_cycles, dma_copy_cost, gathered_rows
+from runtime_sim.perf.tcp_cost import contraction_cycles, dma_copy_cost, dma_cycles, gathered_rows
 from runtime_sim.perf.vector_cost import scan_cycles, vector_chain_cycles
 from tcpc.pipelines import make_context
 
@@ -38,11 +38,20 @@ def parse(text: str):
     return module
 
 
-def test_book_figure_16kb_dma_is_about_628_cycles() -> None:
-    cost = dma_copy_cost(M, 16 * 1024, src_hbm=True, dst_hbm=False)
+def test_book_figure_16kb_hbm_to_hbm_dma_is_about_628_cycles() -> None:
+    # Book, DMA Engine, Example 1: within a tier reads and writes serialise.
+    cost = dma_copy_cost(M, 16 * 1024, src_hbm=True, dst_hbm=True)
     assert cost.engine == DMA
     assert abs(cost.cycles - 628) <= 4  # 64 read + 64 write 256-byte requests + 500 start-up
-    assert cost.hbm_bytes == 16 * 1024
+    assert cost.hbm_bytes == 2 * 16 * 1024
+
+
+def test_book_figure_hbm_to_sram_pipelines_reads_and_writes() -> None:
+    # Book, DMA Engine, Example 2: 16 MB HBM -> DM on one engine, max(65,536, 65,536) + 500.
+    assert dma_cycles(M, 65_536, 65_536, 0, 1, cross_tier=True) == (66_036, "dma bandwidth")
+    assert dma_cycles(M, 65_536, 65_536, 0, 1, cross_tier=False)[0] == 131_572
+    small = dma_copy_cost(M, 16 * 1024, src_hbm=True, dst_hbm=False)
+    assert small.cycles == 564 and small.hbm_bytes == 16 * 1024
 
 
 def test_book_figure_through_the_simulator() -> None:
@@ -51,9 +60,9 @@ def test_book_figure_through_the_simulator() -> None:
       %y = tcp.load %x : tensor<64x128xbf16> -> tensor<64x128xbf16>
       func.return %y : tensor<64x128xbf16>
     }""")
-    x = np.ones((64, 128), BF16)  # 16 KB
+    x = np.ones((64, 128), BF16)  # 16 KB from HBM into SRAM: 64 requests pipelined + 500
     result = simulate(module, "f", [x])
-    assert result.report.total_cycles == 628
+    assert result.report.total_cycles == 564
     assert result.report.ops[0].bound == "dma startup"
     np.testing.assert_array_equal(result.outputs[0], x)
 
@@ -69,12 +78,12 @@ def test_a_large_gather_is_spread_over_every_dma_engine() -> None:
     gather = report.ops[0]
     nbytes = 2 * 4096 * 4096 * 2
     assert gather.units == tuple(range(M.dma_engines)) and gather.engine_label == "dma0-7"
-    # Every byte read and written goes through the 8 engines at 256 B/cycle each; the HBM side
-    # (the read) at 1.5 KB/cycle would be faster, so it does not bind.
-    moved = 2 * nbytes
-    expect = max(moved / (M.dma_engines * M.dma_bytes_per_cycle), nbytes / M.hbm_bytes_per_cycle)
-    assert abs(gather.cycles - (expect + M.dma_startup_cycles)) <= 2
-    assert gather.cycles < moved / M.dma_bytes_per_cycle / 4  # one engine would take 8x as long
+    # HBM -> SRAM pipelines reads and writes: the 8 engines at 256 B/cycle each would move it in
+    # 32,768 + 500 cycles, but together they get only the HBM's 1.5 KB/cycle, which binds.
+    engines = nbytes / (M.dma_engines * M.dma_bytes_per_cycle) + M.dma_startup_cycles
+    expect = max(engines, nbytes / M.hbm_bytes_per_cycle)
+    assert gather.bound == "hbm" and abs(gather.cycles - expect) <= 2
+    assert gather.cycles < nbytes / M.dma_bytes_per_cycle / 4  # one engine would take 8x as long
     assert gather.cycles >= nbytes / M.hbm_bytes_per_cycle  # the roofline invariant
     assert report.engines[1].busy_cycles >= M.dma_engines * gather.cycles
     trace = report.chrome_trace()["traceEvents"]
@@ -128,7 +137,7 @@ def test_weight_gather_reuses_a_weight_for_consecutive_blocks() -> None:
     assert gathered_rows(np.array([0, 1, 0, 1, -1, -1])) == 4
     grouped = gather_cost([0, 0, 1, 1, 2, -1])
     assert grouped.hbm_bytes == 3 * row
-    assert grouped.cycles == 500 + 3 * 2 * 64
+    assert grouped.cycles == 500 + 3 * 64  # reads and writes pipelined (HBM -> SRAM)
     assert gather_cost([0, 1, 0, 1, -1, -1]).hbm_bytes == 4 * row
 
 

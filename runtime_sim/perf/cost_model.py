@@ -10,7 +10,7 @@ gather skips index -1 rows). The formulas themselves live next to their sources:
 Engines (docs/hardware.md#pes-clusters-and-slices): `tensor`, the chain Fetch -> Contraction ->
 Vector -> ... -> Commit; all slices of the cluster run it in lockstep and a command occupies
 the whole chain, so it is one unit. `dma` has one unit per DMA engine; a command runs on one
-engine (the book's 628-cycle figure is one command on one engine), or, when it moves more
+engine (the book's worked figures, 628 cycles for 16 KB HBM -> HBM, are one command on one engine), or, when it moves more
 than the machine's `dma.split_bytes`, is spread over several (`OpCost.parts`, see tcp_cost.py). `none` is for ops that do
 no work (views, the splat constants the loader places, returns): zero cycles, no unit.
 

@@ -3,9 +3,14 @@
 Every number comes from the machine file (see machines/rngd.toml for its source). Formulas:
 
 DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command runs on one engine:
-    part cycles = startup + (read requests + write requests) of the part * request_bytes / engine bytes-per-cycle
-  reads and writes go through the engine one request at a time, which is the book's worked
-  figure: a 16 KB move is 64 read + 64 write 256-byte requests + 500 cycles ~ 628 cycles.
+    part cycles = startup + requests of the part * request_bytes / engine bytes-per-cycle
+    requests    = max(read requests, write requests)   across tiers (HBM <-> SRAM)
+                = read requests + write requests        within a tier (HBM -> HBM, SRAM -> SRAM)
+  The book's worked figures: an HBM -> HBM move serialises its phases (16 KB: 64 read + 64
+  write 256-byte requests + 500 cycles ~ 628 cycles, Example 1), as does a same-cluster DM -> DM
+  copy (Example 3); an HBM -> DM transfer pipelines them ("Cross-tier transfers like HBM <-> DM
+  pipeline the read and write phases": max(65,536 reads, 65,536 writes) + 500 ~ 66,036 cycles,
+  Example 2).
   A command moving more than the machine's `dma.split_bytes` is spread evenly over several
   engines (assumption, machines/rngd.toml: a compiler issues a large transfer as several
   commands): parts = min(engines, bytes // split_bytes), cut at request boundaries; each part pays
@@ -15,9 +20,9 @@ DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command ru
   HBM bytes faster than one engine's share of HBM bandwidth (hbm bytes/cycle / engines), so
   all engines together never exceed HBM bandwidth:
     cycles = max(part cycles, hbm_bytes * engines / (parts * hbm bytes-per-cycle))
-  On RNGD the share (187.5 B/cycle) is above what a copying engine reaches (128 B/cycle), so
-  it never binds there; eight parts move 1 KB/cycle, 2/3 of HBM bandwidth. Rows are moved in
-  whole requests: a row of r bytes costs
+  On RNGD the share (187.5 B/cycle) is below what an engine reaches across tiers (256 B/cycle),
+  so HBM bandwidth binds an HBM <-> SRAM command, and eight parts saturate HBM; within a tier an
+  engine reaches 128 B/cycle. Rows are moved in whole requests: a row of r bytes costs
   ceil(r / request_bytes) requests to read and as many to write. Gathers and scatters cost by
   their runtime indices: index -1 rows move nothing (but the command still starts); a gather
   row equal to the previous row is not moved again (consecutive blocks of one expert reuse the
@@ -77,11 +82,12 @@ def hbm_share_cycles(machine: Machine, hbm_bytes: int, parts: int = 1) -> int:
 
 
 def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int,
-               parts: int = 1) -> tuple[int, str]:
+               parts: int = 1, cross_tier: bool = False) -> tuple[int, str]:
     """Cycles of one DMA command spread evenly over `parts` engines, and the term that bounds
-    it (see the module docstring)."""
+    it (see the module docstring): a cross-tier command pipelines its reads and writes."""
     m = machine
-    per_part = -(-(read_requests + write_requests) // parts)
+    issued = max(read_requests, write_requests) if cross_tier else read_requests + write_requests
+    per_part = -(-issued // parts)
     transfer = math.ceil(per_part * m.dma_request_bytes / m.dma_bytes_per_cycle)
     engine = m.dma_startup_cycles + transfer
     share = hbm_share_cycles(m, hbm_bytes, parts)
@@ -99,7 +105,7 @@ def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes
     hbm = (reads if src_hbm else 0) + (writes if dst_hbm else 0)
     hbm_bytes = hbm * machine.dma_request_bytes
     parts = dma_parts(machine, max(rows_read, rows_written) * row_bytes)
-    cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes, parts)
+    cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes, parts, cross_tier=src_hbm != dst_hbm)
     return OpCost(DMA, cycles, bytes_moved=(rows_read + rows_written) * row_bytes, hbm_bytes=hbm_bytes, bound=bound,
                   result_bytes=rows_written * row_bytes, parts=parts)
 
@@ -109,7 +115,7 @@ def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -
     n = requests(nbytes, machine)
     hbm_bytes = ((n if src_hbm else 0) + (n if dst_hbm else 0)) * machine.dma_request_bytes
     parts = dma_parts(machine, nbytes)
-    cycles, bound = dma_cycles(machine, n, n, hbm_bytes, parts)
+    cycles, bound = dma_cycles(machine, n, n, hbm_bytes, parts, cross_tier=src_hbm != dst_hbm)
     return OpCost(DMA, cycles, bytes_moved=2 * nbytes, hbm_bytes=hbm_bytes, bound=bound, result_bytes=nbytes,
                   parts=parts)
 
