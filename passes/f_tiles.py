@@ -31,9 +31,9 @@ F_TILE_GRAIN = math.lcm(GRID_N, GRID_K)
 WEIGHT_SHARE = 2
 """Expert weights may take 1 / WEIGHT_SHARE of a cluster's SRAM; the rest holds the row tiles,
 the accumulators and the other phases' tiles (assumption: a compiler's split, not measured)."""
-TILES_IN_FLIGHT = 3
-"""Streamed F tiles in SRAM at once: the tile contracting, the next one fetched, and the one
-after it starting to arrive as the oldest is released."""
+TILES_IN_FLIGHT = 2
+"""Streamed F tiles in SRAM at once: the tile contracting and the next one arriving (a tile's
+loads wait for the down-projection two tiles earlier, the last reader of that tile's weights)."""
 CLUSTER_SRAM_BYTES = 128 * 1024 * 1024
 """One cluster's SRAM, 256 slices x 512 KB (machines/rngd.toml, docs/hardware.md#one-chip): the
 default budget (a pass cannot read the machine file; `schedule-experts{sram_bytes=...}`)."""

@@ -219,25 +219,30 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
 
     slot_results: list[SSAValue | None] = [None] * n_slots
 
-    def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue, rows: bool = False) -> SSAValue:
-        """The block's tile of `gather`'s weight (`columns` of F), reusing the previous block's
-        when its slot is carried."""
+    def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue, rows: bool = False) -> Operation:
+        """The load of the block's tile of `gather`'s weight (`columns` of F), reusing the
+        previous block's when its slot is carried; not yet in the body."""
         k = next((i for i, s in enumerate(slots) if s.gather is gather and s.columns == columns), None)
         prev = (prev_ids_args[k], prev_tile_args[k]) if k is not None else (None, None)
         new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait], _window(gather, columns, rows))
         new.attributes.update(gather.attributes)
-        result = add(new, gather.result.name_hint)
+        new.attributes.setdefault(PHASE_ATTR, last.attributes[PHASE_ATTR])
+        new.results[0].name_hint = gather.result.name_hint
         if k is not None:
-            slot_results[k] = result
-        return result
+            slot_results[k] = new.results[0]
+        return new
 
     down_tiles: list[SSAValue] = []
 
     def f_tiles() -> SSAValue:
-        """Every F tile of the region, in order: its loads, its column work, its share of the
-        down-projection accumulated onto the previous tile's; the last tile's sum."""
+        """Every F tile of the region: its loads, its column work, its share of the
+        down-projection accumulated onto the previous tile's; the last tile's sum. Engines
+        issue commands in program order, so the loads of tile t + 1 are placed before the
+        work of tile t (they wait, by `after`, for the down-projection of tile t - 1)."""
         assert region is not None
         acc: SSAValue | None = None
+        loads: list[list[Operation]] = []
+        work: list[list[Operation]] = []
         for t, columns in enumerate(tiles):
             width = columns[1] - columns[0]
             if not streamed:
@@ -245,13 +250,16 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
             else:
                 wait = down_tiles[t - TILE_AHEAD] if t >= TILE_AHEAD else tile_done_args[t]
             local: dict[SSAValue, SSAValue] = {}
+            loads.append([])
+            work.append([])
 
             def operand(v: SSAValue) -> SSAValue:
                 return local[v] if v in local else tile_of(v)
 
             for op in region.tiled:
                 if isinstance(op, tcp.DmaGatherOp):
-                    local[op.result] = load(op, columns, wait)
+                    loads[t].append(load(op, columns, wait))
+                    local[op.result] = loads[t][-1].results[0]
                     continue
                 if isinstance(op, tcp.ContractOp):
                     new: Operation = tcp.ContractOp(
@@ -263,19 +271,25 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
                     new = type(op).create(operands=[operand(v) for v in op.operands],
                                           result_types=[with_last_dim(tile_type(r.type), width) for r in op.results],
                                           properties=dict(op.properties), attributes=dict(op.attributes))
-                body.add_op(new)
+                work[t].append(new)
                 for old, r in zip(op.results, new.results):
                     r.name_hint = old.name_hint
                     local[old] = r
             down = region.down
-            weight = load(region.down_weight, columns, wait, rows=True)
+            loads[t].append(load(region.down_weight, columns, wait, rows=True))
             final = t == len(tiles) - 1
-            new = tcp.ContractOp(down.spec.data, local[down.lhs], weight, tile_type(down.result.type),
+            new = tcp.ContractOp(down.spec.data, local[down.lhs], loads[t][-1].results[0], tile_type(down.result.type),
                                  bias=tile_of(down.bias) if final and down.bias is not None else None,
                                  guard=None if down.guard is None else tile_of(down.guard), acc=acc)
             new.attributes.update(down.attributes)
-            acc = add(new, down.result.name_hint)
+            new.results[0].name_hint = down.result.name_hint
+            work[t].append(new)
+            acc = new.results[0]
             down_tiles.append(acc)
+        body.add_ops(loads[0])
+        for t in range(len(tiles)):
+            body.add_ops(loads[t + 1] if t + 1 < len(tiles) else [])
+            body.add_ops(work[t])
         assert acc is not None
         return acc
 
@@ -288,7 +302,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
                 mapping[op.result] = f_tiles()
             continue
         if isinstance(op, tcp.DmaGatherOp):
-            mapping[op.result] = load(op, None, weight_wait)
+            mapping[op.result] = add(load(op, None, weight_wait))
             continue
         new = clone_rows(op, [tile_of(v) for v in op.operands], 1)
         body.add_op(new)

@@ -116,9 +116,8 @@ def test_mixtral_at_real_dims_streams_f_tiles_with_no_spill_or_stream() -> None:
     assert not report.spills and not report.streams
     assert report.peak_sram_bytes <= report.machine.sram_bytes
     fetched = [o for o in report.ops if o.name == "tile.load_expert" and o.hbm_bytes > 0]
-    tiles = 14336 // 512
-    assert len(fetched) == 3 * tiles * 2  # every tile of the 2 used experts' 3 weights, once
-    assert all(o.hbm_bytes == 4096 * 512 * 2 for o in fetched)
+    assert sum(o.hbm_bytes for o in fetched) == 2 * 3 * 4096 * 14336 * 2  # the 2 used experts' weights, once
+    assert len(fetched) >= 2 * 3 * 4 and len({o.hbm_bytes for o in fetched}) == 1  # in equal F tiles
     contracts = [(o.start, o.end) for o in report.ops if o.name == "tcp.contract" and o.phase == "experts"]
     overlapping = sum(1 for o in fetched if any(s < o.end and o.start < e for s, e in contracts))
     assert overlapping >= len(fetched) // 2  # the next tiles arrive while the current one contracts
