@@ -237,8 +237,11 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
     def f_tiles() -> SSAValue:
         """Every F tile of the region: its loads, its column work, its share of the
         down-projection accumulated onto the previous tile's; the last tile's sum. Engines
-        issue commands in program order, so the loads of tile t + 1 are placed before the
-        work of tile t (they wait, by `after`, for the down-projection of tile t - 1)."""
+        issue commands in program order, so streamed tiles place the loads of tile t + 1
+        before the work of tile t (they wait, by `after`, for the down-projection of tile
+        t - 1); resident tiles, mostly reused, are emitted as built, each load just before its first
+        reader and before the block's row tiles, which wait for block g - 2 (measured better:
+        Qwen3-30B-A3B, T = 1024, 1.40 M against 1.47 M cycles)."""
         assert region is not None
         acc: SSAValue | None = None
         loads: list[list[Operation]] = []
@@ -259,6 +262,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
             for op in region.tiled:
                 if isinstance(op, tcp.DmaGatherOp):
                     loads[t].append(load(op, columns, wait))
+                    if not streamed:
+                        body.add_op(loads[t][-1])
                     local[op.result] = loads[t][-1].results[0]
                     continue
                 if isinstance(op, tcp.ContractOp):
@@ -272,11 +277,15 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
                                           result_types=[with_last_dim(tile_type(r.type), width) for r in op.results],
                                           properties=dict(op.properties), attributes=dict(op.attributes))
                 work[t].append(new)
+                if not streamed:
+                    body.add_op(new)
                 for old, r in zip(op.results, new.results):
                     r.name_hint = old.name_hint
                     local[old] = r
             down = region.down
             loads[t].append(load(region.down_weight, columns, wait, rows=True))
+            if not streamed:
+                body.add_op(loads[t][-1])
             final = t == len(tiles) - 1
             new = tcp.ContractOp(down.spec.data, local[down.lhs], loads[t][-1].results[0], tile_type(down.result.type),
                                  bias=tile_of(down.bias) if final and down.bias is not None else None,
@@ -284,12 +293,15 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
             new.attributes.update(down.attributes)
             new.results[0].name_hint = down.result.name_hint
             work[t].append(new)
+            if not streamed:
+                body.add_op(new)
             acc = new.results[0]
             down_tiles.append(acc)
-        body.add_ops(loads[0])
-        for t in range(len(tiles)):
-            body.add_ops(loads[t + 1] if t + 1 < len(tiles) else [])
-            body.add_ops(work[t])
+        if streamed:
+            body.add_ops(loads[0])
+            for t in range(len(tiles)):
+                body.add_ops(loads[t + 1] if t + 1 < len(tiles) else [])
+                body.add_ops(work[t])
         assert acc is not None
         return acc
 
