@@ -143,7 +143,7 @@ def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: 
     expert_flops = 2 * (pairs * expert_weights + tokens * shared_weights)
     router_flops = 2 * tokens * d["D"] * d["E"]
     fast = 2 * machine.peak_fp8_macs_per_cycle if fmt != "bf16" else machine.peak_flops_per_cycle
-    flop_cycles = expert_flops / fast + router_flops / machine.peak_flops_per_cycle
+    flop_cycles = (expert_flops / fast + router_flops / machine.peak_flops_per_cycle) / machine.clusters
     return max(flop_cycles, nbytes / machine.hbm_bytes_per_cycle)
 
 

@@ -82,7 +82,7 @@ def tight_machine() -> Machine:
     """The default machine with 4 KB of SRAM in all (an assumption of this benchmark: no real
     machine), so that the programs' live buffers do not fit and the plan spills."""
     machine = default_machine()
-    return replace(machine, name=f"{machine.name}-4KB", sram_bytes_per_slice=TIGHT_SRAM_BYTES // machine.slices)
+    return replace(machine, name=f"{machine.name}-4KB", sram_bytes_per_slice=TIGHT_SRAM_BYTES // (machine.clusters * machine.slices))
 
 
 def simulate_program(module: ModuleOp, machine: Machine) -> SimResult:

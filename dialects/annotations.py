@@ -99,6 +99,20 @@ def placed_in_hbm(op: Operation) -> bool:
     return isinstance(attr, StringAttr) and attr.data == "hbm"
 
 
+CLUSTER_ATTR = "tcpc.cluster"
+"""Discardable attribute of an engine op: the cluster of the chip whose contraction and vector
+engines run it (0 without it). The schedule level splits the expert loop over the clusters."""
+
+
+def cluster_of(op: Operation) -> int:
+    attr = op.attributes.get(CLUSTER_ATTR)
+    return attr.value.data if isinstance(attr, IntegerAttr) else 0
+
+
+def place_on_cluster(op: Operation, cluster: int) -> None:
+    op.attributes[CLUSTER_ATTR] = IntegerAttr(cluster, 64)
+
+
 ROUTING_ATTR = "tcpc.routing_experts"
 """Arg attribute of a routing argument: the number of experts E its indices choose from."""
 

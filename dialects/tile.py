@@ -18,6 +18,11 @@ from and goes to, so the placement is in the IR, not guessed by the simulator:
   `at array<i64: r, c>` it fetches a window of each expert's weight: the result's shape from
   those offsets (an F tile of an expert: columns of w_gate, rows of w_down).
 
+A `guard` (one i32, a block's expert id) skips a load or store when negative: a skipped load
+gives zeros, a skipped store leaves the buffer as it is; the guard itself costs a little. The
+expert loop guards each cluster's copy of a block's work by the block's expert id masked to
+the experts that cluster owns. `tile.copy` moves a tensor between clusters' SRAM by DMA.
+
 Loads may name `after` values: order-only operands (no data is read) that make the load wait
 for the commands producing them. The schedule level uses them for double buffering: the tiles
 of block g are fetched once block g - 2 has finished with its buffers, so two blocks' tiles are
@@ -101,15 +106,18 @@ class LoadOp(IRDLOperation):
     name = "tile.load"
     source = operand_def(TensorType)
     offset = operand_def(IndexType)
+    guard = opt_operand_def(TensorType)
     after = var_operand_def()
     result = result_def(TensorType)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
-        "$source `[` $offset `]` (`after` $after^)? `:` type($source) (`after` type($after)^)? `->` type($result) attr-dict"
+        "$source `[` $offset `]` (`guard` $guard^)? (`after` $after^)? `:` type($source) (`guard` type($guard)^)? "
+        "(`after` type($after)^)? `->` type($result) attr-dict"
     )
 
-    def __init__(self, source: SSAValue, offset: SSAValue, result_type: Attribute, after: list[SSAValue] | None = None):
-        super().__init__(operands=[source, offset, after or []], result_types=[result_type])
+    def __init__(self, source: SSAValue, offset: SSAValue, result_type: Attribute, after: list[SSAValue] | None = None,
+                 guard: SSAValue | None = None):
+        super().__init__(operands=[source, offset, guard, after or []], result_types=[result_type])
 
     def verify_(self) -> None:
         _rows_match(self.result.type, self.source.type, self.name)
@@ -125,15 +133,38 @@ class StoreOp(IRDLOperation):
     tile = operand_def(TensorType)
     dest = operand_def(TensorType)
     offset = operand_def(IndexType)
+    guard = opt_operand_def(TensorType)
     result = result_def(TensorType)
-    assembly_format = "$tile `,` $dest `[` $offset `]` `:` type($tile) `,` type($dest) `->` type($result) attr-dict"
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = (
+        "$tile `,` $dest `[` $offset `]` (`guard` $guard^)? `:` type($tile) `,` type($dest) (`guard` type($guard)^)? "
+        "`->` type($result) attr-dict"
+    )
 
-    def __init__(self, tile: SSAValue, dest: SSAValue, offset: SSAValue):
-        super().__init__(operands=[tile, dest, offset], result_types=[dest.type])
+    def __init__(self, tile: SSAValue, dest: SSAValue, offset: SSAValue, guard: SSAValue | None = None):
+        super().__init__(operands=[tile, dest, offset, guard], result_types=[dest.type])
 
     def verify_(self) -> None:
         _rows_match(self.tile.type, self.dest.type, self.name)
         expect(self.result.type == self.dest.type, "tile.store: the result is the destination buffer")
+
+
+@irdl_op_definition
+class CopyOp(IRDLOperation):
+    """A tensor copied by DMA from one cluster's SRAM to another's (the value is unchanged):
+    what a cluster reads that another cluster computed."""
+
+    name = "tile.copy"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$input `:` type($input) `->` type($result) attr-dict"
+
+    def __init__(self, input: SSAValue):
+        super().__init__(operands=[input], result_types=[input.type])
+
+    def verify_(self) -> None:
+        expect(self.result.type == self.input.type, "tile.copy keeps the type")
 
 
 @irdl_op_definition
@@ -192,4 +223,4 @@ class LoadExpertOp(IRDLOperation):
         expect(self.prev_tile is None or self.prev_tile.type == rt, "tile.load_expert: prev_tile must have the result's type")
 
 
-Tile = Dialect("tile", [BufferOp, SliceOp, LoadOp, StoreOp, LoadExpertOp], [])
+Tile = Dialect("tile", [BufferOp, SliceOp, LoadOp, StoreOp, CopyOp, LoadExpertOp], [])

@@ -43,7 +43,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from dialects import ve
-from dialects.annotations import PHASE_ATTR
+from dialects.annotations import CLUSTER_ATTR, PHASE_ATTR
 from dialects.ve_stages import chain_problem, is_chainable, runs_a_stage
 
 
@@ -93,8 +93,9 @@ def build_chain(members: Sequence[Operation]) -> ve.ChainOp:
     last = members[-1]
     body = Block(arg_types=[v.type for v in inputs])
     chain = ve.ChainOp(inputs, last.results[0].type, Region(body))
-    if PHASE_ATTR in last.attributes:
-        chain.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
+    for attr in (PHASE_ATTR, CLUSTER_ATTR):  # a chain runs where its members would have
+        if attr in last.attributes:
+            chain.attributes[attr] = last.attributes[attr]
     Rewriter.insert_op(chain, InsertPoint.before(last))
     chain.result.name_hint = last.results[0].name_hint
     last.results[0].replace_all_uses_with(chain.result)

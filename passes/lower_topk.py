@@ -53,6 +53,7 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
+from xdsl.utils.exceptions import PassFailedException
 
 from dialects import moe, ve
 from dialects.annotations import mark
@@ -62,6 +63,9 @@ from passes.lowering_builder import LoweringBuilder
 STRATEGIES = ("rank", "rounds")
 DEFAULT_STRATEGY = "rank"
 """All-pairs ranking: the TCP design's plan, constant depth in K (see the module docstring)."""
+AUTO_STRATEGY = "auto"
+"""`strategy=auto`: the tcpc driver costs both strategies and passes the cheaper one
+(tcpc/autotune.py); the pass itself has no cost model (layering), so it refuses to run with it."""
 
 INT_MIN = -(2**31)
 BF16_NAN_KEY_BITS = 0xFF810000
@@ -228,10 +232,14 @@ class LowerTopKPass(ModulePass):
     strategy: str = DEFAULT_STRATEGY
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"lower-topk: unknown strategy '{self.strategy}' (choose {', '.join(STRATEGIES)})")
+        if self.strategy not in (*STRATEGIES, AUTO_STRATEGY):
+            raise ValueError(f"lower-topk: unknown strategy '{self.strategy}' (choose {', '.join(STRATEGIES)} or {AUTO_STRATEGY})")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.strategy == AUTO_STRATEGY:
+            raise PassFailedException(
+                "lower-topk{strategy=auto} is chosen by the cost model, which tcpc compile and tcpc run apply "
+                f"before the pass runs; here give strategy={' or strategy='.join(STRATEGIES)}")
         PatternRewriteWalker(
             GreedyRewritePatternApplier([LowerTopKPattern(self.strategy)]), apply_recursively=False
         ).rewrite_module(op)

@@ -158,12 +158,47 @@ def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int]) -> d
     return dims
 
 
-class GraphBuilder:
-    """Emits the ops of one graph into a block."""
+@dataclass(frozen=True)
+class AutoBlock:
+    """A scatter whose block size the compiler picks by its cost model (tcpc/autotune.py):
+    written `block=auto`, or given a block that cannot fit (B > T, or > the capacity), for
+    which auto is the default (decode runs with the program's prefill B)."""
 
-    def __init__(self, dims: Mapping[str, int], block: Block):
+    graph: str
+    loc: Loc
+    """Where the block= argument is: the key of its choice."""
+    tokens: int
+    k: int
+    experts: int
+    capacity: int | None
+    given: int | None = None
+    """The program's block when it did not fit, None for `block=auto`."""
+
+    @property
+    def most(self) -> int:
+        """The largest block that fits: one expert holds at most T pairs, or its capacity."""
+        return self.tokens if self.capacity is None else min(self.tokens, self.capacity)
+
+    @property
+    def reason(self) -> str:
+        if self.given is None:
+            return "block=auto"
+        held = f"T = {self.tokens} pairs" if self.capacity is None or self.capacity >= self.tokens else f"its capacity {self.capacity}"
+        return f"block = {self.given} does not fit: one expert holds at most {held}"
+
+
+class GraphBuilder:
+    """Emits the ops of one graph into a block. `blocks` gives the block size of each auto
+    scatter, by the location of its block= argument (the largest that fits where not given);
+    every auto scatter met is appended to `autos`."""
+
+    def __init__(self, dims: Mapping[str, int], block: Block, graph: str = "",
+                 blocks: Mapping[Loc, int] | None = None, autos: list[AutoBlock] | None = None):
         self.dims = dict(dims)
         self.block = block
+        self.graph = graph
+        self.blocks = blocks or {}
+        self.autos = autos if autos is not None else []
         self.env: dict[str, Value] = {name: Static(v) for name, v in dims.items()}
         self.values: dict[int, tuple[ast.Expr, Result]] = {}
         """Each expression node (kept alive, so its id stays its own) and its value: evaluating
@@ -283,6 +318,9 @@ class GraphBuilder:
         match e:
             case ast.Number(value=v) | ast.String(value=v):
                 return Static(v)
+            case ast.Auto():
+                raise CompileError("'auto' is a value only scatter's block= takes (the compiler then picks "
+                                   "the block size by its cost model)", e.loc)
             case ast.Name(id=name):
                 if name in self.env:
                     return self.env[name]
@@ -604,7 +642,10 @@ class GraphBuilder:
                 args["experts_idx"].loc,
             )
         experts = self.static_int(args["experts"], "experts")
-        block = self.static_int(args["block"], "block")
+        if isinstance(args["block"], ast.String):
+            raise CompileError(f"block must be an integer or auto (a word, not a string), got {spell(args['block'].value)}",
+                               args["block"].loc)
+        given = None if isinstance(args["block"], ast.Auto) else self.static_int(args["block"], "block")
         capacity = None if args["capacity"] is None else self.static_int(args["capacity"], "capacity")
         tokens, k = ids
         if tokens * k > INDEX_MAX:
@@ -613,13 +654,12 @@ class GraphBuilder:
         if k > experts:
             raise CompileError(f"scatter: K = {k} exceeds E = {experts} (a token picks K distinct experts)", c.loc)
         most = tokens if capacity is None else min(tokens, capacity)
-        if block > most:
-            held = f"T = {tokens} pairs" if capacity is None or capacity >= tokens else f"its capacity {capacity}"
-            raise CompileError(
-                f"scatter: block = {block} does not fit: one expert holds at most {held}, "
-                f"so a block could never be filled; use block <= {most}",
-                args["block"].loc,
-            )
+        if given is None or given > most:  # auto: the driver picks among blocks that fit
+            auto = AutoBlock(self.graph, args["block"].loc, tokens, k, experts, capacity, given)
+            self.autos.append(auto)
+            block = self.blocks.get(auto.loc, most)
+        else:
+            block = given
         route = moe.RouteType.make(tokens, k, experts, block, capacity)
         rows = route.blocks.data * block
         if rows > INDEX_MAX:
@@ -804,8 +844,9 @@ class GraphBuilder:
             self.env[target.id] = v
 
 
-def build_graph(graph: ast.Graph, dims: Mapping[str, int]) -> func.FuncOp:
-    gb = GraphBuilder(dims, Block())
+def build_graph(graph: ast.Graph, dims: Mapping[str, int], blocks: Mapping[Loc, int] | None = None,
+                autos: list[AutoBlock] | None = None) -> func.FuncOp:
+    gb = GraphBuilder(dims, Block(), graph.name, blocks, autos)
     arg_types = []
     for p in graph.params:
         if p.name in dims:
@@ -840,8 +881,10 @@ def build_graph(graph: ast.Graph, dims: Mapping[str, int]) -> func.FuncOp:
     return func.FuncOp(graph.name, (arg_types, result_types), Region(gb.block))
 
 
-def build_module(program: ast.Program, dims: Mapping[str, int]) -> ModuleOp:
-    """One func.func per graph, with dims already evaluated by `evaluate_dims`."""
+def build_module(program: ast.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int] | None = None,
+                 autos: list[AutoBlock] | None = None) -> ModuleOp:
+    """One func.func per graph, with dims already evaluated by `evaluate_dims`; auto scatters
+    take their block from `blocks` (see GraphBuilder) and are listed in `autos`."""
     if not program.graphs:
         raise CompileError("the file defines no graph", Loc(1, 1))
     seen: dict[str, ast.Graph] = {}
@@ -849,7 +892,7 @@ def build_module(program: ast.Program, dims: Mapping[str, int]) -> ModuleOp:
         if g.name in seen:
             raise CompileError(f"graph '{g.name}' is defined twice", g.loc)
         seen[g.name] = g
-    module = ModuleOp([build_graph(g, dims) for g in program.graphs])
+    module = ModuleOp([build_graph(g, dims, blocks, autos) for g in program.graphs])
     module.verify()
     return module
 

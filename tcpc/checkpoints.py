@@ -375,12 +375,13 @@ class LayerWeights:
 
 
 def compile_with_weights(file: str | Path, checkpoint: Checkpoint, layer: int, overrides: Mapping[str, int],
-                         graph: str | None = None) -> LayerWeights:
+                         graph: str | None = None, **choose_for: Any) -> LayerWeights:
     """Compile `file` with the checkpoint's dims (`overrides`, from --set, win) and read the
-    layer's weights for `graph` (default: the first)."""
-    names = compile_file(file, overrides)
+    layer's weights for `graph` (default: the first); `choose_for` goes to compile_file (the
+    machine, routing and seed block=auto is chosen for)."""
+    names = compile_file(file, overrides, **choose_for)
     graph_name = names.function(graph).sym_name.data
     family = find_family(checkpoint, graph_name)
     dims = {k: v for k, v in config_dims(checkpoint, family).items() if k in names.dims and k not in overrides}
-    program = compile_file(file, {**dims, **overrides})
+    program = compile_file(file, {**dims, **overrides}, **choose_for)
     return LayerWeights(program, load_layer(checkpoint, family, layer, program.function(graph_name)), family, dims)

@@ -11,7 +11,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 from xdsl.utils.exceptions import InterpretationError, PassFailedException
@@ -26,7 +26,7 @@ from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MeshSpec, simulate_on_mesh
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline, pipeline_for
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
@@ -152,6 +152,8 @@ def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
         return args.pipeline
     if emit == "lowered":
         return ",".join(LOWERED_PIPELINE)
+    if emit == "planned" and args.machine is not None:
+        return pipeline_for(as_machine(args.machine).clusters)
     if emit in ("scheduled", "planned"):
         return ",".join(FULL_PIPELINE)
     return None
@@ -177,13 +179,15 @@ def check_compile_flags(args: argparse.Namespace) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     check_compile_flags(args)
     out = writable(args.output, "-o", [args.file]) if args.output else None
-    program = compile_file(args.file, parse_set(args.set))
+    machine = as_machine(args.machine)
+    routing = args.routing or "balanced"
+    program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
     spec = passes_for(args, args.emit)
     if args.mesh is not None:
         if args.emit == "planned" or args.pipeline is not None:
             raise UsageError("--mesh prints the sharded graph, or with --emit lowered its lowering; not with -p or --emit planned")
         spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit == "lowered")
-    chunks: list[str] = []
+    chunks: list[str] = [f"// chose {c.describe()}\n" for c in program.choices]
     if args.emit == "planned":
         seed = args.seed or 0
         given = f"the IR after {args.pipeline}" if args.pipeline is not None else "the full pipeline"
@@ -191,13 +195,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   else f"for the inputs drawn from seed {seed}")
         chunks.append(f"// planned: {given}, each op with the slot the simulator scheduled it in\n"
                       f"// (tcpc.plan), {values}\n")
-        planned = program.planned(seed=seed, machine=as_machine(args.machine), pipeline=args.pipeline,
-                                  cost_only=args.cost_only, routing=args.routing or "balanced")
+        planned = program.planned(seed=seed, machine=machine, pipeline=args.pipeline,
+                                  cost_only=args.cost_only, routing=routing)
         chunks.append(print_ir(planned, args.generic))
     elif spec is None:
         chunks.append(print_ir(program.module, args.generic))
     else:
-        passes = parse_pipeline(spec)
+        passes, strategies = program.passes(spec, machine=machine, routing=routing)
+        chunks += [f"// chose {c.describe()}\n" for c in strategies]
         if args.print_ir_after_all:
             chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic)}")
         def after(p, module):
@@ -344,12 +349,14 @@ def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     return paths
 
 
-def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray]) -> Program:
-    """The program with a checkpoint's dims, its layer's weights added to `given`."""
+def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray], choose_for: dict[str, Any]) -> Program:
+    """The program with a checkpoint's dims, its layer's weights added to `given`; `choose_for`
+    is what block=auto is chosen for (compile_file's machine, routing, seed)."""
     from tcpc import checkpoints
 
     checkpoint = checkpoints.open_checkpoint(args.weights)
-    layer = checkpoints.compile_with_weights(args.file, checkpoint, args.layer, parse_set(args.set), args.graph)
+    layer = checkpoints.compile_with_weights(args.file, checkpoint, args.layer, parse_set(args.set), args.graph,
+                                             **choose_for)
     both = sorted(set(given) & set(layer.weights))
     if both:
         raise UsageError(f"argument '{both[0]}' is given by both --inputs and --weights")
@@ -371,7 +378,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--check compares with the reference, whose routing comes from the router; after "
                          "pin-routing the routing argument takes the balanced scenario instead, so they differ")
     given = load_npz(args.inputs) if args.inputs else {}
-    program = compile_with_weights(args, given) if args.weights else compile_file(args.file, parse_set(args.set))
+    # block=auto is chosen for the run's machine and, cost-only, its routing scenario
+    choose_for = {"machine": as_machine(args.machine), "routing": args.routing or "balanced", "seed": args.seed}
+    program = (compile_with_weights(args, given, choose_for) if args.weights
+               else compile_file(args.file, parse_set(args.set), **choose_for))
     fn = program.function(args.graph)
     name = fn.sym_name.data
     # The IR after a partial pipeline may still hold graph-level ops, which have no cost: it
@@ -387,6 +397,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             level = "the IR as given, not simulated" if program.is_ir else "reference (graph-level IR)"
         print(f"graph {name} from {args.file}, {level}, seed {args.seed}")
+        for choice in program.choices:
+            print(f"  chose {choice.describe()}")
         outputs, report = result.outputs, None
     else:
         if args.pipeline is None and not LOWERED_PIPELINE and not program.is_ir:
@@ -397,6 +409,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         level = f"after {sim.pipeline}" if sim.pipeline else "as given"
         if sim.cost_only:
             print(f"graph {name} from {args.file}, {level}, cost-only on {report.machine.name} (no values computed)")
+            for choice in report.choices:
+                print(f"  chose {choice.describe()}")
             for arg, routing in sim.routing.items():
                 print(f"  routing %{arg}: {routing.describe()}")
             if not sim.routing:
@@ -405,6 +419,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"  out{i} {format_type(t)}: not computed (cost-only)")
         else:
             print(f"graph {name} from {args.file}, {level}, simulated on {report.machine.name}, seed {args.seed}")
+            for choice in report.choices:
+                print(f"  chose {choice.describe()}")
         outputs = sim.outputs
     for i, (value, t) in enumerate(zip(outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))

@@ -20,9 +20,10 @@ TOKEN_NAMES = {
     "_DIMS": "'dims'",
     "_GRAPH": "'graph'",
     "_RETURN": "'return'",
+    "AUTO": "'auto'",
     "$END": "end of file",
 }
-EXPRESSION_START = {"LPAR", "MINUS", "LSQB", "NAME", "NUMBER", "STRING", "DTYPE"}
+EXPRESSION_START = {"LPAR", "MINUS", "LSQB", "NAME", "NUMBER", "STRING", "DTYPE", "AUTO"}
 """The terminals an expression can start with: when all are expected, say "an expression"."""
 OPERATORS = {"ADD_OP", "MUL_OP", "COMP_OP"}
 
@@ -123,6 +124,9 @@ class _ToAst(Transformer):
     def type_name(self, meta, items):
         """An element type named as a value, `quantize(x, f8e4m3, ...)`: its name as a string."""
         return ast.String(_loc(items[0]), str(items[0]))
+
+    def auto(self, meta, items):
+        return ast.Auto(_loc(items[0]))
 
     def tuple(self, meta, items):
         return ast.TupleExpr(_loc(meta), tuple(items))

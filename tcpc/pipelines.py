@@ -46,6 +46,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
     "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
     "schedule-tokens": _lazy("passes.schedule_tokens", "ScheduleTokensPass"),
+    "split-clusters": _lazy("passes.split_clusters", "SplitClustersPass"),
     "fuse-ve-chains": _lazy("passes.fuse_ve_chains", "FuseVeChainsPass"),
     "shard-experts": _lazy("passes.shard_experts", "ShardExpertsPass"),
 }
@@ -57,14 +58,26 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 """The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops, each
 working on whole tensors."""
 
-SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-experts", "schedule-tokens", "fuse-ve-chains")
+SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-experts", "schedule-tokens", "split-clusters", "fuse-ve-chains")
 """The schedule level, after the lowering: static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs: README, "The schedule
-level"); then consecutive vector-engine ops, in every block, fused into one chain invocation
-each (README, "fuse-ve-chains")."""
+level"); the expert loop spread over the chip's clusters (default: RNGD's two); then
+consecutive vector-engine ops, in every block, fused into one chain invocation each (README,
+"fuse-ve-chains")."""
 
 FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
-"""What `tcpc run` simulates and `--emit scheduled` prints."""
+"""What `tcpc run` simulates and `--emit scheduled` prints, for the default machine."""
+
+
+DEFAULT_CLUSTERS = 2
+"""split-clusters' default: RNGD's two clusters (machines/rngd.toml)."""
+
+
+def pipeline_for(clusters: int, passes: tuple[str, ...] = FULL_PIPELINE) -> str:
+    """`passes` as a pipeline string for a chip of `clusters` clusters (split-clusters' option,
+    written out only when it is not the default)."""
+    return ",".join(f"split-clusters{{clusters={clusters}}}" if p == "split-clusters" and clusters != DEFAULT_CLUSTERS
+                    else p for p in passes)
 
 
 def make_context() -> Context:

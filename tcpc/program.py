@@ -17,17 +17,19 @@ from xdsl.interpreter import Interpreter
 from xdsl.printer import Printer
 
 from tcpc.arrays import arg_names, prepare_inputs
-from tcpc.builder import build_module, evaluate_dims
-from tcpc.diagnostics import CompileError
+from tcpc.builder import AutoBlock, build_module, evaluate_dims
+from tcpc.diagnostics import CompileError, Loc
 from tcpc.host_memory import check_fits
 from tcpc.parser import parse
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline, pipeline_for
 
 if TYPE_CHECKING:
     import networkx as nx
 
+    from xdsl.passes import ModulePass
+
     from runtime_sim.perf.machine import Machine
-    from runtime_sim.perf.report import SimReport
+    from runtime_sim.perf.report import Choice, SimReport
     from runtime_sim.perf.routing_scenarios import Routing
     from runtime_sim.perf.simulate import SimResult
 
@@ -90,6 +92,12 @@ class Program:
     module: ModuleOp
     is_ir: bool = False
     """True when the module came from an .mlir file rather than a .moe program."""
+    choices: list[Choice] = field(default_factory=list)
+    """The block sizes the compiler chose by the cost model (`block=auto`, or a block that did
+    not fit), with the cycles of every candidate (tcpc/autotune.py)."""
+    _resolved: dict[tuple[object, ...], tuple[list[ModulePass], list[Choice]]] = field(
+        default_factory=dict, repr=False, compare=False)
+    """`passes` memo: costing the strategies compiles and simulates the program twice."""
 
     @property
     def graph_names(self) -> list[str]:
@@ -101,20 +109,41 @@ class Program:
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
 
-    def full_pipeline(self) -> str:
-        """The passes of the full lowering, or a CompileError while they do not exist. An
-        .mlir file's IR is taken as it is (no passes) unless a pipeline is given."""
+    def full_pipeline(self, clusters: int | None = None) -> str:
+        """The passes of the full lowering (for a chip of `clusters` clusters; None: the
+        default machine's), or a CompileError while they do not exist. An .mlir file's IR is
+        taken as it is (no passes) unless a pipeline is given."""
         if self.is_ir:
             return ""
         if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-        return ",".join(FULL_PIPELINE)
+        return ",".join(FULL_PIPELINE) if clusters is None else pipeline_for(clusters)
 
-    def lower(self, pipeline: str | None = None) -> ModuleOp:
-        """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering."""
-        if pipeline is None:
-            pipeline = self.full_pipeline()
-        return apply_pipeline(self.module, parse_pipeline(pipeline))  # PipelineError if malformed
+    def lower(self, pipeline: str | None = None, *, graph: str | None = None, machine: Machine | str | Path | None = None,
+              routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
+        """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering.
+        A `lower-topk{strategy=auto}` is resolved first by the cost model (see `passes`)."""
+        passes, _ = self.passes(pipeline, graph=graph, machine=machine, routing=routing, seed=seed)
+        return apply_pipeline(self.module, passes)
+
+    def passes(self, pipeline: str | None = None, *, graph: str | None = None, machine: Machine | str | Path | None = None,
+               routing: str | Path = "balanced", seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
+        """The passes of `pipeline` (default: the full pipeline), each `lower-topk{strategy=auto}`
+        replaced by the strategy of fewer cycles for `graph` (default: every graph) on `machine`
+        with the routing scenario `routing` (tcpc/autotune.py), and those choices."""
+        clusters = None if machine is None else as_machine(machine).clusters
+        spec = self.full_pipeline(clusters) if pipeline is None else pipeline
+        passes = parse_pipeline(spec)  # PipelineError if malformed
+        if not any(getattr(p, "strategy", None) == "auto" and p.name == "lower-topk" for p in passes):
+            return passes, []
+        key = (spec, graph, repr(as_machine(machine)), str(routing), seed)
+        if key not in self._resolved:
+            from tcpc.autotune import resolve_strategies
+
+            functions = [self.function(graph).sym_name.data] if graph else self.graph_names
+            self._resolved[key] = resolve_strategies(self.module, passes, functions, as_machine(machine), routing, seed)
+        resolved, choices = self._resolved[key]
+        return list(resolved), list(choices)
 
     def run(
         self,
@@ -197,27 +226,41 @@ class Program:
         from runtime_sim.perf.cost_only import simulate_cost_only
         from runtime_sim.perf.simulate import simulate
 
+        from tcpc.schedule_summary import tile_loops
+
         name = self.function(graph).sym_name.data
-        spec = self.full_pipeline() if pipeline is None else pipeline
         mach = as_machine(machine)
+        spec = self.full_pipeline(mach.clusters) if pipeline is None else pipeline
+        # With values the routing follows the data; strategies are costed for balanced routing.
+        scenario = routing if cost_only else "balanced"
+        passes, choices = self.passes(spec, graph=name, machine=mach, routing=scenario, seed=seed)
+        for choice in choices:  # the pipeline as run, for the report's first line
+            spec = spec.replace("strategy=auto", f"strategy={choice.chosen}", 1)
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")
             spec = ",".join(p for p in ("pin-routing", spec) if p)
-            module = self.lower(spec)
+            module = apply_pipeline(self.module, [*parse_pipeline("pin-routing"), *passes])
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
                                         uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
-            return module, spec, [], result
-        module = self.lower(spec)
-        check_fits(module, name, f"simulating graph '{name}' with values")
-        args = prepare_inputs(function_in(module, name), inputs or {}, seed)
-        result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
-                          uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
+            args: list[np.ndarray] = []
+        else:
+            module = apply_pipeline(self.module, passes)
+            check_fits(module, name, f"simulating graph '{name}' with values")
+            args = prepare_inputs(function_in(module, name), inputs or {}, seed)
+            result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
+                              uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
+        result.report.choices = [*self.choices, *choices]
+        result.report.loops = tile_loops(module, name)
         return module, spec, args, result
 
 
-def compile_source(source: str, dims: Mapping[str, int] | None = None, filename: str = "<string>") -> Program:
-    """Parse and build a .moe program; `dims` overrides dim definitions like `--set`."""
+def compile_source(source: str, dims: Mapping[str, int] | None = None, filename: str = "<string>", *,
+                   machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
+                   seed: int = 0) -> Program:
+    """Parse and build a .moe program; `dims` overrides dim definitions like `--set`. Block
+    sizes left to the compiler (`block=auto`, or a block that cannot fit) are chosen by the
+    cost model on `machine` with the routing scenario `routing` (tcpc/autotune.py)."""
     # The AST transformer and the builder recurse a few frames per operator of an expression;
     # Python's default limit (1000) would stop a sum of ~200 terms.
     limit = sys.getrecursionlimit()
@@ -225,7 +268,17 @@ def compile_source(source: str, dims: Mapping[str, int] | None = None, filename:
     try:
         ast = parse(source)
         values = evaluate_dims(ast.dims, dims or {})
-        return Program(filename, source, values, build_module(ast, values))
+        autos: list[AutoBlock] = []
+        module = build_module(ast, values, autos=autos)
+        if not autos:
+            return Program(filename, source, values, module)
+        from tcpc.autotune import choose_blocks
+
+        def build(blocks: Mapping[Loc, int]) -> ModuleOp:
+            return build_module(ast, values, blocks)
+
+        blocks, choices = choose_blocks(autos, build, filename, as_machine(machine), routing, seed)
+        return Program(filename, source, values, build(blocks), choices=choices)
     except RecursionError:
         raise CompileError("expressions are nested too deeply; split them with assignments") from None
     finally:
@@ -279,8 +332,11 @@ def unsupported_value(module: ModuleOp) -> str | None:
     return None
 
 
-def compile_file(path: str | Path, dims: Mapping[str, int] | None = None) -> Program:
-    """A .moe program, or an .mlir file's IR (no dims then)."""
+def compile_file(path: str | Path, dims: Mapping[str, int] | None = None, *,
+                 machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
+                 seed: int = 0) -> Program:
+    """A .moe program, or an .mlir file's IR (no dims then); `machine`, `routing` and `seed`
+    are those block=auto is chosen for (see compile_source)."""
     path = Path(path)
     try:
         source = path.read_text(encoding="utf-8")
@@ -290,4 +346,4 @@ def compile_file(path: str | Path, dims: Mapping[str, int] | None = None) -> Pro
         if dims:
             raise CompileError("--set / dims apply to .moe programs, not to IR")
         return load_ir(source, str(path))
-    return compile_source(source, dims, str(path))
+    return compile_source(source, dims, str(path), machine=machine, routing=routing, seed=seed)

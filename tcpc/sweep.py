@@ -192,10 +192,10 @@ def input_columns(point: Point) -> dict[str, Any]:
     return cols
 
 
-def pipeline_for(options: Mapping[str, Any]) -> str | None:
-    """The full pipeline with the given pass options, or None (the default) without any."""
-    if not options:
-        return None
+def pipeline_for(options: Mapping[str, Any], clusters: int) -> str:
+    """The full pipeline with the given pass options, for a machine of `clusters` clusters
+    (split-clusters' option, unless the sweep sets it)."""
+    options = {"split-clusters.clusters": clusters, **options}
     by_pass: dict[str, list[str]] = {}
     for key, value in options.items():
         name, _, option = key.partition(".")
@@ -224,13 +224,11 @@ def machine_file(base: str, overrides: Mapping[str, Any], directory: Path) -> Pa
 
 
 def chosen_block(report: SimReport) -> int | None:
-    """The block size the compiler chose, when the report records one (read defensively:
-    older reports have none)."""
-    for holder in (report, getattr(report, "schedule", None)):
-        for name in ("block_size", "chosen_block_size", "chosen_block", "block"):
-            value = holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
+    """The block size the compiler chose by the cost model (the first `block=auto` scatter's,
+    or one whose block did not fit), or None when the program fixed it."""
+    for choice in report.choices:
+        if choice.what == "block":
+            return int(choice.chosen)
     return None
 
 
@@ -248,7 +246,7 @@ def report_columns(report: SimReport) -> dict[str, Any]:
         "hbm_bytes_moved": sum(o.hbm_bytes for o in report.ops),  # the memory plan's spills and streams too
         "arithmetic_intensity": r.flops / r.hbm_bytes if r.hbm_bytes else None,
         "achieved_flops_per_s": r.flops / seconds if seconds > 0 else None,
-        "peak_flops_per_s": m.peak_flops_per_cycle * m.clock_hz,
+        "peak_flops_per_s": m.chip_peak_flops_per_cycle * m.clock_hz,
         "hbm_bytes_per_s": m.hbm_bytes_per_second,
         "peak_sram_bytes": report.peak_sram_bytes,
         "sram_capacity_bytes": report.sram_capacity,
@@ -272,15 +270,18 @@ def error_text(e: BaseException, point: Point) -> str:
 
 def run_point(point: Point) -> dict[str, Any]:
     """One point: compile, lower and simulate cost-only (a Dask task; never raises)."""
-    from tcpc.program import compile_file
+    from tcpc.program import as_machine, compile_file
 
     start = time.perf_counter()
     row: dict[str, Any] = {"key": point_key(point), **input_columns(point)}
     try:
-        program = compile_file(point["program"], point["dims"])
         with tempfile.TemporaryDirectory(prefix="tcpc-sweep-") as tmp:
             machine = machine_file(point["machine"], point["machine_overrides"], Path(tmp))
-            sim = program.simulate(cost_only=True, pipeline=pipeline_for(point["pass_options"]), machine=machine,
+            # a block=auto (or one that does not fit) is chosen for this point's machine and routing
+            program = compile_file(point["program"], point["dims"], machine=machine, routing=point["routing"],
+                                   seed=point["seed"])
+            clusters = as_machine(machine).clusters
+            sim = program.simulate(cost_only=True, pipeline=pipeline_for(point["pass_options"], clusters), machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),
                    **report_columns(sim.report))

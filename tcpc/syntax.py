@@ -23,6 +23,11 @@ class String(Expr):
 
 
 @dataclass(frozen=True)
+class Auto(Expr):
+    """`auto`: a value the compiler picks by its cost model (`scatter(..., block=auto)`)."""
+
+
+@dataclass(frozen=True)
 class Name(Expr):
     id: str
 

@@ -107,8 +107,12 @@ CASES: dict[str, Case] = {
     # --- MoE rules -------------------------------------------------------------------------------
     "topk-k-exceeds-e": Case(body("v, i = topk(y, 4)"), 3, 20, "K = 4 exceeds the 3 candidates on the last axis of f32[4, 3]"),
     "scatter-k-exceeds-e": Case(body("xb, r = scatter(x, idx, experts=1, block=2)"), 3, 13, "K = 2 exceeds E = 1"),
-    "block-does-not-fit": Case(body("xb, r = scatter(x, idx, experts=E, block=T + 1)"), 3, 48, "block = 5 does not fit: one expert holds at most T = 4 pairs"),
-    "block-exceeds-capacity": Case(body("xb, r = scatter(x, idx, experts=E, block=3, capacity=2)"), 3, 46, "block = 3 does not fit: one expert holds at most its capacity 2"),
+    # A block that does not fit is not an error: the compiler picks one (tests/test_autotune.py).
+    "block-zero": Case(body("xb, r = scatter(x, idx, experts=E, block=T - 4)"), 3, 48, "block must be a positive integer, got 0"),
+    "block-auto-string": Case(body('xb, r = scatter(x, idx, experts=E, block="auto")'), 3, 46, 'block must be an integer or auto (a word, not a string), got "auto"'),
+    "auto-in-expression": Case(body("xb, r = scatter(x, idx, experts=E, block=auto + 1)"), 3, 46, "'auto' is a value only scatter's block= takes"),
+    "auto-as-dim": Case("dims T = auto\ngraph g(x: f32[T]) -> f32[T] { return x }\n", 1, 10, "'auto' is a value only scatter's block= takes"),
+    "auto-as-name": Case(body("auto = x"), 3, 5, "unexpected 'auto'"),
     "combine-weights-shape": Case(body("xb, r = scatter(x, idx, experts=E, block=2)", "a = combine(xb, r, y)"), 4, 24, "combine weights must be a float [T, K] = [4, 2], got f32[4, 3]"),
     "grouped-matmul-weights-shape": Case(body("xb, r = scatter(x, idx, experts=E, block=2)", "a = grouped_matmul(xb, w, r)"), 4, 28, "grouped_matmul weights must be [E, D, F] = [4, 8, F], got f32[5, 2]"),
     # --- dims --------------------------------------------------------------------------------------
@@ -121,7 +125,6 @@ CASES: dict[str, Case] = {
     "reshape-dim-inexact": Case(body("a = reshape(x, [T, D / 3])"), 3, 26, "a dimension must be an integer, but 8 / 3 does not divide exactly"),
     # --- --set -------------------------------------------------------------------------------------
     "set-breaks-dependent-dim": Case("dims E = 8, G = E / 4\ngraph g(x: f32[G]) -> f32[G] { return x }\n", 1, 19, "dim G must be an integer, but 6 / 4 does not divide exactly", ("--set", "E=6")),
-    "set-makes-block-not-fit": Case(body("xb, r = scatter(x, idx, experts=E, block=4)"), 3, 46, "block = 4 does not fit: one expert holds at most T = 2 pairs", ("--set", "T=2")),
     "set-unknown-dim": Case(body(), None, None, "--set Q: no dim named Q (dims: T, D, E, K)", ("--set", "Q=3")),
     "set-not-integer": Case(body(), None, None, "--set T=1.5: '1.5' is not an integer", ("--set", "T=1.5")),
     "set-not-positive": Case(body(), None, None, "--set T=0: a dim must be a positive integer", ("--set", "T=0")),
@@ -132,7 +135,7 @@ CASES: dict[str, Case] = {
 SUBPROCESS = [
     "unexpected-token", "unexpected-eof", "empty-file", "unknown-name", "unknown-function",
     "too-many-arguments", "unknown-keyword", "shape-mismatch", "dtype-mismatch", "topk-k-exceeds-e",
-    "dim-inexact-division", "block-does-not-fit", "return-count", "set-unknown-dim", "set-not-integer",
+    "dim-inexact-division", "block-zero", "return-count", "set-unknown-dim", "set-not-integer",
 ]
 """The cases that also run as a `tcpc` process (one per kind of error; each costs ~0.3 s)."""
 

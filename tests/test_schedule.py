@@ -86,9 +86,39 @@ def test_each_expert_is_loaded_once_per_run_of_its_blocks() -> None:
     loads = [o for o in report.ops if o.name == "tile.load_expert"]
     fetched = [o for o in loads if o.hbm_bytes > 0]
     d = QWEN3_SMALL_PREFILL
-    assert len(loads) == 3 * max_blocks(d["T"], d["K"], d["E"], d["B"])  # one per weight per block
+    clusters = report.machine.clusters
+    # one per weight per block on every cluster (the cluster that does not own the block's expert skips it)
+    assert len(loads) == clusters * 3 * max_blocks(d["T"], d["K"], d["E"], d["B"])
     assert len(fetched) == 3 * 16
     assert all(o.hbm_bytes >= 256 * 128 * 2 for o in fetched)
+
+
+def test_the_clusters_split_the_experts_and_contract_at_once() -> None:
+    """split-clusters: each expert's blocks contract on the cluster that owns it (e mod 2), the
+    two tensor units work side by side, and the chip beats one cluster (a compute-bound layer:
+    16 blocks per expert)."""
+    dims = dict(T=1024, D=256, F=256, E=4, K=2, B=64)
+    report = cost_only("qwen3_moe.moe", dims)
+    running = [o for o in report.ops if o.name == "tcp.contract" and o.phase == "experts" and o.flops]
+    units = {o.unit for o in running}
+    assert units == {0, 1}
+    on = {u: [(o.start, o.end) for o in running if o.unit == u] for u in units}
+    overlapping = sum(1 for s, e in on[1] if any(s0 < e and s < e0 for s0, e0 in on[0]))
+    assert overlapping > 0  # at these small sizes the row loads, not the contractions, pace the loop
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe", dims=dims)
+    one = program.simulate(cost_only=True, routing="balanced", machine="rngd-cluster").report
+    assert one.machine.clusters == 1
+    experts = {p.name: p.critical_cycles for p in report.phases}["experts"]
+    assert experts < {p.name: p.critical_cycles for p in one.phases}["experts"]
+
+
+@pytest.mark.parametrize("clusters", [1, 2, 4])
+def test_split_clusters_is_bit_identical(clusters: int) -> None:
+    dims = dict(T=24, D=16, F=8, E=8, K=2, B=4)
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe", dims=dims)
+    before = program.run(seed=1, pipeline=LOWERED + ",schedule-experts").outputs
+    after = program.run(seed=1, pipeline=LOWERED + f",schedule-experts,split-clusters{{clusters={clusters}}}").outputs
+    assert_same_bits(after, before)
 
 
 def test_dma_overlaps_the_contractions() -> None:

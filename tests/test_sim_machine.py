@@ -13,12 +13,15 @@ def write(tmp_path: Path, text: str, name: str = "m.toml") -> Path:
     return path
 
 
-def test_default_is_one_rngd_cluster() -> None:
+def test_default_is_the_whole_rngd_chip() -> None:
     m = default_machine()
     assert isinstance(m, Machine) and m.name == "rngd"
     assert (MACHINES_DIR / "rngd.toml").is_file()
-    assert m.clock_hz == 1e9 and m.slices == 256
-    assert m.sram_bytes == 256 * 512 * 1024
+    assert m.clock_hz == 1e9 and m.clusters == 2 and m.slices == 256
+    assert m.sram_bytes == 2 * 256 * 512 * 1024
+    assert m.chip_peak_flops_per_cycle == 2 * m.peak_flops_per_cycle == 2 * 2 * 256 * 256
+    one = load_machine("rngd-cluster")  # a built-in machine by name
+    assert one.clusters == 1 and one.sram_bytes == m.sram_bytes // 2 and one.dma_engines == m.dma_engines
     assert m.macs_per_cycle_bf16 == 256 and m.tree_depth_cycles == 5
     assert (m.int_ways, m.float_ways, m.flit_bytes) == (8, 4, 32)
     assert (m.dma_engines, m.dma_bytes_per_cycle, m.dma_startup_cycles, m.dma_request_bytes) == (8, 256, 500, 256)

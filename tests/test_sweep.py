@@ -76,9 +76,13 @@ def test_spec_errors(tmp_path: Path, text: str, message: str) -> None:
 
 
 def test_pass_options_build_the_pipeline() -> None:
-    assert pipeline_for({}) is None
-    assert pipeline_for({"lower-topk.strategy": "rounds"}) == ",".join(
-        ["lower-topk{strategy=rounds}", *FULL_PIPELINE[1:]])
+    def with_clusters(n: int) -> list[str]:
+        return [f"split-clusters{{clusters={n}}}" if p == "split-clusters" else p for p in FULL_PIPELINE]
+
+    assert pipeline_for({}, 2) == ",".join(with_clusters(2))
+    assert pipeline_for({"lower-topk.strategy": "rounds"}, 1) == ",".join(
+        ["lower-topk{strategy=rounds}", *with_clusters(1)[1:]])
+    assert "split-clusters{clusters=4}" in pipeline_for({"split-clusters.clusters": 4}, 2)
 
 
 def test_sweep_runs_records_failures_and_resumes(tmp_path: Path) -> None:

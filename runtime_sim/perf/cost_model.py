@@ -9,7 +9,7 @@ gather skips index -1 rows). The formulas themselves live next to their sources:
 
 Engines (docs/hardware.md#pes-clusters-and-slices): `tensor`, the chain Fetch -> Contraction ->
 Vector -> ... -> Commit; all slices of the cluster run it in lockstep and a command occupies
-the whole chain, so it is one unit. `dma` has one unit per DMA engine; a command runs on one
+the whole chain, so it is one unit per cluster (a command is pinned to its op's `tcpc.cluster`). `dma` has one unit per DMA engine; a command runs on one
 engine (the book's worked figures, 628 cycles for 16 KB HBM -> HBM, are one command on one engine), or, when it moves more
 than the machine's `dma.split_bytes`, is spread over several (`OpCost.parts`, see tcp_cost.py). `none` is for ops that do
 no work (views, the splat constants the loader places, returns): zero cycles, no unit.
@@ -48,7 +48,7 @@ not an engine of the single-chip machine, so only a mesh simulation schedules it
 
 def engine_units(machine: Machine) -> dict[str, int | None]:
     """Engine -> how many commands it runs at once (None: unlimited, zero-cost ops)."""
-    return {TENSOR: 1, DMA: machine.dma_engines, NONE: None}
+    return {TENSOR: machine.clusters, DMA: machine.dma_engines, NONE: None}
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,7 @@ _FUSED: set[str] = set()
 _DATA_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
 _ORDER_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
 _ALIASES: dict[str, int] = {}
+_DISJOINT_STORES: set[str] = set()
 
 
 class NotLoweredError(Exception):
@@ -132,6 +133,18 @@ def register_alias(op: type[Operation] | str, operand: int) -> None:
     buffer in place, a slice of a tensor): the memory plan gives it no new space, and it lives
     where that operand lives. Its cost is registered separately."""
     _ALIASES[_op_name(op)] = operand
+
+
+def register_disjoint_store(op: type[Operation] | str) -> None:
+    """Declare that `op` (aliased to its destination, see `register_alias`) writes a part of
+    the destination that no other op of the same chain of stores writes (a tile at its own
+    offset): it need not wait for the chain's earlier stores, only for what made the buffer;
+    a reader of the chain's result waits for every store of it."""
+    _DISJOINT_STORES.add(_op_name(op))
+
+
+def stores_disjointly(op: Operation) -> bool:
+    return op.name in _DISJOINT_STORES
 
 
 def register_order_operands(op: type[Operation] | str, operands: Callable[[Operation], tuple[SSAValue, ...]]) -> None:

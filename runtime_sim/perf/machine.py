@@ -41,6 +41,7 @@ class _Field:
 
 SCHEMA: dict[str, _Field] = {
     "clock_hz": _Field("chip", "clock_hz", False, 1, 1e15),
+    "clusters": _Field("chip", "clusters", True, 1),
     "slices": _Field("chip", "slices", True, 1),
     "sram_bytes_per_slice": _Field("sram", "bytes_per_slice", True, 1),
     "fetch_bytes_per_cycle": _Field("sram", "fetch_bytes_per_cycle", True, 1),
@@ -72,12 +73,14 @@ _TOP_LEVEL = {"name", "description", "extends"}
 
 @dataclass(frozen=True)
 class Machine:
-    """One cluster of the chip as the cost model sees it. Rates are per slice unless named
-    otherwise; the whole cluster runs in lockstep."""
+    """The chip as the cost model sees it: `clusters` clusters of `slices` slices each. Rates
+    are per slice unless named otherwise; a cluster runs in lockstep, so one command occupies
+    one cluster's contraction and vector engines (the tensor engine has a unit per cluster)."""
 
     name: str
     description: str
     clock_hz: float
+    clusters: int
     slices: int
     sram_bytes_per_slice: int
     fetch_bytes_per_cycle: int
@@ -107,8 +110,9 @@ class Machine:
 
     @property
     def sram_bytes(self) -> int:
-        """SRAM of the whole cluster: what the memory plan may keep live at once."""
-        return self.slices * self.sram_bytes_per_slice
+        """SRAM of the whole chip, every cluster's: what the memory plan may keep live at once
+        (one pool; the schedule level copies what a cluster reads from another by DMA)."""
+        return self.clusters * self.slices * self.sram_bytes_per_slice
 
     @property
     def hbm_bytes_per_cycle(self) -> float:
@@ -116,7 +120,7 @@ class Machine:
 
     @property
     def peak_macs_per_cycle(self) -> int:
-        """bf16 MACs per cycle of the cluster: the contraction engine's peak."""
+        """bf16 MACs per cycle of one cluster: a contraction command's peak."""
         return self.macs_per_cycle_bf16 * self.slices
 
     @property
@@ -127,8 +131,13 @@ class Machine:
 
     @property
     def peak_flops_per_cycle(self) -> int:
-        """Two FLOPs per MAC: the FLOP side of the roofline."""
+        """Two FLOPs per MAC: one cluster's contraction peak, what a single command can reach."""
         return 2 * self.peak_macs_per_cycle
+
+    @property
+    def chip_peak_flops_per_cycle(self) -> int:
+        """Every cluster's peak together: the FLOP side of the roofline."""
+        return self.clusters * self.peak_flops_per_cycle
 
     def cycles_to_us(self, cycles: float) -> float:
         return cycles / self.clock_hz * 1e6
@@ -198,8 +207,11 @@ def _number(path: Path, f: _Field, entry: Any) -> tuple[int | float, str]:
 
 
 def load_machine(path: str | Path | None = None) -> Machine:
-    """Read and check a machine file; None gives the default RNGD machine."""
+    """Read and check a machine file, or a built-in machine by name (`rngd`, `rngd-cluster`);
+    None gives the default RNGD machine."""
     path = MACHINES_DIR / f"{DEFAULT_MACHINE}.toml" if path is None else Path(path)
+    if not path.exists() and path.suffix == "" and (MACHINES_DIR / f"{path}.toml").exists():
+        path = MACHINES_DIR / f"{path}.toml"
     data = _read(path)
     sections = {f.section for f in SCHEMA.values()}
     for key, value in data.items():

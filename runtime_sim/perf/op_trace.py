@@ -18,7 +18,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.traits import SymbolTable
 
 from dialects import ve
-from dialects.annotations import OTHER, phase_of
+from dialects.annotations import OTHER, cluster_of, phase_of
 from runtime_sim.perf.cost_model import (
     UNTRACED,
     OpCost,
@@ -30,6 +30,7 @@ from runtime_sim.perf.cost_model import (
     is_unbuffered,
     not_costed,
     order_operands,
+    stores_disjointly,
 )
 from runtime_sim.perf.machine import Machine
 from runtime_sim.semantics.numerics import stored_nbytes
@@ -50,6 +51,8 @@ class TracedOp:
     writes: tuple[int, ...] = ()
     phase: str = OTHER
     op: Operation | None = field(default=None, compare=False, repr=False)
+    cluster: int = 0
+    """The cluster whose engines run it (`tcpc.cluster`; what a tensor-engine command is pinned to)."""
     """The IR op that ran (planned IR annotates it with its scheduled slot)."""
 
 
@@ -66,6 +69,17 @@ class Trace:
 class _Value:
     producer: int | None
     buffer: int | None
+    stores: tuple[int, ...] = ()
+    """For the result of a chain of disjoint stores (`register_disjoint_store`): the chain's
+    earlier stores, which a reader waits for besides `producer`."""
+    base: int | None = None
+    """For such a result: what made the buffer before the chain (what each store waits for)."""
+    chained: bool = False
+    """Whether this is the result of a chain of disjoint stores."""
+
+    def ready_after(self) -> tuple[int, ...]:
+        """The commands a reader of this value waits for."""
+        return self.stores + ((self.producer,) if self.producer is not None else ())
 
 
 def op_label(op: Operation) -> str:
@@ -145,10 +159,18 @@ class TraceRecorder(Interpreter.Listener):
         index = len(self.trace.ops)
         ins = [self._value(v) for v in op.operands]
         order_only = set(order_operands(op))
-        deps = tuple(sorted({v.producer for v in ins if v.producer is not None}))
+        alias = aliased_operand(op)
+        disjoint = alias is not None and stores_disjointly(op)
+        waits: set[int] = set()
+        for i, v in enumerate(ins):
+            if disjoint and i == alias:
+                base = v.base if v.chained else v.producer
+                waits.update(() if base is None else (base,))
+            else:
+                waits.update(v.ready_after())
+        deps = tuple(sorted(waits))
         reads = tuple(sorted({v.buffer for v, operand in zip(ins, op.operands)
                               if v.buffer is not None and operand not in order_only}))
-        alias = aliased_operand(op)
         writes: list[int] = []
         for r, value in zip(op.results, results):
             if alias is not None:
@@ -160,6 +182,11 @@ class TraceRecorder(Interpreter.Listener):
                 self.trace.buffer_bytes[buffer] = stored_nbytes(value)
                 self.trace.buffer_labels[buffer] = f"%{r.name_hint}" if r.name_hint else f"{op.name}#{index}"
                 writes.append(buffer)
-            self._values[r] = _Value(index, buffer)
+            if disjoint:
+                dest = ins[alias]  # type: ignore[index]
+                self._values[r] = _Value(index, buffer, dest.ready_after() if dest.chained else (),
+                                         dest.base if dest.chained else dest.producer, chained=True)
+            else:
+                self._values[r] = _Value(index, buffer)
         self.trace.ops.append(TracedOp(index, op.name, op_label(op), cost, deps, reads, tuple(writes),
-                                       phase_of(op) or OTHER, op))
+                                       phase_of(op) or OTHER, op, cluster_of(op)))

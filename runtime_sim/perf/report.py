@@ -104,9 +104,56 @@ class Roofline:
         return "compute" if self.flop_cycles >= self.byte_cycles else "hbm bandwidth"
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A compile-time choice the driver made by the cost model (tcpc/autotune.py): a scatter's
+    block size or lower-topk's strategy. Every alternative was compiled and simulated
+    cost-only; `chosen` has the fewest cycles (ties: the first listed, the smaller block)."""
+
+    what: str
+    """`block` or `lower-topk strategy`."""
+    where: str
+    """`file:line:col` of the block= argument, or the pass in the pipeline."""
+    reason: str
+    """Why it was chosen rather than given: `block=auto`, a block that does not fit, `strategy=auto`."""
+    chosen: int | str
+    alternatives: tuple[tuple[int | str, int], ...]
+    """(value, total cycles) of every alternative considered, in the order tried."""
+    routing: str = "balanced"
+    """The routing scenario the alternatives were simulated with."""
+
+    def describe(self) -> str:
+        tried = ", ".join(f"{v}: {c:,}" for v, c in self.alternatives)
+        return f"{self.what} {self.chosen} at {self.where} ({self.reason}); cycles by {self.what} ({self.routing} routing): {tried}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"what": self.what, "where": self.where, "reason": self.reason, "chosen": self.chosen,
+                "routing": self.routing,
+                "alternatives": [{"value": v, "cycles": c} for v, c in self.alternatives]}
+
+
+@dataclass(frozen=True)
+class TileLoop:
+    """One static loop of the schedule level in the simulated IR, and the tiles it moves:
+    the sizes the compiler chose (token tile rows, the block, weight tiles)."""
+
+    phase: str
+    variable: str
+    """The loop's induction variable (`row`, `block`)."""
+    iterations: int
+    step: int
+    tiles: tuple[str, ...]
+    """The distinct types of the tiles it slices and loads each iteration (`8x128xbf16`)."""
+
+    def describe(self) -> str:
+        return f"{self.phase} loop %{self.variable}: {self.iterations:,} x step {self.step}; tiles {', '.join(self.tiles) or 'none'}"
+
+
 def roofline(machine: Machine, flops: int, hbm_bytes: int, fp8_flops: int = 0) -> Roofline:
-    """`fp8_flops` of the `flops` count at the fp8 peak (twice bf16's on RNGD)."""
-    return Roofline(flops, hbm_bytes, flop_cycles(machine, flops, fp8_flops), hbm_bytes / machine.hbm_bytes_per_cycle)
+    """The whole chip's bound: every cluster's contraction peak, `fp8_flops` of the `flops` at the
+    fp8 peak (twice bf16's on RNGD), and HBM bandwidth."""
+    return Roofline(flops, hbm_bytes, flop_cycles(machine, flops, fp8_flops) / machine.clusters,
+                    hbm_bytes / machine.hbm_bytes_per_cycle)
 
 
 @dataclass
@@ -124,6 +171,10 @@ class SimReport:
     spills: list[Spill] = field(default_factory=list)
     streams: list[Stream] = field(default_factory=list)
     """Buffers that commands too large for SRAM streamed through HBM (memory_plan)."""
+    choices: list[Choice] = field(default_factory=list)
+    """What the driver chose by the cost model for this run (block=auto, strategy=auto)."""
+    loops: list[TileLoop] = field(default_factory=list)
+    """The schedule level's loops and their tile sizes (the driver fills it from the IR)."""
 
     @property
     def clock_hz(self) -> float:
@@ -177,6 +228,8 @@ class SimReport:
             "sram_policy": self.sram_policy,
             "spills": [asdict(s) for s in self.spills],
             "streams": [asdict(s) for s in self.streams],
+            "choices": [c.to_json() for c in self.choices],
+            "loops": [asdict(t) for t in self.loops],
             "critical_path": self.critical_path,
             "engines": [asdict(e) for e in self.engines],
             "phases": [asdict(p) for p in self.phases],
@@ -186,9 +239,9 @@ class SimReport:
     def to_text(self, max_ops: int | None = None) -> str:
         m, r = self.machine, self.roofline
         lines = [
-            f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.slices} slices, SRAM {_size(self.sram_capacity)}",
+            f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.clusters} x {m.slices} slices, SRAM {_size(self.sram_capacity)}",
             f"total {self.total_cycles:,} cycles = {self.microseconds:.3f} us",
-            f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} FLOPs / {m.peak_flops_per_cycle:,} per cycle, "
+            f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} FLOPs / {m.chip_peak_flops_per_cycle:,} per cycle, "
             f"{r.hbm_bytes:,} HBM bytes / {m.hbm_bytes_per_cycle:,.0f} per cycle)",
             f"peak SRAM {_size(self.peak_sram_bytes)} of {_size(self.sram_capacity)} "
             f"(policy {self.sram_policy}; {len(self.spills)} spill(s), {len(self.streams)} stream(s))",
@@ -197,6 +250,8 @@ class SimReport:
         how = {"out": "out to HBM by", "in": "in from HBM by", "fused": "by its DMA command into its readers' tiles:"}
         lines += [f"  streamed {s.buffer} ({s.bytes:,} B) {how[s.direction]} {s.op}, too large for SRAM"
                   for s in self.streams]
+        lines += [f"chose {c.describe()}" for c in self.choices]
+        lines += [f"schedule: {t.describe()}" for t in self.loops]
         lines += [
             "",
             f"{'engine':<8} {'units':>5} {'busy':>12} {'util':>7}",

@@ -2,9 +2,11 @@
 
 Policy (docs/architecture.md#the-simulator): commands issue in program order (the order the
 interpreter ran them, the compiler's order). A command starts when every command producing
-one of its inputs has finished and a unit of its engine is free; it takes the unit of its
-engine that frees first (lowest index on ties), so a unit runs its commands in order and
-never back-fills. Engines with `None` units (zero-cost ops) never wait for a unit. A command
+one of its inputs has finished and a unit of its engine is free. Units run their commands in
+order and never back-fill, so which unit a command takes matters: it takes a unit that is
+already free when its inputs are ready, the one freed most recently (best fit), so that a
+command waiting for late inputs does not hold a unit an earlier-ready command could use;
+when none is free by then, the unit that frees first (lowest index on ties). Engines with `None` units (zero-cost ops) never wait for a unit. A command
 that needs several units (a large DMA command spread over several engines, `Task.units`)
 takes the units that free first and starts when the last of them is free; it holds them all
 until it ends (its parts run in parallel).
@@ -70,8 +72,12 @@ class Schedule:
         return self.busy.get(engine, 0) / (self.makespan * n)
 
 
-def schedule(tasks: Sequence[Task], units: Mapping[str, int | None]) -> Schedule:
-    """Place `tasks` (in issue order) on the engines; `units` gives each engine's unit count."""
+def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Mapping[int, int] | None = None) -> Schedule:
+    """Place `tasks` (in issue order) on the engines; `units` gives each engine's unit count;
+    `pinned` maps a task's key to the one unit it must run on (a tensor command to its cluster;
+    modulo the engine's units, so a program split over more clusters than the machine has
+    shares them)."""
+    pinned = pinned or {}
     graph = nx.DiGraph()
     free: dict[str, list[int]] = {e: [0] * n for e, n in units.items() if n}
     last_on_unit: dict[tuple[str, int], int] = {}
@@ -97,7 +103,10 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None]) -> Schedule
             unit_free = free[t.engine]
             if not 1 <= t.units <= len(unit_free):
                 raise ValueError(f"{t.label}: needs {t.units} units of '{t.engine}', which has {len(unit_free)}")
-            taken = tuple(sorted(sorted(range(len(unit_free)), key=lambda u: (unit_free[u], u))[:t.units]))
+            if t.key in pinned and t.units == 1:
+                taken = (pinned[t.key] % len(unit_free),)
+            else:
+                taken = _pick_units(unit_free, t.units, ready)
             start = max(ready, *(unit_free[u] for u in taken))
             for u in taken:
                 unit_free[u] = start + t.cycles
@@ -111,6 +120,16 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None]) -> Schedule
         busy[t.engine] += t.cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
     return Schedule(slots, graph, makespan, _critical_path(graph, slots), busy, dict(units))
+
+
+def _pick_units(unit_free: Sequence[int], n: int, ready: int) -> tuple[int, ...]:
+    """The `n` units a command ready at `ready` takes: those already free by then, the most
+    recently freed first (best fit: a unit that frees earlier stays for a command that is
+    ready earlier), then those that free first; lowest index on ties."""
+    def preference(u: int) -> tuple[bool, int, int]:
+        idle = unit_free[u] <= ready
+        return (not idle, -unit_free[u] if idle else unit_free[u], u)
+    return tuple(sorted(sorted(range(len(unit_free)), key=preference)[:n]))
 
 
 def _critical_path(graph: nx.DiGraph, slots: Mapping[int, Slot]) -> list[int]:

@@ -23,7 +23,7 @@ from xdsl.ir import Operation
 from xdsl.traits import SymbolTable
 
 from runtime_sim.perf import cost_model
-from runtime_sim.perf.cost_model import CostModelError, engine_units, require_lowered
+from runtime_sim.perf.cost_model import TENSOR, CostModelError, engine_units, require_lowered
 from runtime_sim.perf.costs import register_cost_models
 from runtime_sim.perf.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
@@ -102,13 +102,18 @@ def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machin
     return SimResult(outputs, report, graph, trace=recorder.trace)
 
 
+def pinned_units(trace: Trace) -> dict[int, int]:
+    """Each tensor-unit command's unit: its op's cluster (`tcpc.cluster`)."""
+    return {t.index: t.cluster for t in trace.ops if t.cost.engine == TENSOR}
+
+
 def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
                    extra_units: Mapping[str, int] | None = None) -> tuple[SimReport, nx.DiGraph]:
     """Plan, schedule and report a recorded trace; `extra_units` adds engines the machine does
     not have (a mesh chip's link)."""
     plan = plan_memory(trace, machine, sram_policy)
     units = {**engine_units(machine), **(extra_units or {})}
-    sched = schedule(plan.tasks, units)
+    sched = schedule(plan.tasks, units, pinned_units(trace))
     records: list[OpRecord] = []
     for task in plan.tasks:
         if task.key in plan.extra:

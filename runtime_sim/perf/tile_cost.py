@@ -7,6 +7,10 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
 - `tile.store`: into an HBM buffer, one DMA copy SRAM -> HBM; into an SRAM buffer, free: the
   engine that produced the tile commits it at the buffer's address (an assumption: the
   compiler gives the producer that destination).
+- a guarded load or store whose guard is negative: the guard only (`guard_cycles`, on DMA).
+- `tile.copy`: one DMA copy SRAM -> SRAM (between clusters), its reads and writes serialised:
+  the book says so of a same-cluster DM -> DM copy; for one between clusters it gives no
+  figure, and the same is assumed.
 - `tile.load_expert`: one DMA command moving the weight rows of the ids that differ from the
   previous block's; when the expert is the same, or the block unused, no command is issued:
   the guard that decides it only (`guard_cycles`, on a DMA engine). A window of each row (an
@@ -31,6 +35,7 @@ from runtime_sim.perf.cost_model import (
     register_alias,
     register_cost,
     register_data_operands,
+    register_disjoint_store,
     register_order_operands,
 )
 from runtime_sim.perf.machine import Machine
@@ -46,14 +51,35 @@ def experts_fetched(ids: np.ndarray, prev_ids: np.ndarray | None) -> int:
     return int(np.count_nonzero(ids >= 0))
 
 
+def _guarded_off(op: Operation, operands: tuple[Any, ...]) -> bool:
+    guard = getattr(op, "guard", None)
+    return guard is not None and bool(np.asarray(operands[op.operands.index(guard)]).reshape(-1)[0] < 0)
+
+
+def _guard_only(machine: Machine) -> OpCost:
+    return OpCost(DMA, machine.guard_cycles, bound="guard (skipped)")
+
+
 def cost_tile_load(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    if _guarded_off(op, operands):
+        return _guard_only(machine)
     return dma_copy_cost(machine, stored_nbytes(results[0]), in_hbm(op.operands[0]), False)
 
 
 def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    if _guarded_off(op, operands):
+        return _guard_only(machine)
     if not in_hbm(op.results[0]):
         return OpCost("none", 0, bound="committed in place")
     return dma_copy_cost(machine, stored_nbytes(operands[0]), False, True)
+
+
+def cost_tile_copy(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    return dma_copy_cost(machine, operands[0].nbytes, False, False)
+
+
+def _guard_operand(op: Operation) -> tuple:
+    return () if op.guard is None else (op.guard,)  # type: ignore[attr-defined]
 
 
 def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -79,9 +105,13 @@ def register_tile_costs() -> None:
     register_cost(tile.SliceOp)(free_cost)
     register_alias(tile.SliceOp, 0)
     register_cost(tile.LoadOp)(cost_tile_load)
+    register_data_operands(tile.LoadOp, _guard_operand)
+    register_data_operands(tile.StoreOp, _guard_operand)
+    register_cost(tile.CopyOp)(cost_tile_copy)
     register_order_operands(tile.LoadOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
     register_cost(tile.StoreOp)(cost_tile_store)
     register_alias(tile.StoreOp, 1)
+    register_disjoint_store(tile.StoreOp)
     register_cost(tile.LoadExpertOp)(cost_load_expert)
     register_data_operands(tile.LoadExpertOp,  # type: ignore[attr-defined]
                            lambda op: (op.ids,) if op.prev_ids is None else (op.ids, op.prev_ids))

@@ -25,6 +25,11 @@ def _rows(op_name: str, source: np.ndarray, offset: int, n: int) -> slice:
     return slice(offset, offset + n)
 
 
+def _skipped(guard: np.ndarray) -> bool:
+    """A guard of one entry: negative skips the command."""
+    return bool(np.asarray(guard).reshape(-1)[0] < 0)
+
+
 def expert_rows(source: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """source[ids] with zero rows where an id is -1: a DMA gather's rows (tcp.dma_gather's)."""
     check_rows("tile.load_expert", np.asarray(ids), source.shape[0])
@@ -45,13 +50,22 @@ class TileFunctions(InterpreterFunctions):
     @impl(tile.LoadOp)
     def run_load(self, interpreter: Interpreter, op: tile.LoadOp, args: tuple[Any, ...]):
         source, offset = args[:2]
-        return (np.array(source[_rows(op.name, source, offset, shape_of(op.result.type)[0])]),)
+        rows = _rows(op.name, source, offset, shape_of(op.result.type)[0])
+        if op.guard is not None and _skipped(args[2]):
+            return (np.zeros(shape_of(op.result.type), source.dtype),)
+        return (np.array(source[rows]),)
 
     @impl(tile.StoreOp)
     def run_store(self, interpreter: Interpreter, op: tile.StoreOp, args: tuple[Any, ...]):
-        value, dest, offset = args
-        dest[_rows(op.name, dest, offset, value.shape[0])] = value
+        value, dest, offset = args[:3]
+        rows = _rows(op.name, dest, offset, value.shape[0])
+        if op.guard is None or not _skipped(args[3]):
+            dest[rows] = value
         return (dest,)
+
+    @impl(tile.CopyOp)
+    def run_copy(self, interpreter: Interpreter, op: tile.CopyOp, args: tuple[Any, ...]):
+        return (args[0],)
 
     @impl(tile.LoadExpertOp)
     def run_load_expert(self, interpreter: Interpreter, op: tile.LoadExpertOp, args: tuple[Any, ...]):

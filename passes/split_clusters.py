@@ -1,0 +1,212 @@
+"""`split-clusters{clusters=N}`: the expert loop spread over the chip's clusters.
+
+RNGD has two clusters of 256 slices; each runs its own tensor-unit commands in lockstep, and
+the two run at once (docs/hardware.md#pes-clusters-and-slices). `schedule-experts` builds one
+loop over the G blocks; this pass makes each iteration carry one copy of the block's work per
+cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy runs:
+
+- cluster c owns the experts e with e mod N == c (N a power of two). Before the loop, each
+  cluster computes its own `expert_ids` with the other clusters' blocks set to -1 (a `ve.and`,
+  a comparison and a select on G ids), from a DMA copy (`tile.copy`) when it is not the cluster
+  the routing ran on. An expert's blocks are adjacent and all on one cluster, so its weights
+  are still loaded once, by the cluster that contracts them;
+- in cluster c's copy the block's id is its own masked id: its weight loads (`tile.load_expert`)
+  and guarded contractions skip a block another cluster owns, as they skip unused blocks; its
+  row loads and result stores (`tile.load`, `tile.store`) are guarded by whether c owns the
+  block (an unused block, id -1, belongs to cluster N - 1, which computes and stores it as the
+  loop did), so each block is stored exactly once and a skipped copy moves nothing;
+- the values a copy reads from SRAM that another cluster produced are copied to it by DMA once,
+  before the loop (constants are rebuilt, not copied); HBM values are read directly;
+- the result buffers in HBM are shared, chained through both copies' guarded stores; every
+  other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
+  each cluster's own.
+
+Vector ops of the copy that does not own a block still run on that cluster's (zero) tiles: the
+chain has no guard of its own. That costs each cluster the other's vector time on the block
+(a few percent of a block's contraction at real sizes), and is visible in the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from dialects import tcp, tile, ve
+from dialects.annotations import PHASE_ATTR, place_on_cluster, placed_in_hbm
+
+
+def expert_loops(block: Block) -> list[scf.ForOp]:
+    """The loops of `block` built by schedule-experts: those whose body loads expert weights."""
+    return [op for op in block.ops if isinstance(op, scf.ForOp)
+            and any(isinstance(inner, tile.LoadExpertOp) for inner in op.body.walk())]
+
+
+def _in_hbm(value: SSAValue) -> bool:
+    """Whether `value` lives in HBM: a function argument, an HBM buffer or a command placed in
+    HBM, through views."""
+    owner = value.owner
+    while isinstance(owner, tcp.ViewOp):
+        owner = owner.input.owner
+    if isinstance(value, BlockArgument) and isinstance(owner, Block):
+        return isinstance(owner.parent_op(), func.FuncOp)
+    if isinstance(owner, tile.BufferOp):
+        return owner.memory.data == "hbm"
+    return isinstance(owner, Operation) and placed_in_hbm(owner)
+
+
+def _is_constant(value: SSAValue) -> bool:
+    return isinstance(value.owner, (ve.ConstOp, arith.ConstantOp))
+
+
+def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operation]) -> tuple[SSAValue, SSAValue]:
+    """For `cluster`, computed on it from `ids` (the expert ids as it reads them): the ids with
+    the blocks of experts another cluster owns set to -1, and the blocks it owns (0, else -1;
+    an unused block, id -1, belongs to the cluster -1 mod N names)."""
+    t = ids.type
+    mask = ve.ConstOp(clusters - 1, t)
+    owner = ve.AndOp(ids, mask.result)
+    this = ve.ConstOp(cluster, t)
+    mine = ve.TagOp("eq", owner.result, this.result)
+    none = ve.ConstOp(-1, t)
+    owned = ve.SelectOp(mine.result, [1], ids, none.result)
+    zero = ve.ConstOp(0, t)
+    blocks = ve.SelectOp(mine.result, [1], zero.result, none.result)
+    ops = [mask, owner, this, mine, none, owned, zero, blocks]
+    for op in ops:
+        place_on_cluster(op, cluster)
+    before.extend(ops)
+    owned.result.name_hint = f"expert_ids_cluster{cluster}"
+    blocks.result.name_hint = f"blocks_cluster{cluster}"
+    return owned.result, blocks.result
+
+
+def _pin(op: Operation, cluster: int) -> None:
+    for inner in op.walk():
+        place_on_cluster(inner, cluster)
+
+
+def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
+    """Rebuild `loop` with one guarded copy of its body per cluster (see the docstring)."""
+    body = loop.body.block
+    yielded = body.last_op
+    assert isinstance(yielded, scf.YieldOp)
+    loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp)]
+    ids_tile = loads[0].ids
+    slice_op = ids_tile.owner
+    if not isinstance(slice_op, tile.SliceOp) or slice_op.parent_block() is not body:
+        raise ValueError("split-clusters: the expert loop's weight loads are not indexed by the block's expert id")
+    expert_ids = slice_op.source
+    index, *old_args = body.args
+    # A carried value is a result buffer (shared by every cluster) when the body yields a store into it.
+    shared = [i for i, v in enumerate(yielded.operands) if isinstance(v.owner, tile.StoreOp)]
+    private = [i for i in range(len(old_args)) if i not in shared]
+    for i in private:
+        if loop.results[i].uses:
+            raise ValueError("split-clusters: a loop result other than a stored buffer is used after the loop")
+    phase = loop.attributes.get(PHASE_ATTR)
+
+    before: list[Operation] = []
+    outside: dict[tuple[int, SSAValue], SSAValue] = {}  # (cluster, SRAM value) -> its DMA copy
+
+    def reach(value: SSAValue, cluster: int) -> SSAValue:
+        """`value`, defined before the loop, as cluster `cluster` reads it."""
+        if cluster == 0 or _in_hbm(value) or _is_constant(value):
+            return value
+        if (cluster, value) not in outside:
+            copy = tile.CopyOp(value)
+            place_on_cluster(copy, cluster)
+            before.append(copy)
+            outside[(cluster, value)] = copy.result
+        return outside[(cluster, value)]
+
+    owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before) for c in range(clusters)))
+    inits = list(loop.iter_args)
+    new_inits = [inits[i] for i in shared] + [inits[i] for _ in range(clusters) for i in private]
+    new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
+    new_index, *new_args = new_body.args
+    new_index.name_hint = index.name_hint
+    shared_args = dict(zip(shared, new_args[:len(shared)]))
+    chain: dict[int, SSAValue] = dict(shared_args)
+    private_yields: list[SSAValue] = []
+    defined_in_body = {r for op in body.walk() for r in op.results} | set(body.args)
+    for region_op in body.walk():
+        for region in region_op.regions:
+            for blk in region.blocks:
+                defined_in_body |= set(blk.args)
+
+    for c in range(clusters):
+        mapping: dict[SSAValue, SSAValue] = {index: new_index}
+        mapping.update({old_args[i]: chain[i] for i in shared})
+        cluster_args = new_args[len(shared) + c * len(private):len(shared) + (c + 1) * len(private)]
+        mapping.update({old_args[i]: a for i, a in zip(private, cluster_args)})
+        for a, old in zip(cluster_args, (old_args[i] for i in private)):
+            a.name_hint = f"{old.name_hint}_c{c}" if old.name_hint else None
+        block_guard = tile.SliceOp(block_guards[c], new_index, ids_tile.type)
+        block_guard.result.name_hint = "block_is_mine" if c == 0 else f"block_is_mine_c{c}"
+        _pin(block_guard, c)
+        if phase is not None:
+            block_guard.attributes[PHASE_ATTR] = phase
+        new_body.add_op(block_guard)
+        for op in body.ops:
+            if op is yielded:
+                break
+            for operand in (o for inner in op.walk() for o in inner.operands):
+                if operand not in defined_in_body and operand not in mapping:
+                    mapping[operand] = reach(operand, c)
+            if op is slice_op:
+                new: Operation = tile.SliceOp(owned[c], mapping[index], ids_tile.type)
+            elif isinstance(op, tile.LoadOp):
+                new = tile.LoadOp(mapping[op.source], mapping[op.offset], op.result.type,
+                                  [mapping[a] for a in op.after], guard=block_guard.result)
+            elif isinstance(op, tile.StoreOp):
+                new = tile.StoreOp(mapping[op.tile], mapping[op.dest], mapping[op.offset], guard=block_guard.result)
+            else:
+                new = op.clone(value_mapper=mapping)
+            for key, attr in op.attributes.items():
+                new.attributes.setdefault(key, attr)
+            for old_r, new_r in zip(op.results, new.results):
+                new_r.name_hint = old_r.name_hint
+                mapping[old_r] = new_r
+            _pin(new, c)
+            new_body.add_op(new)
+        for i in shared:
+            chain[i] = mapping[yielded.operands[i]]
+        private_yields += [mapping[yielded.operands[i]] for i in private]
+    new_body.add_op(scf.YieldOp(*(chain[i] for i in shared), *private_yields))
+
+    new_loop = scf.ForOp(loop.lb, loop.ub, loop.step, new_inits, new_body)
+    new_loop.attributes.update(loop.attributes)
+    for op in before:
+        if phase is not None:
+            op.attributes.setdefault(PHASE_ATTR, phase)
+    parent = loop.parent_block()
+    assert parent is not None
+    parent.insert_ops_before([*before, new_loop], loop)
+    for k, i in enumerate(shared):
+        loop.results[i].replace_all_uses_with(new_loop.results[k])
+    loop.detach()
+    loop.erase()
+    return new_loop
+
+
+@dataclass(frozen=True)
+class SplitClustersPass(ModulePass):
+    name = "split-clusters"
+
+    clusters: int = 2
+    """Clusters of the target chip (RNGD: 2); 1 leaves the loops as they are."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.clusters < 1 or self.clusters & (self.clusters - 1):
+            raise ValueError(f"split-clusters: clusters={self.clusters} is not a power of two")
+        if self.clusters == 1:
+            return
+        for fn in op.ops:
+            if isinstance(fn, func.FuncOp) and fn.body.blocks:
+                for loop in expert_loops(fn.body.block):
+                    split_loop(loop, self.clusters)

@@ -1,0 +1,136 @@
+"""Choices by the cost model: a scatter's block size (`block=auto`, and the default when the
+program's block cannot fit) and lower-topk's strategy (`strategy=auto`).
+
+Each alternative is compiled through the full pipeline and simulated cost-only (no values:
+pin-routing, then runtime_sim.perf.cost_only) on the run's machine with the run's routing
+scenario (balanced unless the run names another); the alternative with the fewest total
+cycles wins, ties going to the first one tried (the smaller block; `rank`, the default
+strategy). The choice lives here, in the driver: passes never import the performance model
+(the layering rule), so a pass given `strategy=auto` without the driver refuses to run.
+
+Block candidates are kept few, so that a decode compile stays fast: the powers of two from a
+quarter to four times the expected rows per expert under balanced routing (T * K / E, at
+least 1), within [1, the largest block that fits], plus that largest block (T, or the
+capacity). Fewer rows than a quarter of an expert's share multiply the blocks (and the
+simulated loop iterations) for nothing; more than four times it pads every block. When the
+cheapest candidate is an end of that range of powers of two, the search goes on past it, a
+power of two at a time, while the cycles keep falling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from passes.lower_topk import AUTO_STRATEGY, STRATEGIES, LowerTopKPass
+from runtime_sim.perf.cost_only import simulate_cost_only
+from runtime_sim.perf.machine import Machine
+from runtime_sim.perf.report import Choice
+from tcpc.builder import AutoBlock
+from tcpc.diagnostics import Loc
+from tcpc.pipelines import FULL_PIPELINE, apply_pipeline, parse_pipeline
+
+BLOCK_SPREAD = 4
+"""Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
+
+
+def block_candidates(auto: AutoBlock) -> list[int]:
+    """The block sizes tried for one auto scatter, smallest first (see the module docstring)."""
+    most = auto.most
+    share = min(most, max(1, math.ceil(auto.tokens * auto.k / auto.experts)))
+    low, high = max(1, share // BLOCK_SPREAD), min(most, share * BLOCK_SPREAD)
+    powers = [1 << i for i in range(high.bit_length()) if low <= 1 << i <= high]
+    return sorted({*powers, most})
+
+
+def choose_block(auto: AutoBlock, cycles_of: Callable[[int], int]) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """The block of fewest cycles (ties: the smaller) among `block_candidates`, extended past an
+    end of their powers of two while that keeps lowering the cycles; and every (block, cycles)
+    tried, by block."""
+    tried = {b: cycles_of(b) for b in block_candidates(auto)}
+    best = min(tried, key=lambda b: (tried[b], b))
+    while (beyond := _past_the_end(best, tried, auto.most)) is not None:
+        before = tried[best]
+        tried[beyond] = cycles_of(beyond)
+        if tried[beyond] <= before and (tried[beyond] < before or beyond < best):
+            best = beyond  # fewer cycles, or as many with a smaller block
+        if tried[beyond] >= before:
+            break  # the cycles stopped falling
+    return best, tuple(sorted(tried.items()))
+
+
+def _past_the_end(best: int, tried: Mapping[int, int], most: int) -> int | None:
+    """The next power of two past `best` when it is the smallest or the largest power of two
+    tried, if it fits and was not tried; else None."""
+    powers = [b for b in tried if b & (b - 1) == 0 and b != most]  # the range's, not the largest block
+    if best not in powers:
+        return None
+    if best == min(powers) and best > 1 and best // 2 not in tried:
+        return best // 2
+    if best == max(powers) and best * 2 < most and best * 2 not in tried:
+        return best * 2
+    return None
+
+
+def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
+                routing: str | Path, seed: int) -> int:
+    """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario."""
+    lowered = apply_pipeline(module, [*parse_pipeline("pin-routing"), *passes])
+    return sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
+               for name in functions)
+
+
+def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]], ModuleOp], filename: str,
+                  machine: Machine, routing: str | Path = "balanced", seed: int = 0) -> tuple[dict[Loc, int], list[Choice]]:
+    """A block size for every auto scatter, in source order: each one's candidates are costed
+    with the earlier ones at their choice and the later ones at the largest block that fits.
+    `build` compiles the program with the given blocks."""
+    chosen: dict[Loc, int] = {}
+    choices: list[Choice] = []
+    for auto in autos:
+        def cycles_of(block: int, auto: AutoBlock = auto) -> int:
+            module = build({**chosen, auto.loc: block})
+            return cost_cycles(module, [auto.graph], parse_pipeline(",".join(FULL_PIPELINE)), machine, routing, seed)
+
+        best, tried = choose_block(auto, cycles_of)
+        chosen[auto.loc] = best
+        choices.append(Choice("block", f"{filename}:{auto.loc.line}:{auto.loc.col}", auto.reason, best,
+                              tuple(tried), str(routing)))
+    return chosen, choices
+
+
+def resolve_strategies(module: ModuleOp, passes: Sequence[ModulePass], functions: Sequence[str], machine: Machine,
+                       routing: str | Path = "balanced", seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
+    """`passes` with every `lower-topk{strategy=auto}` replaced by the strategy of fewest
+    cycles. Each strategy is costed fully lowered: the given passes, then the passes of the
+    full pipeline they do not name, in its order."""
+    resolved = list(passes)
+    choices: list[Choice] = []
+    for i, p in enumerate(resolved):
+        if not (isinstance(p, LowerTopKPass) and p.strategy == AUTO_STRATEGY):
+            continue
+        named = {q.name for q in resolved}
+        rest = parse_pipeline(",".join(n for n in FULL_PIPELINE if n not in named))
+
+        def cycles_of(strategy: str, i: int = i, p: LowerTopKPass = p) -> int:
+            trial = [replace(p, strategy=strategy) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]
+            return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed)
+
+        tried = tuple((s, cycles_of(s)) for s in STRATEGIES)
+        best = min(tried, key=lambda t: (t[1], STRATEGIES.index(t[0])))[0]  # ties: rank, the default
+        resolved[i] = replace(p, strategy=best)
+        choices.append(Choice("lower-topk strategy", f"pass {i + 1} of the pipeline", "strategy=auto", best, tried,
+                              str(routing)))
+    return resolved, choices
+
+
+def _default_if_auto(p: ModulePass) -> ModulePass:
+    """A later `strategy=auto` costs as the default while an earlier one is chosen."""
+    if isinstance(p, LowerTopKPass) and p.strategy == AUTO_STRATEGY:
+        return LowerTopKPass()
+    return p

@@ -1,0 +1,235 @@
+"""Choices by the cost model (tcpc/autotune.py): `block=auto`, auto as the default for a block
+that cannot fit (decode with the program's prefill B), and `lower-topk{strategy=auto}`.
+
+No cycle count is pinned: the tests assert relations (the choice has the fewest cycles of the
+alternatives the report lists, the run costs what its choice was costed at, the same choice
+twice), so they hold as the cost model moves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcpc
+from runtime_sim.perf.report import Choice
+from tcpc.autotune import block_candidates, choose_block
+from tcpc.builder import AutoBlock
+from tcpc.cli import main
+from tcpc.diagnostics import Loc
+from tcpc.pipelines import FULL_PIPELINE
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+FAMILIES = sorted(p.name for p in EXAMPLES.glob("*.moe"))
+MIXTRAL_AUTO = (EXAMPLES / "mixtral.moe").read_text().replace("block=B", "block=auto")
+
+
+def assert_cheapest(choice: Choice) -> None:
+    """The chosen alternative has the fewest cycles; among equals, the first tried."""
+    cycles = dict(choice.alternatives)
+    fewest = min(cycles.values())
+    assert cycles[choice.chosen] == fewest
+    assert next(v for v, c in choice.alternatives if c == fewest) == choice.chosen
+
+
+def auto(tokens: int, k: int, experts: int, capacity: int | None = None) -> AutoBlock:
+    return AutoBlock("g", Loc(1, 1), tokens, k, experts, capacity)
+
+
+@pytest.mark.parametrize("tokens, k, experts, capacity, expected", [
+    (1, 8, 128, None, [1]),  # decode: one token, one row per expert
+    (16, 8, 128, None, [1, 2, 4, 16]),  # share 1: up to 4, then T
+    (64, 8, 128, None, [1, 2, 4, 8, 16, 64]),  # share 4
+    (4096, 8, 128, None, [64, 128, 256, 512, 1024, 4096]),  # share 256
+    (4096, 8, 128, 100, [32, 64, 100]),  # the capacity bounds the share and every block
+    (3, 2, 2, None, [1, 2, 3]),  # the largest block that fits need not be a power of two
+])
+def test_block_candidates(tokens: int, k: int, experts: int, capacity: int | None, expected: list[int]) -> None:
+    assert block_candidates(auto(tokens, k, experts, capacity)) == expected
+
+
+@pytest.mark.parametrize("best, expected_tried", [
+    (4, [1, 2, 4, 8, 16, 64]),  # inside the range: the candidates only
+    (64, [1, 2, 4, 8, 16, 64]),  # T itself: nothing past it
+    (32, [1, 2, 4, 8, 16, 32, 64]),  # past the largest power of two tried, up to the best
+])
+def test_choose_block_searches_past_the_ends(best: int, expected_tried: list[int]) -> None:
+    """Synthetic cycles with one minimum: the search finds it, and tries one block past it at most."""
+    chosen, tried = choose_block(auto(64, 8, 128), lambda b: abs(b.bit_length() - best.bit_length()) + 100)
+    assert chosen == best
+    assert [b for b, _ in tried] == expected_tried
+
+
+def test_choose_block_goes_down_while_it_pays() -> None:
+    chosen, tried = choose_block(auto(4096, 8, 128), lambda b: abs(b - 16) + 7)
+    assert chosen == 16 and [b for b, _ in tried] == [8, 16, 32, 64, 128, 256, 512, 1024, 4096]
+
+
+def test_choose_block_ties_go_to_the_smaller_block() -> None:
+    chosen, tried = choose_block(auto(4096, 8, 128), lambda b: 5)
+    assert chosen == 32 and tried[0] == (32, 5)  # one past the lower end, equal: the smaller wins, then it stops
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_runs_without_setting_b(family: str) -> None:
+    """T = 1 with the example's B = 4 (or 2): the block cannot fit, so the compiler picks it;
+    the run costs what the choice was costed at."""
+    program = tcpc.compile_file(EXAMPLES / family, {"T": 1})
+    (choice,) = program.choices
+    assert choice.what == "block" and choice.chosen == 1 and "does not fit" in choice.reason
+    assert "B = 1," in program.graph_ir()
+    sim = program.simulate(cost_only=True)
+    assert sim.report.choices == [choice]
+    assert sim.report.total_cycles == dict(choice.alternatives)[1]
+
+
+@pytest.mark.parametrize("family", ["mixtral.moe", "deepseek_v3.moe"])
+def test_decode_with_values_matches_the_reference(family: str) -> None:
+    program = tcpc.compile_file(EXAMPLES / family, {"T": 1})
+    sim = program.simulate(seed=3)
+    ref = program.run(seed=3)
+    for got, want in zip(sim.outputs, ref.outputs):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_block_auto_picks_the_fewest_cycles_and_runs_at_them() -> None:
+    program = tcpc.compile_source(MIXTRAL_AUTO, filename="mixtral_auto.moe")
+    (choice,) = program.choices
+    assert choice.reason == "block=auto" and choice.where == "mixtral_auto.moe:9:52"
+    assert [b for b, _ in choice.alternatives] == block_candidates(auto(16, 2, 8))
+    assert len({c for _, c in choice.alternatives}) > 1  # the block matters, so the choice means something
+    assert_cheapest(choice)
+    sim = program.simulate(cost_only=True)
+    assert sim.report.total_cycles == dict(choice.alternatives)[choice.chosen]
+    experts = [loop for loop in sim.report.loops if loop.phase == "experts"]
+    assert experts and any(f", {choice.chosen}, " in t for t in experts[0].tiles)  # the block's rows
+
+
+def test_block_auto_is_deterministic() -> None:
+    first = tcpc.compile_source(MIXTRAL_AUTO)
+    second = tcpc.compile_source(MIXTRAL_AUTO)
+    assert first.choices == second.choices
+    assert first.graph_ir() == second.graph_ir()
+
+
+def test_block_auto_for_the_runs_routing() -> None:
+    """The candidates are costed with the routing scenario the run names."""
+    balanced = tcpc.compile_source(MIXTRAL_AUTO).choices[0]
+    skewed = tcpc.compile_source(MIXTRAL_AUTO, routing="one-expert").choices[0]
+    assert (balanced.routing, skewed.routing) == ("balanced", "one-expert")
+    assert balanced.alternatives != skewed.alternatives
+    assert_cheapest(skewed)
+
+
+def test_a_block_beyond_the_capacity_is_chosen_within_it() -> None:
+    source = MIXTRAL_AUTO.replace("block=auto", "block=8, capacity=3")
+    (choice,) = tcpc.compile_source(source).choices
+    assert "at most its capacity 3" in choice.reason
+    assert max(b for b, _ in choice.alternatives) == 3
+    assert_cheapest(choice)
+
+
+def test_a_block_that_fits_is_kept() -> None:
+    assert tcpc.compile_file(EXAMPLES / "mixtral.moe").choices == []
+
+
+def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The brief's command, with no --set B: text and JSON reports say what was chosen."""
+    report = tmp_path / "r.json"
+    code = main(["run", str(EXAMPLES / "qwen3_moe.moe"), "--set", "T=1", "--cost-only", "--report",
+                 "--report-json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "chose block 1 at " in out and "block = 4 does not fit" in out
+    assert "schedule: experts loop %block:" in out
+    data = json.loads(report.read_text())
+    (choice,) = data["choices"]
+    assert choice["what"] == "block" and choice["chosen"] == 1
+    assert choice["alternatives"] == [{"value": 1, "cycles": data["total_cycles"]}]
+    assert any(loop["phase"] == "experts" for loop in data["loops"])
+
+
+def test_the_json_reports_choice_is_its_cheapest_alternative(tmp_path: Path) -> None:
+    path, report = tmp_path / "auto.moe", tmp_path / "r.json"
+    path.write_text(MIXTRAL_AUTO)
+    assert main(["run", str(path), "--cost-only", "--routing", "skewed", "--report-json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    (choice,) = data["choices"]
+    cycles = {a["value"]: a["cycles"] for a in choice["alternatives"]}
+    assert len(cycles) > 1 and choice["routing"] == "skewed"
+    assert cycles[choice["chosen"]] == min(cycles.values()) == data["total_cycles"]
+    assert choice["chosen"] == min(b for b, c in cycles.items() if c == min(cycles.values()))
+
+
+def test_compile_prints_the_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "auto.moe"
+    path.write_text(MIXTRAL_AUTO)
+    assert main(["compile", str(path)]) == 0
+    out = capsys.readouterr().out
+    first, ir = out.split("\n", 1)
+    assert first.startswith(f"// chose block ") and f"{path}:9:52 (block=auto)" in first
+    chosen = int(first.split()[3])
+    assert f"B = {chosen}," in ir
+
+
+# --- lower-topk{strategy=auto} -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dims", [{"T": 16}, {"T": 16, "E": 256, "K": 1}])
+def test_strategy_auto_picks_the_cheaper_strategy(dims: dict[str, int]) -> None:
+    program = tcpc.compile_file(EXAMPLES / "mixtral.moe", dims)
+    passes, (choice,) = program.passes("lower-topk{strategy=auto}")
+    assert choice.what == "lower-topk strategy" and [s for s, _ in choice.alternatives] == ["rank", "rounds"]
+    assert_cheapest(choice)
+    assert passes[0].strategy == choice.chosen
+    chosen_ir = tcpc.program.print_ir(program.lower(f"lower-topk{{strategy={choice.chosen}}}"))
+    assert tcpc.program.print_ir(program.lower("lower-topk{strategy=auto}")) == chosen_ir
+    full = ",".join(["lower-topk{strategy=auto}", *FULL_PIPELINE[1:]])
+    sim = program.simulate(cost_only=True, pipeline=full)
+    assert sim.report.choices == [choice]
+    assert sim.report.total_cycles == dict(choice.alternatives)[choice.chosen]
+    assert "strategy=" + str(choice.chosen) in sim.pipeline
+
+
+def test_strategy_auto_in_a_full_run(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = "lower-topk{strategy=auto},lower-routing,lower-dispatch,lower-quant,lower-math,load-arguments"
+    code = main(["run", str(EXAMPLES / "toy.moe"), "-p", spec, "--check"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "chose lower-topk strategy r" in out and "check: outputs equal the reference" in out
+
+
+def test_tcpc_opt_refuses_strategy_auto(tmp_path: Path) -> None:
+    """Only the driver has the cost model; the pass alone says so."""
+    import subprocess
+    import sys
+
+    ir = tcpc.compile_file(EXAMPLES / "toy.moe").graph_ir()
+    done = subprocess.run([sys.executable, "-m", "tcpc.opt", "-p", "lower-topk{strategy=auto}"], input=ir,
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "tcpc-opt: error: lower-topk{strategy=auto} is chosen by the cost model" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_sweeps_block_size_column_is_the_choice() -> None:
+    from tcpc.sweep import chosen_block
+
+    decode = tcpc.compile_file(EXAMPLES / "toy.moe", {"T": 1}).simulate(cost_only=True)
+    assert chosen_block(decode.report) == 1
+    assert chosen_block(tcpc.compile_file(EXAMPLES / "toy.moe").simulate(cost_only=True).report) is None
+
+
+def test_the_choices_benchmark_on_toy_dims() -> None:
+    """benchmarks/choices.py: the choice never costs more than the fixed rule of run.py."""
+    from benchmark_scripts import load_script
+
+    choices = load_script("choices")
+    model = choices.MODELS[0]
+    row = choices.choice_row(model, 8, dims=dict(D=16, F=32, E=4, K=2))
+    assert row.chosen_cycles == min(c for _, c in row.alternatives)
+    assert row.chosen_cycles <= row.rule_cycles
+    assert f"| {row.title} | 8 |" in choices.table([row])
