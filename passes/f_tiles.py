@@ -170,8 +170,8 @@ def choose_f_tile(region: FRegion, gathers: list[tcp.DmaGatherOp], sram_bytes: i
     Resident when two experts' whole weights fit the weights' share of SRAM (the current one
     and the next, prefetched): then the tile is one grain (`forced` if given), so an expert's
     weights arrive as several DMA commands spread over more engines, and the first tile
-    contracts while the next arrive (Qwen3-30B-A3B, F = 768, T = 1024, cost-only, balanced:
-    1.65x -> 1.52x the roofline). Otherwise the tiles stream: the largest multiple of F_TILE_GRAIN whose
+    contracts while the next arrive (Qwen3-30B-A3B, F = 768, T = 1024, cost-only, balanced,
+    one cluster: 1.57x -> 1.38x the roofline). Otherwise the tiles stream: the largest multiple of F_TILE_GRAIN whose
     TILES_IN_FLIGHT tiles of every tiled weight fit the share (at least one grain), and every
     block fetches its expert's tiles."""
     budget = sram_bytes // WEIGHT_SHARE
