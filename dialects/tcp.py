@@ -94,7 +94,12 @@ def matmul_contraction(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[str,
 class ContractOp(IRDLOperation):
     """`einsum(spec, lhs, rhs) + bias` on the contraction engine, accumulated in f32 and rounded
     to the result type. With `guard` (i32, one entry per block of the result's first axis), a
-    block whose guard is negative is skipped and left zero."""
+    block whose guard is negative is skipped and left zero.
+
+    With `acc` (f32, the result's type, which is then f32 too), the sum starts from `acc`
+    instead of zero: the engine reads the accumulator and adds the products to it in K order,
+    so a contraction tiled along K (an expert's F tiles) passes each tile's result to the next
+    and gives the whole contraction's bits (`numerics.contract`). A skipped block keeps `acc`."""
 
     name = "tcp.contract"
     spec = prop_def(StringAttr)
@@ -102,18 +107,19 @@ class ContractOp(IRDLOperation):
     rhs = operand_def(TensorType)
     bias = opt_operand_def(TensorType)
     guard = opt_operand_def(TensorType)
+    acc = opt_operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure())
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
-        "$spec $lhs `,` $rhs (`bias` $bias^)? (`guard` $guard^)? `:` type($lhs) `,` type($rhs) "
-        "(`bias` type($bias)^)? (`guard` type($guard)^)? `->` type($result) attr-dict"
+        "$spec $lhs `,` $rhs (`acc` $acc^)? (`bias` $bias^)? (`guard` $guard^)? `:` type($lhs) `,` type($rhs) "
+        "(`acc` type($acc)^)? (`bias` type($bias)^)? (`guard` type($guard)^)? `->` type($result) attr-dict"
     )
 
     def __init__(self, spec: str, lhs: SSAValue, rhs: SSAValue, result_type: Attribute,
-                 bias: SSAValue | None = None, guard: SSAValue | None = None):
+                 bias: SSAValue | None = None, guard: SSAValue | None = None, acc: SSAValue | None = None):
         super().__init__(
-            operands=[lhs, rhs, bias, guard],
+            operands=[lhs, rhs, bias, guard, acc],
             result_types=[result_type],
             properties={"spec": StringAttr(spec)},
         )
@@ -132,6 +138,11 @@ class ContractOp(IRDLOperation):
             gt = self.guard.type
             expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
                     f"guard must be i32 [{shape[0] if shape else ''}] (one per block), got {format_type(gt)}")
+        if self.acc is not None:
+            want = TensorType(f32, shape)
+            expect(self.acc.type == want and self.result.type == want,
+                   f"the accumulator and the result must both be {format_type(want)}, got "
+                   f"{format_type(self.acc.type)} and {format_type(self.result.type)}")
 
 
 @irdl_op_definition

@@ -13,7 +13,10 @@ from and goes to, so the placement is in the IR, not guessed by the simulator:
   or the producing engine's commit into SRAM); the result is the same buffer;
 - `tile.load_expert %w[%ids] reuse %prev_ids, %prev_tile`: the weight rows of a block's expert,
   fetched by DMA only when the block's expert differs from the previous block's: consecutive
-  blocks of one expert (the canonical layout keeps them adjacent) load its weights once;
+  blocks of one expert (the canonical layout keeps them adjacent) load its weights once
+  (without `reuse`, every block's expert is fetched: a tile streamed through SRAM). With
+  `at array<i64: r, c>` it fetches a window of each expert's weight: the result's shape from
+  those offsets (an F tile of an expert: columns of w_gate, rows of w_down).
 - `tile.guard %ids`: an `i1`, whether any of the ids names an expert (is not negative): the
   condition of the `scf.if` that skips an unused block's whole body.
 
@@ -33,14 +36,16 @@ semantics: runtime_sim/semantics/tile_semantics.py; costs: runtime_sim/perf/tile
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import IndexType, StringAttr, TensorType, i1
+from xdsl.dialects.builtin import DenseArrayBase, IndexType, StringAttr, TensorType, i1, i64
 from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
+    AnyAttr,
     AttrSizedOperandSegments,
     IRDLOperation,
     irdl_op_definition,
     operand_def,
     opt_operand_def,
+    opt_prop_def,
     prop_def,
     result_def,
     traits_def,
@@ -168,34 +173,56 @@ class CopyOp(IRDLOperation):
 class LoadExpertOp(IRDLOperation):
     """`source[ids]` (rows of an HBM weight, one per entry of `ids`; id -1 gives zeros), fetched
     by DMA only where `ids` differs from `prev_ids`; elsewhere `prev_tile`, already in SRAM, is
-    reused."""
+    reused. With `offsets` (one per axis after the first), each row is the window of the
+    result's shape starting there."""
 
     name = "tile.load_expert"
     source = operand_def(TensorType)
     ids = operand_def(TensorType)
-    prev_ids = operand_def(TensorType)
-    prev_tile = operand_def(TensorType)
+    prev_ids = opt_operand_def(TensorType)
+    prev_tile = opt_operand_def(TensorType)
     after = var_operand_def()
+    offsets = opt_prop_def(AnyAttr())
     result = result_def(TensorType)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
-        "$source `[` $ids `]` `reuse` $prev_ids `,` $prev_tile (`after` $after^)? `:` type($source) `,` type($ids) "
-        "`,` type($prev_ids) `,` type($prev_tile) (`after` type($after)^)? `->` type($result) attr-dict"
+        "$source `[` $ids `]` (`at` $offsets^)? (`reuse` $prev_ids^ `,` $prev_tile)? (`after` $after^)? `:` "
+        "type($source) `,` type($ids) (`,` type($prev_ids)^ `,` type($prev_tile))? (`after` type($after)^)? "
+        "`->` type($result) attr-dict"
     )
 
-    def __init__(self, source: SSAValue, ids: SSAValue, prev_ids: SSAValue, prev_tile: SSAValue,
-                 after: list[SSAValue] | None = None):
+    def __init__(self, source: SSAValue, ids: SSAValue, prev_ids: SSAValue | None, prev_tile: SSAValue | None,
+                 after: list[SSAValue] | None = None, window: tuple[list[int], list[int]] | None = None):
+        """`window`: (offsets, sizes) of each expert's part, one entry per axis after the first.
+        Without `prev_ids` and `prev_tile` nothing is reused: every block's expert is fetched."""
         st = source.type
-        result = TensorType(st.get_element_type(), [*shape_of(ids.type), *shape_of(st)[1:]])
-        super().__init__(operands=[source, ids, prev_ids, prev_tile, after or []], result_types=[result])
+        sizes = list(shape_of(st)[1:]) if window is None else window[1]
+        result = TensorType(st.get_element_type(), [*shape_of(ids.type), *sizes])
+        properties = {} if window is None else {"offsets": DenseArrayBase.from_list(i64, window[0])}
+        super().__init__(operands=[source, ids, prev_ids, prev_tile, after or []], result_types=[result],
+                         properties=properties)
+
+    def window_offsets(self) -> tuple[int, ...]:
+        """Where each expert's window starts (zeros without `offsets`)."""
+        if self.offsets is None:
+            return (0,) * (len(shape_of(self.source.type)) - 1)
+        return tuple(self.offsets.get_values())
 
     def verify_(self) -> None:
-        st, it = self.source.type, self.ids.type
+        st, it, rt = self.source.type, self.ids.type, self.result.type
         expect(is_int_type(it.get_element_type()) and len(shape_of(it)) == 1, "tile.load_expert: ids must be i32 [n]")
-        expect(self.prev_ids.type == it, "tile.load_expert: prev_ids must have the type of ids")
-        want = TensorType(st.get_element_type(), [*shape_of(it), *shape_of(st)[1:]])
-        expect(self.result.type == want, f"tile.load_expert: result should be {format_type(want)}")
-        expect(self.prev_tile.type == want, "tile.load_expert: prev_tile must have the result's type")
+        expect((self.prev_ids is None) == (self.prev_tile is None), "tile.load_expert: reuse needs prev_ids and prev_tile")
+        expect(self.prev_ids is None or self.prev_ids.type == it, "tile.load_expert: prev_ids must have the type of ids")
+        expect(self.offsets is None or isinstance(self.offsets, DenseArrayBase),
+               "tile.load_expert: offsets must be an array<i64: ...>")
+        whole = shape_of(st)[1:]
+        offsets = self.window_offsets()
+        sizes = shape_of(rt)[1:]
+        expect(len(offsets) == len(whole) == len(sizes) and rt.get_element_type() == st.get_element_type()
+               and shape_of(rt)[:1] == shape_of(it)
+               and all(0 <= o and o + n <= w for o, n, w in zip(offsets, sizes, whole)),
+               f"tile.load_expert: {format_type(rt)} at {list(offsets)} is not a window of the rows of {format_type(st)}")
+        expect(self.prev_tile is None or self.prev_tile.type == rt, "tile.load_expert: prev_tile must have the result's type")
 
 
 @irdl_op_definition

@@ -32,7 +32,7 @@ import tcpc
 from dialects import tcp, tensor_types, tmath, ve
 from passes.lower_math import LowerMathPass
 from runtime_sim.semantics.executor import run_function
-from runtime_sim.semantics.numerics import contract
+from runtime_sim.semantics.numerics import GRID_K, contract
 from runtime_sim.semantics.tolerance import ULPS
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
@@ -472,8 +472,9 @@ def test_other_accumulation_orders_are_within_the_stated_tolerance(m: int, k: in
     rng = np.random.default_rng(k)
     a = rng.standard_normal((m, k)).astype(np.float32).astype(DTYPES[dtype]).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32).astype(DTYPES[dtype]).astype(np.float32)
-    want = np.matmul(a, b).astype(DTYPES[dtype])
-    assert np.array_equal(bits(contract("mk,kn->mn", a, b).astype(DTYPES[dtype])), bits(want))
+    want = contract("mk,kn->mn", a, b).astype(DTYPES[dtype])
+    if k <= GRID_K:  # one chunk of the grid: one np.matmul
+        assert np.array_equal(bits(np.matmul(a, b).astype(DTYPES[dtype])), bits(want))
     tolerance = matmul_tolerance(a, b, want, DTYPES[dtype])
     for other in (np.einsum("mk,kn->mn", a, b), sequential_matmul(a, b)):
         got = other.astype(DTYPES[dtype])

@@ -36,15 +36,38 @@ def test_every_example_is_bit_identical_before_and_after_each_schedule_pass(path
     assert_same_bits(scheduled, reference)
 
 
-@settings(max_examples=8, deadline=None)
+F_TILE_MODES = {"whole": "", "resident": "{f_tile=512}", "streamed": "{sram_bytes=100000}"}
+"""schedule-experts options: F whole (the default at these sizes), F tiles of 512 kept across an
+expert's blocks, and F tiles of 512 streamed (SRAM too small to keep them)."""
+
+
+@settings(max_examples=10, deadline=None)
 @given(tokens=st.integers(1, 40), block=st.sampled_from([1, 2, 4, 8]), experts=st.sampled_from([4, 8]),
-       k=st.integers(1, 3), tile_bytes=st.sampled_from([20000, 60000, 1 << 20]), seed=st.integers(0, 5))
-def test_tile_remainders_are_exact(tokens: int, block: int, experts: int, k: int, tile_bytes: int, seed: int) -> None:
-    """T not a multiple of the token tile, G blocks with unused ones: still the reference's bits."""
-    dims = {"T": tokens, "B": min(block, tokens), "E": experts, "K": min(k, experts), "D": 16, "F": 8}
+       k=st.integers(1, 3), tile_bytes=st.sampled_from([20000, 60000, 1 << 20]), seed=st.integers(0, 5),
+       f=st.sampled_from([8, 600, 1100]), f_mode=st.sampled_from(sorted(F_TILE_MODES)))
+def test_tile_remainders_are_exact(tokens: int, block: int, experts: int, k: int, tile_bytes: int, seed: int,
+                                   f: int, f_mode: str) -> None:
+    """T not a multiple of the token tile, G blocks with unused ones, F not a multiple of the F
+    tile: still the reference's bits."""
+    dims = {"T": tokens, "B": min(block, tokens), "E": experts, "K": min(k, experts), "D": 16, "F": f}
     program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe", dims=dims)
-    pipeline = f"{LOWERED},schedule-experts,schedule-tokens{{tile_bytes={tile_bytes}}}"
+    pipeline = f"{LOWERED},schedule-experts{F_TILE_MODES[f_mode]},schedule-tokens{{tile_bytes={tile_bytes}}}"
     assert_same_bits(program.run(seed=seed, pipeline=pipeline).outputs, program.run(seed=seed).outputs)
+
+
+BF16_EXAMPLES = [p for p in EXAMPLES if p.stem in ("deepseek_v3", "gpt_oss", "llama4", "mixtral", "qwen3_moe", "toy")]
+
+
+@pytest.mark.parametrize("path", BF16_EXAMPLES, ids=[p.stem for p in BF16_EXAMPLES])
+def test_every_example_is_bit_identical_with_streamed_f_tiles(path: Path) -> None:
+    """F = 1100 in tiles of 512, 512 and 76, streamed: the full pipeline gives the reference's
+    bits (biases, shared experts, every activation)."""
+    program = tcpc.compile_file(path, dims={"D": 16, "F": 1100})
+    pipeline = f"{LOWERED},schedule-experts{F_TILE_MODES['streamed']},schedule-tokens,fuse-ve-chains"
+    scheduled = program.lower(pipeline)
+    starts = [max(op.window_offsets()) for op in scheduled.walk() if op.name == "tile.load_expert" and op.offsets]
+    assert starts and sorted(set(starts)) == [0, 512, 1024] and len(starts) % 3 == 0  # three tiles of each weight
+    assert_same_bits(program.run(seed=4, pipeline=pipeline).outputs, program.run(seed=4).outputs)
 
 
 def cost_only(path: str, dims: dict[str, int], routing: str = "balanced"):
@@ -114,3 +137,20 @@ def test_decode_at_real_dims_needs_no_spill_or_stream(tokens: int) -> None:
     report = cost_only("qwen3_moe.moe", dict(T=tokens, D=2048, F=768, E=128, K=8, B=1))
     assert not report.spills and not report.streams
     assert report.peak_sram_bytes <= report.machine.sram_bytes
+
+
+MIXTRAL_DECODE = dict(T=1, D=4096, F=14336, E=8, K=2, B=1)
+"""Mixtral-8x7B's real dims at T = 1: the smallest T, every weight at its full size (117 MB, more
+than a cluster's SRAM holds three of), so the whole F-tiled schedule runs, cost-only."""
+
+
+def test_mixtral_at_real_dims_streams_f_tiles_with_no_spill_or_stream() -> None:
+    report = cost_only("mixtral.moe", MIXTRAL_DECODE)
+    assert not report.spills and not report.streams
+    assert report.peak_sram_bytes <= report.machine.sram_bytes
+    fetched = [o for o in report.ops if o.name == "tile.load_expert" and o.hbm_bytes > 0]
+    assert sum(o.hbm_bytes for o in fetched) == 2 * 3 * 4096 * 14336 * 2  # the 2 used experts' weights, once
+    assert len(fetched) >= 2 * 3 * 4 and len({o.hbm_bytes for o in fetched}) == 1  # in equal F tiles
+    contracts = [(o.start, o.end) for o in report.ops if o.name == "tcp.contract" and o.phase == "experts"]
+    overlapping = sum(1 for o in fetched if any(s < o.end and o.start < e for s, e in contracts))
+    assert overlapping >= len(fetched) // 2  # the next tiles arrive while the current one contracts

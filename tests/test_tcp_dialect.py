@@ -104,3 +104,79 @@ func.func @g(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %ids: tensor<3xi32>
 """
     module = parse(text)
     assert parse(str(module)).is_structurally_equivalent(module)
+
+
+ACC_IR = """
+func.func @k(%a: tensor<2x2x8xbf16>, %w: tensor<2x8x3xbf16>, %acc: tensor<2x2x3xf32>, %ids: tensor<2xi32>) -> tensor<2x2x3xf32> {
+  %lo = tcp.contract "gbd,gdf->gbf" %a, %w acc %acc guard %ids : tensor<2x2x8xbf16>, tensor<2x8x3xbf16> acc tensor<2x2x3xf32> guard tensor<2xi32> -> tensor<2x2x3xf32>
+  func.return %lo : tensor<2x2x3xf32>
+}
+"""
+
+
+def test_contract_accumulates_onto_acc_and_a_skipped_block_keeps_it() -> None:
+    module = parse(ACC_IR)
+    assert parse(str(module)).is_structurally_equivalent(module)
+    a = np.ones((2, 2, 8), ml_dtypes.bfloat16)
+    w = np.ones((2, 8, 3), ml_dtypes.bfloat16)
+    acc = np.full((2, 2, 3), 0.5, np.float32)
+    (y,) = run_function(module, "k", [a, w, acc, np.array([1, -1], np.int32)])
+    assert (y[0] == 8.5).all() and (y[1] == 0.5).all()
+
+
+@pytest.mark.parametrize("acc_type, result_type", [("tensor<2x2x3xbf16>", "tensor<2x2x3xf32>"),
+                                                   ("tensor<2x2x3xf32>", "tensor<2x2x3xbf16>"),
+                                                   ("tensor<2x3x3xf32>", "tensor<2x2x3xf32>")])
+def test_contract_acc_must_be_the_f32_result(acc_type: str, result_type: str) -> None:
+    text = ACC_IR.replace("acc tensor<2x2x3xf32>", f"acc {acc_type}").replace(
+        "-> tensor<2x2x3xf32>\n  func", f"-> {result_type}\n  func").replace(
+        "%acc: tensor<2x2x3xf32>", f"%acc: {acc_type}").replace(
+        "return %lo : tensor<2x2x3xf32>", f"return %lo : {result_type}").replace(
+        ") -> tensor<2x2x3xf32> {", f") -> {result_type} {{")
+    with pytest.raises(VerifyException, match="accumulator"):
+        parse(text)
+
+
+WINDOW_IR = """
+func.func @w(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>) -> tensor<1x4x3xbf16> {
+  %t = tile.load_expert %w[%ids] at array<i64: 0, 6> : tensor<3x4x10xbf16>, tensor<1xi32> -> tensor<1x4x3xbf16>
+  func.return %t : tensor<1x4x3xbf16>
+}
+"""
+
+
+def test_load_expert_window_takes_the_columns_and_id_minus_one_gives_zeros() -> None:
+    module = parse(WINDOW_IR)
+    assert parse(str(module)).is_structurally_equivalent(module)
+    w = np.arange(3 * 4 * 10, dtype=np.float32).reshape(3, 4, 10).astype(ml_dtypes.bfloat16)
+    (t,) = run_function(module, "w", [w, np.array([2], np.int32)])
+    assert np.array_equal(t.astype(np.float32), w[2:3, :, 6:9].astype(np.float32))
+    (t,) = run_function(module, "w", [w, np.array([-1], np.int32)])
+    assert not t.astype(np.float32).any()
+
+
+@pytest.mark.parametrize("offsets", ["array<i64: 0, 8>", "array<i64: 1, 6>", "array<i64: 6>"])
+def test_load_expert_window_must_lie_in_the_row(offsets: str) -> None:
+    with pytest.raises(VerifyException, match="window"):
+        parse(WINDOW_IR.replace("array<i64: 0, 6>", offsets))
+
+
+def test_the_accumulator_is_fetched_and_a_window_moves_in_pieces() -> None:
+    """Costs: an accumulating contraction reads its f32 accumulator like an operand; a window of
+    columns moves one contiguous piece per row, a window of rows one piece."""
+    from runtime_sim.perf.machine import load_machine
+    from runtime_sim.perf.tcp_cost import cost_contract
+    from runtime_sim.perf.tile_cost import window_pieces
+
+    machine = load_machine()
+    no_acc = ACC_IR.replace(" acc %acc", "").replace(" acc tensor<2x2x3xf32>", "")
+    a, w = np.zeros((2, 2, 8), ml_dtypes.bfloat16), np.zeros((2, 8, 3), ml_dtypes.bfloat16)
+    acc, ids, out = np.zeros((2, 2, 3), np.float32), np.array([0, 1], np.int32), np.zeros((2, 2, 3), np.float32)
+    (op,) = [o for o in parse(ACC_IR).walk() if o.name == "tcp.contract"]
+    (plain,) = [o for o in parse(no_acc).walk() if o.name == "tcp.contract"]
+    with_acc = cost_contract(op, (a, w, ids, acc), (out,), machine)
+    without = cost_contract(plain, (a, w, ids), (out,), machine)
+    assert with_acc.bytes_moved - without.bytes_moved == acc.nbytes
+    assert window_pieces((4096, 14336), (4096, 512)) == 4096
+    assert window_pieces((14336, 4096), (512, 4096)) == 1
+    assert window_pieces((4096, 14336), (4096, 14336)) == 1

@@ -44,7 +44,11 @@ docs/hardware.md#contraction-engine; per invocation, all slices in lockstep):
     commit cycles = result bytes of the running blocks / (commit bytes per cycle * slices)
   Fetch and commit are lower bounds (each operand byte enters the chain at least once, each
   result byte leaves it once); at least one cycle per block that runs. A block whose guard is
-  negative costs only its guard. `bound` names the largest work term, or "overhead" when the
+  negative costs only its guard. An accumulator operand (`acc`, f32: a contraction tiled
+  along K continuing the previous tile's sum) is read by the engine like an operand: its bytes
+  count as fetch (assumption: the book describes the accumulation within one invocation, not
+  how a running sum re-enters; reading it through the fetch units is the conservative
+  choice). `bound` names the largest work term, or "overhead" when the
   fixed cycles (configuration, guards, tree depth) outweigh it. The bias add rides in the
   chain's vector stage (no cycles; one FLOP per result element).
 """
@@ -117,9 +121,10 @@ def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_by
 
 
 def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes: int,
-                  src_hbm: bool, dst_hbm: bool) -> OpCost:
-    """A DMA command moving whole rows: `rows_read` rows read, `rows_written` rows written."""
-    per_row = requests(row_bytes, machine)
+                  src_hbm: bool, dst_hbm: bool, pieces: int = 1) -> OpCost:
+    """A DMA command moving whole rows: `rows_read` rows read, `rows_written` rows written,
+    each row `pieces` equal contiguous pieces (a window of a row: each piece in whole requests)."""
+    per_row = pieces * requests(row_bytes // pieces, machine)
     reads, writes = rows_read * per_row, rows_written * per_row
     hbm = (reads if src_hbm else 0) + (writes if dst_hbm else 0)
     hbm_bytes = hbm * machine.dma_request_bytes
@@ -205,6 +210,7 @@ def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
     lhs, rhs, *optional = operands
     bias = optional.pop(0) if op.bias is not None else None
     guard = optional.pop(0) if op.guard is not None else None
+    acc = optional.pop(0) if op.acc is not None else None
     out = results[0]
     spec = op.spec.data
     a, b, o = spec.replace("->", ",").split(",")
@@ -223,6 +229,8 @@ def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
     fetch = share(lhs.nbytes, a[:1] == block_letter) + share(rhs.nbytes, b[:1] == block_letter)
     if bias is not None:
         fetch += share(bias.nbytes, bias.ndim == out.ndim and bias.shape[0] == blocks and blocks > 1)
+    if acc is not None:  # the running f32 accumulator enters the chain like an operand
+        fetch += share(acc.nbytes, True)
     commit = share(out.nbytes, True)
     out_elements = out.size * run // blocks
     macs = out_elements * per_element

@@ -13,21 +13,25 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
   figure, and the same is assumed.
 - `tile.load_expert`: one DMA command moving the weight rows of the ids that differ from the
   previous block's; when the expert is the same, or the block unused, no command is issued:
-  the guard that decides it only (`guard_cycles`, on a DMA engine). A load of another expert
-  does not read the previous tile, so it does not wait for it (`register_unread_operands`):
-  the next expert's weights are fetched while the previous expert's are still arriving.
+  the guard that decides it only (`guard_cycles`, on a DMA engine). A window of each row (an
+  F tile) moves as its contiguous pieces, each in whole requests (`window_pieces`). A load of
+  another expert does not read the previous tile, so it does not wait for it
+  (`register_unread_operands`): the next expert's weights are fetched while the previous
+  expert's are still arriving.
 - `tile.guard`: the sequencer reads one scalar and branches (`guard_cycles`, on the tensor
   unit, as a contraction's guard): an unused block's `scf.if` costs this and nothing else.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 from xdsl.ir import Operation
 
 from dialects import tile
+from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import (
     DMA,
     TENSOR,
@@ -46,10 +50,10 @@ from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_rows_cost, row_bytes
 from runtime_sim.semantics.numerics import stored_nbytes
 
 
-def experts_fetched(ids: np.ndarray, prev_ids: np.ndarray) -> int:
-    """Rows a `tile.load_expert` moves: ids that changed and name an expert."""
-    ids, prev_ids = np.asarray(ids), np.asarray(prev_ids)
-    if np.array_equal(ids, prev_ids):
+def experts_fetched(ids: np.ndarray, prev_ids: np.ndarray | None) -> int:
+    """Rows a `tile.load_expert` moves: ids that changed (all, without reuse) and name an expert."""
+    ids = np.asarray(ids)
+    if prev_ids is not None and np.array_equal(ids, np.asarray(prev_ids)):
         return 0
     return int(np.count_nonzero(ids >= 0))
 
@@ -86,15 +90,27 @@ def _guard_operand(op: Operation) -> tuple:
 
 
 def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
-    source, ids, prev_ids = operands[:3]
-    rows = experts_fetched(ids, prev_ids)
+    assert isinstance(op, tile.LoadExpertOp)
+    source, ids = operands[:2]
+    rows = experts_fetched(ids, operands[2] if op.prev_ids is not None else None)
     if rows == 0:  # the expert's weights are already in SRAM, or the block is unused
         return OpCost(DMA, machine.guard_cycles, bound="guard (reused)")
-    return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
+    whole, window = shape_of(op.source.type)[1:], shape_of(op.result.type)[1:]
+    nbytes = row_bytes(source) * math.prod(window) // max(1, math.prod(whole))
+    return dma_rows_cost(machine, rows, rows, nbytes, in_hbm(op.operands[0]), False, window_pieces(whole, window))
+
+
+def window_pieces(whole: tuple[int, ...], window: tuple[int, ...]) -> int:
+    """Contiguous pieces of one row's window in a row-major row of shape `whole`: one per index
+    of the axes before the last axis the window cuts (the axes after it are whole)."""
+    cut = [i for i, (w, n) in enumerate(zip(whole, window)) if n < w]
+    return math.prod(window[:cut[-1]]) if cut else 1
 
 
 def _unreused_tile(op: Operation, operands: tuple[Any, ...]) -> tuple[int, ...]:
     """A load of another expert's weights neither reads nor waits for the previous tile."""
+    if op.prev_ids is None:  # type: ignore[attr-defined]
+        return ()
     return () if np.array_equal(operands[1], operands[2]) else (3,)
 
 
@@ -117,5 +133,6 @@ def register_tile_costs() -> None:
     register_unread_operands(tile.LoadExpertOp, _unreused_tile)
     register_cost(tile.GuardOp)(cost_guard)
     register_cost(tile.LoadExpertOp)(cost_load_expert)
-    register_data_operands(tile.LoadExpertOp, lambda op: (op.ids, op.prev_ids))  # type: ignore[attr-defined]
+    register_data_operands(tile.LoadExpertOp,  # type: ignore[attr-defined]
+                           lambda op: (op.ids,) if op.prev_ids is None else (op.ids, op.prev_ids))
     register_order_operands(tile.LoadExpertOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]

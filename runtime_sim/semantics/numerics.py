@@ -161,12 +161,19 @@ def sequential_min(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarr
     return _sequential(np.minimum, x, axis, keepdims)
 
 
-def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None = None) -> np.ndarray:
     """`einsum(spec, lhs, rhs)` in f32, by the one routine every level uses for a contraction:
     the operands are arranged as [batch, M, K] and [batch, K, N] (batch letters: in both
     operands and the result; M: lhs and result only; N: rhs and result only; K: summed) and
-    multiplied by one np.matmul (f32 accumulation, BLAS order), then arranged as `spec` says.
+    multiplied on a fixed tile grid (`_matmul_f32`: [GRID_M x GRID_N] output chunks, K summed
+    in GRID_K chunks strictly in order into an f32 accumulator), then arranged as `spec` says.
     A letter of one operand only that the result drops is summed first, left to right.
+
+    `acc` (f32, the result's shape) is the accumulator's initial value: the K chunks are added
+    to it in order. A contraction split along K at multiples of GRID_K, each piece passing the
+    previous piece's f32 result as `acc`, gives the bits of the whole contraction; one split
+    along M or N at multiples of GRID_M or GRID_N gives them too (each output chunk is the
+    same matmuls on the same data).
 
     The graph's matmul (`tmath.matmul`) and the contraction engine's op (`tcp.contract`) both
     run through here with the same spec and shapes, so a lowered matmul gives the reference's
@@ -207,12 +214,26 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         v = np.transpose(v, [letters.index(c) for c in order])
         return np.ascontiguousarray(v.reshape([math.prod(size[c] for c in g) for g in groups]))
 
-    product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
-                          arranged(y, b, batch + summed + right, [batch, summed, right]))
     result = batch + left + right
+    start = None
+    if acc is not None:
+        acc = np.asarray(acc, np.float32)
+        start = np.transpose(acc, [out.index(c) for c in result]).reshape(
+            [math.prod(size[c] for c in g) for g in (batch, left, right)])
+    product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
+                          arranged(y, b, batch + summed + right, [batch, summed, right]), start)
     product = product.reshape([size[c] for c in result])
     return np.transpose(product, [result.index(c) for c in out])
 
+
+GRID_M = 128
+GRID_N = 512
+GRID_K = 512
+"""The contraction's tile grid (`_matmul_f32`): output chunks of GRID_M rows x GRID_N columns,
+each summing its K in chunks of GRID_K, in order. Assumption about the chip's accumulation
+order (docs/hardware.md, assumptions): the contraction engine reduces a bounded piece of K per
+pass and adds the passes in K order into an f32 accumulator. The grid is what makes tiled
+programs exact: tiles whose edges fall on the grid give the bits of the whole contraction."""
 
 _CHUNK_ELEMENTS = 1 << 21
 """Operand elements converted to f32 at once by `_matmul_f32` (8 MB of f32: small enough for
@@ -225,19 +246,39 @@ def _f32_or_bf16(x: np.ndarray) -> np.ndarray:
     return x if x.dtype == bfloat16 else np.asarray(x, np.float32)
 
 
-def _matmul_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.matmul of [batch, M, K] and [batch, K, N] in f32, converting bf16 operands a few
-    batch items at a time."""
-    lazy = isinstance(a, _Batches) or isinstance(b, _Batches)
-    if a.dtype == np.float32 and b.dtype == np.float32 and not lazy:
-        return np.matmul(a, b)
-    batch, m, _ = a.shape
+def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> np.ndarray:
+    """[batch, M, K] @ [batch, K, N] in f32 on the fixed tile grid: every [GRID_M x GRID_N]
+    output chunk sums its K in GRID_K chunks, each one np.matmul of contiguous f32 copies (one
+    BLAS call per batch item), added strictly in K order to an f32 accumulator that starts
+    from `acc` ([batch, M, N]) when given and from the first chunk's product otherwise. bf16
+    operands are converted a few batch items at a time."""
+    batch, m, k = a.shape
     n = b.shape[2]
+    if k == 0:
+        return np.zeros((batch, m, n), np.float32) if acc is None else np.array(acc, np.float32)
+    one_chunk = m <= GRID_M and n <= GRID_N and k <= GRID_K
+    lazy = isinstance(a, _Batches) or isinstance(b, _Batches)
+    if one_chunk and acc is None and a.dtype == np.float32 and b.dtype == np.float32 and not lazy:
+        return np.matmul(a, b)
     out = np.empty((batch, m, n), np.float32)
     step = max(1, _CHUNK_ELEMENTS // max(1, math.prod(a.shape[1:]) + math.prod(b.shape[1:])))
     for i in range(0, batch, step):
         j = min(batch, i + step)
-        np.matmul(_items(a, i, j), _items(b, i, j), out=out[i:j])
+        x, y = _items(a, i, j), _items(b, i, j)
+        if one_chunk:
+            product = np.matmul(x, y)
+            out[i:j] = product if acc is None else acc[i:j] + product
+            continue
+        for m0 in range(0, m, GRID_M):
+            rows = slice(m0, min(m, m0 + GRID_M))
+            for n0 in range(0, n, GRID_N):
+                cols = slice(n0, min(n, n0 + GRID_N))
+                total = None if acc is None else acc[i:j, rows, cols]
+                for k0 in range(0, k, GRID_K):
+                    ks = slice(k0, min(k, k0 + GRID_K))
+                    part = np.matmul(np.ascontiguousarray(x[:, rows, ks]), np.ascontiguousarray(y[:, ks, cols]))
+                    total = part if total is None else total + part
+                out[i:j, rows, cols] = total
     return out
 
 

@@ -66,21 +66,22 @@ class TCPFunctions(InterpreterFunctions):
         lhs, rhs, *optional = args
         bias = optional.pop(0) if op.bias is not None else None
         guard = optional.pop(0) if op.guard is not None else None
+        acc = optional.pop(0) if op.acc is not None else None
         if guard is not None and not np.any(np.asarray(guard) >= 0):
-            # Every block skipped (an unused block of the expert loop): the zeros that computing
-            # the product and clearing it would give, without computing it.
-            zeros = np.zeros(tcp.shape_of(op.result.type), np.float32)
-            return (round_to(zeros, tensor_dtype(op.result.type)),)
+            # Every block skipped (an unused block of the expert loop): what computing the product
+            # and clearing it would give (zeros, or the accumulator), without computing it.
+            kept = np.zeros(tcp.shape_of(op.result.type), np.float32) if acc is None else np.array(acc, np.float32)
+            return (round_to(kept, tensor_dtype(op.result.type)),)
         if _read_only_bf16(rhs):
             # Both operands in f32 (the same values): contract() then makes one matmul of them.
             rhs = self.widened(rhs)
             if isinstance(lhs, np.ndarray):
                 lhs = self.widened(lhs) if _read_only_bf16(lhs) else np.asarray(lhs, np.float32)
-        out = contract(op.spec.data, lhs, rhs)  # bf16 operands are widened in pieces
+        out = contract(op.spec.data, lhs, rhs, acc)  # bf16 operands are widened in pieces
         if bias is not None:
             out = out + compute(bias)
         if guard is not None:
-            out[guard < 0] = 0
+            out[guard < 0] = 0 if acc is None else acc[guard < 0]
         return (round_to(out, tensor_dtype(op.result.type)),)
 
     @impl(tcp.ScaledContractOp)

@@ -73,9 +73,10 @@ class TileFunctions(InterpreterFunctions):
 
     @impl(tile.LoadExpertOp)
     def run_load_expert(self, interpreter: Interpreter, op: tile.LoadExpertOp, args: tuple[Any, ...]):
-        source, ids, prev_ids, prev_tile = args[:4]
-        if np.array_equal(ids, prev_ids):
-            return (prev_tile,)
-        rows = expert_rows(source, ids)
+        source, ids = args[:2]
+        if op.prev_ids is not None and np.array_equal(ids, args[2]):
+            return (args[3],)
+        window = tuple(slice(o, o + n) for o, n in zip(op.window_offsets(), shape_of(op.result.type)[1:]))
+        rows = expert_rows(np.asarray(source)[(slice(None), *window)], ids)
         rows.flags.writeable = False  # weights: nothing writes them, so contractions may keep them widened
         return (rows,)

@@ -1,0 +1,72 @@
+"""The contraction's fixed tile grid (runtime_sim/semantics/numerics.py, `contract`): a program
+whose tiles fall on the grid (tile sizes multiples of GRID_M, GRID_N, GRID_K; the remainder at
+the end) gives the bits of the whole contraction, and a K-tiled one that passes its running f32
+accumulator as `acc` reproduces the whole contraction's summation order exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime_sim.semantics.numerics import GRID_K, GRID_M, GRID_N, bfloat16, contract
+
+
+def cuts(size: int, chunk: int, draw: st.DrawFn) -> list[int]:
+    """Tile edges over [0, size): random multiples of `chunk`, in order, ending at `size`."""
+    inner = draw(st.lists(st.integers(1, max(1, (size - 1) // chunk)), max_size=3, unique=True))
+    return [0, *sorted({c * chunk for c in inner if c * chunk < size}), size]
+
+
+@st.composite
+def tiled_problem(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, list[int], list[int], list[int]]:
+    m = draw(st.integers(1, 2 * GRID_M + 40))
+    k = draw(st.integers(1, 2 * GRID_K + 100))
+    n = draw(st.integers(1, 2 * GRID_N + 100))
+    batch = draw(st.integers(1, 2))
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+    dtype = draw(st.sampled_from([np.float32, bfloat16]))
+    a = rng.standard_normal((batch, m, k)).astype(np.float32).astype(dtype)
+    b = (rng.standard_normal((batch, k, n)) / np.sqrt(k)).astype(np.float32).astype(dtype)
+    return a, b, cuts(m, GRID_M, draw), cuts(n, GRID_N, draw), cuts(k, GRID_K, draw)
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+@settings(max_examples=25, deadline=None)
+@given(tiled_problem())
+def test_aligned_tilings_give_the_bits_of_one_call(problem) -> None:
+    a, b, m_cuts, n_cuts, k_cuts = problem
+    spec = "gmk,gkn->gmn"
+    whole = contract(spec, a, b)
+    tiled = np.empty_like(whole)
+    for m0, m1 in zip(m_cuts, m_cuts[1:]):
+        for n0, n1 in zip(n_cuts, n_cuts[1:]):
+            acc = None
+            for k0, k1 in zip(k_cuts, k_cuts[1:]):  # K in order, the running sum carried as acc
+                acc = contract(spec, a[:, m0:m1, k0:k1], b[:, k0:k1, n0:n1], acc=acc)
+            tiled[:, m0:m1, n0:n1] = acc
+    assert np.array_equal(bits(tiled), bits(whole))
+
+
+def test_a_cut_off_the_grid_changes_bits() -> None:
+    """What the grid is for: summing K in pieces that are not whole GRID_K chunks changes the
+    order of the additions, and here the bits (so the test above could fail)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1, 64, 2 * GRID_K)).astype(np.float32)
+    b = rng.standard_normal((1, 2 * GRID_K, 64)).astype(np.float32)
+    whole = contract("gmk,gkn->gmn", a, b)
+    half = GRID_K // 2
+    first = contract("gmk,gkn->gmn", a[:, :, :half], b[:, :half])
+    off_grid = contract("gmk,gkn->gmn", a[:, :, half:], b[:, half:], acc=first)
+    assert not np.array_equal(bits(off_grid), bits(whole))
+
+
+def test_acc_is_the_starting_value_of_the_sum() -> None:
+    a = np.ones((1, 2, 3), np.float32)
+    b = np.ones((1, 3, 4), np.float32)
+    acc = np.full((1, 2, 4), 10.0, np.float32)
+    assert np.array_equal(contract("gmk,gkn->gmn", a, b, acc=acc), np.full((1, 2, 4), 13.0, np.float32))
+    assert np.array_equal(contract("mk,kn->nm", a[0], b[0], acc=acc[0].T), np.full((4, 2), 13.0, np.float32))
