@@ -157,12 +157,20 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
         mapping.update({old_args[i]: a for i, a in zip(private, cluster_args)})
         for a, old in zip(cluster_args, (old_args[i] for i in private)):
             a.name_hint = f"{old.name_hint}_c{c}" if old.name_hint else None
-        block_guard = tile.SliceOp(block_guards[c], new_index, ids_tile.type)
-        block_guard.result.name_hint = "block_is_mine" if c == 0 else f"block_is_mine_c{c}"
-        _pin(block_guard, c)
-        if phase is not None:
-            block_guard.attributes[PHASE_ATTR] = phase
-        new_body.add_op(block_guard)
+        owned_guard: list[SSAValue] = []
+
+        def block_guard(c: int = c) -> SSAValue:
+            """Whether cluster c owns the block (sliced once, where a top-level load or store needs it)."""
+            if not owned_guard:
+                op = tile.SliceOp(block_guards[c], new_index, ids_tile.type)
+                op.result.name_hint = "block_is_mine" if c == 0 else f"block_is_mine_c{c}"
+                _pin(op, c)
+                if phase is not None:
+                    op.attributes[PHASE_ATTR] = phase
+                new_body.add_op(op)
+                owned_guard.append(op.result)
+            return owned_guard[0]
+
         for op in body.ops:
             if op is yielded:
                 break
@@ -173,9 +181,9 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
                 new: Operation = tile.SliceOp(owned[c], mapping[index], ids_tile.type)
             elif isinstance(op, tile.LoadOp):
                 new = tile.LoadOp(mapping[op.source], mapping[op.offset], op.result.type,
-                                  [mapping[a] for a in op.after], guard=block_guard.result)
+                                  [mapping[a] for a in op.after], guard=block_guard())
             elif isinstance(op, tile.StoreOp):
-                new = tile.StoreOp(mapping[op.tile], mapping[op.dest], mapping[op.offset], guard=block_guard.result)
+                new = tile.StoreOp(mapping[op.tile], mapping[op.dest], mapping[op.offset], guard=block_guard())
             else:
                 new = op.clone(value_mapper=mapping)
             for key, attr in op.attributes.items():
@@ -190,6 +198,14 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
         private_yields += [mapping[yielded.operands[i]] for i in private]
     new_body.add_op(scf.YieldOp(*(chain[i] for i in shared), *private_yields))
 
+    for guard in block_guards:  # not needed when schedule-experts skips a block whole (scf.if)
+        if not guard.uses:
+            select = guard.owner
+            zero = select.operands[1].owner  # type: ignore[union-attr]
+            before.remove(select)  # type: ignore[arg-type]
+            before.remove(zero)  # type: ignore[arg-type]
+            select.erase()  # type: ignore[union-attr]
+            zero.erase()  # type: ignore[union-attr]
     new_loop = scf.ForOp(loop.lb, loop.ub, loop.step, new_inits, new_body)
     new_loop.attributes.update(loop.attributes)
     for op in before:

@@ -37,7 +37,8 @@ def tile_loops(module: ModuleOp, function: str) -> list[TileLoop]:
             if lb is None or ub is None or not step:
                 continue
             body = op.body.block
-            tiles = dict.fromkeys(format_type(t.result.type) for t in body.ops if isinstance(t, TILE_OPS))
+            # through branches (an unused block's scf.if) and the clusters' copies alike
+            tiles = dict.fromkeys(format_type(t.result.type) for t in body.walk() if isinstance(t, TILE_OPS))
             variable = body.args[0].name_hint or "i"
             loops.append(TileLoop(phase_of(op) or "other", variable, max(0, -(-(ub - lb) // step)), step, tuple(tiles)))
     return loops
