@@ -6,9 +6,10 @@
 
 Every family of benchmarks/run.py's model table (examples/*.moe at the real model's dims) is
 compiled with the full pipeline (the schedule level included) and simulated cost-only with
-balanced routing on the default machine. The block size is run.py's rule (`block_size`: the
-rows an expert receives under balanced routing, a power of two, at most 64), which also keeps
-a decode block within T (a block may not exceed T until `block=auto` lands).
+balanced routing on the default machine. The block size is the compiler's choice by default
+(`block=auto`, tcpc/autotune.py: the candidate of fewest simulated cycles, with balanced
+routing), or run.py's rule with `--block rule` (`block_size`: the rows an expert receives under
+balanced routing, a power of two, at most 64, within T).
 
 The chip limit is computed here, not taken from the simulator's counters:
 
@@ -195,11 +196,20 @@ class Row:
         return self.microseconds / self.limit_microseconds if self.limit_microseconds else math.inf
 
 
-def schedule_row(model, tokens: int) -> Row:  # type: ignore[no-untyped-def]
-    """`model` at T = tokens: compiled with the full pipeline, simulated cost-only (balanced)."""
+AUTO_BLOCK = 2**31 - 1
+"""A block no T fits: the compiler then chooses it (block=auto)."""
+
+
+def schedule_row(model, tokens: int, block: str = "auto") -> Row:  # type: ignore[no-untyped-def]
+    """`model` at T = tokens: compiled with the full pipeline, simulated cost-only (balanced);
+    `block` "auto" lets the compiler choose B, "rule" takes run.py's."""
     dims = bench.dims_for(model, tokens)
+    if block == "auto":
+        dims = {**dims, "B": AUTO_BLOCK}
     start = time.perf_counter()
     program = tcpc.compile_file(model.path, dims=dims)
+    if block == "auto":
+        dims["B"] = int(program.choices[0].chosen) if program.choices else program.dims["B"]
     name = program.function().sym_name.data
     limit = chip_limit(program.function(), tokens, dims["K"], dims["E"])
     module = program.lower("pin-routing," + program.full_pipeline())
@@ -238,13 +248,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS), metavar="T",
                         help=f"token counts (default: {' '.join(map(str, TOKENS))})")
     parser.add_argument("--out", type=Path, default=None, help="also write the table to DIR/schedule.md")
+    parser.add_argument("--block", choices=("auto", "rule"), default="auto",
+                        help="the block size: the compiler's choice (default) or run.py's rule")
     args = parser.parse_args(argv)
     if any(t < 1 for t in args.tokens):
         parser.error("--tokens: every T must be at least 1")
     rows = []
     for model in (m for m in bench.MODELS if m.name in args.families):
         for t in args.tokens:
-            row = schedule_row(model, t)
+            row = schedule_row(model, t, args.block)
             rows.append(row)
             print(f"  {model.title} T={t}: {row.cycles:,} cycles, {row.ratio:.2f}x the chip limit "
                   f"({row.seconds:.1f} s)", file=sys.stderr, flush=True)

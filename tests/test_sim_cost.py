@@ -241,3 +241,18 @@ def test_cost_models_register_through_the_explicit_list_only() -> None:
             "assert {'tcp.contract', 've.add', 'func.return'} <= cost_model.costed_op_names()\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_biased_contraction_is_never_faster_than_its_flops() -> None:
+    # gpt-oss's biased block contractions at a large block: the bias adds are FLOPs the roofline
+    # counts at the tensor unit's peak, so the command's compute term counts them too.
+    module = parse("""
+    func.func @f(%x: tensor<1x2048x2880xbf16>, %w: tensor<1x2880x2880xbf16>, %b: tensor<1x1x2880xbf16>) -> tensor<1x2048x2880xf32> {
+      %y = tcp.contract "gbd,gdf->gbf" %x, %w bias %b : tensor<1x2048x2880xbf16>, tensor<1x2880x2880xbf16> bias tensor<1x1x2880xbf16> -> tensor<1x2048x2880xf32>
+      func.return %y : tensor<1x2048x2880xf32>
+    }""")
+    args = [np.ones((1, 2048, 2880), BF16), np.ones((1, 2880, 2880), BF16), np.ones((1, 1, 2880), BF16)]
+    report = simulate(module, "f", args).report
+    (op,) = [o for o in report.ops if o.name == "tcp.contract"]
+    assert op.flops == 2 * 2048 * 2880 * 2880 + 2048 * 2880
+    assert op.cycles >= op.flops / M.peak_flops_per_cycle

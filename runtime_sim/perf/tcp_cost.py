@@ -186,15 +186,18 @@ def cost_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...
 
 
 def contraction_cycles(machine: Machine, *, macs: int, fetch_bytes: int, commit_bytes: int,
-                       blocks_run: int, guards: int, f32: bool) -> tuple[int, str]:
-    """Cycles of one contraction invocation and its bound (see the module docstring)."""
+                       blocks_run: int, guards: int, f32: bool, adds: int = 0) -> tuple[int, str]:
+    """Cycles of one contraction invocation and its bound (see the module docstring). `adds`
+    (a bias add per result element) are FLOPs the roofline counts at the tensor unit's peak,
+    so the compute term counts them at that rate too (two per MAC cycle slot): the command is
+    never faster than its FLOPs allow."""
     m = machine
     fixed = m.config_overhead_cycles + guards * m.guard_cycles
     if blocks_run == 0:
         return fixed, "guard (every block skipped)"
     rate = m.peak_macs_per_cycle / (m.f32_rate_divisor if f32 else 1)
     terms = {
-        "compute": math.ceil(macs / rate),
+        "compute": math.ceil((macs + adds / 2) / rate),
         "fetch": math.ceil(fetch_bytes / (m.fetch_bytes_per_cycle * m.slices)),
         "commit": math.ceil(commit_bytes / (m.commit_bytes_per_cycle * m.slices)),
         "block count": blocks_run,
@@ -235,9 +238,10 @@ def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
     out_elements = out.size * run // blocks
     macs = out_elements * per_element
     f32 = any(v.dtype == np.float32 for v in (lhs, rhs))
+    adds = out_elements if bias is not None else 0
     cycles, bound = contraction_cycles(machine, macs=macs, fetch_bytes=fetch, commit_bytes=commit,
-                                       blocks_run=run, guards=blocks if guard is not None else 0, f32=f32)
-    flops = 2 * macs + (out_elements if bias is not None else 0)
+                                       blocks_run=run, guards=blocks if guard is not None else 0, f32=f32, adds=adds)
+    flops = 2 * macs + adds
     return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound)
 
 
