@@ -34,7 +34,6 @@ the schedule level's loops (`phase: trips x rows`, from the IR); peak SRAM; spil
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import sys
 import time
@@ -61,16 +60,11 @@ from runtime_sim.perf.routing_scenarios import scenario_choices  # noqa: E402
 from runtime_sim.semantics.numerics import stored_nbytes, tensor_dtype  # noqa: E402
 
 
-def _load_run():
-    spec = importlib.util.spec_from_file_location("tcpc_benchmark_run", Path(__file__).with_name("run.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+if str(ROOT / "benchmarks") not in sys.path:  # run.py, the model table, next to this script
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import run as bench  # noqa: E402
 
-bench = _load_run()
 TOKENS: tuple[int, ...] = (1, 16, 64, 2048, 4096)
 CHIP_FLOPS_PER_SECOND = 256e12
 """RNGD's bf16 peak, the whole chip (2 clusters of 256 slices): docs/hardware.md#one-chip (SDK)."""

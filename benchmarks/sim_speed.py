@@ -25,7 +25,6 @@ steadier one).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from collections.abc import Sequence
@@ -41,16 +40,11 @@ from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
 from runtime_sim.perf.simulate import simulate  # noqa: E402
 
 
-def _load_run():
-    spec = importlib.util.spec_from_file_location("tcpc_benchmark_run", Path(__file__).with_name("run.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+if str(ROOT / "benchmarks") not in sys.path:  # run.py, the model table, next to this script
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import run as bench  # noqa: E402
 
-bench = _load_run()
 TOKENS: tuple[int, ...] = (4096,)
 VALUES_MODEL = "qwen3_moe"
 

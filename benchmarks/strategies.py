@@ -34,7 +34,6 @@ bytes (the roofline's: the commands as traced, without the memory plan's spills 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import sys
 import time
@@ -52,16 +51,11 @@ from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
 from tcpc.pipelines import FULL_PIPELINE  # noqa: E402
 
 
-def _load_run():
-    spec = importlib.util.spec_from_file_location("tcpc_benchmark_run", Path(__file__).with_name("run.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+if str(ROOT / "benchmarks") not in sys.path:  # run.py, the model table, next to this script
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import run as bench  # noqa: E402
 
-bench = _load_run()
 MODELS = tuple(m for m in bench.MODELS if m.name in ("mixtral", "qwen3_moe"))
 TOKENS: tuple[int, ...] = (1, 64, 2048)
 QUICK_TOKENS: tuple[int, ...] = (1, 64)
