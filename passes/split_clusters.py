@@ -74,10 +74,11 @@ def _is_constant(value: SSAValue) -> bool:
     return isinstance(value.owner, (ve.ConstOp, arith.ConstantOp))
 
 
-def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operation]) -> tuple[SSAValue, SSAValue]:
+def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operation],
+               with_blocks: bool) -> tuple[SSAValue, SSAValue | None]:
     """For `cluster`, computed on it from `ids` (the expert ids as it reads them): the ids with
-    the blocks of experts another cluster owns set to -1, and the blocks it owns (0, else -1;
-    an unused block, id -1, belongs to the cluster -1 mod N names)."""
+    the blocks of experts another cluster owns set to -1, and, `with_blocks`, the blocks it owns
+    (0, else -1; an unused block, id -1, belongs to the cluster -1 mod N names)."""
     t = ids.type
     mask = ve.ConstOp(clusters - 1, t)
     owner = ve.AndOp(ids, mask.result)
@@ -85,15 +86,19 @@ def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operatio
     mine = ve.TagOp("eq", owner.result, this.result)
     none = ve.ConstOp(-1, t)
     owned = ve.SelectOp(mine.result, [1], ids, none.result)
-    zero = ve.ConstOp(0, t)
-    blocks = ve.SelectOp(mine.result, [1], zero.result, none.result)
-    ops = [mask, owner, this, mine, none, owned, zero, blocks]
+    ops: list[Operation] = [mask, owner, this, mine, none, owned]
+    owned.result.name_hint = f"expert_ids_cluster{cluster}"
+    blocks = None
+    if with_blocks:
+        zero = ve.ConstOp(0, t)
+        select = ve.SelectOp(mine.result, [1], zero.result, none.result)
+        select.result.name_hint = f"blocks_cluster{cluster}"
+        ops += [zero, select]
+        blocks = select.result
     for op in ops:
         place_on_cluster(op, cluster)
     before.extend(ops)
-    owned.result.name_hint = f"expert_ids_cluster{cluster}"
-    blocks.result.name_hint = f"blocks_cluster{cluster}"
-    return owned.result, blocks.result
+    return owned.result, blocks
 
 
 def _pin(op: Operation, cluster: int) -> None:
@@ -135,7 +140,9 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
             outside[(cluster, value)] = copy.result
         return outside[(cluster, value)]
 
-    owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before) for c in range(clusters)))
+    # Row loads and stores outside an scf.if need a guard of their own: whether c owns the block.
+    guarded = any(isinstance(op, (tile.LoadOp, tile.StoreOp)) for op in body.ops)
+    owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before, guarded) for c in range(clusters)))
     inits = list(loop.iter_args)
     new_inits = [inits[i] for i in shared] + [inits[i] for _ in range(clusters) for i in private]
     new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
@@ -157,19 +164,15 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
         mapping.update({old_args[i]: a for i, a in zip(private, cluster_args)})
         for a, old in zip(cluster_args, (old_args[i] for i in private)):
             a.name_hint = f"{old.name_hint}_c{c}" if old.name_hint else None
-        owned_guard: list[SSAValue] = []
-
-        def block_guard(c: int = c) -> SSAValue:
-            """Whether cluster c owns the block (sliced once, where a top-level load or store needs it)."""
-            if not owned_guard:
-                op = tile.SliceOp(block_guards[c], new_index, ids_tile.type)
-                op.result.name_hint = "block_is_mine" if c == 0 else f"block_is_mine_c{c}"
-                _pin(op, c)
-                if phase is not None:
-                    op.attributes[PHASE_ATTR] = phase
-                new_body.add_op(op)
-                owned_guard.append(op.result)
-            return owned_guard[0]
+        block_guard: SSAValue | None = None
+        if guarded:
+            owns = tile.SliceOp(block_guards[c], new_index, ids_tile.type)
+            owns.result.name_hint = "block_is_mine" if c == 0 else f"block_is_mine_c{c}"
+            _pin(owns, c)
+            if phase is not None:
+                owns.attributes[PHASE_ATTR] = phase
+            new_body.add_op(owns)
+            block_guard = owns.result
 
         for op in body.ops:
             if op is yielded:
@@ -181,9 +184,9 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
                 new: Operation = tile.SliceOp(owned[c], mapping[index], ids_tile.type)
             elif isinstance(op, tile.LoadOp):
                 new = tile.LoadOp(mapping[op.source], mapping[op.offset], op.result.type,
-                                  [mapping[a] for a in op.after], guard=block_guard())
+                                  [mapping[a] for a in op.after], guard=block_guard)
             elif isinstance(op, tile.StoreOp):
-                new = tile.StoreOp(mapping[op.tile], mapping[op.dest], mapping[op.offset], guard=block_guard())
+                new = tile.StoreOp(mapping[op.tile], mapping[op.dest], mapping[op.offset], guard=block_guard)
             else:
                 new = op.clone(value_mapper=mapping)
             for key, attr in op.attributes.items():
@@ -198,14 +201,6 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
         private_yields += [mapping[yielded.operands[i]] for i in private]
     new_body.add_op(scf.YieldOp(*(chain[i] for i in shared), *private_yields))
 
-    for guard in block_guards:  # not needed when schedule-experts skips a block whole (scf.if)
-        if not guard.uses:
-            select = guard.owner
-            zero = select.operands[1].owner  # type: ignore[union-attr]
-            before.remove(select)  # type: ignore[arg-type]
-            before.remove(zero)  # type: ignore[arg-type]
-            select.erase()  # type: ignore[union-attr]
-            zero.erase()  # type: ignore[union-attr]
     new_loop = scf.ForOp(loop.lb, loop.ub, loop.step, new_inits, new_body)
     new_loop.attributes.update(loop.attributes)
     for op in before:

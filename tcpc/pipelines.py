@@ -69,14 +69,11 @@ FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
 """What `tcpc run` simulates and `--emit scheduled` prints, for the default machine."""
 
 
-DEFAULT_CLUSTERS = 2
-"""split-clusters' default: RNGD's two clusters (machines/rngd.toml)."""
-
-
 def pipeline_for(clusters: int, passes: tuple[str, ...] = FULL_PIPELINE) -> str:
     """`passes` as a pipeline string for a chip of `clusters` clusters (split-clusters' option,
-    written out only when it is not the default)."""
-    return ",".join(f"split-clusters{{clusters={clusters}}}" if p == "split-clusters" and clusters != DEFAULT_CLUSTERS
+    written out only when it is not the pass's default)."""
+    default = PASSES["split-clusters"]().clusters  # type: ignore[attr-defined]
+    return ",".join(f"split-clusters{{clusters={clusters}}}" if p == "split-clusters" and clusters != default
                     else p for p in passes)
 
 
