@@ -67,6 +67,52 @@ def select_ops(block: Block, candidates: list[Operation]) -> list[Operation]:
         chosen = keep
 
 
+def split_shared_constants(ops: list[Operation]) -> list[Operation]:
+    """`ops` (chosen for a loop) without the constants that outside ops read: an escaping
+    constant would be stored into a whole-extent buffer for nothing (DeepSeek-V3's [T, 256, 256]
+    rank tie-breaks, 512 MB at T = 2048, when a contraction split its router into two loops).
+
+    A constant is an operand-less op (splat, numbering) or an op reading only constants. One
+    that an outside op reads leaves the loop (and so, in turn, may the constants it reads); an
+    operand-less one that ops on both sides read is copied, the copy the loop's own."""
+    inside = set(ops)
+    constant: set[Operation] = set()
+    for op in ops:
+        if isinstance(op, ZERO_OPERAND_VE) or (op.operands and all(v.owner in constant for v in op.operands)):
+            constant.add(op)
+
+    def read_outside(op: Operation) -> bool:
+        return any(u.operation not in inside for r in op.results for u in r.uses)
+
+    def read_inside(op: Operation) -> bool:
+        return any(u.operation in inside for r in op.results for u in r.uses)
+
+    changed = True
+    while changed:
+        changed = False
+        for op in ops:
+            if op in inside and op in constant and read_outside(op):
+                if isinstance(op, ZERO_OPERAND_VE) and read_inside(op):
+                    continue
+                inside.discard(op)
+                changed = True
+    chosen: list[Operation] = []
+    for op in ops:
+        if op not in inside:
+            continue
+        if isinstance(op, ZERO_OPERAND_VE) and read_outside(op):
+            own = op.clone()
+            block = op.parent_block()
+            assert block is not None
+            block.insert_op_before(own, op)
+            for old, new in zip(op.results, own.results):
+                new.name_hint = old.name_hint
+                old.replace_uses_with_if(new, lambda use: use.operation in inside)
+            op = own
+        chosen.append(op)
+    return chosen
+
+
 def move_readers_after(block: Block, anchor: Operation, produced: list[SSAValue], inside: set[Operation]) -> None:
     """Outside ops that stood among a loop's absorbed ops (`inside`) and read its results
     (`produced`, directly or through each other) now follow `anchor`, in their order."""

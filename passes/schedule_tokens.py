@@ -35,7 +35,8 @@ from xdsl.passes import ModulePass
 
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR, phase_of
-from passes.loop_builder import clone_rows, escaping_results, is_row_parallel_ve, leading, replace_by_loop, select_ops, tile_type
+from passes.loop_builder import (clone_rows, escaping_results, is_row_parallel_ve, leading, replace_by_loop, select_ops,
+                                 split_shared_constants, tile_type)
 
 TILED_PHASES = ("router", "combine")
 
@@ -51,11 +52,23 @@ Every tile iteration pays its commands' fixed costs, so fewer, larger tiles are 
 def is_row_parallel(op: Operation, tokens: int) -> bool:
     if isinstance(op, tcp.DmaGatherOp):
         return leading(op.indices) == tokens and leading(op.result) == tokens
-    return is_row_parallel_ve(op, tokens)  # views stay outside: a view may be a gather's whole source
+    if isinstance(op, tcp.ViewOp):
+        return is_row_view(op, tokens)
+    return is_row_parallel_ve(op, tokens)
+
+
+def is_row_view(op: tcp.ViewOp, tokens: int) -> bool:
+    """A view that keeps the T rows and reshapes within a row (DeepSeek-V3's [T, E] scores seen
+    as [T, groups, E / groups], a [T] sum as [T, 1]): a tile of it is the same view of the
+    input's tile. A view read whole as a gather's source stays outside."""
+    if leading(op.input) != tokens or leading(op.result) != tokens:
+        return False
+    return not any(isinstance(u.operation, tcp.DmaGatherOp) and u.operation.source is op.result for u in op.result.uses)
 
 
 def tile_rows(ops: list[Operation], tokens: int, tile_bytes: int) -> int:
-    per_row = sum(math.prod(tile_type(r.type).get_shape()) * _element_bytes(r.type) for op in ops for r in op.results)
+    per_row = sum(math.prod(tile_type(r.type).get_shape()) * _element_bytes(r.type)
+                  for op in ops if not isinstance(op, tcp.ViewOp) for r in op.results)  # a view is no new data
     rows = max(1, min(tokens, tile_bytes // max(1, per_row)))
     return rows - rows % 8 if rows >= 8 else rows
 
@@ -93,7 +106,9 @@ def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, 
 def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int) -> scf.ForOp | None:
     """One token-tile loop over the row-parallel ops of `phase`; None if it would not help."""
     candidates = [op for op in block.ops if phase_of(op) == phase and is_row_parallel(op, tokens)]
-    ops = select_ops(block, candidates)
+    ops = split_shared_constants(select_ops(block, candidates))
+    if not ops:
+        return None
     escaping = escaping_results(ops)
     rows = tile_rows(ops, tokens, tile_bytes)
     if not escaping or rows >= tokens:
