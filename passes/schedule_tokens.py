@@ -103,16 +103,24 @@ def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, 
         mapping.update(zip(op.results, new.results))
 
 
-def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int) -> scf.ForOp | None:
-    """One token-tile loop over the row-parallel ops of `phase`; None if it would not help."""
-    candidates = [op for op in block.ops if phase_of(op) == phase and is_row_parallel(op, tokens)]
-    ops = split_shared_constants(select_ops(block, candidates))
-    if not ops:
-        return None
+def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole: set[Operation]) -> bool:
+    """One token-tile loop over the row-parallel ops of `phase` not in `whole` that a loop can
+    take together; when they fit SRAM whole, they join `whole` instead (and the ops a
+    contraction kept apart from them get their own turn: DeepSeek-V3's router after its
+    matmul, when the input's widening before it fits). False when no such op is left."""
+    candidates = [op for op in block.ops if phase_of(op) == phase and is_row_parallel(op, tokens) and op not in whole]
+    chosen = select_ops(block, candidates)
+    if not chosen:
+        return False
+    if not escaping_results(chosen) or tile_rows(chosen, tokens, tile_bytes) >= tokens:
+        whole.update(chosen)
+        return True
+    ops = split_shared_constants(chosen)
     escaping = escaping_results(ops)
     rows = tile_rows(ops, tokens, tile_bytes)
     if not escaping or rows >= tokens:
-        return None
+        whole.update(ops)
+        return True
     main = tokens - tokens % rows
     marker = {PHASE_ATTR: ops[-1].attributes[PHASE_ATTR]}
 
@@ -157,7 +165,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int) -> sc
     for op in before:
         op.attributes.update(marker)
     replace_by_loop(block, ops, escaping, results, [*before, *after])
-    return loop
+    return True
 
 
 def token_count(fn: func.FuncOp) -> int | None:
@@ -178,5 +186,6 @@ class ScheduleTokensPass(ModulePass):
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks and (tokens := token_count(fn)) is not None:
                 for phase in TILED_PHASES:
-                    while schedule_phase(fn.body.block, phase, tokens, self.tile_bytes) is not None:
+                    whole: set[Operation] = set()
+                    while schedule_phase(fn.body.block, phase, tokens, self.tile_bytes, whole):
                         pass

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tcpc
+from dialects.annotations import cluster_of
 from dialects.moe import max_blocks
 from runtime_sim.perf.cost_only import simulate_cost_only
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
@@ -154,3 +155,53 @@ def test_mixtral_at_real_dims_streams_f_tiles_with_no_spill_or_stream() -> None:
     contracts = [(o.start, o.end) for o in report.ops if o.name == "tcp.contract" and o.phase == "experts"]
     overlapping = sum(1 for o in fetched if any(s < o.end and o.start < e for s, e in contracts))
     assert overlapping >= len(fetched) // 2  # the next tiles arrive while the current one contracts
+
+
+TOKEN_TILE_LAYERS = {
+    "qwen3_moe": dict(T=20, D=16, F=8, E=8, K=2, B=4),
+    "deepseek_v3": dict(T=37),
+    "mixtral": dict(T=45),
+}
+"""Small layers whose token tiles leave remainders (tile_bytes below picks the tile)."""
+
+
+@pytest.mark.parametrize(("family", "clusters", "tile_bytes"), [
+    ("qwen3_moe", 2, 20000), ("qwen3_moe", 4, 20000), ("deepseek_v3", 2, 60000), ("deepseek_v3", 4, 200000),
+    ("mixtral", 2, 30000)])
+def test_token_tiles_on_clusters_are_bit_identical(family: str, clusters: int, tile_bytes: int) -> None:
+    """split-clusters puts token tile i on cluster i mod N (rounds of N tiles, the leftovers and
+    the remainder after the loop, copies between the clusters): the outputs keep the bits of
+    the same tiles on one cluster and of the reference."""
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / f"{family}.moe", dims=TOKEN_TILE_LAYERS[family])
+    tiled = f"{LOWERED},schedule-experts,schedule-tokens{{tile_bytes={tile_bytes}}}"
+    split = f"{tiled},split-clusters{{clusters={clusters}}},fuse-ve-chains"
+    pinned = {cluster_of(op) for op in program.lower(split).walk() if op.name in ("ve.sigmoid", "ve.exp")}
+    assert pinned == set(range(clusters))  # the router's tiles run on every cluster
+    after = program.run(seed=5, pipeline=split).outputs
+    assert_same_bits(after, program.run(seed=5, pipeline=tiled).outputs)
+    assert_same_bits(after, program.run(seed=5).outputs)
+
+
+def test_deepseek_v3_router_at_real_dims_needs_no_spill_or_stream() -> None:
+    """DeepSeek-V3's group-limited router at T = 2048 (real dims): one token loop, every value
+    in SRAM by construction (it needed 172 spills and 8 streams when its views split it)."""
+    dims = dict(T=2048, D=7168, F=2048, FS=2048, E=256, K=8, NG=8, TG=4, B=64)
+    report = cost_only("deepseek_v3.moe", dims)
+    assert not report.spills and not report.streams
+    assert report.peak_sram_bytes <= report.machine.sram_bytes
+
+
+def test_the_whole_chip_runs_the_token_loops_faster_than_one_cluster() -> None:
+    """A layer whose time is mostly its router (DeepSeek-V3's ranking over 128 experts, tiny
+    experts): the router's token tiles run on both clusters' vector engines, and the chip is
+    faster than one cluster (machines/rngd-cluster.toml), the router phase most of all."""
+    dims = dict(T=1024, D=64, F=32, FS=32, E=128, K=8, NG=8, TG=4, B=16)
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "deepseek_v3.moe", dims=dims)
+    chip = program.simulate(cost_only=True, routing="balanced").report
+    one = program.simulate(cost_only=True, routing="balanced", machine="rngd-cluster").report
+    assert chip.machine.clusters == 2 and one.machine.clusters == 1
+    ranking = [o for o in chip.ops if o.name.startswith("ve.") and o.phase == "router" and o.cycles > 0]
+    assert {o.unit for o in ranking} == {0, 1}
+    router = {p.name: p.critical_cycles for p in chip.phases}["router"]
+    assert router < 0.75 * {p.name: p.critical_cycles for p in one.phases}["router"]
+    assert chip.total_cycles < one.total_cycles
