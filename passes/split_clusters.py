@@ -1,4 +1,4 @@
-"""`split-clusters{clusters=N}`: the expert loop spread over the chip's clusters.
+"""`split-clusters{clusters=N}`: the expert loop and the token loops spread over the chip's clusters.
 
 RNGD has two clusters of 256 slices; each runs its own tensor-unit commands in lockstep, and
 the two run at once (docs/hardware.md#pes-clusters-and-slices). `schedule-experts` builds one
@@ -24,6 +24,18 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
 Vector ops of the copy that does not own a block still run on that cluster's (zero) tiles: the
 chain has no guard of its own. That costs each cluster the other's vector time on the block
 (a few percent of a block's contraction at real sizes), and is visible in the report.
+
+The token loops of `schedule-tokens` (the router's ranking, softmax or sigmoid and weights)
+run token tile i on cluster i mod N: each iteration runs N tiles, one per cluster, pinned; the
+full tiles left over (fewer than N) follow the loop on clusters N - 1, N - 2, ..., and the
+partial remainder tile stays on cluster 0. Every cluster has its own vector engine (the chain
+sits in each slice, and a tensor-unit command, contraction and vector chain, occupies one
+cluster's slices: docs/hardware.md#pes-clusters-and-slices; the simulator's `tensor` engine has
+a unit per cluster), so the tiles run side by side; the 8 DMA engines are the chip's, shared.
+Off cluster 0 a tile's SRAM input slice is copied to its cluster (`tile.copy`) and its results
+are copied back before they are stored into the loop's SRAM buffers, which are cluster 0's
+(the routing after the loop runs there). A loop that gathers from HBM (the combine) stays on
+cluster 0: the clusters share the HBM its time goes to, and a second one would only add copies.
 """
 
 from __future__ import annotations
