@@ -272,6 +272,17 @@ def _bytes(value: SSAValue) -> int:
     return -(-math.prod(t.get_shape()) * stored_bits(t.get_element_type()) // 8)
 
 
+VECTOR_BYTES_PER_COPIED_BYTE = 8
+"""A compile-time rule of thumb, not a cost (the pass sees no machine): a token tile goes to
+another cluster only when its vector ops make at least this many bytes per byte copied between
+the clusters for it. A cluster's vector engine streams a 32-byte flit per slice per cycle over
+256 slices (4-way float stages: half that; docs/hardware.md#vector-engine), the chip's 8 DMA
+engines 256 B per cycle each, and a DM -> DM copy reads and writes in turn
+(docs/hardware.md#moving-data): a copied byte takes the time of about 4 to 8 vector bytes,
+before each copy's ~500-cycle start-up. Llama-4-Scout's router at T = 4096 took 68,336 cycles
+on one cluster and 125,578 split with copies of its [T, D] scaled input."""
+
+
 def _worth_splitting(loop: scf.ForOp) -> bool:
     """Whether a tile of `loop` on another cluster saves more than it costs.
 
@@ -280,8 +291,8 @@ def _worth_splitting(loop: scf.ForOp) -> bool:
     second cluster adds only the copies between them (Qwen3-30B-A3B at T = 4096: combine
     93,679 -> 148,465 cycles when split). No when what crosses the clusters for a tile (the SRAM
     tiles it slices, copied to it, and the tiles it stores into SRAM buffers, copied back)
-    is at least what its vector-engine ops make (the router's input widened before its
-    contraction). A compile-time rule, not a cost: the pass sees no machine numbers."""
+    is more than a `VECTOR_BYTES_PER_COPIED_BYTE`-th of what its vector-engine ops make
+    (Llama-4's router, which scales each token's whole input row by its routing weight)."""
     body = loop.body.block
     made = crossing = 0
     for op in body.walk():
@@ -293,7 +304,7 @@ def _worth_splitting(loop: scf.ForOp) -> bool:
             crossing += 0 if _stores_to_hbm(op, loop) else _bytes(op.tile)
         elif op.dialect_name() == "ve":
             made += sum(_bytes(r) for r in op.results)
-    return made > crossing
+    return made >= VECTOR_BYTES_PER_COPIED_BYTE * crossing
 
 
 def _stores_to_hbm(store: tile.StoreOp, loop: scf.ForOp) -> bool:
