@@ -5,8 +5,8 @@ loop, and skipping an iteration's whole body on a runtime condition."""
 
 from __future__ import annotations
 
-from xdsl.dialects import scf
-from xdsl.dialects.builtin import TensorType
+from xdsl.dialects import arith, scf
+from xdsl.dialects.builtin import IndexType, IntegerAttr, TensorType
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from dialects import ve
@@ -37,6 +37,19 @@ def is_row_parallel_ve(op: Operation, extent: int) -> bool:
     if any(leading(r) != extent for r in op.results):
         return False
     return isinstance(op, ZERO_OPERAND_VE) or (bool(op.operands) and all(leading(v) == extent for v in op.operands))
+
+
+def index_constant(value: int) -> arith.ConstantOp:
+    """An `index` constant: a loop bound, step or tile offset."""
+    return arith.ConstantOp.from_int_and_width(value, IndexType())
+
+
+def constant_index(value: SSAValue) -> int | None:
+    """The value of an integer `arith.constant` (a loop's bound or step), else None."""
+    owner = value.owner
+    if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
+        return owner.value.value.data
+    return None
 
 
 def tile_type(t: Attribute, rows: int = 1) -> Attribute:

@@ -28,15 +28,15 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import arith, func, scf
+from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR, phase_of
-from passes.loop_builder import (clone_rows, escaping_results, is_row_parallel_ve, leading, replace_by_loop, select_ops,
-                                 split_shared_constants, tile_type)
+from passes.loop_builder import (clone_rows, escaping_results, index_constant, is_row_parallel_ve, leading, replace_by_loop,
+                                 select_ops, split_shared_constants, tile_type)
 
 TILED_PHASES = ("router", "combine")
 
@@ -77,10 +77,6 @@ def _element_bytes(t: object) -> int:
     assert isinstance(t, TensorType)
     width = getattr(t.get_element_type(), "bitwidth", 32)
     return max(1, width // 8)
-
-
-def _index(value: int) -> arith.ConstantOp:
-    return arith.ConstantOp.from_int_and_width(value, IndexType())
 
 
 def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, add,
@@ -124,7 +120,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     main = tokens - tokens % rows
     marker = {PHASE_ATTR: ops[-1].attributes[PHASE_ATTR]}
 
-    before: list[Operation] = [c0 := _index(0), c_main := _index(main), c_rows := _index(rows)]
+    before: list[Operation] = [c0 := index_constant(0), c_main := index_constant(main), c_rows := index_constant(rows)]
     buffers = [tile.BufferOp("sram", r.type) for r in escaping]
     before += buffers
     for b, r in zip(buffers, escaping):
@@ -155,7 +151,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     if main < tokens:  # the remainder: the body once more, on the last tokens - main rows
         rest = Block()
         add_rest = add_to(rest)
-        c_rest = add_rest(_index(main))
+        c_rest = add_rest(index_constant(main))
         rest_mapping: dict[SSAValue, SSAValue] = {}
         _clone_rows(ops, tokens - main, c_rest, tokens, add_rest, rest_mapping)
         results = [add_rest(tile.StoreOp(rest_mapping[r], buf, c_rest)) for r, buf in zip(escaping, results)]
