@@ -174,12 +174,14 @@ TOKEN_TILE_LAYERS = {
     "deepseek_v3": dict(T=37),
     "mixtral": dict(T=45),
 }
-"""Small layers whose token tiles leave remainders (tile_bytes below picks the tile)."""
+"""Small layers whose token tiles leave remainders (tile_bytes below picks the tile): rounds of
+one tile per cluster with and without leftover tiles and a partial remainder, and fewer tiles
+than clusters (Qwen3 in 8-row tiles on 4 clusters: no loop, two leftovers and the remainder)."""
 
 
 @pytest.mark.parametrize(("family", "clusters", "tile_bytes"), [
-    ("qwen3_moe", 2, 20000), ("qwen3_moe", 4, 20000), ("deepseek_v3", 2, 60000), ("deepseek_v3", 4, 200000),
-    ("mixtral", 2, 30000)])
+    ("qwen3_moe", 2, 20000), ("qwen3_moe", 4, 20000), ("qwen3_moe", 4, 100000), ("deepseek_v3", 2, 60000),
+    ("deepseek_v3", 4, 200000), ("mixtral", 2, 30000)])
 def test_token_tiles_on_clusters_are_bit_identical(family: str, clusters: int, tile_bytes: int) -> None:
     """split-clusters puts token tile i on cluster i mod N (rounds of N tiles, the leftovers and
     the remainder after the loop, copies between the clusters): the outputs keep the bits of
@@ -188,7 +190,7 @@ def test_token_tiles_on_clusters_are_bit_identical(family: str, clusters: int, t
     tiled = f"{LOWERED},schedule-experts,schedule-tokens{{tile_bytes={tile_bytes}}}"
     split = f"{tiled},split-clusters{{clusters={clusters}}},fuse-ve-chains"
     pinned = {cluster_of(op) for op in program.lower(split).walk() if op.name in ("ve.sigmoid", "ve.exp")}
-    assert pinned == set(range(clusters))  # the router's tiles run on every cluster
+    assert {0, clusters - 1} <= pinned  # the router's tiles run on several clusters
     after = program.run(seed=5, pipeline=split).outputs
     assert_same_bits(after, program.run(seed=5, pipeline=tiled).outputs)
     assert_same_bits(after, program.run(seed=5).outputs)
