@@ -129,7 +129,8 @@ def _tile_on_cluster(loop: scf.ForOp, offset: SSAValue, carried: list[SSAValue],
                 mapping[operand] = reach(operand, cluster)
         if isinstance(op, tile.StoreOp) and cluster != 0 and not _stores_to_hbm(op, loop):
             back = place(tile.CopyOp(mapping[op.tile]), 0, op)
-            new = place(tile.StoreOp(back.results[0], mapping[op.dest], mapping[op.offset]), 0, op)
+            guard = None if op.guard is None else mapping[op.guard]
+            new = place(tile.StoreOp(back.results[0], mapping[op.dest], mapping[op.offset], guard), 0, op)
         else:
             new = place(op.clone(value_mapper=mapping), cluster, op)
         for old_r, new_r in zip(op.results, new.results):
@@ -183,7 +184,7 @@ def split_token_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp | None:
         op.attributes.update({k: v for k, v in marker.items() if k not in op.attributes})
     parent = loop.parent_block()
     assert parent is not None
-    parent.insert_ops_before([*bounds, *before, *([new_loop] if rounds else []), *after], loop)
+    parent.insert_ops_before([*(bounds if rounds else []), *before, *([new_loop] if rounds else []), *after], loop)
     if not rounds:  # fewer tiles than clusters: no loop, the leftovers start from the buffers
         for arg, init in zip(new_loop.results, loop.iter_args):
             arg.replace_all_uses_with(init)
@@ -199,4 +200,6 @@ def split_token_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp | None:
             bound.erase()
     if not rounds:
         new_loop.erase()
+        for bound in bounds:
+            bound.erase()
     return new_loop if rounds else None
