@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, StringAttr, UnitAttr
 from xdsl.ir import Operation
 
 PHASE_ATTR = "tcpc.phase"
@@ -111,6 +111,21 @@ def cluster_of(op: Operation) -> int:
 
 def place_on_cluster(op: Operation, cluster: int) -> None:
     op.attributes[CLUSTER_ATTR] = IntegerAttr(cluster, 64)
+
+
+OWN_DMA_ATTR = "tcpc.own_dma"
+"""Discardable unit attribute of an op of one cluster's copy of the expert loop: its DMA
+commands run on that cluster's own DMA engines (RNGD: the four beside its DMNs) rather than
+on whichever of the chip's engines are free (split-clusters sets it where a block is
+compute-bound on its cluster with half the chip's HBM bandwidth)."""
+
+
+def on_own_dma(op: Operation) -> bool:
+    return OWN_DMA_ATTR in op.attributes
+
+
+def place_on_own_dma(op: Operation) -> None:
+    op.attributes[OWN_DMA_ATTR] = UnitAttr()
 
 
 ROUTING_ATTR = "tcpc.routing_experts"

@@ -24,6 +24,15 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
 Vector ops of the copy that does not own a block still run on that cluster's (zero) tiles: the
 chain has no guard of its own. That costs each cluster the other's vector time on the block
 (a few percent of a block's contraction at real sizes), and is visible in the report.
+
+DMA engines: by default a copy's DMA commands take whichever of the chip's engines are free,
+so a memory-bound block (decode) streams its weights at the whole chip's HBM bandwidth. But
+commands issue in program order and an engine runs its commands in order: where the blocks
+are compute-bound, one cluster's prefetched weight loads, issued first, book every engine
+ahead, and the other cluster's loads queue behind them, so the clusters contract in turn.
+When a block does at least `own_dma_intensity` FLOPs per weight byte (it is compute-bound on
+its cluster with half the chip's HBM bandwidth), each copy's ops are marked `tcpc.own_dma`
+and their DMA runs on the cluster's own engines (the simulator's `own_dma_units`).
 """
 
 from __future__ import annotations
@@ -37,7 +46,8 @@ from xdsl.ir import Block, BlockArgument, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, place_on_cluster, placed_in_hbm
+from dialects.annotations import PHASE_ATTR, place_on_cluster, place_on_own_dma, placed_in_hbm
+from dialects.tensor_types import shape_of, stored_bits
 
 
 def expert_loops(block: Block) -> list[scf.ForOp]:
@@ -101,14 +111,34 @@ def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operatio
     return owned.result, blocks
 
 
-def _pin(op: Operation, cluster: int) -> None:
+DMA_OPS = (tile.LoadOp, tile.LoadExpertOp, tile.StoreOp, tile.CopyOp, tcp.DmaGatherOp, tcp.DmaScatterOp,
+           tcp.LoadOp, tcp.StoreOp)
+"""The ops the DMA engines run."""
+
+
+def _pin(op: Operation, cluster: int, own_dma: bool = False) -> None:
     for inner in op.walk():
         place_on_cluster(inner, cluster)
+        if own_dma and isinstance(inner, DMA_OPS):
+            place_on_own_dma(inner)
 
 
-def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
-    """Rebuild `loop` with one guarded copy of its body per cluster (see the docstring)."""
+def flops_per_weight_byte(body: Block) -> float:
+    """FLOPs a block's contraction does per byte of the weight it reads: 2 x its rows over the
+    weight's bytes per element (the first contraction of the loop body with a weight operand)."""
+    for op in body.walk():
+        if isinstance(op, tcp.ContractOp):
+            rows, weight = shape_of(op.lhs.type)[-2], op.rhs.type
+            return 2 * rows * 8 / stored_bits(weight.element_type)  # type: ignore[attr-defined]
+    return 0.0
+
+
+def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> scf.ForOp:
+    """Rebuild `loop` with one guarded copy of its body per cluster (see the docstring); its
+    DMA on each cluster's own engines if a block does at least `own_dma_intensity` FLOPs per
+    weight byte (0: never)."""
     body = loop.body.block
+    own_dma = 0 < own_dma_intensity <= flops_per_weight_byte(body)
     yielded = body.last_op
     assert isinstance(yielded, scf.YieldOp)
     loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp)]
@@ -168,7 +198,7 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
         if guarded:
             owns = tile.SliceOp(block_guards[c], new_index, ids_tile.type)
             owns.result.name_hint = "block_is_mine" if c == 0 else f"block_is_mine_c{c}"
-            _pin(owns, c)
+            _pin(owns, c, own_dma)
             if phase is not None:
                 owns.attributes[PHASE_ATTR] = phase
             new_body.add_op(owns)
@@ -194,7 +224,7 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
             for old_r, new_r in zip(op.results, new.results):
                 new_r.name_hint = old_r.name_hint
                 mapping[old_r] = new_r
-            _pin(new, c)
+            _pin(new, c, own_dma)
             new_body.add_op(new)
         for i in shared:
             chain[i] = mapping[yielded.operands[i]]
@@ -223,6 +253,13 @@ class SplitClustersPass(ModulePass):
     clusters: int = 2
     """Clusters of the target chip (RNGD: 2); 1 leaves the loops as they are."""
 
+    own_dma_intensity: int = 175
+    """FLOPs per weight byte from which a block is compute-bound on its cluster even with half
+    the chip's HBM bandwidth, so each cluster's copy issues its DMA on its own engines
+    (`tcpc.own_dma`) and never queues behind the other's: RNGD, 131,072 FLOPs per cycle per
+    cluster over 750 B/cycle, 175 (tcpc.pipelines.own_dma_intensity computes it for a machine). Below it the
+    copies share every engine, as a memory-bound block needs the whole bandwidth. 0: never."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.clusters < 1 or self.clusters & (self.clusters - 1):
             raise ValueError(f"split-clusters: clusters={self.clusters} is not a power of two")
@@ -231,4 +268,4 @@ class SplitClustersPass(ModulePass):
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 for loop in expert_loops(fn.body.block):
-                    split_loop(loop, self.clusters)
+                    split_loop(loop, self.clusters, self.own_dma_intensity)
