@@ -58,15 +58,14 @@ ROUTING_PHASES = ("routing", "dispatch", "experts", "combine")
 
 def choose_rows(tokens: int, forced: int = 0) -> int:
     """The row block: `forced` when it divides T, else the largest multiple of GRID_M that
-    divides T, is at most MAX_ROWS and leaves at least two blocks (one per cluster); T itself
-    (one block) when there is none (decode, or T not a multiple of GRID_M)."""
+    divides T, is at most MAX_ROWS and leaves at least two blocks, an even number of them when
+    one does (split-clusters then gives both clusters a block per iteration); T itself (one
+    block) when there is none (decode, or T not a multiple of GRID_M)."""
     if forced > 0 and tokens % forced == 0:
         return forced
-    best = tokens
-    for rows in range(GRID_M, min(MAX_ROWS, tokens // 2) + 1, GRID_M):
-        if tokens % rows == 0:
-            best = rows
-    return best
+    fitting = [rows for rows in range(GRID_M, min(MAX_ROWS, tokens // 2) + 1, GRID_M) if tokens % rows == 0]
+    even = [rows for rows in fitting if (tokens // rows) % 2 == 0]
+    return max(even or fitting or [tokens])
 
 
 def _weight_argument(value: SSAValue) -> SSAValue | None:
