@@ -226,10 +226,6 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
         op.erase()
 
 
-def is_shared_candidate(op: Operation) -> bool:
-    return isinstance(op, tcp.ContractOp) and _is_dense(op)
-
-
 @dataclass(frozen=True)
 class ScheduleSharedPass(ModulePass):
     """`rows`: the row block when positive and dividing T (else chosen, see `choose_rows`)."""
@@ -243,7 +239,7 @@ class ScheduleSharedPass(ModulePass):
             if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
                 continue
             body = fn.body.block
-            for down in [o for o in body.ops if is_shared_candidate(o)]:
+            for down in [o for o in body.ops if _is_dense(o)]:
                 if down.parent_block() is None:
                     continue
                 mlp = find_dense_mlp(down)  # type: ignore[arg-type]

@@ -21,6 +21,13 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
 
+A shared expert's loop (phase `shared`, passes/schedule_shared.py: every block has one
+"expert") is split by block instead: with G a multiple of N, an iteration runs N blocks, one
+per cluster (block + N - 1 - c on cluster c), the copies' commands interleaved in program
+order and nothing masked or guarded; with fewer blocks than clusters (decode) the loop runs
+whole on cluster N - 1, beside the routing on cluster 0; otherwise each copy is masked to the
+blocks g with N - 1 - (g mod N) == c.
+
 Vector ops of the copy that does not own a block still run on that cluster's (zero) tiles: the
 chain has no guard of its own. That costs each cluster the other's vector time on the block
 (a few percent of a block's contraction at real sizes), and is visible in the report.
@@ -33,10 +40,10 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp, StringAttr
-from xdsl.ir import Block, BlockArgument, OpResult, Operation, SSAValue
+from xdsl.ir import Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from dialects import tcp, tile, ve
+from dialects import tile, ve
 from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster
 from passes.loop_builder import in_hbm
 
