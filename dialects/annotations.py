@@ -14,7 +14,8 @@ and the simulator reports cycles by phase from it (runtime_sim/perf/report.py). 
 | `dispatch` | the scatter of tokens into blocks | lower-dispatch (moe.dispatch) |
 | `experts` | weight gathers, guarded contractions, row masks, and the activation between grouped matmuls | lower-dispatch (moe.grouped_matmul); lower-math by data flow |
 | `combine` | the gather back to tokens, the weighted sum over K | lower-dispatch (moe.combine) |
-| `other` | everything else: a shared expert, the sum of routed and shared outputs, casts of the result | lower-math by data flow; ops without the attribute |
+| `shared` | a shared expert (a dense MLP every token goes through), as an expert loop of its own | schedule-shared |
+| `other` | everything else: a shared expert before schedule-shared, the sum of routed and shared outputs, casts of the result | lower-math by data flow; ops without the attribute |
 
 lower-math gives graph-level `tmath` ops the phase of their neighbours (see
 `passes/lower_math.py`).
@@ -43,8 +44,10 @@ from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, StringAttr, UnitA
 from xdsl.ir import Operation
 
 PHASE_ATTR = "tcpc.phase"
-PHASES: tuple[str, ...] = ("router", "routing", "dispatch", "experts", "combine", "other")
+PHASES: tuple[str, ...] = ("router", "routing", "dispatch", "experts", "combine", "shared", "other")
 OTHER = "other"
+SHARED = "shared"
+"""The phase of a shared expert rewritten as an expert loop (passes/schedule_shared.py)."""
 
 _MOE_PHASES = {
     "moe.topk": "router",

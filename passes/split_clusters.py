@@ -21,6 +21,13 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
 
+A shared expert's loop (phase `shared`, passes/schedule_shared.py: every block has one
+"expert") is split by block instead: with G a multiple of N, an iteration runs N blocks, one
+per cluster (block + N - 1 - c on cluster c), the copies' commands interleaved in program
+order and nothing masked or guarded; with fewer blocks than clusters (decode) the loop runs
+whole on cluster N - 1, beside the routing on cluster 0; otherwise each copy is masked to the
+blocks g with N - 1 - (g mod N) == c.
+
 Vector ops of the copy that does not own a block still run on that cluster's (zero) tiles: the
 chain has no guard of its own. That costs each cluster the other's vector time on the block
 (a few percent of a block's contraction at real sizes), and is visible in the report.
@@ -41,32 +48,20 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, BlockArgument, OpResult, Operation, SSAValue
+from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp, StringAttr
+from xdsl.ir import Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, place_on_cluster, place_on_own_dma, placed_in_hbm
+from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster, place_on_own_dma
 from dialects.tensor_types import shape_of, stored_bits
+from passes.loop_builder import in_hbm
 
 
 def expert_loops(block: Block) -> list[scf.ForOp]:
     """The loops of `block` built by schedule-experts: those whose body loads expert weights."""
     return [op for op in block.ops if isinstance(op, scf.ForOp)
             and any(isinstance(inner, tile.LoadExpertOp) for inner in op.body.walk())]
-
-
-def _in_hbm(value: SSAValue) -> bool:
-    """Whether `value` lives in HBM: a function argument, an HBM buffer or a command placed in
-    HBM, through views."""
-    owner = value.owner
-    while isinstance(owner, tcp.ViewOp):
-        owner = owner.input.owner
-    if isinstance(value, BlockArgument) and isinstance(owner, Block):
-        return isinstance(owner.parent_op(), func.FuncOp)
-    if isinstance(owner, tile.BufferOp):
-        return owner.memory.data == "hbm"
-    return isinstance(owner, Operation) and placed_in_hbm(owner)
 
 
 def _is_stored(value: SSAValue) -> bool:
@@ -85,18 +80,22 @@ def _is_constant(value: SSAValue) -> bool:
 
 
 def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operation],
-               with_blocks: bool) -> tuple[SSAValue, SSAValue | None]:
+               with_blocks: bool, by_block: bool = False) -> tuple[SSAValue, SSAValue | None]:
     """For `cluster`, computed on it from `ids` (the expert ids as it reads them): the ids with
-    the blocks of experts another cluster owns set to -1, and, `with_blocks`, the blocks it owns
-    (0, else -1; an unused block, id -1, belongs to the cluster -1 mod N names)."""
+    the blocks another cluster owns set to -1, and, `with_blocks`, the blocks it owns (0, else
+    -1). A block belongs to the cluster its expert names (e mod N; an unused block, id -1, to
+    the cluster -1 mod N names), or, `by_block` (a shared expert's loop, every block of one
+    expert), to cluster N - 1 - (g mod N): the clusters take the blocks in turn, the last one
+    first, so a single block (decode) does not run on cluster 0, where the routing runs."""
     t = ids.type
     mask = ve.ConstOp(clusters - 1, t)
-    owner = ve.AndOp(ids, mask.result)
-    this = ve.ConstOp(cluster, t)
+    key: list[Operation] = [ve.IotaOp(t, 0)] if by_block else []
+    owner = ve.AndOp(key[0].results[0] if key else ids, mask.result)
+    this = ve.ConstOp(clusters - 1 - cluster if by_block else cluster, t)
     mine = ve.TagOp("eq", owner.result, this.result)
     none = ve.ConstOp(-1, t)
     owned = ve.SelectOp(mine.result, [1], ids, none.result)
-    ops: list[Operation] = [mask, owner, this, mine, none, owned]
+    ops: list[Operation] = [mask, *key, owner, this, mine, none, owned]
     owned.result.name_hint = f"expert_ids_cluster{cluster}"
     blocks = None
     if with_blocks:
@@ -109,6 +108,20 @@ def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operatio
         place_on_cluster(op, cluster)
     before.extend(ops)
     return owned.result, blocks
+
+
+def _constant(value: SSAValue) -> int | None:
+    owner = value.owner
+    if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
+        return owner.value.value.data
+    return None
+
+
+def _trip_count(loop: scf.ForOp) -> int | None:
+    lb, ub, step = (_constant(v) for v in (loop.lb, loop.ub, loop.step))
+    if lb is None or ub is None or not step:
+        return None
+    return max(0, -(-(ub - lb) // step))
 
 
 DMA_OPS = (tile.LoadOp, tile.LoadExpertOp, tile.StoreOp, tile.CopyOp, tcp.DmaGatherOp, tcp.DmaScatterOp,
@@ -155,13 +168,18 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
         if loop.results[i].uses:
             raise ValueError("split-clusters: a loop result other than a stored buffer is used after the loop")
     phase = loop.attributes.get(PHASE_ATTR)
+    by_block = phase == StringAttr(SHARED)
+    blocks = _trip_count(loop)
+    if by_block and blocks is not None and blocks < clusters:
+        _pin(loop, clusters - 1)  # one block (decode): on the last cluster, beside the routing on cluster 0
+        return loop
 
     before: list[Operation] = []
     outside: dict[tuple[int, SSAValue], SSAValue] = {}  # (cluster, SRAM value) -> its DMA copy
 
     def reach(value: SSAValue, cluster: int) -> SSAValue:
         """`value`, defined before the loop, as cluster `cluster` reads it."""
-        if cluster == 0 or _in_hbm(value) or _is_constant(value):
+        if cluster == 0 or in_hbm(value) or _is_constant(value):
             return value
         if (cluster, value) not in outside:
             copy = tile.CopyOp(value)
@@ -170,9 +188,17 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
             outside[(cluster, value)] = copy.result
         return outside[(cluster, value)]
 
-    # Row loads and stores outside an scf.if need a guard of their own: whether c owns the block.
-    guarded = any(isinstance(op, (tile.LoadOp, tile.StoreOp)) for op in body.ops)
-    owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before, guarded) for c in range(clusters)))
+    unrolled = by_block and blocks is not None and blocks % clusters == 0
+    if unrolled:  # each copy has a block of its own: no masks, no guards
+        guarded = False
+        owned: tuple[SSAValue, ...] = tuple(expert_ids for _ in range(clusters))
+        step = arith.ConstantOp.from_int_and_width(clusters * _constant(loop.step), IndexType())
+        before.append(step)
+    else:
+        # Row loads and stores outside an scf.if need a guard of their own: whether c owns the block.
+        guarded = any(isinstance(op, (tile.LoadOp, tile.StoreOp)) for op in body.ops)
+        owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before, guarded, by_block)
+                                    for c in range(clusters)))
     inits = list(loop.iter_args)
     new_inits = [inits[i] for i in shared] + [inits[i] for _ in range(clusters) for i in private]
     new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
@@ -187,8 +213,19 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
             for blk in region.blocks:
                 defined_in_body |= set(blk.args)
 
+    copies: list[list[Operation]] = []
     for c in range(clusters):
+        copy: list[Operation] = []
+        copies.append(copy)
         mapping: dict[SSAValue, SSAValue] = {index: new_index}
+        if unrolled:  # copy c runs block index + N - 1 - c: the last cluster takes the first
+            offset = arith.ConstantOp.from_int_and_width(clusters - 1 - c, IndexType())
+            block_index = arith.AddiOp(new_index, offset.result)
+            block_index.result.name_hint = f"{index.name_hint}_c{c}" if index.name_hint else None
+            for op in (offset, block_index):
+                _pin(op, c)
+                copy.append(op)
+            mapping[index] = block_index.result
         mapping.update({old_args[i]: chain[i] for i in shared})
         cluster_args = new_args[len(shared) + c * len(private):len(shared) + (c + 1) * len(private)]
         mapping.update({old_args[i]: a for i, a in zip(private, cluster_args)})
@@ -201,7 +238,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
             _pin(owns, c, own_dma)
             if phase is not None:
                 owns.attributes[PHASE_ATTR] = phase
-            new_body.add_op(owns)
+            copy.append(owns)
             block_guard = owns.result
 
         for op in body.ops:
@@ -225,13 +262,17 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
                 new_r.name_hint = old_r.name_hint
                 mapping[old_r] = new_r
             _pin(new, c, own_dma)
-            new_body.add_op(new)
+            copy.append(new)
         for i in shared:
             chain[i] = mapping[yielded.operands[i]]
         private_yields += [mapping[yielded.operands[i]] for i in private]
+    if unrolled:  # the copies' commands interleaved: each engine serves both clusters' blocks in turn
+        new_body.add_ops(op for ops in zip(*copies) for op in ops)
+    else:
+        new_body.add_ops(op for ops in copies for op in ops)
     new_body.add_op(scf.YieldOp(*(chain[i] for i in shared), *private_yields))
 
-    new_loop = scf.ForOp(loop.lb, loop.ub, loop.step, new_inits, new_body)
+    new_loop = scf.ForOp(loop.lb, loop.ub, step if unrolled else loop.step, new_inits, new_body)
     new_loop.attributes.update(loop.attributes)
     for op in before:
         if phase is not None:
@@ -257,8 +298,9 @@ class SplitClustersPass(ModulePass):
     """FLOPs per weight byte from which a block is compute-bound on its cluster even with half
     the chip's HBM bandwidth, so each cluster's copy issues its DMA on its own engines
     (`tcpc.own_dma`) and never queues behind the other's: RNGD, 131,072 FLOPs per cycle per
-    cluster over 750 B/cycle, 175 (tcpc.pipelines.own_dma_intensity computes it for a machine). Below it the
-    copies share every engine, as a memory-bound block needs the whole bandwidth. 0: never."""
+    cluster over 750 B/cycle, 175 (tcpc.pipelines.own_dma_intensity computes it for a
+    machine). Below it the copies share every engine, as a memory-bound block needs the whole
+    bandwidth. 0: never."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.clusters < 1 or self.clusters & (self.clusters - 1):

@@ -46,6 +46,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-quant": _lazy("passes.lower_quant", "LowerQuantPass"),
     "load-arguments": _lazy("passes.load_arguments", "LoadArgumentsPass"),
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
+    "schedule-shared": _lazy("passes.schedule_shared", "ScheduleSharedPass"),
     "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
     "schedule-tokens": _lazy("passes.schedule_tokens", "ScheduleTokensPass"),
     "split-clusters": _lazy("passes.split_clusters", "SplitClustersPass"),
@@ -60,8 +61,9 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 """The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops, each
 working on whole tensors."""
 
-SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-experts", "schedule-tokens", "split-clusters", "fuse-ve-chains")
-"""The schedule level, after the lowering: static loops over blocks and token tiles whose
+SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-clusters", "fuse-ve-chains")
+"""The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
+own (schedule-shared); static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs: README, "The schedule
 level"); the expert loop spread over the chip's clusters (default: RNGD's two); then
 consecutive vector-engine ops, in every block, fused into one chain invocation each (README,
