@@ -1,36 +1,17 @@
-"""What crosses the chip's clusters: where a value lives, and reading a value another cluster
-made (a `tile.copy`, a DMA command SRAM -> SRAM), shared by split-clusters' expert loop and
+"""What crosses the chip's clusters: reading a value another cluster made (a `tile.copy`, a DMA
+command SRAM -> SRAM) and pinning ops to a cluster, shared by split-clusters' expert loops and
 token tiles (passes/split_clusters.py, passes/cluster_token_tiles.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from xdsl.dialects import arith, func, scf
-from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
+from xdsl.dialects import arith
+from xdsl.ir import Operation, SSAValue
 
 from dialects import tcp, tile, ve
-from dialects.annotations import place_on_cluster, placed_in_hbm
-
-
-def in_hbm(value: SSAValue) -> bool:
-    """Whether `value` lives in HBM: a function argument, an HBM buffer or a command placed in
-    HBM, through views, stores into a buffer and the loops that carry one."""
-    while True:
-        owner = value.owner
-        if isinstance(owner, tcp.ViewOp):
-            value = owner.input
-        elif isinstance(owner, tile.StoreOp):
-            value = owner.dest
-        elif isinstance(owner, scf.ForOp) and isinstance(value, OpResult):
-            value = owner.iter_args[value.index]
-        else:
-            break
-    if isinstance(value, BlockArgument) and isinstance(owner, Block):
-        return isinstance(owner.parent_op(), func.FuncOp)
-    if isinstance(owner, tile.BufferOp):
-        return owner.space.data == "hbm"
-    return isinstance(owner, Operation) and placed_in_hbm(owner)
+from dialects.annotations import place_on_cluster, place_on_own_dma
+from passes.loop_builder import in_hbm
 
 
 def is_constant(value: SSAValue) -> bool:
@@ -57,7 +38,15 @@ def reacher(before: list[Operation]) -> Callable[[SSAValue, int], SSAValue]:
     return reach
 
 
-def pin(op: Operation, cluster: int) -> None:
-    """`op` and every op nested in it on `cluster`."""
+DMA_OPS = (tile.LoadOp, tile.LoadExpertOp, tile.StoreOp, tile.CopyOp, tcp.DmaGatherOp, tcp.DmaScatterOp,
+           tcp.LoadOp, tcp.StoreOp)
+"""The ops the DMA engines run."""
+
+
+def pin(op: Operation, cluster: int, own_dma: bool = False) -> None:
+    """`op` and every op nested in it on `cluster`; with `own_dma`, its DMA ops on the
+    cluster's own DMA engines (`tcpc.own_dma`)."""
     for inner in op.walk():
         place_on_cluster(inner, cluster)
+        if own_dma and isinstance(inner, DMA_OPS):
+            place_on_own_dma(inner)

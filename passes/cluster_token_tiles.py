@@ -25,8 +25,8 @@ from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR
 from dialects.tensor_types import stored_bits
-from passes.cluster_copies import in_hbm, pin, reacher
-from passes.loop_builder import constant_index, index_constant
+from passes.cluster_copies import pin, reacher
+from passes.loop_builder import constant_index, in_hbm, index_constant
 
 
 def token_loops(block: Block) -> list[scf.ForOp]:
