@@ -9,9 +9,11 @@ to its type (round to nearest even, as ml_dtypes casts).
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
 
 import ml_dtypes
 import numpy as np
+from threadpoolctl import ThreadpoolController
 from xdsl.dialects.builtin import (
     BFloat16Type,
     Float4E2M1FNType,
@@ -220,8 +222,9 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None
         acc = np.asarray(acc, np.float32)
         start = np.transpose(acc, [out.index(c) for c in result]).reshape(
             [math.prod(size[c] for c in g) for g in (batch, left, right)])
-    product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
-                          arranged(y, b, batch + summed + right, [batch, summed, right]), start)
+    with one_blas_thread():
+        product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
+                              arranged(y, b, batch + summed + right, [batch, summed, right]), start)
     product = product.reshape([size[c] for c in result])
     return np.transpose(product, [result.index(c) for c in out])
 
@@ -234,6 +237,23 @@ each summing its K in chunks of GRID_K, in order. Assumption about the chip's ac
 order (docs/hardware.md, assumptions): the contraction engine reduces a bounded piece of K per
 pass and adds the passes in K order into an f32 accumulator. The grid is what makes tiled
 programs exact: tiles whose edges fall on the grid give the bits of the whole contraction."""
+
+_blas: ThreadpoolController | None = None
+
+
+def one_blas_thread() -> AbstractContextManager[object]:
+    """BLAS limited to one thread while the block runs: every tile product of `contract` is one
+    single-threaded BLAS call. OpenBLAS splits a product above a size threshold over its
+    threads and then rounds differently (a [64, 512] x [512, 512] tile: about 2% of its f32
+    results differ by an ulp between 1 and 2 threads; tests/test_contract_grid.py), so with
+    the library's default, one thread per core, a contraction's bits would depend on the
+    machine's core count and OPENBLAS_NUM_THREADS. One thread is also the faster choice for
+    the simulator's tiles on a busy machine (threads of a small product wait for each other)."""
+    global _blas
+    if _blas is None:  # finds the BLAS numpy loaded, once (a millisecond); limits cost microseconds
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
+
 
 _CHUNK_ELEMENTS = 1 << 21
 """Operand elements converted to f32 at once by `_matmul_f32` (8 MB of f32: small enough for
@@ -283,10 +303,10 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
 
 
 def _items(v: np.ndarray | _Batches, i: int, j: int) -> np.ndarray:
-    """Batch items i..j-1 of an arranged operand, in f32."""
+    """Batch items i..j-1 of an arranged operand, in f32 (a view when it is f32 already)."""
     if isinstance(v, _Batches):
         return v.items(i, j)
-    return v[i:j].astype(np.float32)
+    return v[i:j].astype(np.float32, copy=False)
 
 
 class GatheredRows:
