@@ -10,7 +10,15 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tcp
-from runtime_sim.semantics.numerics import GatheredRows, bfloat16, compute, contract, round_to, tensor_dtype
+from runtime_sim.semantics.numerics import (
+    GatheredRows,
+    bfloat16,
+    compute,
+    contract,
+    raw_bits,
+    round_to,
+    tensor_dtype,
+)
 from runtime_sim.semantics.quantization import scaled_contract
 
 
@@ -134,7 +142,7 @@ class TCPFunctions(InterpreterFunctions):
         keep = dest >= 0
         if np.unique(dest[keep]).size != int(keep.sum()):
             raise InterpretationError(f"{op.name}: two source rows are written to one destination row")
-        out[dest[keep]] = source[src[keep]]
+        raw_bits(out)[dest[keep]] = raw_bits(np.asarray(source))[src[keep]]
         return (out,)
 
     @impl(tcp.ViewOp)

@@ -25,6 +25,7 @@ from runtime_sim.semantics.numerics import (
     TAG_DTYPE,
     bfloat16,
     round_to,
+    select,
     sequential_max,
     sequential_min,
     sequential_sum,
@@ -131,9 +132,9 @@ def scan(kind: str, x: np.ndarray, tags: np.ndarray, axis: int, read: set[int], 
     reads, writes = np.isin(ts, list(read)), np.isin(ts, list(write))
     with np.errstate(all="ignore"):
         for i in range(xs.shape[0]):
-            result = np.where(reads[i], fn(xs[i], acc), xs[i]).astype(x.dtype)
+            result = select(reads[i], fn(xs[i], acc).astype(x.dtype), xs[i])
             out[i] = result
-            acc = np.where(writes[i], result, acc).astype(x.dtype)
+            acc = select(writes[i], result, acc).astype(x.dtype)
     return np.moveaxis(out, 0, axis)
 
 
@@ -222,7 +223,7 @@ class VEFunctions(InterpreterFunctions):
         tags, on_true, on_false = args
         when = list(op.when.get_values())
         hit = tags == when[0] if len(when) == 1 else np.isin(tags, when)  # isin is slow on large arrays
-        return _out(op, np.where(hit, on_true, on_false))
+        return _out(op, select(hit, on_true, on_false))
 
     @impl(ve.ScanOp)
     def run_scan(self, interpreter: Interpreter, op: ve.ScanOp, args: tuple[Any, ...]):

@@ -1,0 +1,96 @@
+"""The simulator's fast paths give the bits of the plain ones (runtime_sim/semantics/numerics.py):
+a fold along an outer axis done slice by slice equals numpy's accumulate along it, NaN, signed
+zeros and i32 wrap-around included; a select by bit masks equals np.where; rows moved as raw bits
+are the rows."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from runtime_sim.semantics.numerics import (
+    bfloat16,
+    raw_bits,
+    select,
+    sequential_max,
+    sequential_min,
+    sequential_sum,
+)
+
+FOLDS = {sequential_sum: np.add, sequential_max: np.maximum, sequential_min: np.minimum}
+
+
+def accumulated(ufunc: np.ufunc, x: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
+    """The plain fold: ufunc.accumulate along the axis, its last step."""
+    total = np.take(ufunc.accumulate(x, axis=axis, dtype=x.dtype), [-1], axis=axis)
+    return total if keepdims else np.squeeze(total, axis=axis)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(raw_bits(np.ascontiguousarray(a)),
+                                                                         raw_bits(np.ascontiguousarray(b)))
+
+
+@st.composite
+def folded(draw: st.DrawFn) -> tuple[np.ndarray, int, bool]:
+    dtype = draw(st.sampled_from([np.float32, np.int32]))
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=70))
+    if dtype == np.float32:  # NaNs, infinities, signed zeros, subnormals: anything f32 holds
+        elements = st.floats(width=32, allow_nan=True, allow_infinity=True)
+    else:
+        elements = st.integers(-(2**31), 2**31 - 1)
+    x = draw(hnp.arrays(dtype, shape, elements=elements))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    return x, axis, draw(st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(folded(), st.sampled_from(list(FOLDS)))
+def test_a_fold_gives_the_bits_of_accumulate(case, fold) -> None:
+    x, axis, keepdims = case
+    assert same_bits(fold(x, axis, keepdims), accumulated(FOLDS[fold], x, axis, keepdims))
+
+
+def test_an_outer_axis_is_folded_slice_by_slice() -> None:
+    """The shapes the fast path is for (a weighted sum over K of [rows, K, D]), with a NaN whose
+    payload must survive and a -0.0 that must stay negative."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 8, 256)).astype(np.float32)
+    x[3, 5, 7] = np.array(0x7FC00123, np.uint32).view(np.float32)
+    x[4, :, 9] = -0.0
+    for fold, ufunc in FOLDS.items():
+        assert same_bits(fold(x, 1), accumulated(ufunc, x, 1, False))
+    assert raw_bits(sequential_sum(x, 1))[3, 7] == 0x7FC00123
+    assert np.signbit(sequential_sum(x, 1)[4, 9])
+
+
+def test_raw_bits_move_bf16_rows_unchanged() -> None:
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(bfloat16).reshape(256, 256)
+    order = np.random.default_rng(1).permutation(256)
+    moved = np.empty_like(x)
+    raw_bits(moved)[order] = raw_bits(x)
+    assert np.array_equal(raw_bits(moved[order]), raw_bits(x))  # every bf16 bit pattern, NaNs too
+
+
+@st.composite
+def selected(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A mask and two sides of one dtype, any of them possibly broadcast (as ve.const gives)."""
+    dtype = draw(st.sampled_from([np.float32, np.int32, np.uint8, bfloat16, np.float64, np.bool_]))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=9))
+    raw = np.dtype(f"u{np.dtype(dtype).itemsize}")
+
+    def side() -> np.ndarray:  # any bit pattern: NaN payloads, -0.0, subnormals
+        sub = shape[draw(st.integers(0, len(shape))):]
+        bits = draw(hnp.arrays(raw, sub))
+        return bits.astype(np.bool_) if dtype == np.bool_ else bits.view(dtype)
+
+    return draw(hnp.arrays(np.bool_, shape)), side(), side()
+
+
+@settings(max_examples=200, deadline=None)
+@given(selected())
+def test_a_select_gives_the_bits_of_where(case) -> None:
+    hit, on_true, on_false = case
+    assert same_bits(select(hit, on_true, on_false), np.where(hit, on_true, on_false))
