@@ -1,7 +1,8 @@
 """The simulator's fast paths give the bits of the plain ones (runtime_sim/semantics/numerics.py):
 a fold along an outer axis done slice by slice equals numpy's accumulate along it, NaN, signed
 zeros and i32 wrap-around included; a select by bit masks equals np.where; rows moved as raw bits
-are the rows."""
+are the rows; a contraction whose tiles BLAS reads in place gives the bits of the grid of
+contiguous copies."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from threadpoolctl import threadpool_limits
 
 from runtime_sim.semantics.numerics import (
+    GRID_K,
+    GRID_M,
+    GRID_N,
     bfloat16,
+    contract,
     raw_bits,
     select,
     sequential_max,
@@ -94,3 +100,49 @@ def selected(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def test_a_select_gives_the_bits_of_where(case) -> None:
     hit, on_true, on_false = case
     assert same_bits(select(hit, on_true, on_false), np.where(hit, on_true, on_false))
+
+
+def plain_grid_matmul(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None) -> np.ndarray:
+    """The contraction grid written plainly: every [GRID_M x GRID_N] output chunk of every batch
+    item, its K in GRID_K chunks, each chunk one np.matmul of contiguous f32 copies on one
+    BLAS thread, summed in K order from `acc` (or from the first chunk)."""
+    batch, m, k = a.shape
+    n = b.shape[2]
+    out = np.zeros((batch, m, n), np.float32) if acc is None else np.array(acc, np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        for g in range(batch):
+            for m0 in range(0, m, GRID_M):
+                for n0 in range(0, n, GRID_N):
+                    total = None if acc is None else acc[g, m0:m0 + GRID_M, n0:n0 + GRID_N]
+                    for k0 in range(0, k, GRID_K):
+                        x = np.ascontiguousarray(a[g, m0:m0 + GRID_M, k0:k0 + GRID_K], np.float32)
+                        y = np.ascontiguousarray(b[g, k0:k0 + GRID_K, n0:n0 + GRID_N], np.float32)
+                        part = np.matmul(x, y)
+                        total = part if total is None else total + part
+                    if total is not None:
+                        out[g, m0:m0 + GRID_M, n0:n0 + GRID_N] = total
+    return out
+
+
+@st.composite
+def grid_problem(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Shapes with remainders on every axis of the grid (and sizes of 1: BLAS's vector cases)."""
+    dims = [draw(st.one_of(st.integers(1, 3), st.integers(1, 2 * c + 60))) for c in (GRID_M, GRID_K, GRID_N)]
+    m, k, n = dims
+    batch = draw(st.integers(1, 3))
+    dtype = draw(st.sampled_from([np.float32, bfloat16]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    a = rng.standard_normal((batch, m, k)).astype(np.float32).astype(dtype)
+    b = (rng.standard_normal((batch, k, n)) / np.sqrt(k)).astype(np.float32).astype(dtype)
+    acc = rng.standard_normal((batch, m, n)).astype(np.float32) if draw(st.booleans()) else None
+    return a, b, acc
+
+
+@settings(max_examples=40, deadline=None)
+@given(grid_problem())
+def test_contract_gives_the_bits_of_the_plain_grid(problem) -> None:
+    """contract's tiles are views BLAS reads in place, its f32 operands are not copied, its
+    bf16 ones are widened a few items at a time: the bits of the plain grid all the same."""
+    a, b, acc = problem
+    got = contract("gmk,gkn->gmn", a, b, acc=acc)
+    assert same_bits(got, plain_grid_matmul(a, b, acc))

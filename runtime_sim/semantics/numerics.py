@@ -309,8 +309,8 @@ def _f32_or_bf16(x: np.ndarray) -> np.ndarray:
 
 def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> np.ndarray:
     """[batch, M, K] @ [batch, K, N] in f32 on the fixed tile grid: every [GRID_M x GRID_N]
-    output chunk sums its K in GRID_K chunks, each one np.matmul of contiguous f32 copies (one
-    BLAS call per batch item), added strictly in K order to an f32 accumulator that starts
+    output chunk sums its K in GRID_K chunks, each one np.matmul of f32 tiles (one BLAS call
+    per batch item, `_blas_tile`), added strictly in K order to an f32 accumulator that starts
     from `acc` ([batch, M, N]) when given and from the first chunk's product otherwise. bf16
     operands are converted a few batch items at a time."""
     batch, m, k = a.shape
@@ -337,10 +337,23 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
                 total = None if acc is None else acc[i:j, rows, cols]
                 for k0 in range(0, k, GRID_K):
                     ks = slice(k0, min(k, k0 + GRID_K))
-                    part = np.matmul(np.ascontiguousarray(x[:, rows, ks]), np.ascontiguousarray(y[:, ks, cols]))
+                    part = np.matmul(_blas_tile(x[:, rows, ks]), _blas_tile(y[:, ks, cols]))
                     total = part if total is None else total + part
                 out[i:j, rows, cols] = total
     return out
+
+
+def _blas_tile(v: np.ndarray) -> np.ndarray:
+    """A tile np.matmul hands to BLAS: the view itself when BLAS can read it where it is (unit
+    stride along its rows, numpy's own test), else a contiguous copy. BLAS copies each operand
+    into its own packed buffers before multiplying, so a view with a leading dimension gives
+    the bits of the contiguous copy (tests/test_numerics_fast_paths.py checks it); a tile
+    numpy could not hand to BLAS would be multiplied by numpy's own loop, in another order."""
+    rows, cols = v.strides[-2:]
+    item = v.itemsize
+    if cols == item and rows % item == 0 and rows // item >= v.shape[-1]:
+        return v
+    return np.ascontiguousarray(v)
 
 
 def _items(v: np.ndarray | _Batches, i: int, j: int) -> np.ndarray:
