@@ -84,7 +84,7 @@ def test_raw_bits_move_bf16_rows_unchanged() -> None:
 def selected(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A mask and two sides of one dtype, any of them possibly broadcast (as ve.const gives)."""
     dtype = draw(st.sampled_from([np.float32, np.int32, np.uint8, bfloat16, np.float64, np.bool_]))
-    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=9))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=24))  # up to 13,824: both ways
     raw = np.dtype(f"u{np.dtype(dtype).itemsize}")
 
     def side() -> np.ndarray:  # any bit pattern: NaN payloads, -0.0, subnormals
@@ -146,3 +146,16 @@ def test_contract_gives_the_bits_of_the_plain_grid(problem) -> None:
     a, b, acc = problem
     got = contract("gmk,gkn->gmn", a, b, acc=acc)
     assert same_bits(got, plain_grid_matmul(a, b, acc))
+
+
+def test_a_large_select_moves_bits_by_masks() -> None:
+    """A top-k ranking's select ([48, 128, 128], above the size where masks take over), sides
+    of random bits (NaN payloads included) and a broadcast constant, as ve.const gives."""
+    rng = np.random.default_rng(2)
+    shape = (48, 128, 128)
+    hit = rng.integers(0, 2, shape).astype(np.bool_)
+    for dtype in (np.float32, np.int32, bfloat16):
+        raw = np.dtype(f"u{np.dtype(dtype).itemsize}")
+        on_true = rng.integers(0, np.iinfo(raw).max, shape, dtype=raw, endpoint=True).view(dtype)
+        on_false = np.broadcast_to(np.array(7, raw).view(dtype), shape)
+        assert same_bits(select(hit, on_true, on_false), np.where(hit, on_true, on_false))

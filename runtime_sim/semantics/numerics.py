@@ -94,6 +94,10 @@ def raw_bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.dtype(f"u{x.dtype.itemsize}"))
 
 
+_SELECT_BY_MASKS = 4096
+"""Elements from which `select` moves bits by masks rather than calling np.where."""
+
+
 def select(hit: np.ndarray, on_true: np.ndarray, on_false: np.ndarray) -> np.ndarray:
     """np.where(hit, on_true, on_false), by bit masks when both sides have one dtype of 1, 2, 4
     or 8 bytes: the same bits (each element is one side's, moved whole), without numpy's
@@ -102,8 +106,10 @@ def select(hit: np.ndarray, on_true: np.ndarray, on_false: np.ndarray) -> np.nda
     on_true, on_false = np.asarray(on_true), np.asarray(on_false)
     if on_true.dtype != on_false.dtype or on_true.dtype.itemsize not in (1, 2, 4, 8) or on_true.dtype == np.bool_:
         return np.where(hit, on_true, on_false)
-    width = np.dtype(f"u{on_true.dtype.itemsize}")
     shape = np.broadcast_shapes(np.shape(hit), on_true.shape, on_false.shape)
+    if math.prod(shape) < _SELECT_BY_MASKS:  # the masks' few numpy calls cost more than a short where
+        return np.where(hit, on_true, on_false)
+    width = np.dtype(f"u{on_true.dtype.itemsize}")
     mask = np.broadcast_to(np.asarray(hit, np.bool_), shape).astype(width)
     np.negative(mask, out=mask)  # 1 -> all ones (unsigned wrap-around), 0 -> 0
     out = np.bitwise_and(raw_bits(np.broadcast_to(on_true, shape)), mask)
