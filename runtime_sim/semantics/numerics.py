@@ -94,27 +94,31 @@ def raw_bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.dtype(f"u{x.dtype.itemsize}"))
 
 
-_SELECT_BY_MASKS = 4096
-"""Elements from which `select` moves bits by masks rather than calling np.where."""
+_SELECT_BY_MASKS = (4096, 1 << 20)
+"""The sizes (elements) at which `select` moves bits by masks rather than calling np.where:
+below, the masks' few numpy calls cost more than a short where; above, the arrays leave the
+cache and where's one pass beats the masks' several (and a large mask is mostly a regular
+pattern, which where's branches predict: cost-only routing's [32768, 256] selects)."""
 
 
 def select(hit: np.ndarray, on_true: np.ndarray, on_false: np.ndarray) -> np.ndarray:
     """np.where(hit, on_true, on_false), by bit masks when both sides have one dtype of 1, 2, 4
     or 8 bytes: the same bits (each element is one side's, moved whole), without numpy's
     branch per element, which a random mask mispredicts (a top-k ranking's [48, 128, 128]
-    selects: about ten times faster)."""
+    selects: about ten times faster). Short and very long arrays go to np.where."""
     on_true, on_false = np.asarray(on_true), np.asarray(on_false)
     if on_true.dtype != on_false.dtype or on_true.dtype.itemsize not in (1, 2, 4, 8) or on_true.dtype == np.bool_:
         return np.where(hit, on_true, on_false)
     shape = np.broadcast_shapes(np.shape(hit), on_true.shape, on_false.shape)
-    if math.prod(shape) < _SELECT_BY_MASKS:  # the masks' few numpy calls cost more than a short where
+    if not _SELECT_BY_MASKS[0] <= math.prod(shape) <= _SELECT_BY_MASKS[1]:
         return np.where(hit, on_true, on_false)
     width = np.dtype(f"u{on_true.dtype.itemsize}")
     mask = np.broadcast_to(np.asarray(hit, np.bool_), shape).astype(width)
     np.negative(mask, out=mask)  # 1 -> all ones (unsigned wrap-around), 0 -> 0
-    out = np.bitwise_and(raw_bits(np.broadcast_to(on_true, shape)), mask)
-    np.invert(mask, out=mask)
-    out |= raw_bits(np.broadcast_to(on_false, shape)) & mask
+    f = raw_bits(np.broadcast_to(on_false, shape))
+    out = np.bitwise_xor(f, raw_bits(np.broadcast_to(on_true, shape)))
+    out &= mask  # where hit: the bits in which on_true differs from on_false; elsewhere 0
+    out ^= f
     return out.view(on_true.dtype)
 
 

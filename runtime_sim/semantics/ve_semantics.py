@@ -132,9 +132,9 @@ def scan(kind: str, x: np.ndarray, tags: np.ndarray, axis: int, read: set[int], 
     reads, writes = np.isin(ts, list(read)), np.isin(ts, list(write))
     with np.errstate(all="ignore"):
         for i in range(xs.shape[0]):
-            result = select(reads[i], fn(xs[i], acc).astype(x.dtype), xs[i])
+            result = np.where(reads[i], fn(xs[i], acc), xs[i]).astype(x.dtype)
             out[i] = result
-            acc = select(writes[i], result, acc).astype(x.dtype)
+            acc = np.where(writes[i], result, acc).astype(x.dtype)
     return np.moveaxis(out, 0, axis)
 
 
