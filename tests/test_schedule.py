@@ -114,6 +114,18 @@ def test_the_clusters_split_the_experts_and_contract_at_once() -> None:
     assert experts < {p.name: p.critical_cycles for p in one.phases}["experts"]
 
 
+def test_two_clusters_streaming_f_tiles_contract_at_once() -> None:
+    """Weights too large to stay resident stream in F tiles, each load over every DMA engine.
+    A cluster's store waits for its contraction on one engine; the other cluster's next loads,
+    issued after it, spread over the seven free engines instead of queueing behind it, so the
+    clusters contract at once and the whole chip takes little more than half one cluster's time."""
+    dims = dict(D=1024, F=8192, E=8, K=2, T=2048, B=512)
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "mixtral.moe", dims=dims)
+    chip = program.simulate(cost_only=True, routing="balanced").report
+    one = program.simulate(cost_only=True, routing="balanced", machine="rngd-cluster").report
+    assert chip.total_cycles < 0.6 * one.total_cycles
+
+
 @pytest.mark.parametrize("clusters", [1, 2, 4])
 def test_split_clusters_is_bit_identical(clusters: int) -> None:
     dims = dict(T=24, D=16, F=8, E=8, K=2, B=4)

@@ -347,6 +347,37 @@ def test_a_command_on_several_units_waits_for_them_all_and_holds_them() -> None:
         schedule([Task(0, "x", "dma", 1, units=9)], UNITS)
 
 
+def test_a_spreadable_command_takes_the_free_units_when_that_ends_it_first() -> None:
+    """`big` may run on 1..8 units (400 cycles on one, 50 on eight). One unit is held until 1000
+    by `waits`: eight units would end at 1050, seven at 100 (57 cycles: 58 x 7 >= 400). The next
+    command finds the held unit and the seven taken, and the tie rule takes the fewest units."""
+    by_units = tuple(-(-400 // k) for k in range(1, 9))
+    tasks = [Task(0, "producer", "tensor", 900), Task(1, "waits", "dma", 100, deps=(0,)),
+             Task(2, "big", "dma", 50, units=8, cycles_by_units=by_units)]
+    s = schedule(tasks, UNITS)
+    assert (s.slots[2].start, s.slots[2].end, len(s.slots[2].units)) == (0, 58, 7)
+    assert s.slots[1].unit not in s.slots[2].units
+    assert s.busy["dma"] == 100 + 7 * 58
+    # Every unit free: all eight (50 < 58); a spread that cannot end earlier takes fewer units.
+    assert len(schedule([tasks[2]], UNITS).slots[2].units) == 8
+    flat = Task(3, "flat", "dma", 70, units=8, cycles_by_units=(70,) * 8)
+    assert len(schedule([flat], UNITS).slots[3].units) == 1
+
+
+def test_dma_costs_on_fewer_engines_are_never_faster() -> None:
+    from runtime_sim.perf.tcp_cost import dma_copy_cost
+
+    machine = default_machine()
+    for nbytes in ((3 << 20) + 5, 64 << 20):
+        cost = dma_copy_cost(machine, nbytes, True, False)
+        assert len(cost.cycles_by_parts) == cost.parts and cost.cycles_by_parts[-1] == cost.cycles
+        assert all(a >= b for a, b in zip(cost.cycles_by_parts, cost.cycles_by_parts[1:]))
+        # On k engines each part moves its share of HBM at 1/8 of the bandwidth.
+        for k, cycles in enumerate(cost.cycles_by_parts, 1):
+            assert cycles * machine.hbm_bytes_per_cycle * k >= nbytes * machine.dma_engines
+    assert dma_copy_cost(machine, 1 << 20, True, False).cycles_by_parts == ()  # one part
+
+
 def test_dead_buffers_space_is_reused_after_their_last_reader(tmp_path: Path) -> None:
     # %b and %c die at %bc; %r reuses their space, so it must wait for %bc to finish.
     x = np.ones((16, 32), np.float32)

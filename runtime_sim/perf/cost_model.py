@@ -72,6 +72,9 @@ class OpCost:
     parts: int = 1
     """Units of its engine the command occupies for `cycles`: a large DMA command is spread
     over several DMA engines (tcp_cost.dma_parts), its parts running in parallel."""
+    cycles_by_parts: tuple[int, ...] = ()
+    """A DMA command's cycles spread over 1, 2, ..., `parts` engines (the last is `cycles`),
+    for the scheduler to spread it over fewer when not all are free; empty: `parts` only."""
     fp8_flops: int = 0
     """The part of `flops` done on fp8 operand pairs, whose peak is the fp8 rate."""
 
@@ -317,7 +320,11 @@ def check_cost(op: Operation, cost: OpCost, machine: Machine) -> None:
         raise CostModelError(f"{op.name}: negative cost {cost}")
     if cost.flops and (cost.engine != TENSOR or flop_cycles(machine, cost.flops, cost.fp8_flops) > cost.cycles):
         raise CostModelError(f"{op.name}: {cost.flops} FLOPs in {cost.cycles} cycles on '{cost.engine}' exceeds the tensor unit's peak")
-    if cost.hbm_bytes and (cost.engine != DMA or cost.hbm_bytes * machine.dma_engines
-                           > cost.cycles * machine.hbm_bytes_per_cycle * cost.parts):
-        raise CostModelError(f"{op.name}: {cost.hbm_bytes} HBM bytes in {cost.cycles} cycles on {cost.parts} "
-                             f"'{cost.engine}' unit(s) exceeds their share of HBM bandwidth")
+    if cost.cycles_by_parts and (len(cost.cycles_by_parts) != cost.parts or cost.cycles_by_parts[-1] != cost.cycles):
+        raise CostModelError(f"{op.name}: cycles by parts {cost.cycles_by_parts} do not end at {cost.parts} parts, "
+                             f"{cost.cycles} cycles")
+    for parts, cycles in enumerate(cost.cycles_by_parts or (cost.cycles,), start=1 if cost.cycles_by_parts else cost.parts):
+        if cost.hbm_bytes and (cost.engine != DMA or cost.hbm_bytes * machine.dma_engines
+                               > cycles * machine.hbm_bytes_per_cycle * parts):
+            raise CostModelError(f"{op.name}: {cost.hbm_bytes} HBM bytes in {cycles} cycles on {parts} "
+                                 f"'{cost.engine}' unit(s) exceeds their share of HBM bandwidth")

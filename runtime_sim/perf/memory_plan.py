@@ -158,10 +158,12 @@ def via_hbm(machine: Machine, cost: OpCost, nbytes: int) -> OpCost:
     """A DMA command's cost when `nbytes` more of its traffic is HBM's rather than SRAM's: the
     same requests, more HBM bytes, and never faster than its share of HBM bandwidth."""
     hbm = cost.hbm_bytes + requests(nbytes, machine) * machine.dma_request_bytes
-    share = hbm_share_cycles(machine, hbm, cost.result_bytes if cost.result_bytes is not None else cost.bytes_moved // 2)
+    payload = cost.result_bytes if cost.result_bytes is not None else cost.bytes_moved // 2
+    by_parts = tuple(max(c, hbm_share_cycles(machine, hbm, payload, k)) for k, c in enumerate(cost.cycles_by_parts, 1))
+    share = hbm_share_cycles(machine, hbm, payload)
     if share > cost.cycles:
-        return replace(cost, cycles=share, hbm_bytes=hbm, bound="hbm")
-    return replace(cost, hbm_bytes=hbm)
+        return replace(cost, cycles=share, hbm_bytes=hbm, bound="hbm", cycles_by_parts=by_parts)
+    return replace(cost, hbm_bytes=hbm, cycles_by_parts=by_parts)
 
 
 class MemoryPlanner:
@@ -393,7 +395,7 @@ class MemoryPlanner:
         key = self.end + len(self.extra)
         self.extra[key] = ExtraOp(label, name, cost, phase)
         self.tasks.append(Task(key, label, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps),
-                               cost.parts))
+                               cost.parts, cost.cycles_by_parts))
         return key
 
     def transfer(self, label: str, name: str, nbytes: int, to_hbm: bool, phase: str, deps: tuple[int, ...],
@@ -519,7 +521,7 @@ class MemoryPlanner:
         if wait:
             known = set(data)
             after = tuple(w for w in wait if w not in known and w != t.index)
-        self.tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data, after, cost.parts))
+        self.tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data, after, cost.parts, cost.cycles_by_parts))
 
 
 def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRAM_POLICY) -> MemoryPlan:

@@ -16,6 +16,13 @@ with first-free, such a command pushed a ready row load behind it on the same un
 layer with more tokens (more commands, each waiting less) came out faster than one with fewer.
 The units' free times after each command are then never later, in sorted order, than
 first-free's would be from the same state.
+A DMA command that may be spread over fewer engines than its parts (`Task.cycles_by_units`:
+its cycles on 1, 2, ... engines, each part moving more) takes the number of units that ends it
+first, given when each unit frees (fewest units on a tie): a compiler that knows the static
+schedule issues a large transfer as as many commands as there are engines free for it, rather
+than queueing one part behind a command that waits (a store waiting for its contraction held
+one engine, and the next weight load, issued after it, waited for all eight; with two clusters
+the second cluster's loads queued behind the first's stores and the clusters ran in turn).
 A tensor-unit command pinned to a cluster (`pinned`, from its op's `tcpc.cluster`) takes
 that cluster's unit.
 
@@ -51,6 +58,9 @@ class Task:
     after: tuple[int, ...] = ()
     units: int = 1
     """Units of its engine it occupies at once (at most the engine's unit count)."""
+    cycles_by_units: tuple[int, ...] = ()
+    """Its cycles on 1, 2, ..., `units` units (the last is `cycles`): a DMA command the
+    scheduler may spread over fewer engines than `units` (module docstring); empty: `units` only."""
 
 
 # Not frozen: one is built per command of a run (hundreds of thousands at prefill), and a frozen
@@ -128,6 +138,7 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
                     ready = slot.end
         taken: tuple[int, ...] = (0,)
         start = ready
+        cycles = t.cycles
         unit_free = free.get(t.engine)
         if unit_free is not None:
             if not 1 <= t.units <= len(unit_free):
@@ -136,19 +147,29 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
                 taken = (pinned[t.key] % len(unit_free),)
                 start = max(ready, unit_free[taken[0]])
             else:
-                first_free = sorted(range(len(unit_free)), key=lambda u: (unit_free[u], u))
-                start = max(ready, unit_free[first_free[t.units - 1]])
+                first_free = sorted(unit_free)
+                count = t.units
+                start = max(ready, first_free[count - 1])
+                if t.cycles_by_units:
+                    # The spread that ends first, the fewest units on a tie.
+                    end = start + cycles
+                    for k in range(1, t.units):
+                        k_start = max(ready, first_free[k - 1])
+                        if k_start + t.cycles_by_units[k - 1] < end or (
+                                k_start + t.cycles_by_units[k - 1] == end and k < count):
+                            count, start, end = k, k_start, k_start + t.cycles_by_units[k - 1]
+                    cycles = t.cycles_by_units[count - 1]
                 fits = sorted((u for u in range(len(unit_free)) if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
-                taken = tuple(sorted(fits[:t.units]))
+                taken = tuple(sorted(fits[:count]))
             for u in taken:
-                unit_free[u] = start + t.cycles
+                unit_free[u] = start + cycles
                 prev = last_on_unit.get((t.engine, u))
                 if prev is not None:
                     into.setdefault(prev, "engine")
                 last_on_unit[(t.engine, u)] = t.key
         preds[t.key] = into
-        slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + t.cycles, taken)
-        busy[t.engine] += t.cycles * len(taken)
+        slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + cycles, taken)
+        busy[t.engine] += cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
     return Schedule(slots, tasks, preds, makespan, _critical_path(preds, slots), busy, dict(units))
 

@@ -21,7 +21,9 @@ DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command ru
   2 MB copy twice as fast as a 2 MB - 1 B one). Each part pays its own start-up and the parts
   run in parallel, so the command takes its largest part's cycles and occupies `parts` engines
   for that long (`dma_parts` is the one rule, used for the tcp ops here and for the memory
-  plan's spills, reloads and streams). A part never moves HBM bytes faster than one engine's
+  plan's spills, reloads and streams). The cost also gives the command's cycles on fewer
+  engines, 1 .. parts (`OpCost.cycles_by_parts`, the same rule with fewer engines: fewer,
+  larger parts); the scheduler takes the spread that ends it first given the engines free. A part never moves HBM bytes faster than one engine's
   share of HBM bandwidth (hbm bytes/cycle / engines), so all engines together never exceed
   HBM bandwidth:
     cycles = max(part cycles, hbm_bytes * (largest part / bytes) * engines / hbm bytes-per-cycle)
@@ -74,15 +76,16 @@ def requests(nbytes: int, machine: Machine) -> int:
     return -(-nbytes // machine.dma_request_bytes)
 
 
-def largest_part_requests(machine: Machine, payload_requests: int) -> int:
+def largest_part_requests(machine: Machine, payload_requests: int, engines: int | None = None) -> int:
     """Requests (of the payload, one direction) the largest part of a DMA command moving
-    `payload_requests` carries: all of them up to `dma.split_bytes`; one piece of split_bytes
-    while there are engines for every piece; then an even share of every engine. Never
-    decreasing in the payload."""
+    `payload_requests` over at most `engines` engines (default all) carries: all of them up to
+    `dma.split_bytes`; one piece of split_bytes while there are engines for every piece; then
+    an even share of every engine. Never decreasing in the payload, never increasing in the
+    engines."""
     piece = requests(machine.dma_split_bytes, machine)
     if payload_requests <= piece:
         return payload_requests
-    return max(piece, -(-payload_requests // machine.dma_engines))
+    return max(piece, -(-payload_requests // (engines or machine.dma_engines)))
 
 
 def dma_parts(machine: Machine, nbytes: int) -> int:
@@ -94,30 +97,43 @@ def dma_parts(machine: Machine, nbytes: int) -> int:
     return max(1, min(machine.dma_engines, pieces))
 
 
-def hbm_share_cycles(machine: Machine, hbm_bytes: int, payload_bytes: int) -> int:
+def hbm_share_cycles(machine: Machine, hbm_bytes: int, payload_bytes: int, engines: int | None = None) -> int:
     """The fewest cycles a DMA command moving `payload_bytes` (`hbm_bytes` of them through
-    HBM) takes: its largest part's HBM bytes at one engine's share, 1 / engines, of HBM
-    bandwidth."""
+    HBM) over at most `engines` engines takes: its largest part's HBM bytes at one engine's
+    share, 1 / (the machine's engines), of HBM bandwidth."""
     payload = requests(payload_bytes, machine)
-    largest = Fraction(largest_part_requests(machine, payload), payload) if payload else Fraction(1)
+    largest = Fraction(largest_part_requests(machine, payload, engines), payload) if payload else Fraction(1)
     return math.ceil(hbm_bytes * largest * machine.dma_engines / Fraction(machine.hbm_bytes_per_cycle))
 
 
 def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int,
-               payload_bytes: int, cross_tier: bool = False) -> tuple[int, str]:
-    """Cycles of one DMA command moving `payload_bytes` (`dma_parts` of them), and the term
-    that bounds it (see the module docstring): a cross-tier command pipelines its reads and
-    writes."""
+               payload_bytes: int, cross_tier: bool = False, engines: int | None = None) -> tuple[int, str]:
+    """Cycles of one DMA command moving `payload_bytes` spread over at most `engines` engines
+    (default `dma_parts` of them), and the term that bounds it (see the module docstring): a
+    cross-tier command pipelines its reads and writes."""
     m = machine
     payload = requests(payload_bytes, m)
     issued = max(read_requests, write_requests) if cross_tier else read_requests + write_requests
-    per_part = -(-issued * largest_part_requests(m, payload) // payload) if payload else issued
+    per_part = -(-issued * largest_part_requests(m, payload, engines) // payload) if payload else issued
     transfer = math.ceil(per_part * m.dma_request_bytes / m.dma_bytes_per_cycle)
     engine = m.dma_startup_cycles + transfer
-    share = hbm_share_cycles(m, hbm_bytes, payload_bytes)
+    share = hbm_share_cycles(m, hbm_bytes, payload_bytes, engines)
     if share > engine:
         return share, "hbm"
     return engine, "dma startup" if m.dma_startup_cycles >= transfer else "dma bandwidth"
+
+
+def dma_command_cost(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int,
+                     payload_bytes: int, cross_tier: bool, bytes_moved: int, result_bytes: int) -> OpCost:
+    """The cost of one DMA command over `dma_parts` engines, with its cycles on fewer engines
+    (`OpCost.cycles_by_parts`: the scheduler spreads it over the engines free when it is ready,
+    fewer parts each moving more; see scheduler.py)."""
+    parts = dma_parts(machine, payload_bytes)
+    by_parts = tuple(dma_cycles(machine, read_requests, write_requests, hbm_bytes, payload_bytes, cross_tier, k)
+                     for k in range(1, parts + 1))
+    cycles, bound = by_parts[-1]
+    return OpCost(DMA, cycles, bytes_moved=bytes_moved, hbm_bytes=hbm_bytes, bound=bound, result_bytes=result_bytes,
+                  parts=parts, cycles_by_parts=tuple(c for c, _ in by_parts) if parts > 1 else ())
 
 
 def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes: int,
@@ -129,20 +145,15 @@ def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes
     hbm = (reads if src_hbm else 0) + (writes if dst_hbm else 0)
     hbm_bytes = hbm * machine.dma_request_bytes
     payload = max(rows_read, rows_written) * row_bytes
-    parts = dma_parts(machine, payload)
-    cycles, bound = dma_cycles(machine, reads, writes, hbm_bytes, payload, cross_tier=src_hbm != dst_hbm)
-    return OpCost(DMA, cycles, bytes_moved=(rows_read + rows_written) * row_bytes, hbm_bytes=hbm_bytes, bound=bound,
-                  result_bytes=rows_written * row_bytes, parts=parts)
+    return dma_command_cost(machine, reads, writes, hbm_bytes, payload, src_hbm != dst_hbm,
+                            (rows_read + rows_written) * row_bytes, rows_written * row_bytes)
 
 
 def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -> OpCost:
     """One contiguous copy of `nbytes` (load, store, spill, reload, stream)."""
     n = requests(nbytes, machine)
     hbm_bytes = ((n if src_hbm else 0) + (n if dst_hbm else 0)) * machine.dma_request_bytes
-    parts = dma_parts(machine, nbytes)
-    cycles, bound = dma_cycles(machine, n, n, hbm_bytes, nbytes, cross_tier=src_hbm != dst_hbm)
-    return OpCost(DMA, cycles, bytes_moved=2 * nbytes, hbm_bytes=hbm_bytes, bound=bound, result_bytes=nbytes,
-                  parts=parts)
+    return dma_command_cost(machine, n, n, hbm_bytes, nbytes, src_hbm != dst_hbm, 2 * nbytes, nbytes)
 
 
 def gathered_rows(indices: np.ndarray) -> int:
