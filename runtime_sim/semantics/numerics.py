@@ -295,8 +295,8 @@ _blas: ThreadpoolController | None = None
 def one_blas_thread() -> AbstractContextManager[object]:
     """BLAS limited to one thread while the block runs: every tile product of `contract` is one
     single-threaded BLAS call. OpenBLAS splits a product above a size threshold over its
-    threads and then rounds differently (a [64, 512] x [512, 512] tile: about 2% of its f32
-    results differ by an ulp between 1 and 2 threads; tests/test_contract_grid.py), so with
+    threads and then rounds differently (a [64, 512] x [512, 512] tile: about a sixth of its
+    f32 results differ by an ulp between 1 and 2 threads; tests/test_contract_grid.py), so with
     the library's default, one thread per core, a contraction's bits would depend on the
     machine's core count and OPENBLAS_NUM_THREADS. One thread is also the faster choice for
     the simulator's tiles on a busy machine (threads of a small product wait for each other)."""
