@@ -283,7 +283,7 @@ def chart(rows: Sequence[Row], path: Path) -> str:
     cost_only = [r for r in rows if r.mode == "cost-only"]
     models = list(dict.fromkeys(r.title for r in cost_only))
     phases = [p for p in PHASES if any(p in r.critical for r in cost_only)]
-    colours = dict(zip(PHASES, ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"]))
+    colours = dict(zip(PHASES, ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#bab0ac"]))
     fig, axes = plt.subplots(1, len(models), figsize=(3.2 * len(models), 4.2), sharey=True, squeeze=False)
     for ax, title in zip(axes[0], models):
         mine = [r for r in cost_only if r.title == title]

@@ -158,6 +158,10 @@ def loops_of(module: ModuleOp, function: str) -> str:
             parts.append(f"{phase_of(op) or 'loop'}: ?")
             continue
         trips = -(-(ub - lb) // step)
+        if any(inner.name == "tile.load_expert" for inner in op.body.walk()):  # a loop over blocks
+            blocks = ub - lb  # a shared expert's loop steps over one block per cluster
+            parts.append(f"{phase_of(op) or 'loop'}: {blocks} block{'s' if blocks != 1 else ''}")
+            continue
         rows = step if step > 1 else None
         unit = f" x {rows} rows" if rows else (" block" if trips == 1 else " blocks")
         parts.append(f"{phase_of(op) or 'loop'}: {trips}{unit}")

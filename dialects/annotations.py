@@ -14,7 +14,8 @@ and the simulator reports cycles by phase from it (runtime_sim/perf/report.py). 
 | `dispatch` | the scatter of tokens into blocks | lower-dispatch (moe.dispatch) |
 | `experts` | weight gathers, guarded contractions, row masks, and the activation between grouped matmuls | lower-dispatch (moe.grouped_matmul); lower-math by data flow |
 | `combine` | the gather back to tokens, the weighted sum over K | lower-dispatch (moe.combine) |
-| `other` | everything else: a shared expert, the sum of routed and shared outputs, casts of the result | lower-math by data flow; ops without the attribute |
+| `shared` | a shared expert (a dense MLP every token goes through), as an expert loop of its own | schedule-shared |
+| `other` | everything else: a shared expert before schedule-shared, the sum of routed and shared outputs, casts of the result | lower-math by data flow; ops without the attribute |
 
 lower-math gives graph-level `tmath` ops the phase of their neighbours (see
 `passes/lower_math.py`).
@@ -39,12 +40,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, StringAttr, UnitAttr
 from xdsl.ir import Operation
 
 PHASE_ATTR = "tcpc.phase"
-PHASES: tuple[str, ...] = ("router", "routing", "dispatch", "experts", "combine", "other")
+PHASES: tuple[str, ...] = ("router", "routing", "dispatch", "experts", "combine", "shared", "other")
 OTHER = "other"
+SHARED = "shared"
+"""The phase of a shared expert rewritten as an expert loop (passes/schedule_shared.py)."""
 
 _MOE_PHASES = {
     "moe.topk": "router",
@@ -111,6 +114,21 @@ def cluster_of(op: Operation) -> int:
 
 def place_on_cluster(op: Operation, cluster: int) -> None:
     op.attributes[CLUSTER_ATTR] = IntegerAttr(cluster, 64)
+
+
+OWN_DMA_ATTR = "tcpc.own_dma"
+"""Discardable unit attribute of an op of one cluster's copy of the expert loop: its DMA
+commands run on that cluster's own DMA engines (RNGD: the four beside its DMNs) rather than
+on whichever of the chip's engines are free (split-clusters sets it where a block is
+compute-bound on its cluster with half the chip's HBM bandwidth)."""
+
+
+def on_own_dma(op: Operation) -> bool:
+    return OWN_DMA_ATTR in op.attributes
+
+
+def place_on_own_dma(op: Operation) -> None:
+    op.attributes[OWN_DMA_ATTR] = UnitAttr()
 
 
 ROUTING_ATTR = "tcpc.routing_experts"

@@ -5,11 +5,12 @@ loop, and skipping an iteration's whole body on a runtime condition."""
 
 from __future__ import annotations
 
-from xdsl.dialects import scf
+from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import TensorType
-from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, SSAValue
 
-from dialects import ve
+from dialects import tcp, tile, ve
+from dialects.annotations import placed_in_hbm
 
 ZERO_OPERAND_VE = (ve.ConstOp, ve.IotaOp, ve.PositionTagOp)
 """`ve` ops without operands: a splat, a numbering or a position tag along another axis."""
@@ -26,6 +27,20 @@ def works_along_axis_zero(op: Operation) -> bool:
     attr = op.properties.get("axis") or op.attributes.get("axis")
     value = getattr(getattr(attr, "value", None), "data", None)
     return value == 0
+
+
+def in_hbm(value: SSAValue) -> bool:
+    """Whether `value` lives in HBM: a function argument, an HBM buffer or a command placed in
+    HBM, through views."""
+    owner = value.owner
+    while isinstance(owner, tcp.ViewOp):
+        value = owner.input
+        owner = value.owner
+    if isinstance(value, BlockArgument) and isinstance(owner, Block):
+        return isinstance(owner.parent_op(), func.FuncOp)
+    if isinstance(owner, tile.BufferOp):
+        return owner.space.data == "hbm"
+    return isinstance(owner, Operation) and placed_in_hbm(owner)
 
 
 def is_row_parallel_ve(op: Operation, extent: int) -> bool:

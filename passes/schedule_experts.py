@@ -62,8 +62,10 @@ from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
 from dialects.tensor_types import shape_of
 from passes.f_tiles import CLUSTER_SRAM_BYTES, choose_f_tile, find_f_region, with_last_dim
 from passes.loop_builder import (
+    ZERO_OPERAND_VE,
     clone_rows,
     escaping_results,
+    in_hbm,
     is_row_parallel_ve,
     leading,
     replace_by_loop,
@@ -82,9 +84,10 @@ WEIGHT_AHEAD = 4
 every few blocks) has the time of up to three blocks' contractions to arrive."""
 
 
-def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue) -> bool:
-    """Whether `op` computes each of the G blocks from that block alone (see the docstring)."""
-    if phase_of(op) != "experts" or not op.results:
+def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: str = "experts") -> bool:
+    """Whether `op`, of the plan's `phase`, computes each of the G blocks from that block alone
+    (see the docstring)."""
+    if phase_of(op) != phase or not op.results or expert_ids in op.results:
         return False
     if isinstance(op, tcp.DmaGatherOp):
         return op.indices is expert_ids
@@ -99,6 +102,12 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue) -> bool:
         return op.bias is None or leading(op.bias) in (blocks, None)
     if isinstance(op, tcp.ViewOp):
         return leading(op.input) == blocks
+    if isinstance(op, ZERO_OPERAND_VE):
+        # A splat or numbering with G rows by coincidence (T = G = 1 at decode: the [T, K] ones
+        # the row marks scatter) goes into the loop only for readers that go there too; else
+        # an outside reader would keep every op after it out of the loop.
+        return is_row_parallel_ve(op, blocks) and all(
+            is_block_parallel(u.operation, blocks, expert_ids, phase) for r in op.results for u in r.uses)
     return is_row_parallel_ve(op, blocks)
 
 
@@ -153,7 +162,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
                   f_tile: int = 0) -> scf.ForOp | None:
     """Build the expert loop over `expert_ids`'s blocks in `block`; None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
-    ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids)])
+    phase = plan_phase(block, expert_ids)
+    ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)])
     if not any(isinstance(op, CONTRACTIONS) for op in ops):
         return None
     last = ops[-1]
@@ -244,8 +254,9 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
             return v  # the same for every block: a weight, a table, a splat
         root = _root(v)
         name = f"{v.name_hint}_tile" if v.name_hint else None
-        if root is not None and phase_of(root) == "dispatch" and root.dialect_name() == "tcp":
-            place_in_hbm(root)
+        if in_hbm(v) or root is not None and phase_of(root) == "dispatch" and root.dialect_name() == "tcp":
+            if root is not None:
+                place_in_hbm(root)
             mapping[v] = add(tile.LoadOp(v, index, tile_type(v.type), [tile_wait]), name)
         else:
             mapping[v] = add(tile.SliceOp(v, index, tile_type(v.type)), name)
@@ -368,6 +379,15 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
     loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
     replace_by_loop(block, ops, escaping, list(loop.results[:n_buf]), [*before, loop])
     return loop
+
+
+def plan_phase(block: Block, expert_ids: SSAValue) -> str:
+    """The phase of the plan `expert_ids` guards: `experts` for a routing's, `shared` for a
+    shared expert's (passes/schedule_shared.py). A plan's loop absorbs the ops of its phase."""
+    for op in block.ops:
+        if isinstance(op, CONTRACTIONS) and op.guard is expert_ids:
+            return phase_of(op) or "experts"
+    return "experts"
 
 
 def expert_id_values(block: Block) -> list[SSAValue]:

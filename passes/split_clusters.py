@@ -21,9 +21,25 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
 
+A shared expert's loop (phase `shared`, passes/schedule_shared.py: every block has one
+"expert") is split by block instead: with G a multiple of N, an iteration runs N blocks, one
+per cluster (block + N - 1 - c on cluster c), the copies' commands interleaved in program
+order and nothing masked or guarded; with fewer blocks than clusters (decode) the loop runs
+whole on cluster N - 1, beside the routing on cluster 0; otherwise each copy is masked to the
+blocks g with N - 1 - (g mod N) == c.
+
 Vector ops of the copy that does not own a block still run on that cluster's (zero) tiles: the
 chain has no guard of its own. That costs each cluster the other's vector time on the block
 (a few percent of a block's contraction at real sizes), and is visible in the report.
+
+DMA engines: by default a copy's DMA commands take whichever of the chip's engines are free,
+so a memory-bound block (decode) streams its weights at the whole chip's HBM bandwidth. But
+commands issue in program order and an engine runs its commands in order: where the blocks
+are compute-bound, one cluster's prefetched weight loads, issued first, book every engine
+ahead, and the other cluster's loads queue behind them, so the clusters contract in turn.
+When a block does at least `own_dma_intensity` FLOPs per weight byte (it is compute-bound on
+its cluster with half the chip's HBM bandwidth), each copy's ops are marked `tcpc.own_dma`
+and their DMA runs on the cluster's own engines (the simulator's `own_dma_units`).
 """
 
 from __future__ import annotations
@@ -32,31 +48,20 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, BlockArgument, OpResult, Operation, SSAValue
+from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp, StringAttr
+from xdsl.ir import Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, place_on_cluster, placed_in_hbm
+from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster, place_on_own_dma
+from dialects.tensor_types import shape_of, stored_bits
+from passes.loop_builder import in_hbm
 
 
 def expert_loops(block: Block) -> list[scf.ForOp]:
     """The loops of `block` built by schedule-experts: those whose body loads expert weights."""
     return [op for op in block.ops if isinstance(op, scf.ForOp)
             and any(isinstance(inner, tile.LoadExpertOp) for inner in op.body.walk())]
-
-
-def _in_hbm(value: SSAValue) -> bool:
-    """Whether `value` lives in HBM: a function argument, an HBM buffer or a command placed in
-    HBM, through views."""
-    owner = value.owner
-    while isinstance(owner, tcp.ViewOp):
-        owner = owner.input.owner
-    if isinstance(value, BlockArgument) and isinstance(owner, Block):
-        return isinstance(owner.parent_op(), func.FuncOp)
-    if isinstance(owner, tile.BufferOp):
-        return owner.memory.data == "hbm"
-    return isinstance(owner, Operation) and placed_in_hbm(owner)
 
 
 def _is_stored(value: SSAValue) -> bool:
@@ -75,18 +80,22 @@ def _is_constant(value: SSAValue) -> bool:
 
 
 def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operation],
-               with_blocks: bool) -> tuple[SSAValue, SSAValue | None]:
+               with_blocks: bool, by_block: bool = False) -> tuple[SSAValue, SSAValue | None]:
     """For `cluster`, computed on it from `ids` (the expert ids as it reads them): the ids with
-    the blocks of experts another cluster owns set to -1, and, `with_blocks`, the blocks it owns
-    (0, else -1; an unused block, id -1, belongs to the cluster -1 mod N names)."""
+    the blocks another cluster owns set to -1, and, `with_blocks`, the blocks it owns (0, else
+    -1). A block belongs to the cluster its expert names (e mod N; an unused block, id -1, to
+    the cluster -1 mod N names), or, `by_block` (a shared expert's loop, every block of one
+    expert), to cluster N - 1 - (g mod N): the clusters take the blocks in turn, the last one
+    first, so a single block (decode) does not run on cluster 0, where the routing runs."""
     t = ids.type
     mask = ve.ConstOp(clusters - 1, t)
-    owner = ve.AndOp(ids, mask.result)
-    this = ve.ConstOp(cluster, t)
+    key: list[Operation] = [ve.IotaOp(t, 0)] if by_block else []
+    owner = ve.AndOp(key[0].results[0] if key else ids, mask.result)
+    this = ve.ConstOp(clusters - 1 - cluster if by_block else cluster, t)
     mine = ve.TagOp("eq", owner.result, this.result)
     none = ve.ConstOp(-1, t)
     owned = ve.SelectOp(mine.result, [1], ids, none.result)
-    ops: list[Operation] = [mask, owner, this, mine, none, owned]
+    ops: list[Operation] = [mask, *key, owner, this, mine, none, owned]
     owned.result.name_hint = f"expert_ids_cluster{cluster}"
     blocks = None
     if with_blocks:
@@ -101,14 +110,48 @@ def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operatio
     return owned.result, blocks
 
 
-def _pin(op: Operation, cluster: int) -> None:
+def _constant(value: SSAValue) -> int | None:
+    owner = value.owner
+    if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
+        return owner.value.value.data
+    return None
+
+
+def _trip_count(loop: scf.ForOp) -> int | None:
+    lb, ub, step = (_constant(v) for v in (loop.lb, loop.ub, loop.step))
+    if lb is None or ub is None or not step:
+        return None
+    return max(0, -(-(ub - lb) // step))
+
+
+DMA_OPS = (tile.LoadOp, tile.LoadExpertOp, tile.StoreOp, tile.CopyOp, tcp.DmaGatherOp, tcp.DmaScatterOp,
+           tcp.LoadOp, tcp.StoreOp)
+"""The ops the DMA engines run."""
+
+
+def _pin(op: Operation, cluster: int, own_dma: bool = False) -> None:
     for inner in op.walk():
         place_on_cluster(inner, cluster)
+        if own_dma and isinstance(inner, DMA_OPS):
+            place_on_own_dma(inner)
 
 
-def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
-    """Rebuild `loop` with one guarded copy of its body per cluster (see the docstring)."""
+def flops_per_weight_byte(body: Block) -> float:
+    """FLOPs a block's contraction does per byte of the weight it reads: 2 x its rows over the
+    weight's bytes per element (the first contraction of the loop body with a weight operand)."""
+    for op in body.walk():
+        if isinstance(op, tcp.ContractOp):
+            rows, weight = shape_of(op.lhs.type)[-2], op.rhs.type
+            return 2 * rows * 8 / stored_bits(weight.element_type)  # type: ignore[attr-defined]
+    return 0.0
+
+
+def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> scf.ForOp:
+    """Rebuild `loop` with one guarded copy of its body per cluster (see the docstring); its
+    DMA on each cluster's own engines if a block does at least `own_dma_intensity` FLOPs per
+    weight byte (0: never)."""
     body = loop.body.block
+    own_dma = 0 < own_dma_intensity <= flops_per_weight_byte(body)
     yielded = body.last_op
     assert isinstance(yielded, scf.YieldOp)
     loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp)]
@@ -125,13 +168,18 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
         if loop.results[i].uses:
             raise ValueError("split-clusters: a loop result other than a stored buffer is used after the loop")
     phase = loop.attributes.get(PHASE_ATTR)
+    by_block = phase == StringAttr(SHARED)
+    blocks = _trip_count(loop)
+    if by_block and blocks is not None and blocks < clusters:
+        _pin(loop, clusters - 1)  # one block (decode): on the last cluster, beside the routing on cluster 0
+        return loop
 
     before: list[Operation] = []
     outside: dict[tuple[int, SSAValue], SSAValue] = {}  # (cluster, SRAM value) -> its DMA copy
 
     def reach(value: SSAValue, cluster: int) -> SSAValue:
         """`value`, defined before the loop, as cluster `cluster` reads it."""
-        if cluster == 0 or _in_hbm(value) or _is_constant(value):
+        if cluster == 0 or in_hbm(value) or _is_constant(value):
             return value
         if (cluster, value) not in outside:
             copy = tile.CopyOp(value)
@@ -140,9 +188,17 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
             outside[(cluster, value)] = copy.result
         return outside[(cluster, value)]
 
-    # Row loads and stores outside an scf.if need a guard of their own: whether c owns the block.
-    guarded = any(isinstance(op, (tile.LoadOp, tile.StoreOp)) for op in body.ops)
-    owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before, guarded) for c in range(clusters)))
+    unrolled = by_block and blocks is not None and blocks % clusters == 0
+    if unrolled:  # each copy has a block of its own: no masks, no guards
+        guarded = False
+        owned: tuple[SSAValue, ...] = tuple(expert_ids for _ in range(clusters))
+        step = arith.ConstantOp.from_int_and_width(clusters * _constant(loop.step), IndexType())
+        before.append(step)
+    else:
+        # Row loads and stores outside an scf.if need a guard of their own: whether c owns the block.
+        guarded = any(isinstance(op, (tile.LoadOp, tile.StoreOp)) for op in body.ops)
+        owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before, guarded, by_block)
+                                    for c in range(clusters)))
     inits = list(loop.iter_args)
     new_inits = [inits[i] for i in shared] + [inits[i] for _ in range(clusters) for i in private]
     new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
@@ -157,8 +213,19 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
             for blk in region.blocks:
                 defined_in_body |= set(blk.args)
 
+    copies: list[list[Operation]] = []
     for c in range(clusters):
+        copy: list[Operation] = []
+        copies.append(copy)
         mapping: dict[SSAValue, SSAValue] = {index: new_index}
+        if unrolled:  # copy c runs block index + N - 1 - c: the last cluster takes the first
+            offset = arith.ConstantOp.from_int_and_width(clusters - 1 - c, IndexType())
+            block_index = arith.AddiOp(new_index, offset.result)
+            block_index.result.name_hint = f"{index.name_hint}_c{c}" if index.name_hint else None
+            for op in (offset, block_index):
+                _pin(op, c)
+                copy.append(op)
+            mapping[index] = block_index.result
         mapping.update({old_args[i]: chain[i] for i in shared})
         cluster_args = new_args[len(shared) + c * len(private):len(shared) + (c + 1) * len(private)]
         mapping.update({old_args[i]: a for i, a in zip(private, cluster_args)})
@@ -168,10 +235,10 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
         if guarded:
             owns = tile.SliceOp(block_guards[c], new_index, ids_tile.type)
             owns.result.name_hint = "block_is_mine" if c == 0 else f"block_is_mine_c{c}"
-            _pin(owns, c)
+            _pin(owns, c, own_dma)
             if phase is not None:
                 owns.attributes[PHASE_ATTR] = phase
-            new_body.add_op(owns)
+            copy.append(owns)
             block_guard = owns.result
 
         for op in body.ops:
@@ -194,14 +261,18 @@ def split_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp:
             for old_r, new_r in zip(op.results, new.results):
                 new_r.name_hint = old_r.name_hint
                 mapping[old_r] = new_r
-            _pin(new, c)
-            new_body.add_op(new)
+            _pin(new, c, own_dma)
+            copy.append(new)
         for i in shared:
             chain[i] = mapping[yielded.operands[i]]
         private_yields += [mapping[yielded.operands[i]] for i in private]
+    if unrolled:  # the copies' commands interleaved: each engine serves both clusters' blocks in turn
+        new_body.add_ops(op for ops in zip(*copies) for op in ops)
+    else:
+        new_body.add_ops(op for ops in copies for op in ops)
     new_body.add_op(scf.YieldOp(*(chain[i] for i in shared), *private_yields))
 
-    new_loop = scf.ForOp(loop.lb, loop.ub, loop.step, new_inits, new_body)
+    new_loop = scf.ForOp(loop.lb, loop.ub, step if unrolled else loop.step, new_inits, new_body)
     new_loop.attributes.update(loop.attributes)
     for op in before:
         if phase is not None:
@@ -223,6 +294,14 @@ class SplitClustersPass(ModulePass):
     clusters: int = 2
     """Clusters of the target chip (RNGD: 2); 1 leaves the loops as they are."""
 
+    own_dma_intensity: int = 175
+    """FLOPs per weight byte from which a block is compute-bound on its cluster even with half
+    the chip's HBM bandwidth, so each cluster's copy issues its DMA on its own engines
+    (`tcpc.own_dma`) and never queues behind the other's: RNGD, 131,072 FLOPs per cycle per
+    cluster over 750 B/cycle, 175 (tcpc.pipelines.own_dma_intensity computes it for a
+    machine). Below it the copies share every engine, as a memory-bound block needs the whole
+    bandwidth. 0: never."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.clusters < 1 or self.clusters & (self.clusters - 1):
             raise ValueError(f"split-clusters: clusters={self.clusters} is not a power of two")
@@ -231,4 +310,4 @@ class SplitClustersPass(ModulePass):
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 for loop in expert_loops(fn.body.block):
-                    split_loop(loop, self.clusters)
+                    split_loop(loop, self.clusters, self.own_dma_intensity)

@@ -153,7 +153,7 @@ def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
     if emit == "lowered":
         return ",".join(LOWERED_PIPELINE)
     if emit == "planned" and args.machine is not None:
-        return pipeline_for(as_machine(args.machine).clusters)
+        return pipeline_for(as_machine(args.machine))
     if emit in ("scheduled", "planned"):
         return ",".join(FULL_PIPELINE)
     return None

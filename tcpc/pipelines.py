@@ -6,6 +6,7 @@ Every pass registers here once; `tcpc`, `tcpc-opt` and the Python API all read t
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 
 from xdsl.context import Context
@@ -23,6 +24,7 @@ from dialects.tcp import TCP
 from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
+from runtime_sim.perf.machine import Machine
 
 DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, Quant, CCL]
 
@@ -44,6 +46,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-quant": _lazy("passes.lower_quant", "LowerQuantPass"),
     "load-arguments": _lazy("passes.load_arguments", "LoadArgumentsPass"),
     "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
+    "schedule-shared": _lazy("passes.schedule_shared", "ScheduleSharedPass"),
     "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
     "schedule-tokens": _lazy("passes.schedule_tokens", "ScheduleTokensPass"),
     "split-clusters": _lazy("passes.split_clusters", "SplitClustersPass"),
@@ -58,8 +61,9 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 """The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops, each
 working on whole tensors."""
 
-SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-experts", "schedule-tokens", "split-clusters", "fuse-ve-chains")
-"""The schedule level, after the lowering: static loops over blocks and token tiles whose
+SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-clusters", "fuse-ve-chains")
+"""The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
+own (schedule-shared); static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs: README, "The schedule
 level"); the expert loop spread over the chip's clusters (default: RNGD's two); then
 consecutive vector-engine ops, in every block, fused into one chain invocation each (README,
@@ -69,12 +73,27 @@ FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
 """What `tcpc run` simulates and `--emit scheduled` prints, for the default machine."""
 
 
-def pipeline_for(clusters: int, passes: tuple[str, ...] = FULL_PIPELINE) -> str:
-    """`passes` as a pipeline string for a chip of `clusters` clusters (split-clusters' option,
-    written out only when it is not the pass's default)."""
-    default = PASSES["split-clusters"]().clusters  # type: ignore[attr-defined]
-    return ",".join(f"split-clusters{{clusters={clusters}}}" if p == "split-clusters" and clusters != default
-                    else p for p in passes)
+def own_dma_intensity(machine: Machine) -> int:
+    """FLOPs per weight byte from which a block keeps one cluster's tensor unit busy on half
+    the chip's HBM bandwidth (split-clusters' `own_dma_intensity`): a cluster's peak over its
+    share of HBM, rounded up."""
+    return math.ceil(machine.peak_flops_per_cycle * machine.clusters / machine.hbm_bytes_per_cycle)
+
+
+def split_clusters_options(machine: Machine) -> dict[str, int]:
+    """split-clusters' options for `machine` that differ from the pass's defaults (RNGD's)."""
+    default = PASSES["split-clusters"]()
+    wanted = {"clusters": machine.clusters}
+    if machine.clusters > 1:  # one cluster leaves the loops alone
+        wanted["own_dma_intensity"] = own_dma_intensity(machine)
+    return {k: v for k, v in wanted.items() if getattr(default, k) != v}
+
+
+def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE) -> str:
+    """`passes` as a pipeline string for `machine` (split-clusters' options, written out only
+    where they are not the pass's defaults)."""
+    options = " ".join(f"{k}={v}" for k, v in split_clusters_options(machine).items())
+    return ",".join(f"split-clusters{{{options}}}" if p == "split-clusters" and options else p for p in passes)
 
 
 def make_context() -> Context:

@@ -115,15 +115,15 @@ class Program:
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
 
-    def full_pipeline(self, clusters: int | None = None) -> str:
-        """The passes of the full lowering (for a chip of `clusters` clusters; None: the
-        default machine's), or a CompileError while they do not exist. An .mlir file's IR is
-        taken as it is (no passes) unless a pipeline is given."""
+    def full_pipeline(self, machine: Machine | None = None) -> str:
+        """The passes of the full lowering (for `machine`; None: the default machine), or a
+        CompileError while they do not exist. An .mlir file's IR is taken as it is (no passes)
+        unless a pipeline is given."""
         if self.is_ir:
             return ""
         if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-        return ",".join(FULL_PIPELINE) if clusters is None else pipeline_for(clusters)
+        return ",".join(FULL_PIPELINE) if machine is None else pipeline_for(machine)
 
     def lower(self, pipeline: str | None = None, *, graph: str | None = None, machine: Machine | str | Path | None = None,
               routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
@@ -137,8 +137,7 @@ class Program:
         """The passes of `pipeline` (default: the full pipeline), each `lower-topk{strategy=auto}`
         replaced by the strategy of fewer cycles for `graph` (default: every graph) on `machine`
         with the routing scenario `routing` (tcpc/autotune.py), and those choices."""
-        clusters = None if machine is None else as_machine(machine).clusters
-        spec = self.full_pipeline(clusters) if pipeline is None else pipeline
+        spec = self.full_pipeline(None if machine is None else as_machine(machine)) if pipeline is None else pipeline
         passes = parse_pipeline(spec)  # PipelineError if malformed
         if not any(getattr(p, "strategy", None) == "auto" and p.name == "lower-topk" for p in passes):
             return passes, []
@@ -236,7 +235,7 @@ class Program:
 
         name = self.function(graph).sym_name.data
         mach = as_machine(machine)
-        spec = self.full_pipeline(mach.clusters) if pipeline is None else pipeline
+        spec = self.full_pipeline(mach) if pipeline is None else pipeline
         # With values the routing follows the data; strategies are costed for balanced routing.
         scenario = routing if cost_only else "balanced"
         passes, choices = self.passes(spec, graph=name, machine=mach, routing=scenario, seed=seed)

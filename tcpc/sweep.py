@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tcpc.pipelines import FULL_PIPELINE
+from tcpc.pipelines import FULL_PIPELINE, own_dma_intensity
 from tcpc.progress import Progress
 
 if TYPE_CHECKING:
@@ -192,10 +192,13 @@ def input_columns(point: Point) -> dict[str, Any]:
     return cols
 
 
-def pipeline_for(options: Mapping[str, Any], clusters: int) -> str:
+def pipeline_for(options: Mapping[str, Any], clusters: int, own_dma_intensity: int | None = None) -> str:
     """The full pipeline with the given pass options, for a machine of `clusters` clusters
-    (split-clusters' option, unless the sweep sets it)."""
-    options = {"split-clusters.clusters": clusters, **options}
+    and, when given, split-clusters' `own_dma_intensity` (unless the sweep sets them)."""
+    machine_options: dict[str, Any] = {"split-clusters.clusters": clusters}
+    if own_dma_intensity is not None:
+        machine_options["split-clusters.own_dma_intensity"] = own_dma_intensity
+    options = {**machine_options, **options}
     by_pass: dict[str, list[str]] = {}
     for key, value in options.items():
         name, _, option = key.partition(".")
@@ -280,8 +283,9 @@ def run_point(point: Point) -> dict[str, Any]:
             # a block=auto (or one that does not fit) is chosen for this point's machine and routing
             program = compile_file(point["program"], point["dims"], machine=machine, routing=point["routing"],
                                    seed=point["seed"])
-            clusters = as_machine(machine).clusters
-            sim = program.simulate(cost_only=True, pipeline=pipeline_for(point["pass_options"], clusters), machine=machine,
+            chip = as_machine(machine)
+            sim = program.simulate(cost_only=True, pipeline=pipeline_for(point["pass_options"], chip.clusters,
+                                                                         own_dma_intensity(chip)), machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),
                    **report_columns(sim.report))

@@ -11,6 +11,7 @@ from xdsl.dialects.builtin import StringAttr
 
 import tcpc
 from dialects.annotations import PHASE_ATTR, PHASES, phase_of
+from tcpc.pipelines import LOWERED_PIPELINE
 from tcpc.program import print_ir
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -41,7 +42,9 @@ def test_each_pass_marks_its_own_ops() -> None:
     assert phase_of(named(ops, "y_acc")) == "experts"
     assert phase_of(named(ops, "row_valid")) == "experts"  # the row masks serve the experts
     assert phase_of(named(ops, "y_restored")) == "combine"  # lower-dispatch: moe.combine
-    assert phase_of(named(ops, "shared")) == "other"  # lower-math: the shared expert
+    assert phase_of(named(ops, "shared")) == "shared"  # schedule-shared: the shared expert's loop
+    lowered = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe").lower(",".join(LOWERED_PIPELINE))
+    assert phase_of(named(list(lowered.walk()), "shared")) == "other"  # lower-math: before the schedule level
 
 
 def test_lower_math_takes_the_phase_of_its_neighbours() -> None:

@@ -68,10 +68,10 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (784566, 6550, 'a361ab05c1ef7e4b', 'eb8f66cf80f6c1f2', '5e6f6b29edcb3b4a', '4f53cda18c2baa0c'),
+    'qwen3 real dims T=64, cost-only, skewed': (784566, 6550, 'a361ab05c1ef7e4b', 'c95213e5883e1c1a', '5e6f6b29edcb3b4a', '4f53cda18c2baa0c'),
     'qwen3 T=256, cost-only, balanced': (73511, 6053, 'ff6356675de4e82e', 'c4ab55a48f801083', 'a96deff1a554ce98', '4f53cda18c2baa0c'),
     'qwen3 T=200 B=8, values': (30420, 2588, 'c4967c3246cd338d', '223624b08ff2a0d2', '67a1d70741047221', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (19951, 1420, '491735541eeb2069', 'f467e5bf431fc124', '37c0d87d6baefdf0', '82a5f6f1023632f3'),
+    'deepseek_v3 T=48, values': (19821, 1436, '7336dbd81340208a', '8770950c469728a1', '9b1733a18185a84f', '82a5f6f1023632f3'),
     'gpt_oss_mxfp4 T=40, values': (24406, 2720, 'd723e8842865084e', '115934a21a141768', 'f4d916b9d361a739', '778cfe00474e8a2b'),
 }
 

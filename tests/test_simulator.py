@@ -364,6 +364,19 @@ def test_a_spreadable_command_takes_the_free_units_when_that_ends_it_first() -> 
     assert len(schedule([flat], UNITS).slots[3].units) == 1
 
 
+def test_a_command_on_its_clusters_own_engines_takes_only_those() -> None:
+    """`own` may take units 4..7 only: it spreads over those four though 0..3 are free, and a
+    command without a group still takes the best fit of all eight."""
+    by_units = tuple(-(-400 // k) for k in range(1, 9))
+    tasks = [Task(0, "own", "dma", 50, units=8, cycles_by_units=by_units), Task(1, "any", "dma", 10)]
+    s = schedule(tasks, UNITS, allowed={0: (4, 5, 6, 7)})
+    assert s.slots[0].units == (4, 5, 6, 7) and s.slots[0].end == 100
+    assert s.slots[1].start == 0 and s.slots[1].unit < 4
+    # A command that cannot be spread over fewer units than its parts ignores the group.
+    fixed = schedule([Task(0, "fixed", "dma", 50, units=8)], UNITS, allowed={0: (4, 5, 6, 7)})
+    assert fixed.slots[0].units == tuple(range(8))
+
+
 def test_dma_costs_on_fewer_engines_are_never_faster() -> None:
     from runtime_sim.perf.tcp_cost import dma_copy_cost
 

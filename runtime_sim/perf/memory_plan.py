@@ -191,12 +191,15 @@ class MemoryPlanner:
         self.costs: dict[int, OpCost] = {}
         self.peak = 0
         # SRAM.
-        self.free = FreeSpace(self.capacity)
+        self.free = FreeSpace(self.capacity, machine.clusters)
         self.live: dict[int, int] = {}
         """Buffer -> bytes, resident and still to be read, in the order their stays began."""
         self.live_bytes = 0
         self.home: dict[int, int] = {}
         """Buffer -> the command that wrote its current stay (its producer or a reload)."""
+        self.cluster: dict[int, int] = {}
+        """Buffer -> the cluster of the command its current stay is for (its producer, or the
+        reader it was reloaded for)."""
         self.readers: dict[int, list[int]] = {}
         """Buffer -> the commands that read its current stay."""
         self.stay: dict[int, int] = {}
@@ -272,7 +275,7 @@ class MemoryPlanner:
             self.rank(self.refetched_at.pop(index, ()), index)  # sources `t` reads again by a refetch
         if need > self.free.bytes:
             self.spill_for(t, need)
-        wait = tuple(dict.fromkeys(self.free.take(need))) if need else ()
+        wait = tuple(dict.fromkeys(self.free.take(need, t.cluster))) if need else ()
         if stream_in:
             deps += self.stream_in(t, stream_in)
         if reloads:
@@ -281,6 +284,8 @@ class MemoryPlanner:
             deps += self.read_from_hbm(t, direct, stream_out)
         for b in writes:
             self.hold(b, index)
+        for b in (*writes, *reloads):
+            self.cluster[b] = t.cluster
         live, readers = self.live, self.readers
         for b in t.reads:
             if b in live:
@@ -307,7 +312,7 @@ class MemoryPlanner:
         """End `b`'s stay: its space is free once its writer and every reader have ended."""
         wait = tuple(dict.fromkeys([self.home[b], *self.readers[b]]))
         self.residencies.append(Residency(self.labels[b], self.size[b], self.home[b], wait))
-        self.free.add(self.size[b], wait)
+        self.free.add(self.size[b], wait, self.cluster.get(b, 0))
         del self.live[b]
         self.live_bytes -= self.size[b]
 

@@ -40,7 +40,7 @@ from runtime_sim.perf.op_trace import Trace
 from runtime_sim.perf.report import SimReport
 from runtime_sim.perf.scheduler import schedule
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
-from runtime_sim.perf.simulate import pinned_units, simulate_trace, trace_recorder
+from runtime_sim.perf.simulate import own_dma_units, pinned_units, simulate_trace, trace_recorder
 from runtime_sim.semantics.ccl_semantics import CCLFunctions, ChipInterpreter, MeshExchange, plain_chip, run_mesh
 from runtime_sim.semantics.executor import function_named
 
@@ -329,6 +329,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
     units = {**engine_units(machine.chip), LINK: 1}
     plans = [plan_memory(timed(c), machine.chip, sram_policy) for c in range(n)]
     pinned = [pinned_units(traces[c]) for c in range(n)]
+    own_dma = [own_dma_units(traces[c], machine.chip) for c in range(n)]
     for j in range(count):
         starts: dict[int, int] = {}
         for c in range(n):
@@ -336,7 +337,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             tasks = [dataclasses.replace(t, cycles=cycles[t.key]) if t.key in cycles else t for t in plans[c].tasks]
             upto = next(i for i, t in enumerate(tasks) if t.key == keys[c][j])
             # In issue order nothing after the collective moves its start.
-            starts[c] = schedule(tasks[:upto + 1], units, pinned[c]).slots[keys[c][j]].start
+            starts[c] = schedule(tasks[:upto + 1], units, pinned[c], own_dma[c]).slots[keys[c][j]].start
         for group in groups[j]:
             sync = max(starts[c] for c in group)
             for c in group:

@@ -20,7 +20,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.traits import SymbolTable
 
 from dialects import ve
-from dialects.annotations import OTHER, cluster_of, phase_of
+from dialects.annotations import OTHER, cluster_of, on_own_dma, phase_of
 from runtime_sim.perf.cost_model import (
     UNTRACED,
     CostFn,
@@ -58,9 +58,11 @@ class TracedOp:
     writes: tuple[int, ...] = ()
     phase: str = OTHER
     op: Operation | None = field(default=None, compare=False, repr=False)
+    """The IR op that ran (planned IR annotates it with its scheduled slot)."""
     cluster: int = 0
     """The cluster whose engines run it (`tcpc.cluster`; what a tensor-engine command is pinned to)."""
-    """The IR op that ran (planned IR annotates it with its scheduled slot)."""
+    own_dma: bool = False
+    """Whether a DMA command runs on its cluster's own engines only (`tcpc.own_dma`)."""
 
 
 @dataclass
@@ -118,6 +120,8 @@ class _Statics:
     """Whether it stores into its aliased operand disjointly (cost_model.register_disjoint_store)."""
     cluster: int
     """The cluster whose engines run it (`tcpc.cluster`)."""
+    own_dma: bool
+    """Whether its DMA runs on its cluster's own engines (`tcpc.own_dma`)."""
     unread: Callable[[Operation, tuple[Any, ...]], tuple[int, ...]] | None
     """Operands it may skip, by its operands' values (cost_model.register_unread_operands)."""
 
@@ -169,7 +173,7 @@ class TraceRecorder(Interpreter.Listener):
                 alias,
                 tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
                 tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results),
-                alias is not None and stores_disjointly(op), cluster_of(op), unread_operands(op))
+                alias is not None and stores_disjointly(op), cluster_of(op), on_own_dma(op), unread_operands(op))
         return statics
 
     def _cost(self, op: Operation, statics: _Statics, args: tuple[Any, ...], results: tuple[Any, ...]) -> OpCost:
@@ -275,4 +279,4 @@ class TraceRecorder(Interpreter.Listener):
             else:
                 values[r] = _Value(index, buffer)
         trace.ops.append(TracedOp(index, statics.name, statics.label, cost, deps, reads, tuple(writes),
-                                  statics.phase, op, statics.cluster))
+                                  statics.phase, op, statics.cluster, statics.own_dma))

@@ -110,12 +110,15 @@ class Schedule:
         return graph
 
 
-def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Mapping[int, int] | None = None) -> Schedule:
+def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Mapping[int, int] | None = None,
+             allowed: Mapping[int, tuple[int, ...]] | None = None) -> Schedule:
     """Place `tasks` (in issue order) on the engines; `units` gives each engine's unit count;
     `pinned` maps a task's key to the one unit it must run on (a tensor command to its cluster;
     modulo the engine's units, so a program split over more clusters than the machine has
-    shares them)."""
+    shares them); `allowed` maps a task's key to the units it may take (a DMA command on its
+    cluster's own engines): fewer than its `units` only if it may be spread over fewer."""
     pinned = pinned or {}
+    allowed = allowed or {}
     free: dict[str, list[int]] = {e: [0] * n for e, n in units.items() if n}
     last_on_unit: dict[tuple[str, int], int] = {}
     slots: dict[int, Slot] = {}
@@ -147,19 +150,23 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
                 taken = (pinned[t.key] % len(unit_free),)
                 start = max(ready, unit_free[taken[0]])
             else:
-                first_free = sorted(unit_free)
-                count = t.units
+                candidates: Sequence[int] = allowed.get(t.key, ())
+                if not candidates or (len(candidates) < t.units and not t.cycles_by_units):
+                    candidates = range(len(unit_free))
+                first_free = sorted(unit_free[u] for u in candidates)
+                count = min(t.units, len(candidates))
                 start = max(ready, first_free[count - 1])
                 if t.cycles_by_units:
                     # The spread that ends first, the fewest units on a tie.
+                    cycles = t.cycles_by_units[count - 1]
                     end = start + cycles
-                    for k in range(1, t.units):
+                    for k in range(1, count):
                         k_start = max(ready, first_free[k - 1])
                         if k_start + t.cycles_by_units[k - 1] < end or (
                                 k_start + t.cycles_by_units[k - 1] == end and k < count):
                             count, start, end = k, k_start, k_start + t.cycles_by_units[k - 1]
                     cycles = t.cycles_by_units[count - 1]
-                fits = sorted((u for u in range(len(unit_free)) if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
+                fits = sorted((u for u in candidates if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
                 taken = tuple(sorted(fits[:count]))
             for u in taken:
                 unit_free[u] = start + cycles

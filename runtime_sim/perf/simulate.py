@@ -25,7 +25,7 @@ from xdsl.ir import Operation
 from xdsl.traits import SymbolTable
 
 from runtime_sim.perf import cost_model
-from runtime_sim.perf.cost_model import TENSOR, CostModelError, engine_units, require_lowered
+from runtime_sim.perf.cost_model import DMA, TENSOR, CostModelError, engine_units, require_lowered
 from runtime_sim.perf.costs import register_cost_models
 from runtime_sim.perf.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
@@ -129,6 +129,18 @@ def pinned_units(trace: Trace) -> dict[int, int]:
     return {t.index: t.cluster for t in trace.ops if t.cost.engine == TENSOR}
 
 
+def own_dma_units(trace: Trace, machine: Machine) -> dict[int, tuple[int, ...]]:
+    """The DMA engines each command marked `tcpc.own_dma` may take: its cluster's own, the
+    engines u with u * clusters // engines == its cluster (the book: the eight engines sit one
+    per pair of DMNs, eight DMNs per cluster, so four per cluster on RNGD)."""
+    groups: dict[int, tuple[int, ...]] = {}
+    n, clusters = machine.dma_engines, machine.clusters
+    for t in trace.ops:
+        if t.own_dma and t.cost.engine == DMA and n >= clusters > 1:
+            groups[t.index] = tuple(u for u in range(n) if u * clusters // n == t.cluster % clusters)
+    return groups
+
+
 def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
                    extra_units: Mapping[str, int] | None = None) -> tuple[SimReport, Schedule]:
     """Plan, schedule and report a recorded trace; `extra_units` adds engines the machine does
@@ -136,7 +148,7 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
     dependency graph)."""
     plan = plan_memory(trace, machine, sram_policy)
     units = {**engine_units(machine), **(extra_units or {})}
-    sched = schedule(plan.tasks, units, pinned_units(trace))
+    sched = schedule(plan.tasks, units, pinned_units(trace), own_dma_units(trace, machine))
     records: list[OpRecord] = []
     for task in plan.tasks:
         if task.key in plan.extra:

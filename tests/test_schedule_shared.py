@@ -1,0 +1,124 @@
+"""A shared expert on the schedule level (passes/schedule_shared.py, then schedule-experts and
+split-clusters): translation validation against the lowered IR and the reference, and what its
+loop costs at Llama-4-Scout's real dims."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tcpc
+from passes.schedule_shared import choose_rows
+from runtime_sim.perf.cost_only import simulate_cost_only
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
+from tests.test_schedule import F_TILE_MODES, assert_same_bits
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+LOWERED = ",".join(LOWERED_PIPELINE)
+SHARED_EXAMPLES = ["llama4", "deepseek_v3"]
+
+
+def test_the_row_block_divides_t_on_the_contraction_grid() -> None:
+    assert choose_rows(1) == 1 and choose_rows(64) == 64 and choose_rows(200) == 200  # one block
+    assert choose_rows(256) == 128 and choose_rows(2048) == 512 and choose_rows(4096) == 512
+    assert choose_rows(384) == 128  # three blocks: 384 has no even split on the grid
+    assert choose_rows(1536) == 384  # four blocks rather than three of 512
+    assert choose_rows(2048, forced=256) == 256 and choose_rows(2048, forced=300) == 512
+
+
+@pytest.mark.parametrize("example", SHARED_EXAMPLES)
+def test_each_pass_keeps_the_bits_with_row_blocks_and_streamed_f_tiles(example: str) -> None:
+    """T = 256 in 2 row blocks, FS = 1100 in streamed F tiles of 512, 512 and 76: the IR before
+    and after each pass, and after the whole pipeline, gives the reference's bits."""
+    program = tcpc.compile_file(EXAMPLES / f"{example}.moe", dims={"T": 256, "D": 16, "FS": 1100})
+    reference = program.run(seed=2).outputs
+    lowered = program.run(seed=2, pipeline=LOWERED).outputs
+    shared = program.run(seed=2, pipeline=LOWERED + ",schedule-shared").outputs
+    experts = program.run(seed=2, pipeline=LOWERED + f",schedule-shared,schedule-experts{F_TILE_MODES['streamed']}")
+    split = program.run(seed=2, pipeline=LOWERED + f",schedule-shared,schedule-experts{F_TILE_MODES['streamed']},"
+                        "split-clusters").outputs
+    scheduled = program.run(seed=2, pipeline=",".join(FULL_PIPELINE)).outputs
+    assert_same_bits(lowered, reference)
+    for got in (shared, experts.outputs, split, scheduled):
+        assert_same_bits(got, lowered)
+    module = program.lower(LOWERED + f",schedule-shared,schedule-experts{F_TILE_MODES['streamed']}")
+    starts = sorted({max(op.window_offsets()) for op in module.walk() if op.name == "tile.load_expert"
+                     and op.offsets and op.attributes["tcpc.phase"].data == "shared"})
+    assert starts == [0, 512, 1024]  # the shared expert's weights in three F tiles
+
+
+@settings(max_examples=6, deadline=None)
+@given(tokens=st.sampled_from([1, 5, 128, 256, 384, 512]), fs=st.sampled_from([8, 600, 1100]),
+       f_mode=st.sampled_from(sorted(F_TILE_MODES)), example=st.sampled_from(SHARED_EXAMPLES),
+       clusters=st.sampled_from([1, 2, 4]), seed=st.integers(0, 3))
+def test_shared_expert_tiles_are_exact(tokens: int, fs: int, f_mode: str, example: str, clusters: int,
+                                       seed: int) -> None:
+    """One row block or several (an odd number: 384 = 3 x 128, split by owner masks), FS whole
+    or not a multiple of the F tile, on 1, 2 or 4 clusters: the reference's bits."""
+    dims = {"T": tokens, "D": 16, "FS": fs, "B": min(4, tokens)}
+    program = tcpc.compile_file(EXAMPLES / f"{example}.moe", dims=dims)
+    pipeline = (f"{LOWERED},schedule-shared,schedule-experts{F_TILE_MODES[f_mode]},schedule-tokens,"
+                f"split-clusters{{clusters={clusters}}},fuse-ve-chains")
+    assert_same_bits(program.run(seed=seed, pipeline=pipeline).outputs, program.run(seed=seed).outputs)
+
+
+LLAMA4_SCOUT = dict(D=5120, F=8192, FS=8192, E=16)
+
+
+def cost_only(dims: dict[str, int]):
+    program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims=dims)
+    module = program.lower("pin-routing," + ",".join(FULL_PIPELINE))
+    return simulate_cost_only(module, program.function().sym_name.data, routing="balanced").report
+
+
+def test_llama4_scout_decode_needs_no_spill_or_stream_and_loads_the_shared_expert_during_the_routing() -> None:
+    """Llama-4-Scout at T = 1: 252 MB of shared weights (and as much for the routed expert)
+    stream in F tiles with no spill or stream; the shared expert runs on cluster 1 and its
+    first weights are on their way before the routing ends, so the layer takes little more
+    than its weight bytes at the DMA engines' rate."""
+    report = cost_only(dict(LLAMA4_SCOUT, T=1, B=1))
+    assert not report.spills and not report.streams
+    assert report.peak_sram_bytes <= report.machine.sram_bytes
+    shared = [o for o in report.ops if o.phase == "shared"]
+    fetched = [o for o in shared if o.name == "tile.load_expert" and o.hbm_bytes > 0]
+    assert sum(o.hbm_bytes for o in fetched) == 3 * 5120 * 8192 * 2  # the shared weights, once
+    assert {o.unit for o in shared if o.engine == "tensor"} == {1}
+    routing_end = max(o.end for o in report.ops if o.phase == "routing")
+    assert min(o.start for o in fetched) < routing_end
+    assert report.total_cycles < 1.05 * report.roofline.byte_cycles
+
+
+def test_llama4_scout_prefill_splits_the_shared_expert_over_both_clusters() -> None:
+    """T = 2048 in 4 row blocks of 512: both clusters contract shared blocks at once, no spill."""
+    report = cost_only(dict(LLAMA4_SCOUT, T=2048, B=128))
+    assert not report.spills and not report.streams
+    contracts = [o for o in report.ops if o.phase == "shared" and o.name == "tcp.contract" and o.flops]
+    on = {u: [(o.start, o.end) for o in contracts if o.unit == u] for u in (0, 1)}
+    assert on[0] and on[1]
+    assert sum(o.flops for o in contracts) == 2 * 3 * 2048 * 5120 * 8192
+    overlapping = sum(1 for s, e in on[1] if any(s0 < e and s < e0 for s0, e0 in on[0]))
+    assert overlapping >= len(on[1]) // 2
+
+
+@pytest.mark.parametrize("tokens, clusters", [(384, 2), (256, 4), (512, 2)])
+def test_odd_or_few_blocks_split_over_the_clusters_are_exact(tokens: int, clusters: int) -> None:
+    """3 row blocks on 2 clusters (owner masks), 2 blocks on 4 clusters, 4 blocks on 2
+    (unrolled, interleaved): the lowered IR's bits."""
+    program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims={"T": tokens, "D": 16, "FS": 600})
+    lowered = program.run(seed=5, pipeline=LOWERED).outputs
+    split = program.run(seed=5, pipeline=LOWERED + f",schedule-shared,schedule-experts,split-clusters{{clusters={clusters}}}")
+    assert_same_bits(split.outputs, lowered)
+
+
+def test_resident_shared_weights_are_fetched_once_per_cluster() -> None:
+    """Small weights stay in SRAM (F whole): 4 row blocks of 128, 2 per cluster, and each
+    cluster fetches each of the three weights once, its second block reusing them."""
+    program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims={"T": 512, "D": 64, "FS": 256, "B": 16})
+    module = program.lower(f"pin-routing,{LOWERED},schedule-shared{{rows=128}},schedule-experts,schedule-tokens,"
+                           "split-clusters,fuse-ve-chains")
+    report = simulate_cost_only(module, program.function().sym_name.data, routing="balanced").report
+    loads = [o for o in report.ops if o.phase == "shared" and o.name == "tile.load_expert"]
+    fetched = [o for o in loads if o.hbm_bytes > 0]
+    assert len(loads) == 3 * 4 and len(fetched) == 3 * 2
+    assert sum(o.hbm_bytes for o in fetched) == 2 * 3 * 64 * 256 * 2
