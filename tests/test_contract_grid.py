@@ -6,6 +6,7 @@ accumulator as `acc` reproduces the whole contraction's summation order exactly.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 from hypothesis import given, settings
@@ -89,3 +90,25 @@ def test_the_bits_do_not_depend_on_the_blas_thread_count() -> None:
     assert np.array_equal(bits(pinned), bits(one))
     if os.cpu_count() and os.cpu_count() > 1:  # OpenBLAS uses a second thread only where there is a core
         assert not np.array_equal(bits(two), bits(one))  # what the pinning is for
+
+
+def test_contractions_in_several_python_threads_all_run_on_one_blas_thread() -> None:
+    """A mesh simulates each chip in a Python thread: one thread finishing its contraction must
+    not give BLAS its threads back while another is still contracting."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((1, 64, GRID_K)).astype(np.float32)
+    b = rng.standard_normal((1, GRID_K, GRID_N)).astype(np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        one = np.matmul(a, b)
+    results: list[np.ndarray] = []
+
+    def chip() -> None:
+        for _ in range(20):
+            results.append(contract("gmk,gkn->gmn", a, b))
+
+    threads = [threading.Thread(target=chip) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 60 and all(np.array_equal(bits(r), bits(one)) for r in results)

@@ -9,7 +9,10 @@ to its type (round to nearest even, as ml_dtypes casts).
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -289,21 +292,47 @@ order (docs/hardware.md, assumptions): the contraction engine reduces a bounded 
 pass and adds the passes in K order into an f32 accumulator. The grid is what makes tiled
 programs exact: tiles whose edges fall on the grid give the bits of the whole contraction."""
 
-_blas: ThreadpoolController | None = None
+class _OneBlasThread:
+    """The state behind `one_blas_thread`: how many contractions run now, in any Python thread
+    (a mesh simulates each chip in its own thread, runtime_sim/semantics/ccl_semantics.py). The
+    first to start limits BLAS to one thread, the last to finish restores the limit it found,
+    so no contraction runs while another thread restores it. (threadpoolctl lets one Python
+    thread at a time change OpenBLAS's limit and ignores the others: a restore from another
+    thread leaves BLAS on one thread, never more.)"""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.controller: ThreadpoolController | None = None
+        self.limiter: Any = None
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self.lock:
+            if self.running == 0:
+                if self.controller is None:  # finds the BLAS numpy loaded, once (a millisecond)
+                    self.controller = ThreadpoolController()
+                self.limiter = self.controller.limit(limits=1, user_api="blas")
+            self.running += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running -= 1
+                if self.running == 0:
+                    self.limiter.restore_original_limits()
+                    self.limiter = None
 
 
-def one_blas_thread() -> AbstractContextManager[object]:
-    """BLAS limited to one thread while the block runs: every tile product of `contract` is one
-    single-threaded BLAS call. OpenBLAS splits a product above a size threshold over its
-    threads and then rounds differently (a [64, 512] x [512, 512] tile: about a sixth of its
-    f32 results differ by an ulp between 1 and 2 threads; tests/test_contract_grid.py), so with
-    the library's default, one thread per core, a contraction's bits would depend on the
-    machine's core count and OPENBLAS_NUM_THREADS. One thread is also the faster choice for
-    the simulator's tiles on a busy machine (threads of a small product wait for each other)."""
-    global _blas
-    if _blas is None:  # finds the BLAS numpy loaded, once (a millisecond); limits cost microseconds
-        _blas = ThreadpoolController()
-    return _blas.limit(limits=1, user_api="blas")
+one_blas_thread = _OneBlasThread()
+"""`with one_blas_thread():` BLAS limited to one thread while the block runs: every tile product
+of `contract` is one single-threaded BLAS call. OpenBLAS splits a product above a size
+threshold over its threads and then rounds differently (a [64, 512] x [512, 512] tile: about a
+sixth of its f32 results differ by an ulp between 1 and 2 threads; tests/test_contract_grid.py),
+so with the library's default, one thread per core, a contraction's bits would depend on the
+machine's core count and OPENBLAS_NUM_THREADS. One thread is also the faster choice for the
+simulator's tiles on a busy machine (threads of a small product wait for each other). Costs a
+few microseconds."""
 
 
 _CHUNK_ELEMENTS = 1 << 21
