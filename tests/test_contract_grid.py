@@ -103,7 +103,7 @@ def test_contractions_in_several_python_threads_all_run_on_one_blas_thread() -> 
     results: list[np.ndarray] = []
 
     def chip() -> None:
-        for _ in range(20):
+        for _ in range(6):
             results.append(contract("gmk,gkn->gmn", a, b))
 
     threads = [threading.Thread(target=chip) for _ in range(3)]
@@ -111,4 +111,4 @@ def test_contractions_in_several_python_threads_all_run_on_one_blas_thread() -> 
         t.start()
     for t in threads:
         t.join()
-    assert len(results) == 60 and all(np.array_equal(bits(r), bits(one)) for r in results)
+    assert len(results) == 18 and all(np.array_equal(bits(r), bits(one)) for r in results)
