@@ -8,7 +8,10 @@ Rows:
 - `cost-only`: every family of benchmarks/run.py at its real dims and T, block size by
   run.py's rule, compiled with the full pipeline and simulated without values (balanced routing);
 - `values`: Qwen3-30B-A3B with real (random, seeded) bf16 weights, simulated with values and the
-  router's own routing (the budget run of benchmarks/run.py); drawing the inputs is timed apart;
+  router's own routing (the budget run of benchmarks/run.py); drawing the inputs is timed apart.
+  Its contractions run one single-threaded BLAS call per grid tile (numerics.one_blas_thread:
+  the bits do not depend on the core count), so its CPU and wall seconds are close on an idle
+  machine;
 - `transformers f32`: when torch and transformers are installed (optional, never a dependency
   of tcpc: `pip install -e '.[bench-hf]'`), HuggingFace's own `Qwen3MoeSparseMoeBlock` with
   the same dims, forward on the same number of tokens in f32 on the CPU, for comparison with the
@@ -17,9 +20,9 @@ Rows:
 Columns: ops simulated (the commands the report lists: every op instance the interpreter ran,
 each loop iteration's ops once per iteration, plus the memory plan's own commands), wall seconds
 of the simulation (interpretation, costing, memory plan, scheduling and report; compiling and
-drawing inputs excluded), and CPU seconds of this process over the same span (several BLAS
-threads add up in the `values` rows; on a machine shared with other jobs the CPU column is the
-steadier one).
+drawing inputs excluded), and CPU seconds of this process over the same span (torch's threads
+add up in the `transformers` row; on a machine shared with other jobs the CPU column is the
+steadier one; the README's table is one such run).
 """
 
 from __future__ import annotations

@@ -5,9 +5,13 @@ accumulator as `acc` reproduces the whole contraction's summation order exactly.
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from threadpoolctl import threadpool_limits
 
 from runtime_sim.semantics.numerics import GRID_K, GRID_M, GRID_N, bfloat16, contract
 
@@ -70,3 +74,41 @@ def test_acc_is_the_starting_value_of_the_sum() -> None:
     acc = np.full((1, 2, 4), 10.0, np.float32)
     assert np.array_equal(contract("gmk,gkn->gmn", a, b, acc=acc), np.full((1, 2, 4), 13.0, np.float32))
     assert np.array_equal(contract("mk,kn->nm", a[0], b[0], acc=acc[0].T), np.full((4, 2), 13.0, np.float32))
+
+
+def test_the_bits_do_not_depend_on_the_blas_thread_count() -> None:
+    """OpenBLAS rounds a grid tile differently on one thread and on two; `contract` runs every
+    tile on one thread, whatever the caller's setting, so its bits are the one-thread bits."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((1, 64, GRID_K)).astype(np.float32)
+    b = rng.standard_normal((1, GRID_K, GRID_N)).astype(np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        one = np.matmul(a, b)
+    with threadpool_limits(2, user_api="blas"):
+        two = np.matmul(a, b)
+        pinned = contract("gmk,gkn->gmn", a, b)
+    assert np.array_equal(bits(pinned), bits(one))
+    if os.cpu_count() and os.cpu_count() > 1:  # OpenBLAS uses a second thread only where there is a core
+        assert not np.array_equal(bits(two), bits(one))  # what the pinning is for
+
+
+def test_contractions_in_several_python_threads_all_run_on_one_blas_thread() -> None:
+    """A mesh simulates each chip in a Python thread: one thread finishing its contraction must
+    not give BLAS its threads back while another is still contracting."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((1, 64, GRID_K)).astype(np.float32)
+    b = rng.standard_normal((1, GRID_K, GRID_N)).astype(np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        one = np.matmul(a, b)
+    results: list[np.ndarray] = []
+
+    def chip() -> None:
+        for _ in range(6):
+            results.append(contract("gmk,gkn->gmn", a, b))
+
+    threads = [threading.Thread(target=chip) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 18 and all(np.array_equal(bits(r), bits(one)) for r in results)

@@ -2,7 +2,8 @@
 
 The pinned simulations (tests/test_sim_pinned.py) show the reuse changes no result; these tests
 show it happens: an op in a loop is costed once per distinct value of its data operands, a
-reused weight tile is widened once, and the dependency graph is built only when asked for.
+reused weight tile is widened once while it lives, and the dependency graph is built only when
+asked for.
 """
 
 from __future__ import annotations
@@ -55,18 +56,25 @@ def test_an_op_in_a_loop_is_costed_once_per_value_of_its_data_operands(monkeypat
     assert calls["tcp.contract"] <= 17 * static["tcp.contract"] and 2 * calls["tcp.contract"] < executed["tcp.contract"]
 
 
-def test_a_read_only_bf16_operand_is_widened_once() -> None:
-    widened = WidenedOperands(keep=2)
-    tiles = [np.arange(6, dtype=np.float32).reshape(2, 3).astype(bfloat16) + i for i in range(3)]
-    for t in tiles:
-        t.flags.writeable = False
-    first = widened(tiles[0])
-    assert first.dtype == np.float32 and np.array_equal(first, tiles[0].astype(np.float32))
-    assert widened(tiles[0]) is first  # reused
-    for t in (tiles[1], tiles[2], tiles[0]):  # keeps two: each evicts the least recently used
-        wide = widened(t)
-        assert np.array_equal(wide, t.astype(np.float32))  # in the evicted copy's memory, rewritten
-    assert widened(tiles[0]) is wide and widened(tiles[2]) is not wide
+def _read_only_tile(i: int) -> np.ndarray:
+    tile = np.arange(6, dtype=np.float32).reshape(2, 3).astype(bfloat16) + i
+    tile.flags.writeable = False
+    return tile
+
+
+def test_a_read_only_bf16_operand_is_widened_once_while_it_lives() -> None:
+    widened = WidenedOperands(spares=1)
+    tiles = [_read_only_tile(i) for i in range(6)]  # more than a few, as a loop iteration reads
+    copies = [widened(t) for t in tiles]
+    assert all(w.dtype == np.float32 and np.array_equal(w, t.astype(np.float32)) for t, w in zip(tiles, copies))
+    assert all(widened(t) is w for t, w in zip(tiles, copies))  # every one kept, reused
+    assert len(widened) == 6
+    last = copies[-1]
+    del tiles[-1], copies[-1]  # the tile dies: its copy is dropped, its memory kept for the next
+    assert len(widened) == 5
+    fresh = _read_only_tile(9)
+    wide = widened(fresh)
+    assert wide is last and np.array_equal(wide, fresh.astype(np.float32))  # rewritten in place
     writeable = tiles[0].copy()
     with pytest.raises(AssertionError):
         widened(writeable)  # its values may change under a copy: never kept

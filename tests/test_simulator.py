@@ -336,13 +336,17 @@ def test_large_transfers_are_split_over_the_dma_engines(tmp_path: Path) -> None:
     assert dma_copy_cost(machine, 3 * chunk, True, False).parts == 3
 
 
-def test_a_command_on_several_units_waits_for_them_all_and_holds_them() -> None:
+def test_a_command_on_several_units_ends_with_its_last_part() -> None:
+    """`big` runs a part on each of the eight units: seven start at once, the eighth when `a`
+    frees unit 0, and `big` ends with it; each part frees its own unit, so `c` runs on one of
+    the seven at 50."""
     tasks = [Task(0, "a", "dma", 100), Task(1, "big", "dma", 50, units=8), Task(2, "c", "dma", 10)]
     s = schedule(tasks, UNITS)
-    assert s.slots[1].start == 100 and s.slots[1].units == tuple(range(8)) and s.slots[1].unit == 0
-    assert s.slots[2].start == 150  # every unit is held by `big` until it ends
+    assert (s.slots[1].start, s.slots[1].end) == (100, 150)
+    assert s.slots[1].units == tuple(range(8)) and s.slots[1].unit == 0
+    assert s.slots[2].start == 50 and s.slots[2].unit != 0
     assert s.busy["dma"] == 100 + 8 * 50 + 10
-    assert s.critical_path == [0, 1, 2]
+    assert s.critical_path == [0, 1]
     with pytest.raises(ValueError, match="needs 9 units"):
         schedule([Task(0, "x", "dma", 1, units=9)], UNITS)
 

@@ -6,8 +6,11 @@ one of its inputs has finished and a unit of its engine is free: as early as the
 (`units` of them free). Of the units free by then it takes the ones that became free last
 (best fit; lowest index on ties), so a unit runs its commands in order and never back-fills.
 Engines with `None` units (zero-cost ops) never wait for a unit. A command that needs several
-units (a large DMA command spread over several engines, `Task.units`) holds them all until it
-ends (its parts run in parallel).
+units (a large DMA command spread over several engines, `Task.units`) runs one part on each,
+in parallel: each part is a command of its own in its unit's queue, starting when that unit
+frees (or the inputs are ready) and taking the command's cycles; the command ends with its
+last part (its slot's start is that part's), and each unit is free again when its own part
+ends, so a small command queued on one unit delays only that unit's part.
 
 Why best fit: the start is the same as taking the units that freed first, but a command that
 waits for its inputs (a weight load behind the previous one, a guard behind a load) no longer
@@ -29,9 +32,10 @@ that cluster's unit.
 The dependency graph is a networkx DiGraph over command keys with `kind="data"` edges
 (producer -> consumer), `kind="memory"` edges (a command reusing SRAM space waits for the
 space's last reader) and `kind="engine"` edges (previous command on the same unit -> next).
-Every start equals the end of one of its predecessors (or 0), so the makespan is the length of
-a path through that graph: the critical path, found by walking back from the last command
-through the predecessor that set each start.
+Every start equals the end of one of its inputs' producers, or the end of the previous part on
+one of its units (or 0), so the makespan is the length of a path through that graph: the
+critical path, found by walking back from the last command through the command that set each
+start (recorded as it is placed).
 """
 
 from __future__ import annotations
@@ -124,6 +128,8 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
     slots: dict[int, Slot] = {}
     preds: dict[int, dict[int, str]] = {}
     busy: dict[str, int] = {e: 0 for e in units}
+    setter: dict[int, int] = {}
+    """Key -> the command whose end set its start (none for a start at 0)."""
     for t in tasks:
         if t.engine not in units:
             raise ValueError(f"{t.label}: unknown engine '{t.engine}' (engines: {', '.join(units)})")
@@ -142,6 +148,7 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
         taken: tuple[int, ...] = (0,)
         start = ready
         cycles = t.cycles
+        engine_setter = -1
         unit_free = free.get(t.engine)
         if unit_free is not None:
             if not 1 <= t.units <= len(unit_free):
@@ -169,30 +176,37 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
                 fits = sorted((u for u in candidates if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
                 taken = tuple(sorted(fits[:count]))
             for u in taken:
-                unit_free[u] = start + cycles
                 prev = last_on_unit.get((t.engine, u))
                 if prev is not None:
                     into.setdefault(prev, "engine")
+                    if unit_free[u] == start and start > ready:
+                        engine_setter = prev
+                # Each part is a command of its own on its unit: it starts when the unit frees
+                # (or the inputs are ready), not when the command's last part can.
+                unit_free[u] = max(ready, unit_free[u]) + cycles
                 last_on_unit[(t.engine, u)] = t.key
+        if start > ready:
+            setter[t.key] = engine_setter
+        elif start:
+            binding = [d for d in into if into[d] != "engine" and slots[d].end == start]
+            setter[t.key] = max(binding, key=lambda d: (into[d] == "data", d))
         preds[t.key] = into
         slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + cycles, taken)
         busy[t.engine] += cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
-    return Schedule(slots, tasks, preds, makespan, _critical_path(preds, slots), busy, dict(units))
+    return Schedule(slots, tasks, preds, makespan, _critical_path(setter, slots), busy, dict(units))
 
 
-def _critical_path(preds: Mapping[int, Mapping[int, str]], slots: Mapping[int, Slot]) -> list[int]:
+def _critical_path(setter: Mapping[int, int], slots: Mapping[int, Slot]) -> list[int]:
+    """From the command that ends last, back through the command that set each start: an
+    input's producer (data edges first, then the latest issued) when the inputs were ready
+    last, else the previous command on the unit that freed last."""
     if not slots:
         return []
     node = max(slots, key=lambda k: (slots[k].end, -k))
     path = [node]
-    while True:
-        # The predecessor that set the start; data edges first, then the latest issued.
-        into = preds[node]
-        binding = [p for p in into if slots[p].end == slots[node].start]
-        if not binding:
-            break
-        node = max(binding, key=lambda p: (into[p] == "data", p))
+    while node in setter:
+        node = setter[node]
         path.append(node)
     path.reverse()
     return path

@@ -9,9 +9,14 @@ to its type (round to nearest even, as ml_dtypes casts).
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import ml_dtypes
 import numpy as np
+from threadpoolctl import ThreadpoolController
 from xdsl.dialects.builtin import (
     BFloat16Type,
     Float4E2M1FNType,
@@ -85,6 +90,41 @@ def is_low_precision(dtype: np.dtype) -> bool:
     return dtype in LOW_PRECISION_DTYPES or dtype == float8_e8m0
 
 
+def raw_bits(x: np.ndarray) -> np.ndarray:
+    """The array viewed as unsigned integers of its width: the same bits, for moving rows.
+    numpy copies an ml_dtypes type (bf16, the fp8s) element by element when it gathers or
+    scatters rows by index; as integers it copies them in bulk."""
+    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+
+
+_SELECT_BY_MASKS = (4096, 1 << 20)
+"""The sizes (elements) at which `select` moves bits by masks rather than calling np.where:
+below, the masks' few numpy calls cost more than a short where; above, the arrays leave the
+cache and where's one pass beats the masks' several (and a large mask is mostly a regular
+pattern, which where's branches predict: cost-only routing's [32768, 256] selects)."""
+
+
+def select(hit: np.ndarray, on_true: np.ndarray, on_false: np.ndarray) -> np.ndarray:
+    """np.where(hit, on_true, on_false), by bit masks when both sides have one dtype of 1, 2, 4
+    or 8 bytes: the same bits (each element is one side's, moved whole), without numpy's
+    branch per element, which a random mask mispredicts (a top-k ranking's [48, 128, 128]
+    selects: about ten times faster). Short and very long arrays go to np.where."""
+    on_true, on_false = np.asarray(on_true), np.asarray(on_false)
+    if on_true.dtype != on_false.dtype or on_true.dtype.itemsize not in (1, 2, 4, 8) or on_true.dtype == np.bool_:
+        return np.where(hit, on_true, on_false)
+    shape = np.broadcast_shapes(np.shape(hit), on_true.shape, on_false.shape)
+    if not _SELECT_BY_MASKS[0] <= math.prod(shape) <= _SELECT_BY_MASKS[1]:
+        return np.where(hit, on_true, on_false)
+    width = np.dtype(f"u{on_true.dtype.itemsize}")
+    mask = np.broadcast_to(np.asarray(hit, np.bool_), shape).astype(width)
+    np.negative(mask, out=mask)  # 1 -> all ones (unsigned wrap-around), 0 -> 0
+    f = raw_bits(np.broadcast_to(on_false, shape))
+    out = np.bitwise_xor(f, raw_bits(np.broadcast_to(on_true, shape)))
+    out &= mask  # where hit: the bits in which on_true differs from on_false; elsewhere 0
+    out ^= f
+    return out.view(on_true.dtype)
+
+
 def stored_nbytes(value: object) -> int:
     """Bytes a value occupies in the chip's memory: its elements at their stored width, so
     f4e2m1 counts half a byte each (numpy keeps one per byte). What every cost counts."""
@@ -133,9 +173,25 @@ def saturate_to(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.clip(x, -limit, limit).astype(dtype)
 
 
+_FOLD_MIN_LINE = 64
+"""Elements per step from which `_sequential` folds an outer axis step by step."""
+
+
 def _sequential(ufunc: np.ufunc, x: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
-    if x.shape[axis] == 0:
+    """`ufunc` folded along `axis` left to right, in x's type: total = ufunc(total, next).
+    Along the last axis ufunc.accumulate does it; along an outer axis a loop over it does the
+    same steps on whole slices (numpy's accumulate over an outer axis is about ten times
+    slower), when the slices are large enough to pay for the Python steps."""
+    axis = axis % x.ndim if x.ndim else axis
+    n = x.shape[axis]
+    if n == 0:
         return ufunc.reduce(x, axis=axis, keepdims=keepdims)
+    if axis != x.ndim - 1 and x.size // n >= _FOLD_MIN_LINE:
+        steps = np.moveaxis(x, axis, 0)
+        total = np.array(steps[0])
+        for i in range(1, n):
+            ufunc(total, steps[i], out=total, dtype=x.dtype)
+        return np.expand_dims(total, axis) if keepdims else total
     total = np.take(ufunc.accumulate(x, axis=axis, dtype=x.dtype), [-1], axis=axis)
     return total if keepdims else np.squeeze(total, axis=axis)
 
@@ -220,8 +276,9 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None
         acc = np.asarray(acc, np.float32)
         start = np.transpose(acc, [out.index(c) for c in result]).reshape(
             [math.prod(size[c] for c in g) for g in (batch, left, right)])
-    product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
-                          arranged(y, b, batch + summed + right, [batch, summed, right]), start)
+    with one_blas_thread():
+        product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
+                              arranged(y, b, batch + summed + right, [batch, summed, right]), start)
     product = product.reshape([size[c] for c in result])
     return np.transpose(product, [result.index(c) for c in out])
 
@@ -234,6 +291,49 @@ each summing its K in chunks of GRID_K, in order. Assumption about the chip's ac
 order (docs/hardware.md, assumptions): the contraction engine reduces a bounded piece of K per
 pass and adds the passes in K order into an f32 accumulator. The grid is what makes tiled
 programs exact: tiles whose edges fall on the grid give the bits of the whole contraction."""
+
+class _OneBlasThread:
+    """The state behind `one_blas_thread`: how many contractions run now, in any Python thread
+    (a mesh simulates each chip in its own thread, runtime_sim/semantics/ccl_semantics.py). The
+    first to start limits BLAS to one thread, the last to finish restores the limit it found,
+    so no contraction runs while another thread restores it. (threadpoolctl lets one Python
+    thread at a time change OpenBLAS's limit and ignores the others: a restore from another
+    thread leaves BLAS on one thread, never more.)"""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.controller: ThreadpoolController | None = None
+        self.limiter: Any = None
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self.lock:
+            if self.running == 0:
+                if self.controller is None:  # finds the BLAS numpy loaded, once (a millisecond)
+                    self.controller = ThreadpoolController()
+                self.limiter = self.controller.limit(limits=1, user_api="blas")
+            self.running += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running -= 1
+                if self.running == 0:
+                    self.limiter.restore_original_limits()
+                    self.limiter = None
+
+
+one_blas_thread = _OneBlasThread()
+"""`with one_blas_thread():` BLAS limited to one thread while the block runs: every tile product
+of `contract` is one single-threaded BLAS call. OpenBLAS splits a product above a size
+threshold over its threads and then rounds differently (a [64, 512] x [512, 512] tile: about a
+sixth of its f32 results differ by an ulp between 1 and 2 threads; tests/test_contract_grid.py),
+so with the library's default, one thread per core, a contraction's bits would depend on the
+machine's core count and OPENBLAS_NUM_THREADS. One thread is also the faster choice for the
+simulator's tiles on a busy machine (threads of a small product wait for each other). Costs a
+few microseconds."""
+
 
 _CHUNK_ELEMENTS = 1 << 21
 """Operand elements converted to f32 at once by `_matmul_f32` (8 MB of f32: small enough for
@@ -248,8 +348,8 @@ def _f32_or_bf16(x: np.ndarray) -> np.ndarray:
 
 def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> np.ndarray:
     """[batch, M, K] @ [batch, K, N] in f32 on the fixed tile grid: every [GRID_M x GRID_N]
-    output chunk sums its K in GRID_K chunks, each one np.matmul of contiguous f32 copies (one
-    BLAS call per batch item), added strictly in K order to an f32 accumulator that starts
+    output chunk sums its K in GRID_K chunks, each one np.matmul of f32 tiles (one BLAS call
+    per batch item, `_blas_tile`), added strictly in K order to an f32 accumulator that starts
     from `acc` ([batch, M, N]) when given and from the first chunk's product otherwise. bf16
     operands are converted a few batch items at a time."""
     batch, m, k = a.shape
@@ -276,17 +376,30 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
                 total = None if acc is None else acc[i:j, rows, cols]
                 for k0 in range(0, k, GRID_K):
                     ks = slice(k0, min(k, k0 + GRID_K))
-                    part = np.matmul(np.ascontiguousarray(x[:, rows, ks]), np.ascontiguousarray(y[:, ks, cols]))
+                    part = np.matmul(_blas_tile(x[:, rows, ks]), _blas_tile(y[:, ks, cols]))
                     total = part if total is None else total + part
                 out[i:j, rows, cols] = total
     return out
 
 
+def _blas_tile(v: np.ndarray) -> np.ndarray:
+    """A tile np.matmul hands to BLAS: the view itself when BLAS can read it where it is (unit
+    stride along its rows, numpy's own test), else a contiguous copy. BLAS copies each operand
+    into its own packed buffers before multiplying, so a view with a leading dimension gives
+    the bits of the contiguous copy (tests/test_numerics_fast_paths.py checks it); a tile
+    numpy could not hand to BLAS would be multiplied by numpy's own loop, in another order."""
+    rows, cols = v.strides[-2:]
+    item = v.itemsize
+    if cols == item and rows % item == 0 and rows // item >= v.shape[-1]:
+        return v
+    return np.ascontiguousarray(v)
+
+
 def _items(v: np.ndarray | _Batches, i: int, j: int) -> np.ndarray:
-    """Batch items i..j-1 of an arranged operand, in f32."""
+    """Batch items i..j-1 of an arranged operand, in f32 (a view when it is f32 already)."""
     if isinstance(v, _Batches):
         return v.items(i, j)
-    return v[i:j].astype(np.float32)
+    return v[i:j].astype(np.float32, copy=False)
 
 
 class GatheredRows:
@@ -311,10 +424,8 @@ class GatheredRows:
         return self._gather(self.indices[i:j])
 
     def _gather(self, idx: np.ndarray) -> np.ndarray:
-        # On the raw bits (an unsigned view of the same width): numpy copies bf16, an ml_dtypes
-        # type, element by element; zero bits are a zero row.
-        bits = self.source.view(np.dtype(f"u{self.dtype.itemsize}"))
-        out = bits[np.maximum(idx, 0)]
+        # On the raw bits; zero bits are a zero row.
+        out = raw_bits(self.source)[np.maximum(idx, 0)]
         out[idx < 0] = 0
         return out.view(self.dtype)
 

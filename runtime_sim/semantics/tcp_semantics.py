@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import weakref
 from typing import Any
 
 import numpy as np
@@ -10,7 +10,15 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import tcp
-from runtime_sim.semantics.numerics import GatheredRows, bfloat16, compute, contract, round_to, tensor_dtype
+from runtime_sim.semantics.numerics import (
+    GatheredRows,
+    bfloat16,
+    compute,
+    contract,
+    raw_bits,
+    round_to,
+    tensor_dtype,
+)
 from runtime_sim.semantics.quantization import scaled_contract
 
 
@@ -25,35 +33,48 @@ def _read_only_bf16(x: Any) -> bool:
 
 
 class WidenedOperands:
-    """f32 copies of the last few read-only bf16 operands the contractions read. The schedule
-    level's expert loop contracts one weight tile (`tile.load_expert`'s, read-only, reused while
-    the expert stays the same) with block after block of rows; widening it once rather than
-    once per block is most of a prefill's simulation time. Only read-only arrays are kept (their
-    values cannot change under the copy), each with a reference so its id stays its own. A copy
-    lives only here and in the contraction using it, so the least recently used one's memory is
-    reused for the next."""
+    """f32 copies of the read-only bf16 operands the contractions read, each kept while its bf16
+    array lives. The schedule level's expert loop contracts each weight tile
+    (`tile.load_expert`'s, read-only, reused while the expert stays the same) with block after
+    block of rows; widening it once rather than once per block is much of a prefill's simulation
+    time. A loop iteration reads several tiles (Qwen3 at real dims: gate, up and down, two F
+    tiles each, on two clusters: 12), so a copy is kept for as long as its tile is alive, not
+    for the last few tiles read. Only read-only arrays are kept (their values cannot change under
+    the copy); a copy is dropped when its array dies (a weak reference), and its memory is
+    reused for the next copy of the same shape (fresh pages are slow to map)."""
 
-    def __init__(self, keep: int = 4):
-        assert keep >= 2, "a contraction's two operands must both stay"
-        self.keep = keep
-        self._recent: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+    def __init__(self, spares: int = 4):
+        self._wide: dict[int, np.ndarray] = {}
+        self._spares: list[np.ndarray] = []
+        self._max_spares = spares
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         assert _read_only_bf16(x)
-        hit = self._recent.get(id(x))
-        if hit is not None and hit[0] is x:
-            self._recent.move_to_end(id(x))
-            return hit[1]
-        spare = None
-        if len(self._recent) >= self.keep:  # the least recently used copy's memory, reused: fresh pages are slow to map
-            _, (_, spare) = self._recent.popitem(last=False)
-        if spare is not None and spare.shape == x.shape:
-            wide = spare
-            np.copyto(wide, x)
-        else:
-            wide = x.astype(np.float32)
-        self._recent[id(x)] = (x, wide)
+        wide = self._wide.get(id(x))
+        if wide is not None:
+            return wide
+        wide = self._spare(x.shape)
+        np.copyto(wide, x)  # bf16 -> f32 is exact
+        self._wide[id(x)] = wide
+        # Runs as `x` is freed, before its id can be reused.
+        weakref.finalize(x, self._release, id(x))
         return wide
+
+    def __len__(self) -> int:
+        """How many copies are kept."""
+        return len(self._wide)
+
+    def _spare(self, shape: tuple[int, ...]) -> np.ndarray:
+        for i, spare in enumerate(self._spares):
+            if spare.shape == shape:
+                return self._spares.pop(i)
+        return np.empty(shape, np.float32)
+
+    def _release(self, key: int) -> None:
+        wide = self._wide.pop(key, None)
+        if wide is not None:
+            self._spares.append(wide)
+            del self._spares[:-self._max_spares]
 
 
 @register_impls
@@ -121,7 +142,7 @@ class TCPFunctions(InterpreterFunctions):
         keep = dest >= 0
         if np.unique(dest[keep]).size != int(keep.sum()):
             raise InterpretationError(f"{op.name}: two source rows are written to one destination row")
-        out[dest[keep]] = source[src[keep]]
+        raw_bits(out)[dest[keep]] = raw_bits(np.asarray(source))[src[keep]]
         return (out,)
 
     @impl(tcp.ViewOp)

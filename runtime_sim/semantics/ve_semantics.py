@@ -25,6 +25,7 @@ from runtime_sim.semantics.numerics import (
     TAG_DTYPE,
     bfloat16,
     round_to,
+    select,
     sequential_max,
     sequential_min,
     sequential_sum,
@@ -222,7 +223,7 @@ class VEFunctions(InterpreterFunctions):
         tags, on_true, on_false = args
         when = list(op.when.get_values())
         hit = tags == when[0] if len(when) == 1 else np.isin(tags, when)  # isin is slow on large arrays
-        return _out(op, np.where(hit, on_true, on_false))
+        return _out(op, select(hit, on_true, on_false))
 
     @impl(ve.ScanOp)
     def run_scan(self, interpreter: Interpreter, op: ve.ScanOp, args: tuple[Any, ...]):
