@@ -95,3 +95,15 @@ def test_the_report_gives_cycles_by_phase() -> None:
     assert all("phase" in o for o in data["ops"])
     text = report.to_text()
     assert "critical path" in text and "\nexperts " in text
+
+
+def test_the_critical_path_enters_a_command_of_several_parts_by_its_part() -> None:
+    """gpt-oss-120b at T = 1: its weight loads run a part on each DMA engine, each part starting
+    when its engine frees. The critical path runs through single parts (a load's part that
+    waited for a bias load on its engine), and the phases' cycles still add up to the total."""
+    dims = dict(D=2880, F=2880, E=128, K=4, T=1)
+    report = tcpc.compile_file(EXAMPLES / "gpt_oss.moe", dims=dims).simulate(cost_only=True, routing="balanced").report
+    on_path = [report.op(k) for k in report.critical_path]
+    assert any(len(o.units) > 1 for o in on_path)
+    assert sum(report.critical_cycles.values()) == report.total_cycles
+    assert sum(p.critical_cycles for p in report.phases) == report.total_cycles

@@ -177,6 +177,9 @@ class SimReport:
     """What the driver chose by the cost model for this run (block=auto, strategy=auto)."""
     loops: list[TileLoop] = field(default_factory=list)
     """The schedule level's loops and their tile sizes (the driver fills it from the IR)."""
+    critical_cycles: dict[int, int] = field(default_factory=dict)
+    """Key -> the cycles the command spends on the critical path (scheduler.Schedule's; a
+    command on several DMA engines is on it from its part's start, not its slot's)."""
 
     @property
     def clock_hz(self) -> float:
@@ -207,7 +210,7 @@ class SimReport:
             if o.cycles == 0 and o.engine == "none":
                 continue
             busy[o.phase] = busy.get(o.phase, 0) + o.engine_cycles
-            crit[o.phase] = crit.get(o.phase, 0) + (o.cycles if o.key in critical else 0)
+            crit[o.phase] = crit.get(o.phase, 0) + (self.critical_cycles.get(o.key, o.cycles) if o.key in critical else 0)
             count[o.phase] = count.get(o.phase, 0) + 1
         names = [p for p in PHASES if p in busy] + sorted(set(busy) - set(PHASES))
         return [PhaseRecord(p, busy[p], crit[p], count[p]) for p in names]

@@ -41,7 +41,7 @@ start (recorded as it is placed).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import networkx as nx
@@ -92,6 +92,9 @@ class Schedule:
     busy: dict[str, int]
     """Engine -> cycles its units were busy, summed over units (a command on n units counts n times)."""
     units: dict[str, int | None]
+    critical_cycles: dict[int, int] = field(default_factory=dict)
+    """Key of a command on the critical path -> the cycles it spends there (its part's, from
+    when it started to when the next command on the path did; they add up to the makespan)."""
 
     def utilisation(self, engine: str) -> float:
         """Busy cycles over (makespan x units); 0 for an empty schedule or unlimited engine."""
@@ -128,8 +131,16 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
     slots: dict[int, Slot] = {}
     preds: dict[int, dict[int, str]] = {}
     busy: dict[str, int] = {e: 0 for e in units}
-    setter: dict[int, int] = {}
-    """Key -> the command whose end set its start (none for a start at 0)."""
+    setter: dict[int, tuple[int, int]] = {}
+    """Key -> (the command, its unit) whose end set its start (none for a start at 0); for a
+    command on several units, the start of its part on `main_unit`, the one that started last."""
+    main_unit: dict[int, int] = {}
+    part_start: dict[tuple[int, int], int] = {}
+    part_setter: dict[tuple[int, int], tuple[int, int]] = {}
+    """(key, unit) -> as `setter`, for the other parts of a command on several units."""
+
+    def at_end_of(d: int) -> tuple[int, int]:
+        return d, main_unit.get(d, slots[d].unit)
     for t in tasks:
         if t.engine not in units:
             raise ValueError(f"{t.label}: unknown engine '{t.engine}' (engines: {', '.join(units)})")
@@ -148,7 +159,7 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
         taken: tuple[int, ...] = (0,)
         start = ready
         cycles = t.cycles
-        engine_setter = -1
+        data_setter: tuple[int, int] | None = None
         unit_free = free.get(t.engine)
         if unit_free is not None:
             if not 1 <= t.units <= len(unit_free):
@@ -175,38 +186,59 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
                     cycles = t.cycles_by_units[count - 1]
                 fits = sorted((u for u in candidates if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
                 taken = tuple(sorted(fits[:count]))
+        if ready:
+            binding = [d for d in into if slots[d].end == ready]
+            data_setter = at_end_of(max(binding, key=lambda d: (into[d] == "data", d)))
+        if unit_free is not None:
+            main = max(taken, key=lambda u: (unit_free[u], -u))
+            if len(taken) > 1:
+                main_unit[t.key] = main
             for u in taken:
                 prev = last_on_unit.get((t.engine, u))
                 if prev is not None:
                     into.setdefault(prev, "engine")
-                    if unit_free[u] == start and start > ready:
-                        engine_setter = prev
                 # Each part is a command of its own on its unit: it starts when the unit frees
                 # (or the inputs are ready), not when the command's last part can.
-                unit_free[u] = max(ready, unit_free[u]) + cycles
+                begins = max(ready, unit_free[u])
+                link = (prev, u) if prev is not None and unit_free[u] > ready else data_setter
+                if u == main:
+                    if link is not None:
+                        setter[t.key] = link
+                else:
+                    part_start[(t.key, u)] = begins
+                    if link is not None:
+                        part_setter[(t.key, u)] = link
+                unit_free[u] = begins + cycles
                 last_on_unit[(t.engine, u)] = t.key
-        if start > ready:
-            setter[t.key] = engine_setter
-        elif start:
-            binding = [d for d in into if into[d] != "engine" and slots[d].end == start]
-            setter[t.key] = max(binding, key=lambda d: (into[d] == "data", d))
+        elif data_setter is not None:
+            setter[t.key] = data_setter
         preds[t.key] = into
         slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + cycles, taken)
         busy[t.engine] += cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
-    return Schedule(slots, tasks, preds, makespan, _critical_path(setter, slots), busy, dict(units))
+    path, on_path = _critical_path(setter, main_unit, part_start, part_setter, slots, makespan)
+    return Schedule(slots, tasks, preds, makespan, path, busy, dict(units), on_path)
 
 
-def _critical_path(setter: Mapping[int, int], slots: Mapping[int, Slot]) -> list[int]:
-    """From the command that ends last, back through the command that set each start: an
-    input's producer (data edges first, then the latest issued) when the inputs were ready
-    last, else the previous command on the unit that freed last."""
+def _critical_path(setter: Mapping[int, tuple[int, int]], main_unit: Mapping[int, int],
+                   part_start: Mapping[tuple[int, int], int], part_setter: Mapping[tuple[int, int], tuple[int, int]],
+                   slots: Mapping[int, Slot], makespan: int) -> tuple[list[int], dict[int, int]]:
+    """From the command that ends last, back through what set each start: an input's producer
+    (data edges first, then the latest issued) when the inputs were ready last, else the
+    previous command on the unit. A command on several units is entered through the part the
+    path came by. Returns the keys, first to last, and the cycles each spends on the path
+    (from its part's start to the next one's start; they add up to the makespan)."""
     if not slots:
-        return []
-    node = max(slots, key=lambda k: (slots[k].end, -k))
-    path = [node]
-    while node in setter:
-        node = setter[node]
+        return [], {}
+    last = max(slots, key=lambda k: (slots[k].end, -k))
+    node: tuple[int, int] | None = (last, main_unit.get(last, slots[last].unit))
+    path: list[tuple[int, int]] = []
+    while node is not None:
         path.append(node)
+        node = part_setter.get(node) if node in part_start else setter.get(node[0])
     path.reverse()
-    return path
+    starts = [part_start.get(n, slots[n[0]].start) for n in path]
+    on_path: dict[int, int] = {}
+    for (key, _), begins, ends in zip(path, starts, [*starts[1:], makespan]):
+        on_path[key] = on_path.get(key, 0) + ends - begins
+    return [key for key, _ in path], on_path

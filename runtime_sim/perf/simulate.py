@@ -168,7 +168,8 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
     if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
         raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
     report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
-                       scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills, plan.streams)
+                       scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills, plan.streams,
+                       critical_cycles=sched.critical_cycles)
     return report, sched
 
 
