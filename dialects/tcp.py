@@ -267,8 +267,8 @@ class DmaScatterOp(IRDLOperation):
                 "result rows must have the source's row shape and type")
 
 
-class _CopyOp(IRDLOperation):
-    """A DMA copy between memories; the value is unchanged."""
+class CopyOpBase(IRDLOperation):
+    """A DMA copy between memories; the value is unchanged (tcp.load, tcp.store, tile.copy)."""
 
     input = operand_def(TensorType)
     result = result_def(TensorType)
@@ -283,14 +283,14 @@ class _CopyOp(IRDLOperation):
 
 
 @irdl_op_definition
-class LoadOp(_CopyOp):
+class LoadOp(CopyOpBase):
     """HBM to SRAM."""
 
     name = "tcp.load"
 
 
 @irdl_op_definition
-class StoreOp(_CopyOp):
+class StoreOp(CopyOpBase):
     """SRAM to HBM."""
 
     name = "tcp.store"

@@ -53,6 +53,7 @@ from xdsl.irdl import (
 )
 from xdsl.traits import Pure
 
+from dialects.tcp import CopyOpBase
 from dialects.tensor_types import expect, format_type, is_int_type, shape_of
 
 SPACES = ("hbm", "sram")
@@ -152,21 +153,11 @@ class StoreOp(IRDLOperation):
 
 
 @irdl_op_definition
-class CopyOp(IRDLOperation):
+class CopyOp(CopyOpBase):
     """A tensor copied by DMA from one cluster's SRAM to another's (the value is unchanged):
     what a cluster reads that another cluster computed."""
 
     name = "tile.copy"
-    input = operand_def(TensorType)
-    result = result_def(TensorType)
-    traits = traits_def(Pure())
-    assembly_format = "$input `:` type($input) `->` type($result) attr-dict"
-
-    def __init__(self, input: SSAValue):
-        super().__init__(operands=[input], result_types=[input.type])
-
-    def verify_(self) -> None:
-        expect(self.result.type == self.input.type, "tile.copy keeps the type")
 
 
 @irdl_op_definition

@@ -176,14 +176,10 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
                 start = max(ready, first_free[count - 1])
                 if t.cycles_by_units:
                     # The spread that ends first, the fewest units on a tie.
-                    cycles = t.cycles_by_units[count - 1]
-                    end = start + cycles
-                    for k in range(1, count):
-                        k_start = max(ready, first_free[k - 1])
-                        if k_start + t.cycles_by_units[k - 1] < end or (
-                                k_start + t.cycles_by_units[k - 1] == end and k < count):
-                            count, start, end = k, k_start, k_start + t.cycles_by_units[k - 1]
-                    cycles = t.cycles_by_units[count - 1]
+                    by_units = t.cycles_by_units
+                    count = min(range(1, count + 1), key=lambda k: (max(ready, first_free[k - 1]) + by_units[k - 1], k))
+                    start = max(ready, first_free[count - 1])
+                    cycles = by_units[count - 1]
                 fits = sorted((u for u in candidates if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
                 taken = tuple(sorted(fits[:count]))
         if ready:
