@@ -17,6 +17,7 @@ text of the files it reads): a rerun skips the points already done, and retries 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import itertools
 import json
@@ -417,7 +418,12 @@ def _client(scheduler: str | None, workers: int | None, processes: bool) -> tupl
         try:
             return Client(scheduler, timeout="10s"), None
         except (OSError, TimeoutError, ValueError) as e:  # ValueError: not an address
-            raise SweepError(f"--scheduler {scheduler}: cannot connect ({e})") from None
+            message = f"--scheduler {scheduler}: cannot connect ({e})"
+        # The half-built Client is garbage now: collect it here, so its __del__ (which stops its
+        # event loop) does not run at a random later allocation, such as inside the next
+        # LocalCluster's loop start, where distributed's LoopRunner lock deadlocks against it.
+        gc.collect()
+        raise SweepError(message)
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=processes,
                            dashboard_address=":0", silence_logs=logging.ERROR)
     return Client(cluster), cluster
