@@ -27,13 +27,13 @@ from pathlib import Path
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from passes.lower_topk import AUTO_STRATEGY, STRATEGIES, LowerTopKPass
+from passes.lower_topk import AUTO_STRATEGY, DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.machine import Machine
 from runtime_sim.perf.report import Choice
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import FULL_PIPELINE, apply_pipeline, parse_pipeline
+from tcpc.pipelines import FULL_PIPELINE, apply_pipeline, parse_pipeline, pipeline_for
 
 BLOCK_SPREAD = 4
 """Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
@@ -95,7 +95,9 @@ def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]
     for auto in autos:
         def cycles_of(block: int, auto: AutoBlock = auto) -> int:
             module = build({**chosen, auto.loc: block})
-            return cost_cycles(module, [auto.graph], parse_pipeline(",".join(FULL_PIPELINE)), machine, routing, seed)
+            # top-k at the pass's default: the strategy is chosen after the block, at the block chosen
+            pipeline = pipeline_for(machine, topk_strategy=DEFAULT_STRATEGY)
+            return cost_cycles(module, [auto.graph], parse_pipeline(pipeline), machine, routing, seed)
 
         best, tried = choose_block(auto, cycles_of)
         chosen[auto.loc] = best

@@ -89,11 +89,16 @@ def split_clusters_options(machine: Machine) -> dict[str, int]:
     return {k: v for k, v in wanted.items() if getattr(default, k) != v}
 
 
-def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE) -> str:
-    """`passes` as a pipeline string for `machine` (split-clusters' options, written out only
-    where they are not the pass's defaults)."""
+def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str = "auto") -> str:
+    """`passes` as a pipeline string for `machine`: lower-topk's strategy left to the cost
+    model by default (`strategy=auto`, resolved by the driver: rank's all-pairs ranking wins at
+    small E, rounds at large E x T), split-clusters' options written out only where they are not the
+    pass's defaults."""
     options = " ".join(f"{k}={v}" for k, v in split_clusters_options(machine).items())
-    return ",".join(f"split-clusters{{{options}}}" if p == "split-clusters" and options else p for p in passes)
+    written = {"lower-topk": f"lower-topk{{strategy={topk_strategy}}}"}
+    if options:
+        written["split-clusters"] = f"split-clusters{{{options}}}"
+    return ",".join(written.get(p, p) for p in passes)
 
 
 def make_context() -> Context:

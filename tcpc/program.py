@@ -123,7 +123,7 @@ class Program:
             return ""
         if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-        return ",".join(FULL_PIPELINE) if machine is None else pipeline_for(machine)
+        return pipeline_for(as_machine(machine))
 
     def lower(self, pipeline: str | None = None, *, graph: str | None = None, machine: Machine | str | Path | None = None,
               routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
@@ -238,6 +238,8 @@ class Program:
         spec = self.full_pipeline(mach) if pipeline is None else pipeline
         # With values the routing follows the data; strategies are costed for balanced routing.
         scenario = routing if cost_only else "balanced"
+        if not cost_only:  # before any costing: a strategy=auto costs the lowered program
+            check_fits(self.module, name, f"simulating graph '{name}' with values")
         passes, choices = self.passes(spec, graph=name, machine=mach, routing=scenario, seed=seed)
         for choice in choices:  # the pipeline as run, for the report's first line
             spec = spec.replace("strategy=auto", f"strategy={choice.chosen}", 1)

@@ -76,14 +76,16 @@ def test_choose_block_ties_go_to_the_smaller_block() -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decode_runs_without_setting_b(family: str) -> None:
     """T = 1 with the example's B = 4 (or 2): the block cannot fit, so the compiler picks it;
-    the run costs what the choice was costed at."""
+    then the top-k strategy at that block; the run costs what the last choice was costed at."""
     program = tcpc.compile_file(EXAMPLES / family, {"T": 1})
     (choice,) = program.choices
     assert choice.what == "block" and choice.chosen == 1 and "does not fit" in choice.reason
     assert "B = 1," in program.graph_ir()
     sim = program.simulate(cost_only=True)
-    assert sim.report.choices == [choice]
-    assert sim.report.total_cycles == dict(choice.alternatives)[1]
+    block, strategy = sim.report.choices
+    assert block == choice and strategy.what == "lower-topk strategy"
+    assert sim.report.total_cycles == dict(strategy.alternatives)[strategy.chosen]
+    assert dict(strategy.alternatives)["rank"] == dict(choice.alternatives)[1]  # both costed the same program
 
 
 @pytest.mark.parametrize("family", ["mixtral.moe", "deepseek_v3.moe"])
@@ -145,10 +147,14 @@ def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytes
     assert code == 0
     assert "chose block 1 at " in out and "block = 4 does not fit" in out
     assert "schedule: experts loop %block:" in out
+    assert "chose lower-topk strategy " in out and "(strategy=auto); cycles by lower-topk strategy" in out
     data = json.loads(report.read_text())
-    (choice,) = data["choices"]
+    choice, strategy = data["choices"]
     assert choice["what"] == "block" and choice["chosen"] == 1
-    assert choice["alternatives"] == [{"value": 1, "cycles": data["total_cycles"]}]
+    assert strategy["what"] == "lower-topk strategy" and strategy["routing"] == "balanced"
+    cycles = {a["value"]: a["cycles"] for a in strategy["alternatives"]}
+    assert cycles["rank"] == choice["alternatives"][0]["cycles"]
+    assert cycles[strategy["chosen"]] == min(cycles.values()) == data["total_cycles"]
     assert any(loop["phase"] == "experts" for loop in data["loops"])
 
 
@@ -157,10 +163,13 @@ def test_the_json_reports_choice_is_its_cheapest_alternative(tmp_path: Path) -> 
     path.write_text(MIXTRAL_AUTO)
     assert main(["run", str(path), "--cost-only", "--routing", "skewed", "--report-json", str(report)]) == 0
     data = json.loads(report.read_text())
-    (choice,) = data["choices"]
+    choice, strategy = data["choices"]
     cycles = {a["value"]: a["cycles"] for a in choice["alternatives"]}
-    assert len(cycles) > 1 and choice["routing"] == "skewed"
-    assert cycles[choice["chosen"]] == min(cycles.values()) == data["total_cycles"]
+    assert len(cycles) > 1 and choice["routing"] == strategy["routing"] == "skewed"
+    assert cycles[choice["chosen"]] == min(cycles.values())
+    by_strategy = {a["value"]: a["cycles"] for a in strategy["alternatives"]}
+    assert by_strategy["rank"] == cycles[choice["chosen"]]  # the strategies are costed at the chosen block
+    assert by_strategy[strategy["chosen"]] == min(by_strategy.values()) == data["total_cycles"]
     assert choice["chosen"] == min(b for b, c in cycles.items() if c == min(cycles.values()))
 
 
