@@ -34,12 +34,15 @@ chain has no guard of its own. That costs each cluster the other's vector time o
 
 DMA engines: by default a copy's DMA commands take whichever of the chip's engines are free,
 so a memory-bound block (decode) streams its weights at the whole chip's HBM bandwidth. But
-commands issue in program order and an engine runs its commands in order: where the blocks
-are compute-bound, one cluster's prefetched weight loads, issued first, book every engine
-ahead, and the other cluster's loads queue behind them, so the clusters contract in turn.
-When a block does at least `own_dma_intensity` FLOPs per weight byte (it is compute-bound on
-its cluster with half the chip's HBM bandwidth), each copy's ops are marked `tcpc.own_dma`
-and their DMA runs on the cluster's own engines (the simulator's `own_dma_units`).
+commands issue in program order and an engine runs its commands in order: where a block's
+contraction outlasts its weight load, loads wait for the buffers the contractions hold, and
+a waiting load of one cluster holds the engines' queues: the other cluster's loads, issued
+after it, queue behind, and the clusters contract in turn. So when a block does at least
+`own_dma_intensity` FLOPs per weight byte (its contraction on one cluster takes at least as
+long as its weight load at the whole chip's HBM bandwidth) and the loop's work can spread over
+every cluster (a routed loop that can hold an expert per cluster, min(E, G) >= N; a shared
+expert's loop with a block per cluster), each copy's ops are marked `tcpc.own_dma` and their
+DMA runs on the cluster's own engines (the simulator's `own_dma_units`).
 
 Token loops of `schedule-tokens` (the router's) run tile i on cluster i mod N
 (passes/cluster_token_tiles.py).
@@ -161,6 +164,9 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
     if by_block and blocks is not None and blocks < clusters:
         pin(loop, clusters - 1)  # one block (decode): on the last cluster, beside the routing on cluster 0
         return loop
+    # A shared expert's loop gets here with a block per cluster; a routed one needs as many experts.
+    experts = shape_of(loads[0].source.type)[0]
+    own_dma = own_dma and (by_block or blocks is None or min(experts, blocks) >= clusters)
 
     before: list[Operation] = []
     reach = reacher(before)
@@ -271,13 +277,13 @@ class SplitClustersPass(ModulePass):
     clusters: int = 2
     """Clusters of the target chip (RNGD: 2); 1 leaves the loops as they are."""
 
-    own_dma_intensity: int = 175
-    """FLOPs per weight byte from which a block is compute-bound on its cluster even with half
-    the chip's HBM bandwidth, so each cluster's copy issues its DMA on its own engines
-    (`tcpc.own_dma`) and never queues behind the other's: RNGD, 131,072 FLOPs per cycle per
-    cluster over 750 B/cycle, 175 (tcpc.pipelines.own_dma_intensity computes it for a
-    machine). Below it the copies share every engine, as a memory-bound block needs the whole
-    bandwidth. 0: never."""
+    own_dma_intensity: int = 88
+    """FLOPs per weight byte from which a block's contraction on its cluster outlasts its weight
+    load at the chip's whole HBM bandwidth, so each cluster's copy issues its DMA on its own
+    engines (`tcpc.own_dma`) and never queues behind the other's: RNGD, 131,072 FLOPs per cycle
+    per cluster over 1,500 B/cycle, 88 (tcpc.pipelines.own_dma_intensity computes it for a
+    machine). Below it the copies share every engine: the loads stream back to back, and a
+    cluster with more blocks (skewed routing) takes the bandwidth the other leaves. 0: never."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.clusters < 1 or self.clusters & (self.clusters - 1):

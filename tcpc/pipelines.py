@@ -74,10 +74,10 @@ FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
 
 
 def own_dma_intensity(machine: Machine) -> int:
-    """FLOPs per weight byte from which a block keeps one cluster's tensor unit busy on half
-    the chip's HBM bandwidth (split-clusters' `own_dma_intensity`): a cluster's peak over its
-    share of HBM, rounded up."""
-    return math.ceil(machine.peak_flops_per_cycle * machine.clusters / machine.hbm_bytes_per_cycle)
+    """FLOPs per weight byte from which a block's contraction on one cluster outlasts its weight
+    load at the whole chip's HBM bandwidth (split-clusters' `own_dma_intensity`): a cluster's
+    peak over the HBM bandwidth, rounded up."""
+    return math.ceil(machine.peak_flops_per_cycle / machine.hbm_bytes_per_cycle)
 
 
 def split_clusters_options(machine: Machine) -> dict[str, int]:
