@@ -166,7 +166,7 @@ def test_the_accumulator_is_fetched_and_a_window_moves_in_pieces() -> None:
     columns moves one contiguous piece per row, a window of rows one piece."""
     from runtime_sim.perf.machine import load_machine
     from runtime_sim.perf.tcp_cost import cost_contract
-    from runtime_sim.perf.tile_cost import window_pieces
+    from dialects.tensor_types import window_pieces
 
     machine = load_machine()
     no_acc = ACC_IR.replace(" acc %acc", "").replace(" acc tensor<2x2x3xf32>", "")
