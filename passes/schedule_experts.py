@@ -77,11 +77,15 @@ from passes.loop_builder import (
 
 TILE_AHEAD = 2
 """A block's row tiles are fetched once block g - 2 has contracted: two blocks' tiles in SRAM."""
-SCALES_AHEAD_BYTES = 64 * 1024
-"""Weight scales whose gather for all G blocks is at most this are gathered before the loop
-(`gathered_ahead`): one command moving them takes less than a command's start-up (RNGD: 500
-cycles at an engine's 187.5 B/cycle share of HBM, ~94 KB), so one per expert would cost more;
-larger ones (MXFP4's, one per 32 weights) load with their expert, spread over the engines."""
+SCALES_AHEAD_ROW_BYTES = 16 * 1024
+"""Weight scales of at most this many bytes per expert are gathered for every block at once,
+before the loop (`gathered_ahead`): a command moving so few takes mostly its start-up (RNGD:
+500 cycles; 16 KB at an engine's 187.5 B/cycle share of HBM is 87), so one command for all
+blocks saves a start-up per expert and matrix (fp8's 128 x 128 blocks: a few hundred bytes or
+KB per matrix). MXFP4's scales (one per 32 weights, 48 KB to 260 KB a matrix) load with their
+expert, spread over the engines, rather than all on one engine before the first block."""
+SCALES_AHEAD_BYTES = 1 << 20
+"""... and at most this many in all (G blocks' rows: one DMA piece, under 1% of a cluster's SRAM)."""
 WEIGHT_AHEAD = 4
 """An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
 every few blocks) has the time of up to three blocks' contractions to arrive."""
@@ -121,7 +125,8 @@ def gathered_ahead(op: Operation) -> bool:
     whole start-up); the loop addresses each block's rows in place."""
     return (isinstance(op, tcp.DmaGatherOp) and bool(op.result.uses)
             and all(isinstance(u.operation, tcp.ScaledContractOp) and u.index == 3 for u in op.result.uses)
-            and stored_bytes(op.result.type) <= SCALES_AHEAD_BYTES)
+            and stored_bytes(op.result.type) <= SCALES_AHEAD_BYTES
+            and stored_bytes(op.result.type) <= SCALES_AHEAD_ROW_BYTES * shape_of(op.result.type)[0])
 
 
 def _root(value: SSAValue) -> Operation | None:
