@@ -129,6 +129,13 @@ def gathered_ahead(op: Operation) -> bool:
             and stored_bytes(op.result.type) <= SCALES_AHEAD_ROW_BYTES * shape_of(op.result.type)[0])
 
 
+def read_only_ahead(op: Operation) -> bool:
+    """Whether `op` is read only by gathers made ahead of the loop (the one-expert view of a
+    shared expert's scales, which has G = 1 rows by coincidence at decode): it stays with them."""
+    uses = [u.operation for r in op.results for u in r.uses]
+    return bool(uses) and all(gathered_ahead(u) for u in uses)
+
+
 def _root(value: SSAValue) -> Operation | None:
     """The op that produced a value's buffer, through views."""
     owner = value.owner
@@ -169,7 +176,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
     blocks = shape_of(expert_ids.type)[0]
     phase = plan_phase(block, expert_ids)
     ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
-                             and not gathered_ahead(op)])
+                             and not gathered_ahead(op) and not read_only_ahead(op)])
     if not any(isinstance(op, CONTRACTIONS) for op in ops):
         return None
     last = ops[-1]
