@@ -266,6 +266,24 @@ def test_block_scaled_f_tiles_are_bit_identical(stem: str, mode: str) -> None:
     assert_same_bits(program.run(seed=5, pipeline=full).outputs, program.run(seed=5).outputs)
 
 
+@settings(max_examples=6, deadline=None)
+@given(tokens=st.integers(1, 24), block=st.sampled_from([1, 2, 4]), k=st.integers(1, 2), seed=st.integers(0, 5),
+       f=st.sampled_from([128, 640, 1152]), mx=st.booleans(), f_mode=st.sampled_from(sorted(F_TILE_MODES)))
+def test_block_scaled_tile_remainders_are_exact(tokens: int, block: int, k: int, seed: int, f: int, mx: bool,
+                                                f_mode: str) -> None:
+    """Qwen3's SwiGLU in fp8 (128 x 128 blocks) or MXFP4 (32 along K), F whole or in tiles of
+    512 with a remainder of 128, unused blocks, T not a multiple of the token tile: the
+    reference's bits after the whole schedule level."""
+    dims = {"T": tokens, "B": min(block, tokens), "E": 4, "K": k, "D": 128, "F": f,
+            **(dict(QK=32, QN=1, QG=32) if mx else {})}
+    source = (Path(__file__).parent.parent / "examples" / "qwen3_moe_fp8.moe").read_text()
+    if mx:
+        source = source.replace("f8e4m3[E", "f4e2m1[E").replace("f32[E", "e8m0[E")
+    program = tcpc.compile_source(source, dims=dims)
+    full = ",".join(FULL_PIPELINE).replace("schedule-experts", f"schedule-experts{F_TILE_MODES[f_mode]}")
+    assert_same_bits(program.run(seed=seed, pipeline=full).outputs, program.run(seed=seed).outputs)
+
+
 def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
     """fp8's 128 x 128 block scales (a few hundred bytes per expert and matrix) are gathered for
     every block in one DMA command each before the loop, which addresses its block's rows (and
