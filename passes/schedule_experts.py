@@ -41,6 +41,10 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   bit. Tiles of experts that fit (two of them in half the SRAM) are carried to the next block
   for reuse and wait like whole weights; streamed tiles (Mixtral, Llama-4, DeepSeek-V3, gpt-oss
   at real dims) are fetched per block, each waiting for the down-projection two tiles earlier.
+  Block-scaled (fp8, MXFP4) experts tile the same way, their weights' scales with them.
+- weight scales small enough (`gathered_ahead`: fp8's, a few hundred bytes per expert and
+  matrix) stay gathered for all blocks before the loop, one DMA command each; the loop
+  addresses its block's rows, and each F tile its window, in place (`tile.slice ... at`).
 
 Ops that are not block-parallel, or that depend on an op after the loop's place, stay where
 they are. The loop goes right after the last op it absorbs; outside ops that read its results

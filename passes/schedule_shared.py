@@ -304,9 +304,9 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
     block.insert_ops_before(new, anchor)
     down.result.replace_all_uses_with(result)
     weights = [v for u in [*mlp.ups, down] for v in ([u.rhs, u.rhs_scales] if isinstance(u, tcp.ScaledContractOp) else [u.rhs])]
-    batches = [v.owner for v in weights if v.owner is not None and isinstance(v.owner, tcp.ViewOp)]
+    weight_views = [v.owner for v in weights if isinstance(v.owner, tcp.ViewOp)]
     loads = [_unbatched(v).owner for v in weights]
-    for op in [down, *reversed(mlp.ops), *batches, *loads]:
+    for op in [down, *reversed(mlp.ops), *weight_views, *loads]:
         assert isinstance(op, Operation)
         op.detach()
         op.erase()
