@@ -19,7 +19,9 @@ For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
   scales, `variant` below). The shared expert of DeepSeek-V3 takes its routed experts' format.
 
 Each is compiled with the full pipeline and simulated cost-only with balanced routing, at
-T = 1 and 64 (decode) and 2048 (prefill), B as benchmarks/run.py picks it. Columns: simulated
+T = 1 and 64 (decode) and 2048 (prefill), B as benchmarks/run.py picks it, lower-topk's
+strategy chosen by the cost model (`strategy=auto`: each strategy simulated, the fewer cycles
+kept; column `top-k`). Columns: simulated
 time; its ratio to the bf16 layer's; the chip limit of the format, computed here from the
 layer's FLOPs at the format's peak (the experts' contractions at the fp8 rate for fp8 and
 MXFP4, the rest at bf16's) and its minimal HBM bytes at HBM bandwidth (the weights of the
@@ -46,6 +48,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 import tcpc  # noqa: E402
 from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
 from runtime_sim.perf.machine import Machine, load_machine  # noqa: E402
+from tcpc.pipelines import apply_pipeline  # noqa: E402
 
 
 if str(ROOT / "benchmarks") not in sys.path:  # run.py, the model table, next to this script
@@ -111,6 +114,8 @@ class Row:
     microseconds: float
     limit_microseconds: float
     seconds: float
+    strategy: str = "rank"
+    """lower-topk's strategy, chosen by the cost model."""
     bf16_cycles: int = 0
 
     @property
@@ -152,13 +157,21 @@ def precision_row(family: Family, fmt: str, tokens: int, machine: Machine) -> Ro
     start = time.perf_counter()
     program = tcpc.compile_source(source, dims=dims, filename=str(path))
     name = program.function().sym_name.data
-    module = program.lower("pin-routing," + program.full_pipeline())
+    passes, choices = program.passes(pipeline_with_auto_topk(program.full_pipeline()), routing="balanced")
+    module = apply_pipeline(program.module, passes)
     report = simulate_cost_only(module, name, routing="balanced").report
+    strategy = next((str(c.chosen) for c in choices if c.what == "lower-topk strategy"), "rank")
     seconds = time.perf_counter() - start
     experts = next((p.critical_cycles for p in report.phases if p.name == "experts"), 0)
     limit = chip_limit(machine, family, fmt, tokens, blocks)
     return Row(family.title, fmt, tokens, block, report.total_cycles, limit, report.roofline.hbm_bytes, experts,
-               report.microseconds, machine.cycles_to_us(limit), seconds)
+               report.microseconds, machine.cycles_to_us(limit), seconds, strategy)
+
+
+def pipeline_with_auto_topk(pipeline: str) -> str:
+    """`pin-routing` and `pipeline` with lower-topk's strategy left to the cost model
+    (`strategy=auto`, resolved by tcpc/autotune.py) where the pipeline does not name one."""
+    return ",".join(["pin-routing", *("lower-topk{strategy=auto}" if p == "lower-topk" else p for p in pipeline.split(","))])
 
 
 def rows_for(tokens: Sequence[int], machine: Machine) -> list[Row]:
@@ -178,14 +191,15 @@ def _num(x: float) -> str:
 
 def table(rows: Sequence[Row], machine: Machine) -> str:
     head = ["model", "T", "format", "simulated µs", "x bf16", "target", "chip limit µs", "x limit", "HBM MB",
-            "experts µs", "rest µs"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 3 else "---:" for i in range(len(head))) + "|"]
+            "experts µs", "rest µs", "top-k"]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---" if i < 3 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
     for r in rows:
         target = f"<= {TARGETS[r.fmt]:.2f}" if r.fmt in TARGETS and r.tokens <= 64 else ""
         rest = r.total_cycles - r.experts_cycles
         lines.append(f"| {r.title} | {r.tokens} | {r.fmt} | {_num(r.microseconds)} | {r.ratio:.3f} | {target} | "
                      f"{_num(r.limit_microseconds)} | {r.over_limit:.2f} | {r.hbm_bytes / 1e6:,.1f} | "
-                     f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} |")
+                     f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} | {r.strategy} |")
     return "\n".join(lines)
 
 

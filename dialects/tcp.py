@@ -156,7 +156,10 @@ class ScaledContractOp(IRDLOperation):
     chain, multiplies the partial sum by its two scales (lhs scale * rhs scale, in f32) and
     adds it to the running sum in K order; then `bias` (broadcasting to [G, B, F]). The
     partial sums never leave the chain. With `guard` (i32 [G]), a block whose guard is
-    negative is skipped and left zero. Semantics: `quantization.scaled_contract`."""
+    negative is skipped and left zero. With `acc` (f32, the result's type) the running sum
+    starts from `acc`: a contraction tiled along D at K-block edges (an expert's F tiles of a
+    down-projection) passes each tile's sum to the next and gives the whole contraction's bits;
+    a skipped block keeps `acc`. Semantics: `quantization.scaled_contract`."""
 
     name = "tcp.scaled_contract"
     lhs = operand_def(TensorType)
@@ -165,20 +168,21 @@ class ScaledContractOp(IRDLOperation):
     rhs_scales = operand_def(TensorType)
     bias = opt_operand_def(TensorType)
     guard = opt_operand_def(TensorType)
+    acc = opt_operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure())
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
-        "$lhs `,` $rhs `scales` $lhs_scales `,` $rhs_scales (`bias` $bias^)? (`guard` $guard^)? `:` "
+        "$lhs `,` $rhs `scales` $lhs_scales `,` $rhs_scales (`acc` $acc^)? (`bias` $bias^)? (`guard` $guard^)? `:` "
         "type($lhs) `,` type($rhs) `,` type($lhs_scales) `,` type($rhs_scales) "
-        "(`bias` type($bias)^)? (`guard` type($guard)^)? `->` type($result) attr-dict"
+        "(`acc` type($acc)^)? (`bias` type($bias)^)? (`guard` type($guard)^)? `->` type($result) attr-dict"
     )
 
     def __init__(self, lhs: SSAValue, rhs: SSAValue, lhs_scales: SSAValue, rhs_scales: SSAValue,
-                 bias: SSAValue | None = None, guard: SSAValue | None = None):
+                 bias: SSAValue | None = None, guard: SSAValue | None = None, acc: SSAValue | None = None):
         g, b, _ = shape_of(lhs.type)
         f = shape_of(rhs.type)[2]
-        super().__init__(operands=[lhs, rhs, lhs_scales, rhs_scales, bias, guard],
+        super().__init__(operands=[lhs, rhs, lhs_scales, rhs_scales, bias, guard, acc],
                          result_types=[TensorType(f32, [g, b, f])])
 
     @property
@@ -205,6 +209,9 @@ class ScaledContractOp(IRDLOperation):
             gt = self.guard.type
             expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
                    f"guard must be i32 [{shape[0]}] (one per block), got {format_type(gt)}")
+        if self.acc is not None:
+            expect(self.acc.type == self.result.type,
+                   f"the accumulator must be the result's {format_type(self.result.type)}, got {format_type(self.acc.type)}")
 
 
 @irdl_op_definition

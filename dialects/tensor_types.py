@@ -83,6 +83,21 @@ def stored_bits(element_type: Attribute) -> int:
     return 32
 
 
+def stored_bytes(t: Attribute) -> int:
+    """Bytes a tensor of type `t` occupies in memory (sub-byte elements packed; 0 if no tensor)."""
+    if not isinstance(t, TensorType):
+        return 0
+    return -(-math.prod(t.get_shape()) * stored_bits(t.get_element_type()) // 8)
+
+
+def window_pieces(whole: Sequence[int], window: Sequence[int]) -> int:
+    """Contiguous pieces of a window of shape `window` in a row-major tensor of shape `whole`:
+    one per index of the axes before the last axis the window cuts (the axes after it are
+    whole). A DMA command moves each piece in whole requests."""
+    cut = [i for i, (w, n) in enumerate(zip(whole, window)) if n < w]
+    return math.prod(window[:cut[-1]]) if cut else 1
+
+
 CONTRACTION_PAIRS: dict[tuple[str, str], str] = {
     ("f8e4m3", "f8e4m3"): "f8e4m3 x f8e4m3",
     ("f8e5m2", "f8e5m2"): "f8e5m2 x f8e5m2",

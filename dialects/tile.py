@@ -8,6 +8,7 @@ from and goes to, so the placement is in the IR, not guessed by the simulator:
 - `tile.buffer hbm|sram`: an explicit, zero-filled buffer of a static size in one memory, the
   destination of per-tile stores (a loop's result assembled in place);
 - `tile.slice %src[%offset]`: a tile of a tensor already in SRAM (addressing only, no data moves);
+  with `at array<i64: ...>`, a window of each of its rows;
 - `tile.load %src[%offset]`: a tile of a tensor in HBM, copied into SRAM by a DMA command;
 - `tile.store %tile, %dst[%offset]`: a tile written into rows of a buffer, in place (DMA to HBM,
   or the producing engine's commit into SRAM); the result is the same buffer;
@@ -83,23 +84,49 @@ class BufferOp(IRDLOperation):
         expect(self.space.data in SPACES, f"tile.buffer: space must be one of {', '.join(SPACES)}, not {self.space.data!r}")
 
 
+def _check_window(op_name: str, part: Attribute, whole: Attribute, offsets: tuple[int, ...]) -> None:
+    """`part` is a window of `whole`'s rows: the element type, as many axes, and in each axis
+    after the first `offsets` plus the part's size within the whole's."""
+    ps, ws = shape_of(part)[1:], shape_of(whole)[1:]
+    expect(part.get_element_type() == whole.get_element_type() and len(offsets) == len(ws) == len(ps)
+           and all(0 <= o and o + n <= w for o, n, w in zip(offsets, ps, ws)),
+           f"{op_name}: {format_type(part)} at {list(offsets)} is not a window of the rows of {format_type(whole)}")
+
+
 @irdl_op_definition
 class SliceOp(IRDLOperation):
     """Rows [offset, offset + n) of an SRAM tensor, n the result's first dimension: addressing
-    only."""
+    only. With `at array<i64: ...>` (one offset per axis after the first), the window of the
+    result's shape starting there in each row (an F tile of a block's weight scales): still
+    addressing only, the engine reading it with strides."""
 
     name = "tile.slice"
     source = operand_def(TensorType)
     offset = operand_def(IndexType)
+    offsets = opt_prop_def(AnyAttr())
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$source `[` $offset `]` `:` type($source) `->` type($result) attr-dict"
+    assembly_format = "$source `[` $offset `]` (`at` $offsets^)? `:` type($source) `->` type($result) attr-dict"
 
-    def __init__(self, source: SSAValue, offset: SSAValue, result_type: Attribute):
-        super().__init__(operands=[source, offset], result_types=[result_type])
+    def __init__(self, source: SSAValue, offset: SSAValue, result_type: Attribute, window: list[int] | None = None):
+        """`window`: the offsets of the window in each axis after the first (None: whole rows)."""
+        properties = {} if window is None else {"offsets": DenseArrayBase.from_list(i64, window)}
+        super().__init__(operands=[source, offset], result_types=[result_type], properties=properties)
+
+    def window_offsets(self) -> tuple[int, ...]:
+        """Where the window starts in each axis after the first (zeros without `offsets`)."""
+        if self.offsets is None:
+            return (0,) * (len(shape_of(self.source.type)) - 1)
+        return tuple(self.offsets.get_values())
 
     def verify_(self) -> None:
-        _rows_match(self.result.type, self.source.type, self.name)
+        if self.offsets is None:
+            _rows_match(self.result.type, self.source.type, self.name)
+            return
+        expect(isinstance(self.offsets, DenseArrayBase), "tile.slice: offsets must be an array<i64: ...>")
+        _check_window(self.name, self.result.type, self.source.type, self.window_offsets())
+        expect(shape_of(self.result.type)[0] <= shape_of(self.source.type)[0],
+               f"{self.name}: a tile of {format_type(self.source.type)} cannot be {format_type(self.result.type)}")
 
 
 @irdl_op_definition
@@ -206,13 +233,8 @@ class LoadExpertOp(IRDLOperation):
         expect(self.prev_ids is None or self.prev_ids.type == it, "tile.load_expert: prev_ids must have the type of ids")
         expect(self.offsets is None or isinstance(self.offsets, DenseArrayBase),
                "tile.load_expert: offsets must be an array<i64: ...>")
-        whole = shape_of(st)[1:]
-        offsets = self.window_offsets()
-        sizes = shape_of(rt)[1:]
-        expect(len(offsets) == len(whole) == len(sizes) and rt.get_element_type() == st.get_element_type()
-               and shape_of(rt)[:1] == shape_of(it)
-               and all(0 <= o and o + n <= w for o, n, w in zip(offsets, sizes, whole)),
-               f"tile.load_expert: {format_type(rt)} at {list(offsets)} is not a window of the rows of {format_type(st)}")
+        _check_window(self.name, rt, st, self.window_offsets())
+        expect(shape_of(rt)[:1] == shape_of(it), f"tile.load_expert: {format_type(rt)} has not one row per id of {format_type(it)}")
         expect(self.prev_tile is None or self.prev_tile.type == rt, "tile.load_expert: prev_tile must have the result's type")
 
 

@@ -15,16 +15,15 @@ cluster 0: the clusters share the HBM its time goes to, and a second one would o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from xdsl.dialects import arith, scf
-from xdsl.dialects.builtin import IndexType, TensorType
+from xdsl.dialects.builtin import IndexType
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR
-from dialects.tensor_types import stored_bits
+from dialects.tensor_types import stored_bytes
 from passes.cluster_copies import pin, reacher
 from passes.loop_builder import constant_index, in_hbm, index_constant
 
@@ -39,10 +38,7 @@ def token_loops(block: Block) -> list[scf.ForOp]:
 
 def _bytes(value: SSAValue) -> int:
     """The bytes of a tensor value as stored (sub-byte elements packed)."""
-    t = value.type
-    if not isinstance(t, TensorType):
-        return 0
-    return -(-math.prod(t.get_shape()) * stored_bits(t.get_element_type()) // 8)
+    return stored_bytes(value.type)
 
 
 VECTOR_BYTES_PER_COPIED_BYTE = 8

@@ -41,6 +41,10 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   bit. Tiles of experts that fit (two of them in half the SRAM) are carried to the next block
   for reuse and wait like whole weights; streamed tiles (Mixtral, Llama-4, DeepSeek-V3, gpt-oss
   at real dims) are fetched per block, each waiting for the down-projection two tiles earlier.
+  Block-scaled (fp8, MXFP4) experts tile the same way, their weights' scales with them.
+- weight scales small enough (`gathered_ahead`: fp8's, a few hundred bytes per expert and
+  matrix) stay gathered for all blocks before the loop, one DMA command each; the loop
+  addresses its block's rows, and each F tile its window, in place (`tile.slice ... at`).
 
 Ops that are not block-parallel, or that depend on an op after the loop's place, stay where
 they are. The loop goes right after the last op it absorbs; outside ops that read its results
@@ -49,6 +53,7 @@ and stood between its ops move after it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -59,8 +64,8 @@ from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
-from dialects.tensor_types import shape_of
-from passes.f_tiles import CLUSTER_SRAM_BYTES, choose_f_tile, find_f_region, with_last_dim
+from dialects.tensor_types import shape_of, stored_bytes
+from passes.f_tiles import CLUSTER_SRAM_BYTES, CONTRACTIONS, FRegion, choose_f_tile, find_f_region
 from passes.loop_builder import (
     ZERO_OPERAND_VE,
     clone_rows,
@@ -74,11 +79,17 @@ from passes.loop_builder import (
     tile_type,
 )
 
-CONTRACTIONS = (tcp.ContractOp, tcp.ScaledContractOp)
-"""The guarded block contractions a loop is built around (bf16/f32, and block-scaled fp8/MXFP4)."""
-
 TILE_AHEAD = 2
 """A block's row tiles are fetched once block g - 2 has contracted: two blocks' tiles in SRAM."""
+SCALES_AHEAD_ROW_BYTES = 16 * 1024
+"""Weight scales of at most this many bytes per expert are gathered for every block at once,
+before the loop (`gathered_ahead`): a command moving so few takes mostly its start-up (RNGD:
+500 cycles; 16 KB at an engine's 187.5 B/cycle share of HBM is 87), so one command for all
+blocks saves a start-up per expert and matrix (fp8's 128 x 128 blocks: a few hundred bytes or
+KB per matrix). MXFP4's scales (one per 32 weights, 48 KB to 260 KB a matrix) load with their
+expert, spread over the engines, rather than all on one engine before the first block."""
+SCALES_AHEAD_BYTES = 1 << 20
+"""... and at most this many in all (G blocks' rows: one DMA piece, under 1% of a cluster's SRAM)."""
 WEIGHT_AHEAD = 4
 """An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
 every few blocks) has the time of up to three blocks' contractions to arrive."""
@@ -109,6 +120,24 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: s
         return is_row_parallel_ve(op, blocks) and all(
             is_block_parallel(u.operation, blocks, expert_ids, phase) for r in op.results for u in r.uses)
     return is_row_parallel_ve(op, blocks)
+
+
+def gathered_ahead(op: Operation) -> bool:
+    """Whether `op` gathers block scales small enough to fetch for every block at once, before
+    the loop (one DMA command rather than one per expert: fp8's 128 x 128 weight blocks give an
+    expert's matrix a few hundred bytes of scales, each load of which would pay a DMA command's
+    whole start-up); the loop addresses each block's rows in place."""
+    return (isinstance(op, tcp.DmaGatherOp) and bool(op.result.uses)
+            and all(isinstance(u.operation, tcp.ScaledContractOp) and u.index == 3 for u in op.result.uses)
+            and stored_bytes(op.result.type) <= SCALES_AHEAD_BYTES
+            and stored_bytes(op.result.type) <= SCALES_AHEAD_ROW_BYTES * shape_of(op.result.type)[0])
+
+
+def read_only_ahead(op: Operation) -> bool:
+    """Whether `op` is read only by gathers made ahead of the loop (the one-expert view of a
+    shared expert's scales, which has G = 1 rows by coincidence at decode): it stays with them."""
+    uses = [u.operation for r in op.results for u in r.uses]
+    return bool(uses) and all(gathered_ahead(u) for u in uses)
 
 
 def _root(value: SSAValue) -> Operation | None:
@@ -145,25 +174,13 @@ class _Slot:
     type: Attribute
 
 
-def _window(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, rows: bool) -> tuple[list[int], list[int]] | None:
-    """The part of each expert's weight an F tile loads: `columns` of the last axis, or (down
-    weight) of the first axis after the expert's."""
-    if columns is None:
-        return None
-    whole = list(shape_of(gather.source.type)[1:])
-    axis = 0 if rows else len(whole) - 1
-    offsets = [0] * len(whole)
-    offsets[axis] = columns[0]
-    whole[axis] = columns[1] - columns[0]
-    return offsets, whole
-
-
 def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_SRAM_BYTES,
                   f_tile: int = 0) -> scf.ForOp | None:
     """Build the expert loop over `expert_ids`'s blocks in `block`; None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
     phase = plan_phase(block, expert_ids)
-    ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)])
+    ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
+                             and not gathered_ahead(op) and not read_only_ahead(op)])
     if not any(isinstance(op, CONTRACTIONS) for op in ops):
         return None
     last = ops[-1]
@@ -173,24 +190,28 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         return None
     gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp)]
 
-    region = find_f_region(ops, gathers)
+    def addressable(v: SSAValue) -> bool:
+        """A value made before the loop that a block's tile may address in place."""
+        root = _root(v)
+        return leading(v) == blocks and not in_hbm(v) and not (root is not None and phase_of(root) == "dispatch")
+
+    region = find_f_region(ops, gathers, addressable)
     tiles: list[tuple[int, int]] = []
     resident = True
     if region is not None:
         width, resident = choose_f_tile(region, gathers, sram_bytes, f_tile)
         if width < region.f:
             tiles = [(f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
-    tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g is region.down_weight)]
+    tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g in region.down_loads)]
 
     slots: list[_Slot] = []
     for g in gathers:
         if g not in tiled_gathers:
             slots.append(_Slot(g, None, tile_type(g.result.type)))
         elif resident:
-            rows = region is not None and g is region.down_weight
+            assert region is not None
             for columns in tiles:
-                window = _window(g, columns, rows)
-                assert window is not None
+                window = region.window(g.result, columns)
                 slots.append(_Slot(g, columns, TensorType(g.result.type.get_element_type(), [1, *window[1]])))
     streamed = bool(tiles) and not resident
 
@@ -264,12 +285,13 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
 
     slot_results: list[SSAValue | None] = [None] * n_slots
 
-    def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue, rows: bool = False) -> Operation:
+    def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue) -> Operation:
         """The load of the block's tile of `gather`'s weight (`columns` of F), reusing the
         previous block's when its slot is carried; not yet in the body."""
         k = next((i for i, s in enumerate(slots) if s.gather is gather and s.columns == columns), None)
         prev = (prev_ids_args[k], prev_tile_args[k]) if k is not None else (None, None)
-        new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait], _window(gather, columns, rows))
+        window = None if columns is None or region is None else region.window(gather.result, columns)
+        new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait], window)
         new.attributes.update(gather.attributes)
         new.attributes.setdefault(PHASE_ATTR, last.attributes[PHASE_ATTR])
         new.results[0].name_hint = gather.result.name_hint
@@ -302,7 +324,14 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
             loads.append([])
             work.append([])
 
-            def operand(v: SSAValue) -> SSAValue:
+            def operand(v: SSAValue, columns: tuple[int, int] = columns, width: int = width,
+                        local: dict[SSAValue, SSAValue] = local) -> SSAValue:
+                """The tile's `v`: made by the tile, a window of the block's rows of a value
+                made before the loop (scales gathered ahead), or the block's `v`."""
+                if v not in local and region is not None and v in region.outside:
+                    window = add(tile.SliceOp(v, index, region.tile_type(v, width), region.window(v, columns)[0]),
+                                 f"{v.name_hint}_tile" if v.name_hint else None)
+                    local[v] = window
                 return local[v] if v in local else tile_of(v)
 
             for op in region.tiled:
@@ -312,32 +341,23 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
                         body.add_op(loads[t][-1])
                     local[op.result] = loads[t][-1].results[0]
                     continue
-                if isinstance(op, tcp.ContractOp):
-                    new: Operation = tcp.ContractOp(
-                        op.spec.data, operand(op.lhs), operand(op.rhs), with_last_dim(tile_type(op.result.type), width),
-                        bias=None if op.bias is None else operand(op.bias),
-                        guard=None if op.guard is None else operand(op.guard))
-                    new.attributes.update(op.attributes)
-                else:
-                    new = type(op).create(operands=[operand(v) for v in op.operands],
-                                          result_types=[with_last_dim(tile_type(r.type), width) for r in op.results],
-                                          properties=dict(op.properties), attributes=dict(op.attributes))
+                new: Operation = type(op).create(
+                    operands=[operand(v) for v in op.operands],
+                    result_types=[region.tile_type(r, width) for r in op.results],
+                    properties=dict(op.properties), attributes=dict(op.attributes))
                 work[t].append(new)
                 if not streamed:
                     body.add_op(new)
                 for old, r in zip(op.results, new.results):
                     r.name_hint = old.name_hint
                     local[old] = r
-            down = region.down
-            loads[t].append(load(region.down_weight, columns, wait, rows=True))
-            if not streamed:
-                body.add_op(loads[t][-1])
+            for gather in region.down_loads:
+                loads[t].append(load(gather, columns, wait))
+                if not streamed:
+                    body.add_op(loads[t][-1])
+                local[gather.result] = loads[t][-1].results[0]
             final = t == len(tiles) - 1
-            new = tcp.ContractOp(down.spec.data, local[down.lhs], loads[t][-1].results[0], tile_type(down.result.type),
-                                 bias=tile_of(down.bias) if final and down.bias is not None else None,
-                                 guard=None if down.guard is None else tile_of(down.guard), acc=acc)
-            new.attributes.update(down.attributes)
-            new.results[0].name_hint = down.result.name_hint
+            new = down_tile(region, operand, acc, final)
             work[t].append(new)
             if not streamed:
                 body.add_op(new)
@@ -351,9 +371,25 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         assert acc is not None
         return acc
 
+    def down_tile(region: FRegion, operand: Callable[[SSAValue], SSAValue], acc: SSAValue | None,
+                  final: bool) -> Operation:
+        """A tile's share of the down-projection, continuing `acc`; the bias with the last."""
+        down = region.down
+        bias = tile_of(down.bias) if final and down.bias is not None else None
+        guard = None if down.guard is None else tile_of(down.guard)
+        if isinstance(down, tcp.ScaledContractOp):
+            new: Operation = tcp.ScaledContractOp(operand(down.lhs), operand(down.rhs), operand(down.lhs_scales),
+                                                  operand(down.rhs_scales), bias=bias, guard=guard, acc=acc)
+        else:
+            new = tcp.ContractOp(down.spec.data, operand(down.lhs), operand(down.rhs), tile_type(down.result.type),
+                                 bias=bias, guard=guard, acc=acc)
+        new.attributes.update(down.attributes)
+        new.results[0].name_hint = down.result.name_hint
+        return new
+
     deferred: set[Operation] = set()
     if tiles and region is not None:
-        deferred = (set(region.tiled) - set(region.shared)) | {region.down, region.down_weight}
+        deferred = (set(region.tiled) - set(region.shared)) | {region.down, *region.down_loads}
     for op in ops:
         if op in deferred:
             if region is not None and op is region.down:

@@ -26,16 +26,22 @@ the clusters:
 
 What is rewritten: a contraction `mk,kn->mn` whose weight is a `tcp.load` of a function
 argument and whose lhs is computed, by element-wise `ve` ops on [T, ...], from up-projections
-`x @ w` (the same x, weights loaded the same way). Anything else stays as it is.
+`x @ w` (the same x, weights loaded the same way). Block-scaled (fp8) shared experts too
+(DeepSeek-V3's): lower-quant's `tcp.scaled_contract` on [1, T, K] views, the weight and its
+block scales function arguments, the up-projections' operands made from x row by row (its
+quantization per group: views and reductions within a row, never along T), and h quantized
+the same way before the down-projection; all of it becomes the blocked loop, the
+quantization included (a row's groups are the row's alone). Anything else stays as it is.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import BFloat16Type, Float32Type, ModuleOp, StringAttr, TensorType, f32, i32
+from xdsl.dialects.builtin import BFloat16Type, Float32Type, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i32
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -68,9 +74,23 @@ def choose_rows(tokens: int, forced: int = 0) -> int:
     return max(even or fitting or [tokens])
 
 
+def _unbatched(value: SSAValue) -> SSAValue:
+    """`value` before a `tcp.view` that only adds a leading axis of 1 (lower-quant's [1, K, N]
+    view of a scaled matmul's weight and scales), else `value`."""
+    owner = value.owner
+    if isinstance(owner, tcp.ViewOp) and shape_of(value.type) == (1, *shape_of(owner.input.type)):
+        return owner.input
+    return value
+
+
 def _weight_argument(value: SSAValue) -> SSAValue | None:
-    """The function argument a 2-D weight operand was loaded from (`tcp.load`), read by that
-    contraction alone; None otherwise."""
+    """The function argument a 2-D weight operand (or its block scales; seen as [1, K, N] by a
+    block-scaled contraction) was loaded from (`tcp.load`), read by that contraction alone;
+    None otherwise."""
+    if len(shape_of(value.type)) == 3:
+        if not value.has_one_use():
+            return None
+        value = _unbatched(value)
     load = value.owner
     if not isinstance(load, tcp.LoadOp) or not value.has_one_use() or len(shape_of(value.type)) != 2:
         return None
@@ -82,18 +102,40 @@ def _weight_argument(value: SSAValue) -> SSAValue | None:
 
 
 def _is_dense(op: Operation) -> bool:
+    """A dense contraction of T rows by a weight argument: `mk,kn->mn`, or a block-scaled one
+    (lower-quant's `tcp.scaled_contract` on [1, T, K] and [1, K, N] views, with the weight's
+    scales an argument too)."""
+    if isinstance(op, tcp.ScaledContractOp):
+        return (op.bias is None and op.guard is None and op.acc is None and shape_of(op.lhs.type)[0] == 1
+                and _weight_argument(op.rhs) is not None and _weight_argument(op.rhs_scales) is not None)
     return (isinstance(op, tcp.ContractOp) and op.spec.data == DENSE_SPEC and op.bias is None and op.guard is None
             and op.acc is None and _weight_argument(op.rhs) is not None)
 
 
+def _tokens_of(op: tcp.ContractOp | tcp.ScaledContractOp) -> int:
+    """The T rows a dense contraction works on."""
+    return shape_of(op.lhs.type)[1 if isinstance(op, tcp.ScaledContractOp) else 0]
+
+
+def _row_major(value: SSAValue, tokens: int) -> bool:
+    """[T, ...], or [1, T, ...] (a block-scaled contraction's view)."""
+    shape = shape_of(value.type)
+    return shape[:1] == (tokens,) or (len(shape) >= 3 and shape[:2] == (1, tokens))
+
+
 def _elementwise(op: Operation, tokens: int) -> bool:
-    """A `ve` op on [T, ...] values that works element by element (no axis, no tags)."""
+    """A `ve` op on [T, ...] values that works on each row alone (not along T, no tags), or a
+    view that keeps the T rows (a quantization's [T, K / g, g] groups, a [1, T, K] batch)."""
+    if isinstance(op, tcp.ViewOp):
+        return _row_major(op.input, tokens) and _row_major(op.result, tokens)
     if op.dialect_name() != "ve" or not op.results or isinstance(op, (ve.IotaOp, ve.PositionTagOp)):
         return False
-    if "axis" in op.properties or "axis" in op.attributes or any(ve.is_tag_type(r.type.get_element_type()) for r in op.results):
+    attr = op.properties.get("axis") or op.attributes.get("axis")
+    if getattr(getattr(attr, "value", None), "data", None) == 0 or any(
+            ve.is_tag_type(r.type.get_element_type()) for r in op.results):
         return False
     values = [*op.operands, *op.results]
-    return all(leading(v) == tokens and len(shape_of(v.type)) == 2 for v in values) and (
+    return all(leading(v) == tokens and len(shape_of(v.type)) >= 2 for v in values) and (
         bool(op.operands) or isinstance(op, ZERO_OPERAND_VE))
 
 
@@ -103,35 +145,50 @@ class DenseMlp:
     order, the up-projections among them), all working on `x`'s T rows."""
 
     x: SSAValue
-    ups: list[tcp.ContractOp]
+    ups: list[tcp.ContractOp | tcp.ScaledContractOp]
     ops: list[Operation]
-    down: tcp.ContractOp
+    down: tcp.ContractOp | tcp.ScaledContractOp
 
 
-def find_dense_mlp(down: tcp.ContractOp) -> DenseMlp | None:
-    """The MLP ending in `down`, or None when its lhs is not made as the docstring says."""
+def _activations(op: tcp.ContractOp | tcp.ScaledContractOp) -> list[SSAValue]:
+    """The operands of a dense contraction made from the tokens: lhs (and its scales)."""
+    return [op.lhs, op.lhs_scales] if isinstance(op, tcp.ScaledContractOp) else [op.lhs]
+
+
+def find_dense_mlp(down: tcp.ContractOp | tcp.ScaledContractOp) -> DenseMlp | None:
+    """The MLP ending in `down`, or None when its lhs is not made as the docstring says. The
+    up-projections' lhs is x, or (block-scaled) made from x row by row (its quantization)."""
     if not _is_dense(down) or phase_of(down) in ROUTING_PHASES:
         return None
-    tokens = leading(down.lhs)
+    tokens = _tokens_of(down)
     found: set[Operation] = set()
-    ups: list[tcp.ContractOp] = []
-    stack = [down.lhs]
+    ups: list[tcp.ContractOp | tcp.ScaledContractOp] = []
+    inputs: set[SSAValue] = set()
+    stack = [(v, False) for v in _activations(down)]
     while stack:
-        owner = stack.pop().owner
+        value, before_ups = stack.pop()
+        owner = value.owner
+        if before_ups and (not isinstance(owner, Operation) or not _elementwise(owner, tokens)):
+            inputs.add(value)  # what the up-projections' operands are made from: x
+            continue
         if not isinstance(owner, Operation):
             return None
         if owner in found:
             continue
         if _is_dense(owner) and owner is not down:
             ups.append(owner)  # type: ignore[arg-type]
+            if isinstance(owner, tcp.ScaledContractOp):  # its operands are x quantized
+                stack.extend((v, True) for v in _activations(owner))
+            else:
+                inputs.add(owner.lhs)  # type: ignore[attr-defined]
         elif _elementwise(owner, tokens):  # type: ignore[arg-type]
-            stack.extend(owner.operands)
+            stack.extend((v, before_ups) for v in owner.operands)
         else:
             return None
         found.add(owner)
-    if not ups or len({u.lhs for u in ups}) != 1:
+    if not ups or len(inputs) != 1:
         return None
-    x = ups[0].lhs
+    (x,) = inputs
     if leading(x) != tokens or len(shape_of(x.type)) != 2:
         return None
     inside = found | {down}
@@ -188,39 +245,68 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
         arg = _weight_argument(weight)
         assert arg is not None
         one = add(tcp.ViewOp(arg, [1, *shape_of(arg.type)]))
-        load = weight.owner
+        load = _unbatched(weight).owner
         name = load.results[0].name_hint if isinstance(load, Operation) else None
         return add(tcp.DmaGatherOp(one, ids), name)
 
-    def blocked(t: TensorType) -> TensorType:
-        return TensorType(t.get_element_type(), [blocks, rows, *shape_of(t)[1:]])
+    scaled = [u for u in [*mlp.ups, mlp.down] if isinstance(u, tcp.ScaledContractOp)]
+    batches = {u.result for u in scaled} | {v for u in scaled for v in (u.lhs, u.lhs_scales)
+                                            if isinstance(v.owner, tcp.ViewOp)}
+    """lower-quant's [1, T, ...] views around a block-scaled contraction (at T = 1 a view that
+    would not change the shape is not made: then the operand is the [T, ...] value itself);
+    every other value is [T, ...]."""
 
-    mapping: dict[SSAValue, SSAValue] = {}
+    def as_batch(value: SSAValue) -> SSAValue:
+        """A blocked operand of a block-scaled contraction as [G, R, K]."""
+        shape = shape_of(value.type)
+        if len(shape) == 3:
+            return value
+        return add(tcp.ViewOp(value, [blocks, rows, math.prod(shape[2:])]))
+
+    def blocked(value: SSAValue) -> TensorType:
+        """`value` ([T, ...], or one of the [1, T, ...] `batches`) as [G, R, ...]."""
+        t = value.type
+        assert isinstance(t, TensorType)
+        shape = shape_of(t)
+        return TensorType(t.get_element_type(), [blocks, rows, *shape[2 if value in batches else 1:]])
+
+    def contraction(op: tcp.ContractOp | tcp.ScaledContractOp, result: TensorType) -> Operation:
+        """`op` as the block contraction of the one-expert weights, guarded by `ids`."""
+        if isinstance(op, tcp.ScaledContractOp):
+            return tcp.ScaledContractOp(as_batch(mapping[op.lhs]), gathered(op.rhs), as_batch(mapping[op.lhs_scales]),
+                                        gathered(op.rhs_scales), guard=ids)
+        return tcp.ContractOp(BLOCK_SPEC, mapping[op.lhs], gathered(op.rhs), result, guard=ids)
+
+    mapping: dict[SSAValue, SSAValue] = {mlp.x: x_blocks}
     for op in mlp.ops:
         if op in mlp.ups:
-            assert isinstance(op, tcp.ContractOp)
-            made: Operation = tcp.ContractOp(BLOCK_SPEC, x_blocks, gathered(op.rhs), blocked(op.result.type), guard=ids)
+            made: Operation = contraction(op, blocked(op.result))  # type: ignore[arg-type]
         else:
+            axis = op.properties.get("axis")
+            properties = dict(op.properties)
+            if isinstance(axis, IntegerAttr) and op.dialect_name() == "ve":  # a new leading axis: G
+                properties["axis"] = IntegerAttr(axis.value.data + 1, axis.type)
             made = type(op).create(operands=[mapping[v] for v in op.operands],
-                                   result_types=[blocked(r.type) for r in op.results],
-                                   properties=dict(op.properties), attributes=dict(op.attributes))
+                                   result_types=[blocked(r) for r in op.results],
+                                   properties=properties, attributes=dict(op.attributes))
         add(made)
         for old, r in zip(op.results, made.results):
             r.name_hint = old.name_hint
             mapping[old] = r
     down = mlp.down
     out_type = down.result.type
-    summed = add(tcp.ContractOp(BLOCK_SPEC, mapping[down.lhs], gathered(down.rhs),
-                                TensorType(f32, [blocks, rows, shape_of(out_type)[1]]), guard=ids), "shared_acc")
+    summed = add(contraction(down, TensorType(f32, [blocks, rows, shape_of(out_type)[-1]])), "shared_acc")
     if not isinstance(out_type.get_element_type(), Float32Type):
-        summed = add(ve.NarrowOp(summed, blocked(out_type)), "shared_blocks")
+        summed = add(ve.NarrowOp(summed, TensorType(out_type.get_element_type(), shape_of(summed.type))), "shared_blocks")
     result = add(tcp.ViewOp(summed, list(shape_of(out_type))), down.result.name_hint)
 
     anchor = _anchor(block, mlp)
     block.insert_ops_before(new, anchor)
     down.result.replace_all_uses_with(result)
-    loads = [u.rhs.owner for u in [*mlp.ups, down]]
-    for op in [down, *reversed(mlp.ops), *loads]:
+    weights = [v for u in [*mlp.ups, down] for v in ([u.rhs, u.rhs_scales] if isinstance(u, tcp.ScaledContractOp) else [u.rhs])]
+    weight_views = [v.owner for v in weights if isinstance(v.owner, tcp.ViewOp)]
+    loads = [_unbatched(v).owner for v in weights]
+    for op in [down, *reversed(mlp.ops), *weight_views, *loads]:
         assert isinstance(op, Operation)
         op.detach()
         op.erase()

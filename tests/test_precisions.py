@@ -57,5 +57,12 @@ def test_row_at_small_dims_is_consistent(monkeypatch: pytest.MonkeyPatch) -> Non
         assert r.total_cycles >= r.experts_cycles > 0
         assert r.hbm_bytes > 0
     assert rows[1].hbm_bytes < rows[0].hbm_bytes and rows[2].hbm_bytes < rows[1].hbm_bytes
+    assert {r.strategy for r in rows} <= {"rank", "rounds"}  # chosen by the cost model (strategy=auto)
     text = precisions.table(rows, machine)
     assert text.count("\n") == 2 + len(rows) - 1 and "small Qwen3" in text
+
+
+def test_the_benchmark_leaves_the_top_k_strategy_to_the_cost_model() -> None:
+    assert precisions.pipeline_with_auto_topk("lower-topk,lower-routing") == "pin-routing,lower-topk{strategy=auto},lower-routing"
+    named = "lower-topk{strategy=rounds},lower-routing"
+    assert precisions.pipeline_with_auto_topk(named) == "pin-routing," + named

@@ -244,3 +244,65 @@ def test_the_whole_chip_runs_the_token_loops_faster_than_one_cluster() -> None:
     router = {p.name: p.critical_cycles for p in chip.phases}["router"]
     assert router < 0.75 * {p.name: p.critical_cycles for p in one.phases}["router"]
     assert chip.total_cycles < one.total_cycles
+
+
+LOW_PRECISION_F_TILES = {
+    "qwen3_moe_fp8": dict(D=256, F=1280, E=4, K=2),
+    "deepseek_v3_fp8": dict(F=1280, FS=1280),
+    "gpt_oss_mxfp4": dict(D=64, F=1088, E=4, K=2),
+}
+"""Block-scaled examples with F = 1280 (fp8, 128 x 128 blocks) or 1088 (MXFP4, 32 along K):
+tiles of 512, 512 and a remainder of 256 or 64."""
+
+
+@pytest.mark.parametrize("mode", ["resident", "streamed"])
+@pytest.mark.parametrize("stem", sorted(LOW_PRECISION_F_TILES))
+def test_block_scaled_f_tiles_are_bit_identical(stem: str, mode: str) -> None:
+    """fp8 and MXFP4 experts in F tiles: the up-projections' columns of the weights and their
+    scales, the quantization of h group by group, the down-projection continuing the previous
+    tile's sum (`acc`): the lowered program's bits before and after schedule-experts, and the
+    reference's after the full schedule level."""
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / f"{stem}.moe",
+                                dims=LOW_PRECISION_F_TILES[stem])
+    pipeline = f"{LOWERED},schedule-experts{F_TILE_MODES[mode]}"
+    module = program.lower(pipeline)
+    continued = [op for op in module.walk() if op.name == "tcp.scaled_contract" and op.acc is not None]
+    assert len(continued) >= 2  # every tile after the first continues the down-projection's sum
+    lowered = program.run(seed=5, pipeline=LOWERED).outputs
+    assert_same_bits(program.run(seed=5, pipeline=pipeline).outputs, lowered)
+    full = ",".join(FULL_PIPELINE).replace("schedule-experts", f"schedule-experts{F_TILE_MODES[mode]}")
+    assert_same_bits(program.run(seed=5, pipeline=full).outputs, program.run(seed=5).outputs)
+
+
+@settings(max_examples=6, deadline=None)
+@given(tokens=st.integers(1, 24), block=st.sampled_from([1, 2, 4]), k=st.integers(1, 2), seed=st.integers(0, 5),
+       f=st.sampled_from([128, 640, 1152]), mx=st.booleans(), f_mode=st.sampled_from(sorted(F_TILE_MODES)))
+def test_block_scaled_tile_remainders_are_exact(tokens: int, block: int, k: int, seed: int, f: int, mx: bool,
+                                                f_mode: str) -> None:
+    """Qwen3's SwiGLU in fp8 (128 x 128 blocks) or MXFP4 (32 along K), F whole or in tiles of
+    512 with a remainder of 128, unused blocks, T not a multiple of the token tile: the
+    reference's bits after the whole schedule level."""
+    dims = {"T": tokens, "B": min(block, tokens), "E": 4, "K": k, "D": 128, "F": f,
+            **(dict(QK=32, QN=1, QG=32) if mx else {})}
+    source = (Path(__file__).parent.parent / "examples" / "qwen3_moe_fp8.moe").read_text()
+    if mx:
+        source = source.replace("f8e4m3[E", "f4e2m1[E").replace("f32[E", "e8m0[E")
+    program = tcpc.compile_source(source, dims=dims)
+    full = ",".join(FULL_PIPELINE).replace("schedule-experts", f"schedule-experts{F_TILE_MODES[f_mode]}")
+    assert_same_bits(program.run(seed=seed, pipeline=full).outputs, program.run(seed=seed).outputs)
+
+
+def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
+    """fp8's 128 x 128 block scales (a few hundred bytes per expert and matrix) are gathered for
+    every block in one DMA command each before the loop, which addresses its block's rows (and
+    each F tile its window) in place; MXFP4's (one per 32 weights) load with their expert."""
+    def scale_loads(stem: str, dims: dict[str, int]) -> tuple[int, int]:
+        program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / f"{stem}.moe", dims=dims)
+        module = program.lower(f"{LOWERED},schedule-experts{{f_tile=512}}")
+        ahead = [op for op in module.walk() if op.name == "tcp.dma_gather" and "scale" in op.source.name_hint]
+        inside = [op for op in module.walk() if op.name == "tile.load_expert" and "scale" in op.source.name_hint]
+        return len(ahead), len(inside)
+
+    assert scale_loads("qwen3_moe_fp8", LOW_PRECISION_F_TILES["qwen3_moe_fp8"]) == (3, 0)
+    ahead, inside = scale_loads("gpt_oss_mxfp4", dict(D=2048, F=1088, E=4, K=2))
+    assert ahead == 0 and inside == 3 * 3  # three tiles of each of the three weights' scales

@@ -122,3 +122,25 @@ def test_resident_shared_weights_are_fetched_once_per_cluster() -> None:
     fetched = [o for o in loads if o.hbm_bytes > 0]
     assert len(loads) == 3 * 4 and len(fetched) == 3 * 2
     assert sum(o.hbm_bytes for o in fetched) == 2 * 3 * 64 * 256 * 2
+
+
+@pytest.mark.parametrize("tokens", [1, 256])
+def test_a_block_scaled_shared_expert_is_rewritten_and_keeps_the_bits(tokens: int) -> None:
+    """DeepSeek-V3's fp8 shared expert (x quantized per group of 128, `tcp.scaled_contract` on
+    lower-quant's [1, T, K] views): its quantization and contractions become the blocked loop
+    of phase `shared` (T = 256: two row blocks; T = 1: one), FS = 640 in streamed F tiles of
+    512 and 128 whose down-projection continues the sum; the IR before and after each pass,
+    and after the whole pipeline, gives the lowered program's bits."""
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3_fp8.moe",
+                                dims={"T": tokens, "B": min(4, tokens), "D": 128, "F": 128, "FS": 640, "E": 8, "K": 2})
+    lowered = program.run(seed=3, pipeline=LOWERED).outputs
+    streamed = f",schedule-shared,schedule-experts{F_TILE_MODES['streamed']}"
+    for pipeline in (LOWERED + ",schedule-shared", LOWERED + streamed + ",split-clusters", ",".join(FULL_PIPELINE)):
+        assert_same_bits(program.run(seed=3, pipeline=pipeline).outputs, lowered)
+    module = program.lower(LOWERED + streamed)
+    shared = [op for op in module.walk() if op.attributes.get("tcpc.phase") is not None
+              and op.attributes["tcpc.phase"].data == "shared"]
+    assert not [op for op in module.walk() if op.name == "tcp.scaled_contract"
+                and op.attributes["tcpc.phase"].data == "other"]  # nothing of it left whole
+    assert any(op.name == "tcp.scaled_contract" and op.acc is not None for op in shared)
+    assert any(op.name == "scf.for" for op in shared)

@@ -166,7 +166,7 @@ def test_the_accumulator_is_fetched_and_a_window_moves_in_pieces() -> None:
     columns moves one contiguous piece per row, a window of rows one piece."""
     from runtime_sim.perf.machine import load_machine
     from runtime_sim.perf.tcp_cost import cost_contract
-    from runtime_sim.perf.tile_cost import window_pieces
+    from dialects.tensor_types import window_pieces
 
     machine = load_machine()
     no_acc = ACC_IR.replace(" acc %acc", "").replace(" acc tensor<2x2x3xf32>", "")
@@ -180,3 +180,53 @@ def test_the_accumulator_is_fetched_and_a_window_moves_in_pieces() -> None:
     assert window_pieces((4096, 14336), (4096, 512)) == 4096
     assert window_pieces((14336, 4096), (512, 4096)) == 1
     assert window_pieces((4096, 14336), (4096, 14336)) == 1
+
+
+SCALED_ACC_IR = """
+func.func @s(%a: tensor<2x2x8xf8E4M3FN>, %w: tensor<2x8x4xf8E4M3FN>, %as: tensor<2x2x2xf32>, %ws: tensor<2x2x2xf32>, %acc: tensor<2x2x4xf32>, %ids: tensor<2xi32>) -> tensor<2x2x4xf32> {
+  %y = tcp.scaled_contract %a, %w scales %as, %ws acc %acc guard %ids : tensor<2x2x8xf8E4M3FN>, tensor<2x8x4xf8E4M3FN>, tensor<2x2x2xf32>, tensor<2x2x2xf32> acc tensor<2x2x4xf32> guard tensor<2xi32> -> tensor<2x2x4xf32>
+  func.return %y : tensor<2x2x4xf32>
+}
+"""
+
+
+def test_scaled_contract_split_along_d_continues_the_sum_bit_for_bit() -> None:
+    """A block-scaled contraction cut at a K-block edge, the second half starting from the
+    first half's sum (`acc`), gives the whole contraction's bits; a skipped block keeps acc."""
+    from runtime_sim.semantics.quantization import scaled_contract
+
+    module = parse(SCALED_ACC_IR)
+    assert parse(str(module)).is_structurally_equivalent(module)
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(2, 2, 8)).astype(ml_dtypes.float8_e4m3fn)
+    w = rng.normal(size=(2, 8, 4)).astype(ml_dtypes.float8_e4m3fn)
+    a_s = rng.uniform(0.01, 1, (2, 2, 2)).astype(np.float32)
+    w_s = rng.uniform(0.01, 1, (2, 2, 2)).astype(np.float32)
+    whole = scaled_contract(a, a_s, w, w_s)
+    first = scaled_contract(a[:, :, :4], a_s[:, :, :1], w[:, :4], w_s[:, :1])
+    second = scaled_contract(a[:, :, 4:], a_s[:, :, 1:], w[:, 4:], w_s[:, 1:], acc=first)
+    assert np.array_equal(second.view(np.uint32), whole.view(np.uint32))
+    acc = np.full((2, 2, 4), 0.5, np.float32)
+    (y,) = run_function(module, "s", [a, w, a_s, w_s, acc, np.array([0, -1], np.int32)])
+    assert np.array_equal(y[0], scaled_contract(a[:1], a_s[:1], w[:1], w_s[:1], acc=acc[:1])[0]) and (y[1] == 0.5).all()
+    with pytest.raises(VerifyException, match="accumulator"):
+        parse(SCALED_ACC_IR.replace("acc tensor<2x2x4xf32>", "acc tensor<2x2x3xf32>").replace(
+            "%acc: tensor<2x2x4xf32>", "%acc: tensor<2x2x3xf32>"))
+
+
+SLICE_WINDOW_IR = """
+func.func @v(%s: tensor<3x4x10xf32>, %i: index) -> tensor<1x2x3xf32> {
+  %t = tile.slice %s[%i] at array<i64: 1, 6> : tensor<3x4x10xf32> -> tensor<1x2x3xf32>
+  func.return %t : tensor<1x2x3xf32>
+}
+"""
+
+
+def test_slice_window_addresses_part_of_a_row() -> None:
+    module = parse(SLICE_WINDOW_IR)
+    assert parse(str(module)).is_structurally_equivalent(module)
+    s = np.arange(3 * 4 * 10, dtype=np.float32).reshape(3, 4, 10)
+    (t,) = run_function(module, "v", [s, 2])
+    assert np.array_equal(t, s[2:3, 1:3, 6:9])
+    with pytest.raises(VerifyException, match="window"):
+        parse(SLICE_WINDOW_IR.replace("array<i64: 1, 6>", "array<i64: 3, 6>"))

@@ -292,7 +292,8 @@ def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tupl
       lhs scale * rhs scale and is added to the running sum: the Float cluster's multiply
       and fma in one pass (assumption: one pass, 4-way, as every float stage runs; the book
       lists FpMul0/FpMul1 and FpFma as separate ALUs of the cluster), one ALU latency;
-    - commit: the f32 result.
+    - commit: the f32 result; an `acc` operand (the previous F tile's running sum) is read
+      as fetch, as for `tcp.contract`.
     The terms overlap (the engines are pipelined), so the invocation takes the largest.
     FLOPs: 2 per MAC (at the fp8 peak in the roofline), plus the bias adds; the scale work is
     costed in cycles (the `vector scales` term) but not counted as FLOPs."""
@@ -300,10 +301,12 @@ def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tupl
     lhs, rhs, lhs_scales, rhs_scales, *optional = operands
     bias = optional.pop(0) if op.bias is not None else None
     guard = optional.pop(0) if op.guard is not None else None
+    acc = optional.pop(0) if op.acc is not None else None
     g, b, d = lhs.shape
     f = rhs.shape[2]
     run = int(np.count_nonzero(np.asarray(guard) >= 0)) if guard is not None else g
-    per_block = sum(stored_nbytes(v) for v in (lhs, rhs, lhs_scales, rhs_scales)) // g
+    # the running f32 accumulator enters the chain like an operand (as for tcp.contract)
+    per_block = sum(stored_nbytes(v) for v in (lhs, rhs, lhs_scales, rhs_scales, *([] if acc is None else [acc]))) // g
     fetch = per_block * run
     if bias is not None:
         fetch += stored_nbytes(bias) * run // g if bias.shape[0] == g and g > 1 else stored_nbytes(bias)

@@ -31,7 +31,7 @@ import numpy as np
 from xdsl.ir import Operation
 
 from dialects import tile
-from dialects.tensor_types import shape_of
+from dialects.tensor_types import shape_of, window_pieces
 from runtime_sim.perf.cost_model import (
     DMA,
     TENSOR,
@@ -98,13 +98,6 @@ def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[An
     whole, window = shape_of(op.source.type)[1:], shape_of(op.result.type)[1:]
     nbytes = row_bytes(source) * math.prod(window) // max(1, math.prod(whole))
     return dma_rows_cost(machine, rows, rows, nbytes, in_hbm(op.operands[0]), False, window_pieces(whole, window))
-
-
-def window_pieces(whole: tuple[int, ...], window: tuple[int, ...]) -> int:
-    """Contiguous pieces of one row's window in a row-major row of shape `whole`: one per index
-    of the axes before the last axis the window cuts (the axes after it are whole)."""
-    cut = [i for i, (w, n) in enumerate(zip(whole, window)) if n < w]
-    return math.prod(window[:cut[-1]]) if cut else 1
 
 
 def _unreused_tile(op: Operation, operands: tuple[Any, ...]) -> tuple[int, ...]:

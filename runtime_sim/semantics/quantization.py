@@ -70,11 +70,13 @@ _CHUNK = 1 << 22
 
 
 def scaled_contract(lhs: np.ndarray, lhs_scales: np.ndarray, rhs: np.ndarray,
-                    rhs_scales: np.ndarray) -> np.ndarray:
+                    rhs_scales: np.ndarray, acc: np.ndarray | None = None) -> np.ndarray:
     """f32 [G, B, F] from lhs [G, B, D] (scales [G, B, D / kx]) and rhs [G, D, F] (scales
     [G, D / kw, F / nb]): partial sums over K-blocks of kb = min(kx, kw) elements by
     `numerics.contract` (f32 accumulation), each times lhs scale * rhs scale, summed in K
-    order. Computed a few blocks at a time; a block's result does not depend on the others."""
+    order, starting from `acc` (f32 [G, B, F]) when given: so a contraction split along D at
+    K-block edges, each piece continuing the previous piece's sum, gives the whole one's bits.
+    Computed a few blocks at a time; a block's result does not depend on the others."""
     lhs, rhs = np.asarray(lhs), np.asarray(rhs)
     g, b, d = lhs.shape
     f = rhs.shape[2]
@@ -89,7 +91,9 @@ def scaled_contract(lhs: np.ndarray, lhs_scales: np.ndarray, rhs: np.ndarray,
                            compute(rhs[i:j]).reshape(j - i, nk, kb, f))
         xs = np.repeat(compute(np.asarray(lhs_scales[i:j])), kx // kb, axis=2)  # [g, B, nk]
         ws = expand_scales(rhs_scales[i:j], (j - i, nk, f))  # [g, nk, F]
-        scale = xs[:, :, :, None] * ws[:, None, :, :]
-        out[i:j] = sequential_sum(partial * scale, axis=2)
+        terms = partial * (xs[:, :, :, None] * ws[:, None, :, :])
+        if acc is not None:  # the running sum first, then the K-blocks in order
+            terms = np.concatenate([compute(np.asarray(acc[i:j]))[:, :, None, :], terms], axis=2)
+        out[i:j] = sequential_sum(terms, axis=2)
     return out
 

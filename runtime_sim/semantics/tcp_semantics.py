@@ -110,11 +110,13 @@ class TCPFunctions(InterpreterFunctions):
         lhs, rhs, lhs_scales, rhs_scales, *optional = (np.asarray(a) for a in args)
         bias = optional.pop(0) if op.bias is not None else None
         guard = optional.pop(0) if op.guard is not None else None
+        acc = optional.pop(0) if op.acc is not None else None
         g, b, f = tcp.shape_of(op.result.type)
-        out = np.zeros((g, b, f), np.float32)
+        out = np.zeros((g, b, f), np.float32) if acc is None else np.array(acc, np.float32)  # a skipped block keeps acc
         run = np.arange(g) if guard is None else np.nonzero(guard >= 0)[0]
         if run.size:  # only the blocks that run are computed; each block's bits are its own
-            out[run] = scaled_contract(lhs[run], lhs_scales[run], rhs[run], rhs_scales[run])
+            out[run] = scaled_contract(lhs[run], lhs_scales[run], rhs[run], rhs_scales[run],
+                                       None if acc is None else acc[run])
         if bias is not None:
             out[run] = out[run] + np.broadcast_to(compute(bias), (g, b, f))[run]
         return (out,)

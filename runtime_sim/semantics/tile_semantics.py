@@ -45,7 +45,9 @@ class TileFunctions(InterpreterFunctions):
     @impl(tile.SliceOp)
     def run_slice(self, interpreter: Interpreter, op: tile.SliceOp, args: tuple[Any, ...]):
         source, offset = args
-        return (source[_rows(op.name, source, offset, shape_of(op.result.type)[0])],)
+        shape = shape_of(op.result.type)
+        window = tuple(slice(o, o + n) for o, n in zip(op.window_offsets(), shape[1:]))
+        return (source[(_rows(op.name, source, offset, shape[0]), *window)],)
 
     @impl(tile.LoadOp)
     def run_load(self, interpreter: Interpreter, op: tile.LoadOp, args: tuple[Any, ...]):
