@@ -180,3 +180,23 @@ def test_the_accumulator_is_fetched_and_a_window_moves_in_pieces() -> None:
     assert window_pieces((4096, 14336), (4096, 512)) == 4096
     assert window_pieces((14336, 4096), (512, 4096)) == 1
     assert window_pieces((4096, 14336), (4096, 14336)) == 1
+
+
+GATHER_IR = """
+func.func @r(%x: tensor<5x3xbf16>, %rows: tensor<1x4xi32>, %wait: tensor<1xf32>) -> tensor<1x4x3xbf16> {
+  %t = tile.gather %x[%rows] after %wait : tensor<5x3xbf16>, tensor<1x4xi32> after tensor<1xf32> -> tensor<1x4x3xbf16>
+  func.return %t : tensor<1x4x3xbf16>
+}
+"""
+
+
+def test_row_gather_round_trips_and_a_wrong_result_shape_is_rejected() -> None:
+    module = parse(GATHER_IR)
+    assert parse(str(module)).is_structurally_equivalent(module)
+    x = np.arange(15, dtype=np.float32).reshape(5, 3).astype(ml_dtypes.bfloat16)
+    (t,) = run_function(module, "r", [x, np.array([[4, -1, 0, 4]], np.int32), np.zeros(1, np.float32)])
+    assert np.array_equal(t.astype(np.float32), np.stack([x[4], np.zeros(3), x[0], x[4]]).astype(np.float32)[None])
+    bad = GATHER_IR.replace("-> tensor<1x4x3xbf16> {", "-> tensor<4x3xbf16> {").replace(
+        "-> tensor<1x4x3xbf16>\n", "-> tensor<4x3xbf16>\n").replace("return %t : tensor<1x4x3xbf16>", "return %t : tensor<4x3xbf16>")
+    with pytest.raises(VerifyException, match="tile.gather: rows of"):
+        parse(bad)
