@@ -11,7 +11,7 @@ and the simulator reports cycles by phase from it (runtime_sim/perf/report.py). 
 |---|---|---|
 | `router` | the router's scores (matmul, softmax or sigmoid, bias), every top-k, the routing weights (renormalisation, scaling) | lower-topk; lower-math by data flow |
 | `routing` | one-hot, histogram, cumsums, `scatter_idx`, `expert_ids` | lower-routing |
-| `dispatch` | the scatter of tokens into blocks | lower-dispatch (moe.dispatch) |
+| `dispatch` | the tokens into blocks: each block row's token (a scatter of token numbers), the gather of the tokens' rows (a block's, in the expert loop) | lower-dispatch (moe.dispatch) |
 | `experts` | weight gathers, guarded contractions, row masks, and the activation between grouped matmuls | lower-dispatch (moe.grouped_matmul); lower-math by data flow |
 | `combine` | the gather back to tokens, the weighted sum over K | lower-dispatch (moe.combine) |
 | `shared` | a shared expert (a dense MLP every token goes through), as an expert loop of its own | schedule-shared |

@@ -10,6 +10,9 @@ from and goes to, so the placement is in the IR, not guessed by the simulator:
 - `tile.slice %src[%offset]`: a tile of a tensor already in SRAM (addressing only, no data moves);
   with `at array<i64: ...>`, a window of each of its rows;
 - `tile.load %src[%offset]`: a tile of a tensor in HBM, copied into SRAM by a DMA command;
+- `tile.gather %src[%indices]`: the rows of a tensor named by `indices` (-1: a zero row),
+  copied into a new SRAM tile by one DMA command: a block's token rows, gathered straight from
+  the tokens by the block's row -> token index (the dispatch, done a block at a time);
 - `tile.store %tile, %dst[%offset]`: a tile written into rows of a buffer, in place (DMA to HBM,
   or the producing engine's commit into SRAM); the result is the same buffer;
 - `tile.load_expert %w[%ids] reuse %prev_ids, %prev_tile`: the weight rows of a block's expert,
@@ -154,6 +157,38 @@ class LoadOp(IRDLOperation):
 
 
 @irdl_op_definition
+class GatherOp(IRDLOperation):
+    """`source[indices]` (rows of `source`'s first axis; index -1 gives a zero row) in a new SRAM
+    tile by DMA: the result has the indices' shape followed by a row's. `guard` and `after` as
+    `tile.load`'s."""
+
+    name = "tile.gather"
+    source = operand_def(TensorType)
+    indices = operand_def(TensorType)
+    guard = opt_operand_def(TensorType)
+    after = var_operand_def()
+    result = result_def(TensorType)
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = (
+        "$source `[` $indices `]` (`guard` $guard^)? (`after` $after^)? `:` type($source) `,` type($indices) "
+        "(`guard` type($guard)^)? (`after` type($after)^)? `->` type($result) attr-dict"
+    )
+
+    def __init__(self, source: SSAValue, indices: SSAValue, after: list[SSAValue] | None = None,
+                 guard: SSAValue | None = None):
+        st = source.type
+        result = TensorType(st.get_element_type(), [*shape_of(indices.type), *shape_of(st)[1:]])
+        super().__init__(operands=[source, indices, guard, after or []], result_types=[result])
+
+    def verify_(self) -> None:
+        st, it, rt = self.source.type, self.indices.type, self.result.type
+        expect(is_int_type(it.get_element_type()), "tile.gather: indices must be i32")
+        expect(len(shape_of(st)) >= 1 and rt.get_element_type() == st.get_element_type()
+               and shape_of(rt) == (*shape_of(it), *shape_of(st)[1:]),
+               f"tile.gather: rows of {format_type(st)} by {format_type(it)} cannot be {format_type(rt)}")
+
+
+@irdl_op_definition
 class StoreOp(IRDLOperation):
     """`tile` written into rows [offset, offset + n) of `dest`, in place: the result is `dest`'s
     buffer, which must not be read through the operand afterwards (the schedule level threads
@@ -257,4 +292,4 @@ class GuardOp(IRDLOperation):
         expect(is_int_type(t.get_element_type()) and len(shape_of(t)) == 1, "tile.guard: ids must be i32 [n]")
 
 
-Tile = Dialect("tile", [BufferOp, SliceOp, LoadOp, StoreOp, CopyOp, LoadExpertOp, GuardOp], [])
+Tile = Dialect("tile", [BufferOp, SliceOp, LoadOp, GatherOp, StoreOp, CopyOp, LoadExpertOp, GuardOp], [])

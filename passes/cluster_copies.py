@@ -38,7 +38,7 @@ def reacher(before: list[Operation]) -> Callable[[SSAValue, int], SSAValue]:
     return reach
 
 
-DMA_OPS = (tile.LoadOp, tile.LoadExpertOp, tile.StoreOp, tile.CopyOp, tcp.DmaGatherOp, tcp.DmaScatterOp,
+DMA_OPS = (tile.LoadOp, tile.GatherOp, tile.LoadExpertOp, tile.StoreOp, tile.CopyOp, tcp.DmaGatherOp, tcp.DmaScatterOp,
            tcp.LoadOp, tcp.StoreOp)
 """The ops the DMA engines run."""
 

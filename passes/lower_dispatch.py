@@ -6,8 +6,14 @@ expert_ids [G]: block g's expert, -1 if unused) and `moe.scatter`'s data movemen
 `moe.dispatch`. This pass rewrites the three ops that consume a plan (the book's MoE chapter,
 sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
 
-- `moe.dispatch %x, %route` -> `tcp.dma_scatter %x[%scatter_idx]` into a zeroed buffer of G*B
-  rows (row t goes to each of its K rows; -1 skips), then `tcp.view` as [G, B, D] (`x_blocked`).
+- `moe.dispatch %x, %route` -> `tcp.dma_gather %x[%block_tokens]` ([G, B, D], `x_blocked`):
+  each row of the blocked buffer reads its token's row, by the plan's inverse index
+  `block_tokens` ([G, B], the token of each row, -1 on padding rows and unused blocks, which
+  read nothing and are zero, as the scatter's zeroed buffer left them). The index is built
+  once per plan: a DMA scatter of the token numbers plus one by scatter_idx into zeroed rows
+  (`row_marks`, [G * B, 1]), minus one. The tokens themselves are never written to
+  a blocked buffer in HBM: the schedule level gathers each block's rows straight from the
+  tokens, inside its expert loop (passes/schedule_experts.py).
 - `moe.grouped_matmul %xb, %w, %route (bias %b)?` ->
   - `tcp.dma_gather %w[%expert_ids]` ([G, D, F], `w_gathered`): one weight per block; an unused
     block's id is -1, so nothing is read for it. Blocks of one expert are consecutive, so the
@@ -17,8 +23,9 @@ sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
     are skipped and left zero;
   - the padding mask: the reference leaves padding rows zero (the bias is not added to them,
     and 0 * inf in a padding row is not NaN), so `ve.select` keeps `y_acc` on valid rows and
-    +0.0 elsewhere. Which rows are valid is a DMA scatter of ones by scatter_idx, tagged != 0
-    (`row_valid`, [G, B]), built once per routing plan and broadcast over F;
+    +0.0 elsewhere. Which rows are valid is read from the dispatch's index `block_tokens`
+    (below; phase `dispatch`), tagged >= 0 (`row_valid`, [G, B]), built once per routing plan
+    and broadcast over F;
   - `ve.narrow` to bf16 when the result is bf16: the contraction's f32 result is rounded once,
     as the reference rounds it.
 - `moe.scaled_grouped_matmul %xq, %wq, %route scales %xs, %ws (bias %b)?` -> the same, with
@@ -128,22 +135,35 @@ class _RowMasks:
     """Which rows of each plan's blocked buffer hold a pair: built once per `moe.route`, right
     after it (so it dominates every consumer of the plan), and broadcast once per width."""
 
+    tokens: dict[moe.RouteOp, SSAValue] = field(default_factory=dict)
     tags: dict[moe.RouteOp, SSAValue] = field(default_factory=dict)
     wide: dict[tuple[moe.RouteOp, int], SSAValue] = field(default_factory=dict)
     last: dict[moe.RouteOp, Operation] = field(default_factory=dict)
 
-    def row_valid(self, plan: moe.RouteOp, rewriter: PatternRewriter) -> SSAValue:
-        """Tags [G, B]: 1 on a row some pair was scattered to, 0 on padding and unused blocks."""
-        if plan not in self.tags:
+    def block_tokens(self, plan: moe.RouteOp, rewriter: PatternRewriter) -> SSAValue:
+        """[G, B] i32: the token whose pair was scattered to each row of the blocked buffer, -1
+        on padding rows and unused blocks (a DMA scatter of the token numbers plus one by
+        scatter_idx into zeroed rows, minus one): the dispatch's gather index."""
+        if plan not in self.tokens:
             r = plan.route.type
             assert isinstance(r, moe.RouteType)
             t, g, b = r.tokens.data, r.blocks.data, r.block.data
             e = _Emitter()
-            ones = e.const(1, [t, 1], i32)
-            rows = e.emit(tcp.DmaScatterOp(ones, plan.scatter_idx, g * b), "row_marks")
+            numbers = e.emit(ve.AddOp(e.iota([t, 1], 0, "token_numbers"), e.const(1, [t, 1], i32)), "token_marks")
+            rows = e.emit(tcp.DmaScatterOp(numbers, plan.scatter_idx, g * b), "row_marks")
             marks = e.view(rows, [g, b], "block_marks")
-            self.tags[plan] = e.emit(ve.TagOp("ne", marks, e.const(0, [g, b], i32)), "row_valid")
+            self.tokens[plan] = e.emit(ve.SubOp(marks, e.const(1, [g, b], i32)), "block_tokens")
+            mark(e.ops, "dispatch")
             self._insert(plan, e.ops, InsertPoint.after(plan), rewriter)
+        return self.tokens[plan]
+
+    def row_valid(self, plan: moe.RouteOp, rewriter: PatternRewriter) -> SSAValue:
+        """Tags [G, B]: 1 on a row some pair was scattered to, 0 on padding and unused blocks."""
+        if plan not in self.tags:
+            tokens = self.block_tokens(plan, rewriter)
+            e = _Emitter()
+            self.tags[plan] = e.emit(ve.TagOp("ge", tokens, e.const(0, shape_of(tokens.type), i32)), "row_valid")
+            self._insert(plan, e.ops, InsertPoint.after(self.last[plan]), rewriter)
         return self.tags[plan]
 
     def rows_valid(self, plan: moe.RouteOp, width: int, rewriter: PatternRewriter) -> SSAValue:
@@ -177,13 +197,9 @@ class _RowMasks:
         self.last[plan] = ops[-1]
 
 
-def lower_dispatch(op: moe.DispatchOp, plan: moe.RouteOp) -> tuple[list[Operation], SSAValue]:
-    r = plan.route.type
-    g, b = r.blocks.data, r.block.data
-    d = shape_of(op.input.type)[1]
+def lower_dispatch(op: moe.DispatchOp, block_tokens: SSAValue) -> tuple[list[Operation], SSAValue]:
     e = _Emitter()
-    rows = e.emit(tcp.DmaScatterOp(op.input, plan.scatter_idx, g * b), "x_rows")
-    blocked = e.view(rows, [g, b, d], op.blocked.name_hint or "x_blocked")
+    blocked = e.emit(tcp.DmaGatherOp(op.input, block_tokens), op.blocked.name_hint or "x_blocked")
     return e.ops, blocked
 
 
@@ -251,7 +267,7 @@ class LowerDispatchPattern(RewritePattern):
                           | moe.CombineOp, rewriter: PatternRewriter) -> None:
         plan = plan_of(op, op.route)
         if isinstance(op, moe.DispatchOp):
-            ops, result = lower_dispatch(op, plan)
+            ops, result = lower_dispatch(op, self.masks.block_tokens(plan, rewriter))
             mark(ops, "dispatch")
         elif isinstance(op, moe.GroupedMatmulOp):
             width = shape_of(op.result.type)[2]

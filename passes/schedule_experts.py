@@ -22,12 +22,20 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
 - a weight gather becomes `tile.load_expert %w[%ids_g] reuse %prev_ids, %prev_tile`: the
   canonical layout keeps an expert's blocks adjacent, so its weights are loaded once per run
   of blocks and reused; unused blocks (id -1) load nothing and their guarded contractions skip;
-- a block-parallel input made elsewhere is sliced per block: the dispatch's blocked token rows
-  are placed in HBM (`tcpc.space = "hbm"` on the DMA scatter that writes them) and loaded a
-  block at a time (`tile.load`); smaller inputs in SRAM are addressed in place (`tile.slice`);
+- the dispatch (lower-dispatch's `tcp.dma_gather %x[%block_tokens]`, G blocks of token rows)
+  becomes the block's own gather, `tile.gather %x[%block_tokens_tile]`: its B rows come straight
+  from the tokens by the block's row -> token index (-1: a padding row, zero), so the tokens
+  never cross HBM as a blocked copy (before: a DMA scatter of every routed row into an HBM
+  buffer ahead of the loop, on the critical path, then a load of each block's tile). The
+  gather keeps the phase `dispatch`. It reads the tokens where they are, in HBM: a gather from
+  the router's SRAM copy would move no HBM bytes, but an SRAM -> SRAM DMA serialises its reads
+  and writes (book, "DMA Engine"; tcp_cost.py) and so takes the engines longer than an
+  HBM -> SRAM one, which the engines pipeline (README, "The dispatch, a block at a time");
+- another block-parallel input made elsewhere is sliced per block when in SRAM
+  (`tile.slice`), loaded a block at a time when in HBM (`tile.load`);
 - a result used after the loop is stored a block at a time into an HBM buffer (`tile.buffer`,
   `tile.store`), which the combine's gather then reads;
-- double buffering: a row tile load of block g waits (an `after` operand) for the last
+- double buffering: a row gather or row tile load of block g waits (an `after` operand) for the last
   contraction of block g - 2, the last reader of that block's tiles, so the tiles of two blocks
   are in SRAM at a time and the DMA of block g runs while block g - 1 contracts; an expert's
   weight load waits for block g - 4 (`WEIGHT_AHEAD`), so the next expert's weights arrive
@@ -98,6 +106,8 @@ every few blocks) has the time of up to three blocks' contractions to arrive."""
 def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: str = "experts") -> bool:
     """Whether `op`, of the plan's `phase`, computes each of the G blocks from that block alone
     (see the docstring)."""
+    if is_dispatch_gather(op, blocks) and phase == "experts":
+        return True
     if phase_of(op) != phase or not op.results or expert_ids in op.results:
         return False
     if isinstance(op, tcp.DmaGatherOp):
@@ -148,6 +158,12 @@ def _root(value: SSAValue) -> Operation | None:
     return owner if isinstance(owner, Operation) else None
 
 
+def is_dispatch_gather(op: Operation, blocks: int) -> bool:
+    """The dispatch: the tokens' rows gathered into G blocks by each row's token
+    (lower-dispatch's `tcp.dma_gather %x[%block_tokens]`); the loop gathers one block's rows."""
+    return isinstance(op, tcp.DmaGatherOp) and phase_of(op) == "dispatch" and leading(op.indices) == blocks
+
+
 def read_by_combine(value: SSAValue, inside: set[Operation]) -> bool:
     """Whether every reader of `value` outside `inside` is the combine's DMA gather of its rows
     (through views): its indices name only the rows of routed pairs, which lie in used blocks,
@@ -188,7 +204,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
     escaping = escaping_results(ops)
     if not escaping:
         return None
-    gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp)]
+    gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and op.indices is expert_ids]
 
     def addressable(v: SSAValue) -> bool:
         """A value made before the loop that a block's tile may address in place."""
@@ -273,11 +289,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
             return mapping[v]
         if leading(v) != blocks:
             return v  # the same for every block: a weight, a table, a splat
-        root = _root(v)
         name = f"{v.name_hint}_tile" if v.name_hint else None
-        if in_hbm(v) or root is not None and phase_of(root) == "dispatch" and root.dialect_name() == "tcp":
-            if root is not None:
-                place_in_hbm(root)
+        if in_hbm(v):
             mapping[v] = add(tile.LoadOp(v, index, tile_type(v.type), [tile_wait]), name)
         else:
             mapping[v] = add(tile.SliceOp(v, index, tile_type(v.type)), name)
@@ -394,6 +407,11 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         if op in deferred:
             if region is not None and op is region.down:
                 mapping[op.result] = f_tiles()
+            continue
+        if is_dispatch_gather(op, blocks):  # the block's rows, fetched like a row tile
+            rows = tile.GatherOp(op.source, tile_of(op.indices), [tile_wait])
+            rows.attributes.update(op.attributes)
+            mapping[op.result] = add(rows, f"{op.result.name_hint}_tile" if op.result.name_hint else None)
             continue
         if isinstance(op, tcp.DmaGatherOp):
             mapping[op.result] = add(load(op, None, weight_wait))

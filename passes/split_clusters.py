@@ -12,11 +12,12 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   are still loaded once, by the cluster that contracts them;
 - in cluster c's copy the block's id is its own masked id: its weight loads (`tile.load_expert`)
   and guarded contractions skip a block another cluster owns, as they skip unused blocks; its
-  row loads and result stores (`tile.load`, `tile.store`) are guarded by whether c owns the
+  row gathers, row loads and result stores (`tile.gather`, `tile.load`, `tile.store`) are guarded by whether c owns the
   block (an unused block, id -1, belongs to cluster N - 1, which computes and stores it as the
   loop did), so each block is stored exactly once and a skipped copy moves nothing;
 - the values a copy reads from SRAM that another cluster produced are copied to it by DMA once,
-  before the loop (constants are rebuilt, not copied); HBM values are read directly;
+  before the loop (constants are rebuilt, not copied); HBM values are read directly, and so is
+  a row gather's source (a DMA command reads any cluster's memory, or HBM);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -179,7 +180,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
         before.append(step)
     else:
         # Row loads and stores outside an scf.if need a guard of their own: whether c owns the block.
-        guarded = any(isinstance(op, (tile.LoadOp, tile.StoreOp)) for op in body.ops)
+        guarded = any(isinstance(op, (tile.LoadOp, tile.GatherOp, tile.StoreOp)) for op in body.ops)
         owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before, guarded, by_block)
                                     for c in range(clusters)))
     inits = list(loop.iter_args)
@@ -227,14 +228,21 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
         for op in body.ops:
             if op is yielded:
                 break
-            for operand in (o for inner in op.walk() for o in inner.operands):
-                if operand not in defined_in_body and operand not in mapping:
-                    mapping[operand] = reach(operand, c)
+            for inner in op.walk():
+                for operand in inner.operands:
+                    # A DMA gather reads its source where it lives, on any cluster: no copy.
+                    if isinstance(inner, tile.GatherOp) and operand is inner.source:
+                        continue
+                    if operand not in defined_in_body and operand not in mapping:
+                        mapping[operand] = reach(operand, c)
             if op is slice_op:
                 new: Operation = tile.SliceOp(owned[c], mapping[index], ids_tile.type)
             elif isinstance(op, tile.LoadOp):
                 new = tile.LoadOp(mapping[op.source], mapping[op.offset], op.result.type,
                                   [mapping[a] for a in op.after], guard=block_guard)
+            elif isinstance(op, tile.GatherOp):
+                new = tile.GatherOp(mapping.get(op.source, op.source), mapping[op.indices],
+                                    [mapping[a] for a in op.after], guard=block_guard)
             elif isinstance(op, tile.StoreOp):
                 new = tile.StoreOp(mapping[op.tile], mapping[op.dest], mapping[op.offset], guard=block_guard)
             else:

@@ -33,7 +33,7 @@ SCALE_OPERANDS: dict[type, tuple[int, ...]] = {
 }
 """Operand positions that hold block scales, at every level."""
 
-_MOVES = (tcp.ViewOp, tcp.DmaGatherOp, tcp.LoadOp, tile.SliceOp, tile.LoadOp, tile.LoadExpertOp)
+_MOVES = (tcp.ViewOp, tcp.DmaGatherOp, tcp.LoadOp, tile.SliceOp, tile.LoadOp, tile.GatherOp, tile.LoadExpertOp)
 """Ops that pass their first operand on unchanged in kind (a scale gathered, loaded or sliced
 is still a scale), at every level."""
 

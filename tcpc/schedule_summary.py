@@ -12,7 +12,7 @@ from dialects.annotations import phase_of
 from dialects.tensor_types import format_type
 from runtime_sim.perf.report import TileLoop
 
-TILE_OPS = (tile.SliceOp, tile.LoadOp, tile.LoadExpertOp)
+TILE_OPS = (tile.SliceOp, tile.LoadOp, tile.GatherOp, tile.LoadExpertOp)
 """The ops that bring one iteration's tile into SRAM."""
 
 

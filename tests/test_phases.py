@@ -37,7 +37,8 @@ def test_each_pass_marks_its_own_ops() -> None:
     ops = lowered_ops("deepseek_v3")
     assert phase_of(named(ops, "rank")) == "router"  # lower-topk
     assert phase_of(named(ops, "counts")) == "routing"  # lower-routing
-    assert phase_of(named(ops, "x_rows")) == "dispatch"  # lower-dispatch: moe.dispatch
+    assert phase_of(named(ops, "block_tokens")) == "dispatch"  # lower-dispatch: moe.dispatch's index
+    assert phase_of(named(ops, "xb_tile")) == "dispatch"  # and its gather, a block's rows in the loop
     assert phase_of(named(ops, "w_gathered")) == "experts"  # lower-dispatch: moe.grouped_matmul
     assert phase_of(named(ops, "y_acc")) == "experts"
     assert phase_of(named(ops, "row_valid")) == "experts"  # the row masks serve the experts

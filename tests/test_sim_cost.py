@@ -256,3 +256,33 @@ def test_a_biased_contraction_is_never_faster_than_its_flops() -> None:
     (op,) = [o for o in report.ops if o.name == "tcp.contract"]
     assert op.flops == 2 * 2048 * 2880 * 2880 + 2048 * 2880
     assert op.cycles >= op.flops / M.peak_flops_per_cycle
+
+
+def test_a_row_gather_by_token_reads_hbm_or_sram_as_its_source_lives() -> None:
+    """tile.gather (a block's token rows, schedule-experts): -1 rows read nothing and are zero;
+    from HBM the reads and writes pipeline, bound by the engine's share of HBM; from SRAM (the
+    same rows of the tokens' SRAM copy) no HBM byte moves, but a DM -> DM command serialises
+    its reads and writes (book, DMA Engine, Example 3), so it takes the engine longer."""
+    module = parse("""
+    func.func @f(%x: tensor<8x2048xbf16>, %rows: tensor<1x4xi32>, %skip: tensor<1xi32>)
+        -> (tensor<1x4x2048xbf16>, tensor<1x4x2048xbf16>, tensor<1x4x2048xbf16>) {
+      %h = tile.gather %x[%rows] : tensor<8x2048xbf16>, tensor<1x4xi32> -> tensor<1x4x2048xbf16>
+      %xs = tcp.load %x : tensor<8x2048xbf16> -> tensor<8x2048xbf16>
+      %s = tile.gather %xs[%rows] : tensor<8x2048xbf16>, tensor<1x4xi32> -> tensor<1x4x2048xbf16>
+      %g = tile.gather %x[%rows] guard %skip : tensor<8x2048xbf16>, tensor<1x4xi32> guard tensor<1xi32> -> tensor<1x4x2048xbf16>
+      func.return %h, %s, %g : tensor<1x4x2048xbf16>, tensor<1x4x2048xbf16>, tensor<1x4x2048xbf16>
+    }""")
+    x = (np.arange(8 * 2048) % 251).astype(BF16).reshape(8, 2048)
+    rows = np.array([[5, -1, 0, 7]], np.int32)
+    result = simulate(module, "f", [x, rows, np.array([-1], np.int32)])
+    want = np.stack([x[5], np.zeros(2048, BF16), x[0], x[7]])[None]
+    np.testing.assert_array_equal(result.outputs[0], want)
+    np.testing.assert_array_equal(result.outputs[1], want)
+    np.testing.assert_array_equal(result.outputs[2], np.zeros_like(want))
+    hbm, _, sram, skipped = result.report.ops
+    row = 2048 * 2  # 4 KB: 16 requests
+    assert hbm.hbm_bytes == 3 * row and hbm.bytes == 2 * 3 * row
+    assert hbm.cycles == max(500 + 3 * 16, -(-3 * row * M.dma_engines // M.hbm_bytes_per_cycle))
+    assert sram.hbm_bytes == 0 and sram.bytes == 2 * 3 * row
+    assert sram.cycles == 500 + 2 * 3 * 16 > hbm.cycles  # reads, then writes
+    assert skipped.cycles == M.guard_cycles and skipped.bytes == 0

@@ -186,6 +186,12 @@ SCALED_ACC_IR = """
 func.func @s(%a: tensor<2x2x8xf8E4M3FN>, %w: tensor<2x8x4xf8E4M3FN>, %as: tensor<2x2x2xf32>, %ws: tensor<2x2x2xf32>, %acc: tensor<2x2x4xf32>, %ids: tensor<2xi32>) -> tensor<2x2x4xf32> {
   %y = tcp.scaled_contract %a, %w scales %as, %ws acc %acc guard %ids : tensor<2x2x8xf8E4M3FN>, tensor<2x8x4xf8E4M3FN>, tensor<2x2x2xf32>, tensor<2x2x2xf32> acc tensor<2x2x4xf32> guard tensor<2xi32> -> tensor<2x2x4xf32>
   func.return %y : tensor<2x2x4xf32>
+
+
+GATHER_IR = """
+func.func @r(%x: tensor<5x3xbf16>, %rows: tensor<1x4xi32>, %wait: tensor<1xf32>) -> tensor<1x4x3xbf16> {
+  %t = tile.gather %x[%rows] after %wait : tensor<5x3xbf16>, tensor<1x4xi32> after tensor<1xf32> -> tensor<1x4x3xbf16>
+  func.return %t : tensor<1x4x3xbf16>
 }
 """
 
@@ -230,3 +236,15 @@ def test_slice_window_addresses_part_of_a_row() -> None:
     assert np.array_equal(t, s[2:3, 1:3, 6:9])
     with pytest.raises(VerifyException, match="window"):
         parse(SLICE_WINDOW_IR.replace("array<i64: 1, 6>", "array<i64: 3, 6>"))
+
+
+def test_row_gather_round_trips_and_a_wrong_result_shape_is_rejected() -> None:
+    module = parse(GATHER_IR)
+    assert parse(str(module)).is_structurally_equivalent(module)
+    x = np.arange(15, dtype=np.float32).reshape(5, 3).astype(ml_dtypes.bfloat16)
+    (t,) = run_function(module, "r", [x, np.array([[4, -1, 0, 4]], np.int32), np.zeros(1, np.float32)])
+    assert np.array_equal(t.astype(np.float32), np.stack([x[4], np.zeros(3), x[0], x[4]]).astype(np.float32)[None])
+    bad = GATHER_IR.replace("-> tensor<1x4x3xbf16> {", "-> tensor<4x3xbf16> {").replace(
+        "-> tensor<1x4x3xbf16>\n", "-> tensor<4x3xbf16>\n").replace("return %t : tensor<1x4x3xbf16>", "return %t : tensor<4x3xbf16>")
+    with pytest.raises(VerifyException, match="tile.gather: rows of"):
+        parse(bad)

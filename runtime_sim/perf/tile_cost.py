@@ -4,6 +4,8 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
 - `tile.buffer`: free; an HBM buffer takes no SRAM, an SRAM one its size.
 - `tile.slice`: addressing within an SRAM tensor: free, and no new SRAM (its source's buffer).
 - `tile.load`: one DMA copy of the tile, HBM -> SRAM.
+- `tile.gather`: one DMA command, as `tcp.dma_gather` (tcp_cost.cost_dma_gather: the rows
+  whose index is not -1, from HBM or SRAM as the source lives).
 - `tile.store`: into an HBM buffer, one DMA copy SRAM -> HBM; into an SRAM buffer, free: the
   engine that produced the tile commits it at the buffer's address (an assumption: the
   compiler gives the producer that destination).
@@ -46,7 +48,7 @@ from runtime_sim.perf.cost_model import (
     register_unread_operands,
 )
 from runtime_sim.perf.machine import Machine
-from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_rows_cost, row_bytes
+from runtime_sim.perf.tcp_cost import cost_dma_gather, dma_copy_cost, dma_rows_cost, row_bytes
 from runtime_sim.semantics.numerics import stored_nbytes
 
 
@@ -71,6 +73,12 @@ def cost_tile_load(op: Operation, operands: tuple[Any, ...], results: tuple[Any,
     if _guarded_off(op, operands):
         return _guard_only(machine)
     return dma_copy_cost(machine, stored_nbytes(results[0]), in_hbm(op.operands[0]), False)
+
+
+def cost_tile_gather(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    if _guarded_off(op, operands):
+        return _guard_only(machine)
+    return cost_dma_gather(op, operands[:2], results, machine)
 
 
 def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -118,6 +126,9 @@ def register_tile_costs() -> None:
     register_cost(tile.LoadOp)(cost_tile_load)
     register_data_operands(tile.LoadOp, _guard_operand)
     register_data_operands(tile.StoreOp, _guard_operand)
+    register_cost(tile.GatherOp)(cost_tile_gather)
+    register_data_operands(tile.GatherOp, lambda op: (op.indices, *_guard_operand(op)))  # type: ignore[attr-defined]
+    register_order_operands(tile.GatherOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
     register_cost(tile.CopyOp)(cost_tile_copy)
     register_order_operands(tile.LoadOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
     register_cost(tile.StoreOp)(cost_tile_store)

@@ -30,9 +30,9 @@ def _skipped(guard: np.ndarray) -> bool:
     return bool(np.asarray(guard).reshape(-1)[0] < 0)
 
 
-def expert_rows(source: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def gathered(op_name: str, source: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """source[ids] with zero rows where an id is -1: a DMA gather's rows (tcp.dma_gather's)."""
-    check_rows("tile.load_expert", np.asarray(ids), source.shape[0])
+    check_rows(op_name, np.asarray(ids), source.shape[0])
     return np.asarray(GatheredRows(np.asarray(source), ids))
 
 
@@ -57,6 +57,13 @@ class TileFunctions(InterpreterFunctions):
             return (np.zeros(shape_of(op.result.type), source.dtype),)
         return (np.array(source[rows]),)
 
+    @impl(tile.GatherOp)
+    def run_gather(self, interpreter: Interpreter, op: tile.GatherOp, args: tuple[Any, ...]):
+        source, indices = args[:2]
+        if op.guard is not None and _skipped(args[2]):
+            return (np.zeros(shape_of(op.result.type), source.dtype),)
+        return (gathered(op.name, source, np.asarray(indices)),)
+
     @impl(tile.StoreOp)
     def run_store(self, interpreter: Interpreter, op: tile.StoreOp, args: tuple[Any, ...]):
         value, dest, offset = args[:3]
@@ -79,6 +86,6 @@ class TileFunctions(InterpreterFunctions):
         if op.prev_ids is not None and np.array_equal(ids, args[2]):
             return (args[3],)
         window = tuple(slice(o, o + n) for o, n in zip(op.window_offsets(), shape_of(op.result.type)[1:]))
-        rows = expert_rows(np.asarray(source)[(slice(None), *window)], ids)
+        rows = gathered(op.name, np.asarray(source)[(slice(None), *window)], ids)
         rows.flags.writeable = False  # weights: nothing writes them, so contractions may keep them widened
         return (rows,)

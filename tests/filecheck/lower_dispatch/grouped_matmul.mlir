@@ -4,7 +4,8 @@
 // grouped_matmul: a per-block weight gather by expert_ids (-1: nothing read), a blockwise
 // contraction into f32 guarded by expert_ids (unused blocks skipped, left zero), the per-expert
 // bias gathered the same way and viewed as [G, 1, F], padding rows forced to +0.0 by a row mask
-// (built once per plan: a DMA scatter of ones by scatter_idx, tagged != 0), and one rounding to
+// (built once per plan: the row tokens, a DMA scatter of the token numbers plus one by
+// scatter_idx, minus one, tagged >= 0), and one rounding to
 // bf16 at the end. T = 6, K = 2, E = 4, B = 4: G = 6.
 
 func.func @up(%x_blocked: tensor<6x4x16xbf16>, %scatter_idx: tensor<6x2xi32>, %expert_ids: tensor<6xi32>,
@@ -17,11 +18,15 @@ func.func @up(%x_blocked: tensor<6x4x16xbf16>, %scatter_idx: tensor<6x2xi32>, %e
 // CHECK-LABEL: func.func @up
 // CHECK-NOT:   moe.
 // The row mask, right where the plan was.
-// CHECK:       %ones = ve.const 1 : tensor<6x1xi32>
-// CHECK-NEXT:  %row_marks = tcp.dma_scatter %ones[%scatter_idx] : tensor<6x1xi32>, tensor<6x2xi32> -> tensor<24x1xi32>
+// CHECK:       %token_numbers = ve.iota along 0 : tensor<6x1xi32>
+// CHECK-NEXT:  %ones = ve.const 1 : tensor<6x1xi32>
+// CHECK-NEXT:  %token_marks = ve.add %token_numbers, %ones : tensor<6x1xi32>
+// CHECK-NEXT:  %row_marks = tcp.dma_scatter %token_marks[%scatter_idx] : tensor<6x1xi32>, tensor<6x2xi32> -> tensor<24x1xi32>
 // CHECK-NEXT:  %block_marks = tcp.view %row_marks : tensor<24x1xi32> -> tensor<6x4xi32>
+// CHECK-NEXT:  %ones_1 = ve.const 1 : tensor<6x4xi32>
+// CHECK-NEXT:  %block_tokens = ve.sub %block_marks, %ones_1 : tensor<6x4xi32>
 // CHECK-NEXT:  %zeros = ve.const 0 : tensor<6x4xi32>
-// CHECK-NEXT:  %row_valid = ve.tag ne %block_marks, %zeros : tensor<6x4xi32> -> tensor<6x4xi4>
+// CHECK-NEXT:  %row_valid = ve.tag ge %block_tokens, %zeros : tensor<6x4xi32> -> tensor<6x4xi4>
 // CHECK-NEXT:  %rows_valid = ve.broadcast %row_valid along 2 : tensor<6x4xi4> -> tensor<6x4x32xi4>
 // CHECK-NEXT:  %w_gathered = tcp.dma_gather %w_up[%expert_ids] : tensor<4x16x32xbf16>, tensor<6xi32> -> tensor<6x16x32xbf16>
 // CHECK-NEXT:  %bias_gathered = tcp.dma_gather %b_up[%expert_ids] : tensor<4x32xbf16>, tensor<6xi32> -> tensor<6x32xbf16>
@@ -44,7 +49,7 @@ func.func @down(%h: tensor<6x4x32xf32>, %scatter_idx: tensor<6x2xi32>, %expert_i
 
 // CHECK-LABEL: func.func @down
 // CHECK-NOT:   moe.
-// CHECK:       %row_valid = ve.tag ne
+// CHECK:       %row_valid = ve.tag ge
 // CHECK-NEXT:  %rows_valid = ve.broadcast %row_valid along 2 : tensor<6x4xi4> -> tensor<6x4x16xi4>
 // CHECK-NEXT:  %w_gathered = tcp.dma_gather %w_down[%expert_ids] : tensor<4x32x16xbf16>, tensor<6xi32> -> tensor<6x32x16xbf16>
 // CHECK-NEXT:  %y_acc = tcp.contract "gbd,gdf->gbf" %h, %w_gathered guard %expert_ids : tensor<6x4x32xf32>, tensor<6x32x16xbf16> guard tensor<6xi32> -> tensor<6x4x16xf32>

@@ -21,13 +21,13 @@ func.func @layer(%x: tensor<8x16xbf16>, %scatter_idx: tensor<8x2xi32>, %expert_i
 
 // CHECK-LABEL: func.func @layer
 // CHECK-NOT:   moe.
-// CHECK:       %row_marks = tcp.dma_scatter %ones[%scatter_idx] : tensor<8x1xi32>, tensor<8x2xi32> -> tensor<20x1xi32>
-// CHECK:       %row_valid = ve.tag ne %block_marks, %{{.*}} : tensor<10x2xi32> -> tensor<10x2xi4>
+// CHECK:       %row_marks = tcp.dma_scatter %token_marks[%scatter_idx] : tensor<8x1xi32>, tensor<8x2xi32> -> tensor<20x1xi32>
+// CHECK:       %block_tokens = ve.sub %block_marks, %{{.*}} : tensor<10x2xi32>
+// CHECK:       %row_valid = ve.tag ge %block_tokens, %{{.*}} : tensor<10x2xi32> -> tensor<10x2xi4>
 // CHECK-NEXT:  %rows_valid = ve.broadcast %row_valid along 2 : tensor<10x2xi4> -> tensor<10x2x32xi4>
 // CHECK-NEXT:  %rows_valid_1 = ve.broadcast %row_valid along 2 : tensor<10x2xi4> -> tensor<10x2x16xi4>
 // CHECK-NOT:   %row_valid
-// CHECK-NEXT:  %x_rows = tcp.dma_scatter %x[%scatter_idx] : tensor<8x16xbf16>, tensor<8x2xi32> -> tensor<20x16xbf16>
-// CHECK-NEXT:  %xb = tcp.view %x_rows : tensor<20x16xbf16> -> tensor<10x2x16xbf16>
+// CHECK-NEXT:  %xb = tcp.dma_gather %x[%block_tokens] : tensor<8x16xbf16>, tensor<10x2xi32> -> tensor<10x2x16xbf16> {tcpc.phase = "dispatch"}
 // CHECK-NEXT:  %w_gathered = tcp.dma_gather %w_gate[%expert_ids] : tensor<4x16x32xbf16>, tensor<10xi32> -> tensor<10x16x32xbf16>
 // CHECK-NEXT:  %bias_gathered = tcp.dma_gather %b_gate[%expert_ids] : tensor<4x32xf32>, tensor<10xi32> -> tensor<10x32xf32>
 // CHECK-NEXT:  %bias_blocked = tcp.view %bias_gathered : tensor<10x32xf32> -> tensor<10x1x32xf32>

@@ -17,7 +17,7 @@ func.func @experts(%xq: tensor<6x2x256xf8E4M3FN>, %xs: tensor<6x2x2xf32>, %w: te
 
 // CHECK-LABEL: func.func @experts
 // CHECK-NOT:   moe.
-// CHECK:       %row_valid = ve.tag ne %block_marks
+// CHECK:       %row_valid = ve.tag ge %block_tokens
 // CHECK-NEXT:  %rows_valid = ve.broadcast %row_valid along 2 : tensor<6x2xi4> -> tensor<6x2x128xi4>
 // CHECK-NEXT:  %w_scales_gathered = tcp.dma_gather %ws[%expert_ids] : tensor<4x2x1xf32>, tensor<6xi32> -> tensor<6x2x1xf32>
 // CHECK-NEXT:  %w_gathered = tcp.dma_gather %w[%expert_ids] : tensor<4x256x128xf8E4M3FN>, tensor<6xi32> -> tensor<6x256x128xf8E4M3FN>
