@@ -9,8 +9,11 @@ Every run is cost-only (real dims do not fit in memory), the layer sharded by `s
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
 default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
 link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes a
-few of these combinations (`runs`), `--full` all of them. The block size is
-run.py's rule on the tokens an expert receives (T * chips * K / E).
+few of these combinations (`runs`), `--full` all of them. A row may split every expert over
+tp chips as well (`--mesh ep=N/tp,tp=...`: the tp chips of a group share their T tokens). The
+block size is run.py's rule on the tokens an expert receives (T * token shards * K / E);
+lower-topk's strategy is chosen by cost (`topk=auto`: each strategy simulated on the mesh,
+the cheaper kept).
 
 Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
 collectives (waiting included), and the ratio to a lower bound computed here from two limits,
@@ -19,8 +22,11 @@ neither of which the simulator can beat:
   contraction peak, its own HBM bytes at HBM bandwidth; runtime_sim/perf/report.py);
 - the link limit: for the routing used, the rows that must cross each chip's link in each
   direction (a token's row to every other chip holding one of its experts, once, and the
-  result back: DeepEP's deduplicated dispatch), at the link's bandwidth.
-The bound is the larger (compute and communication overlapping perfectly).
+  result back: DeepEP's deduplicated dispatch), at the link's bandwidth (with tp, among the
+  ep chips of one tp slice; the partial sums' reduction is not counted, so it stays a bound).
+The bound is the larger (compute and communication overlapping perfectly). The last column is
+where the slowest chip's time goes: its critical path by phase (dispatch and combine include
+their collectives, waits included).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 import tcpc  # noqa: E402
 from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
 from runtime_sim.perf.mesh_simulate import MeshReport  # noqa: E402
+from dialects.annotations import PHASES  # noqa: E402
 from tcpc.mesh_run import MeshSpec, simulate_on_mesh  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
@@ -100,6 +107,10 @@ class Row:
     hot_chip: int
     imbalance: float
     seconds: float
+    tp: int = 1
+    topk: str = ""
+    phases: dict[str, int] | None = None
+    """The slowest chip's critical-path cycles by phase."""
 
     @property
     def bound(self) -> float:
@@ -111,53 +122,64 @@ class Row:
 
 
 def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
-             dims: dict[str, int] | None = None, machine: MeshMachine | None = None) -> Row:
-    """One cost-only run of `model` with `tokens` per chip on `chips` chips (ep = chips)."""
+             dims: dict[str, int] | None = None, machine: MeshMachine | None = None, tp: int = 1) -> Row:
+    """One cost-only run of `model` with `tokens` per token shard on `chips` chips
+    (ep = chips / tp; the tp chips of a group share their tokens)."""
     machine = machine or load_mesh_machine()
+    ep = chips // tp
     d = dict(dims or model.dims)
-    d["T"] = tokens * chips
+    d["T"] = tokens * ep
     d["B"] = block_size(d["T"], d["K"], d["E"])
     start = time.perf_counter()
     program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims=d)
-    sim = simulate_on_mesh(program, MeshSpec.parse(f"ep={chips},strategy={strategy}"), cost_only=True,
-                           routing=routing, seed=1, machine=machine)
+    spec = f"ep={ep}" + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy},topk=auto"
+    sim = simulate_on_mesh(program, MeshSpec.parse(spec), cost_only=True, routing=routing, seed=1, machine=machine)
     report: MeshReport = sim.report
     choices = next(iter(report.routing.values())).choices
     row_bytes = 2 * d["D"]
     busy = [report.compute_busy(c) for c in range(chips)]
+    slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
+    topk = min(sim.topk_cycles, key=sim.topk_cycles.__getitem__) if sim.topk_cycles else ""
     return Row(model.title, chips, tokens, strategy, routing, report.total_cycles, report.communication_cycles,
                max(r.roofline.cycles for r in report.chips),
-               link_bound_cycles(choices, chips, d["E"], row_bytes, machine),
-               max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start)
+               link_bound_cycles(choices, ep, d["E"], row_bytes, machine),
+               max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
+               tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases})
 
 
 def table(rows: list[Row], clock_hz: float = 1e9) -> str:
     us = 1e6 / clock_hz
-    lines = ["| model | chips | T per chip | strategy | routing | simulated µs | collectives | chip bound µs | "
-             "link bound µs | ratio to bound | busiest chip | imbalance | wall s |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | chips | mesh | T per chip | strategy | routing | simulated µs | collectives | chip bound µs | "
+             "link bound µs | ratio to bound | busiest chip | imbalance | top-k | slowest chip by phase, µs | wall s |",
+             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for r in rows:
-        lines.append(f"| {r.model} | {r.chips} | {r.tokens} | {r.strategy} | {r.routing} | {r.total_cycles * us:,.1f} | "
+        mesh = f"ep={r.chips // r.tp}" + (f",tp={r.tp}" if r.tp > 1 else "")
+        phases = ", ".join(f"{p} {(r.phases or {})[p] * us:,.1f}" for p in PHASES if (r.phases or {}).get(p))
+        lines.append(f"| {r.model} | {r.chips} | {mesh} | {r.tokens} | {r.strategy} | {r.routing} | "
+                     f"{r.total_cycles * us:,.1f} | "
                      f"{r.communication_cycles / r.total_cycles:.0%} | {r.chip_bound * us:,.1f} | {r.link_bound * us:,.1f} | "
-                     f"{r.ratio:.2f} | {r.hot_chip} | {r.imbalance:.2f} | {r.seconds:.1f} |")
+                     f"{r.ratio:.2f} | {r.hot_chip} | {r.imbalance:.2f} | {r.topk} | {phases} | {r.seconds:.1f} |")
     return "\n".join(lines) + "\n"
 
 
-def runs(quick: bool, full: bool = False) -> list[tuple[Model, int, int, str, str]]:
+def runs(quick: bool, full: bool = False) -> list[tuple[Model, int, int, str, str, int]]:
     """The default plan (minutes on 2 cores): DeepSeek-V3 decode on 8 chips, a2a against
-    allgather and balanced against skewed at T = 16, Qwen3 at T = 16 on every mesh size.
-    `full`: every T (prefill included) and strategy at every mesh size (hours: every chip is
-    interpreted and scheduled, and prefill's static worst-case buffers are large)."""
+    allgather and balanced against skewed at T = 16, and with tp = 2; Qwen3 at T = 16 on every
+    mesh size, and on 4 chips as ep=2,tp=2. `full`: every T (prefill included) and strategy at
+    every mesh size (hours: every chip is interpreted and scheduled, and prefill's static
+    worst-case buffers are large). Each run: (model, chips, T per chip, strategy, routing, tp)."""
     if quick:
-        return [(MODELS[0], 8, t, "a2a", "balanced") for t in DECODE[:2]]
+        return [(MODELS[0], 8, t, "a2a", "balanced", 1) for t in DECODE[:2]]
     if full:
-        return [(model, chips, t, s, r) for model in MODELS for chips in model.chips for t in (*DECODE, PREFILL)
+        return [(model, chips, t, s, r, 1) for model in MODELS for chips in model.chips for t in (*DECODE, PREFILL)
                 for s, r in (("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced"))]
     deepseek, qwen = MODELS
-    plan = [(deepseek, 8, t, "a2a", "balanced") for t in DECODE[:2]]
-    plan += [(deepseek, 8, 16, "a2a", "skewed"), (deepseek, 8, 16, "allgather", "balanced")]
-    plan += [(qwen, chips, 16, "a2a", "balanced") for chips in qwen.chips]
-    plan += [(qwen, 2, 16, "a2a", "skewed"), (qwen, 2, 16, "allgather", "balanced")]
+    plan = [(deepseek, 8, t, "a2a", "balanced", 1) for t in DECODE[:2]]
+    plan += [(deepseek, 8, 16, "a2a", "skewed", 1), (deepseek, 8, 16, "allgather", "balanced", 1),
+             (deepseek, 8, 16, "a2a", "balanced", 2)]
+    plan += [(qwen, chips, 16, "a2a", "balanced", 1) for chips in qwen.chips]
+    plan += [(qwen, 2, 16, "a2a", "skewed", 1), (qwen, 2, 16, "allgather", "balanced", 1),
+             (qwen, 4, 16, "a2a", "balanced", 2)]
     return plan
 
 
@@ -169,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     machine = load_mesh_machine()
     rows = []
-    for model, chips, tokens, strategy, routing in runs(args.quick, args.full):
-        rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine))
+    for model, chips, tokens, strategy, routing, tp in runs(args.quick, args.full):
+        rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine, tp=tp))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     text = table(rows)
     print(text)

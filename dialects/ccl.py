@@ -37,9 +37,13 @@ from dialects.tensor_types import expect, format_type, is_float_type, is_int_typ
 MESH_ATTR = "ccl.mesh"
 """Function attribute: the mesh the SPMD function runs on, `"dp=2,ep=4"` (axes outer to inner)."""
 SHARD_ATTR = "ccl.shard"
-"""Argument attribute: how the argument is split over the chips, `"tokens"` (chip c holds
-rows [c * T/n, (c + 1) * T/n)) or `"experts"` (the chip at ep coordinate i holds experts
+"""Argument attribute: how the argument is split over the chips, `"tokens"` (the chip of
+token shard c, `Mesh.token_shard`, holds rows [c * T/n, (c + 1) * T/n), n = dp * ep) or `"experts"` (the chip at ep coordinate i holds experts
 [i * E/ep, (i + 1) * E/ep)); arguments without it are replicated."""
+TP_AXIS_ATTR = "ccl.tp_axis"
+"""Argument attribute of an expert-sharded argument on a mesh with tensor parallelism: the axis
+(an integer) split over the tp chips as well, the chip at tp coordinate j holding its j-th
+slice (the F columns of a gate or up weight and its bias, the F rows of a down weight)."""
 STRATEGY_ATTR = "ccl.strategy"
 """Function attribute: the expert-parallel strategy the sharding pass used (a2a, allgather)."""
 
@@ -172,24 +176,34 @@ class ReduceScatterOp(_Reduction):
 
 @irdl_op_definition
 class AllReduceOp(_Reduction):
-    """The sum over chips (in chip order, in f32, rounded once), on every chip."""
+    """The sum over chips (in chip order, in f32, rounded once), on every chip. With `rows`
+    (i32 [S], the input [S, R, ...] read as S slices), only the first rows[s] rows of slice s
+    are data and cross the link; the rest are zero on every chip and sum to zero."""
 
     name = "ccl.all_reduce"
     input = operand_def(TensorType)
+    rows = opt_operand_def(TensorType)
     result = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
-    assembly_format = "$input `over` $axis attr-dict `:` type($input) `->` type($result)"
+    assembly_format = (
+        "$input (`rows` $rows^)? `over` $axis attr-dict `:` type($input) (`,` type($rows)^)? "
+        "`->` type($result)"
+    )
 
-    def __init__(self, input, axis: str, chips: int):
-        super().__init__(operands=[input], result_types=[input.type], properties=_axis_props(axis, chips))
+    def __init__(self, input, axis: str, chips: int, rows=None):
+        super().__init__(operands=[input, rows], result_types=[input.type], properties=_axis_props(axis, chips))
 
     def verify_(self) -> None:
         self._verify_group()
         self._verify_float()
         expect(self.result.type == self.input.type, f"result should be {format_type(self.input.type)}")
+        if self.rows is not None:
+            shape = shape_of(self.input.type)
+            expect(len(shape) >= 2 and self.rows.type == TensorType(i32, [shape[0]]),
+                   f"rows must be i32 [{shape[0]}], one count per slice of a rank-2 or higher input")
 
 
 @irdl_op_definition
@@ -224,10 +238,17 @@ class A2APlanOp(_Collective):
     tokens in token-major order, and this chip's pairs come in that order. `slot_experts[d, s]`
     is the local expert of slot s towards chip d, plus one (0 marks an empty slot, so the
     buffer is zero-padded like the rows), and `counts[d]` the slots used towards chip d.
-    S is the exact worst case (`a2a_slots`)."""
+    S is the exact worst case (`a2a_slots`).
+
+    With `after %chip_counts` (i32 [M, E]: the pairs each of the mesh's M token shards sends to
+    each expert, in token order; data parallelism's groups do not see each other's pairs), a
+    pair's rank within its expert counts the pairs of the token shards before this chip's
+    (`Mesh.token_shard`) first, and only pairs of global rank < C are sent: exactly the pairs
+    one chip keeps, so no receiver drops any."""
 
     name = "ccl.a2a_plan"
     experts_idx = operand_def(TensorType)
+    chip_counts = opt_operand_def(TensorType)
     slot_rows = result_def(TensorType)
     slot_experts = result_def(TensorType)
     counts = result_def(TensorType)
@@ -239,15 +260,16 @@ class A2APlanOp(_Collective):
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
-        "$experts_idx `over` $axis attr-dict `:` "
-        "type($experts_idx) `->` type($slot_rows) `,` type($slot_experts) `,` type($counts)"
+        "$experts_idx (`after` $chip_counts^)? `over` $axis attr-dict `:` "
+        "type($experts_idx) (`,` type($chip_counts)^)? `->` type($slot_rows) `,` type($slot_experts) `,` type($counts)"
     )
 
-    def __init__(self, experts_idx, axis: str, chips: int, experts: int, capacity: int | None = None):
+    def __init__(self, experts_idx, axis: str, chips: int, experts: int, capacity: int | None = None,
+                 chip_counts=None):
         t, k = shape_of(experts_idx.type)
         slots = a2a_slots(t, k, experts // chips, capacity)
         super().__init__(
-            operands=[experts_idx],
+            operands=[experts_idx, chip_counts],
             result_types=[TensorType(i32, [t, k]), TensorType(i32, [chips, slots]), TensorType(i32, [chips])],
             properties={**_axis_props(axis, chips), "experts": IntegerAttr(experts, i64),
                         "capacity": IntegerAttr(capacity or 0, i64)})
@@ -278,6 +300,11 @@ class A2APlanOp(_Collective):
         expect(self.slot_experts.type == TensorType(i32, [n, slots]),
                f"slot_experts must be i32 [{n}, {slots}] (the worst case: a2a_slots)")
         expect(self.counts.type == TensorType(i32, [n]), f"counts must be i32 [{n}]")
+        if self.chip_counts is not None:
+            shape = shape_of(self.chip_counts.type)
+            expect(len(shape) == 2 and shape[1] == e and self.chip_counts.type.get_element_type() == i32,
+                   f"chip_counts {format_type(self.chip_counts.type)} is not i32 [M, {e}]")
+            expect(self.capacity_limit is not None, "chip_counts rank pairs for a capacity: give one")
 
 
 COLLECTIVES = (AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp)
@@ -337,6 +364,16 @@ class Mesh:
         for name, size in self.axes:
             chip = chip * size + coords.get(name, 0)
         return chip
+
+    @property
+    def token_shards(self) -> int:
+        """How many ways the tokens split: over dp and ep; the tp chips of a group share them."""
+        return self.size("dp") * self.size("ep")
+
+    def token_shard(self, chip: int) -> int:
+        """Which share of the tokens `chip` holds (dp outer, ep inner: token order)."""
+        coords = self.coordinates(chip)
+        return coords.get("dp", 0) * self.size("ep") + coords.get("ep", 0)
 
     def group(self, chip: int, axis: str) -> list[int]:
         """The chips that differ from `chip` only along `axis`, in coordinate order."""

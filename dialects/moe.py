@@ -16,6 +16,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
     bf16,
+    f32,
     i32,
     i64,
 )
@@ -215,8 +216,10 @@ class ScatterOp(IRDLOperation):
 class GroupedMatmulOp(IRDLOperation):
     """Each block [B, D] times its expert's weight [D, F], plus the expert's bias [F] if given.
 
-    Accumulates in f32 and rounds to the promoted type. Padding rows and unused blocks are zero
-    (the bias is not added to them), so padding never leaks into later ops."""
+    Accumulates in f32 and rounds to the result type: the operands' promoted type, or f32,
+    which keeps the unrounded sum (a tensor-parallel shard's partial down projection, summed
+    over the chips before the one rounding). Padding rows and unused blocks are zero (the bias
+    is not added to them), so padding never leaks into later ops."""
 
     name = "moe.grouped_matmul"
     input = operand_def(TensorType)
@@ -230,10 +233,10 @@ class GroupedMatmulOp(IRDLOperation):
         "`,` type($route) (`,` type($bias)^)? `->` type($result)"
     )
 
-    def __init__(self, input, weight, route, bias=None):
+    def __init__(self, input, weight, route, bias=None, result_element: Attribute | None = None):
         g, b, _ = shape_of(input.type)
         f = shape_of(weight.type)[2]
-        et = promote(input.type.get_element_type(), weight.type.get_element_type())
+        et = result_element or promote(input.type.get_element_type(), weight.type.get_element_type())
         super().__init__(
             operands=[input, weight, route, bias],
             result_types=[TensorType(et, [g, b, f])],
@@ -253,7 +256,8 @@ class GroupedMatmulOp(IRDLOperation):
             bs = shape_of(self.bias.type)
             expect(bs == (ws[0], ws[2]), f"bias {format_type(self.bias.type)} is not [E, F] = [{ws[0]}, {ws[2]}]")
             expect(is_float_type(self.bias.type.get_element_type()), "bias must be float")
-        expect(self.result.type == TensorType(et, [xs[0], xs[1], ws[2]]), "result type mismatch")
+        expect(self.result.type in (TensorType(et, [xs[0], xs[1], ws[2]]), TensorType(f32, [xs[0], xs[1], ws[2]])),
+               f"result type mismatch: expected {format_type(TensorType(et, [xs[0], xs[1], ws[2]]))} or its f32")
 
 
 @irdl_op_definition

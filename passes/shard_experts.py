@@ -1,7 +1,7 @@
 """shard-experts: the graph-level MoE layer as one SPMD function every chip of a mesh runs.
 
-`shard-experts{ep=8}` (or `dp=2 ep=4`, `strategy=allgather`) rewrites the graph with one
-`moe.scatter` into the program of one chip. The mesh's chips split the tokens (T / (dp * ep)
+`shard-experts{ep=8}` (or `dp=2 ep=4`, `ep=4 tp=2`, `strategy=allgather`) rewrites the graph
+with one `moe.scatter` into the program of one chip. The mesh's chips split the tokens (T / (dp * ep)
 each, the chip's `[T/n, ...]` share of every argument that carries tokens: the scatter's input
 and the routing arguments); the ep axis splits the experts (E / ep each: the `[E/ep, ...]` share
 of every expert weight and bias); everything else (router, shared expert) is replicated. Every
@@ -24,8 +24,19 @@ and `ccl.reduce_scatter` adds the chips' parts in chip order and hands each chip
 sum over k is regrouped by chip, so the result may differ from one chip's in the last bit
 (within runtime_sim/semantics/tolerance.py's bound).
 
-Errors (PassFailedException): no or several scatters, E or T that the mesh does not divide, a
-token tensor whose first axis is reduced, expert weights that are not function arguments.
+`tp=P` (either strategy) splits every expert over the P chips of a tp group, which share their
+tokens: the gate and up projections (grouped_matmuls of the scattered tokens) keep the chip's
+F columns, the ops on them stay per column, and the down projection (the grouped_matmul over
+F) gives the chip's f32 partial sum over its F rows, its bias added on the first tp chip only.
+`ccl.all_reduce` over "tp" adds the partial sums in chip order in f32 and the sum is rounded
+once, where one chip rounds the down projection: a2a sums the received slots' rows (the `rows`
+that hold a pair) after the unweighted combine; allgather sums the blocks. The regrouped sum
+over F may round an expert output to the neighbouring bf16 value: tolerance.py's TP_SCALE.
+
+Errors (PassFailedException): no or several scatters, E, T or F that the mesh does not divide,
+a token tensor whose first axis is reduced, an expert's hidden values whose F axis is reduced,
+a down projection that does not feed the combine (with tp), expert weights that are not
+function arguments.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr, TensorType, f32, i1, i32
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, TensorType, f32, i1, i32, i64
 from xdsl.ir import Attribute, Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
@@ -44,7 +55,9 @@ from dialects.annotations import PHASE_ATTR, routing_arguments
 from dialects.tensor_types import shape_of
 
 STRATEGIES = ("a2a", "allgather")
+DP = "dp"
 EP = "ep"
+TP = "tp"
 
 
 def _fail(message: str) -> PassFailedException:
@@ -56,6 +69,13 @@ def _with_rows(t: Attribute, rows: int) -> Attribute:
     return TensorType(t.get_element_type(), [rows, *shape_of(t)[1:]])
 
 
+def _with_axis(t: Attribute, axis: int, size: int) -> Attribute:
+    assert isinstance(t, TensorType)
+    shape = list(shape_of(t))
+    shape[axis] = size
+    return TensorType(t.get_element_type(), shape)
+
+
 class _Builder:
     """Ops of the chip's function, in order, and the map from the graph's values to them."""
 
@@ -65,6 +85,9 @@ class _Builder:
         self.rows: dict[SSAValue, tuple[int, int]] = {}
         """New value -> (rows in the graph, rows on the chip) of its first axis, for values
         whose first axis is tokens or blocks that the sharding resized."""
+        self.columns: dict[SSAValue, tuple[int, int]] = {}
+        """New value -> (F, F/tp) of its last axis, for an expert's hidden values that tensor
+        parallelism splits over F."""
 
     phase: str | None = None
     """The `tcpc.phase` given to the ccl and tcp ops added (dispatch, combine)."""
@@ -84,6 +107,8 @@ class _Builder:
         return self.add(tmath.ConstantOp(value, TensorType(element, []))).results[0]
 
     def reshape(self, x: SSAValue, shape: list[int], name: str | None = None) -> SSAValue:
+        if shape_of(x.type) == tuple(shape):
+            return x
         t = TensorType(x.type.get_element_type(), shape)  # type: ignore[attr-defined]
         return self.add(tmath.ReshapeOp(x, t), name).results[0]
 
@@ -93,30 +118,47 @@ class _Builder:
         return self.add(tmath.CastOp(x, TensorType(element, shape_of(x.type))), name).results[0]
 
     def copy(self, op: Operation) -> None:
-        """`op` on the chip's values: a first axis the sharding resized stays resized."""
+        """`op` on the chip's values: a first axis the sharding resized stays resized, and so
+        does a last axis split over F."""
         if op.regions:
             raise _fail(f"{op.name}: ops with regions are not supported")
         operands = [self.value(v) for v in op.operands]
-        resized = {self.rows[v] for v in operands if v in self.rows}
-        if len(resized) > 1:
-            raise _fail(f"{op.name} mixes tensors resized in different ways")
         types = list(op.result_types)
-        change = next(iter(resized), None)
+        change = self._resized(op, operands, self.rows, "first axis", "reduces or reshapes away the first axis of a "
+                               "sharded tensor ({old} rows in the graph, {new} per chip): it cannot run on a shard")
         if change is not None and change[0] != change[1]:
-            old, new = change
-            types = [_with_rows(t, new) if isinstance(t, TensorType) and shape_of(t)[:1] == (old,) else t
+            types = [_with_rows(t, change[1]) if isinstance(t, TensorType) and shape_of(t)[:1] == (change[0],) else t
                      for t in types]
-            if not any(t != u for t, u in zip(types, op.result_types)) and types:
-                raise _fail(f"{op.name} reduces or reshapes away the first axis of a sharded tensor "
-                            f"({old} rows in the graph, {new} per chip): it cannot run on a shard")
+        split = self._resized(op, operands, self.columns, "F axis", "reduces or reshapes away the F axis an expert's "
+                              "hidden values split over tp ({old} in the graph, {new} per chip)")
+        if split is not None:
+            types = [_with_axis(t, -1, split[1]) if isinstance(t, TensorType) and shape_of(t)[-1:] == (split[0],) else t
+                     for t in types]
         new_op = type(op).create(operands=operands, result_types=types, properties=dict(op.properties),
                                  attributes=dict(op.attributes))
         self.add(new_op)
         for old_r, new_r in zip(op.results, new_op.results):
             new_r.name_hint = old_r.name_hint
             self.values[old_r] = new_r
-            if change is not None and (new_r.type != old_r.type or change[0] == change[1]):
+            if change is not None and (shape_of(new_r.type)[:1] != shape_of(old_r.type)[:1] or change[0] == change[1]):
                 self.rows[new_r] = change
+            if split is not None and shape_of(new_r.type)[-1:] != shape_of(old_r.type)[-1:]:
+                self.columns[new_r] = split
+
+    def _resized(self, op: Operation, operands: list[SSAValue], table: dict[SSAValue, tuple[int, int]], axis: str,
+                 lost: str) -> tuple[int, int] | None:
+        """How `op`'s operands were resized along one axis (None: not at all); an op that mixes
+        two resizings, or whose results lose the resized axis, cannot run on the chip."""
+        found = {table[v] for v in operands if v in table}
+        if len(found) > 1:
+            raise _fail(f"{op.name} mixes tensors resized in different ways along the {axis}")
+        change = next(iter(found), None)
+        if change is None or change[0] == change[1]:
+            return change
+        index = 0 if axis == "first axis" else -1
+        if not any(isinstance(t, TensorType) and shape_of(t)[index:][:1] == (change[0],) for t in op.result_types):
+            raise _fail(f"{op.name} " + lost.format(old=change[0], new=change[1]))
+        return change
 
 
 @dataclass
@@ -127,6 +169,11 @@ class _Layer:
     route: moe.RouteType
     ep: int
     chips: int
+    """Token shards: dp * ep (the tp chips of a group share their tokens)."""
+    tp: int = 1
+    hidden: int = 0
+    """F, the experts' hidden width that tp splits (0 without tp)."""
+    dp: int = 1
 
     @property
     def tokens(self) -> int:
@@ -136,23 +183,28 @@ class _Layer:
     def experts_per_chip(self) -> int:
         return self.route.experts.data // self.ep
 
+    def column_parallel(self, op: moe.GroupedMatmulOp) -> bool:
+        """A grouped_matmul of the scattered tokens (gate, up): with tp its F columns split."""
+        return op.input == self.scatter.results[0]
+
 
 @dataclass(frozen=True)
 class ShardExpertsPass(ModulePass):
-    """Shard the MoE layer of every function over a mesh of `dp * ep` chips (see the module
-    docstring); `strategy` is `a2a` or `allgather`."""
+    """Shard the MoE layer of every function over a mesh of `dp * ep * tp` chips (see the
+    module docstring); `strategy` is `a2a` or `allgather`."""
 
     name = "shard-experts"
 
     ep: int = 1
     dp: int = 1
+    tp: int = 1
     strategy: str = "a2a"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
             raise _fail(f"unknown strategy '{self.strategy}' (expected {', '.join(STRATEGIES)})")
-        if self.ep < 1 or self.dp < 1:
-            raise _fail(f"ep and dp must be positive (ep={self.ep}, dp={self.dp})")
+        if self.ep < 1 or self.dp < 1 or self.tp < 1:
+            raise _fail(f"ep, dp and tp must be positive (ep={self.ep}, dp={self.dp}, tp={self.tp})")
         for fn in [o for o in op.ops if isinstance(o, func.FuncOp)]:
             if fn.body.blocks.first is not None:
                 self._shard(fn)
@@ -169,28 +221,70 @@ class ShardExpertsPass(ModulePass):
             raise _fail(f"E = {e} experts do not divide over ep = {self.ep} chips")
         if t % chips:
             raise _fail(f"T = {t} tokens do not divide over dp * ep = {chips} chips")
-        if route.capacity_limit is not None and self.dp > 1:
-            raise _fail("a capacity with dp > 1 would drop per data-parallel group, not over all T tokens "
-                        "as one chip does; use ep only")
-        return _Layer(scatter, route, self.ep, chips)
+        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp)
+        if self.tp > 1:
+            layer.hidden = self._hidden(fn, layer)
+        return layer
+
+    def _hidden(self, fn: func.FuncOp, layer: _Layer) -> int:
+        """F, checked to divide over tp; the experts must end in one grouped_matmul over F
+        that feeds the combine (its partial sums are added over the tp chips there)."""
+        matmuls = [o for o in fn.walk() if isinstance(o, moe.GroupedMatmulOp)]
+        widths = {shape_of(o.weight.type)[2] for o in matmuls if layer.column_parallel(o)}
+        down = [o for o in matmuls if not layer.column_parallel(o)]
+        if len(widths) != 1 or len(down) != 1:
+            raise _fail(f"tp splits F: it needs grouped_matmuls of the scattered tokens to one width F "
+                        f"(found {sorted(widths)}) and one grouped_matmul over F (found {len(down)})")
+        uses = list(down[0].result.uses)
+        if len(uses) != 1 or not isinstance(uses[0].operation, moe.CombineOp):
+            raise _fail("with tp, the down projection (the grouped_matmul over F) must feed the combine directly: "
+                        "its partial sums are added over the tp chips there")
+        f = widths.pop()
+        if f % self.tp:
+            raise _fail(f"F = {f} does not divide over tp = {self.tp} chips")
+        return f
 
     def _token_arguments(self, fn: func.FuncOp, layer: _Layer) -> set[int]:
-        x = layer.scatter.input
-        while not isinstance(x, BlockArgument) and x.owner is not None and len(x.owner.operands) == 1:  # type: ignore[union-attr]
-            x = x.owner.operands[0]  # type: ignore[union-attr]
-        if not isinstance(x, BlockArgument):
-            raise _fail("the tokens scattered to the experts must come from a function argument")
-        return {x.index, *routing_arguments(fn)}
-
-    def _expert_arguments(self, fn: func.FuncOp) -> set[int]:
+        """The arguments the scattered tokens are computed from (the tokens themselves, or
+        per-token values such as Llama-4's router score scaling them), and the routing
+        arguments: every value on the way has the T tokens as its first axis (a matmul's
+        tokens are its left operand; an elementwise operand of lower rank broadcasts along
+        other axes), so each chip computes its own tokens' rows."""
+        t = layer.route.tokens.data
         found: set[int] = set()
+        todo, seen = [layer.scatter.input], set()
+        while todo:
+            v = todo.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if isinstance(v, BlockArgument):
+                found.add(v.index)
+                continue
+            op = v.owner
+            assert isinstance(op, Operation)
+            rank = len(shape_of(v.type))
+            operands = [op.operands[0]] if isinstance(op, tmath.MatmulOp) else list(op.operands)
+            todo += [u for u in operands if isinstance(u.type, TensorType) and shape_of(u.type)[:1] == (t,)
+                     and (len(operands) == 1 or len(shape_of(u.type)) == rank)]
+        if not found:
+            raise _fail("the tokens scattered to the experts must be computed from a function argument "
+                        f"with the T = {t} tokens as its first axis")
+        return {*found, *routing_arguments(fn)}
+
+    def _expert_arguments(self, fn: func.FuncOp, layer: _Layer) -> dict[int, int | None]:
+        """Expert-sharded argument -> the axis tp splits too (None: only the experts split):
+        a gate or up weight's F columns (axis 2) and its bias's (axis 1), a down weight's F
+        rows (axis 1); a down projection's bias [E, D] is whole on every tp chip."""
+        found: dict[int, int | None] = {}
         for gm in [o for o in fn.walk() if isinstance(o, moe.GroupedMatmulOp)]:
-            for v in (gm.weight, gm.bias):
+            column = layer.column_parallel(gm)
+            for v, axis in ((gm.weight, 2 if column else 1), (gm.bias, 1 if column else None)):
                 if v is None:
                     continue
                 if not isinstance(v, BlockArgument):
                     raise _fail("expert weights and biases must be function arguments (each chip holds its own)")
-                found.add(v.index)
+                found[v.index] = axis if self.tp > 1 else None
         return found
 
     def _shard(self, fn: func.FuncOp) -> None:
@@ -198,13 +292,17 @@ class ShardExpertsPass(ModulePass):
         old_block = fn.body.blocks.first
         assert old_block is not None
         tokens = self._token_arguments(fn, layer)
-        experts = self._expert_arguments(fn)
+        experts = self._expert_arguments(fn, layer)
         t, tl = layer.route.tokens.data, layer.tokens
         el = layer.experts_per_chip
         arg_types = []
         for a in old_block.args:
             if a.index in experts:
-                arg_types.append(_with_rows(a.type, el))
+                split = experts[a.index]
+                arg_type = _with_rows(a.type, el)
+                if split is not None:
+                    arg_type = _with_axis(arg_type, split, shape_of(arg_type)[split] // self.tp)
+                arg_types.append(arg_type)
             elif a.index in tokens:
                 arg_types.append(_with_rows(a.type, tl))
             else:
@@ -232,16 +330,18 @@ class ShardExpertsPass(ModulePass):
         assert ret is not None
         outputs = [v.type for v in ret.operands]
         new_fn = func.FuncOp.from_region(fn.sym_name.data, arg_types, outputs, Region(block))
-        new_fn.arg_attrs = ArrayAttr([
-            DictionaryAttr({**(fn.arg_attrs.data[i].data if fn.arg_attrs is not None else {}),
-                            **({ccl.SHARD_ATTR: StringAttr(kind)} if kind else {})})
+        new_fn.arg_attrs = ArrayAttr([DictionaryAttr({
+            **(fn.arg_attrs.data[i].data if fn.arg_attrs is not None else {}),
+            **({ccl.SHARD_ATTR: StringAttr(kind)} if kind else {}),
+            **({ccl.TP_AXIS_ATTR: IntegerAttr(experts[i], i64)} if experts.get(i) is not None else {})})
             for i, kind in enumerate("experts" if i in experts else "tokens" if i in tokens else ""
                                      for i in range(len(arg_types)))])
         new_fn.res_attrs = fn.res_attrs
         for key, value in fn.attributes.items():
             if key not in ("sym_name", "function_type", "arg_attrs", "res_attrs"):
                 new_fn.attributes[key] = value
-        mesh = ccl.Mesh(tuple((a, s) for a, s in (("dp", self.dp), ("ep", self.ep)) if s > 1 or a == "ep"))
+        mesh = ccl.Mesh(tuple((a, s) for a, s in (("dp", self.dp), ("ep", self.ep), ("tp", self.tp))
+                              if s > 1 or a == "ep"))
         new_fn.attributes[ccl.MESH_ATTR] = StringAttr(str(mesh))
         new_fn.attributes[ccl.STRATEGY_ATTR] = StringAttr(self.strategy)
         parent = fn.parent_block()
@@ -255,15 +355,62 @@ class _Strategy:
         self.b = b
         self.layer = layer
         self.route: SSAValue | None = None
+        self.partial: SSAValue | None = None
+        """With tp: this chip's f32 partial down projection (its F rows), not yet summed."""
 
     def grouped_matmul(self, op: moe.GroupedMatmulOp) -> None:
-        b = self.b
+        """The chip's experts; with tp a gate or up projection gives the chip's F columns and
+        the down projection its f32 partial sum over the chip's F rows (the bias on the first
+        tp chip only, so that the sum adds it once), for `reduce_partial`."""
+        b, layer = self.b, self.layer
         assert self.route is not None
         bias = b.value(op.bias) if op.bias is not None else None
-        new = b.add(moe.GroupedMatmulOp(b.value(op.input), b.value(op.weight), self.route, bias))
-        new.results[0].name_hint = op.result.name_hint
-        b.values[op.result] = new.results[0]
-        b.rows[new.results[0]] = (self.layer.route.blocks.data, shape_of(new.results[0].type)[0])
+        row_parallel = layer.tp > 1 and not layer.column_parallel(op)
+        if row_parallel and bias is not None:
+            bias = self._on_first_tp_chip(bias)
+        new = b.add(moe.GroupedMatmulOp(b.value(op.input), b.value(op.weight), self.route, bias,
+                                        f32 if row_parallel else None))
+        result = new.results[0]
+        result.name_hint = op.result.name_hint
+        b.rows[result] = (layer.route.blocks.data, shape_of(result.type)[0])
+        if layer.tp > 1 and not row_parallel:
+            b.columns[result] = (layer.hidden, layer.hidden // layer.tp)
+        if row_parallel:
+            result.name_hint = "partial_down"
+            self.partial = result
+            b.values[op.result] = self.reduce_partial(result, op.result.type.get_element_type())
+        else:
+            b.values[op.result] = result
+
+    def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
+        """The down projection summed over the tp chips and rounded once to `element`."""
+        raise NotImplementedError
+
+    def _on_first_tp_chip(self, bias: SSAValue) -> SSAValue:
+        b = self.b
+        chip = b.add(ccl.ChipIdOp(TP, self.layer.tp), "tp_chip").results[0]
+        first = b.add(tmath.CmpOp("eq", chip, b.const(0, i32), TensorType(i1, [])), "first_tp_chip").results[0]
+        element = bias.type.get_element_type()  # type: ignore[attr-defined]
+        return b.add(tmath.SelectOp(first, bias, b.const(0.0, element), bias.type), "bias_once").results[0]  # type: ignore[arg-type]
+
+    def _plan(self, top_e: SSAValue) -> ccl.A2APlanOp:
+        """`ccl.a2a_plan` of this chip's pairs. With a capacity and dp > 1 an expert's pairs
+        come from every group, so the plan ranks this chip's after the pairs of all token
+        shards before it (each chip's per-expert pair counts, gathered over ep then dp) and
+        drops those of global rank >= C, as one chip does over all T tokens."""
+        b, layer = self.b, self.layer
+        cap, e = layer.route.capacity_limit, layer.route.experts.data
+        chip_counts = None
+        if cap is not None and layer.dp > 1:
+            hot = b.add(tmath.OneHotOp(top_e, e)).results[0]
+            mine = b.add(tmath.ReduceSumOp(hot, [0, 1], True, TensorType(i32, [1, 1, e]))).results[0]
+            mine = b.reshape(mine, [1, e], "pairs_per_expert")
+            group = b.add(ccl.AllGatherOp(mine, EP, layer.ep), "group_counts").results[0]
+            chip_counts = b.add(ccl.AllGatherOp(group, DP, layer.dp), "chip_counts").results[0]
+        plan = b.add(ccl.A2APlanOp(top_e, EP, layer.ep, e, cap, chip_counts))
+        for r, name in zip(plan.results, ("slot_rows", "slot_experts", "send_counts")):
+            r.name_hint = name
+        return plan
 
     def _local_scatter(self, op: moe.ScatterOp, x: SSAValue, local_experts: SSAValue, capacity: int | None) -> None:
         """moe.scatter of what this chip computes over its own E/ep experts."""
@@ -286,10 +433,7 @@ class _A2A(_Strategy):
         ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
         cap = layer.route.capacity_limit
         x, top_e = b.value(op.input), b.value(op.expert_idx)
-        plan = b.add(ccl.A2APlanOp(top_e, EP, ep, layer.route.experts.data, cap))
-        for r, name in zip(plan.results, ("slot_rows", "slot_experts", "send_counts")):
-            r.name_hint = name
-        self.plan = plan
+        plan = self.plan = self._plan(top_e)
         slots = plan.slots
         rows = b.add(tcp.DmaScatterOp(x, plan.slot_rows, ep * slots), "send_rows").results[0]
         send = b.reshape(rows, [ep, slots, d], "send_x")
@@ -306,6 +450,10 @@ class _A2A(_Strategy):
         self._local_scatter(op, recv_rows, local, min(cap, group_tokens) if cap is not None else group_tokens)
         b.phase = None
 
+    def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
+        """Left for the combine: only the slots' rows, not the padded blocks, are summed."""
+        return partial
+
     def combine(self, op: moe.CombineOp) -> None:
         b, layer = self.b, self.layer
         ep, slots, d = layer.ep, self.plan.slots, shape_of(op.result.type)[1]
@@ -313,6 +461,10 @@ class _A2A(_Strategy):
         assert self.route is not None
         b.phase = "combine"
         rows = b.add(moe.CombineOp(b.value(op.input), self.route), "expert_rows").results[0]
+        if self.partial is not None:  # tp: the slots' f32 partial sums, added over the tp chips
+            partial = b.reshape(rows, [ep, slots, d], "partial_rows")
+            summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
+            rows = b.cast(summed, op.input.type.get_element_type(), "send_back")  # type: ignore[attr-defined]
         back = b.reshape(rows, [ep, slots, d], "send_back")
         returned = b.add(ccl.AllToAllOp(back, EP, ep, rows=self.recv_counts), "returned").results[0]
         flat = b.reshape(returned, [ep * slots, d], "returned_rows")
@@ -339,6 +491,10 @@ class _AllGather(_Strategy):
         b.phase = "dispatch"
         ep, el = layer.ep, layer.experts_per_chip
         x, top_e = b.value(op.input), b.value(op.expert_idx)
+        if layer.route.capacity_limit is not None and layer.dp > 1:  # drop what one chip drops first
+            kept = b.add(tmath.CmpOp("ge", self._plan(top_e).slot_rows, b.const(0, i32), TensorType(i1, shape_of(top_e.type))),
+                         "pair_kept").results[0]
+            top_e = b.add(tmath.SelectOp(kept, top_e, b.const(-1, i32), top_e.type), "kept_experts").results[0]  # type: ignore[arg-type]
         x_all = b.add(ccl.AllGatherOp(x, EP, ep), "x_all").results[0]
         e_all = b.add(ccl.AllGatherOp(top_e, EP, ep), "experts_all").results[0]
         shape = shape_of(e_all.type)
@@ -352,6 +508,15 @@ class _AllGather(_Strategy):
         local = b.add(tmath.SelectOp(below, local, b.const(-1, i32), TensorType(i32, shape)), "mine").results[0]
         self._local_scatter(op, x_all, local, layer.route.capacity_limit)
         b.phase = None
+
+    def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
+        b = self.b
+        b.phase = "combine"
+        summed = b.add(ccl.AllReduceOp(partial, TP, self.layer.tp), "down_summed").results[0]
+        out = b.cast(summed, element, "down")
+        b.phase = None
+        b.rows[out] = b.rows[partial]
+        return out
 
     def combine(self, op: moe.CombineOp) -> None:
         b, layer = self.b, self.layer

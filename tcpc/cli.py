@@ -25,7 +25,7 @@ from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
-from tcpc.mesh_run import MeshSpec, simulate_on_mesh
+from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline, pipeline_for
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
@@ -102,7 +102,7 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh first: ep=8, dp=2,ep=4, optionally strategy=a2a|allgather")
+                   help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|allgather, topk=rank|rounds|auto")
 
     r = sub.add_parser("run", help="simulate a graph (or run its reference) and print its outputs")
     add_common(r)
@@ -123,7 +123,7 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-only", action="store_true",
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, optionally strategy=a2a|allgather")
+                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|allgather, topk=rank|rounds|auto")
     r.add_argument("--mesh-machine", default=None, metavar="FILE",
                    help="--mesh: mesh file (TOML: chip machine, mesh shape, links; default RNGD cards over PCIe)")
     r.add_argument("--routing", default=None, metavar="SCENARIO",
@@ -499,6 +499,9 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
             print(f"  routing %{arg}: {routing.describe()}")
     else:
         print(f"graph {name} from {args.file}, sharded over {how}, seed {args.seed}")
+    if sim.topk_cycles:
+        tried = ", ".join(f"{s} {c:,} cycles" for s, c in sim.topk_cycles.items())
+        print(f"  lower-topk strategy=auto: {min(sim.topk_cycles, key=sim.topk_cycles.__getitem__)} ({tried})")
     for i, (value, t) in enumerate(zip(sim.outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))
     if args.report:
@@ -517,8 +520,7 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
         save_outputs(args.out, sim.outputs)
         print(f"wrote {args.out}")
     if args.check:
-        ref = program.run(given, seed=args.seed, graph=name, reference=True)
-        results = compare_outputs(sim.outputs, ref.outputs)
+        results = check_on_mesh(program, spec, sim, seed=args.seed, graph=name)
         for c in results:
             print(f"check: {c.message}")
         if not all(c.ok for c in results):

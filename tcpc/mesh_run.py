@@ -1,4 +1,4 @@
-"""Running a .moe layer on a mesh of chips: `--mesh ep=8` (or `dp=2,ep=4`, with
+"""Running a .moe layer on a mesh of chips: `--mesh ep=8` (or `dp=2,ep=4`, `ep=4,tp=2`, with
 `strategy=allgather`) shards the graph (passes/shard_experts.py), lowers the SPMD program with
 the single-chip pipeline and simulates it on every chip (runtime_sim/perf/mesh_simulate.py).
 Inputs are the whole layer's (all T tokens, all E experts), drawn or read as for one chip, and
@@ -8,15 +8,21 @@ token rows put back together, so they compare with the single-chip reference dir
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from xdsl.dialects.builtin import DictionaryAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr
+from xdsl.interpreter import Interpreter
+from xdsl.ir import Operation
 
-from dialects import ccl
+from dialects import ccl, moe
+from passes.lower_topk import AUTO_STRATEGY as TOPK_AUTO
+from passes.lower_topk import DEFAULT_STRATEGY as TOPK_DEFAULT
+from passes.lower_topk import STRATEGIES as TOPK_STRATEGIES
 from passes.shard_experts import STRATEGIES
+from runtime_sim.semantics.tolerance import TP_SCALE, Comparison, combine_scale, compare_outputs
 from tcpc.arrays import prepare_inputs
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import FULL_PIPELINE
@@ -29,32 +35,40 @@ if TYPE_CHECKING:  # the simulator is slow to import
 
 @dataclass(frozen=True)
 class MeshSpec:
-    """`--mesh`: the mesh and the expert-parallel strategy (bad specs raise ccl.MeshSpecError)."""
+    """`--mesh`: the mesh, the expert-parallel strategy and lower-topk's strategy (`topk=auto`:
+    the one of fewer simulated cycles on the mesh, `simulate_on_mesh`); bad specs raise
+    ccl.MeshSpecError."""
 
     mesh: ccl.Mesh
     strategy: str = "a2a"
+    topk: str = TOPK_DEFAULT
 
     @staticmethod
     def parse(spec: str) -> MeshSpec:
         items = [i.strip() for i in spec.split(",") if i.strip()]
-        strategy = "a2a"
+        options = {"strategy": "a2a", "topk": TOPK_DEFAULT}
+        choices = {"strategy": STRATEGIES, "topk": (*TOPK_STRATEGIES, TOPK_AUTO)}
         axes = []
         for item in items:
             name, _, value = item.partition("=")
-            if name.strip() == "strategy":
-                strategy = value.strip()
-                if strategy not in STRATEGIES:
-                    raise ccl.MeshSpecError(f"mesh '{spec}': unknown strategy '{strategy}' (expected {', '.join(STRATEGIES)})")
+            if name.strip() in options:
+                options[name.strip()] = value.strip()
+                if value.strip() not in choices[name.strip()]:
+                    raise ccl.MeshSpecError(f"mesh '{spec}': unknown {name.strip()} '{value.strip()}' "
+                                            f"(expected {', '.join(choices[name.strip()])})")
             else:
                 axes.append(item)
-        mesh = ccl.Mesh.parse(",".join(axes))
-        if mesh.size("tp") > 1:
-            raise ccl.MeshSpecError(f"mesh '{spec}': tensor parallelism (tp) is not implemented yet; use dp and ep")
-        return MeshSpec(mesh, strategy)
+        return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"])
 
     def pipeline(self, cost_only: bool = False, lowered: bool = True) -> str:
-        shard = f"shard-experts{{ep={self.mesh.size('ep')} dp={self.mesh.size('dp')} strategy={self.strategy}}}"
-        passes = (["pin-routing"] if cost_only else []) + [shard] + (list(FULL_PIPELINE) if lowered else [])
+        m = self.mesh
+        if lowered and self.topk == TOPK_AUTO:
+            raise ccl.MeshSpecError("topk=auto is chosen by simulating every chip of the mesh (tcpc run --mesh); "
+                                    "name a strategy to compile")
+        shard = f"shard-experts{{ep={m.size('ep')} dp={m.size('dp')} tp={m.size('tp')} strategy={self.strategy}}}"
+        lowering = [f"lower-topk{{strategy={self.topk}}}" if p == "lower-topk" and self.topk != TOPK_DEFAULT else p
+                    for p in FULL_PIPELINE]
+        passes = (["pin-routing"] if cost_only else []) + [shard] + (lowering if lowered else [])
         return ",".join(passes)
 
 
@@ -64,26 +78,37 @@ def shard_kind(attrs: DictionaryAttr | None) -> str:
 
 
 def split_arguments(module: ModuleOp, name: str, mesh: ccl.Mesh, args: list[np.ndarray]) -> list[list[np.ndarray]]:
-    """Every chip's arguments: token-sharded ones split by chip, expert-sharded ones by the
-    chip's ep coordinate, the rest replicated."""
+    """Every chip's arguments: token-sharded ones split by the chip's token shard, expert-sharded
+    ones by its ep coordinate (and, with a `ccl.tp_axis`, that axis by its tp coordinate), the
+    rest replicated."""
     fn = function_in(module, name)
     attrs = fn.arg_attrs.data if fn.arg_attrs is not None else [None] * len(args)
     per_chip = []
     for c in range(mesh.chips):
+        coords = mesh.coordinates(c)
         row = []
         for value, a in zip(args, attrs):
             kind = shard_kind(a)
             if kind == "tokens":
-                n = value.shape[0] // mesh.chips
-                row.append(value[c * n:(c + 1) * n])
+                n, i = value.shape[0] // mesh.token_shards, mesh.token_shard(c)
+                value = value[i * n:(i + 1) * n]
             elif kind == "experts":
-                ep = mesh.size("ep")
-                n, i = value.shape[0] // ep, mesh.coordinates(c)["ep"]
-                row.append(value[i * n:(i + 1) * n])
-            else:
-                row.append(value)
+                n, i = value.shape[0] // mesh.size("ep"), coords.get("ep", 0)
+                value = value[i * n:(i + 1) * n]
+                axis = a.data.get(ccl.TP_AXIS_ATTR) if a is not None else None
+                if isinstance(axis, IntegerAttr):
+                    n, j = value.shape[axis.value.data] // mesh.size("tp"), coords.get("tp", 0)
+                    value = np.take(value, np.arange(j * n, (j + 1) * n), axis=axis.value.data)
+            row.append(value)
         per_chip.append(row)
     return per_chip
+
+
+def token_outputs(mesh: ccl.Mesh, outputs: list[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
+    """The layer's outputs from every chip's: the token shards' rows in token order (the tp
+    chips of a group compute the same rows; the first one's are taken)."""
+    homes = [c for c in range(mesh.chips) if mesh.coordinates(c).get("tp", 0) == 0]
+    return [np.concatenate([np.asarray(outputs[c][i]) for c in homes], axis=0) for i in range(len(outputs[0]))]
 
 
 @dataclass
@@ -96,6 +121,9 @@ class MeshSimulation:
     module: ModuleOp
     cost_only: bool = False
     routing: dict = field(default_factory=dict)
+    topk_cycles: dict[str, int] = field(default_factory=dict)
+    """With `topk=auto`: each lower-topk strategy's simulated cycles (cost-only, the run's
+    routing); the run used the one of fewest (ties: the default)."""
 
 
 def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.ndarray] | None = None, *,
@@ -111,6 +139,16 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
     fn = program.function(graph)
     name = fn.sym_name.data
     mach = machine if isinstance(machine, MeshMachine) else load_mesh_machine(machine)
+    if spec.topk == TOPK_AUTO:
+        trials = {s: simulate_on_mesh(program, replace(spec, topk=s), seed=seed, graph=graph, machine=mach,
+                                      sram_policy=sram_policy, cost_only=True, routing=routing)
+                  for s in TOPK_STRATEGIES}
+        cycles = {s: t.report.total_cycles for s, t in trials.items()}
+        best = min(TOPK_STRATEGIES, key=lambda s: (cycles[s], TOPK_STRATEGIES.index(s)))
+        if cost_only:
+            return replace(trials[best], topk_cycles=cycles)
+        return replace(simulate_on_mesh(program, replace(spec, topk=best), inputs, seed=seed, graph=graph,
+                                        machine=mach, sram_policy=sram_policy), topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
     module = program.lower(pipeline)
     if cost_only:
@@ -122,7 +160,33 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
     args = prepare_inputs(fn, inputs or {}, seed)
     result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
                            sram_policy=sram_policy)  # type: ignore[arg-type]
-    outputs = [np.concatenate([np.asarray(chip[i]) for chip in result.outputs], axis=0)
-               for i in range(len(result.outputs[0]))]
+    outputs = token_outputs(spec.mesh, result.outputs)
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     return MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)
+
+
+class _CombineScale(Interpreter.Listener):
+    """The reference's combine scale A (tolerance.combine_scale) as the reference runs."""
+
+    def __init__(self) -> None:
+        self.scale: np.ndarray | None = None
+
+    def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        if isinstance(op, moe.CombineOp):
+            plan = args[1]
+            self.scale = combine_scale(args[0], plan.scatter_idx, args[2] if len(args) > 2 else None)
+
+
+def check_on_mesh(program: Program, spec: MeshSpec, sim: MeshSimulation, *, seed: int = 0,
+                  graph: str | None = None) -> list[Comparison]:
+    """The mesh run's outputs against the single-chip reference on the same inputs: bit for
+    bit or within the tolerance (runtime_sim/semantics/tolerance.py), and with tp also within
+    TP_SCALE of the combine's scale where an output has the combine's shape."""
+    listener = _CombineScale()
+    ref = program.run(sim.inputs, seed=seed, graph=graph, reference=True,
+                      listeners=[listener] if spec.mesh.size("tp") > 1 else [])
+    allowances = None
+    if listener.scale is not None:
+        allowances = [TP_SCALE * listener.scale if np.shape(want) == listener.scale.shape else None
+                      for want in ref.outputs]
+    return compare_outputs(sim.outputs, ref.outputs, allowances)

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from xdsl.utils.exceptions import PassFailedException
 
 import tcpc
 from dialects import ccl, moe
@@ -17,7 +18,7 @@ from runtime_sim.perf.mesh_machine import load_mesh_machine
 from runtime_sim.semantics.ccl_semantics import a2a_plan, all_to_all, reduce_sum
 from runtime_sim.semantics.tolerance import compare_outputs
 from tcpc.cli import main
-from tcpc.mesh_run import MeshSpec, simulate_on_mesh
+from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
 
 CAPACITY_LAYER = """
 dims T = 8, D = 8, F = 16, E = 4, K = 2, B = 2, C = 3
@@ -42,6 +43,7 @@ def _checked(program: tcpc.Program, spec: str, seed: int = 0) -> tuple[list, obj
     ("examples/deepseek_v3.moe", "ep=8"),
     ("examples/qwen3_moe.moe", "dp=2,ep=2"),
     ("examples/toy.moe", "ep=2"),
+    ("examples/llama4.moe", "ep=2"),  # the scattered rows are x times the router score, computed at home
 ])
 def test_a2a_is_bit_identical_to_one_chip(example: str, spec: str) -> None:
     results, sim = _checked(tcpc.compile_file(example), spec)
@@ -54,6 +56,37 @@ def test_a2a_capacity_drops_what_one_chip_drops() -> None:
     for seed in range(3):
         results, _ = _checked(program, "ep=2", seed)
         assert all(c.identical for c in results)
+
+
+@pytest.mark.parametrize("spec", ["dp=2,ep=2", "dp=2,ep=2,strategy=allgather", "dp=2,tp=2"])
+def test_capacity_with_dp_drops_what_one_chip_drops(spec: str) -> None:
+    """C = 3 of 16 pairs over 4 experts drops pairs; the groups rank their pairs after the
+    earlier groups' (each chip's per-expert counts gathered over ep and dp), as one chip does."""
+    program = tcpc.compile_source(CAPACITY_LAYER)
+    for seed in range(3):
+        results, _ = _checked(program, spec, seed)
+        assert all(c.identical for c in results), [c.message for c in results]
+
+
+def test_ranking_after_earlier_shards_keeps_what_one_chip_keeps() -> None:
+    """Every routing of two token shards (one token each, K = 2, E = 4): the pairs the two
+    plans send are exactly those one chip's scatter keeps, so no receiver drops any, and
+    no count exceeds the static slots."""
+    from runtime_sim.semantics.moe_semantics import route_plan
+
+    rows = list(itertools.permutations(range(4), 2))
+    for capacity in (1, 2):
+        s = ccl.a2a_slots(1, 2, 2, capacity)
+        for routing in itertools.product(rows, repeat=2):
+            choices = np.array(routing, dtype=np.int32)
+            counts = np.stack([np.bincount(c, minlength=4) for c in choices])
+            sent = []
+            for shard in range(2):
+                slot_rows, _, send = a2a_plan(choices[shard:shard + 1], 2, 4, s, capacity, counts[:shard].sum(axis=0))
+                assert send.max() <= s
+                sent.append(slot_rows[0] >= 0)
+            kept = route_plan(choices, moe.RouteType.make(2, 2, 4, 1, capacity)).scatter_idx >= 0
+            assert np.array_equal(np.stack(sent), kept), (routing, capacity)
 
 
 def test_allgather_within_tolerance() -> None:
@@ -166,9 +199,51 @@ def test_collectives_wait_for_the_slowest_chip() -> None:
         assert len(ends) == 1 and len(starts) == 1
 
 
-def test_tp_is_refused_clearly() -> None:
-    with pytest.raises(ccl.MeshSpecError, match="tensor parallelism"):
-        MeshSpec.parse("ep=4,tp=2")
+@pytest.mark.parametrize("example, spec", [
+    ("examples/gpt_oss.moe", "ep=2,tp=2"),            # F-sized biases split, the down bias added once
+    ("examples/deepseek_v3.moe", "tp=2"),             # a shared expert after the combine
+    ("examples/mixtral.moe", "dp=2,ep=2,tp=2,strategy=allgather"),
+])
+def test_tp_within_the_stated_tolerance(example: str, spec: str) -> None:
+    program = tcpc.compile_file(example)
+    parsed = MeshSpec.parse(spec)
+    sim = simulate_on_mesh(program, parsed, seed=1)
+    results = check_on_mesh(program, parsed, sim, seed=1)
+    assert all(c.ok for c in results), [c.message for c in results]
+    assert len(sim.report.chips) == parsed.mesh.chips
+
+
+def test_tp_regrouping_shows_within_the_allowance() -> None:
+    """At F = 600 the regrouped sum over F rounds some expert outputs to the neighbouring bf16
+    value: the tp run differs from the same mesh without tp (whose chips compute each sum over
+    F whole) and stays within the stated tolerance of the reference."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"D": 256, "F": 600, "T": 16})
+    spec = MeshSpec.parse("ep=2,tp=2")
+    sim = simulate_on_mesh(program, spec, seed=1)
+    whole = simulate_on_mesh(program, MeshSpec.parse("ep=2"), seed=1)
+    assert not np.array_equal(sim.outputs[0], whole.outputs[0])  # the regrouping shows
+    results = check_on_mesh(program, spec, sim, seed=1)
+    assert all(c.ok for c in results), [c.message for c in results]
+
+
+def test_tp_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "examples/toy.moe", "--mesh", "ep=2,tp=3"]) == 1
+    assert "F = 16 does not divide over tp = 3 chips" in capsys.readouterr().err
+    layer = CAPACITY_LAYER.replace("h = silu(grouped_matmul(xb, w_up, route))\n    return combine(grouped_matmul(h, w_down, route)",
+                                   "h = silu(grouped_matmul(xb, w_up, route))\n    return combine(silu(grouped_matmul(h, w_down, route))")
+    assert layer != CAPACITY_LAYER
+    with pytest.raises(PassFailedException, match="must feed the combine directly"):
+        simulate_on_mesh(tcpc.compile_source(layer), MeshSpec.parse("tp=2"))
+
+
+def test_tp_reduction_sends_only_the_received_rows() -> None:
+    """The all_reduce over tp carries the slots that hold rows (f32), not the static buffer:
+    over the ep chips of one tp slice, the T * K = 8 pairs of the toy layer."""
+    sim = simulate_on_mesh(tcpc.compile_file("examples/toy.moe"), MeshSpec.parse("ep=2,tp=2"), seed=0)
+    sent = {x.chip: x.sent_bytes for x in sim.report.links if x.op == "ccl.all_reduce"}
+    row = 8 * 4  # D = 8, f32; 2 chips: 2 ring steps of half the rows each
+    assert sent[0] + sent[2] == sent[1] + sent[3] == 8 * row
+    assert max(sent.values()) < 2 * 4 * row  # the buffer: ep * S = 2 * 4 slots
 
 
 def test_ccl_verifier_names_the_problem() -> None:
@@ -204,10 +279,13 @@ def test_benchmark_rows_stay_above_their_bound() -> None:
     bench = load_script("mesh")
     model = bench.MODELS[1]
     tiny = dict(D=16, F=32, E=8, K=2)
-    for strategy, routing in (("a2a", "balanced"), ("allgather", "skewed")):
-        row = bench.mesh_row(model, 2, 4, strategy, routing, dims=tiny)
+    for chips, tp, strategy, routing in ((2, 1, "a2a", "balanced"), (2, 1, "allgather", "skewed"),
+                                         (4, 2, "a2a", "balanced")):
+        row = bench.mesh_row(model, chips, 4, strategy, routing, dims=tiny, tp=tp)
         assert row.total_cycles >= row.bound > 0 and 0 < row.communication_cycles < row.total_cycles
-        assert f"| {strategy} | {routing} |" in bench.table([row])
+        mesh = "ep=2" + (",tp=2" if tp > 1 else "")
+        assert f"| {chips} | {mesh} | 4 | {strategy} | {routing} |" in bench.table([row])
+        assert row.topk in ("rank", "rounds") and sum(row.phases.values()) == row.total_cycles
     choices = np.array([[0, 1], [2, 3], [0, 2], [1, 3]], dtype=np.int32)  # chips 0, 0 | 1, 1 of E = 4
     machine = load_mesh_machine()
     # chip 0: its token 1 goes to chip 1 and comes back; both tokens of chip 1 come in and their
@@ -221,3 +299,16 @@ def test_reference_scatter_drops_pairs_routed_to_no_expert() -> None:
     plan = route_plan(np.array([[1], [-1], [1], [0]], dtype=np.int32), moe.RouteType.make(4, 1, 2, 2))
     assert plan.scatter_idx.reshape(-1).tolist() == [2, -1, 3, 0]
     assert plan.expert_ids.tolist()[:2] == [0, 1]
+
+
+def test_topk_auto_keeps_the_cheaper_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    program = tcpc.compile_file("examples/toy.moe")
+    sim = simulate_on_mesh(program, MeshSpec.parse("ep=2,topk=auto"), cost_only=True)
+    assert set(sim.topk_cycles) == {"rank", "rounds"}
+    best = min(sim.topk_cycles, key=lambda s: (sim.topk_cycles[s], s != "rank"))
+    assert sim.report.total_cycles == sim.topk_cycles[best]
+    assert (f"lower-topk{{strategy={best}}}" in sim.pipeline) == (best != "rank")
+    with pytest.raises(ccl.MeshSpecError, match="unknown topk 'best'"):
+        MeshSpec.parse("ep=2,topk=best")
+    assert main(["compile", "examples/toy.moe", "--mesh", "ep=2,topk=auto", "--emit", "lowered"]) == 1
+    assert "topk=auto is chosen by simulating" in capsys.readouterr().err

@@ -248,7 +248,7 @@ def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int
         t = fn.function_type.inputs.data[index]
         assert isinstance(t, TensorType)
         tl, k = shape_of(t)
-        found[index] = Routing(str(routing), experts, scenario_choices(routing, tl * mesh.chips, k, experts, seed))
+        found[index] = Routing(str(routing), experts, scenario_choices(routing, tl * mesh.token_shards, k, experts, seed))
     return found
 
 
@@ -275,8 +275,8 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
             row = []
             for i, t in enumerate(fn.function_type.inputs.data):
                 if i in chosen:
-                    tl = shape_of(t)[0]
-                    row.append(chosen[i].choices[c * tl:(c + 1) * tl])
+                    tl, shard = shape_of(t)[0], mesh.token_shard(c)
+                    row.append(chosen[i].choices[shard * tl:(shard + 1) * tl])
                 else:
                     row.append(placeholder(t, frozenset([names[i]])))
             per_chip.append(row)

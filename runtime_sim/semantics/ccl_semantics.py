@@ -44,16 +44,19 @@ def reduce_sum(values: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
 
 
 def a2a_plan(experts_idx: np.ndarray, chips: int, experts: int, slots: int,
-             capacity: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`ccl.a2a_plan`: slot rows [T, K], slot experts (local + 1, 0 empty) [chips, S], counts [chips]."""
+             capacity: int | None = None, earlier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`ccl.a2a_plan`: slot rows [T, K], slot experts (local + 1, 0 empty) [chips, S], counts
+    [chips]. `earlier` [E]: each expert's pairs from the tokens before these (they rank first)."""
     per_chip = experts // chips
     flat = experts_idx.reshape(-1).astype(np.int64)
     if flat.size and (flat.min() < 0 or flat.max() >= experts):
         bad = int(flat.min() if flat.min() < 0 else flat.max())
         raise InterpretationError(f"ccl.a2a_plan: expert index {bad} is outside [0, {experts})")
     kept = np.ones(flat.size, dtype=np.bool_)
-    if capacity is not None:  # an expert's first C pairs of this chip, token-major
+    if capacity is not None:  # an expert's first C pairs (of this chip, or after `earlier`), token-major
         position = (np.cumsum(flat[:, None] == np.arange(experts), axis=0) - 1)[np.arange(flat.size), flat]
+        if earlier is not None:
+            position = position + np.asarray(earlier, np.int64)[flat]
         kept = position < capacity
     dest = flat // per_chip
     rank = (np.cumsum((dest[:, None] == np.arange(chips)) & kept[:, None], axis=0) - 1)[np.arange(flat.size), dest]
@@ -136,7 +139,12 @@ class CCLFunctions(InterpreterFunctions):
 
     @impl(ccl.A2APlanOp)
     def run_a2a_plan(self, interpreter: Interpreter, op: ccl.A2APlanOp, args: tuple[Any, ...]):
-        return a2a_plan(np.asarray(args[0]), op.group_size, op.experts.value.data, op.slots, op.capacity_limit)
+        earlier = None
+        if op.chip_counts is not None:
+            shard = self.exchange.mesh.token_shard(self.chip) if self.exchange is not None else 0
+            earlier = np.asarray(args[1], np.int64)[:shard].sum(axis=0)
+        return a2a_plan(np.asarray(args[0]), op.group_size, op.experts.value.data, op.slots, op.capacity_limit,
+                        earlier)
 
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
