@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from threadpoolctl import threadpool_limits
@@ -142,8 +142,16 @@ def grid_problem(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     return a, b, acc
 
 
+def vector_chunks() -> tuple[np.ndarray, np.ndarray, None]:
+    """One row times 513 columns: the last output chunk is a [1, 3] @ [3, 1] dot product,
+    whose strided view BLAS summed in another order than the contiguous copy (hypothesis)."""
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((1, 1, 3)).astype(np.float32), rng.standard_normal((1, 3, 2 * GRID_N + 1)).astype(np.float32), None
+
+
 @settings(max_examples=40, deadline=None)
 @given(grid_problem())
+@example(vector_chunks())
 def test_contract_gives_the_bits_of_the_plain_grid(problem) -> None:
     """contract's tiles are views BLAS reads in place, its f32 operands are not copied, its
     bf16 ones are widened a few items at a time: the bits of the plain grid all the same."""

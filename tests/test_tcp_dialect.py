@@ -186,6 +186,8 @@ SCALED_ACC_IR = """
 func.func @s(%a: tensor<2x2x8xf8E4M3FN>, %w: tensor<2x8x4xf8E4M3FN>, %as: tensor<2x2x2xf32>, %ws: tensor<2x2x2xf32>, %acc: tensor<2x2x4xf32>, %ids: tensor<2xi32>) -> tensor<2x2x4xf32> {
   %y = tcp.scaled_contract %a, %w scales %as, %ws acc %acc guard %ids : tensor<2x2x8xf8E4M3FN>, tensor<2x8x4xf8E4M3FN>, tensor<2x2x2xf32>, tensor<2x2x2xf32> acc tensor<2x2x4xf32> guard tensor<2xi32> -> tensor<2x2x4xf32>
   func.return %y : tensor<2x2x4xf32>
+}
+"""
 
 
 GATHER_IR = """

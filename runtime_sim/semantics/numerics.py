@@ -376,7 +376,11 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
                 total = None if acc is None else acc[i:j, rows, cols]
                 for k0 in range(0, k, GRID_K):
                     ks = slice(k0, min(k, k0 + GRID_K))
-                    part = np.matmul(_blas_tile(x[:, rows, ks]), _blas_tile(y[:, ks, cols]))
+                    lhs, rhs = x[:, rows, ks], y[:, ks, cols]
+                    if 1 in (lhs.shape[1], rhs.shape[2]):  # a vector product: dot or gemv
+                        part = np.matmul(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs))
+                    else:
+                        part = np.matmul(_blas_tile(lhs), _blas_tile(rhs))
                     total = part if total is None else total + part
                 out[i:j, rows, cols] = total
     return out
@@ -387,7 +391,10 @@ def _blas_tile(v: np.ndarray) -> np.ndarray:
     stride along its rows, numpy's own test), else a contiguous copy. BLAS copies each operand
     into its own packed buffers before multiplying, so a view with a leading dimension gives
     the bits of the contiguous copy (tests/test_numerics_fast_paths.py checks it); a tile
-    numpy could not hand to BLAS would be multiplied by numpy's own loop, in another order."""
+    numpy could not hand to BLAS would be multiplied by numpy's own loop, in another order.
+    Callers copy both tiles of a product with one row or one column (`vector`): numpy hands
+    it to BLAS's dot or gemv, whose kernels sum in an order that depends on the leading
+    dimension (a [1, 3] @ [3, 1] tile of a 513-column operand differed in its last bit)."""
     rows, cols = v.strides[-2:]
     item = v.itemsize
     if cols == item and rows % item == 0 and rows // item >= v.shape[-1]:
