@@ -49,6 +49,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "schedule-shared": _lazy("passes.schedule_shared", "ScheduleSharedPass"),
     "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
     "schedule-tokens": _lazy("passes.schedule_tokens", "ScheduleTokensPass"),
+    "split-router-k": _lazy("passes.split_router_k", "SplitRouterKPass"),
     "split-clusters": _lazy("passes.split_clusters", "SplitClustersPass"),
     "fuse-ve-chains": _lazy("passes.fuse_ve_chains", "FuseVeChainsPass"),
     "shard-experts": _lazy("passes.shard_experts", "ShardExpertsPass"),
@@ -61,11 +62,13 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 """The full lowering, in order: after it the IR holds only func, tcp, ve and builtin ops, each
 working on whole tensors."""
 
-SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-clusters", "fuse-ve-chains")
+SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-router-k", "split-clusters",
+                                      "fuse-ve-chains")
 """The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
 own (schedule-shared); static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs: README, "The schedule
-level"); the expert loop spread over the chip's clusters (default: RNGD's two); then
+level"); a small router weight's load spread over the DMA engines in tiles of its reduction
+axis (split-router-k); the expert loop spread over the chip's clusters (default: RNGD's two); then
 consecutive vector-engine ops, in every block, fused into one chain invocation each (README,
 "fuse-ve-chains")."""
 
