@@ -310,3 +310,15 @@ def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
     assert scale_loads("qwen3_moe_fp8", LOW_PRECISION_F_TILES["qwen3_moe_fp8"]) == (3, 0)
     ahead, inside = scale_loads("gpt_oss_mxfp4", dict(D=2048, F=1088, E=4, K=2))
     assert ahead == 0 and inside == 3 * 3  # three tiles of each of the three weights' scales
+
+
+def test_decode_weight_loads_do_not_wait_for_the_dispatch() -> None:
+    """split-clusters issues cluster 0's masked expert ids as soon as the routing makes the ids:
+    Qwen3-30B-A3B at T = 1 starts its first weight loads while the dispatch's scatter (a DMA
+    command ahead of the loop) still runs, not after it and the vector op reading its result."""
+    report = cost_only("qwen3_moe.moe", {"T": 1, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 1})
+    scatter = next(o for o in report.ops if o.name == "tcp.dma_scatter" and o.phase == "dispatch")
+    ids = next(o for o in report.ops if o.label.startswith("%expert_ids = "))
+    first_load = min(o.start for o in report.ops if o.name == "tile.load_expert")
+    assert first_load < scatter.end
+    assert first_load - ids.end < 100  # the masks' three vector ops

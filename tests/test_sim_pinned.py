@@ -12,7 +12,8 @@ lowering changes them: rerun `python tests/test_sim_pinned.py` and paste its tab
 merge of this speed work with the whole chip and block=auto was checked the same way: the
 pre-speed and sped-up code gave the same digests; regenerated since for deliberate changes:
 unused blocks skipped whole, F tiling and the contraction grid, the best-fit units, the router
-split along K at decode, split-router-k.)
+split along K at decode, split-router-k; split-clusters' masked ids issued as early as the
+routing makes them.)
 """
 
 from __future__ import annotations
@@ -69,11 +70,11 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (743481, 6573, '4dd29498731743af', 'c285cb9ca1457ae3', 'fea3b45dec5b1482', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (71769, 6085, '5aa8a70aff974851', '0533eb30883c121d', '775fe47a4dd2879f', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (29173, 2620, 'b9a222066cd35655', 'e16143bd4ccae468', '68f151f862193226', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (20523, 1438, '6f2735a00c572ef3', '9ed094ec1f171c10', '27b1556d581f299c', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (23538, 2725, '4846a6155c294a2e', '016435de29cec6e1', 'b488747e324ca4f8', '778cfe00474e8a2b'),
+    'qwen3 real dims T=64, cost-only, skewed': (742369, 6573, '23e5ba0d13dcab9f', 'c396fbed8c309a23', '0a18372315988066', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (71780, 6085, '7ecf59d921bcc0ee', '0aff9732db220522', '4507351c3b285f75', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (29165, 2620, '783b52c2a3cc2921', 'd4e79596feb604e0', 'b32b8e1e65697bf7', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (20577, 1438, '9c45cbd52d7fbc64', '58b2010b7c603112', '3b5832171a0506ba', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (23455, 2725, '3af04ee21bc4fcad', '7dd87ada3894149b', '91aaf0a0825ea695', '778cfe00474e8a2b'),
 }
 
 
