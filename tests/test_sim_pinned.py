@@ -68,7 +68,7 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (744670, 6562, '9454409b54b13396', 'd418afe5181bc698', '67e390bc6d60567f', '4f53cda18c2baa0c'),
+    'qwen3 real dims T=64, cost-only, skewed': (745585, 6562, '8f2dce6b95683382', '78b3cabfd8de077b', 'c2825dcd38d9a5d4', '4f53cda18c2baa0c'),
     'qwen3 T=256, cost-only, balanced': (71769, 6085, '5aa8a70aff974851', '0533eb30883c121d', '775fe47a4dd2879f', '4f53cda18c2baa0c'),
     'qwen3 T=200 B=8, values': (29173, 2620, 'b9a222066cd35655', 'e16143bd4ccae468', '68f151f862193226', 'ab6ace93d3c51875'),
     'deepseek_v3 T=48, values': (20523, 1438, '6f2735a00c572ef3', '9ed094ec1f171c10', '27b1556d581f299c', '82a5f6f1023632f3'),
