@@ -70,7 +70,7 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (742369, 6573, '23e5ba0d13dcab9f', 'c396fbed8c309a23', '0a18372315988066', '4f53cda18c2baa0c'),
+    'qwen3 real dims T=64, cost-only, skewed': (743284, 6573, 'fa302bc87dd784a5', '54f30bec72ad7cc6', 'da16db69b2e80e12', '4f53cda18c2baa0c'),
     'qwen3 T=256, cost-only, balanced': (71780, 6085, '7ecf59d921bcc0ee', '0aff9732db220522', '4507351c3b285f75', '4f53cda18c2baa0c'),
     'qwen3 T=200 B=8, values': (29165, 2620, '783b52c2a3cc2921', 'd4e79596feb604e0', 'b32b8e1e65697bf7', 'ab6ace93d3c51875'),
     'deepseek_v3 T=48, values': (20577, 1438, '9c45cbd52d7fbc64', '58b2010b7c603112', '3b5832171a0506ba', '82a5f6f1023632f3'),
