@@ -29,7 +29,9 @@ bytes than the matmul's input as loaded (`x`, or the `tcp.load` a widening of it
 input arrives by one command too, at the same rate per byte, so otherwise the contraction
 waits for the input and tiles of the weight would only add command start-ups and contraction
 invocations (prefill: Qwen3-30B-A3B at T = 2048 loads 8 MB of `x`). The tiles are as many as
-the chunks, at most one per DMA engine (`engines`), each a whole number of chunks.
+the chunks, each a whole number of chunks, at most one per DMA engine the input's own load
+leaves free (`engines` - 1: Mixtral's 4096-row router as 4 tiles of 1024 rows, not 8 of 512
+of which one would queue behind `x` on its engine).
 """
 
 from __future__ import annotations
@@ -64,9 +66,9 @@ def loaded_bytes(value: SSAValue) -> int:
 
 def k_tiles(k: int, engines: int) -> list[tuple[int, int]]:
     """[k0, k1) tiles of K: whole GRID_K chunks (the last one may be shorter), as many as the
-    chunks, at most `engines`, the chunks shared out evenly."""
+    chunks, at most `engines` (at least one tile), the chunks shared out evenly."""
     chunks = -(-k // GRID_K)
-    per_tile = GRID_K * -(-chunks // min(chunks, engines))
+    per_tile = GRID_K * -(-chunks // max(1, min(chunks, engines)))
     return [(k0, min(k, k0 + per_tile)) for k0 in range(0, k, per_tile)]
 
 
@@ -79,7 +81,7 @@ def splittable(op: tcp.ContractOp, piece_bytes: int, engines: int) -> tcp.LoadOp
         return None
     weight = stored_bytes(load.result.type)
     k = shape_of(load.result.type)[0]
-    if len(k_tiles(k, engines)) < 2 or weight > piece_bytes or weight <= loaded_bytes(op.lhs):
+    if len(k_tiles(k, engines - 1)) < 2 or weight > piece_bytes or weight <= loaded_bytes(op.lhs):
         return None
     return load
 
@@ -105,7 +107,7 @@ def split_contraction(op: tcp.ContractOp, load: tcp.LoadOp, engines: int) -> Non
             new.results[0].name_hint = name
         return new.results[0]
 
-    tiles = k_tiles(k, engines)
+    tiles = k_tiles(k, engines - 1)  # one engine loads the input
     rows_of: list[SSAValue] = []
     zero = add(index_constant(0), load)
     for k0, k1 in tiles:  # every tile's command issued where the whole load was
@@ -139,7 +141,7 @@ class SplitRouterKPass(ModulePass):
     several engines, and is left whole."""
 
     engines: int = DMA_ENGINES
-    """DMA engines (RNGD: 8): at most one tile each."""
+    """DMA engines (RNGD: 8): at most one tile each, beside the one loading the input."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in op.ops:
