@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import Float32Type, ModuleOp, TensorType, f32
+from xdsl.dialects.builtin import BFloat16Type, Float32Type, ModuleOp, TensorType, f32
 from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -55,8 +55,8 @@ MATMUL = "mk,kn->mn"
 
 
 def loaded_bytes(value: SSAValue) -> int:
-    """Bytes of `value` as a DMA command brought it to SRAM: a `ve.widen` (or other one-operand
-    conversion) of a loaded tensor reads the load's bytes."""
+    """Bytes of `value` as a DMA command brought it to SRAM: a widening (`ve.widen`,
+    `ve.widen_low`) of a loaded tensor counts as the load's bytes."""
     owner = value.owner
     while isinstance(owner, (ve.WidenOp, ve.WidenLowOp)):
         value = owner.input
@@ -76,6 +76,8 @@ def splittable(op: tcp.ContractOp, piece_bytes: int, engines: int) -> tcp.LoadOp
     """The weight's `tcp.load` when `op` is a router matmul worth splitting (module docstring)."""
     if phase_of(op) != "router" or op.spec.data != MATMUL or op.acc is not None or op.guard is not None:
         return None
+    if not isinstance(op.result.type.get_element_type(), (Float32Type, BFloat16Type)):  # type: ignore[attr-defined]
+        return None  # the one rounding after the last tile is a ve.narrow: f32 -> bf16
     load = op.rhs.owner
     if not isinstance(load, tcp.LoadOp) or not isinstance(load.input, BlockArgument) or not load.result.has_one_use():
         return None
