@@ -6,16 +6,17 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import threading
 
 import numpy as np
 import pytest
-from xdsl.utils.exceptions import PassFailedException
+from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 import tcpc
 from dialects import ccl, moe
 from runtime_sim.perf.machine import MachineError
 from runtime_sim.perf.mesh_machine import load_mesh_machine
-from runtime_sim.semantics.ccl_semantics import a2a_plan, all_to_all, reduce_sum
+from runtime_sim.semantics.ccl_semantics import MeshExchange, a2a_plan, all_to_all, reduce_sum
 from runtime_sim.semantics.tolerance import compare_outputs
 from tcpc.cli import main
 from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
@@ -188,6 +189,35 @@ def test_skewed_routing_shows_the_hot_chip() -> None:
     assert max(range(4), key=received.__getitem__) == 0  # Zipf: experts 0.. are the popular ones
     assert len({balanced.link_bytes(c)[1] for c in range(4)}) == 1
     assert skewed.imbalance(received) > 1.2
+
+
+def test_cost_only_with_chips_that_receive_nothing() -> None:
+    """Balanced routing of 8 tokens x K = 8 fills experts 0..63 of 256: chips 2..7 receive no
+    pair, skip their expert loops and send back real zeros where chips 0 and 1 send
+    placeholders; the chips still meet at every collective (this hung)."""
+    program = tcpc.compile_file("examples/deepseek_v3.moe", dims={"T": 8, "E": 256, "K": 8, "NG": 8, "TG": 4, "B": 1})
+    report = simulate_on_mesh(program, MeshSpec.parse("ep=8"), cost_only=True, routing="balanced").report
+    received = [report.link_bytes(c)[1] for c in range(8)]
+    assert received[0] > 0 and received[1] > 0
+    assert len({len([x for x in report.links if x.chip == c]) for c in range(8)}) == 1
+
+
+def test_chips_meeting_at_different_points_is_an_error() -> None:
+    exchange = MeshExchange(ccl.Mesh.parse("ep=2"))
+    errors: list[BaseException] = []
+
+    def chip(c: int) -> None:
+        try:
+            exchange.collect(c, c, "ccl.all_to_all %x") if c == 0 else exchange.finish(c)
+        except InterpretationError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=chip, args=(c,)) for c in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(errors) == 2 and "chip 0: ccl.all_to_all %x; chip 1: the end of the function" in str(errors[0])
 
 
 def test_collectives_wait_for_the_slowest_chip() -> None:
