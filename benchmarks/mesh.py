@@ -18,8 +18,13 @@ the cheaper kept).
 Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
 collectives (waiting included), and the ratio to a lower bound computed here from two limits,
 neither of which the simulator can beat:
-- the chip limit: the largest single-chip roofline among the chips (its own FLOPs at the
-  contraction peak, its own HBM bytes at HBM bandwidth; runtime_sim/perf/report.py);
+- the chip limit: the largest among the chips of each chip's own limit for the routing used,
+  computed here, not taken from the simulator's counters: max(FLOPs / 256 TFLOPS, minimal HBM
+  bytes / 1.5 TB/s) (schedule.py's `work_limit`, on the chip's SPMD program from
+  shard-experts before lowering): its tokens' router and shared expert (every matmul's
+  2 M N K), 2 x D x F (F / tp with tp) per projection for every pair routed to one of its
+  experts; its arguments once (its tokens, the router, the shared expert), of its experts'
+  weights only those of experts that receive a pair, once each; its output rows written once;
 - the link limit: for the routing used, the rows that must cross each chip's link in each
   direction (a token's row to every other chip holding one of its experts, once, and the
   result back: DeepEP's deduplicated dispatch), at the link's bandwidth (with tp, among the
@@ -45,10 +50,16 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 import tcpc  # noqa: E402
+from tcpc.program import function_in  # noqa: E402
 from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
 from runtime_sim.perf.mesh_simulate import MeshReport  # noqa: E402
 from dialects.annotations import PHASES  # noqa: E402
 from tcpc.mesh_run import MeshSpec, simulate_on_mesh  # noqa: E402
+
+if str(ROOT / "benchmarks") not in sys.path:  # schedule.py, the chip limit, next to this script
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from schedule import work_limit  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 
@@ -91,6 +102,23 @@ def link_bound_cycles(choices: np.ndarray, chips: int, experts: int, row_bytes: 
         out[c] += sum(needs)             # c's tokens leave for the other chips
         into[c] += sum(needs)            # and their results come back
     return float(np.maximum(out, into).max() * row_bytes / machine.link_bytes_per_cycle)
+
+
+def chip_limit_cycles(program: tcpc.Program, spec: MeshSpec, choices: np.ndarray, experts: int,
+                      machine: MeshMachine) -> list[float]:
+    """Each chip's limit in cycles for the routing `choices` (every token's experts, [T, K];
+    module docstring): the chip's SPMD program before lowering, the pairs routed to its
+    experts and how many of them receive one."""
+    graph = program.function()
+    sharded = function_in(program.lower(spec.pipeline(lowered=False)), graph.sym_name.data)
+    mesh = spec.mesh
+    local = experts // mesh.size("ep")
+    limits = []
+    for c in range(mesh.chips):
+        mine = choices[choices // local == mesh.coordinates(c).get("ep", 0)]
+        work = work_limit(sharded, int(mine.size), len(np.unique(mine)), local)
+        limits.append(work.seconds * machine.chip.clock_hz)
+    return limits
 
 
 @dataclass
@@ -136,12 +164,13 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     sim = simulate_on_mesh(program, MeshSpec.parse(spec), cost_only=True, routing=routing, seed=1, machine=machine)
     report: MeshReport = sim.report
     choices = next(iter(report.routing.values())).choices
+    chip_limits = chip_limit_cycles(program, MeshSpec.parse(spec), choices, d["E"], machine)
     row_bytes = 2 * d["D"]
     busy = [report.compute_busy(c) for c in range(chips)]
     slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
     topk = min(sim.topk_cycles, key=sim.topk_cycles.__getitem__) if sim.topk_cycles else ""
     return Row(model.title, chips, tokens, strategy, routing, report.total_cycles, report.communication_cycles,
-               max(r.roofline.cycles for r in report.chips),
+               max(chip_limits),
                link_bound_cycles(choices, ep, d["E"], row_bytes, machine),
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
                tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases})

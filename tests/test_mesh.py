@@ -323,6 +323,27 @@ def test_benchmark_rows_stay_above_their_bound() -> None:
     assert bench.link_bound_cycles(choices, 2, 4, 30, machine) == 3 * 30 / machine.link_bytes_per_cycle
 
 
+def test_benchmark_chip_limit_is_each_chips_own_work() -> None:
+    """Qwen3 at D 16, F 32, E 8 on ep=2 (chip 0: experts 0-3, chip 1: 4-7), T = 4 tokens, K = 2:
+    chip 0 receives 5 pairs on experts 0, 1 and 2, chip 1 3 pairs on expert 5; each chip's
+    FLOPs and minimal bytes from its own tokens, pairs and used experts."""
+    from benchmark_scripts import load_script
+
+    bench = load_script("mesh")
+    dims = dict(T=4, D=16, F=32, E=8, K=2, B=2)
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims=dims)
+    choices = np.array([[0, 1], [2, 5], [0, 5], [1, 5]], dtype=np.int32)
+    machine = load_mesh_machine()
+    limits = bench.chip_limit_cycles(program, MeshSpec.parse("ep=2"), choices, 8, machine)
+
+    def limit(pairs: int, used: int) -> float:
+        flops = 2 * 2 * 16 * 8 + pairs * 3 * 2 * 16 * 32  # its 2 tokens' router, 3 projections per pair
+        hbm = 2 * 16 * 2 + 16 * 8 * 2 + used * 3 * 16 * 32 * 2 + 2 * 16 * 2  # x, router, used experts, out
+        return max(flops / 256e12, hbm / 1.5e12) * machine.chip.clock_hz
+
+    assert limits == pytest.approx([limit(5, 3), limit(3, 1)])
+
+
 def test_reference_scatter_drops_pairs_routed_to_no_expert() -> None:
     from runtime_sim.semantics.moe_semantics import route_plan
 
