@@ -319,6 +319,7 @@ def test_benchmark_rows_stay_above_their_bound() -> None:
         mesh = "ep=2" + (",tp=2" if tp > 1 else "")
         assert f"| {chips} | {mesh} | 4 | {strategy} | {routing} |" in bench.table([row])
         assert row.topk in ("rank", "rounds") and sum(row.phases.values()) == row.total_cycles
+        assert dict(row.tried)[row.block] == min(c for _, c in row.tried)  # B chosen by cost on the mesh
     choices = np.array([[0, 1], [2, 3], [0, 2], [1, 3]], dtype=np.int32)  # chips 0, 0 | 1, 1 of E = 4
     machine = load_mesh_machine()
     # chip 0: its token 1 goes to chip 1 and comes back; both tokens of chip 1 come in and their
