@@ -200,7 +200,9 @@ def test_skewed_routing_shows_the_hot_chip() -> None:
     received = [skewed.link_bytes(c)[1] for c in range(4)]
     assert max(range(4), key=received.__getitem__) == 0  # Zipf: experts 0.. are the popular ones
     assert len({balanced.link_bytes(c)[1] for c in range(4)}) == 1
-    assert skewed.imbalance(received) > 1.2
+    sent = [skewed.link_bytes(c)[0] for c in range(4)]  # the hot chip returns a row per pair it computed
+    busy = [skewed.compute_busy(c) for c in range(4)]
+    assert skewed.imbalance(sent) > 1.2 and skewed.imbalance(busy) > 1.2
 
 
 def test_cost_only_with_chips_that_receive_nothing() -> None:
@@ -212,6 +214,32 @@ def test_cost_only_with_chips_that_receive_nothing() -> None:
     received = [report.link_bytes(c)[1] for c in range(8)]
     assert received[0] > 0 and received[1] > 0
     assert len({len([x for x in report.links if x.chip == c]) for c in range(8)}) == 1
+
+
+@pytest.mark.parametrize("tokens, k, experts, chips", [(3, 2, 4, 2), (2, 3, 6, 3), (2, 2, 8, 4)])
+def test_token_dispatch_fills_every_slot_with_its_token(tokens: int, k: int, experts: int, chips: int) -> None:
+    """ccl.a2a_tokens over every routing of small sizes: each token crosses once to each chip
+    holding one of its pairs, and the receiver's copy by slot puts in every slot exactly the
+    token a per-pair send would have put there."""
+    from runtime_sim.semantics.ccl_semantics import a2a_tokens
+
+    slots = ccl.a2a_slots(tokens, k, experts // chips)
+    for choice in itertools.product(itertools.permutations(range(experts), k), repeat=tokens):
+        top = np.array(choice, dtype=np.int32)
+        rows, _, _ = a2a_plan(top, chips, experts, slots)
+        me = 1
+        token_rows, slot_tokens, counts = a2a_tokens(rows, chips, slots, me)
+        owners = top // (experts // chips)
+        assert counts.tolist() == [int((owners == d).any(axis=1).sum()) for d in range(chips)]
+        sent = np.full(chips * tokens, -1)
+        for t in range(tokens):
+            for d in np.flatnonzero(token_rows[t] >= 0):
+                sent[token_rows[t, d]] = t  # the token send buffer: token t in chip d's slice
+        by_slot = np.full(chips * slots, -1)
+        by_slot[rows[rows >= 0]] = np.broadcast_to(np.arange(tokens)[:, None], rows.shape)[rows >= 0]
+        for d in range(chips):  # chip d's receive buffer holds this chip's slice d at slice `me`
+            got = [sent[d * tokens + v - me * tokens] if v >= 0 else -1 for v in slot_tokens[d]]
+            assert got == by_slot[d * slots:(d + 1) * slots].tolist()
 
 
 def test_chips_meeting_at_different_points_is_an_error() -> None:

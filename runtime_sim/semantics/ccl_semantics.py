@@ -71,6 +71,22 @@ def a2a_plan(experts_idx: np.ndarray, chips: int, experts: int, slots: int,
     return rows.reshape(experts_idx.shape).astype(np.int32), slot_experts.reshape(chips, slots), counts
 
 
+def a2a_tokens(slot_rows: np.ndarray, chips: int, slots: int, me: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`ccl.a2a_tokens`: token rows [T, chips] (d * T + rank, -1), slot tokens [chips, S]
+    (me * T + the slot's token's rank, -1 empty), counts [chips]."""
+    t = slot_rows.shape[0]
+    kept = slot_rows >= 0
+    dest = np.where(kept, slot_rows // max(slots, 1), -1)
+    has = (dest[:, :, None] == np.arange(chips)).any(axis=1)  # [T, chips]
+    rank = np.cumsum(has, axis=0) - 1
+    token_rows = np.where(has, np.arange(chips) * t + rank, -1)
+    slot_tokens = np.full(chips * slots, -1, dtype=np.int64)
+    tokens = np.broadcast_to(np.arange(t)[:, None], slot_rows.shape)
+    slot_tokens[slot_rows[kept]] = me * t + rank[tokens[kept], dest[kept]]
+    return (token_rows.astype(np.int32), slot_tokens.reshape(chips, slots).astype(np.int32),
+            has.sum(axis=0).astype(np.int32))
+
+
 class MeshExchange:
     """Where the chips of a mesh meet at each collective. `collect` hands over this chip's
     value and returns every chip's (in chip order) once all have arrived; a chip that fails
@@ -163,6 +179,13 @@ class CCLFunctions(InterpreterFunctions):
             earlier = np.asarray(args[1], np.int64)[:shard].sum(axis=0)
         return a2a_plan(np.asarray(args[0]), op.group_size, op.experts.value.data, op.slots, op.capacity_limit,
                         earlier)
+
+    @impl(ccl.A2ATokensOp)
+    def run_a2a_tokens(self, interpreter: Interpreter, op: ccl.A2ATokensOp, args: tuple[Any, ...]):
+        me = 0
+        if self.exchange is not None:
+            me = self.exchange.mesh.group(self.chip, op.axis_name).index(self.chip)
+        return a2a_tokens(np.asarray(args[0]), op.group_size, op.slots, me)
 
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
