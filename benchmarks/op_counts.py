@@ -62,7 +62,7 @@ def main() -> None:
         print(f"| {e} | {k} | {dtype} | {order} | {rank[0]} / {rank[1]} | {rounds[0]} / {rounds[1]} |")
     print()
     print("lower-routing, one scatter")
-    print("| T | K | E | B | C | G | ops | elements | scan steps (experts, pairs) |")
+    print("| T | K | E | B | C | G | ops | elements | scan steps (each scan, in IR order) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for t, k, e, b, c in [(16, 2, 8, 4, None), (16, 2, 8, 2, 3), (4096, 2, 8, 64, None),
                           (4096, 8, 128, 64, None), (4096, 8, 256, 64, None)]:

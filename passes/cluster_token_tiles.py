@@ -52,7 +52,7 @@ before each copy's ~500-cycle start-up. Llama-4-Scout's router at T = 4096 took 
 on one cluster and 125,578 split with copies of its [T, D] scaled input."""
 
 
-def _worth_splitting(loop: scf.ForOp) -> bool:
+def worth_splitting(loop: scf.ForOp) -> bool:
     """Whether a tile of `loop` on another cluster saves more than it costs.
 
     No when the loop gathers rows from HBM (the combine): its time is the gather's HBM traffic,
@@ -141,7 +141,7 @@ def split_token_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp | None:
     N - 1, N - 2, ... (cluster 0 runs schedule-tokens' partial remainder tile after them).
     None (the loop left as it is, on cluster 0) when splitting it would not pay
     (`_worth_splitting`)."""
-    if not _worth_splitting(loop):
+    if not worth_splitting(loop):
         return None
     rows, main = constant_index(loop.step), constant_index(loop.ub)
     assert rows and main is not None

@@ -11,7 +11,8 @@ sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
   `block_tokens` ([G, B], the token of each row, -1 on padding rows and unused blocks, which
   read nothing and are zero, as the scatter's zeroed buffer left them). The index is built
   once per plan: a DMA scatter of the token numbers plus one by scatter_idx into zeroed rows
-  (`row_marks`, [G * B, 1]), minus one. The tokens themselves are never written to
+  (`row_marks`, [G * B, 1]), minus one; from 64 tokens the scatter is split into shards of
+  consecutive tokens, one DMA command each, their results added (`scatter_shard`). The tokens themselves are never written to
   a blocked buffer in HBM: the schedule level gathers each block's rows straight from the
   tokens, inside its expert loop (passes/schedule_experts.py).
 - `moe.grouped_matmul %xb, %w, %route (bias %b)?` ->
@@ -107,6 +108,26 @@ class _Emitter(LoweringBuilder):
         return x
 
 
+SCATTER_COMMANDS = 8
+"""The most DMA commands the dispatch index's scatter is split into: RNGD's eight DMA
+engines (docs/hardware.md#one-chip)."""
+TOKENS_PER_SCATTER = 64
+"""The fewest tokens one of those commands scatters (a rule of thumb: below it a command's
+start-up is a large part of its time; decode keeps one command)."""
+
+
+def scatter_shard(tokens: int) -> int:
+    """Tokens per DMA command of the dispatch index's scatter: max(TOKENS_PER_SCATTER,
+    ceil(T / SCATTER_COMMANDS)); T or more means one command. Each command sends one shard of
+    consecutive tokens' pairs (the others' indices -1) and their results are added (a row is
+    written by one shard at most, the rest are zero). A scatter moves one 4-byte row per
+    pair, so its time is a DMA request per pair, and one command (a 64 KB payload at T = 2048,
+    K = 8, under the 1 MB DMA piece) runs on one engine: 18.9k cycles on Qwen3-30B-A3B's
+    critical path, against about 2.4k for each of eight at once. The shard never shrinks as
+    T grows (the first shards are full), so neither does the longest command."""
+    return max(TOKENS_PER_SCATTER, -(-tokens // SCATTER_COMMANDS))
+
+
 def plan_of(op: Operation, route: SSAValue) -> moe.RouteOp:
     """The `moe.route` op that produced `route`, or the error that lower-routing must run first."""
     owner = route.owner
@@ -150,7 +171,28 @@ class _RowMasks:
             t, g, b = r.tokens.data, r.blocks.data, r.block.data
             e = _Emitter()
             numbers = e.emit(ve.AddOp(e.iota([t, 1], 0, "token_numbers"), e.const(1, [t, 1], i32)), "token_marks")
-            rows = e.emit(tcp.DmaScatterOp(numbers, plan.scatter_idx, g * b), "row_marks")
+            shard = scatter_shard(t)
+            if shard >= t:
+                rows = e.emit(tcp.DmaScatterOp(numbers, plan.scatter_idx, g * b), "row_marks")
+            else:
+                k = shape_of(plan.scatter_idx.type)[1]
+                token = e.iota([t, k], 0, "pair_token")
+                shard_idx = []
+                for c, lo in enumerate(range(0, t, shard)):
+                    idx = plan.scatter_idx
+                    if lo > 0:
+                        idx = e.select(e.tag("ge", token, lo, f"from{c}"), idx, -1, f"shard{c}_from")
+                    if lo + shard < t:
+                        idx = e.select(e.tag("lt", token, lo + shard, f"below{c}"), idx, -1)
+                    idx.name_hint = f"shard{c}_idx"
+                    shard_idx.append(idx)
+                # Every shard's indices, then every scatter, then the sums: the vector engine runs
+                # its commands in program order, so an add waiting for a scatter would hold back
+                # the next shard's indices (and its scatter) behind it.
+                parts = [e.emit(tcp.DmaScatterOp(numbers, idx, g * b), f"row_marks{c}") for c, idx in enumerate(shard_idx)]
+                rows = parts[0]
+                for c, part in enumerate(parts[1:], 2):
+                    rows = e.emit(ve.AddOp(rows, part), "row_marks" if c == len(parts) else f"row_marks_to{c}")
             marks = e.view(rows, [g, b], "block_marks")
             self.tokens[plan] = e.emit(ve.SubOp(marks, e.const(1, [g, b], i32)), "block_tokens")
             mark(e.ops, "dispatch")

@@ -10,7 +10,8 @@ no data moves); experts run along the other axis. The steps, named as in the boo
 chapter, section 3.3 (docs/hardware.md#the-moe-chapter-of-the-book):
 
 1. `expert_mask [P, E]`: the one-hot of each pair's expert, a tag `eq` against an expert iota.
-2. `counts [E]`: the histogram, a reduce-sum of the mask over pairs. With a capacity C,
+2. `counts [E]`: the histogram, a reduce-sum of the mask over pairs (of its chunk totals when
+   the cumsum of step 5 runs in chunks, see below). With a capacity C,
    `kept_counts = min(counts, C)`.
 3. `num_blocks [E] = ceil(kept_counts / B)`, by counting block starts (see below).
 4. `global_offset [E]`: the first block of each expert, an exclusive cumsum of `num_blocks`
@@ -29,6 +30,16 @@ Every cumsum is the branch-logger pattern of the book (section 4), nothing opaqu
 `ve.position_tag` over the scanned axis (first 0, middle 1, last 2; an axis of one element gets
 3, which the scan neither reads nor writes, so it passes through) and `ve.scan add` whose
 register-file operand is read only for tags [1, 2] and written back only for tags [0, 1].
+
+Chunked cumsum. A scan takes one step per element of its axis whatever the rows beside it,
+so the cumsum of `[P, E]` over P takes P steps while only E lanes of the vector engine work
+(Qwen3-30B-A3B at T = 4096: 32,768 steps for 128 lanes). From MIN_CHUNKED_PAIRS pairs it runs
+in S chunks (`scan_chunks`: the largest divisor of P not above sqrt(P)): `[S, P/S, E]`
+scanned along its middle axis (S * E rows of P/S steps), each chunk's total, an exclusive
+cumsum of the totals over the S chunks, added back. The histogram of step 2 is then the sum
+of the chunk totals (S steps instead of a reduction over P). The same i32 adds of the same
+counts: the same values. At T = 4096 the routing of Qwen3-30B-A3B goes from 83k cycles to
+about 20k.
 
 Gathers. The vector engine has no gather; a per-pair value of the pair's expert is taken with
 the one-hot tag: `select` it where the pair's tag is set, 0 elsewhere, and reduce-sum over E
@@ -72,6 +83,7 @@ it stays in bounds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -133,6 +145,44 @@ def pair_limit(route: moe.RouteType) -> int:
     return rows if c is None else min(c, rows)
 
 
+MIN_CHUNKED_PAIRS = 256
+"""From this many pairs the cumsum over pairs runs in chunks (`scan_chunks`). Below it the
+scan's P steps are as few as the extra ops' fixed overheads (a rule of thumb: at P = 256,
+16 chunks of 16 steps and 16 steps over the chunks against 256)."""
+
+
+def scan_chunks(pairs: int) -> int:
+    """S, how many chunks the cumsum over pairs runs in: the largest divisor of P not above
+    sqrt(P) (then the chunks' P / S steps and the S steps over their totals are both about
+    sqrt(P)), or 1 below MIN_CHUNKED_PAIRS. A scan takes a step per element of its axis
+    whatever the rows beside it, so [P, E] with E = 128 lanes of work scans P steps while the
+    vector engine could carry thousands of rows at once: [S, P / S, E] carries S * E rows for
+    P / S steps. The chunks must tile P exactly (a view); a prime P keeps one chunk."""
+    if pairs < MIN_CHUNKED_PAIRS:
+        return 1
+    return max(d for d in range(1, math.isqrt(pairs) + 1) if pairs % d == 0)
+
+
+def chunked_cumsum(b: _RoutingBuilder, mask: SSAValue, chunks: int) -> tuple[SSAValue, SSAValue]:
+    """The inclusive cumsum of `mask` [P, E] over P, and its last row (the column totals), in
+    `chunks` = S chunks: each chunk's own cumsum, the chunks' totals, an exclusive cumsum of
+    those over the chunks, added back to every row of the chunk. (The add cannot join the
+    one-hot gather's chain that reads it: the gather's select runs at the Logic stage, before
+    the Fxp adder.) i32 adds of the same terms (a cumsum of counts never wraps: P < 2^31), so the
+    same values as one scan."""
+    p, e = shape_of(mask.type)
+    length = p // chunks
+    chunked = b.view(mask, [chunks, length, e], "chunked_mask")
+    chunk_cumsum = b.cumsum(chunked, 1, "chunk_position", "chunk_cumsum")
+    chunk_totals = b.reduce(ve.ReduceSumOp, chunked, 1, "chunk_totals")
+    totals_cumsum = b.cumsum(chunk_totals, 0, "chunk_index", "totals_cumsum")
+    chunk_offset = b.binary(ve.SubOp, totals_cumsum, chunk_totals, "chunk_offset")
+    offset_tile = b.broadcast(chunk_offset, 1, length, "chunk_offset_tile")
+    mask_cumsum = b.view(b.binary(ve.AddOp, chunk_cumsum, offset_tile, "chunked_cumsum"), [p, e], "mask_cumsum")
+    counts = b.reduce(ve.ReduceSumOp, chunk_totals, 0, "counts")
+    return mask_cumsum, counts
+
+
 def lower_routing(op: moe.ScatterOp) -> tuple[list[Operation], SSAValue, SSAValue]:
     """The ops that replace `op`, its blocked tokens and its routing plan."""
     route_type = op.route.type
@@ -149,8 +199,12 @@ def lower_routing(op: moe.ScatterOp) -> tuple[list[Operation], SSAValue, SSAValu
     one_hot = b.tag("eq", chosen, b.iota([p, e], 1, "expert_index"), "one_hot")
     expert_mask = b.select(one_hot, 1, 0, "expert_mask")
 
-    # 2. Histogram, and the capacity.
-    counts = b.reduce(ve.ReduceSumOp, expert_mask, 0, "counts")
+    # 2. Histogram, and the capacity; the cumsum of step 5 with it, when chunked.
+    chunks = scan_chunks(p)
+    if chunks > 1:
+        mask_cumsum, counts = chunked_cumsum(b, expert_mask, chunks)
+    else:
+        counts = b.reduce(ve.ReduceSumOp, expert_mask, 0, "counts")
     if capacity is not None:
         counts = b.binary(ve.MinOp, counts, capacity, "kept_counts")
 
@@ -165,7 +219,8 @@ def lower_routing(op: moe.ScatterOp) -> tuple[list[Operation], SSAValue, SSAValu
     global_offset = b.binary(ve.SubOp, blocks_cumsum, num_blocks, "global_offset")
 
     # 5. Local offsets: cumsum over pairs, gathered at the pair's expert.
-    mask_cumsum = b.cumsum(expert_mask, 0, "pair_position", "mask_cumsum")
+    if chunks == 1:
+        mask_cumsum = b.cumsum(expert_mask, 0, "pair_position", "mask_cumsum")
     token_rank = b.gather(one_hot, mask_cumsum, "token_rank")
     local_offset = b.binary(ve.SubOp, token_rank, 1, "local_offset")
 

@@ -35,6 +35,8 @@ from xdsl.passes import ModulePass
 
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR, phase_of
+from dialects.tensor_types import stored_bytes
+from passes.cluster_token_tiles import worth_splitting
 from passes.loop_builder import (clone_rows, escaping_results, index_constant, is_row_parallel_ve, leading, replace_by_loop,
                                  select_ops, split_shared_constants, tile_type)
 
@@ -99,24 +101,70 @@ def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, 
         mapping.update(zip(op.results, new.results))
 
 
-def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole: set[Operation]) -> bool:
+MIN_SPLIT_VECTOR_BYTES = 8 << 20
+"""The vector bytes from which a phase that fits SRAM whole is still cut into a tile per
+cluster (a rule of thumb, not a cost: a cluster's vector engine makes about 8 KB per cycle,
+256 slices x 32 B, so half of 8 MB is about the ~500-cycle start-up of the copies between
+the clusters that the second tile needs)."""
+
+
+def balanced_rows(tokens: int, rows: int, clusters: int) -> int:
+    """Tile rows for a loop whose tiles take turns on `clusters` clusters: as many tiles as
+    `rows` needs, rounded up to a multiple of the clusters, the rows shared evenly (a multiple
+    of 8), so that no cluster gets a remainder's scraps while the other runs a whole tile."""
+    tiles = -(-tokens // rows)
+    tiles = -(-tiles // clusters) * clusters
+    even = -(-tokens // tiles)
+    return min(rows, -(-even // 8) * 8 if even >= 8 else even)
+
+
+def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole: set[Operation],
+                   clusters: int = 1) -> bool:
     """One token-tile loop over the row-parallel ops of `phase` not in `whole` that a loop can
     take together; when they fit SRAM whole, they join `whole` instead (and the ops a
     contraction kept apart from them get their own turn: DeepSeek-V3's router after its
-    matmul, when the input's widening before it fits). False when no such op is left."""
+    matmul, when the input's widening before it fits). False when no such op is left.
+
+    With `clusters` > 1 the tiles are balanced over the clusters (`balanced_rows`) when a tile
+    is worth running on another cluster (split-clusters' rule, `worth_splitting`), and a phase
+    that fits whole but makes at least MIN_SPLIT_VECTOR_BYTES is cut into a tile per cluster:
+    without it, a router that just fits whole ran on one cluster, and one just too large for
+    that ran on two, faster (benchmarks/monotone.py: T = 360 took more cycles than T = 368)."""
     candidates = [op for op in block.ops if phase_of(op) == phase and is_row_parallel(op, tokens) and op not in whole]
     chosen = select_ops(block, candidates)
     if not chosen:
         return False
-    if not escaping_results(chosen) or tile_rows(chosen, tokens, tile_bytes) >= tokens:
+    if not escaping_results(chosen):
         whole.update(chosen)
         return True
     ops = split_shared_constants(chosen)
     escaping = escaping_results(ops)
     rows = tile_rows(ops, tokens, tile_bytes)
-    if not escaping or rows >= tokens:
+    if not escaping:
         whole.update(ops)
         return True
+    if clusters > 1 and tokens >= 8 * clusters:
+        fits = rows >= tokens
+        made = sum(stored_bytes(r.type) for op in ops if op.dialect_name() == "ve" for r in op.results)
+        if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
+            even = balanced_rows(tokens, rows, clusters)
+            trial = _tile_loop(ops, escaping, even, tokens)
+            if worth_splitting(trial[1]):
+                rows = even
+            for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
+                op.erase(safe_erase=False)  # only the decision was wanted
+    if rows >= tokens:
+        whole.update(ops)
+        return True
+    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens)
+    replace_by_loop(block, ops, escaping, results, [*before, *after])
+    return True
+
+
+def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int,
+               tokens: int) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
+    """The token-tile loop over `ops` in tiles of `rows` (not yet in the block): the ops before
+    it, the loop, the ops after it (the loop and the remainder) and the escaping results."""
     main = tokens - tokens % rows
     marker = {PHASE_ATTR: ops[-1].attributes[PHASE_ATTR]}
 
@@ -160,8 +208,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
             op.detach()
     for op in before:
         op.attributes.update(marker)
-    replace_by_loop(block, ops, escaping, results, [*before, *after])
-    return True
+    return before, loop, after, results
 
 
 def token_count(fn: func.FuncOp) -> int | None:
@@ -178,10 +225,13 @@ class ScheduleTokensPass(ModulePass):
 
     tile_bytes: int = DEFAULT_TILE_BYTES
 
+    clusters: int = 2
+    """Clusters the tiles take turns on (split-clusters, RNGD: 2): tiles balanced over them."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks and (tokens := token_count(fn)) is not None:
                 for phase in TILED_PHASES:
                     whole: set[Operation] = set()
-                    while schedule_phase(fn.body.block, phase, tokens, self.tile_bytes, whole):
+                    while schedule_phase(fn.body.block, phase, tokens, self.tile_bytes, whole, self.clusters):
                         pass

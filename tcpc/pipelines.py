@@ -98,6 +98,8 @@ def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE, topk
     written = {"lower-topk": f"lower-topk{{strategy={topk_strategy}}}"}
     if options:
         written["split-clusters"] = f"split-clusters{{{options}}}"
+    if machine.clusters != PASSES["schedule-tokens"]().clusters:  # its tiles balanced over the clusters
+        written["schedule-tokens"] = f"schedule-tokens{{clusters={machine.clusters}}}"
     return ",".join(written.get(p, p) for p in passes)
 
 

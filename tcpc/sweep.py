@@ -196,7 +196,7 @@ def input_columns(point: Point) -> dict[str, Any]:
 def pipeline_for(options: Mapping[str, Any], clusters: int, own_dma_intensity: int | None = None) -> str:
     """The full pipeline with the given pass options, for a machine of `clusters` clusters
     and, when given, split-clusters' `own_dma_intensity` (unless the sweep sets them)."""
-    machine_options: dict[str, Any] = {"split-clusters.clusters": clusters}
+    machine_options: dict[str, Any] = {"split-clusters.clusters": clusters, "schedule-tokens.clusters": clusters}
     if own_dma_intensity is not None:
         machine_options["split-clusters.own_dma_intensity"] = own_dma_intensity
     options = {**machine_options, **options}

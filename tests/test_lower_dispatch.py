@@ -304,6 +304,28 @@ def test_layer_matches_the_reference(case: tuple) -> None:
     compare_layer(before, after, args, plan, w, bias, exact=kind == "ints")
 
 
+@pytest.mark.parametrize("t, c, style", [
+    (63, None, "uniform"),    # one command (under TOKENS_PER_SCATTER)
+    (65, None, "crowded"),    # shards of 64 and 1
+    (200, 30, "uniform"),     # four shards, the last short, a capacity dropping pairs
+    (520, None, "same"),      # eight shards of 65, every pair on one expert
+])
+def test_the_dispatch_index_scatter_in_token_shards(t: int, c: int | None, style: str) -> None:
+    """From TOKENS_PER_SCATTER tokens the dispatch index is scattered by several DMA commands,
+    one per shard of consecutive tokens, and their results added: the layer's bits as before."""
+    from passes.lower_dispatch import scatter_shard
+
+    k, e, b, d, f = 2, 4, 8, 3, 2
+    rng = np.random.default_rng(t)
+    before, after = layer_modules(t, k, e, b, c, d, f, "f32", "f32", None, None)
+    scatters = [op for op in after.walk() if isinstance(op, tcp.DmaScatterOp)]
+    assert len(scatters) == -(-t // scatter_shard(t)) == (1 if t < 65 else -(-t // max(64, -(-t // 8))))
+    plan = route_plan(routing(rng, t, k, e, style), route_type(t, k, e, b, c))
+    x = values(rng, (t, d), np.float32, "ints")
+    w = values(rng, (e, d, f), np.float32, "ints")
+    compare_layer(before, after, [x, plan.scatter_idx, plan.expert_ids, w], plan, w, None, exact=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # combine alone: any blocked input, special values everywhere
 

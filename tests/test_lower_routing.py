@@ -291,6 +291,36 @@ def test_op_sequence_and_cumsums() -> None:
     assert filt.result.type.get_shape() == (route_type(5, 2, 4, 2, 3).blocks.data,) and filt.pad.value.data == -1
 
 
+@pytest.mark.parametrize(
+    "t, k, e, b, c, style",
+    [
+        (128, 2, 8, 16, None, "random"),   # P = 256: 16 chunks of 16
+        (130, 2, 6, 8, 40, "one_set"),     # P = 260: 13 chunks of 20, a capacity dropping
+        (257, 1, 5, 32, None, "few"),      # P = 257, prime: one chunk, the plain scan
+        (96, 4, 48, 2, None, "descending"),  # P = 384: 16 chunks of 24, E = 48
+    ],
+)
+def test_chunked_cumsum_is_bit_identical(t: int, k: int, e: int, b: int, c: int | None, style: str) -> None:
+    """From MIN_CHUNKED_PAIRS pairs the cumsum over pairs runs in chunks: the plan's bits all
+    the same (capacity drops, empty experts, a prime P that keeps one chunk)."""
+    from passes.lower_routing import MIN_CHUNKED_PAIRS, scan_chunks
+
+    assert scan_chunks(t * k) == (1 if t * k == 257 else max(d for d in range(1, 20) if (t * k) % d == 0 and d * d <= t * k))
+    assert t * k >= MIN_CHUNKED_PAIRS
+    for seed in range(2):
+        check_routing(routing(t, k, e, style, seed), e, b, c)
+    _, after = modules(t, k, e, b, c)
+    scans = ops_named(after, ve.ScanOp)
+    assert len(scans) == (2 if t * k == 257 else 3)
+
+
+def test_chunks_take_sqrt_p_steps() -> None:
+    """The largest divisor of P not above sqrt(P); one chunk below MIN_CHUNKED_PAIRS."""
+    from passes.lower_routing import scan_chunks
+
+    assert [scan_chunks(p) for p in (255, 256, 32768, 16384, 2496, 8191)] == [1, 16, 128, 128, 48, 1]
+
+
 def test_without_capacity_there_is_no_min() -> None:
     _, after = modules(5, 2, 4, 2, None)
     assert not ops_named(after, ve.MinOp)

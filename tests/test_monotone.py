@@ -12,6 +12,9 @@ whole sweep (T from 128 to 1024 in steps of 8, SRAM and HBM upward):
 - T 1016 -> 1024: the token load crossed 2 MB, which the old DMA split rule (an even split over
   floor(bytes / split_bytes) engines) made twice as fast as 2 MB - 1 B (the split now cuts
   pieces of split_bytes, `tcp_cost.largest_part_requests`, never decreasing in the bytes);
+- T 360 -> 368: the router's token work fitted SRAM whole at 360 and ran on one cluster, and
+  at 368 needed two tiles, which ran on both clusters, faster (schedule-tokens now cuts a phase
+  that makes >= 8 MB of vector results into a tile per cluster, and balances its tiles);
 - list scheduling: the scheduler took the DMA engine that freed first, so a weight load waiting
   for its inputs took an engine idle since long ago and a row load ready earlier queued behind
   it (at T = 776 the expert loop slowed by a sixth); it now takes the best fit, which gives every
@@ -32,7 +35,7 @@ from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_parts
 
 monotone = load_script("monotone")
 
-TOKEN_STEPS = [(256, 264), (512, 520), (1016, 1024)]
+TOKEN_STEPS = [(256, 264), (360, 368), (512, 520), (1016, 1024)]
 
 
 @pytest.mark.parametrize("fewer, more", TOKEN_STEPS, ids=[f"T{a}-T{b}" for a, b in TOKEN_STEPS])

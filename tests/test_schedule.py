@@ -46,14 +46,15 @@ expert's blocks, and F tiles of 512 streamed (SRAM too small to keep them)."""
 @settings(max_examples=10, deadline=None)
 @given(tokens=st.integers(1, 40), block=st.sampled_from([1, 2, 4, 8]), experts=st.sampled_from([4, 8]),
        k=st.integers(1, 3), tile_bytes=st.sampled_from([20000, 60000, 1 << 20]), seed=st.integers(0, 5),
-       f=st.sampled_from([8, 600, 1100]), f_mode=st.sampled_from(sorted(F_TILE_MODES)))
+       f=st.sampled_from([8, 600, 1100]), f_mode=st.sampled_from(sorted(F_TILE_MODES)),
+       clusters=st.sampled_from([1, 2, 4]))
 def test_tile_remainders_are_exact(tokens: int, block: int, experts: int, k: int, tile_bytes: int, seed: int,
-                                   f: int, f_mode: str) -> None:
-    """T not a multiple of the token tile, G blocks with unused ones, F not a multiple of the F
-    tile: still the reference's bits."""
+                                   f: int, f_mode: str, clusters: int) -> None:
+    """T not a multiple of the token tile (tiles balanced over 1, 2 or 4 clusters), G blocks
+    with unused ones, F not a multiple of the F tile: still the reference's bits."""
     dims = {"T": tokens, "B": min(block, tokens), "E": experts, "K": min(k, experts), "D": 16, "F": f}
     program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe", dims=dims)
-    pipeline = f"{LOWERED},schedule-experts{F_TILE_MODES[f_mode]},schedule-tokens{{tile_bytes={tile_bytes}}}"
+    pipeline = f"{LOWERED},schedule-experts{F_TILE_MODES[f_mode]},schedule-tokens{{tile_bytes={tile_bytes} clusters={clusters}}}"
     assert_same_bits(program.run(seed=seed, pipeline=pipeline).outputs, program.run(seed=seed).outputs)
 
 
@@ -136,6 +137,17 @@ def test_two_clusters_streaming_f_tiles_contract_at_once() -> None:
     assert shared.report.total_cycles > 0.7 * one.total_cycles
 
 
+def test_token_tiles_are_balanced_over_the_clusters() -> None:
+    """schedule-tokens shares the tokens evenly among as many tiles as SRAM needs, rounded up
+    to a multiple of the clusters (a multiple of 8 rows each)."""
+    from passes.schedule_tokens import balanced_rows
+
+    assert balanced_rows(2048, 1712, 2) == 1024      # 1712 + 336 before
+    assert balanced_rows(4096, 1712, 2) == 1024      # 3 tiles -> 4
+    assert balanced_rows(360, 360, 2) == 184         # fits whole: a tile per cluster
+    assert balanced_rows(20, 8, 2) == 5 and balanced_rows(100, 100, 1) == 100
+
+
 def test_the_default_pipeline_carries_the_default_machines_options() -> None:
     """split-clusters' defaults are RNGD's: its pipeline writes no option; one cluster, or a
     chip of another balance, writes them."""
@@ -148,6 +160,7 @@ def test_the_default_pipeline_carries_the_default_machines_options() -> None:
     assert pipeline_for(rngd, topk_strategy="rank") == ",".join(FULL_PIPELINE).replace("lower-topk", "lower-topk{strategy=rank}")
     assert pipeline_for(rngd) == ",".join(FULL_PIPELINE).replace("lower-topk", "lower-topk{strategy=auto}")
     assert "split-clusters{clusters=1}" in pipeline_for(as_machine("rngd-cluster"))
+    assert "schedule-tokens{clusters=1}" in pipeline_for(as_machine("rngd-cluster"))
 
 
 @pytest.mark.parametrize("clusters", [1, 2, 4])

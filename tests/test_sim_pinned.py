@@ -68,9 +68,9 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (745495, 6554, 'a5ba67905cb4e674', 'e67713aed50e2805', '8699f8febf8f5015', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (74337, 6055, '982593a95b585c33', 'ebe474fcb7a58ab3', 'e77fbf6acd155751', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (31045, 2590, '13b11b192d09314c', '2022f8a4d745a1af', '6e8c1c86f10dff28', 'ab6ace93d3c51875'),
+    'qwen3 real dims T=64, cost-only, skewed': (745585, 6562, '8f2dce6b95683382', '78b3cabfd8de077b', 'c2825dcd38d9a5d4', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (71769, 6085, '5aa8a70aff974851', '0533eb30883c121d', '775fe47a4dd2879f', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (29173, 2620, 'b9a222066cd35655', 'e16143bd4ccae468', '68f151f862193226', 'ab6ace93d3c51875'),
     'deepseek_v3 T=48, values': (20523, 1438, '6f2735a00c572ef3', '9ed094ec1f171c10', '27b1556d581f299c', '82a5f6f1023632f3'),
     'gpt_oss_mxfp4 T=40, values': (23538, 2725, '4846a6155c294a2e', '016435de29cec6e1', 'b488747e324ca4f8', '778cfe00474e8a2b'),
 }

@@ -77,7 +77,7 @@ def test_spec_errors(tmp_path: Path, text: str, message: str) -> None:
 
 def test_pass_options_build_the_pipeline() -> None:
     def with_clusters(n: int) -> list[str]:
-        return [f"split-clusters{{clusters={n}}}" if p == "split-clusters" else p for p in FULL_PIPELINE]
+        return [f"{p}{{clusters={n}}}" if p in ("split-clusters", "schedule-tokens") else p for p in FULL_PIPELINE]
 
     assert pipeline_for({}, 2) == ",".join(with_clusters(2))
     assert pipeline_for({"lower-topk.strategy": "rounds"}, 1) == ",".join(
