@@ -11,15 +11,22 @@ default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30
 link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes a
 few of these combinations (`runs`), `--full` all of them. A row may split every expert over
 tp chips as well (`--mesh ep=N/tp,tp=...`: the tp chips of a group share their T tokens). The
-block size is run.py's rule on the tokens an expert receives (T * token shards * K / E);
-lower-topk's strategy is chosen by cost (`topk=auto`: each strategy simulated on the mesh,
-the cheaper kept).
+block size B is chosen by the cost model as `block=auto` chooses it on one chip, but on the
+mesh (`choose_mesh_block`: tcpc/autotune.py's candidates around the rows an expert receives
+under balanced routing, each simulated on every chip with the row's routing, the fewest
+cycles kept; every candidate's cycles are listed under the table); lower-topk's strategy is
+chosen by cost as well (`topk=auto`: each strategy simulated on the mesh, the cheaper kept).
 
 Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
 collectives (waiting included), and the ratio to a lower bound computed here from two limits,
 neither of which the simulator can beat:
-- the chip limit: the largest single-chip roofline among the chips (its own FLOPs at the
-  contraction peak, its own HBM bytes at HBM bandwidth; runtime_sim/perf/report.py);
+- the chip limit: the largest among the chips of each chip's own limit for the routing used,
+  computed here, not taken from the simulator's counters: max(FLOPs / 256 TFLOPS, minimal HBM
+  bytes / 1.5 TB/s) (schedule.py's `work_limit`, on the chip's SPMD program from
+  shard-experts before lowering): its tokens' router and shared expert (every matmul's
+  2 M N K), 2 x D x F (F / tp with tp) per projection for every pair routed to one of its
+  experts; its arguments once (its tokens, the router, the shared expert), of its experts'
+  weights only those of experts that receive a pair, once each; its output rows written once;
 - the link limit: for the routing used, the rows that must cross each chip's link in each
   direction (a token's row to every other chip holding one of its experts, once, and the
   result back: DeepEP's deduplicated dispatch), at the link's bandwidth (with tp, among the
@@ -45,10 +52,19 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 import tcpc  # noqa: E402
+from tcpc.autotune import choose_block  # noqa: E402
+from tcpc.builder import AutoBlock  # noqa: E402
+from tcpc.diagnostics import Loc  # noqa: E402
+from tcpc.program import function_in  # noqa: E402
 from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
 from runtime_sim.perf.mesh_simulate import MeshReport  # noqa: E402
 from dialects.annotations import PHASES  # noqa: E402
 from tcpc.mesh_run import MeshSpec, simulate_on_mesh  # noqa: E402
+
+if str(ROOT / "benchmarks") not in sys.path:  # schedule.py, the chip limit, next to this script
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from schedule import work_limit  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 
@@ -67,11 +83,6 @@ MODELS = (
 )
 DECODE = (1, 16, 128)
 PREFILL = 4096
-
-
-def block_size(tokens: int, k: int, experts: int) -> int:
-    rows = -(-tokens * k // experts)
-    return min(64, max(1, 1 << max(0, rows - 1).bit_length()))
 
 
 def link_bound_cycles(choices: np.ndarray, chips: int, experts: int, row_bytes: int, machine: MeshMachine) -> float:
@@ -93,6 +104,23 @@ def link_bound_cycles(choices: np.ndarray, chips: int, experts: int, row_bytes: 
     return float(np.maximum(out, into).max() * row_bytes / machine.link_bytes_per_cycle)
 
 
+def chip_limit_cycles(program: tcpc.Program, spec: MeshSpec, choices: np.ndarray, experts: int,
+                      machine: MeshMachine) -> list[float]:
+    """Each chip's limit in cycles for the routing `choices` (every token's experts, [T, K];
+    module docstring): the chip's SPMD program before lowering, the pairs routed to its
+    experts and how many of them receive one."""
+    graph = program.function()
+    sharded = function_in(program.lower(spec.pipeline(lowered=False)), graph.sym_name.data)
+    mesh = spec.mesh
+    local = experts // mesh.size("ep")
+    limits = []
+    for c in range(mesh.chips):
+        mine = choices[choices // local == mesh.coordinates(c).get("ep", 0)]
+        work = work_limit(sharded, int(mine.size), len(np.unique(mine)), local)
+        limits.append(work.seconds * machine.chip.clock_hz)
+    return limits
+
+
 @dataclass
 class Row:
     model: str
@@ -111,6 +139,9 @@ class Row:
     topk: str = ""
     phases: dict[str, int] | None = None
     """The slowest chip's critical-path cycles by phase."""
+    block: int = 0
+    tried: tuple[tuple[int, int], ...] = ()
+    """(block, cycles) of every block the cost model tried (empty: the block was given)."""
 
     @property
     def bound(self) -> float:
@@ -121,44 +152,78 @@ class Row:
         return self.total_cycles / self.bound if self.bound else math.inf
 
 
+def choose_mesh_block(model: Model, d: dict[str, int], spec: str, routing: str,
+                      machine: MeshMachine) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """The scatter's block size by the cost model, as `block=auto` chooses it on one chip
+    (tcpc/autotune.py's candidates and search) but simulated on the mesh: each candidate
+    compiled, sharded and simulated cost-only on every chip with the row's routing (lower-topk's
+    default strategy), the fewest cycles kept; and every (block, cycles) tried."""
+    auto = AutoBlock(model.name, Loc(0, 0), d["T"], d["K"], d["E"], None)
+
+    def cycles_of(block: int) -> int:
+        program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": block})
+        return simulate_on_mesh(program, MeshSpec.parse(spec), cost_only=True, routing=routing, seed=1,
+                                machine=machine).report.total_cycles
+
+    return choose_block(auto, cycles_of)
+
+
 def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
-             dims: dict[str, int] | None = None, machine: MeshMachine | None = None, tp: int = 1) -> Row:
+             dims: dict[str, int] | None = None, machine: MeshMachine | None = None, tp: int = 1,
+             block: int | None = None) -> Row:
     """One cost-only run of `model` with `tokens` per token shard on `chips` chips
-    (ep = chips / tp; the tp chips of a group share their tokens)."""
+    (ep = chips / tp; the tp chips of a group share their tokens); the block size `block`, or
+    chosen by the cost model (`choose_mesh_block`)."""
     machine = machine or load_mesh_machine()
     ep = chips // tp
     d = dict(dims or model.dims)
     d["T"] = tokens * ep
-    d["B"] = block_size(d["T"], d["K"], d["E"])
     start = time.perf_counter()
+    spec = f"ep={ep}" + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}"
+    tried: tuple[tuple[int, int], ...] = ()
+    if block is None:
+        block, tried = choose_mesh_block(model, d, spec, routing, machine)
+    d["B"] = block
     program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims=d)
-    spec = f"ep={ep}" + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy},topk=auto"
-    sim = simulate_on_mesh(program, MeshSpec.parse(spec), cost_only=True, routing=routing, seed=1, machine=machine)
+    sim = simulate_on_mesh(program, MeshSpec.parse(spec + ",topk=auto"), cost_only=True, routing=routing, seed=1,
+                           machine=machine)
     report: MeshReport = sim.report
     choices = next(iter(report.routing.values())).choices
+    chip_limits = chip_limit_cycles(program, MeshSpec.parse(spec), choices, d["E"], machine)
     row_bytes = 2 * d["D"]
     busy = [report.compute_busy(c) for c in range(chips)]
     slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
     topk = min(sim.topk_cycles, key=sim.topk_cycles.__getitem__) if sim.topk_cycles else ""
     return Row(model.title, chips, tokens, strategy, routing, report.total_cycles, report.communication_cycles,
-               max(r.roofline.cycles for r in report.chips),
+               max(chip_limits),
                link_bound_cycles(choices, ep, d["E"], row_bytes, machine),
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
-               tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases})
+               tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried)
 
 
 def table(rows: list[Row], clock_hz: float = 1e9) -> str:
     us = 1e6 / clock_hz
     lines = ["| model | chips | mesh | T per chip | strategy | routing | simulated µs | collectives | chip bound µs | "
-             "link bound µs | ratio to bound | busiest chip | imbalance | top-k | slowest chip by phase, µs | wall s |",
-             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
+             "link bound µs | ratio to bound | busiest chip | imbalance | top-k | B | slowest chip by phase, µs | wall s |",
+             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
     for r in rows:
         mesh = f"ep={r.chips // r.tp}" + (f",tp={r.tp}" if r.tp > 1 else "")
         phases = ", ".join(f"{p} {(r.phases or {})[p] * us:,.1f}" for p in PHASES if (r.phases or {}).get(p))
         lines.append(f"| {r.model} | {r.chips} | {mesh} | {r.tokens} | {r.strategy} | {r.routing} | "
                      f"{r.total_cycles * us:,.1f} | "
                      f"{r.communication_cycles / r.total_cycles:.0%} | {r.chip_bound * us:,.1f} | {r.link_bound * us:,.1f} | "
-                     f"{r.ratio:.2f} | {r.hot_chip} | {r.imbalance:.2f} | {r.topk} | {phases} | {r.seconds:.1f} |")
+                     f"{r.ratio:.2f} | {r.hot_chip} | {r.imbalance:.2f} | {r.topk} | {r.block} | {phases} | {r.seconds:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
+    """Every block size the cost model tried for each row, with its simulated µs."""
+    us = 1e6 / clock_hz
+    lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy):", ""]
+    for r in rows:
+        mesh = f"ep={r.chips // r.tp}" + (f",tp={r.tp}" if r.tp > 1 else "")
+        tried = ", ".join(f"{b}: {c * us:,.1f}" for b, c in r.tried) or "given"
+        lines.append(f"- {r.model}, {mesh}, T = {r.tokens} per chip, {r.strategy}, {r.routing}: {tried}")
     return "\n".join(lines) + "\n"
 
 
@@ -194,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     for model, chips, tokens, strategy, routing, tp in runs(args.quick, args.full):
         rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine, tp=tp))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    text = table(rows)
+    text = table(rows) + "\n" + tried_blocks(rows)
     print(text)
     out = args.out or (None if args.quick else str(Path(__file__).parent / "mesh.md"))
     if out:

@@ -96,6 +96,15 @@ def chip_limit(graph: func.FuncOp, tokens: int, k: int, experts: int) -> Limit:
     """The layer's FLOPs and minimal HBM bytes from its graph-level IR (see the docstring);
     the experts used are those of the balanced routing scenario."""
     used = len(np.unique(scenario_choices("balanced", tokens, k, experts)))
+    return work_limit(graph, tokens * k, used, experts)
+
+
+def work_limit(graph: func.FuncOp, pairs: int, used: int, experts: int) -> Limit:
+    """FLOPs and minimal HBM bytes of `graph` (graph-level IR, or one chip's SPMD program before
+    lowering: its per-chip shapes) when `pairs` routed pairs go through its grouped matmuls and
+    `used` of its `experts` experts receive one: every matmul's 2 M N K, 2 x pairs x the
+    weight's two dims per grouped matmul; every argument once, of the per-expert ones (what
+    the grouped matmuls read) only the used experts' share; the outputs written once."""
     args = list(graph.body.block.args)
     per_expert: set[int] = set()
     flops = 0
@@ -105,7 +114,7 @@ def chip_limit(graph: func.FuncOp, tokens: int, k: int, experts: int) -> Limit:
             flops += 2 * math.prod(out) * shape_of(op.operands[0].type)[-1]
         elif isinstance(op, GroupedMatmulOp):
             w = shape_of(op.operands[1].type)
-            flops += 2 * tokens * k * w[-2] * w[-1]
+            flops += 2 * pairs * w[-2] * w[-1]
             per_expert.update(args.index(v) for v in (op.weight, op.bias) if v in args)
     hbm = 0
     for i, arg in enumerate(args):

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, i32, i64
-from xdsl.ir import Dialect
+from xdsl.ir import Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
@@ -307,6 +307,56 @@ class A2APlanOp(_Collective):
             expect(self.capacity_limit is not None, "chip_counts rank pairs for a capacity: give one")
 
 
+@irdl_op_definition
+class A2ATokensOp(_Collective):
+    """The deduplicated dispatch of an all-to-all plan (DeepEP's): a token's row crosses the
+    link once to each chip that owns one of its pairs' slots, and that chip copies it to each
+    of the token's slots. From `slot_rows` [T, K] (ccl.a2a_plan's: dest * S + slot, -1 dropped):
+    `token_rows[t, d] = d * T + r`, r the token's rank among this chip's tokens with a pair
+    bound for chip d (-1: none), the rows of the token send buffer [chips * T]; `slot_tokens[d, s]`
+    where the token of slot s towards chip d lands in chip d's token receive buffer
+    [chips * T]: me * T + r (me: this chip's place in the group; -1 for an empty slot);
+    `counts[d]` the tokens sent to chip d. T rows per destination is the exact worst case
+    (every token with a pair there)."""
+
+    name = "ccl.a2a_tokens"
+    slot_rows = operand_def(TensorType)
+    token_rows = result_def(TensorType)
+    slot_tokens = result_def(TensorType)
+    counts = result_def(TensorType)
+    axis = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$slot_rows `over` $axis attr-dict `:` type($slot_rows) `->` type($token_rows) `,` type($slot_tokens) "
+        "`,` type($counts)"
+    )
+
+    def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int):
+        t, _ = shape_of(slot_rows.type)
+        super().__init__(
+            operands=[slot_rows],
+            result_types=[TensorType(i32, [t, chips]), TensorType(i32, [chips, slots]), TensorType(i32, [chips])],
+            properties=_axis_props(axis, chips))
+
+    @property
+    def slots(self) -> int:
+        return shape_of(self.slot_tokens.type)[1]
+
+    def verify_(self) -> None:
+        self._verify_group()
+        n = self.group_size
+        shape = shape_of(self.slot_rows.type)
+        expect(len(shape) == 2 and self.slot_rows.type.get_element_type() == i32,
+               f"slot_rows {format_type(self.slot_rows.type)} is not i32 [T, K]")
+        expect(self.token_rows.type == TensorType(i32, [shape[0], n]), f"token_rows must be i32 [{shape[0]}, {n}]")
+        slots = shape_of(self.slot_tokens.type)
+        expect(len(slots) == 2 and slots[0] == n and self.slot_tokens.type.get_element_type() == i32,
+               f"slot_tokens must be i32 [{n}, S]")
+        expect(self.counts.type == TensorType(i32, [n]), f"counts must be i32 [{n}]")
+
+
 COLLECTIVES = (AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp)
 """The ops that exchange values between chips (every chip runs each at the same point)."""
 
@@ -384,4 +434,4 @@ class Mesh:
         return ",".join(f"{a}={s}" for a, s in self.axes)
 
 
-CCL = Dialect("ccl", [AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp, ChipIdOp, A2APlanOp], [])
+CCL = Dialect("ccl", [AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp, ChipIdOp, A2APlanOp, A2ATokensOp], [])

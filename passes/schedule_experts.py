@@ -160,8 +160,11 @@ def _root(value: SSAValue) -> Operation | None:
 
 def is_dispatch_gather(op: Operation, blocks: int) -> bool:
     """The dispatch: the tokens' rows gathered into G blocks by each row's token
-    (lower-dispatch's `tcp.dma_gather %x[%block_tokens]`); the loop gathers one block's rows."""
-    return isinstance(op, tcp.DmaGatherOp) and phase_of(op) == "dispatch" and leading(op.indices) == blocks
+    (lower-dispatch's `tcp.dma_gather %x[%block_tokens]`, indices [G, B]); the loop gathers one
+    block's rows. Another dispatch gather (a mesh receiver copying its tokens to their slots,
+    one index per row) is not one, even with G rows."""
+    return (isinstance(op, tcp.DmaGatherOp) and phase_of(op) == "dispatch" and leading(op.indices) == blocks
+            and len(shape_of(op.indices.type)) == 2)
 
 
 def read_by_combine(value: SSAValue, inside: set[Operation]) -> bool:

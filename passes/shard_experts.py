@@ -9,8 +9,10 @@ op on tokens keeps its meaning on the chip's tokens; only the MoE ops change:
 
 `strategy=a2a` (DeepEP; seed 001): `ccl.a2a_plan` gives each (token, choice) pair its slot in a
 static per-destination buffer (the chip owning its expert, S slots each, S the exact worst
-case `ccl.a2a_slots`); a DMA row scatter packs the tokens; `ccl.all_to_all` sends them (and
-each slot's local expert) to the owning chips, which route what they received with an ordinary
+case `ccl.a2a_slots`); `ccl.a2a_tokens` deduplicates: a DMA row scatter packs each token once
+per destination chip, `ccl.all_to_all` sends the tokens (and each slot's token and local
+expert) to the owning chips, each of which copies a token to its slots (a DMA gather) and
+routes what it received with an ordinary
 `moe.scatter` over their E/ep experts (slots arrive in source-chip order and token-major within
 a source, the global token-major order, so a capacity drops exactly what one chip drops), run
 the blockwise experts, combine without weights (one row per slot) and send the rows back; the
@@ -435,12 +437,21 @@ class _A2A(_Strategy):
         x, top_e = b.value(op.input), b.value(op.expert_idx)
         plan = self.plan = self._plan(top_e)
         slots = plan.slots
-        rows = b.add(tcp.DmaScatterOp(x, plan.slot_rows, ep * slots), "send_rows").results[0]
-        send = b.reshape(rows, [ep, slots, d], "send_x")
+        # A token's row crosses once to each chip holding one of its pairs (ccl.a2a_tokens);
+        # the receiver copies it to each of the token's slots, so the slots hold what a
+        # per-pair send would have put there.
+        tokens = b.add(ccl.A2ATokensOp(plan.slot_rows, EP, ep, slots))
+        for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
+            r.name_hint = name
+        rows = b.add(tcp.DmaScatterOp(x, tokens.token_rows, ep * tl), "send_rows").results[0]
+        send = b.reshape(rows, [ep, tl, d], "send_x")
         self.recv_counts = b.add(ccl.AllToAllOp(plan.counts, EP, ep), "recv_counts").results[0]
-        recv = b.add(ccl.AllToAllOp(send, EP, ep, rows=plan.counts), "recv_x").results[0]
+        recv = b.add(ccl.AllToAllOp(send, EP, ep, rows=tokens.counts), "recv_x").results[0]
+        recv_t = b.add(ccl.AllToAllOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens").results[0]
         recv_e = b.add(ccl.AllToAllOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts").results[0]
-        recv_rows = b.reshape(recv, [ep * slots, d], "recv_rows")
+        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
+        slot_token = b.reshape(recv_t, [ep * slots], "slot_token")
+        recv_rows = b.add(tcp.DmaGatherOp(recv_tokens, slot_token), "recv_rows").results[0]
         column = b.reshape(recv_e, [ep * slots, 1])
         one = b.const(1, i32)
         local = b.add(tmath.SubOp(column, one, TensorType(i32, [ep * slots, 1])), "recv_local_expert").results[0]

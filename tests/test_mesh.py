@@ -6,16 +6,18 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
+import threading
 
 import numpy as np
 import pytest
-from xdsl.utils.exceptions import PassFailedException
+from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 import tcpc
 from dialects import ccl, moe
 from runtime_sim.perf.machine import MachineError
 from runtime_sim.perf.mesh_machine import load_mesh_machine
-from runtime_sim.semantics.ccl_semantics import a2a_plan, all_to_all, reduce_sum
+from runtime_sim.semantics.ccl_semantics import MeshExchange, a2a_plan, all_to_all, reduce_sum
 from runtime_sim.semantics.tolerance import compare_outputs
 from tcpc.cli import main
 from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
@@ -153,9 +155,11 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
          "chip: missing"),
         ('extends = "rngd_pcie"\n[mesh]\nshape = [2, 0]\n', "[mesh] shape: expected a list of positive integers"),
         ('extends = "rngd_pcie"\n[link]\nbandwidth = 3\n', "[link] bandwidth: unknown key"),
+        ('extends = "rngd_pcie"\nchip = "tpu"\n', "chip: 'tpu' is neither a built-in chip machine (rngd, rngd-cluster)"),
+        ('this is not a mesh file ]]\n', "not valid TOML"),
     ]:
         bad.write_text(text)
-        with pytest.raises(MachineError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        with pytest.raises(MachineError, match=re.escape(message)):
             load_mesh_machine(bad)
         assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine", str(bad)]) == 1
         assert capsys.readouterr().err.startswith("tcpc: error: ")
@@ -179,6 +183,15 @@ def test_cli_check_report_and_trace(capsys: pytest.CaptureFixture[str], tmp_path
     assert "ccl.all_to_all" in capsys.readouterr().out
 
 
+def test_deepseek_routing_on_8_chips_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's acceptance line: DeepSeek-V3's routing (E = 256, top-8 of 4 of 8 groups) at
+    small D and F, 32 experts per chip, bit-identical to one chip."""
+    sets = [a for d in ("E=256", "K=8", "NG=8", "TG=4", "T=64") for a in ("--set", d)]
+    assert main(["run", "examples/deepseek_v3.moe", *sets, "--mesh", "ep=8", "--check", "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "check: out0 identical" in out and "hottest chip" in out
+
+
 def test_skewed_routing_shows_the_hot_chip() -> None:
     program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32})
     spec = MeshSpec.parse("ep=4")
@@ -187,7 +200,64 @@ def test_skewed_routing_shows_the_hot_chip() -> None:
     received = [skewed.link_bytes(c)[1] for c in range(4)]
     assert max(range(4), key=received.__getitem__) == 0  # Zipf: experts 0.. are the popular ones
     assert len({balanced.link_bytes(c)[1] for c in range(4)}) == 1
-    assert skewed.imbalance(received) > 1.2
+    sent = [skewed.link_bytes(c)[0] for c in range(4)]  # the hot chip returns a row per pair it computed
+    busy = [skewed.compute_busy(c) for c in range(4)]
+    assert skewed.imbalance(sent) > 1.2 and skewed.imbalance(busy) > 1.2
+
+
+def test_cost_only_with_chips_that_receive_nothing() -> None:
+    """Balanced routing of 8 tokens x K = 8 fills experts 0..63 of 256: chips 2..7 receive no
+    pair, skip their expert loops and send back real zeros where chips 0 and 1 send
+    placeholders; the chips still meet at every collective (this hung)."""
+    program = tcpc.compile_file("examples/deepseek_v3.moe", dims={"T": 8, "E": 256, "K": 8, "NG": 8, "TG": 4, "B": 1})
+    report = simulate_on_mesh(program, MeshSpec.parse("ep=8"), cost_only=True, routing="balanced").report
+    received = [report.link_bytes(c)[1] for c in range(8)]
+    assert received[0] > 0 and received[1] > 0
+    assert len({len([x for x in report.links if x.chip == c]) for c in range(8)}) == 1
+
+
+@pytest.mark.parametrize("tokens, k, experts, chips", [(3, 2, 4, 2), (2, 3, 6, 3), (2, 2, 8, 4)])
+def test_token_dispatch_fills_every_slot_with_its_token(tokens: int, k: int, experts: int, chips: int) -> None:
+    """ccl.a2a_tokens over every routing of small sizes: each token crosses once to each chip
+    holding one of its pairs, and the receiver's copy by slot puts in every slot exactly the
+    token a per-pair send would have put there."""
+    from runtime_sim.semantics.ccl_semantics import a2a_tokens
+
+    slots = ccl.a2a_slots(tokens, k, experts // chips)
+    for choice in itertools.product(itertools.permutations(range(experts), k), repeat=tokens):
+        top = np.array(choice, dtype=np.int32)
+        rows, _, _ = a2a_plan(top, chips, experts, slots)
+        me = 1
+        token_rows, slot_tokens, counts = a2a_tokens(rows, chips, slots, me)
+        owners = top // (experts // chips)
+        assert counts.tolist() == [int((owners == d).any(axis=1).sum()) for d in range(chips)]
+        sent = np.full(chips * tokens, -1)
+        for t in range(tokens):
+            for d in np.flatnonzero(token_rows[t] >= 0):
+                sent[token_rows[t, d]] = t  # the token send buffer: token t in chip d's slice
+        by_slot = np.full(chips * slots, -1)
+        by_slot[rows[rows >= 0]] = np.broadcast_to(np.arange(tokens)[:, None], rows.shape)[rows >= 0]
+        for d in range(chips):  # chip d's receive buffer holds this chip's slice d at slice `me`
+            got = [sent[d * tokens + v - me * tokens] if v >= 0 else -1 for v in slot_tokens[d]]
+            assert got == by_slot[d * slots:(d + 1) * slots].tolist()
+
+
+def test_chips_meeting_at_different_points_is_an_error() -> None:
+    exchange = MeshExchange(ccl.Mesh.parse("ep=2"))
+    errors: list[BaseException] = []
+
+    def chip(c: int) -> None:
+        try:
+            exchange.collect(c, c, "ccl.all_to_all %x") if c == 0 else exchange.finish(c)
+        except InterpretationError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=chip, args=(c,)) for c in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(errors) == 2 and "chip 0: ccl.all_to_all %x; chip 1: the end of the function" in str(errors[0])
 
 
 def test_collectives_wait_for_the_slowest_chip() -> None:
@@ -279,18 +349,41 @@ def test_benchmark_rows_stay_above_their_bound() -> None:
     bench = load_script("mesh")
     model = bench.MODELS[1]
     tiny = dict(D=16, F=32, E=8, K=2)
-    for chips, tp, strategy, routing in ((2, 1, "a2a", "balanced"), (2, 1, "allgather", "skewed"),
-                                         (4, 2, "a2a", "balanced")):
-        row = bench.mesh_row(model, chips, 4, strategy, routing, dims=tiny, tp=tp)
+    for chips, tp, strategy, routing, block in ((2, 1, "a2a", "balanced", None), (2, 1, "allgather", "skewed", 2),
+                                                (4, 2, "a2a", "balanced", 2)):
+        row = bench.mesh_row(model, chips, 4, strategy, routing, dims=tiny, tp=tp, block=block)
         assert row.total_cycles >= row.bound > 0 and 0 < row.communication_cycles < row.total_cycles
         mesh = "ep=2" + (",tp=2" if tp > 1 else "")
         assert f"| {chips} | {mesh} | 4 | {strategy} | {routing} |" in bench.table([row])
         assert row.topk in ("rank", "rounds") and sum(row.phases.values()) == row.total_cycles
+        if block is None:  # chosen by cost on the mesh
+            assert dict(row.tried)[row.block] == min(c for _, c in row.tried)
     choices = np.array([[0, 1], [2, 3], [0, 2], [1, 3]], dtype=np.int32)  # chips 0, 0 | 1, 1 of E = 4
     machine = load_mesh_machine()
     # chip 0: its token 1 goes to chip 1 and comes back; both tokens of chip 1 come in and their
     # results go out: 3 rows each way
     assert bench.link_bound_cycles(choices, 2, 4, 30, machine) == 3 * 30 / machine.link_bytes_per_cycle
+
+
+def test_benchmark_chip_limit_is_each_chips_own_work() -> None:
+    """Qwen3 at D 16, F 32, E 8 on ep=2 (chip 0: experts 0-3, chip 1: 4-7), T = 4 tokens, K = 2:
+    chip 0 receives 5 pairs on experts 0, 1 and 2, chip 1 3 pairs on expert 5; each chip's
+    FLOPs and minimal bytes from its own tokens, pairs and used experts."""
+    from benchmark_scripts import load_script
+
+    bench = load_script("mesh")
+    dims = dict(T=4, D=16, F=32, E=8, K=2, B=2)
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims=dims)
+    choices = np.array([[0, 1], [2, 5], [0, 5], [1, 5]], dtype=np.int32)
+    machine = load_mesh_machine()
+    limits = bench.chip_limit_cycles(program, MeshSpec.parse("ep=2"), choices, 8, machine)
+
+    def limit(pairs: int, used: int) -> float:
+        flops = 2 * 2 * 16 * 8 + pairs * 3 * 2 * 16 * 32  # its 2 tokens' router, 3 projections per pair
+        hbm = 2 * 16 * 2 + 16 * 8 * 2 + used * 3 * 16 * 32 * 2 + 2 * 16 * 2  # x, router, used experts, out
+        return max(flops / 256e12, hbm / 1.5e12) * machine.chip.clock_hz
+
+    assert limits == pytest.approx([limit(5, 3), limit(3, 1)])
 
 
 def test_reference_scatter_drops_pairs_routed_to_no_expert() -> None:

@@ -22,7 +22,9 @@ link model (mesh_machine.py; numbers in machines/rngd_pcie.toml):
 
 `ccl.a2a_plan` is index work on the vector engine, charged as the lowered routing's equivalent
 with chips for experts (lower-routing's pair cumsum over [T*K, chips] and five elementwise
-invocations over it: one-hot, mask, rank gather, row, slot expert).
+invocations over it: one-hot, mask, rank gather, row, slot expert); `ccl.a2a_tokens` likewise
+(a cumsum over [T, chips] and three invocations over [T*K, chips]: one-hot, any over K, the
+slots' token rows).
 """
 
 from __future__ import annotations
@@ -51,6 +53,22 @@ def cost_a2a_plan(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
     scan, bound = scan_cycles(machine, n, t * k)
     return OpCost("tensor", PLAN_STREAMS * stream + scan, bytes_moved=4 * (PLAN_STREAMS + 1) * 2 * t * k * n,
+                  bound=bound)
+
+
+TOKEN_STREAMS = 3
+"""Elementwise vector invocations over [T*K, chips] charged for one `ccl.a2a_tokens`."""
+
+
+def cost_a2a_tokens(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    """Index work as `ccl.a2a_plan`'s: each pair's destination one-hot over the chips and its
+    any over K, the token rank (a cumsum over [T, chips]) and the slots' token rows."""
+    assert isinstance(op, ccl.A2ATokensOp)
+    t, k = shape_of(op.slot_rows.type)
+    n = op.group_size
+    stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
+    scan, bound = scan_cycles(machine, n, t)
+    return OpCost("tensor", TOKEN_STREAMS * stream + scan, bytes_moved=4 * (TOKEN_STREAMS + 1) * 2 * t * k * n,
                   bound=bound)
 
 
@@ -113,6 +131,7 @@ def provisional_cost(op: Operation, operands: tuple[Any, ...], results: tuple[An
 def register_ccl_costs() -> None:
     """The cost of every `ccl` op, and the operand whose values an all-to-all's cost reads."""
     register_cost(ccl.A2APlanOp)(cost_a2a_plan)
+    register_cost(ccl.A2ATokensOp)(cost_a2a_tokens)
     register_cost(*ccl.COLLECTIVES)(provisional_cost)
     register_cost(ccl.ChipIdOp)(free_cost)
     for op in (ccl.AllToAllOp, ccl.AllReduceOp):

@@ -60,6 +60,10 @@ def load_mesh_machine(path: str | Path | None = None) -> MeshMachine:
     if not isinstance(chip, str) or not chip:
         raise _error(path, "chip", "missing: the single-chip machine every chip is (a name such as \"rngd\" or a path)")
     chip_path = MACHINES_DIR / f"{chip}.toml" if (MACHINES_DIR / f"{chip}.toml").exists() else path.parent / chip
+    if not chip_path.exists():
+        built_in = sorted(p.stem for p in MACHINES_DIR.glob("*.toml") if "link" not in _read(p))
+        raise _error(path, "chip", f"'{chip}' is neither a built-in chip machine ({', '.join(built_in)}) "
+                                   f"nor a file {chip_path}")
     machine = load_machine(chip_path)
     link = data.get("link")
     if not isinstance(link, dict):

@@ -41,7 +41,8 @@ from runtime_sim.perf.report import SimReport
 from runtime_sim.perf.scheduler import schedule
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import own_dma_units, pinned_units, simulate_trace, trace_recorder
-from runtime_sim.semantics.ccl_semantics import CCLFunctions, ChipInterpreter, MeshExchange, plain_chip, run_mesh
+from runtime_sim.semantics.ccl_semantics import (CCLFunctions, ChipInterpreter, MeshExchange, collective_label,
+                                                   plain_chip, run_mesh)
 from runtime_sim.semantics.executor import function_named
 
 _COLLECTIVE_NAMES = {c.name for c in ccl.COLLECTIVES}
@@ -75,13 +76,19 @@ class TrafficRecorder(Interpreter.Listener):
 
 
 class ShapeOnlyCCLFunctions(CCLFunctions):
-    """Cost-only mode's `ccl` ops on one chip: one with a placeholder operand exchanges nothing
-    and yields placeholders (every chip has placeholders there, the program being the same);
-    one with values computes them first and runs at once (a lazy collective would meet the
-    other chips at a different point)."""
+    """Cost-only mode's `ccl` ops on one chip: one with a placeholder operand yields
+    placeholders; one with values computes them first and runs at once (a lazy collective would
+    meet the other chips at a different point). Whether an operand has values can depend on the
+    routing (a chip that receives no pair skips its expert loop, and its rows to send back are
+    real zeros while another chip's are placeholders), so the chips of the mesh first agree at
+    every collective: placeholders on every chip if any chip has one, else the exchange; every
+    chip meets the others at every collective, as the program says."""
 
     def run_now(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-        if any(is_placeholder(v) for v in inputs):
+        shapes_only = any(is_placeholder(v) for v in inputs)
+        if isinstance(op, ccl.COLLECTIVES) and self.exchange is not None:
+            shapes_only = any(self.exchange.collect(self.chip, shapes_only, f"{collective_label(op)} (placeholders?)"))
+        if shapes_only:
             sources = frozenset().union(*(getattr(v, "sources", frozenset()) for v in inputs))
             return tuple(placeholder(r.type, sources) for r in op.results)
         values = tuple(v.force() if isinstance(v, Lazy) else v for v in inputs)

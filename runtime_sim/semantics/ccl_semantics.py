@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
+from xdsl.ir import Operation
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects import ccl
@@ -70,25 +71,58 @@ def a2a_plan(experts_idx: np.ndarray, chips: int, experts: int, slots: int,
     return rows.reshape(experts_idx.shape).astype(np.int32), slot_experts.reshape(chips, slots), counts
 
 
+def a2a_tokens(slot_rows: np.ndarray, chips: int, slots: int, me: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`ccl.a2a_tokens`: token rows [T, chips] (d * T + rank, -1), slot tokens [chips, S]
+    (me * T + the slot's token's rank, -1 empty), counts [chips]."""
+    t = slot_rows.shape[0]
+    kept = slot_rows >= 0
+    dest = np.where(kept, slot_rows // max(slots, 1), -1)
+    has = (dest[:, :, None] == np.arange(chips)).any(axis=1)  # [T, chips]
+    rank = np.cumsum(has, axis=0) - 1
+    token_rows = np.where(has, np.arange(chips) * t + rank, -1)
+    slot_tokens = np.full(chips * slots, -1, dtype=np.int64)
+    tokens = np.broadcast_to(np.arange(t)[:, None], slot_rows.shape)
+    slot_tokens[slot_rows[kept]] = me * t + rank[tokens[kept], dest[kept]]
+    return (token_rows.astype(np.int32), slot_tokens.reshape(chips, slots).astype(np.int32),
+            has.sum(axis=0).astype(np.int32))
+
+
 class MeshExchange:
     """Where the chips of a mesh meet at each collective. `collect` hands over this chip's
     value and returns every chip's (in chip order) once all have arrived; a chip that fails
-    breaks the barrier, so the others stop instead of waiting forever."""
+    breaks the barrier, so the others stop instead of waiting forever. Every chip says where it
+    is (`what`, and at the end of the function `finish`): chips that meet at different points
+    of the program (one ran a collective the others did not, or finished) is an error on every
+    chip, not a hang or an exchange of unrelated values."""
 
     def __init__(self, mesh: ccl.Mesh):
         self.mesh = mesh
         self._values: list[Any] = [None] * mesh.chips
+        self._where: list[str] = [""] * mesh.chips
         self._barrier = threading.Barrier(mesh.chips)
 
-    def collect(self, chip: int, value: Any) -> list[Any]:
+    def collect(self, chip: int, value: Any, what: str = "a collective") -> list[Any]:
         self._values[chip] = value
+        self._where[chip] = what
         self._barrier.wait()
-        values = list(self._values)
+        values, where = list(self._values), list(self._where)
+        if len(set(where)) > 1:
+            points = "; ".join(f"chip {c}: {w}" for c, w in enumerate(where))
+            raise InterpretationError(f"the chips of the mesh reached different points of the program ({points})")
         self._barrier.wait()  # nobody overwrites a value before everyone has read it
         return values
 
+    def finish(self, chip: int) -> None:
+        """Meet the other chips at the end of the function."""
+        self.collect(chip, None, "the end of the function")
+
     def abort(self) -> None:
         self._barrier.abort()
+
+
+def collective_label(op: Operation) -> str:
+    """`ccl.all_to_all %recv_x`: how the chips name the collective they meet at."""
+    return " ".join([op.name, *(f"%{r.name_hint}" for r in op.results if r.name_hint)])
 
 
 @register_impls
@@ -107,7 +141,7 @@ class CCLFunctions(InterpreterFunctions):
         if mesh.size(op.axis_name) != op.group_size:
             raise InterpretationError(f"{op.name} spans {op.group_size} chips along {op.axis_name}, "
                                       f"the mesh {mesh} has {mesh.size(op.axis_name)}")
-        everyone = self.exchange.collect(self.chip, value)
+        everyone = self.exchange.collect(self.chip, value, collective_label(op))
         group = mesh.group(self.chip, op.axis_name)
         return [everyone[c] for c in group], group.index(self.chip)
 
@@ -146,6 +180,13 @@ class CCLFunctions(InterpreterFunctions):
         return a2a_plan(np.asarray(args[0]), op.group_size, op.experts.value.data, op.slots, op.capacity_limit,
                         earlier)
 
+    @impl(ccl.A2ATokensOp)
+    def run_a2a_tokens(self, interpreter: Interpreter, op: ccl.A2ATokensOp, args: tuple[Any, ...]):
+        me = 0
+        if self.exchange is not None:
+            me = self.exchange.mesh.group(self.chip, op.axis_name).index(self.chip)
+        return a2a_tokens(np.asarray(args[0]), op.group_size, op.slots, me)
+
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
 """(module, exchange, chip) -> the interpreter chip `chip` runs on, its listeners attached."""
@@ -176,6 +217,7 @@ def run_mesh(module: ModuleOp, function: str, mesh: ccl.Mesh, args: Sequence[Seq
             runner = interpreter(module, exchange, chip)
             with np.errstate(all="ignore"):
                 outputs[chip] = tuple(runner.call_op(function, tuple(args[chip])))
+            exchange.finish(chip)
         except threading.BrokenBarrierError as e:
             errors[chip] = e
         except BaseException as e:  # noqa: BLE001 - handed to the caller below
