@@ -35,11 +35,11 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   (`tile.slice`), loaded a block at a time when in HBM (`tile.load`);
 - a result used after the loop is stored a block at a time into an HBM buffer (`tile.buffer`,
   `tile.store`), which the combine's gather then reads;
-- double buffering: a row gather or row tile load of block g waits (an `after` operand) for the last
-  contraction of block g - 2, the last reader of that block's tiles, so the tiles of two blocks
-  are in SRAM at a time and the DMA of block g runs while block g - 1 contracts; an expert's
-  weight load waits for block g - 4 (`WEIGHT_AHEAD`), so the next expert's weights arrive
-  while the current expert's last blocks contract.
+- prefetching: a row gather or row tile load of block g waits (an `after` operand) for the last
+  contraction of block g - 4 (`ROWS_AHEAD`), the last reader of that block's tiles, so the row
+  tiles of four blocks are in SRAM at a time and the DMA of block g runs while blocks g - 3 to
+  g - 1 contract; an expert's weight load waits for block g - 4 too (`WEIGHT_AHEAD`), so the
+  next expert's weights arrive while the current expert's last blocks contract.
 
 - F tiles (passes/f_tiles.py): when the plan is up-projections, column work and one
   down-projection (a SwiGLU or a plain MLP), the block's work runs per tile of F: each tile
@@ -73,7 +73,7 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
 from dialects.tensor_types import shape_of, stored_bytes
-from passes.f_tiles import CLUSTER_SRAM_BYTES, CONTRACTIONS, FRegion, choose_f_tile, find_f_region
+from passes.f_tiles import CLUSTER_SRAM_BYTES, CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
 from passes.loop_builder import (
     ZERO_OPERAND_VE,
     clone_rows,
@@ -87,8 +87,18 @@ from passes.loop_builder import (
     tile_type,
 )
 
-TILE_AHEAD = 2
-"""A block's row tiles are fetched once block g - 2 has contracted: two blocks' tiles in SRAM."""
+TILE_AHEAD = TILES_IN_FLIGHT
+"""A streamed F tile's loads wait for the down-projection two tiles earlier (passes/f_tiles.py)."""
+ROWS_AHEAD = 4
+"""A block's row tiles are fetched once block g - 4 has contracted: four blocks' row tiles in
+SRAM (B x D each: 64 KB for issue #12's sweep layer, 1 MB for Qwen3-30B-A3B at B = 256, next
+to megabytes of weights). The DMA engines run their commands in order, so a row gather issued
+before its tile's space is free takes an engine and holds it idle until the contraction that
+frees the space ends, while weight loads issued after it queue; with block g - 2 the sweep's
+layer (cost-only, balanced) spent a share of its engines' time in the expert loop so
+idle (11% at T = 448), and T = 448 took more cycles than T = 456 (198,532 against 195,960).
+With g - 4 the gathers are ready when an engine frees: 185,437 and 186,084 cycles; no cell of
+benchmarks/schedule.py moves. At most `WEIGHT_AHEAD` (the waits the loop carries)."""
 SCALES_AHEAD_ROW_BYTES = 16 * 1024
 """Weight scales of at most this many bytes per expert are gathered for every block at once,
 before the loop (`gathered_ahead`): a command moving so few takes mostly its start-up (RNGD:
@@ -101,6 +111,7 @@ SCALES_AHEAD_BYTES = 1 << 20
 WEIGHT_AHEAD = 4
 """An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
 every few blocks) has the time of up to three blocks' contractions to arrive."""
+assert ROWS_AHEAD <= WEIGHT_AHEAD
 
 
 def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: str = "experts") -> bool:
@@ -271,7 +282,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         w.name_hint = f"done_{i + 1}_ago"
     for i, w in enumerate(tile_done_args):
         w.name_hint = f"f_tile_done_{n_tile_waits - i}_ago"
-    tile_wait, weight_wait = waits[TILE_AHEAD - 1], waits[WEIGHT_AHEAD - 1]
+    tile_wait, weight_wait = waits[ROWS_AHEAD - 1], waits[WEIGHT_AHEAD - 1]
 
     mapping: dict[SSAValue, SSAValue] = {}
 
@@ -323,7 +334,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         issue commands in program order, so streamed tiles place the loads of tile t + 1
         before the work of tile t (they wait, by `after`, for the down-projection of tile
         t - 1); resident tiles, mostly reused, are emitted as built, each load just before its first
-        reader and before the block's row tiles, which wait for block g - 2 (measured better:
+        reader and before the block's row tiles, which wait for block g - 4 (measured better:
         Qwen3-30B-A3B, T = 1024, one cluster, before the whole-chip merge: 1.40 M against
         1.47 M cycles)."""
         assert region is not None

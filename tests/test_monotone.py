@@ -19,7 +19,18 @@ whole sweep (T from 128 to 1024 in steps of 8, SRAM and HBM upward):
   for its inputs took an engine idle since long ago and a row load ready earlier queued behind
   it (at T = 776 the expert loop slowed by a sixth); it now takes the best fit, which gives every
   command the same start and leaves the long-idle engines to later commands. List scheduling
-  is not monotone by construction in general (Graham's anomalies): the sweeps check it.
+  is not monotone by construction in general (Graham's anomalies): the sweeps check it;
+- T 720 -> 728 (and 616 -> 624, 688 -> 696, 760 -> 768, three blocks per expert): a block
+  reusing the previous block's weights ran its `tile.load_expert` guard on a DMA engine only
+  once the previous tile had arrived, and the next expert's 1 MB load, issued after it,
+  queued behind it there, so two loads ran in turn on one engine however the blocks fell (the
+  reused tile is now passed through: the guard waits for nothing, its readers wait for the
+  load, tile_cost.py);
+- T 448 -> 456 (two blocks per expert; it fell by 0.7% once, and by 1.3% with the reused
+  tile passed through): a block's row gather waited for block g - 2's contraction, holding a
+  DMA engine idle while weight loads queued behind it (11% of the engines' time in the expert
+  loop at T = 448), and which gathers held which engines depended on how the blocks fell (row
+  tiles are now fetched four blocks ahead, schedule-experts' ROWS_AHEAD).
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_parts
 
 monotone = load_script("monotone")
 
-TOKEN_STEPS = [(256, 264), (360, 368), (512, 520), (1016, 1024)]
+TOKEN_STEPS = [(256, 264), (360, 368), (448, 456), (512, 520), (720, 728), (1016, 1024)]
 
 
 @pytest.mark.parametrize("fewer, more", TOKEN_STEPS, ids=[f"T{a}-T{b}" for a, b in TOKEN_STEPS])

@@ -98,6 +98,27 @@ def test_each_expert_is_loaded_once_per_run_of_its_blocks() -> None:
     assert all(o.hbm_bytes >= 256 * 128 * 2 for o in fetched)
 
 
+def test_a_reused_weight_tile_is_passed_through() -> None:
+    """A block of the previous block's expert reuses its weight tile: the guard deciding so does
+    not wait for that tile to arrive (on a DMA engine it held the engine, and the next expert's
+    load, issued after it, queued behind it) and takes no new SRAM; the contraction reading the
+    tile waits for the load that fetched it."""
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe", dims=QWEN3_SMALL_PREFILL)
+    module = program.lower("pin-routing," + ",".join(FULL_PIPELINE))
+    trace = simulate_cost_only(module, program.function().sym_name.data, routing="balanced").trace
+    assert trace is not None
+    ops = trace.ops
+
+    def fetches(i: int) -> bool:
+        return ops[i].name == "tile.load_expert" and ops[i].cost.bound != "guard (reused)"
+
+    reused = {t.index for t in ops if t.name == "tile.load_expert" and t.cost.bound == "guard (reused)"}
+    assert len(reused) == 3 * 16 * 3  # each expert's 3 weights, in the 3 blocks after its first
+    assert all(not any(fetches(d) for d in ops[i].deps) and not ops[i].writes for i in reused)
+    readers = [t for t in ops if t.name == "tcp.contract" and reused & set(t.deps)]
+    assert readers and all(any(fetches(d) for d in t.deps) for t in readers)
+
+
 def test_the_clusters_split_the_experts_and_contract_at_once() -> None:
     """split-clusters: each expert's blocks contract on the cluster that owns it (e mod 2), the
     two tensor units work side by side, and the chip beats one cluster (a compute-bound layer:

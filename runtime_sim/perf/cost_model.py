@@ -96,6 +96,7 @@ _ORDER_OPERANDS: dict[str, Callable[[Operation], tuple[SSAValue, ...]]] = {}
 _ALIASES: dict[str, int] = {}
 _DISJOINT_STORES: set[str] = set()
 _UNREAD: dict[str, Callable[[Operation, tuple[Any, ...]], tuple[int, ...]]] = {}
+_FORWARDED: dict[str, Callable[[Operation, tuple[Any, ...]], int | None]] = {}
 
 
 class NotLoweredError(Exception):
@@ -145,6 +146,19 @@ def register_unread_operands(op: type[Operation] | str,
     `operands(op, values)` gives their indices, which the op then neither waits for nor keeps
     alive (a weight load that fetches a new expert does not read the previous expert's tile)."""
     _UNREAD[_op_name(op)] = operands
+
+
+def register_forwarded_operand(op: type[Operation] | str,
+                               operand: Callable[[Operation, tuple[Any, ...]], int | None]) -> None:
+    """Declare that `op`, run on some operand values, passes one operand through unchanged as
+    its result (a reused weight tile): `operand(op, values)` gives its index, or None when it
+    does not. The op then neither waits for that operand nor reads it; its readers wait for
+    what made it, and it stays in that operand's buffer."""
+    _FORWARDED[_op_name(op)] = operand
+
+
+def forwarded_operand(op: Operation) -> Callable[[Operation, tuple[Any, ...]], int | None] | None:
+    return _FORWARDED.get(op.name)
 
 
 def unread_operands(op: Operation) -> Callable[[Operation, tuple[Any, ...]], tuple[int, ...]] | None:

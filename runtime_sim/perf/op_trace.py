@@ -29,6 +29,7 @@ from runtime_sim.perf.cost_model import (
     check_cost,
     cost_function,
     data_operands,
+    forwarded_operand,
     in_hbm,
     is_fused,
     is_unbuffered,
@@ -83,7 +84,11 @@ class _Value(NamedTuple):
     base: int | None = None
     """For such a result: what made the buffer before the chain (what each store waits for)."""
     chained: bool = False
-    """Whether this is the result of a chain of disjoint stores."""
+    """Whether this is the result of a chain of disjoint stores, or of an op that forwarded
+    an operand (`forwarded`): a reader waits for `stores` too."""
+    forwarded: bool = False
+    """Whether this is an operand passed through by the op that made it (cost_model.
+    register_forwarded_operand): `stores` are what made the operand."""
 
     def ready_after(self) -> tuple[int, ...]:
         """The commands a reader of this value waits for."""
@@ -124,6 +129,8 @@ class _Statics:
     """Whether its DMA runs on its cluster's own engines (`tcpc.own_dma`)."""
     unread: Callable[[Operation, tuple[Any, ...]], tuple[int, ...]] | None
     """Operands it may skip, by its operands' values (cost_model.register_unread_operands)."""
+    forward: Callable[[Operation, tuple[Any, ...]], int | None] | None
+    """The operand it may pass through, by its operands' values (cost_model.register_forwarded_operand)."""
 
 
 def op_label(op: Operation) -> str:
@@ -173,7 +180,8 @@ class TraceRecorder(Interpreter.Listener):
                 alias,
                 tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
                 tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results),
-                alias is not None and stores_disjointly(op), cluster_of(op), on_own_dma(op), unread_operands(op))
+                alias is not None and stores_disjointly(op), cluster_of(op), on_own_dma(op), unread_operands(op),
+                forwarded_operand(op))
         return statics
 
     def _cost(self, op: Operation, statics: _Statics, args: tuple[Any, ...], results: tuple[Any, ...]) -> OpCost:
@@ -247,6 +255,9 @@ class TraceRecorder(Interpreter.Listener):
         alias = statics.alias
         disjoint = statics.disjoint
         unread = statics.unread(op, args) if statics.unread is not None else ()
+        forward = statics.forward(op, args) if statics.forward is not None else None
+        if forward is not None:
+            unread = (*unread, forward)
         waits: set[int] = set()
         for i, v in enumerate(ins):
             if i in unread:
@@ -263,6 +274,11 @@ class TraceRecorder(Interpreter.Listener):
         reads = tuple(sorted({b for i in statics.read if (b := ins[i].buffer) is not None and i not in unread}))
         writes: list[int] = []
         for r, value, fresh, name in zip(op.results, results, statics.fresh, statics.buffer_names):
+            if forward is not None:
+                passed = ins[forward]
+                made = passed.stores if passed.forwarded else passed.ready_after()
+                values[r] = _Value(index, passed.buffer, made, None, True, True)
+                continue
             if statics.alias is not None:
                 buffer = ins[statics.alias].buffer
             elif not fresh:

@@ -19,7 +19,13 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
   F tile) moves as its contiguous pieces, each in whole requests (`window_pieces`). A load of
   another expert does not read the previous tile, so it does not wait for it
   (`register_unread_operands`): the next expert's weights are fetched while the previous
-  expert's are still arriving.
+  expert's are still arriving. A load of the same expert passes the previous tile through
+  (`register_forwarded_operand`): its guard decides from the ids alone, so it does not wait
+  for that tile to arrive (its readers do) and takes no new SRAM. Before, the guard waited for
+  the previous load on a DMA engine, and the next expert's load, issued after it, queued
+  behind it there: two 1 MB loads ran one after the other on one engine (issue #12's sweep
+  layer at T = 720: 231,158 cycles, above T = 728's 229,599; passed through: 223,068 and
+  223,122, row tiles still two blocks ahead).
 - `tile.guard`: the sequencer reads one scalar and branches (`guard_cycles`, on the tensor
   unit, as a contraction's guard): an unused block's `scf.if` costs this and nothing else.
 """
@@ -44,6 +50,7 @@ from runtime_sim.perf.cost_model import (
     register_cost,
     register_data_operands,
     register_disjoint_store,
+    register_forwarded_operand,
     register_order_operands,
     register_unread_operands,
 )
@@ -115,6 +122,13 @@ def _unreused_tile(op: Operation, operands: tuple[Any, ...]) -> tuple[int, ...]:
     return () if np.array_equal(operands[1], operands[2]) else (3,)
 
 
+def _reused_tile(op: Operation, operands: tuple[Any, ...]) -> int | None:
+    """A load of the previous block's expert passes the previous tile through."""
+    if op.prev_ids is None or not np.array_equal(operands[1], operands[2]):  # type: ignore[attr-defined]
+        return None
+    return 3
+
+
 def cost_guard(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     return OpCost(TENSOR, machine.guard_cycles, bound="guard")
 
@@ -135,6 +149,7 @@ def register_tile_costs() -> None:
     register_alias(tile.StoreOp, 1)
     register_disjoint_store(tile.StoreOp)
     register_unread_operands(tile.LoadExpertOp, _unreused_tile)
+    register_forwarded_operand(tile.LoadExpertOp, _reused_tile)
     register_cost(tile.GuardOp)(cost_guard)
     register_cost(tile.LoadExpertOp)(cost_load_expert)
     register_data_operands(tile.LoadExpertOp,  # type: ignore[attr-defined]
