@@ -409,8 +409,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         level = f"after {sim.pipeline}" if sim.pipeline else "as given"
         if sim.cost_only:
             print(f"graph {name} from {args.file}, {level}, cost-only on {report.machine.name} (no values computed)")
-            for choice in report.choices:
-                print(f"  chose {choice.describe()}")
+            print_choices(report, args.report)
             for arg, routing in sim.routing.items():
                 print(f"  routing %{arg}: {routing.describe()}")
             if not sim.routing:
@@ -419,8 +418,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"  out{i} {format_type(t)}: not computed (cost-only)")
         else:
             print(f"graph {name} from {args.file}, {level}, simulated on {report.machine.name}, seed {args.seed}")
-            for choice in report.choices:
-                print(f"  chose {choice.describe()}")
+            print_choices(report, args.report)
         outputs = sim.outputs
     for i, (value, t) in enumerate(zip(outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))
@@ -451,6 +449,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
     return EXIT_OK
+
+
+def print_choices(report: SimReport, in_report: bool) -> None:
+    """The cost model's choices under the run's header, unless --report prints them (its text
+    carries them, so a saved report says what was chosen)."""
+    if not in_report:
+        for choice in report.choices:
+            print(f"  chose {choice.describe()}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

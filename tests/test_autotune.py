@@ -148,6 +148,7 @@ def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytes
     assert "chose block 1 at " in out and "block = 4 does not fit" in out
     assert "schedule: experts loop %block:" in out
     assert "chose lower-topk strategy " in out and "(strategy=auto); cycles by lower-topk strategy" in out
+    assert out.count("chose block 1 at ") == 1, "the header leaves the choices to the report's text"
     data = json.loads(report.read_text())
     choice, strategy = data["choices"]
     assert choice["what"] == "block" and choice["chosen"] == 1
