@@ -43,7 +43,13 @@ about 20k.
 
 Gathers. The vector engine has no gather; a per-pair value of the pair's expert is taken with
 the one-hot tag: `select` it where the pair's tag is set, 0 elsewhere, and reduce-sum over E
-(exactly one non-zero term per valid pair, so the i32 sum is exact). Branchless.
+(exactly one non-zero term per valid pair, so the i32 sum is exact). Branchless. With a
+chunked cumsum the two gathers (the rank of step 5, the first block of step 6) are one
+(`packing_shift`): the expert's first block shifted left by the bits of P is added to the
+chunks' offsets ([S, E]) before they are added to each chunk's cumsum, so the one gathered i32
+holds the rank in its low bits (`and`) and the first block above them (`shr_s`); the adds of
+non-negative integers below 2^31 are exact, so the same values as two gathers. It applies when
+(G << shift) + P < 2^31 (Qwen3-30B-A3B at T = 2048: shift 15, G = 255).
 
 Ceiling division. The Fxp ALU adds, shifts and multiplies but does not divide, so
 `ceil(n / B)` is computed as the number of blocks that start before n:

@@ -36,10 +36,10 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
 - a result used after the loop is stored a block at a time into an HBM buffer (`tile.buffer`,
   `tile.store`), which the combine's gather then reads;
 - double buffering: a row gather or row tile load of block g waits (an `after` operand) for the last
-  contraction of block g - 2, the last reader of that block's tiles, so the tiles of two blocks
-  are in SRAM at a time and the DMA of block g runs while block g - 1 contracts; an expert's
-  weight load waits for block g - 4 (`WEIGHT_AHEAD`), so the next expert's weights arrive
-  while the current expert's last blocks contract.
+  contraction of block g - 3 (`ROWS_AHEAD`), the last reader of that block's tiles, so the tiles
+  of three blocks are in SRAM at a time and the DMA of block g runs while blocks g - 2 and g - 1
+  contract; an expert's weight load waits for block g - 4 (`WEIGHT_AHEAD`), so the next expert's
+  weights arrive while the current expert's last blocks contract.
 
 - F tiles (passes/f_tiles.py): when the plan is up-projections, column work and one
   down-projection (a SwiGLU or a plain MLP), the block's work runs per tile of F: each tile
@@ -88,7 +88,14 @@ from passes.loop_builder import (
 )
 
 TILE_AHEAD = 2
-"""A block's row tiles are fetched once block g - 2 has contracted: two blocks' tiles in SRAM."""
+"""A streamed F tile is fetched once the down-projection two tiles earlier has run."""
+ROWS_AHEAD = 3
+"""A block's row tiles (its tokens' gather, row loads) are fetched once block g - 3 has
+contracted: three blocks' row tiles in SRAM (Qwen3-30B-A3B fp8, B = 64: 256 KB each). Engines
+run commands in program order, and an expert's weight loads come after the block's row
+gather; waiting for block g - 2 the gather started as the previous block ended and the next
+expert's weights queued behind it (Qwen3-30B-A3B fp8 at T = 2048, B = 64: 691,868 cycles with
+g - 2, 682,615 with g - 3; bf16, B = 128: 1,007,188 either way)."""
 SCALES_AHEAD_ROW_BYTES = 16 * 1024
 """Weight scales of at most this many bytes per expert are gathered for every block at once,
 before the loop (`gathered_ahead`): a command moving so few takes mostly its start-up (RNGD:
@@ -271,7 +278,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         w.name_hint = f"done_{i + 1}_ago"
     for i, w in enumerate(tile_done_args):
         w.name_hint = f"f_tile_done_{n_tile_waits - i}_ago"
-    tile_wait, weight_wait = waits[TILE_AHEAD - 1], waits[WEIGHT_AHEAD - 1]
+    tile_wait, weight_wait = waits[ROWS_AHEAD - 1], waits[WEIGHT_AHEAD - 1]
 
     mapping: dict[SSAValue, SSAValue] = {}
 
@@ -323,7 +330,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         issue commands in program order, so streamed tiles place the loads of tile t + 1
         before the work of tile t (they wait, by `after`, for the down-projection of tile
         t - 1); resident tiles, mostly reused, are emitted as built, each load just before its first
-        reader and before the block's row tiles, which wait for block g - 2 (measured better:
+        reader and before the block's row tiles, which wait for block g - ROWS_AHEAD (measured better:
         Qwen3-30B-A3B, T = 1024, one cluster, before the whole-chip merge: 1.40 M against
         1.47 M cycles)."""
         assert region is not None
