@@ -334,7 +334,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         issue commands in program order, so streamed tiles place the loads of tile t + 1
         before the work of tile t (they wait, by `after`, for the down-projection of tile
         t - 1); resident tiles, mostly reused, are emitted as built, each load just before its first
-        reader and before the block's row tiles, which wait for block g - 4 (measured better:
+        reader and before the block's row tiles, which wait for block g - ROWS_AHEAD (measured better:
         Qwen3-30B-A3B, T = 1024, one cluster, before the whole-chip merge: 1.40 M against
         1.47 M cycles)."""
         assert region is not None

@@ -314,6 +314,36 @@ def test_chunked_cumsum_is_bit_identical(t: int, k: int, e: int, b: int, c: int 
     assert len(scans) == (2 if t * k == 257 else 3)
 
 
+@pytest.mark.parametrize("c", [None, 7])
+@pytest.mark.parametrize("spread", [0, 2])
+def test_packed_gather_equals_the_two_gathers(c: int | None, spread: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunked, a pair's rank and its expert's first block ride one one-hot gather, packed in
+    one i32: the plan is the two gathers' bit for bit, on any indices (repeats, out of range)."""
+    import passes.lower_routing as lower_routing
+
+    t, k, e, b = 130, 3, 6, 4
+    rng = np.random.default_rng(spread)
+    for idx in (routing(t, k, e, "random", 0), rng.integers(-1 - spread, e + spread, size=(t, k)).astype(np.int32)):
+        _, packed = modules(t, k, e, b, c)
+        assert [op.result.name_hint for op in ops_named(packed, ve.ReduceSumOp)].count("pair_packed") == 1
+        _, (got,) = run_recording(packed, "f", [tokens(t), idx])
+        with monkeypatch.context() as m:
+            m.setattr(lower_routing, "packing_shift", lambda pairs, blocks: None)
+            plain = apply_pipeline(modules(t, k, e, b, c)[0], parse_pipeline("lower-routing"))
+        assert not [op for op in ops_named(plain, ve.ReduceSumOp) if op.result.name_hint == "pair_packed"]
+        _, (want,) = run_recording(plain, "f", [tokens(t), idx])
+        assert_same_plan(got, want)
+
+
+def test_packing_needs_room_above_the_rank() -> None:
+    """The rank takes the bits of P; the first block (at most G) must fit above them in an i32."""
+    from passes.lower_routing import packing_shift
+
+    assert packing_shift(16384, 255) == 15  # Qwen3-30B-A3B, T = 2048
+    assert packing_shift(256, 100) == 9
+    assert packing_shift(1 << 20, (1 << 10) - 2) == 21 and packing_shift(1 << 20, 1 << 10) is None
+
+
 def test_chunks_take_sqrt_p_steps() -> None:
     """The largest divisor of P not above sqrt(P); one chunk below MIN_CHUNKED_PAIRS."""
     from passes.lower_routing import scan_chunks
