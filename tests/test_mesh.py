@@ -145,7 +145,7 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=3"]) == 1
     assert "E = 16 experts do not divide over ep = 3 chips" in capsys.readouterr().err
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4,xp=2"]) == 1
-    assert "NAME one of dp, ep, tp" in capsys.readouterr().err
+    assert "unknown 'xp' (expected axes dp, ep, tp as NAME=SIZE" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     for text, message in [
         ('chip = "rngd"\n[link]\nbytes_per_cycle = { value = 0, source = "x" }\nlatency_cycles = { value = 1, assumption = "y" }\n',
@@ -166,6 +166,27 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4", "--mesh-machine",
                  "runtime_sim/perf/machines/rngd_2x4.toml"]) == 1
     assert "has 8 (shape 2 x 4)" in capsys.readouterr().err
+
+
+def test_mesh_mixups_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """A chip machine given as the mesh file, a mesh file given as the chip, an option --mesh
+    does not have: each named, exit 1; a built-in mesh file by name works as --machine's do."""
+    for spec, message in [("ep=2,capacity=4", "unknown 'capacity' (expected axes dp, ep, tp as NAME=SIZE, and the "
+                                              "options strategy=, topk=); a capacity is the program's"),
+                          ("strategy=a2a,xp=2", "unknown 'xp'"), ("ep=-1", "ep must be positive, got -1"),
+                          ("ep=2,dp=3", "T = 16 tokens do not divide over dp * ep = 6 chips"),
+                          ("ep=2,tp=3", "F = 32 does not divide over tp = 3 chips")]:
+        assert main(["run", "examples/deepseek_v3.moe", "--mesh", spec]) == 1
+        assert message in capsys.readouterr().err
+    assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine",
+                 "runtime_sim/perf/machines/rngd.toml"]) == 1
+    assert "link: missing: this is a single-chip machine file" in capsys.readouterr().err
+    bad = tmp_path / "mesh_as_chip.toml"
+    bad.write_text('extends = "rngd_pcie"\nchip = "rngd_2x4"\n')
+    assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine", str(bad)]) == 1
+    assert f"{bad}: chip: 'rngd_2x4' is a mesh file" in capsys.readouterr().err
+    assert load_mesh_machine("rngd_2x4").chips == 8
+    assert main(["run", "examples/toy.moe", "--mesh", "dp=2,ep=4", "--set", "T=8", "--mesh-machine", "rngd_2x4"]) == 0
 
 
 def test_cli_check_report_and_trace(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
