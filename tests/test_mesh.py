@@ -426,3 +426,27 @@ def test_topk_auto_keeps_the_cheaper_strategy(capsys: pytest.CaptureFixture[str]
         MeshSpec.parse("ep=2,topk=best")
     assert main(["compile", "examples/toy.moe", "--mesh", "ep=2,topk=auto", "--emit", "lowered"]) == 1
     assert "topk=auto is chosen by simulating" in capsys.readouterr().err
+
+
+def test_mesh_report_from_each_chips_one_memory_plan(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """schedule_mesh plans each chip's memory once and reports from that plan with the
+    collectives' final cycles: the same reports, spills and streams included, as planning each
+    chip again at the end (chips small enough in SRAM to spill)."""
+    import runtime_sim.perf.mesh_simulate as mesh_simulate
+
+    (tmp_path / "chip.toml").write_text('extends = "rngd"\nname = "small-sram"\n[sram]\n'
+                                        'bytes_per_slice = { value = 64, assumption = "tiny, to spill" }\n')
+    (tmp_path / "mesh.toml").write_text('extends = "rngd_pcie"\nchip = "chip.toml"\n')
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 64})
+
+    def report() -> dict:
+        sim = simulate_on_mesh(program, MeshSpec.parse("ep=2"), cost_only=True, machine=tmp_path / "mesh.toml",
+                               routing="skewed", seed=1)
+        return sim.report.to_json()
+
+    once = report()
+    assert all(chip["spills"] and chip["streams"] for chip in once["chips"])
+    planned_again = mesh_simulate.simulate_trace
+    monkeypatch.setattr(mesh_simulate, "simulate_trace",
+                        lambda trace, machine, policy, units, plan: planned_again(trace, machine, policy, units))
+    assert report() == once
