@@ -228,23 +228,29 @@ def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
 
 
 def runs(quick: bool, full: bool = False) -> list[tuple[Model, int, int, str, str, int]]:
-    """The default plan (minutes on 2 cores): DeepSeek-V3 decode on 8 chips, a2a against
-    allgather and balanced against skewed at T = 16, and with tp = 2; Qwen3 at T = 16 on every
-    mesh size, and on 4 chips as ep=2,tp=2. `full`: every T (prefill included) and strategy at
-    every mesh size (hours: every chip is interpreted and scheduled, and prefill's static
-    worst-case buffers are large). Each run: (model, chips, T per chip, strategy, routing, tp)."""
+    """The default plan (RUN_TIME below): DeepSeek-V3 on 8 chips at T = 1, 16 and 128 per chip,
+    a2a against allgather and balanced against skewed at T = 16, and with tp = 2; DeepSeek-V3
+    a2a balanced on 16 and 32 chips at T = 16; Qwen3 at T = 16 on every mesh size, and on 4
+    chips as ep=2,tp=2; prefill (4096 tokens per chip, a2a balanced) for DeepSeek-V3 on 8 chips
+    and Qwen3 on 2, 4 and 8, and allgather on Qwen3's 2. `full`: every T and strategy at every
+    mesh size (not run for the table). Each run: (model, chips, T per chip, strategy, routing,
+    tp)."""
     if quick:
         return [(MODELS[0], 8, t, "a2a", "balanced", 1) for t in DECODE[:2]]
     if full:
         return [(model, chips, t, s, r, 1) for model in MODELS for chips in model.chips for t in (*DECODE, PREFILL)
                 for s, r in (("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced"))]
     deepseek, qwen = MODELS
-    plan = [(deepseek, 8, t, "a2a", "balanced", 1) for t in DECODE[:2]]
+    plan = [(deepseek, 8, t, "a2a", "balanced", 1) for t in DECODE]
     plan += [(deepseek, 8, 16, "a2a", "skewed", 1), (deepseek, 8, 16, "allgather", "balanced", 1),
              (deepseek, 8, 16, "a2a", "balanced", 2)]
+    plan += [(deepseek, chips, 16, "a2a", "balanced", 1) for chips in deepseek.chips[1:]]
     plan += [(qwen, chips, 16, "a2a", "balanced", 1) for chips in qwen.chips]
     plan += [(qwen, 2, 16, "a2a", "skewed", 1), (qwen, 2, 16, "allgather", "balanced", 1),
              (qwen, 4, 16, "a2a", "balanced", 2)]
+    plan += [(deepseek, 8, PREFILL, "a2a", "balanced", 1)]
+    plan += [(qwen, chips, PREFILL, "a2a", "balanced", 1) for chips in qwen.chips]
+    plan += [(qwen, 2, PREFILL, "allgather", "balanced", 1)]
     return plan
 
 
@@ -256,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     machine = load_mesh_machine()
     rows = []
+    start = time.perf_counter()
     for model, chips, tokens, strategy, routing, tp in runs(args.quick, args.full):
         rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine, tp=tp))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    text = table(rows) + "\n" + tried_blocks(rows)
+    text = (table(rows) + f"\nWall time of the run: {time.perf_counter() - start:,.0f} s (one process; the wall s "
+            "column is each row's, block search included).\n\n" + tried_blocks(rows))
     print(text)
     out = args.out or (None if args.quick else str(Path(__file__).parent / "mesh.md"))
     if out:
