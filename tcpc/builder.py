@@ -136,9 +136,21 @@ def _divide(a: int | float, b: int | float, loc: Loc) -> int | float:
     return a / b
 
 
-def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int]) -> dict[str, int]:
+class AutoDim:
+    """The value of a dim set to `auto` (`--set B=auto`): the block of every scatter whose
+    `block=` names it is left to the cost model, as `block=auto` would; nothing else takes it."""
+
+    def __repr__(self) -> str:
+        return "auto"
+
+
+AUTO_DIM = AutoDim()
+
+
+def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int | str]) -> dict[str, int]:
     """Dims in order of definition; an override replaces a dim's definition, and later dims
-    that depend on it follow."""
+    that depend on it follow. An override `auto` makes the dim AUTO_DIM (a block left to the
+    compiler; typed as int for every other dim's sake: only `scatter` and `static_int` meet it)."""
     names = {d.name for d in defs}
     unknown = sorted(set(overrides) - names)
     if unknown:
@@ -148,7 +160,9 @@ def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int]) -> d
     for d in defs:
         if d.name in dims:
             raise CompileError(f"dim {d.name} is defined twice", d.loc)
-        if d.name in overrides:
+        if d.name in overrides and overrides[d.name] == "auto":
+            value = AUTO_DIM  # type: ignore[assignment]
+        elif d.name in overrides:
             value = overrides[d.name]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CompileError(f"--set {d.name}={value}: a dim must be a positive integer")
@@ -228,6 +242,9 @@ class GraphBuilder:
 
     def static_int(self, e: ast.Expr, what: str, minimum: int = 1) -> int:
         v = self.static(e, what).value
+        if v is AUTO_DIM:
+            raise CompileError(f"{what} cannot be auto: a dim set to auto (--set NAME=auto) is only a scatter's block=",
+                               e.loc)
         if isinstance(v, bool) or not isinstance(v, int):
             if isinstance(e, ast.Binary) and e.op == "/" and isinstance(v, float):
                 a, b = self.static(e.lhs, what).value, self.static(e.rhs, what).value
@@ -377,6 +394,9 @@ class GraphBuilder:
         lhs, rhs = self.operand(e.lhs), self.operand(e.rhs)
         if isinstance(lhs, Static) and isinstance(rhs, Static):
             a, b = lhs.value, rhs.value
+            if AUTO_DIM in (a, b):
+                raise CompileError(f"cannot apply '{e.op}' to auto: a dim set to auto (--set NAME=auto) is only "
+                                   "a scatter's block=", e.loc)
             if not (is_number(a) and is_number(b)) and e.op not in ("==", "!="):
                 raise CompileError(f"cannot apply '{e.op}' to {spell(a)} and {spell(b)}", e.loc)
             if e.op == "/":
@@ -645,7 +665,8 @@ class GraphBuilder:
         if isinstance(args["block"], ast.String):
             raise CompileError(f"block must be an integer or auto (a word, not a string), got {spell(args['block'].value)}",
                                args["block"].loc)
-        given = None if isinstance(args["block"], ast.Auto) else self.static_int(args["block"], "block")
+        auto = isinstance(args["block"], ast.Auto) or self.static(args["block"], "block").value is AUTO_DIM
+        given = None if auto else self.static_int(args["block"], "block")
         capacity = None if args["capacity"] is None else self.static_int(args["capacity"], "capacity")
         tokens, k = ids
         if tokens * k > INDEX_MAX:

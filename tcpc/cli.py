@@ -63,16 +63,20 @@ class FileError(Exception):
     """A file tcpc was asked to write that it cannot write; the message names the path."""
 
 
-def parse_set(items: Sequence[str]) -> dict[str, int]:
-    dims: dict[str, int] = {}
+def parse_set(items: Sequence[str]) -> dict[str, int | str]:
+    """`--set NAME=VALUE` items: an integer, or `auto` for a dim that is a scatter's block=."""
+    dims: dict[str, int | str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise SetError(f"--set {item}: expected NAME=VALUE")
+        if value.strip() == "auto":
+            dims[name.strip()] = "auto"
+            continue
         try:
             dims[name.strip()] = int(value)
         except ValueError:
-            raise SetError(f"--set {item}: {value!r} is not an integer") from None
+            raise SetError(f"--set {item}: {value!r} is neither an integer nor auto") from None
     return dims
 
 
@@ -115,6 +119,8 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action="store_true",
                    help=f"also run the reference and compare (integers identical, floats within {ULPS} ulps)")
     r.add_argument("--report", action="store_true", help="print the simulation report (per op and per engine)")
+    r.add_argument("--report-ops", default="200", metavar="N",
+                   help="ops listed in --report's table and at each end of its critical path (default 200; all: every op)")
     r.add_argument("--report-json", default=None, metavar="FILE", help="write the report as JSON")
     r.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (open it in Perfetto)")
     r.add_argument("--machine", default=None, metavar="FILE", help="machine file (TOML; default: RNGD)")
@@ -367,6 +373,7 @@ def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray],
 
 def cmd_run(args: argparse.Namespace) -> int:
     check_flags(args)
+    max_ops = report_ops(args.report_ops)  # checked before a long simulation
     if args.mesh is not None:
         return cmd_run_mesh(args)
     if args.mesh_machine is not None:
@@ -409,8 +416,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         level = f"after {sim.pipeline}" if sim.pipeline else "as given"
         if sim.cost_only:
             print(f"graph {name} from {args.file}, {level}, cost-only on {report.machine.name} (no values computed)")
-            for choice in report.choices:
-                print(f"  chose {choice.describe()}")
+            print_choices(report, args.report)
             for arg, routing in sim.routing.items():
                 print(f"  routing %{arg}: {routing.describe()}")
             if not sim.routing:
@@ -419,8 +425,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"  out{i} {format_type(t)}: not computed (cost-only)")
         else:
             print(f"graph {name} from {args.file}, {level}, simulated on {report.machine.name}, seed {args.seed}")
-            for choice in report.choices:
-                print(f"  chose {choice.describe()}")
+            print_choices(report, args.report)
         outputs = sim.outputs
     for i, (value, t) in enumerate(zip(outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))
@@ -430,7 +435,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if report is not None:
         if args.report:
             print()
-            sys.stdout.write(report.to_text())
+            sys.stdout.write(report.to_text(max_ops=max_ops))
         print(cycle_summary(report))
         if args.report_json:
             write_json(paths["--report-json"], report.to_json())
@@ -451,6 +456,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
     return EXIT_OK
+
+
+def report_ops(value: str) -> int | None:
+    """--report-ops: a positive count, or `all` (None)."""
+    if value == "all":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"--report-ops {value}: expected a positive integer or all")
+    return int(value)
+
+
+def print_choices(report: SimReport, in_report: bool) -> None:
+    """The cost model's choices under the run's header, unless --report prints them (its text
+    carries them, so a saved report says what was chosen)."""
+    if not in_report:
+        for choice in report.choices:
+            print(f"  chose {choice.describe()}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

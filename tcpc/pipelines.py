@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
@@ -92,18 +92,25 @@ def split_clusters_options(machine: Machine) -> dict[str, int]:
     return {k: v for k, v in wanted.items() if getattr(default, k) != v}
 
 
-def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str = "auto") -> str:
+def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str | None = "auto",
+                 options: Mapping[str, object] | None = None) -> str:
     """`passes` as a pipeline string for `machine`: lower-topk's strategy left to the cost
     model by default (`strategy=auto`, resolved by the driver: rank's all-pairs ranking wins at
-    small E, rounds at large E x T), split-clusters' options written out only where they are not the
-    pass's defaults."""
-    options = " ".join(f"{k}={v}" for k, v in split_clusters_options(machine).items())
-    written = {"lower-topk": f"lower-topk{{strategy={topk_strategy}}}"}
-    if options:
-        written["split-clusters"] = f"split-clusters{{{options}}}"
+    small E, rounds at large E x T; None: the pass's own default), split-clusters' and
+    schedule-tokens' machine options written out only where they are not the passes' defaults,
+    then `options` ("pass.option" -> value, a sweep's) over all of them."""
+    by_pass: dict[str, dict[str, str]] = {}
+    if topk_strategy is not None:
+        by_pass["lower-topk"] = {"strategy": topk_strategy}
+    if written := split_clusters_options(machine):
+        by_pass["split-clusters"] = {k: str(v) for k, v in written.items()}
     if machine.clusters != PASSES["schedule-tokens"]().clusters:  # its tiles balanced over the clusters
-        written["schedule-tokens"] = f"schedule-tokens{{clusters={machine.clusters}}}"
-    return ",".join(written.get(p, p) for p in passes)
+        by_pass["schedule-tokens"] = {"clusters": str(machine.clusters)}
+    for key, value in (options or {}).items():
+        name, _, option = key.partition(".")
+        by_pass.setdefault(name, {})[option] = str(value).lower() if isinstance(value, bool) else str(value)
+    return ",".join(f"{p}{{{' '.join(f'{k}={v}' for k, v in by_pass[p].items())}}}" if by_pass.get(p) else p
+                    for p in passes)
 
 
 def make_context() -> Context:

@@ -262,7 +262,7 @@ class Program:
         return module, spec, args, result
 
 
-def compile_source(source: str, dims: Mapping[str, int] | None = None, filename: str = "<string>", *,
+def compile_source(source: str, dims: Mapping[str, int | str] | None = None, filename: str = "<string>", *,
                    machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
                    seed: int = 0) -> Program:
     """Parse and build a .moe program; `dims` overrides dim definitions like `--set`. Block
@@ -339,7 +339,7 @@ def unsupported_value(module: ModuleOp) -> str | None:
     return None
 
 
-def compile_file(path: str | Path, dims: Mapping[str, int] | None = None, *,
+def compile_file(path: str | Path, dims: Mapping[str, int | str] | None = None, *,
                  machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
                  seed: int = 0) -> Program:
     """A .moe program, or an .mlir file's IR (no dims then); `machine`, `routing` and `seed`

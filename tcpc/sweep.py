@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tcpc.pipelines import FULL_PIPELINE, own_dma_intensity
+from tcpc.pipelines import FULL_PIPELINE, pipeline_for
 from tcpc.progress import Progress
 
 if TYPE_CHECKING:
@@ -193,20 +193,6 @@ def input_columns(point: Point) -> dict[str, Any]:
     return cols
 
 
-def pipeline_for(options: Mapping[str, Any], clusters: int, own_dma_intensity: int | None = None) -> str:
-    """The full pipeline with the given pass options, for a machine of `clusters` clusters
-    and, when given, split-clusters' `own_dma_intensity` (unless the sweep sets them)."""
-    machine_options: dict[str, Any] = {"split-clusters.clusters": clusters, "schedule-tokens.clusters": clusters}
-    if own_dma_intensity is not None:
-        machine_options["split-clusters.own_dma_intensity"] = own_dma_intensity
-    options = {**machine_options, **options}
-    by_pass: dict[str, list[str]] = {}
-    for key, value in options.items():
-        name, _, option = key.partition(".")
-        by_pass.setdefault(name, []).append(f"{option}={str(value).lower() if isinstance(value, bool) else value}")
-    return ",".join(f"{p}{{{' '.join(by_pass[p])}}}" if p in by_pass else p for p in FULL_PIPELINE)
-
-
 def machine_file(base: str, overrides: Mapping[str, Any], directory: Path) -> Path | str:
     """A machine file that `extends` the base machine with the overrides (each marked as a
     sweep's assumption, as machine files require), or the base itself without any."""
@@ -285,8 +271,8 @@ def run_point(point: Point) -> dict[str, Any]:
             program = compile_file(point["program"], point["dims"], machine=machine, routing=point["routing"],
                                    seed=point["seed"])
             chip = as_machine(machine)
-            sim = program.simulate(cost_only=True, pipeline=pipeline_for(point["pass_options"], chip.clusters,
-                                                                         own_dma_intensity(chip)), machine=machine,
+            pipeline = pipeline_for(chip, topk_strategy=None, options=point["pass_options"])
+            sim = program.simulate(cost_only=True, pipeline=pipeline, machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),
                    **report_columns(sim.report))

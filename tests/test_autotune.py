@@ -148,6 +148,7 @@ def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytes
     assert "chose block 1 at " in out and "block = 4 does not fit" in out
     assert "schedule: experts loop %block:" in out
     assert "chose lower-topk strategy " in out and "(strategy=auto); cycles by lower-topk strategy" in out
+    assert out.count("chose block 1 at ") == 1, "the header leaves the choices to the report's text"
     data = json.loads(report.read_text())
     choice, strategy = data["choices"]
     assert choice["what"] == "block" and choice["chosen"] == 1
@@ -242,3 +243,24 @@ def test_the_choices_benchmark_on_toy_dims() -> None:
     assert row.chosen_cycles == min(c for _, c in row.alternatives)
     assert row.chosen_cycles <= row.rule_cycles
     assert f"| {row.title} | 8 |" in choices.table([row])
+
+
+def test_set_auto_leaves_the_programs_block_to_the_cost_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set B=auto` on a program that writes `block=B`: chosen as for `block=auto`, at any T."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"T": 64, "B": "auto"})
+    (choice,) = program.choices
+    assert choice.reason == "block=auto" and choice.where.startswith(f"{EXAMPLES / 'qwen3_moe.moe'}:22:")
+    assert_cheapest(choice)
+    assert program.dims["T"] == 64 and str(program.dims["B"]) == "auto"
+    assert main(["compile", str(EXAMPLES / "qwen3_moe.moe"), "--set", "B=auto", "--set", "T=64"]) == 0
+    assert capsys.readouterr().out.startswith(f"// chose block {choice.chosen} at ")
+
+
+def test_a_dim_set_to_auto_is_only_a_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "a.moe"
+    path.write_text((EXAMPLES / "qwen3_moe.moe").read_text().replace("dims T = 16", "dims C = 2\ndims T = 16")
+                    .replace("experts=E, block=B", "experts=E, block=B, capacity=C * B"))
+    assert main(["compile", str(path), "--set", "B=auto"]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}:" in err and "cannot apply '*' to auto: a dim set to auto (--set NAME=auto) is only a scatter's block=" in err
+    assert "Traceback" not in err

@@ -141,7 +141,7 @@ def test_compile_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     binary.write_bytes(b"graph \xff")
     assert failure(capsys, "compile", binary) == f"{binary}: error: not a UTF-8 text file (byte 6 is b'\\xff')\n"
     assert "no such file or directory" in failure(capsys, "compile", EXAMPLE, "-o", tmp_path / "no" / "dir.mlir")
-    assert "--set T=x: 'x' is not an integer" in failure(capsys, "compile", EXAMPLE, "--set", "T=x")
+    assert "--set T=x: 'x' is neither an integer nor auto" in failure(capsys, "compile", EXAMPLE, "--set", "T=x")
 
 
 # --- tcpc run --reference --------------------------------------------------------------------

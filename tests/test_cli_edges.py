@@ -206,7 +206,7 @@ EDGES: dict[str, Edge] = {
     "unknown-option": Edge(("run", "{toy}", "--bogus"), EXIT_USAGE, "tcpc: error: unrecognized arguments: --bogus",
                            one_line=False),
     "bad-choice": Edge(("compile", "{toy}", "--emit", "asm"), EXIT_USAGE, "invalid choice: 'asm'", one_line=False),
-    "set-not-an-integer": Edge(("compile", "{toy}", "--set", "T=x"), EXIT_ERROR, "--set T=x: 'x' is not an integer"),
+    "set-not-an-integer": Edge(("compile", "{toy}", "--set", "T=x"), EXIT_ERROR, "--set T=x: 'x' is neither an integer nor auto"),
 }
 
 

@@ -266,3 +266,19 @@ def test_tolerance() -> None:
     assert compare_output(0, np.array([np.nan, np.inf], np.float32), np.array([np.nan, np.inf], np.float32)).identical
     assert not compare_output(0, np.array([np.nan, 1.0], np.float32), np.array([1.0, 1.0], np.float32)).ok
     assert not compare_output(0, np.array([-np.inf], np.float32), np.array([np.inf], np.float32)).ok
+
+
+def test_report_ops_bounds_the_op_table_and_the_critical_path(capsys: pytest.CaptureFixture[str]) -> None:
+    """A looped program lists an op per trip: --report shows the first N and the path's ends."""
+    code, out, _ = tcpc_main(capsys, "run", EXAMPLE, "--set", "T=256", "--cost-only", "--report", "--report-ops", "4")
+    assert code == 0
+    table = [line for line in out.splitlines() if line[:4].strip().isdigit()]
+    assert len(table) == 4
+    more = next(line for line in out.splitlines() if "more (every op: --report-ops all" in line)
+    path = next(line for line in out.splitlines() if line.startswith("critical path (*, "))
+    ops = int(path.split(", ")[1].split()[0].replace(",", ""))
+    assert path.count("#") == 8 and f"... {ops - 8:,} more ..." in path  # 4 at each end
+    code, full, _ = tcpc_main(capsys, "run", EXAMPLE, "--set", "T=256", "--cost-only", "--report", "--report-ops", "all")
+    listed = int(more.split("...")[1].split()[0].replace(",", "")) + 4
+    assert code == 0 and len([line for line in full.splitlines() if line[:4].strip().isdigit()]) == listed
+    assert "--report-ops -1: expected a positive integer or all" in failure(capsys, "run", EXAMPLE, "--report-ops", "-1", status=2)

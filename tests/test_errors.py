@@ -126,7 +126,7 @@ CASES: dict[str, Case] = {
     # --- --set -------------------------------------------------------------------------------------
     "set-breaks-dependent-dim": Case("dims E = 8, G = E / 4\ngraph g(x: f32[G]) -> f32[G] { return x }\n", 1, 19, "dim G must be an integer, but 6 / 4 does not divide exactly", ("--set", "E=6")),
     "set-unknown-dim": Case(body(), None, None, "--set Q: no dim named Q (dims: T, D, E, K)", ("--set", "Q=3")),
-    "set-not-integer": Case(body(), None, None, "--set T=1.5: '1.5' is not an integer", ("--set", "T=1.5")),
+    "set-not-integer": Case(body(), None, None, "--set T=1.5: '1.5' is neither an integer nor auto", ("--set", "T=1.5")),
     "set-not-positive": Case(body(), None, None, "--set T=0: a dim must be a positive integer", ("--set", "T=0")),
     "set-without-value": Case(body(), None, None, "--set T: expected NAME=VALUE", ("--set", "T")),
 }

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from same_bits import assert_same_bits
 
 import tcpc
 from dialects.annotations import cluster_of
@@ -17,13 +18,6 @@ from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.moe"))
 LOWERED = ",".join(LOWERED_PIPELINE)
-
-
-def assert_same_bits(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        assert np.array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from same_bits import assert_same_bits
 
 import tcpc
 from passes.split_router_k import k_tiles
@@ -16,13 +17,6 @@ from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 LOWERED = ",".join(LOWERED_PIPELINE)
-
-
-def assert_same_bits(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        assert np.array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
 
 
 def split_count(module) -> int:  # type: ignore[no-untyped-def]

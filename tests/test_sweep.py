@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tcpc.cli import main
-from tcpc.pipelines import FULL_PIPELINE
-from tcpc.program import compile_file
-from tcpc.sweep import SweepError, load_spec, pipeline_for, point_key, run_sweep
+from tcpc.pipelines import FULL_PIPELINE, pipeline_for
+from tcpc.program import as_machine, compile_file
+from tcpc.sweep import SweepError, load_spec, point_key, run_sweep
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 TOY = (EXAMPLES / "toy.moe").resolve()
@@ -76,13 +76,16 @@ def test_spec_errors(tmp_path: Path, text: str, message: str) -> None:
 
 
 def test_pass_options_build_the_pipeline() -> None:
-    def with_clusters(n: int) -> list[str]:
-        return [f"{p}{{clusters={n}}}" if p in ("split-clusters", "schedule-tokens") else p for p in FULL_PIPELINE]
-
-    assert pipeline_for({}, 2) == ",".join(with_clusters(2))
-    assert pipeline_for({"lower-topk.strategy": "rounds"}, 1) == ",".join(
-        ["lower-topk{strategy=rounds}", *with_clusters(1)[1:]])
-    assert "split-clusters{clusters=4}" in pipeline_for({"split-clusters.clusters": 4}, 2)
+    """The sweep's pipeline is tcpc's own for the point's machine, its pass options on top."""
+    rngd, one_cluster = as_machine("rngd"), as_machine("rngd-cluster")
+    assert pipeline_for(rngd, topk_strategy=None) == ",".join(FULL_PIPELINE)
+    assert pipeline_for(one_cluster, topk_strategy=None) == ",".join(
+        f"{p}{{clusters=1}}" if p in ("split-clusters", "schedule-tokens") else p for p in FULL_PIPELINE)
+    assert pipeline_for(one_cluster, topk_strategy=None, options={"lower-topk.strategy": "rounds"}).startswith(
+        "lower-topk{strategy=rounds},")
+    assert "split-clusters{clusters=4}" in pipeline_for(rngd, options={"split-clusters.clusters": 4})
+    assert "split-clusters{clusters=1 own_dma_intensity=9}" in pipeline_for(
+        one_cluster, options={"split-clusters.own_dma_intensity": 9})
 
 
 def test_sweep_runs_records_failures_and_resumes(tmp_path: Path) -> None:

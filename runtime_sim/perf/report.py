@@ -242,6 +242,8 @@ class SimReport:
         }
 
     def to_text(self, max_ops: int | None = None) -> str:
+        """The report as text; `max_ops` bounds the op table (the first ones) and the critical
+        path (its first and last ones), None for all."""
         m, r = self.machine, self.roofline
         lines = [
             f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.clusters} x {m.slices} slices, SRAM {_size(self.sram_capacity)}",
@@ -280,8 +282,11 @@ class SimReport:
             lines.append(f"{o.key:>4}{mark}{_cut(o.label, 36):<36} {engine:<7} {o.start:>10,} {o.end:>10,} "
                          f"{o.cycles:>9,} {o.bytes:>11,} {o.flops:>13,}  {o.phase:<8}  {o.bound}")
         if len(shown) < len(self.ops):
-            lines.append(f"     ... {len(self.ops) - len(shown)} more")
-        lines += ["", "critical path (*): " + " -> ".join(f"#{k}" for k in self.critical_path)]
+            lines.append(f"     ... {len(self.ops) - len(shown):,} more (every op: --report-ops all, or --report-json)")
+        path = [f"#{k}" for k in self.critical_path]
+        if max_ops is not None and len(path) > 2 * max_ops:  # a loop's path runs through every trip
+            path = [*path[:max_ops], f"... {len(path) - 2 * max_ops:,} more ...", *path[-max_ops:]]
+        lines += ["", f"critical path (*, {len(self.critical_path):,} ops): " + " -> ".join(path)]
         return "\n".join(lines) + "\n"
 
     def chrome_trace(self) -> dict[str, Any]:
