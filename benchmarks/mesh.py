@@ -1,15 +1,15 @@
 """Expert parallelism across chips: DeepSeek-V3 and Qwen3-30B-A3B sharded over meshes of RNGD
 cards, a2a against allgather, balanced against skewed routing, on the mesh simulator.
 
-    python benchmarks/mesh.py            # the default table (minutes on 2 cores): benchmarks/mesh.md
+    python benchmarks/mesh.py            # the default table (17 minutes, one process, on a loaded 2-core VM): benchmarks/mesh.md
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
-    python benchmarks/mesh.py --full     # every T and strategy at every mesh size (hours)
+    python benchmarks/mesh.py --full     # every T and strategy at every mesh size (not run for the table)
 
 Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
 default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
-link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes a
-few of these combinations (`runs`), `--full` all of them. A row may split every expert over
+link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes
+19 of these combinations (`runs`), `--full` all of them. A row may split every expert over
 tp chips as well (`--mesh ep=N/tp,tp=...`: the tp chips of a group share their T tokens). The
 block size B is chosen by the cost model as `block=auto` chooses it on one chip, but on the
 mesh (`choose_mesh_block`: tcpc/autotune.py's candidates around the rows an expert receives
@@ -228,7 +228,7 @@ def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
 
 
 def runs(quick: bool, full: bool = False) -> list[tuple[Model, int, int, str, str, int]]:
-    """The default plan (RUN_TIME below): DeepSeek-V3 on 8 chips at T = 1, 16 and 128 per chip,
+    """The default plan (the module docstring gives its wall time): DeepSeek-V3 on 8 chips at T = 1, 16 and 128 per chip,
     a2a against allgather and balanced against skewed at T = 16, and with tp = 2; DeepSeek-V3
     a2a balanced on 16 and 32 chips at T = 16; Qwen3 at T = 16 on every mesh size, and on 4
     chips as ep=2,tp=2; prefill (4096 tokens per chip, a2a balanced) for DeepSeek-V3 on 8 chips
