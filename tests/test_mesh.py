@@ -450,3 +450,21 @@ def test_mesh_report_from_each_chips_one_memory_plan(tmp_path, monkeypatch: pyte
     monkeypatch.setattr(mesh_simulate, "simulate_trace",
                         lambda trace, machine, policy, units, plan: planned_again(trace, machine, policy, units))
     assert report() == once
+
+
+def test_benchmark_default_plan_covers_the_issue() -> None:
+    """Issue #15's benchmark: DeepSeek-V3 on 8, 16 and 32 chips and Qwen3 on 2, 4 and 8, decode
+    up to T = 128 per chip and prefill (4096 per chip) for each model, a2a against allgather,
+    balanced against skewed; every row of the default plan a distinct run."""
+    from benchmark_scripts import load_script
+
+    bench = load_script("mesh")
+    plan = bench.runs(quick=False)
+    keys = [(m.name, *rest) for m, *rest in plan]
+    assert len(set(keys)) == len(keys)
+    deepseek, qwen = bench.MODELS
+    a2a = {(m.name, chips) for m, chips, _, s, r, tp in plan if (s, r, tp) == ("a2a", "balanced", 1)}
+    assert {(deepseek.name, c) for c in (8, 16, 32)} | {(qwen.name, c) for c in (2, 4, 8)} <= a2a
+    assert {t for _, _, t, *_ in plan} == {*bench.DECODE, bench.PREFILL}
+    assert {m.name for m, _, t, *_ in plan if t == bench.PREFILL} == {deepseek.name, qwen.name}
+    assert {(s, r) for _, _, _, s, r, _ in plan} == {("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced")}
