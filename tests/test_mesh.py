@@ -185,6 +185,9 @@ def test_mesh_mixups_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     bad.write_text('extends = "rngd_pcie"\nchip = "rngd_2x4"\n')
     assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine", str(bad)]) == 1
     assert f"{bad}: chip: 'rngd_2x4' is a mesh file" in capsys.readouterr().err
+    bad.write_text('extends = "rngd_pcie"\nchip = 5\n')
+    assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine", str(bad)]) == 1
+    assert "chip: expected a string, got 5" in capsys.readouterr().err
     assert load_mesh_machine("rngd_2x4").chips == 8
     assert main(["run", "examples/toy.moe", "--mesh", "dp=2,ep=4", "--set", "T=8", "--mesh-machine", "rngd_2x4"]) == 0
 
