@@ -463,11 +463,14 @@ def test_benchmark_default_plan_covers_the_issue() -> None:
 
     bench = load_script("mesh")
     plan = bench.runs(quick=False)
-    keys = [(m.name, *rest) for m, *rest in plan]
+    keys = [(m.name, *rest[:-1]) for m, *rest in plan]
     assert len(set(keys)) == len(keys)
     deepseek, qwen = bench.MODELS
-    a2a = {(m.name, chips) for m, chips, _, s, r, tp in plan if (s, r, tp) == ("a2a", "balanced", 1)}
+    a2a = {(m.name, chips) for m, chips, _, s, r, tp, _ in plan if (s, r, tp) == ("a2a", "balanced", 1)}
     assert {(deepseek.name, c) for c in (8, 16, 32)} | {(qwen.name, c) for c in (2, 4, 8)} <= a2a
     assert {t for _, _, t, *_ in plan} == {*bench.DECODE, bench.PREFILL}
-    assert {m.name for m, _, t, *_ in plan if t == bench.PREFILL} == {deepseek.name, qwen.name}
-    assert {(s, r) for _, _, _, s, r, _ in plan} == {("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced")}
+    prefill = {(m.name, s) for m, _, t, s, *_ in plan if t == bench.PREFILL}
+    assert prefill == {(m.name, s) for m in bench.MODELS for s in ("a2a", "allgather")}
+    assert {(s, r) for _, _, _, s, r, *_ in plan} == {("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced")}
+    # DeepSeek-V3's allgather prefill at balanced routing's rows per expert: 4096 x 8 x 8 / 256
+    assert [b for m, _, t, s, *_, b in plan if (m, t, s) == (deepseek, bench.PREFILL, "allgather")] == [1024]
