@@ -1,7 +1,7 @@
 """Expert parallelism across chips: DeepSeek-V3 and Qwen3-30B-A3B sharded over meshes of RNGD
 cards, a2a against allgather, balanced against skewed routing, on the mesh simulator.
 
-    python benchmarks/mesh.py            # the default table (17 min on a loaded 2-core VM): benchmarks/mesh.md
+    python benchmarks/mesh.py            # the default table (747 s on a loaded 2-core VM): benchmarks/mesh.md
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
     python benchmarks/mesh.py --full     # every T and strategy at every mesh size (not run for the table)
 
@@ -244,7 +244,7 @@ def runs(quick: bool, full: bool = False) -> list[Run]:
     a2a balanced on 16 and 32 chips at T = 16; Qwen3 at T = 16 on every mesh size, and on 4
     chips as ep=2,tp=2; prefill (4096 tokens per chip, a2a balanced) for DeepSeek-V3 on 8 chips
     and Qwen3 on 2, 4 and 8, and allgather on both (DeepSeek-V3's at the block `given_block`:
-    its block search did not finish in 7 minutes, one candidate simulating for about a minute).
+    its block search did not finish in 7 minutes; the given block simulates in 40 s).
     `full`: every T and strategy at every mesh size (not run for the table)."""
     if quick:
         return [(MODELS[0], 8, t, "a2a", "balanced", 1, None) for t in DECODE[:2]]
