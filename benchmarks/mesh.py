@@ -1,15 +1,15 @@
 """Expert parallelism across chips: DeepSeek-V3 and Qwen3-30B-A3B sharded over meshes of RNGD
 cards, a2a against allgather, balanced against skewed routing, on the mesh simulator.
 
-    python benchmarks/mesh.py            # the default table (minutes on 2 cores): benchmarks/mesh.md
+    python benchmarks/mesh.py            # the default table (747 s on a loaded 2-core VM): benchmarks/mesh.md
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
-    python benchmarks/mesh.py --full     # every T and strategy at every mesh size (hours)
+    python benchmarks/mesh.py --full     # every T and strategy at every mesh size (not run for the table)
 
 Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
 default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
-link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes a
-few of these combinations (`runs`), `--full` all of them. A row may split every expert over
+link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes
+20 of these combinations (`runs`), `--full` all of them. A row may split every expert over
 tp chips as well (`--mesh ep=N/tp,tp=...`: the tp chips of a group share their T tokens). The
 block size B is chosen by the cost model as `block=auto` chooses it on one chip, but on the
 mesh (`choose_mesh_block`: tcpc/autotune.py's candidates around the rows an expert receives
@@ -222,29 +222,48 @@ def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
     lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy):", ""]
     for r in rows:
         mesh = f"ep={r.chips // r.tp}" + (f",tp={r.tp}" if r.tp > 1 else "")
-        tried = ", ".join(f"{b}: {c * us:,.1f}" for b, c in r.tried) or "given"
+        tried = (", ".join(f"{b}: {c * us:,.1f}" for b, c in r.tried)
+                 or f"given, {r.block} = T x K / E (`given_block`: the search is too slow at this size)")
         lines.append(f"- {r.model}, {mesh}, T = {r.tokens} per chip, {r.strategy}, {r.routing}: {tried}")
     return "\n".join(lines) + "\n"
 
 
-def runs(quick: bool, full: bool = False) -> list[tuple[Model, int, int, str, str, int]]:
-    """The default plan (minutes on 2 cores): DeepSeek-V3 decode on 8 chips, a2a against
-    allgather and balanced against skewed at T = 16, and with tp = 2; Qwen3 at T = 16 on every
-    mesh size, and on 4 chips as ep=2,tp=2. `full`: every T (prefill included) and strategy at
-    every mesh size (hours: every chip is interpreted and scheduled, and prefill's static
-    worst-case buffers are large). Each run: (model, chips, T per chip, strategy, routing, tp)."""
+Run = tuple[Model, int, int, str, str, int, int | None]
+"""(model, chips, T per chip, strategy, routing, tp, block: None to choose it by cost)."""
+
+
+def given_block(model: Model, chips: int, tokens: int) -> int:
+    """The block of a row too slow to search: the rows an expert receives under balanced
+    routing, T x K / E over the whole mesh (the centre of autotune's candidates)."""
+    return max(1, tokens * chips * model.dims["K"] // model.dims["E"])
+
+
+def runs(quick: bool, full: bool = False) -> list[Run]:
+    """The default plan (the module docstring gives its wall time): DeepSeek-V3 on 8 chips at T = 1, 16 and 128 per chip,
+    a2a against allgather and balanced against skewed at T = 16, and with tp = 2; DeepSeek-V3
+    a2a balanced on 16 and 32 chips at T = 16; Qwen3 at T = 16 on every mesh size, and on 4
+    chips as ep=2,tp=2; prefill (4096 tokens per chip, a2a balanced) for DeepSeek-V3 on 8 chips
+    and Qwen3 on 2, 4 and 8, and allgather on both (DeepSeek-V3's at the block `given_block`:
+    its block search did not finish in 7 minutes; the given block simulates in 40 s).
+    `full`: every T and strategy at every mesh size (not run for the table)."""
     if quick:
-        return [(MODELS[0], 8, t, "a2a", "balanced", 1) for t in DECODE[:2]]
+        return [(MODELS[0], 8, t, "a2a", "balanced", 1, None) for t in DECODE[:2]]
     if full:
-        return [(model, chips, t, s, r, 1) for model in MODELS for chips in model.chips for t in (*DECODE, PREFILL)
+        return [(model, chips, t, s, r, 1, None) for model in MODELS for chips in model.chips
+                for t in (*DECODE, PREFILL)
                 for s, r in (("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced"))]
     deepseek, qwen = MODELS
-    plan = [(deepseek, 8, t, "a2a", "balanced", 1) for t in DECODE[:2]]
-    plan += [(deepseek, 8, 16, "a2a", "skewed", 1), (deepseek, 8, 16, "allgather", "balanced", 1),
-             (deepseek, 8, 16, "a2a", "balanced", 2)]
-    plan += [(qwen, chips, 16, "a2a", "balanced", 1) for chips in qwen.chips]
-    plan += [(qwen, 2, 16, "a2a", "skewed", 1), (qwen, 2, 16, "allgather", "balanced", 1),
-             (qwen, 4, 16, "a2a", "balanced", 2)]
+    plan: list[Run] = [(deepseek, 8, t, "a2a", "balanced", 1, None) for t in DECODE]
+    plan += [(deepseek, 8, 16, "a2a", "skewed", 1, None), (deepseek, 8, 16, "allgather", "balanced", 1, None),
+             (deepseek, 8, 16, "a2a", "balanced", 2, None)]
+    plan += [(deepseek, chips, 16, "a2a", "balanced", 1, None) for chips in deepseek.chips[1:]]
+    plan += [(qwen, chips, 16, "a2a", "balanced", 1, None) for chips in qwen.chips]
+    plan += [(qwen, 2, 16, "a2a", "skewed", 1, None), (qwen, 2, 16, "allgather", "balanced", 1, None),
+             (qwen, 4, 16, "a2a", "balanced", 2, None)]
+    plan += [(deepseek, 8, PREFILL, "a2a", "balanced", 1, None),
+             (deepseek, 8, PREFILL, "allgather", "balanced", 1, given_block(deepseek, 8, PREFILL))]
+    plan += [(qwen, chips, PREFILL, "a2a", "balanced", 1, None) for chips in qwen.chips]
+    plan += [(qwen, 2, PREFILL, "allgather", "balanced", 1, None)]
     return plan
 
 
@@ -256,10 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     machine = load_mesh_machine()
     rows = []
-    for model, chips, tokens, strategy, routing, tp in runs(args.quick, args.full):
-        rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine, tp=tp))
+    start = time.perf_counter()
+    for model, chips, tokens, strategy, routing, tp, block in runs(args.quick, args.full):
+        rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine, tp=tp, block=block))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    text = table(rows) + "\n" + tried_blocks(rows)
+    text = (table(rows) + f"\nWall time of the run: {time.perf_counter() - start:,.0f} s (one process; the wall s "
+            "column is each row's, block search included).\n\n" + tried_blocks(rows))
     print(text)
     out = args.out or (None if args.quick else str(Path(__file__).parent / "mesh.md"))
     if out:

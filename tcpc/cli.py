@@ -131,7 +131,8 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--mesh", default=None, metavar="SPEC",
                    help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|allgather, topk=rank|rounds|auto")
     r.add_argument("--mesh-machine", default=None, metavar="FILE",
-                   help="--mesh: mesh file (TOML: chip machine, mesh shape, links; default RNGD cards over PCIe)")
+                   help="--mesh: mesh file (TOML: chip machine, mesh shape, links) or a built-in one by name "
+                        "(rngd_pcie, the default: RNGD cards over PCIe; rngd_2x4)")
     r.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"cost-only routing: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     r.add_argument("--weights", default=None, metavar="PATH",

@@ -56,8 +56,14 @@ class MeshSpec:
                 if value.strip() not in choices[name.strip()]:
                     raise ccl.MeshSpecError(f"mesh '{spec}': unknown {name.strip()} '{value.strip()}' "
                                             f"(expected {', '.join(choices[name.strip()])})")
-            else:
+            elif name.strip() in ccl.MESH_AXES:
                 axes.append(item)
+            else:  # named here, where the options are known: Mesh.parse knows only the axes
+                raise ccl.MeshSpecError(f"mesh '{spec}': unknown '{name.strip()}' (expected axes "
+                                        f"{', '.join(ccl.MESH_AXES)} as NAME=SIZE, and the options "
+                                        f"{', '.join(f'{o}=' for o in options)})"
+                                        + ("; a capacity is the program's: scatter(..., capacity=C)"
+                                           if name.strip() == "capacity" else ""))
         return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"])
 
     def pipeline(self, cost_only: bool = False, lowered: bool = True) -> str:

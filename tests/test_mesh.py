@@ -145,7 +145,7 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=3"]) == 1
     assert "E = 16 experts do not divide over ep = 3 chips" in capsys.readouterr().err
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4,xp=2"]) == 1
-    assert "NAME one of dp, ep, tp" in capsys.readouterr().err
+    assert "unknown 'xp' (expected axes dp, ep, tp as NAME=SIZE" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     for text, message in [
         ('chip = "rngd"\n[link]\nbytes_per_cycle = { value = 0, source = "x" }\nlatency_cycles = { value = 1, assumption = "y" }\n',
@@ -166,6 +166,30 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4", "--mesh-machine",
                  "runtime_sim/perf/machines/rngd_2x4.toml"]) == 1
     assert "has 8 (shape 2 x 4)" in capsys.readouterr().err
+
+
+def test_mesh_mixups_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """A chip machine given as the mesh file, a mesh file given as the chip, an option --mesh
+    does not have: each named, exit 1; a built-in mesh file by name works as --machine's do."""
+    for spec, message in [("ep=2,capacity=4", "unknown 'capacity' (expected axes dp, ep, tp as NAME=SIZE, and the "
+                                              "options strategy=, topk=); a capacity is the program's"),
+                          ("strategy=a2a,xp=2", "unknown 'xp'"), ("ep=-1", "ep must be positive, got -1"),
+                          ("ep=2,dp=3", "T = 16 tokens do not divide over dp * ep = 6 chips"),
+                          ("ep=2,tp=3", "F = 32 does not divide over tp = 3 chips")]:
+        assert main(["run", "examples/deepseek_v3.moe", "--mesh", spec]) == 1
+        assert message in capsys.readouterr().err
+    assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine",
+                 "runtime_sim/perf/machines/rngd.toml"]) == 1
+    assert "link: missing: this is a single-chip machine file" in capsys.readouterr().err
+    bad = tmp_path / "mesh_as_chip.toml"
+    bad.write_text('extends = "rngd_pcie"\nchip = "rngd_2x4"\n')
+    assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine", str(bad)]) == 1
+    assert f"{bad}: chip: 'rngd_2x4' is a mesh file" in capsys.readouterr().err
+    bad.write_text('extends = "rngd_pcie"\nchip = 5\n')
+    assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine", str(bad)]) == 1
+    assert "chip: expected a string, got 5" in capsys.readouterr().err
+    assert load_mesh_machine("rngd_2x4").chips == 8
+    assert main(["run", "examples/toy.moe", "--mesh", "dp=2,ep=4", "--set", "T=8", "--mesh-machine", "rngd_2x4"]) == 0
 
 
 def test_cli_check_report_and_trace(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
@@ -405,3 +429,48 @@ def test_topk_auto_keeps_the_cheaper_strategy(capsys: pytest.CaptureFixture[str]
         MeshSpec.parse("ep=2,topk=best")
     assert main(["compile", "examples/toy.moe", "--mesh", "ep=2,topk=auto", "--emit", "lowered"]) == 1
     assert "topk=auto is chosen by simulating" in capsys.readouterr().err
+
+
+def test_mesh_report_from_each_chips_one_memory_plan(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """schedule_mesh plans each chip's memory once and reports from that plan with the
+    collectives' final cycles: the same reports, spills and streams included, as planning each
+    chip again at the end (chips small enough in SRAM to spill)."""
+    import runtime_sim.perf.mesh_simulate as mesh_simulate
+
+    (tmp_path / "chip.toml").write_text('extends = "rngd"\nname = "small-sram"\n[sram]\n'
+                                        'bytes_per_slice = { value = 64, assumption = "tiny, to spill" }\n')
+    (tmp_path / "mesh.toml").write_text('extends = "rngd_pcie"\nchip = "chip.toml"\n')
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 64})
+
+    def report() -> dict:
+        sim = simulate_on_mesh(program, MeshSpec.parse("ep=2"), cost_only=True, machine=tmp_path / "mesh.toml",
+                               routing="skewed", seed=1)
+        return sim.report.to_json()
+
+    once = report()
+    assert all(chip["spills"] and chip["streams"] for chip in once["chips"])
+    planned_again = mesh_simulate.simulate_trace
+    monkeypatch.setattr(mesh_simulate, "simulate_trace",
+                        lambda trace, machine, policy, units, plan: planned_again(trace, machine, policy, units))
+    assert report() == once
+
+
+def test_benchmark_default_plan_covers_the_issue() -> None:
+    """Issue #15's benchmark: DeepSeek-V3 on 8, 16 and 32 chips and Qwen3 on 2, 4 and 8, decode
+    up to T = 128 per chip and prefill (4096 per chip) for each model, a2a against allgather,
+    balanced against skewed; every row of the default plan a distinct run."""
+    from benchmark_scripts import load_script
+
+    bench = load_script("mesh")
+    plan = bench.runs(quick=False)
+    keys = [(m.name, *rest[:-1]) for m, *rest in plan]
+    assert len(set(keys)) == len(keys)
+    deepseek, qwen = bench.MODELS
+    a2a = {(m.name, chips) for m, chips, _, s, r, tp, _ in plan if (s, r, tp) == ("a2a", "balanced", 1)}
+    assert {(deepseek.name, c) for c in (8, 16, 32)} | {(qwen.name, c) for c in (2, 4, 8)} <= a2a
+    assert {t for _, _, t, *_ in plan} == {*bench.DECODE, bench.PREFILL}
+    prefill = {(m.name, s) for m, _, t, s, *_ in plan if t == bench.PREFILL}
+    assert prefill == {(m.name, s) for m in bench.MODELS for s in ("a2a", "allgather")}
+    assert {(s, r) for _, _, _, s, r, *_ in plan} == {("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced")}
+    # DeepSeek-V3's allgather prefill at balanced routing's rows per expert: 4096 x 8 x 8 / 256
+    assert [b for m, _, t, s, *_, b in plan if (m, t, s) == (deepseek, bench.PREFILL, "allgather")] == [1024]

@@ -50,20 +50,30 @@ def _error(path: Path, where: str, message: str) -> MachineError:
 
 
 def load_mesh_machine(path: str | Path | None = None) -> MeshMachine:
-    """Read and check a mesh file; None gives rngd_pcie (RNGD chips over PCIe)."""
+    """Read and check a mesh file, or a built-in one by name (`rngd_pcie`, `rngd_2x4`); None
+    gives rngd_pcie (RNGD chips over PCIe)."""
     path = MACHINES_DIR / f"{DEFAULT_MESH_MACHINE}.toml" if path is None else Path(path)
+    if not path.exists() and path.suffix == "" and (MACHINES_DIR / f"{path}.toml").exists():
+        path = MACHINES_DIR / f"{path}.toml"
     data: dict[str, Any] = _read(path)
+    if "link" not in data and isinstance(data.get("chip"), dict):  # a chip machine's [chip] table
+        raise _error(path, "link", "missing: this is a single-chip machine file (no chip, no [link]); a mesh "
+                                   "file names one (chip = a built-in name or a path) and describes the links")
     for key in data:
         if key not in ("name", "description", "chip", "link", "mesh"):
             raise _error(path, key, "unknown section or key (a mesh file has name, description, chip, [mesh], [link])")
     chip = data.get("chip")
     if not isinstance(chip, str) or not chip:
-        raise _error(path, "chip", "missing: the single-chip machine every chip is (a name such as \"rngd\" or a path)")
+        what = "missing" if chip is None or chip == "" else f"expected a string, got {chip!r}"
+        raise _error(path, "chip", f"{what}: the single-chip machine every chip is (a name such as \"rngd\" or a path)")
     chip_path = MACHINES_DIR / f"{chip}.toml" if (MACHINES_DIR / f"{chip}.toml").exists() else path.parent / chip
     if not chip_path.exists():
         built_in = sorted(p.stem for p in MACHINES_DIR.glob("*.toml") if "link" not in _read(p))
         raise _error(path, "chip", f"'{chip}' is neither a built-in chip machine ({', '.join(built_in)}) "
                                    f"nor a file {chip_path}")
+    if "link" in _read(chip_path):
+        raise _error(path, "chip", f"'{chip}' is a mesh file ({chip_path}), not a single-chip machine "
+                                   "(rngd, rngd-cluster or a chip machine file)")
     machine = load_machine(chip_path)
     link = data.get("link")
     if not isinstance(link, dict):

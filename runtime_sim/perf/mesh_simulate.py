@@ -38,7 +38,7 @@ from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_m
 from runtime_sim.perf.mesh_machine import MeshMachine
 from runtime_sim.perf.op_trace import Trace
 from runtime_sim.perf.report import SimReport
-from runtime_sim.perf.scheduler import schedule
+from runtime_sim.perf.scheduler import Task, schedule
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import own_dma_units, pinned_units, simulate_trace, trace_recorder
 from runtime_sim.semantics.ccl_semantics import (CCLFunctions, ChipInterpreter, MeshExchange, collective_label,
@@ -331,17 +331,23 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             ops[key] = dataclasses.replace(ops[key], cost=dataclasses.replace(ops[key].cost, cycles=wait[c][j] + duration[c][j]))
         return Trace(ops, traces[c].buffer_bytes, traces[c].buffer_labels, traces[c].outputs)
 
-    # The memory plan follows program order, not time: plan each chip once, then only
-    # reschedule its tasks with the collectives' cycles as they are fixed.
+    # The memory plan follows program order, not time (no decision of it reads a command's
+    # cycles; a collective is a link command, whose cost the plan never changes): plan each
+    # chip once, then only reschedule its tasks with the collectives' cycles as they are fixed,
+    # and report from the same plan (tests/test_mesh.py: the same reports as planning again).
     units = {**engine_units(machine.chip), LINK: 1}
     plans = [plan_memory(timed(c), machine.chip, sram_policy) for c in range(n)]
     pinned = [pinned_units(traces[c]) for c in range(n)]
     own_dma = [own_dma_units(traces[c], machine.chip) for c in range(n)]
+
+    def timed_tasks(c: int) -> list[Task]:
+        cycles = {key: wait[c][i] + duration[c][i] for i, key in enumerate(keys[c])}
+        return [dataclasses.replace(t, cycles=cycles[t.key]) if t.key in cycles else t for t in plans[c].tasks]
+
     for j in range(count):
         starts: dict[int, int] = {}
         for c in range(n):
-            cycles = {key: wait[c][i] + duration[c][i] for i, key in enumerate(keys[c])}
-            tasks = [dataclasses.replace(t, cycles=cycles[t.key]) if t.key in cycles else t for t in plans[c].tasks]
+            tasks = timed_tasks(c)
             upto = next(i for i, t in enumerate(tasks) if t.key == keys[c][j])
             # In issue order nothing after the collective moves its start.
             starts[c] = schedule(tasks[:upto + 1], units, pinned[c], own_dma[c]).slots[keys[c][j]].start
@@ -349,7 +355,8 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             sync = max(starts[c] for c in group)
             for c in group:
                 wait[c][j] = sync - starts[c]
-    reports = [simulate_trace(timed(c), machine.chip, sram_policy, {LINK: 1})[0] for c in range(n)]
+    reports = [simulate_trace(timed(c), machine.chip, sram_policy, {LINK: 1},
+                              dataclasses.replace(plans[c], tasks=timed_tasks(c)))[0] for c in range(n)]
     links = []
     for c in range(n):
         for j, key in enumerate(keys[c]):

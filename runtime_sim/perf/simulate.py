@@ -28,7 +28,7 @@ from runtime_sim.perf import cost_model
 from runtime_sim.perf.cost_model import DMA, TENSOR, CostModelError, engine_units, require_lowered
 from runtime_sim.perf.costs import register_cost_models
 from runtime_sim.perf.machine import Machine, default_machine
-from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory, scheduled_peak
+from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, MemoryPlan, SramPolicy, plan_memory, scheduled_peak
 from runtime_sim.perf.op_trace import Trace, TraceRecorder
 from runtime_sim.perf.report import EngineRecord, OpRecord, SimReport, roofline
 from runtime_sim.perf.scheduler import Schedule, schedule
@@ -142,11 +142,13 @@ def own_dma_units(trace: Trace, machine: Machine) -> dict[int, tuple[int, ...]]:
 
 
 def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
-                   extra_units: Mapping[str, int] | None = None) -> tuple[SimReport, Schedule]:
+                   extra_units: Mapping[str, int] | None = None,
+                   plan: MemoryPlan | None = None) -> tuple[SimReport, Schedule]:
     """Plan, schedule and report a recorded trace; `extra_units` adds engines the machine does
-    not have (a mesh chip's link). Returns the report and the schedule (its `graph` is the
-    dependency graph)."""
-    plan = plan_memory(trace, machine, sram_policy)
+    not have (a mesh chip's link); `plan`, the trace's memory plan if the caller has it (the
+    mesh's, made once per chip: its tasks must carry the trace's cycles). Returns the report
+    and the schedule (its `graph` is the dependency graph)."""
+    plan = plan or plan_memory(trace, machine, sram_policy)
     units = {**engine_units(machine), **(extra_units or {})}
     sched = schedule(plan.tasks, units, pinned_units(trace), own_dma_units(trace, machine))
     records: list[OpRecord] = []
