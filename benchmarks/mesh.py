@@ -1,7 +1,7 @@
 """Expert parallelism across chips: DeepSeek-V3 and Qwen3-30B-A3B sharded over meshes of RNGD
 cards, a2a against allgather, balanced against skewed routing, on the mesh simulator.
 
-    python benchmarks/mesh.py            # the default table (747 s on a loaded 2-core VM): benchmarks/mesh.md
+    python benchmarks/mesh.py            # the default table (522 to 747 s on a 2-core VM, one process): benchmarks/mesh.md
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
     python benchmarks/mesh.py --full     # every T and strategy at every mesh size (not run for the table)
 
