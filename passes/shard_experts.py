@@ -43,6 +43,7 @@ function arguments.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -352,7 +353,9 @@ class ShardExpertsPass(ModulePass):
         parent.erase_op(fn)
 
 
-class _Strategy:
+class _Strategy(ABC):
+    """What a sharding strategy shares; each one says how a tp partial sum is reduced."""
+
     def __init__(self, b: _Builder, layer: _Layer):
         self.b = b
         self.layer = layer
@@ -384,9 +387,9 @@ class _Strategy:
         else:
             b.values[op.result] = result
 
+    @abstractmethod
     def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
         """The down projection summed over the tp chips and rounded once to `element`."""
-        raise NotImplementedError
 
     def _on_first_tp_chip(self, bias: SSAValue) -> SSAValue:
         b = self.b
