@@ -42,6 +42,9 @@ sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
   zero row), broadcast over D and multiplied (`y_weighted`); `ve.reduce_sum` along K, strictly
   k = 0, 1, ..., K-1 as the reference adds; `+ 0.0`, because the reference's accumulator starts
   at +0.0 (so an all-(-0.0) sum is +0.0 there); `ve.narrow` when the output is bf16 (`moe_out`).
+  A combine of bf16 blocks widened to f32 by a `tmath.cast` (shard-experts' allgather sums f32
+  partial rows) gathers the bf16 rows instead and widens them after the gather as above, the
+  same values (widening is exact), and the whole-tensor cast goes (`widened_from`).
 
 Exactness: dispatch and combine give the reference's bits exactly. grouped_matmul gives them
 exactly on padding rows and unused blocks and in the rounding points (one f32 accumulation,
@@ -76,7 +79,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
-from dialects import moe, tcp, ve
+from dialects import moe, tcp, tmath, ve
 from dialects.annotations import mark
 from dialects.tensor_types import shape_of
 from passes.lowering_builder import LoweringBuilder, element_of
@@ -281,12 +284,23 @@ def lower_scaled_grouped_matmul(op: moe.ScaledGroupedMatmulOp, plan: moe.RouteOp
     return e.ops, e.to_result(masked, op.result.type, op.result.name_hint or "y_blocked")
 
 
+def widened_from(blocks: SSAValue) -> SSAValue | None:
+    """The bf16 rows `blocks` widens to f32 (a `tmath.cast`), if it is such a widening: a
+    combine of them gathers the bf16 rows and widens what it gathered, which it does anyway,
+    rather than read rows widened whole beforehand (expert parallelism's allgather sums f32
+    partial rows: the whole widened tensor was G x B x D f32, hundreds of MB at prefill)."""
+    cast = blocks.owner
+    if isinstance(cast, tmath.CastOp) and element_of(blocks) == f32 and isinstance(element_of(cast.input), BFloat16Type):
+        return cast.input
+    return None
+
+
 def lower_combine(op: moe.CombineOp, plan: moe.RouteOp) -> tuple[list[Operation], SSAValue]:
     r = plan.route.type
     t, k, g, b = r.tokens.data, r.k.data, r.blocks.data, r.block.data
     d = shape_of(op.input.type)[2]
     e = _Emitter()
-    rows = e.view(op.input, [g * b, d], "y_rows")
+    rows = e.view(widened_from(op.input) or op.input, [g * b, d], "y_rows")
     restored = e.to_f32(e.emit(tcp.DmaGatherOp(rows, plan.scatter_idx), "y_restored"), "y_restored_f32")
     if op.weights is not None:
         weights = e.to_f32(op.weights, "weights_f32")
@@ -324,7 +338,10 @@ class LowerDispatchPattern(RewritePattern):
         else:
             ops, result = lower_combine(op, plan)
             mark(ops, "combine")
+        widening = op.input.owner if isinstance(op, moe.CombineOp) and widened_from(op.input) is not None else None
         rewriter.replace(op, ops, [result])
+        if isinstance(widening, Operation) and not widening.results[0].uses:
+            rewriter.erase(widening)
 
 
 @dataclass(frozen=True)

@@ -141,19 +141,23 @@ def matmul_modules(g: int, b: int, d: int, f: int, e: int, r: moe.RouteType, x_d
 
 
 @cache
-def combine_modules(r: moe.RouteType, d: int, y_dt: str, weights_dt: str | None) -> tuple[ModuleOp, ModuleOp]:
-    """@comb(yb, scatter_idx, expert_ids, [weights]) -> out: combine on any blocked input."""
+def combine_modules(r: moe.RouteType, d: int, y_dt: str, weights_dt: str | None,
+                    widened: bool = False) -> tuple[ModuleOp, ModuleOp]:
+    """@comb(yb, scatter_idx, expert_ids, [weights]) -> out: combine on any blocked input;
+    `widened`: of the blocks cast to f32 first (expert parallelism's allgather partial sums)."""
     t, k, g, b = r.tokens.data, r.k.data, r.blocks.data, r.block.data
     rt = str(r)
     args = [f"%yb: {tt([g, b, d], y_dt)}", f"%scatter_idx: {tt([t, k], 'i32')}", f"%expert_ids: {tt([g], 'i32')}"]
     args += [f"%weights: {tt([t, k], weights_dt)}"] if weights_dt else []
+    out_dt = "f32" if widened else y_dt
+    cast = f"  %rows = tmath.cast %yb : {tt([g, b, d], y_dt)} -> {tt([g, b, d], 'f32')}\n" if widened else ""
     text = (
-        f"func.func @comb({', '.join(args)}) -> {tt([t, d], y_dt)} {{\n"
-        f"  %route = moe.route %scatter_idx, %expert_ids : {tt([t, k], 'i32')}, {tt([g], 'i32')} -> {rt}\n"
-        f"  %out = moe.combine %yb, %route" + (" weights %weights" if weights_dt else "")
-        + f" : {tt([g, b, d], y_dt)}, {rt}" + (f", {tt([t, k], weights_dt)}" if weights_dt else "")
-        + f" -> {tt([t, d], y_dt)}\n"
-        f"  func.return %out : {tt([t, d], y_dt)}\n}}"
+        f"func.func @comb({', '.join(args)}) -> {tt([t, d], out_dt)} {{\n"
+        f"  %route = moe.route %scatter_idx, %expert_ids : {tt([t, k], 'i32')}, {tt([g], 'i32')} -> {rt}\n" + cast
+        + f"  %out = moe.combine {'%rows' if widened else '%yb'}, %route" + (" weights %weights" if weights_dt else "")
+        + f" : {tt([g, b, d], out_dt)}, {rt}" + (f", {tt([t, k], weights_dt)}" if weights_dt else "")
+        + f" -> {tt([t, d], out_dt)}\n"
+        f"  func.return %out : {tt([t, d], out_dt)}\n}}"
     )
     before = parse(text)
     return before, apply_pipeline(before, parse_pipeline("lower-dispatch"))
@@ -344,10 +348,12 @@ def plan_cases(draw: st.DrawFn) -> tuple:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(plan_cases(), st.sampled_from(sorted(DTYPES)), st.sampled_from([None, *sorted(DTYPES)]))
-def test_combine_is_bit_identical(case: tuple, y_dt: str, weights_dt: str | None) -> None:
+@given(plan_cases(), st.sampled_from(sorted(DTYPES)), st.sampled_from([None, *sorted(DTYPES)]), st.booleans())
+def test_combine_is_bit_identical(case: tuple, y_dt: str, weights_dt: str | None, widened: bool) -> None:
     """Padding rows hold NaN and inf (combine must never read them), kept values include +-0.0,
-    +-inf and NaN payloads, dropped pairs have NaN or inf weights."""
+    +-inf and NaN payloads, dropped pairs have NaN or inf weights. `widened`: bf16 blocks cast
+    to f32 before the combine, which the lowering gathers narrow and widens after the gather."""
+    widened = widened and y_dt == "bf16"
     t, k, e, b, c, d, style, seed = case
     rng = np.random.default_rng(seed)
     r = route_type(t, k, e, b, c)
@@ -361,7 +367,9 @@ def test_combine_is_bit_identical(case: tuple, y_dt: str, weights_dt: str | None
         weights = values(rng, (t, k), DTYPES[weights_dt], "special")
         weights[plan.scatter_idx < 0] = np.array(np.nan, dtype=np.float32).astype(weights.dtype)
         args.append(weights)
-    before, after = combine_modules(r, d, y_dt, weights_dt)
+    before, after = combine_modules(r, d, y_dt, weights_dt, widened)
+    if widened:  # the whole-tensor cast is gone: the gather reads the bf16 blocks
+        assert not any(op.name == "tmath.cast" for op in after.walk())
     got, want = run_function(after, "comb", args)[0], run_function(before, "comb", args)[0]
     assert_bits(got, want, "combine", nan_payloads=False)
 

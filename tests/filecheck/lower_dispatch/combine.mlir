@@ -48,3 +48,24 @@ func.func @plain(%y_blocked: tensor<4x4x16xf32>, %scatter_idx: tensor<6x2xi32>, 
 // CHECK-NEXT:  %[[ZO:.*]] = ve.const 0.0 : tensor<6x16xf32>
 // CHECK-NEXT:  %routed = ve.add %y_sum, %[[ZO]] : tensor<6x16xf32>
 // CHECK-NEXT:  func.return %routed : tensor<6x16xf32>
+
+// Of bf16 rows widened to f32 (expert parallelism's allgather sums f32 partial rows): the
+// combine gathers the bf16 rows and widens what it gathered, as above; the widening of the
+// whole [G, B, D] tensor is gone (at prefill it was hundreds of MB of f32 rows).
+
+func.func @widened(%y_blocked: tensor<4x4x16xbf16>, %scatter_idx: tensor<6x2xi32>, %expert_ids: tensor<4xi32>) -> tensor<6x16xf32> {
+  %route = moe.route %scatter_idx, %expert_ids : tensor<6x2xi32>, tensor<4xi32> -> !moe.route<T = 6, K = 2, E = 4, B = 4, G = 4, C = 2>
+  %rows_f32 = tmath.cast %y_blocked : tensor<4x4x16xbf16> -> tensor<4x4x16xf32>
+  %partial = moe.combine %rows_f32, %route : tensor<4x4x16xf32>, !moe.route<T = 6, K = 2, E = 4, B = 4, G = 4, C = 2> -> tensor<6x16xf32>
+  func.return %partial : tensor<6x16xf32>
+}
+
+// CHECK-LABEL: func.func @widened
+// CHECK-NOT:   tmath.cast
+// CHECK:       %y_rows = tcp.view %y_blocked : tensor<4x4x16xbf16> -> tensor<16x16xbf16>
+// CHECK-NEXT:  %y_restored = tcp.dma_gather %y_rows[%scatter_idx] : tensor<16x16xbf16>, tensor<6x2xi32> -> tensor<6x2x16xbf16>
+// CHECK-NEXT:  %y_restored_f32 = ve.widen %y_restored : tensor<6x2x16xbf16> -> tensor<6x2x16xf32>
+// CHECK-NEXT:  %y_sum = ve.reduce_sum %y_restored_f32 along 1 : tensor<6x2x16xf32> -> tensor<6x16xf32>
+// CHECK-NEXT:  %[[ZO:.*]] = ve.const 0.0 : tensor<6x16xf32>
+// CHECK-NEXT:  %partial = ve.add %y_sum, %[[ZO]] : tensor<6x16xf32>
+// CHECK-NEXT:  func.return %partial : tensor<6x16xf32>
