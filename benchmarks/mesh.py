@@ -1,7 +1,7 @@
 """Expert parallelism across chips: DeepSeek-V3 and Qwen3-30B-A3B sharded over meshes of RNGD
 cards, a2a against allgather, balanced against skewed routing, on the mesh simulator.
 
-    python benchmarks/mesh.py            # the default table (522 to 747 s on a 2-core VM, one process): benchmarks/mesh.md
+    python benchmarks/mesh.py            # the default table (394 to 747 s on a 2-core VM, one process): benchmarks/mesh.md
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
     python benchmarks/mesh.py --full     # every T and strategy at every mesh size (not run for the table)
 
@@ -222,8 +222,7 @@ def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
     lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy):", ""]
     for r in rows:
         mesh = f"ep={r.chips // r.tp}" + (f",tp={r.tp}" if r.tp > 1 else "")
-        tried = (", ".join(f"{b}: {c * us:,.1f}" for b, c in r.tried)
-                 or f"given, {r.block} = T x K / E (`given_block`: the search is too slow at this size)")
+        tried = ", ".join(f"{b}: {c * us:,.1f}" for b, c in r.tried) or f"given, {r.block}"
         lines.append(f"- {r.model}, {mesh}, T = {r.tokens} per chip, {r.strategy}, {r.routing}: {tried}")
     return "\n".join(lines) + "\n"
 
@@ -232,19 +231,12 @@ Run = tuple[Model, int, int, str, str, int, int | None]
 """(model, chips, T per chip, strategy, routing, tp, block: None to choose it by cost)."""
 
 
-def given_block(model: Model, chips: int, tokens: int) -> int:
-    """The block of a row too slow to search: the rows an expert receives under balanced
-    routing, T x K / E over the whole mesh (the centre of autotune's candidates)."""
-    return max(1, tokens * chips * model.dims["K"] // model.dims["E"])
-
-
 def runs(quick: bool, full: bool = False) -> list[Run]:
     """The default plan (the module docstring gives its wall time): DeepSeek-V3 on 8 chips at T = 1, 16 and 128 per chip,
     a2a against allgather and balanced against skewed at T = 16, and with tp = 2; DeepSeek-V3
     a2a balanced on 16 and 32 chips at T = 16; Qwen3 at T = 16 on every mesh size, and on 4
     chips as ep=2,tp=2; prefill (4096 tokens per chip, a2a balanced) for DeepSeek-V3 on 8 chips
-    and Qwen3 on 2, 4 and 8, and allgather on both (DeepSeek-V3's at the block `given_block`:
-    its block search did not finish in 7 minutes; the given block simulates in 40 s).
+    and Qwen3 on 2, 4 and 8, and allgather on both.
     `full`: every T and strategy at every mesh size (not run for the table)."""
     if quick:
         return [(MODELS[0], 8, t, "a2a", "balanced", 1, None) for t in DECODE[:2]]
@@ -260,8 +252,7 @@ def runs(quick: bool, full: bool = False) -> list[Run]:
     plan += [(qwen, chips, 16, "a2a", "balanced", 1, None) for chips in qwen.chips]
     plan += [(qwen, 2, 16, "a2a", "skewed", 1, None), (qwen, 2, 16, "allgather", "balanced", 1, None),
              (qwen, 4, 16, "a2a", "balanced", 2, None)]
-    plan += [(deepseek, 8, PREFILL, "a2a", "balanced", 1, None),
-             (deepseek, 8, PREFILL, "allgather", "balanced", 1, given_block(deepseek, 8, PREFILL))]
+    plan += [(deepseek, 8, PREFILL, "a2a", "balanced", 1, None), (deepseek, 8, PREFILL, "allgather", "balanced", 1, None)]
     plan += [(qwen, chips, PREFILL, "a2a", "balanced", 1, None) for chips in qwen.chips]
     plan += [(qwen, 2, PREFILL, "allgather", "balanced", 1, None)]
     return plan

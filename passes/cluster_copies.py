@@ -38,6 +38,12 @@ def reacher(before: list[Operation]) -> Callable[[SSAValue, int], SSAValue]:
     return reach
 
 
+def read_in_place(op: Operation, operand: SSAValue) -> bool:
+    """Whether `op` reads `operand` where it lives, on any cluster (or in HBM), so that no
+    copy is needed: a DMA gather's source (a DMA command reads any cluster's memory)."""
+    return isinstance(op, (tile.GatherOp, tcp.DmaGatherOp)) and operand is op.source
+
+
 DMA_OPS = (tile.LoadOp, tile.GatherOp, tile.LoadExpertOp, tile.StoreOp, tile.CopyOp, tcp.DmaGatherOp, tcp.DmaScatterOp,
            tcp.LoadOp, tcp.StoreOp)
 """The ops the DMA engines run."""

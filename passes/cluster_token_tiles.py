@@ -7,7 +7,8 @@ partial remainder tile stays on cluster 0. Every cluster has its own vector engi
 sits in each slice, and a tensor-unit command, contraction and vector chain, occupies one
 cluster's slices: docs/hardware.md#pes-clusters-and-slices; the simulator's `tensor` engine has
 a unit per cluster), so the tiles run side by side; the 8 DMA engines are the chip's, shared.
-Off cluster 0 a tile's SRAM input slice is copied to its cluster (`tile.copy`) and its results
+Off cluster 0 a tile's SRAM input slice is copied to its cluster (`tile.copy`; a DMA gather
+reads its source where it lives instead, `cluster_copies.read_in_place`) and its results
 are copied back before they are stored into the loop's SRAM buffers, which are cluster 0's
 (the routing after the loop runs there). A loop that gathers from HBM (the combine) stays on
 cluster 0: the clusters share the HBM its time goes to, and a second one would only add copies.
@@ -24,7 +25,7 @@ from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR
 from dialects.tensor_types import stored_bytes
-from passes.cluster_copies import pin, reacher
+from passes.cluster_copies import pin, reacher, read_in_place
 from passes.loop_builder import constant_index, in_hbm, index_constant
 
 
@@ -120,9 +121,10 @@ def _tile_on_cluster(loop: scf.ForOp, offset: SSAValue, carried: list[SSAValue],
                 new.results[0].name_hint = op.result.name_hint
             mapping[op.result] = new.results[0]
             continue
-        for operand in (o for inner in op.walk() for o in inner.operands):
-            if operand not in defined and operand not in mapping:
-                mapping[operand] = reach(operand, cluster)
+        for inner in op.walk():
+            for operand in inner.operands:
+                if operand not in defined and operand not in mapping and not read_in_place(inner, operand):
+                    mapping[operand] = reach(operand, cluster)
         if isinstance(op, tile.StoreOp) and cluster != 0 and not _stores_to_hbm(op, loop):
             back = place(tile.CopyOp(mapping[op.tile]), 0, op)
             guard = None if op.guard is None else mapping[op.guard]

@@ -62,7 +62,7 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
-from passes.cluster_copies import pin, reacher
+from passes.cluster_copies import pin, reacher, read_in_place
 from passes.cluster_token_tiles import split_token_loop, token_loops
 
 
@@ -259,8 +259,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
                 break
             for inner in op.walk():
                 for operand in inner.operands:
-                    # A DMA gather reads its source where it lives, on any cluster: no copy.
-                    if isinstance(inner, tile.GatherOp) and operand is inner.source:
+                    if read_in_place(inner, operand):
                         continue
                     if operand not in defined_in_body and operand not in mapping:
                         mapping[operand] = reach(operand, c)

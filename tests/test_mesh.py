@@ -472,5 +472,4 @@ def test_benchmark_default_plan_covers_the_issue() -> None:
     prefill = {(m.name, s) for m, _, t, s, *_ in plan if t == bench.PREFILL}
     assert prefill == {(m.name, s) for m in bench.MODELS for s in ("a2a", "allgather")}
     assert {(s, r) for _, _, _, s, r, *_ in plan} == {("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced")}
-    # DeepSeek-V3's allgather prefill at balanced routing's rows per expert: 4096 x 8 x 8 / 256
-    assert [b for m, _, t, s, *_, b in plan if (m, t, s) == (deepseek, bench.PREFILL, "allgather")] == [1024]
+    assert all(block is None for *_, block in plan)  # every row's block chosen by cost on the mesh
