@@ -1,6 +1,6 @@
 """bf16 vs fp8 vs MXFP4 expert weights, at real dims, decode and prefill, cost-only.
 
-    python benchmarks/precisions.py            # the table (about a minute on 2 cores): precisions.md
+    python benchmarks/precisions.py            # the table (about 2 minutes on 2 cores): precisions.md
     python benchmarks/precisions.py --quick    # T = 1 only; writes the file only with --out
     python benchmarks/precisions.py --out DIR
     python benchmarks/precisions.py --tokens 1 64   # chosen token counts
@@ -19,15 +19,16 @@ For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
   scales, `variant` below). The shared expert of DeepSeek-V3 takes its routed experts' format.
 
 Each is compiled with the full pipeline and simulated cost-only with balanced routing, at
-T = 1 and 64 (decode) and 2048 (prefill), B as benchmarks/run.py picks it, lower-topk's
-strategy chosen by the cost model (`strategy=auto`: each strategy simulated, the fewer cycles
-kept; column `top-k`). Columns: simulated
+T = 1 and 64 (decode) and 2048 (prefill), the block size B chosen by the compiler (`block=auto`,
+tcpc/autotune.py: the candidate of fewest simulated cycles with balanced routing; column `B`;
+`--block rule` takes benchmarks/run.py's rule instead), lower-topk's strategy chosen by the
+cost model (`strategy=auto`: each strategy simulated, the fewer cycles kept; column `top-k`),
+as benchmarks/schedule.py does. Columns: simulated
 time; its ratio to the bf16 layer's; the chip limit of the format, computed here from the
 layer's FLOPs at the format's peak (the experts' contractions at the fp8 rate for fp8 and
 MXFP4, the rest at bf16's) and its minimal HBM bytes at HBM bandwidth (the weights of the
 experts balanced routing uses, at their stored width with their scales, the router's, the
-shared expert's, the tokens in and out), on the simulated machine (one cluster, the chip's
-HBM); the simulated time over that limit; the HBM bytes the simulation moved (the layer's own
+shared expert's, the tokens in and out), on the simulated machine (the whole chip); the simulated time over that limit; the HBM bytes the simulation moved (the layer's own
 commands); and the critical path split into experts and the rest.
 """
 
@@ -146,16 +147,19 @@ def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: 
     return max(flop_cycles, nbytes / machine.hbm_bytes_per_cycle)
 
 
-def precision_row(family: Family, fmt: str, tokens: int, machine: Machine) -> Row:
+def precision_row(family: Family, fmt: str, tokens: int, machine: Machine, block: str = "auto") -> Row:
+    """`family` in `fmt` at T = tokens; `block` "auto" lets the compiler choose B (`block=auto`,
+    tcpc/autotune.py), "rule" takes run.py's (`block_size`)."""
     stem, blocks = family.sources[fmt]
     path = EXAMPLES / f"{stem}.moe"
     source = path.read_text()
     if fmt != "bf16":
         source = variant(source, fmt)
-    block = bench.block_size(tokens, family.dims["K"], family.dims["E"])
-    dims = {**family.dims, **blocks, "T": tokens, "B": block}
+    b: int | str = "auto" if block == "auto" else bench.block_size(tokens, family.dims["K"], family.dims["E"])
+    dims = {**family.dims, **blocks, "T": tokens, "B": b}
     start = time.perf_counter()
     program = tcpc.compile_source(source, dims=dims, filename=str(path))
+    chosen = next((int(c.chosen) for c in program.choices if c.what == "block"), None) if b == "auto" else b
     name = program.function().sym_name.data
     passes, choices = program.passes(pipeline_with_auto_topk(program.full_pipeline()), routing="balanced")
     module = apply_pipeline(program.module, passes)
@@ -164,7 +168,7 @@ def precision_row(family: Family, fmt: str, tokens: int, machine: Machine) -> Ro
     seconds = time.perf_counter() - start
     experts = next((p.critical_cycles for p in report.phases if p.name == "experts"), 0)
     limit = chip_limit(machine, family, fmt, tokens, blocks)
-    return Row(family.title, fmt, tokens, block, report.total_cycles, limit, report.roofline.hbm_bytes, experts,
+    return Row(family.title, fmt, tokens, chosen if chosen is not None else program.dims["B"], report.total_cycles, limit, report.roofline.hbm_bytes, experts,
                report.microseconds, machine.cycles_to_us(limit), seconds, strategy)
 
 
@@ -174,11 +178,11 @@ def pipeline_with_auto_topk(pipeline: str) -> str:
     return ",".join(["pin-routing", *("lower-topk{strategy=auto}" if p == "lower-topk" else p for p in pipeline.split(","))])
 
 
-def rows_for(tokens: Sequence[int], machine: Machine) -> list[Row]:
+def rows_for(tokens: Sequence[int], machine: Machine, block: str = "auto") -> list[Row]:
     rows: list[Row] = []
     for family in FAMILIES:
         for t in tokens:
-            group = [precision_row(family, fmt, t, machine) for fmt in FORMATS]
+            group = [precision_row(family, fmt, t, machine, block) for fmt in FORMATS]
             for row in group:
                 row.bf16_cycles = group[0].total_cycles
             rows.extend(group)
@@ -190,14 +194,14 @@ def _num(x: float) -> str:
 
 
 def table(rows: Sequence[Row], machine: Machine) -> str:
-    head = ["model", "T", "format", "simulated µs", "x bf16", "target", "chip limit µs", "x limit", "HBM MB",
+    head = ["model", "T", "format", "B", "simulated µs", "x bf16", "target", "chip limit µs", "x limit", "HBM MB",
             "experts µs", "rest µs", "top-k"]
     lines = ["| " + " | ".join(head) + " |",
              "|" + "|".join("---" if i < 3 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
     for r in rows:
         target = f"<= {TARGETS[r.fmt]:.2f}" if r.fmt in TARGETS and r.tokens <= 64 else ""
         rest = r.total_cycles - r.experts_cycles
-        lines.append(f"| {r.title} | {r.tokens} | {r.fmt} | {_num(r.microseconds)} | {r.ratio:.3f} | {target} | "
+        lines.append(f"| {r.title} | {r.tokens} | {r.fmt} | {r.block} | {_num(r.microseconds)} | {r.ratio:.3f} | {target} | "
                      f"{_num(r.limit_microseconds)} | {r.over_limit:.2f} | {r.hbm_bytes / 1e6:,.1f} | "
                      f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} | {r.strategy} |")
     return "\n".join(lines)
@@ -208,15 +212,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="T = 1 only")
     parser.add_argument("--tokens", type=int, nargs="+", help="the token counts (default 1 64 2048)")
     parser.add_argument("--out", type=Path, help="directory for precisions.md (default: benchmarks/, not with --quick)")
+    parser.add_argument("--block", choices=("auto", "rule"), default="auto",
+                        help="the block size: the compiler's choice (default) or run.py's rule")
     args = parser.parse_args(argv)
     machine = load_machine()
-    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine)
+    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine, args.block)
     text = table(rows, machine)
     print(text)
     out = args.out or (None if args.quick else Path(__file__).parent)
     if out is not None:
         command = "python benchmarks/precisions.py" + (" --quick" if args.quick else "") + (
-            " --tokens " + " ".join(map(str, args.tokens)) if args.tokens else "")
+            " --tokens " + " ".join(map(str, args.tokens)) if args.tokens else "") + (
+            " --block rule" if args.block == "rule" else "")
         (out / "precisions.md").write_text(
             f"# Precisions: bf16, fp8, MXFP4 (`{command}`, machine {machine.name})\n\n{text}\n")
     return 0

@@ -58,6 +58,7 @@ def test_row_at_small_dims_is_consistent(monkeypatch: pytest.MonkeyPatch) -> Non
         assert r.hbm_bytes > 0
     assert rows[1].hbm_bytes < rows[0].hbm_bytes and rows[2].hbm_bytes < rows[1].hbm_bytes
     assert {r.strategy for r in rows} <= {"rank", "rounds"}  # chosen by the cost model (strategy=auto)
+    assert all(isinstance(r.block, int) and r.block >= 1 for r in rows)  # chosen by the compiler (block=auto)
     text = precisions.table(rows, machine)
     assert text.count("\n") == 2 + len(rows) - 1 and "small Qwen3" in text
 
