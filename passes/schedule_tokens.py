@@ -36,7 +36,9 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR, phase_of
 from dialects.tensor_types import stored_bytes
+from passes.cluster_copies import DMA_OPS
 from passes.cluster_token_tiles import worth_splitting
+from passes.f_tiles import CLUSTER_SRAM_BYTES
 from passes.loop_builder import (clone_rows, escaping_results, index_constant, is_row_parallel_ve, leading, replace_by_loop,
                                  select_ops, split_shared_constants, tile_type)
 
@@ -161,6 +163,27 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     return True
 
 
+def goes_to_hbm(result: SSAValue) -> bool:
+    """Whether a loop's `result` is written tile by tile to HBM rather than kept in SRAM: when
+    it is larger than a cluster's SRAM and only DMA commands and collectives read it (through
+    views), which read HBM where it is (a mesh chip's rows to return, at prefill). A compute
+    engine reads SRAM, so a result it reads stays there, for the memory plan to place."""
+    if stored_bytes(result.type) <= CLUSTER_SRAM_BYTES:
+        return False
+    pending, seen = [result], set()
+    while pending:
+        value = pending.pop()
+        for use in value.uses:
+            user = use.operation
+            if isinstance(user, tcp.ViewOp):
+                if user not in seen:
+                    seen.add(user)
+                    pending.append(user.result)
+            elif not (isinstance(user, DMA_OPS) or user.dialect_name() == "ccl"):
+                return False
+    return True
+
+
 def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int,
                tokens: int) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
     """The token-tile loop over `ops` in tiles of `rows` (not yet in the block): the ops before
@@ -169,7 +192,7 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int,
     marker = {PHASE_ATTR: ops[-1].attributes[PHASE_ATTR]}
 
     before: list[Operation] = [c0 := index_constant(0), c_main := index_constant(main), c_rows := index_constant(rows)]
-    buffers = [tile.BufferOp("sram", r.type) for r in escaping]
+    buffers = [tile.BufferOp("hbm" if goes_to_hbm(r) else "sram", r.type) for r in escaping]
     before += buffers
     for b, r in zip(buffers, escaping):
         b.result.name_hint = f"{r.name_hint or 'out'}_buffer"

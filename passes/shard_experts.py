@@ -54,8 +54,9 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from dialects import ccl, moe, tcp, tmath
-from dialects.annotations import PHASE_ATTR, routing_arguments
-from dialects.tensor_types import shape_of
+from dialects.annotations import PHASE_ATTR, place_in_hbm, routing_arguments
+from dialects.tensor_types import shape_of, stored_bytes
+from passes.f_tiles import CLUSTER_SRAM_BYTES
 
 STRATEGIES = ("a2a", "allgather")
 DP = "dp"
@@ -163,6 +164,17 @@ class _Builder:
             raise _fail(f"{op.name} " + lost.format(old=change[0], new=change[1]))
         return change
 
+
+
+def in_hbm_if_oversize(op: Operation) -> Operation:
+    """`op` placed in HBM when its result is larger than a cluster's SRAM: a2a's worst-case
+    send and receive buffers (T x min(K, E/N) rows for every chip) and the gather of the
+    received rows into slots, at prefill. Only the DMA engines and the link read them (the
+    slots' rows by DMA gathers, the buffers by the all-to-all, which moves HBM to HBM across
+    chips), so they need no SRAM; the memory plan would otherwise stream them through it."""
+    if stored_bytes(op.results[0].type) > CLUSTER_SRAM_BYTES:
+        place_in_hbm(op)
+    return op
 
 @dataclass
 class _Layer:
@@ -446,15 +458,15 @@ class _A2A(_Strategy):
         tokens = b.add(ccl.A2ATokensOp(plan.slot_rows, EP, ep, slots))
         for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
             r.name_hint = name
-        rows = b.add(tcp.DmaScatterOp(x, tokens.token_rows, ep * tl), "send_rows").results[0]
+        rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, tokens.token_rows, ep * tl)), "send_rows").results[0]
         send = b.reshape(rows, [ep, tl, d], "send_x")
         self.recv_counts = b.add(ccl.AllToAllOp(plan.counts, EP, ep), "recv_counts").results[0]
-        recv = b.add(ccl.AllToAllOp(send, EP, ep, rows=tokens.counts), "recv_x").results[0]
+        recv = b.add(in_hbm_if_oversize(ccl.AllToAllOp(send, EP, ep, rows=tokens.counts)), "recv_x").results[0]
         recv_t = b.add(ccl.AllToAllOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens").results[0]
         recv_e = b.add(ccl.AllToAllOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts").results[0]
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         slot_token = b.reshape(recv_t, [ep * slots], "slot_token")
-        recv_rows = b.add(tcp.DmaGatherOp(recv_tokens, slot_token), "recv_rows").results[0]
+        recv_rows = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(recv_tokens, slot_token)), "recv_rows").results[0]
         column = b.reshape(recv_e, [ep * slots, 1])
         one = b.const(1, i32)
         local = b.add(tmath.SubOp(column, one, TensorType(i32, [ep * slots, 1])), "recv_local_expert").results[0]
@@ -480,7 +492,7 @@ class _A2A(_Strategy):
             summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
             rows = b.cast(summed, op.input.type.get_element_type(), "send_back")  # type: ignore[attr-defined]
         back = b.reshape(rows, [ep, slots, d], "send_back")
-        returned = b.add(ccl.AllToAllOp(back, EP, ep, rows=self.recv_counts), "returned").results[0]
+        returned = b.add(in_hbm_if_oversize(ccl.AllToAllOp(back, EP, ep, rows=self.recv_counts)), "returned").results[0]
         flat = b.reshape(returned, [ep * slots, d], "returned_rows")
         picked = b.add(tcp.DmaGatherOp(flat, self.plan.slot_rows), "pair_rows").results[0]
         terms = b.cast(picked, f32, "pair_rows_f32")

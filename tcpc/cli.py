@@ -192,8 +192,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     spec = passes_for(args, args.emit)
     if args.mesh is not None:
         if args.emit == "planned" or args.pipeline is not None:
-            raise UsageError("--mesh prints the sharded graph, or with --emit lowered its lowering; not with -p or --emit planned")
-        spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit == "lowered")
+            raise UsageError("--mesh prints the sharded graph, or with --emit lowered or scheduled a chip's program at "
+                             "that level; not with -p or --emit planned")
+        spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit in ("lowered", "scheduled"),
+                                                  scheduled=args.emit == "scheduled")
     chunks: list[str] = [f"// chose {c.describe()}\n" for c in program.choices]
     if args.emit == "planned":
         seed = args.seed or 0

@@ -473,3 +473,16 @@ def test_benchmark_default_plan_covers_the_issue() -> None:
     assert prefill == {(m.name, s) for m in bench.MODELS for s in ("a2a", "allgather")}
     assert {(s, r) for _, _, _, s, r, *_ in plan} == {("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced")}
     assert all(block is None for *_, block in plan)  # every row's block chosen by cost on the mesh
+
+
+@pytest.mark.parametrize("strategy", ["a2a", "allgather"])
+def test_prefill_chip_programs_need_no_spill_or_stream(strategy: str) -> None:
+    """Issue #12's rule on a mesh: the compiler places every value (a chip's program never
+    needs the memory plan to spill or stream). Qwen3-30B-A3B on ep=2 at 4096 tokens per chip,
+    real dims: a2a's worst-case buffers (268 MB) go to HBM, allgather's combine gathers the
+    bf16 rows (not one f32 copy of them all)."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims=dict(T=8192, D=2048, F=768, E=128, K=8, B=512))
+    spec = MeshSpec.parse(f"ep=2,strategy={strategy},topk=rounds")
+    report = simulate_on_mesh(program, spec, cost_only=True, routing="balanced", seed=1,
+                              machine=load_mesh_machine()).report
+    assert [(len(c.spills), len(c.streams)) for c in report.chips] == [(0, 0), (0, 0)]

@@ -177,7 +177,7 @@ def row_bytes(value: np.ndarray) -> int:
 def cost_dma_gather(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     source, indices = operands
     rows = gathered_rows(indices)
-    return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), False)
+    return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), in_hbm(op.results[0]))
 
 
 def cost_dma_scatter(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -185,7 +185,7 @@ def cost_dma_scatter(op: Operation, operands: tuple[Any, ...], results: tuple[An
     per_row = np.asarray(indices).reshape(indices.shape[0], -1) >= 0
     read = int(np.count_nonzero(per_row.any(axis=1)))
     written = int(np.count_nonzero(per_row))
-    return dma_rows_cost(machine, read, written, row_bytes(source), in_hbm(op.operands[0]), False)
+    return dma_rows_cost(machine, read, written, row_bytes(source), in_hbm(op.operands[0]), in_hbm(op.results[0]))
 
 
 def cost_load(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
