@@ -1,6 +1,7 @@
 """The memory plan: where every buffer lives, for how long, and what to do when SRAM is full.
 
-Placement: function arguments (the layer's inputs and weights) and stored values live in
+Placement: function arguments (the layer's inputs and weights), stored values and what the
+compiler placed in HBM (`tcpc.space = "hbm"`, an HBM `tile.buffer`: cost_model.in_hbm) live in
 HBM; every other value an op produces is an SRAM buffer (views share their input's buffer).
 SRAM is the cluster's: slices x bytes per slice, counted in bytes (no fragmentation).
 
