@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import BlockArgument, Operation
+from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
@@ -55,13 +55,15 @@ def _computes_on(op: Operation) -> bool:
     return True
 
 
-def load_argument(arg: BlockArgument) -> tcp.LoadOp | None:
-    """Insert the argument's load before its first engine reader and redirect those readers."""
+def load_into_sram(arg: SSAValue) -> tcp.LoadOp | None:
+    """Insert the load of `arg` (a function argument, or any value in HBM) before its first
+    engine reader in its block and redirect those readers."""
     readers = [use.operation for use in arg.uses if _computes_on(use.operation)]
     if not readers:
         return None
-    block = arg.block
-    first = min(readers, key=block.get_operation_index)
+    block = arg.block if isinstance(arg, BlockArgument) else arg.owner.parent_block()
+    assert block is not None
+    first = min((block.find_ancestor_op_in_block(r) or r for r in readers), key=block.get_operation_index)
     load = tcp.LoadOp(arg)
     load.result.name_hint = f"{arg.name_hint}_sram" if arg.name_hint else None
     if PHASE_ATTR in first.attributes:
@@ -86,5 +88,5 @@ class LoadArgumentsPass(ModulePass):
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 for arg in by_size(fn.body.blocks.first.args):
-                    load_argument(arg)
+                    load_into_sram(arg)
 

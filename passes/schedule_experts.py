@@ -74,6 +74,7 @@ from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
 from dialects.tensor_types import shape_of, stored_bytes
 from passes.f_tiles import CLUSTER_SRAM_BYTES, CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
+from passes.load_arguments import load_into_sram
 from passes.loop_builder import (
     ZERO_OPERAND_VE,
     clone_rows,
@@ -446,6 +447,10 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
     loop = scf.ForOp(c0, c_blocks, c1, carried_init, body)
     loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
     replace_by_loop(block, ops, escaping, list(loop.results[:n_buf]), [*before, loop])
+    for stored in loop.results[:n_buf]:
+        # Stored in HBM a block at a time: a reader on an engine that computes (a shared
+        # expert's rows added to the routed ones) reads it from SRAM, loaded once after the loop.
+        load_into_sram(stored)
     return loop
 
 

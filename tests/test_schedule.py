@@ -350,3 +350,23 @@ def test_decode_weight_loads_do_not_wait_for_the_dispatch() -> None:
     first_load = min(o.start for o in report.ops if o.name == "tile.load_expert")
     assert first_load < scatter.end
     assert first_load - ids.end < 100  # the masks' three vector ops
+
+
+def hbm_reads_by_compute(module) -> list[str]:  # type: ignore[no-untyped-def]
+    """Operands in HBM that a contraction or vector-engine op reads: those engines read SRAM,
+    and the memory plan gives HBM values no buffer, so such a read would be free."""
+    from runtime_sim.perf.cost_model import in_hbm
+
+    return [f"{op.name} reads %{v.name_hint}" for op in module.walk()
+            if op.dialect_name() == "ve" or op.name in ("tcp.contract", "tcp.scaled_contract")
+            for v in op.operands if in_hbm(v)]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_no_compute_engine_reads_hbm(path: Path) -> None:
+    """Every value the contraction and vector engines read is in SRAM after the full pipeline:
+    arguments are loaded (load-arguments), and an expert loop's results stored in HBM are
+    loaded once after the loop when an engine reads them (a shared expert's rows added to the
+    routed ones: DeepSeek-V3, Llama-4), not read from HBM for free."""
+    program = tcpc.compile_file(path)
+    assert hbm_reads_by_compute(program.lower(program.full_pipeline())) == []

@@ -73,7 +73,7 @@ PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
     'qwen3 real dims T=64, cost-only, skewed': (737248, 6572, '427902872844669a', '09d7ed332de231cd', 'fd1f7bf9a6ee9601', '4f53cda18c2baa0c'),
     'qwen3 T=256, cost-only, balanced': (59378, 6084, 'b5acea5f80d4b8f5', '6b4e99b53a995bc1', '0633266a769e158d', '4f53cda18c2baa0c'),
     'qwen3 T=200 B=8, values': (26486, 2619, '05ec55824e56ac39', 'dda1fae1aa8c5f7f', '9e79967c017ae13f', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (16903, 1438, '7c5eb55da7a6e96c', 'dc77ad04a794cc5a', '6c7435a7bda3957d', '82a5f6f1023632f3'),
+    'deepseek_v3 T=48, values': (16903, 1439, '78341e4b110f89c2', '86a1c9d59742ac83', '10ae5733ae3798c2', '82a5f6f1023632f3'),
     'gpt_oss_mxfp4 T=40, values': (23455, 2725, '46c362aca2565a50', 'd48092e00de9b20d', 'aede27ea419b9b5e', '778cfe00474e8a2b'),
 }
 
