@@ -21,7 +21,8 @@ for that engine's part (the router's 512 KB behind Qwen3-30B-A3B's 8 MB of token
 the engines left (the scheduler's choice of spread, runtime_sim/perf/scheduler.py). Views of the argument (`tcp.view`, `ve.broadcast`, `ve.bitcast` move no data) read the
 loaded copy when an engine consumes them, so a broadcast bias loads its own bytes, not the
 broadcast's. Arguments read only by DMA commands (the expert weights, gathered per block) and
-results returned as they are stay in HBM.
+results returned as they are stay in HBM. schedule-experts loads the same way an expert loop's
+result it stored in HBM when an engine reads it (`load_into_sram`).
 """
 
 from __future__ import annotations
