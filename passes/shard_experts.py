@@ -94,10 +94,11 @@ class _Builder:
         parallelism splits over F."""
 
     phase: str | None = None
-    """The `tcpc.phase` given to the ccl and tcp ops added (dispatch, combine)."""
+    """The `tcpc.phase` given to the ccl, tcp and tmath ops added (dispatch, combine): the
+    lowering keeps it, so the report puts the combine's weighted sum under combine, not router."""
 
     def add(self, op: Operation, name: str | None = None) -> Operation:
-        if self.phase is not None and op.name.startswith(("ccl.", "tcp.")):
+        if self.phase is not None and op.name.startswith(("ccl.", "tcp.", "tmath.")):
             op.attributes[PHASE_ATTR] = StringAttr(self.phase)
         self.block.add_op(op)
         if name is not None and len(op.results) == 1:
