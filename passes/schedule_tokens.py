@@ -33,7 +33,7 @@ from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from dialects import tcp, tile
+from dialects import ccl, tcp, tile
 from dialects.annotations import PHASE_ATTR, phase_of
 from dialects.tensor_types import stored_bytes
 from passes.cluster_copies import DMA_OPS
@@ -163,6 +163,11 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     return True
 
 
+LINK_OPS = (ccl.AllToAllOp, ccl.AllGatherOp, ccl.ReduceScatterOp, ccl.AllReduceOp)
+"""The collectives: the link moves their data, HBM to HBM across chips (not ccl.a2a_plan or
+a2a_tokens, which compute on the vector engine)."""
+
+
 def goes_to_hbm(result: SSAValue) -> bool:
     """Whether a loop's `result` is written tile by tile to HBM rather than kept in SRAM: when
     it is larger than a cluster's SRAM and only DMA commands and collectives read it (through
@@ -179,7 +184,7 @@ def goes_to_hbm(result: SSAValue) -> bool:
                 if user not in seen:
                     seen.add(user)
                     pending.append(user.result)
-            elif not (isinstance(user, DMA_OPS) or user.dialect_name() == "ccl"):
+            elif not isinstance(user, (*DMA_OPS, *LINK_OPS)):
                 return False
     return True
 
