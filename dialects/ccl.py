@@ -357,6 +357,55 @@ class A2ATokensOp(_Collective):
         expect(self.counts.type == TensorType(i32, [n]), f"counts must be i32 [{n}]")
 
 
+@irdl_op_definition
+class A2ATokenListsOp(_Collective):
+    """A value per pair, listed per token and destination, for a receiver that sums a token's
+    pairs itself (`strategy=a2a_sum`). From `slot_rows` [T, K] (ccl.a2a_plan's: dest * S + slot,
+    -1 dropped) and `values` [T, K] (an expert index or a weight per pair): `lists[d, r, j]` is
+    the value of the j-th kept pair, in k order, of the token of rank r among those with a pair
+    bound for chip d (the rows of ccl.a2a_tokens' send buffer); past a token's last pair, -1
+    (integers) or 0 (floats). Kk = min(K, E / chips) entries is the exact worst case (a token's
+    K experts are distinct)."""
+
+    name = "ccl.a2a_token_lists"
+    slot_rows = operand_def(TensorType)
+    values = operand_def(TensorType)
+    lists = result_def(TensorType)
+    axis = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr)
+    slots = prop_def(IntegerAttr)
+    """S, the plan's slots per destination (slot_rows // S is a pair's destination)."""
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$slot_rows `,` $values `over` $axis attr-dict `:` type($slot_rows) `,` type($values) `->` type($lists)"
+    )
+
+    def __init__(self, slot_rows: SSAValue, values: SSAValue, axis: str, chips: int, slots: int, entries: int):
+        t, _ = shape_of(slot_rows.type)
+        element = values.type.get_element_type()  # type: ignore[attr-defined]
+        super().__init__(operands=[slot_rows, values], result_types=[TensorType(element, [chips, t, entries])],
+                         properties={**_axis_props(axis, chips), "slots": IntegerAttr(slots, i64)})
+
+    @property
+    def entries(self) -> int:
+        return shape_of(self.lists.type)[2]
+
+    def verify_(self) -> None:
+        self._verify_group()
+        n = self.group_size
+        shape = shape_of(self.slot_rows.type)
+        expect(len(shape) == 2 and self.slot_rows.type.get_element_type() == i32,
+               f"slot_rows {format_type(self.slot_rows.type)} is not i32 [T, K]")
+        t, k = shape
+        expect(shape_of(self.values.type) == (t, k), f"values {format_type(self.values.type)} are not [{t}, {k}]")
+        expect(self.slots.value.data >= 1, "slots must be positive")
+        lists = shape_of(self.lists.type)
+        expect(len(lists) == 3 and lists[:2] == (n, t) and 1 <= lists[2] <= k
+               and self.lists.type.get_element_type() == self.values.type.get_element_type(),
+               f"lists must be [{n}, {t}, Kk] with 1 <= Kk <= {k}, of the values' type")
+
+
 COLLECTIVES = (AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp)
 """The ops that exchange values between chips (every chip runs each at the same point)."""
 
@@ -434,4 +483,4 @@ class Mesh:
         return ",".join(f"{a}={s}" for a, s in self.axes)
 
 
-CCL = Dialect("ccl", [AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp, ChipIdOp, A2APlanOp, A2ATokensOp], [])
+CCL = Dialect("ccl", [AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp, ChipIdOp, A2APlanOp, A2ATokensOp, A2ATokenListsOp], [])

@@ -19,6 +19,18 @@ the blockwise experts, combine without weights (one row per slot) and send the r
 home chip gathers them by slot and takes the weighted sum over k in order 0..K-1 in f32, as
 `moe.combine` does: the result is bit-identical to one chip's.
 
+`strategy=a2a_sum` (seed 001's "local reduction"; DeepEP's combine takes one row per received
+token): the dispatch as a2a's, and with each token the list of its pairs bound for that chip
+(`ccl.a2a_token_lists`: local experts and weights, in k order); the receiver routes the tokens
+it received, not their slots (an ordinary `moe.scatter` of [chips * T/n] tokens with
+min(K, E/ep) choices each, so no copy of a token per slot), and its `moe.combine` takes each
+token's weighted sum over its pairs there in f32; it sends back one f32 row per token, where
+a2a sends one bf16 row per pair, and the home chip adds the chips' rows in chip order and
+rounds once. A token whose pairs all sit on one chip gets one chip's bits; otherwise the sum
+over k is regrouped by chip, as allgather's (within runtime_sim/semantics/tolerance.py's
+bound). With tp the blocks' partial sums are added over the tp chips before the combine, as
+allgather does.
+
 `strategy=allgather` (seed 000): every chip gathers the group's tokens, expert choices and
 weights (`ccl.all_gather`), routes them to its own experts (another chip's expert becomes -1,
 a pair `moe.scatter` drops), computes its experts' part of every token's weighted sum in f32,
@@ -58,7 +70,7 @@ from dialects.annotations import PHASE_ATTR, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
 from passes.f_tiles import CLUSTER_SRAM_BYTES
 
-STRATEGIES = ("a2a", "allgather")
+STRATEGIES = ("a2a", "a2a_sum", "allgather")
 DP = "dp"
 EP = "ep"
 TP = "tp"
@@ -207,7 +219,7 @@ class _Layer:
 @dataclass(frozen=True)
 class ShardExpertsPass(ModulePass):
     """Shard the MoE layer of every function over a mesh of `dp * ep * tp` chips (see the
-    module docstring); `strategy` is `a2a` or `allgather`."""
+    module docstring); `strategy` is `a2a`, `a2a_sum` or `allgather`."""
 
     name = "shard-experts"
 
@@ -330,7 +342,7 @@ class ShardExpertsPass(ModulePass):
             b.values[old] = new
             if old.index in tokens:
                 b.rows[new] = (t, tl)
-        emit = _A2A(b, layer) if self.strategy == "a2a" else _AllGather(b, layer)
+        emit = {"a2a": _A2A, "a2a_sum": _A2ASum, "allgather": _AllGather}[self.strategy](b, layer)
         for op in old_block.ops:
             if op is layer.scatter:
                 emit.scatter(op)
@@ -403,6 +415,16 @@ class _Strategy(ABC):
     @abstractmethod
     def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
         """The down projection summed over the tp chips and rounded once to `element`."""
+
+    def _sum_blocks_over_tp(self, partial: SSAValue, element: Attribute) -> SSAValue:
+        """The blocks' f32 partial sums added over the tp chips (chip order) and rounded once."""
+        b = self.b
+        b.phase = "combine"
+        summed = b.add(ccl.AllReduceOp(partial, TP, self.layer.tp), "down_summed").results[0]
+        out = b.cast(summed, element, "down")
+        b.phase = None
+        b.rows[out] = b.rows[partial]
+        return out
 
     def _on_first_tp_chip(self, bias: SSAValue) -> SSAValue:
         b = self.b
@@ -512,6 +534,82 @@ class _A2A(_Strategy):
         b.phase = None
 
 
+class _A2ASum(_A2A):
+    """`strategy=a2a_sum`: a2a's dispatch by token, each receiver summing a token's pairs."""
+
+    recv_weights: SSAValue | None = None
+
+    def scatter(self, op: moe.ScatterOp) -> None:
+        b, layer = self.b, self.layer
+        b.phase = "dispatch"
+        ep, tl, el, d = layer.ep, layer.tokens, layer.experts_per_chip, shape_of(op.input.type)[1]
+        cap = layer.route.capacity_limit
+        x, top_e = b.value(op.input), b.value(op.expert_idx)
+        plan = self.plan = self._plan(top_e)
+        tokens = self.tokens = b.add(ccl.A2ATokensOp(plan.slot_rows, EP, ep, plan.slots))
+        for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
+            r.name_hint = name
+        self.entries = min(layer.route.k.data, el)
+        expert_lists = self._lists(top_e, "expert_lists")
+        rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, tokens.token_rows, ep * tl)), "send_rows").results[0]
+        send = b.reshape(rows, [ep, tl, d], "send_x")
+        self.recv_token_counts = b.add(ccl.AllToAllOp(tokens.counts, EP, ep), "recv_token_counts").results[0]
+        recv = b.add(in_hbm_if_oversize(ccl.AllToAllOp(send, EP, ep, rows=tokens.counts)), "recv_x").results[0]
+        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
+        recv_experts = b.reshape(self._send(expert_lists, "recv_expert_lists"), [ep * tl, self.entries])
+        # A list holds only this chip's experts: global - first is local, and past the list's
+        # end (-1) negative, which becomes -1 (no pair).
+        shape = [ep * tl, self.entries]
+        chip = b.add(ccl.ChipIdOp(EP, ep), "chip").results[0]
+        first = b.add(tmath.MulOp(chip, b.const(el, i32), TensorType(i32, [])), "first_expert").results[0]
+        local = b.add(tmath.SubOp(recv_experts, first, TensorType(i32, shape))).results[0]
+        mine = b.add(tmath.CmpOp("ge", local, b.const(0, i32), TensorType(i1, shape))).results[0]
+        local = b.add(tmath.SelectOp(mine, local, b.const(-1, i32), TensorType(i32, shape)),
+                      "recv_local_experts").results[0]
+        combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
+        if combine is not None and combine.weights is not None and combine.weights in b.values:
+            self._send_weights(b.value(combine.weights))  # with the tokens, when already computed
+        # An expert gets at most one pair per token received: this capacity never drops.
+        group_tokens = ep * tl
+        self._local_scatter(op, recv_tokens, local, min(cap, group_tokens) if cap is not None else group_tokens)
+        b.phase = None
+
+    def _lists(self, values: SSAValue, name: str) -> SSAValue:
+        return self.b.add(ccl.A2ATokenListsOp(self.plan.slot_rows, values, EP, self.layer.ep, self.plan.slots,
+                                              self.entries), name).results[0]
+
+    def _send(self, lists: SSAValue, name: str) -> SSAValue:
+        return self.b.add(ccl.AllToAllOp(lists, EP, self.layer.ep, rows=self.tokens.counts), name).results[0]
+
+    def _send_weights(self, weights: SSAValue) -> None:
+        sent = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
+        self.recv_weights = self.b.reshape(sent, [self.layer.ep * self.layer.tokens, self.entries])
+
+    def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
+        return self._sum_blocks_over_tp(partial, element)
+
+    def combine(self, op: moe.CombineOp) -> None:
+        b, layer = self.b, self.layer
+        ep, tl, d = layer.ep, layer.tokens, shape_of(op.result.type)[1]
+        assert self.route is not None
+        b.phase = "combine"
+        if op.weights is not None and self.recv_weights is None:
+            self._send_weights(b.value(op.weights))
+        yb = b.cast(b.value(op.input), f32, "expert_rows_f32")
+        part = b.add(moe.CombineOp(yb, self.route, self.recv_weights), "token_partials").results[0]
+        back = b.reshape(part, [ep, tl, d], "send_back")
+        returned = b.add(in_hbm_if_oversize(ccl.AllToAllOp(back, EP, ep, rows=self.recv_token_counts)),
+                         "returned").results[0]
+        flat = b.reshape(returned, [ep * tl, d], "returned_rows")
+        picked = b.add(tcp.DmaGatherOp(flat, self.tokens.token_rows), "chip_partials").results[0]
+        total = b.add(tmath.ReduceSumOp(picked, [1], False, TensorType(f32, [tl, d])), "partial_sum").results[0]
+        total = b.add(tmath.AddOp(total, b.const(0.0, f32), TensorType(f32, [tl, d]))).results[0]
+        out = b.cast(total, op.result.type.get_element_type(), op.result.name_hint)
+        b.values[op.result] = out
+        b.rows[out] = (layer.route.tokens.data, tl)
+        b.phase = None
+
+
 class _AllGather(_Strategy):
     def scatter(self, op: moe.ScatterOp) -> None:
         b, layer = self.b, self.layer
@@ -537,13 +635,7 @@ class _AllGather(_Strategy):
         b.phase = None
 
     def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
-        b = self.b
-        b.phase = "combine"
-        summed = b.add(ccl.AllReduceOp(partial, TP, self.layer.tp), "down_summed").results[0]
-        out = b.cast(summed, element, "down")
-        b.phase = None
-        b.rows[out] = b.rows[partial]
-        return out
+        return self._sum_blocks_over_tp(partial, element)
 
     def combine(self, op: moe.CombineOp) -> None:
         b, layer = self.b, self.layer

@@ -106,7 +106,7 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|allgather, topk=rank|rounds|auto")
+                   help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
 
     r = sub.add_parser("run", help="simulate a graph (or run its reference) and print its outputs")
     add_common(r)
@@ -129,7 +129,7 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-only", action="store_true",
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|allgather, topk=rank|rounds|auto")
+                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
     r.add_argument("--mesh-machine", default=None, metavar="FILE",
                    help="--mesh: mesh file (TOML: chip machine, mesh shape, links) or a built-in one by name "
                         "(rngd_pcie, the default: RNGD cards over PCIe; rngd_2x4)")

@@ -17,7 +17,7 @@ import tcpc
 from dialects import ccl, moe
 from runtime_sim.perf.machine import MachineError
 from runtime_sim.perf.mesh_machine import load_mesh_machine
-from runtime_sim.semantics.ccl_semantics import MeshExchange, a2a_plan, all_to_all, reduce_sum
+from runtime_sim.semantics.ccl_semantics import MeshExchange, a2a_plan, a2a_token_lists, a2a_tokens, all_to_all, reduce_sum
 from runtime_sim.semantics.tolerance import compare_outputs
 from tcpc.cli import main
 from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
@@ -95,6 +95,70 @@ def test_allgather_within_tolerance() -> None:
     for example in ("examples/deepseek_v3.moe", "examples/mixtral.moe"):
         results, _ = _checked(tcpc.compile_file(example), "ep=4,strategy=allgather")
         assert all(c.ok for c in results), [c.message for c in results]
+
+
+@pytest.mark.parametrize("example, spec", [
+    ("examples/toy.moe", "ep=2"),
+    ("examples/deepseek_v3.moe", "ep=4"),       # a shared expert, group-limited routing
+    ("examples/qwen3_moe.moe", "dp=2,ep=2"),
+    ("examples/llama4.moe", "ep=2"),             # a combine without weights
+    ("examples/gpt_oss.moe", "ep=2,tp=2"),       # tp: the blocks summed over tp first
+])
+def test_a2a_sum_within_tolerance(example: str, spec: str) -> None:
+    program = tcpc.compile_file(example)
+    parsed = MeshSpec.parse(f"{spec},strategy=a2a_sum")
+    sim = simulate_on_mesh(program, parsed, seed=1)
+    results = check_on_mesh(program, parsed, sim, seed=1)
+    assert all(c.ok for c in results), [c.message for c in results]
+
+
+@pytest.mark.parametrize("spec", ["ep=2", "dp=2,ep=2"])
+def test_a2a_sum_capacity_keeps_what_one_chip_keeps(spec: str) -> None:
+    program = tcpc.compile_source(CAPACITY_LAYER)
+    for seed in range(3):
+        results, _ = _checked(program, f"{spec},strategy=a2a_sum", seed)
+        assert all(c.ok for c in results), [c.message for c in results]
+
+
+@pytest.mark.parametrize("tokens, k, experts, chips", [(3, 2, 4, 2), (2, 3, 6, 3), (4, 2, 8, 4), (2, 4, 4, 2)])
+def test_token_lists_hold_each_tokens_pairs_in_k_order(tokens: int, k: int, experts: int, chips: int) -> None:
+    """Every routing of small sizes: the list a destination gets for a token (at the token's
+    row of the send buffer) is its kept pairs there, in k order, then -1; weights alike."""
+    per_chip = experts // chips
+    entries = min(k, per_chip)
+    s = ccl.a2a_slots(tokens, k, per_chip)
+    weights = np.arange(1, tokens * k + 1, dtype=np.float32).reshape(tokens, k)
+    routings = itertools.product(list(itertools.permutations(range(experts), k)), repeat=tokens)
+    for routing in itertools.islice(routings, 0, None, 7):  # every 7th: a few hundred routings each
+        choices = np.array(routing, dtype=np.int32)
+        slot_rows, _, _ = a2a_plan(choices, chips, experts, s)
+        token_rows, _, _ = a2a_tokens(slot_rows, chips, s, 0)
+        experts_at = a2a_token_lists(slot_rows, choices, chips, s, entries)
+        weights_at = a2a_token_lists(slot_rows, weights, chips, s, entries)
+        for t in range(tokens):
+            for d in range(chips):
+                pairs = [j for j in range(k) if choices[t, j] // per_chip == d]
+                if not pairs:
+                    assert token_rows[t, d] == -1
+                    continue
+                row = token_rows[t, d] - d * tokens
+                padding = entries - len(pairs)
+                assert experts_at[d, row].tolist() == [choices[t, j] for j in pairs] + [-1] * padding
+                assert weights_at[d, row].tolist() == [weights[t, j] for j in pairs] + [0.0] * padding
+
+
+def test_a2a_sum_returns_one_f32_row_per_token_and_chip() -> None:
+    """The toy layer (T = 4, D = 8, E = 4, K = 2) on 2 chips: each chip returns one f32 row
+    per token it received (a2a: one bf16 row per pair), and receives no slot tokens."""
+    program = tcpc.compile_file("examples/toy.moe")
+    sums = simulate_on_mesh(program, MeshSpec.parse("ep=2,strategy=a2a_sum"), seed=0).report
+    assert sum(x.sent_bytes for x in sums.links if x.label.startswith("%returned")) > 0
+    pairs = simulate_on_mesh(program, MeshSpec.parse("ep=2"), seed=0).report
+    returned = {x.chip: x.sent_bytes for x in sums.links if x.label.startswith("%returned")}
+    dispatched = {x.chip: x.sent_bytes for x in sums.links if x.label.startswith("%recv_x")}
+    assert returned == {c: 2 * b for c, b in dispatched.items()}  # the tokens came in bf16, go back in f32
+    assert not any(x.label.startswith("%recv_slot_tokens") for x in sums.links)
+    assert any(x.label.startswith("%recv_slot_tokens") for x in pairs.links)
 
 
 def test_semantics_over_all_chips() -> None:
@@ -355,6 +419,9 @@ def test_ccl_verifier_names_the_problem() -> None:
         ccl.AllToAllOp(block.args[1], "ep", 2).verify()
     with pytest.raises(VerifyException, match="reductions take float tensors"):
         ccl.AllReduceOp(block.args[1], "ep", 3).verify()
+    ccl.A2ATokenListsOp(plan.slot_rows, block.args[0], "ep", 2, 8, 2).verify()
+    with pytest.raises(VerifyException, match=r"values i32\[3, 5\] are not \[4, 2\]"):
+        ccl.A2ATokenListsOp(plan.slot_rows, block.args[1], "ep", 2, 8, 2).verify()
 
 
 def test_mesh_coordinates_and_groups() -> None:
@@ -475,7 +542,7 @@ def test_benchmark_default_plan_covers_the_issue() -> None:
     assert all(block is None for *_, block in plan)  # every row's block chosen by cost on the mesh
 
 
-@pytest.mark.parametrize("strategy", ["a2a", "allgather"])
+@pytest.mark.parametrize("strategy", ["a2a", "a2a_sum", "allgather"])
 def test_prefill_chip_programs_need_no_spill_or_stream(strategy: str) -> None:
     """Issue #12's rule on a mesh: the compiler places every value (a chip's program never
     needs the memory plan to spill or stream). Qwen3-30B-A3B on ep=2 at 4096 tokens per chip,

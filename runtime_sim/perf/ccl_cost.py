@@ -24,7 +24,8 @@ link model (mesh_machine.py; numbers in machines/rngd_pcie.toml):
 with chips for experts (lower-routing's pair cumsum over [T*K, chips] and five elementwise
 invocations over it: one-hot, mask, rank gather, row, slot expert); `ccl.a2a_tokens` likewise
 (a cumsum over [T, chips] and three invocations over [T*K, chips]: one-hot, any over K, the
-slots' token rows).
+slots' token rows), and `ccl.a2a_token_lists` (the same, with a cumsum over K for a pair's
+place in its token's list).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def cost_a2a_plan(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
 
 TOKEN_STREAMS = 3
 """Elementwise vector invocations over [T*K, chips] charged for one `ccl.a2a_tokens`."""
+LIST_STREAMS = 2
+"""... and for one `ccl.a2a_token_lists` (a pair's destination one-hot, the lists' values)."""
 
 
 def cost_a2a_tokens(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -69,6 +72,21 @@ def cost_a2a_tokens(op: Operation, operands: tuple[Any, ...], results: tuple[Any
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
     scan, bound = scan_cycles(machine, n, t)
     return OpCost("tensor", TOKEN_STREAMS * stream + scan, bytes_moved=4 * (TOKEN_STREAMS + 1) * 2 * t * k * n,
+                  bound=bound)
+
+
+def cost_a2a_token_lists(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...],
+                         machine: Machine) -> OpCost:
+    """Index work as `ccl.a2a_tokens`': each pair's destination one-hot over the chips, its
+    place in its token's list there (a cumsum over K), the token rank (a cumsum over [T, chips])
+    and the lists' values."""
+    assert isinstance(op, ccl.A2ATokenListsOp)
+    t, k = shape_of(op.slot_rows.type)
+    n = op.group_size
+    stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
+    scan, bound = scan_cycles(machine, n, t)
+    over_k, _ = scan_cycles(machine, t * n, k)
+    return OpCost("tensor", LIST_STREAMS * stream + scan + over_k, bytes_moved=4 * (LIST_STREAMS + 2) * 2 * t * k * n,
                   bound=bound)
 
 
@@ -132,6 +150,7 @@ def register_ccl_costs() -> None:
     """The cost of every `ccl` op, and the operand whose values an all-to-all's cost reads."""
     register_cost(ccl.A2APlanOp)(cost_a2a_plan)
     register_cost(ccl.A2ATokensOp)(cost_a2a_tokens)
+    register_cost(ccl.A2ATokenListsOp)(cost_a2a_token_lists)
     register_cost(*ccl.COLLECTIVES)(provisional_cost)
     register_cost(ccl.ChipIdOp)(free_cost)
     for op in (ccl.AllToAllOp, ccl.AllReduceOp):

@@ -87,6 +87,29 @@ def a2a_tokens(slot_rows: np.ndarray, chips: int, slots: int, me: int) -> tuple[
             has.sum(axis=0).astype(np.int32))
 
 
+def a2a_token_lists(slot_rows: np.ndarray, values: np.ndarray, chips: int, slots: int,
+                    entries: int) -> np.ndarray:
+    """`ccl.a2a_token_lists` over a plan of `slots` slots per chip: [chips, T, entries], a
+    token's row at each destination its rank among the tokens sent there (as a2a_tokens'
+    token rows); -1 (integers) or 0 (floats) past a token's last pair."""
+    t, _ = slot_rows.shape
+    kept = slot_rows >= 0
+    dest = np.where(kept, slot_rows // max(slots, 1), -1)
+    bound = dest[:, :, None] == np.arange(chips)  # [T, K, chips]
+    rank = np.cumsum(bound.any(axis=1), axis=0) - 1  # [T, chips]
+    entry = np.cumsum(bound, axis=1) - 1  # [T, K, chips]: a pair's place in its token's list there
+    tt, kk = np.nonzero(kept)
+    d = dest[tt, kk]
+    j = entry[tt, kk, d]
+    if j.size and j.max() >= entries:
+        raise InterpretationError(f"ccl.a2a_token_lists: a token has {int(j.max()) + 1} pairs for one chip, "
+                                  f"more than the {entries} list entries (a token chose one expert twice?)")
+    empty = -1 if np.issubdtype(values.dtype, np.integer) else 0
+    lists = np.full((chips, t, entries), empty, dtype=values.dtype)
+    lists[d, rank[tt, d], j] = values[tt, kk]
+    return lists
+
+
 class MeshExchange:
     """Where the chips of a mesh meet at each collective. `collect` hands over this chip's
     value and returns every chip's (in chip order) once all have arrived; a chip that fails
@@ -186,6 +209,12 @@ class CCLFunctions(InterpreterFunctions):
         if self.exchange is not None:
             me = self.exchange.mesh.group(self.chip, op.axis_name).index(self.chip)
         return a2a_tokens(np.asarray(args[0]), op.group_size, op.slots, me)
+
+
+    @impl(ccl.A2ATokenListsOp)
+    def run_a2a_token_lists(self, interpreter: Interpreter, op: ccl.A2ATokenListsOp, args: tuple[Any, ...]):
+        return (a2a_token_lists(np.asarray(args[0]), np.asarray(args[1]), op.group_size, op.slots.value.data,
+                                op.entries),)
 
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
