@@ -1,5 +1,5 @@
 """Expert parallelism across chips: DeepSeek-V3 and Qwen3-30B-A3B sharded over meshes of RNGD
-cards, a2a against allgather, balanced against skewed routing, on the mesh simulator.
+cards, a2a against a2a_sum and allgather, balanced against skewed routing, on the mesh simulator.
 
     python benchmarks/mesh.py            # the default table (394 to 747 s on a 2-core VM, one process): benchmarks/mesh.md
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
@@ -9,7 +9,7 @@ Every run is cost-only (real dims do not fit in memory), the layer sharded by `s
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
 default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
 link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes
-20 of these combinations (`runs`), `--full` all of them. A row may split every expert over
+25 of these combinations (`runs`), `--full` all of them. A row may split every expert over
 tp chips as well (`--mesh ep=N/tp,tp=...`: the tp chips of a group share their T tokens). The
 block size B is chosen by the cost model as `block=auto` chooses it on one chip, but on the
 mesh (`choose_mesh_block`: tcpc/autotune.py's candidates around the rows an expert receives
@@ -235,8 +235,9 @@ def runs(quick: bool, full: bool = False) -> list[Run]:
     """The default plan (the module docstring gives its wall time): DeepSeek-V3 on 8 chips at T = 1, 16 and 128 per chip,
     a2a against allgather and balanced against skewed at T = 16, and with tp = 2; DeepSeek-V3
     a2a balanced on 16 and 32 chips at T = 16; Qwen3 at T = 16 on every mesh size, and on 4
-    chips as ep=2,tp=2; prefill (4096 tokens per chip, a2a balanced) for DeepSeek-V3 on 8 chips
-    and Qwen3 on 2, 4 and 8, and allgather on both.
+    chips as ep=2,tp=2; prefill (4096 tokens per chip, balanced) for DeepSeek-V3 on 8 chips
+    and Qwen3 on 2, 4 and 8, a2a against a2a_sum, and allgather on both; a2a_sum at T = 128
+    for DeepSeek-V3.
     `full`: every T and strategy at every mesh size (not run for the table)."""
     if quick:
         return [(MODELS[0], 8, t, "a2a", "balanced", 1, None) for t in DECODE[:2]]
@@ -252,8 +253,10 @@ def runs(quick: bool, full: bool = False) -> list[Run]:
     plan += [(qwen, chips, 16, "a2a", "balanced", 1, None) for chips in qwen.chips]
     plan += [(qwen, 2, 16, "a2a", "skewed", 1, None), (qwen, 2, 16, "allgather", "balanced", 1, None),
              (qwen, 4, 16, "a2a", "balanced", 2, None)]
-    plan += [(deepseek, 8, PREFILL, "a2a", "balanced", 1, None), (deepseek, 8, PREFILL, "allgather", "balanced", 1, None)]
-    plan += [(qwen, chips, PREFILL, "a2a", "balanced", 1, None) for chips in qwen.chips]
+    plan += [(deepseek, 8, 128, "a2a_sum", "balanced", 1, None)]
+    plan += [(deepseek, 8, PREFILL, "a2a", "balanced", 1, None), (deepseek, 8, PREFILL, "allgather", "balanced", 1, None),
+             (deepseek, 8, PREFILL, "a2a_sum", "balanced", 1, None)]
+    plan += [(qwen, chips, PREFILL, s, "balanced", 1, None) for chips in qwen.chips for s in ("a2a", "a2a_sum")]
     plan += [(qwen, 2, PREFILL, "allgather", "balanced", 1, None)]
     return plan
 

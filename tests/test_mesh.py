@@ -537,8 +537,9 @@ def test_benchmark_default_plan_covers_the_issue() -> None:
     assert {(deepseek.name, c) for c in (8, 16, 32)} | {(qwen.name, c) for c in (2, 4, 8)} <= a2a
     assert {t for _, _, t, *_ in plan} == {*bench.DECODE, bench.PREFILL}
     prefill = {(m.name, s) for m, _, t, s, *_ in plan if t == bench.PREFILL}
-    assert prefill == {(m.name, s) for m in bench.MODELS for s in ("a2a", "allgather")}
-    assert {(s, r) for _, _, _, s, r, *_ in plan} == {("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced")}
+    assert prefill == {(m.name, s) for m in bench.MODELS for s in ("a2a", "a2a_sum", "allgather")}
+    assert {(s, r) for _, _, _, s, r, *_ in plan} == {("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced"),
+                                                       ("a2a_sum", "balanced")}
     assert all(block is None for *_, block in plan)  # every row's block chosen by cost on the mesh
 
 
