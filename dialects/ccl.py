@@ -307,6 +307,14 @@ class A2APlanOp(_Collective):
             expect(self.capacity_limit is not None, "chip_counts rank pairs for a capacity: give one")
 
 
+def _pair_shape(slot_rows: SSAValue) -> tuple[int, int]:
+    """[T, K] of an all-to-all plan's `slot_rows`, checked to be i32 [T, K]."""
+    shape = shape_of(slot_rows.type)
+    expect(len(shape) == 2 and slot_rows.type.get_element_type() == i32,  # type: ignore[attr-defined]
+           f"slot_rows {format_type(slot_rows.type)} is not i32 [T, K]")
+    return shape  # type: ignore[return-value]
+
+
 @irdl_op_definition
 class A2ATokensOp(_Collective):
     """The deduplicated dispatch of an all-to-all plan (DeepEP's): a token's row crosses the
@@ -347,9 +355,7 @@ class A2ATokensOp(_Collective):
     def verify_(self) -> None:
         self._verify_group()
         n = self.group_size
-        shape = shape_of(self.slot_rows.type)
-        expect(len(shape) == 2 and self.slot_rows.type.get_element_type() == i32,
-               f"slot_rows {format_type(self.slot_rows.type)} is not i32 [T, K]")
+        shape = _pair_shape(self.slot_rows)
         expect(self.token_rows.type == TensorType(i32, [shape[0], n]), f"token_rows must be i32 [{shape[0]}, {n}]")
         slots = shape_of(self.slot_tokens.type)
         expect(len(slots) == 2 and slots[0] == n and self.slot_tokens.type.get_element_type() == i32,
@@ -394,10 +400,7 @@ class A2ATokenListsOp(_Collective):
     def verify_(self) -> None:
         self._verify_group()
         n = self.group_size
-        shape = shape_of(self.slot_rows.type)
-        expect(len(shape) == 2 and self.slot_rows.type.get_element_type() == i32,
-               f"slot_rows {format_type(self.slot_rows.type)} is not i32 [T, K]")
-        t, k = shape
+        t, k = _pair_shape(self.slot_rows)
         expect(shape_of(self.values.type) == (t, k), f"values {format_type(self.values.type)} are not [{t}, {k}]")
         expect(self.slots.value.data >= 1, "slots must be positive")
         lists = shape_of(self.lists.type)

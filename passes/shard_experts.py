@@ -526,7 +526,14 @@ class _A2A(_Strategy):
             w = b.add(tmath.SelectOp(kept, w, b.const(0.0, f32), TensorType(f32, [tl, k])), "weights_kept").results[0]
             w3 = b.reshape(w, [tl, k, 1])
             terms = b.add(tmath.MulOp(w3, terms, TensorType(f32, [tl, k, d])), "weighted").results[0]
-        total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), "pair_sum").results[0]
+        self._sum_at_home(op, terms, "pair_sum")
+
+    def _sum_at_home(self, op: moe.CombineOp, terms: SSAValue, name: str) -> None:
+        """The layer's output on its home chip: `terms` [T/n, n, D] (f32) summed over axis 1 in
+        order from +0.0 (+ 0.0 makes a -0.0 sum +0.0, as moe.combine does) and rounded once."""
+        b, layer = self.b, self.layer
+        tl, d = layer.tokens, shape_of(op.result.type)[1]
+        total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name).results[0]
         total = b.add(tmath.AddOp(total, b.const(0.0, f32), TensorType(f32, [tl, d]))).results[0]
         out = b.cast(total, op.result.type.get_element_type(), op.result.name_hint)
         b.values[op.result] = out
@@ -602,12 +609,7 @@ class _A2ASum(_A2A):
                          "returned").results[0]
         flat = b.reshape(returned, [ep * tl, d], "returned_rows")
         picked = b.add(tcp.DmaGatherOp(flat, self.tokens.token_rows), "chip_partials").results[0]
-        total = b.add(tmath.ReduceSumOp(picked, [1], False, TensorType(f32, [tl, d])), "partial_sum").results[0]
-        total = b.add(tmath.AddOp(total, b.const(0.0, f32), TensorType(f32, [tl, d]))).results[0]
-        out = b.cast(total, op.result.type.get_element_type(), op.result.name_hint)
-        b.values[op.result] = out
-        b.rows[out] = (layer.route.tokens.data, tl)
-        b.phase = None
+        self._sum_at_home(op, picked, "partial_sum")
 
 
 class _AllGather(_Strategy):
