@@ -543,6 +543,17 @@ def test_benchmark_default_plan_covers_the_issue() -> None:
     assert all(block is None for *_, block in plan)  # every row's block chosen by cost on the mesh
 
 
+def test_deepseek_prefill_chips_need_no_spill_or_stream() -> None:
+    """DeepSeek-V3 on ep=8 at 4096 tokens per chip: the home chip's combine of its tokens'
+    returned rows is tiled too (schedule-tokens' second token count), not one gather of
+    470 MB (a2a) or 940 MB (a2a_sum, f32 rows) that the memory plan would stream."""
+    dims = dict(T=32768, D=7168, F=2048, FS=2048, E=256, K=8, NG=8, TG=4, B=1024)
+    program = tcpc.compile_file("examples/deepseek_v3.moe", dims=dims)
+    report = simulate_on_mesh(program, MeshSpec.parse("ep=8,strategy=a2a_sum,topk=rounds"), cost_only=True,
+                              routing="balanced", seed=1, machine=load_mesh_machine()).report
+    assert {(len(c.spills), len(c.streams)) for c in report.chips} == {(0, 0)}
+
+
 @pytest.mark.parametrize("strategy", ["a2a", "a2a_sum", "allgather"])
 def test_prefill_chip_programs_need_no_spill_or_stream(strategy: str) -> None:
     """Issue #12's rule on a mesh: the compiler places every value (a chip's program never
