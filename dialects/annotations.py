@@ -87,6 +87,20 @@ def expert_indices(op: Operation) -> int | None:
     return attr.value.data if isinstance(attr, IntegerAttr) else None
 
 
+PAIR_SUM_ATTR = "tcpc.pair_sum"
+"""Unit attribute of the op that makes a lowered `moe.combine`'s result (lower-dispatch): row t
+is the sum over its pairs, so a row whose indices are all -1 (a token with no pair, such as a
+mesh chip's receive slots that nothing filled) is exactly +0.0, whatever the weights."""
+
+
+def is_pair_sum(op: Operation) -> bool:
+    return PAIR_SUM_ATTR in op.attributes
+
+
+def mark_pair_sum(op: Operation) -> None:
+    op.attributes[PAIR_SUM_ATTR] = UnitAttr()
+
+
 SPACE_ATTR = "tcpc.space"
 """Discardable attribute of an op whose result the compiler placed in HBM (`"hbm"`): the
 schedule level puts tensors too large for SRAM there (a dispatch's blocked rows, written by

@@ -80,7 +80,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from dialects import moe, tcp, tmath, ve
-from dialects.annotations import mark
+from dialects.annotations import mark, mark_pair_sum
 from dialects.tensor_types import shape_of
 from passes.lowering_builder import LoweringBuilder, element_of
 
@@ -311,7 +311,10 @@ def lower_combine(op: moe.CombineOp, plan: moe.RouteOp) -> tuple[list[Operation]
     total = e.emit(ve.ReduceSumOp(restored, 1), "y_sum")
     # The reference's accumulator starts at +0.0: the same bits except that it never ends at -0.0.
     total = e.emit(ve.AddOp(total, e.const(0.0, [t, d], f32)), "moe_out_f32")
-    return e.ops, e.to_result(total, op.result.type, op.result.name_hint or "moe_out")
+    result = e.to_result(total, op.result.type, op.result.name_hint or "moe_out")
+    # A token with no pair: zero rows, zero weights (-1 pairs are masked), a sum of zeros + 0.0.
+    mark_pair_sum(result.owner)  # type: ignore[arg-type]
+    return e.ops, result
 
 
 @dataclass

@@ -543,6 +543,32 @@ def test_benchmark_default_plan_covers_the_issue() -> None:
     assert all(block is None for *_, block in plan)  # every row's block chosen by cost on the mesh
 
 
+@pytest.mark.parametrize("strategy", ["a2a", "a2a_sum"])
+def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver's combine runs over its static worst-case buffer in token tiles (small tiles
+    here); a tile none of whose rows holds a pair is skipped by a guard, and the outputs stay
+    the reference's. allgather's combine (the group's real tokens) has no such guard."""
+    import tcpc.mesh_run as mesh_run
+
+    tiled = tuple("schedule-tokens{tile_bytes=4096}" if p == "schedule-tokens" else p for p in mesh_run.FULL_PIPELINE)
+    monkeypatch.setattr(mesh_run, "FULL_PIPELINE", tiled)
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32, "D": 64, "F": 32, "E": 8, "K": 2, "B": 4})
+    spec = MeshSpec.parse(f"ep=4,strategy={strategy}")
+    chip = program.lower(spec.pipeline())
+    assert "tile_has_pairs" in str(chip)
+    sim = simulate_on_mesh(program, spec, seed=2)
+    results = check_on_mesh(program, spec, sim, seed=2)
+    assert all(c.ok for c in results), [c.message for c in results]
+    if strategy == "a2a":
+        assert all(c.identical for c in results)
+    combine = [o.name for c in sim.report.chips for o in c.ops if o.phase == "combine"]
+    # Every guarded tile that runs gathers its rows (and the home chip's tiles gather unguarded):
+    # fewer gathers than guards means tiles were skipped.
+    assert combine.count("tcp.dma_gather") < combine.count("tile.guard")
+    gathered = program.lower(MeshSpec.parse("ep=4,strategy=allgather").pipeline())
+    assert "tile_has_pairs" not in str(gathered)
+
+
 def test_deepseek_prefill_chips_need_no_spill_or_stream() -> None:
     """DeepSeek-V3 on ep=8 at 4096 tokens per chip: the home chip's combine of its tokens'
     returned rows is tiled too (schedule-tokens' second token count), not one gather of
