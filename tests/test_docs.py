@@ -36,7 +36,8 @@ MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 DOTTED_REFERENCE = re.compile(r"`((?:dialects|passes|runtime_sim|tcpc)(?:\.\w+)+)")
 """A module or a name in one, quoted in backticks: `runtime_sim.semantics.tolerance.ULPS`."""
 
-IR_ATTRIBUTES = {"tcpc.phase", "tcpc.routing_experts", "tcpc.plan", "tcpc.space", "tcpc.cluster", "tcpc.own_dma", "tcpc.expert_indices"}
+IR_ATTRIBUTES = {"tcpc.phase", "tcpc.routing_experts", "tcpc.plan", "tcpc.space", "tcpc.cluster", "tcpc.own_dma", "tcpc.expert_indices",
+                 "tcpc.pair_sum"}
 """Attribute names tcpc puts on IR, spelled like dotted references but not Python names."""
 
 PLACEHOLDERS = {"passes/my_pass.py", "tests/filecheck/my_pass/", "benchmarks/NAME.py"}
