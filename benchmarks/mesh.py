@@ -244,7 +244,7 @@ def runs(quick: bool, full: bool = False) -> list[Run]:
     if full:
         return [(model, chips, t, s, r, 1, None) for model in MODELS for chips in model.chips
                 for t in (*DECODE, PREFILL)
-                for s, r in (("a2a", "balanced"), ("a2a", "skewed"), ("allgather", "balanced"))]
+                for s, r in (("a2a", "balanced"), ("a2a", "skewed"), ("a2a_sum", "balanced"), ("allgather", "balanced"))]
     deepseek, qwen = MODELS
     plan: list[Run] = [(deepseek, 8, t, "a2a", "balanced", 1, None) for t in DECODE]
     plan += [(deepseek, 8, 16, "a2a", "skewed", 1, None), (deepseek, 8, 16, "allgather", "balanced", 1, None),
