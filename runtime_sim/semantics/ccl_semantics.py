@@ -71,14 +71,23 @@ def a2a_plan(experts_idx: np.ndarray, chips: int, experts: int, slots: int,
     return rows.reshape(experts_idx.shape).astype(np.int32), slot_experts.reshape(chips, slots), counts
 
 
+def _destinations(slot_rows: np.ndarray, chips: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of a plan's pairs: each one's destination chip [T, K] (-1: dropped), whether it is bound
+    for chip d [T, K, chips], and each token's rank among the tokens with a pair bound for chip
+    d [T, chips] (its row of that chip's slice of the token send buffer)."""
+    dest = np.where(slot_rows >= 0, slot_rows // max(slots, 1), -1)
+    bound = dest[:, :, None] == np.arange(chips)
+    rank = np.cumsum(bound.any(axis=1), axis=0) - 1
+    return dest, bound, rank
+
+
 def a2a_tokens(slot_rows: np.ndarray, chips: int, slots: int, me: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`ccl.a2a_tokens`: token rows [T, chips] (d * T + rank, -1), slot tokens [chips, S]
     (me * T + the slot's token's rank, -1 empty), counts [chips]."""
     t = slot_rows.shape[0]
     kept = slot_rows >= 0
-    dest = np.where(kept, slot_rows // max(slots, 1), -1)
-    has = (dest[:, :, None] == np.arange(chips)).any(axis=1)  # [T, chips]
-    rank = np.cumsum(has, axis=0) - 1
+    dest, bound, rank = _destinations(slot_rows, chips, slots)
+    has = bound.any(axis=1)  # [T, chips]
     token_rows = np.where(has, np.arange(chips) * t + rank, -1)
     slot_tokens = np.full(chips * slots, -1, dtype=np.int64)
     tokens = np.broadcast_to(np.arange(t)[:, None], slot_rows.shape)
@@ -93,12 +102,9 @@ def a2a_token_lists(slot_rows: np.ndarray, values: np.ndarray, chips: int, slots
     token's row at each destination its rank among the tokens sent there (as a2a_tokens'
     token rows); -1 (integers) or 0 (floats) past a token's last pair."""
     t, _ = slot_rows.shape
-    kept = slot_rows >= 0
-    dest = np.where(kept, slot_rows // max(slots, 1), -1)
-    bound = dest[:, :, None] == np.arange(chips)  # [T, K, chips]
-    rank = np.cumsum(bound.any(axis=1), axis=0) - 1  # [T, chips]
+    dest, bound, rank = _destinations(slot_rows, chips, slots)
     entry = np.cumsum(bound, axis=1) - 1  # [T, K, chips]: a pair's place in its token's list there
-    tt, kk = np.nonzero(kept)
+    tt, kk = np.nonzero(slot_rows >= 0)
     d = dest[tt, kk]
     j = entry[tt, kk, d]
     if j.size and j.max() >= entries:
@@ -209,7 +215,6 @@ class CCLFunctions(InterpreterFunctions):
         if self.exchange is not None:
             me = self.exchange.mesh.group(self.chip, op.axis_name).index(self.chip)
         return a2a_tokens(np.asarray(args[0]), op.group_size, op.slots, me)
-
 
     @impl(ccl.A2ATokenListsOp)
     def run_a2a_token_lists(self, interpreter: Interpreter, op: ccl.A2ATokenListsOp, args: tuple[Any, ...]):
