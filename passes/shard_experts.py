@@ -426,6 +426,19 @@ class _Strategy(ABC):
         b.rows[out] = b.rows[partial]
         return out
 
+    def _local_experts(self, ids: SSAValue, name: str | None = None) -> SSAValue:
+        """Global expert ids (-1: none) less this chip's first expert: its own experts' local
+        ids, and -1 for -1 and for the experts of the chips before it (an id of a later chip's
+        expert stays at or above E/ep: the caller bounds it where one may occur)."""
+        b, ep = self.b, self.layer.ep
+        shape = shape_of(ids.type)
+        chip = b.add(ccl.ChipIdOp(EP, ep), "chip").results[0]
+        first = b.add(tmath.MulOp(chip, b.const(self.layer.experts_per_chip, i32), TensorType(i32, [])),
+                      "first_expert").results[0]
+        local = b.add(tmath.SubOp(ids, first, TensorType(i32, shape)), "local_expert").results[0]
+        mine = b.add(tmath.CmpOp("ge", local, b.const(0, i32), TensorType(i1, shape))).results[0]
+        return b.add(tmath.SelectOp(mine, local, b.const(-1, i32), TensorType(i32, shape)), name).results[0]
+
     def _on_first_tp_chip(self, bias: SSAValue) -> SSAValue:
         b = self.b
         chip = b.add(ccl.ChipIdOp(TP, self.layer.tp), "tp_chip").results[0]
@@ -471,20 +484,13 @@ class _A2A(_Strategy):
         b, layer = self.b, self.layer
         b.phase = "dispatch"
         ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
-        cap = layer.route.capacity_limit
         x, top_e = b.value(op.input), b.value(op.expert_idx)
-        plan = self.plan = self._plan(top_e)
-        slots = plan.slots
         # A token's row crosses once to each chip holding one of its pairs (ccl.a2a_tokens);
         # the receiver copies it to each of the token's slots, so the slots hold what a
         # per-pair send would have put there.
-        tokens = b.add(ccl.A2ATokensOp(plan.slot_rows, EP, ep, slots))
-        for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
-            r.name_hint = name
-        rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, tokens.token_rows, ep * tl)), "send_rows").results[0]
-        send = b.reshape(rows, [ep, tl, d], "send_x")
-        self.recv_counts = b.add(ccl.AllToAllOp(plan.counts, EP, ep), "recv_counts").results[0]
-        recv = b.add(in_hbm_if_oversize(ccl.AllToAllOp(send, EP, ep, rows=tokens.counts)), "recv_x").results[0]
+        tokens = self._plan_tokens(top_e)
+        plan, slots = self.plan, self.plan.slots
+        self.recv_counts, recv = self._send_tokens(x, plan.counts, "recv_counts")
         recv_t = b.add(ccl.AllToAllOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens").results[0]
         recv_e = b.add(ccl.AllToAllOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts").results[0]
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
@@ -493,11 +499,45 @@ class _A2A(_Strategy):
         column = b.reshape(recv_e, [ep * slots, 1])
         one = b.const(1, i32)
         local = b.add(tmath.SubOp(column, one, TensorType(i32, [ep * slots, 1])), "recv_local_expert").results[0]
-        # Each expert receives at most one pair per token of the group: ep * T/n pairs, so
-        # this capacity never drops; it makes G the exact worst case (a user capacity is lower).
-        group_tokens = ep * tl
-        self._local_scatter(op, recv_rows, local, min(cap, group_tokens) if cap is not None else group_tokens)
+        self._local_scatter(op, recv_rows, local, self._receiver_capacity())
         b.phase = None
+
+    def _plan_tokens(self, top_e: SSAValue) -> ccl.A2ATokensOp:
+        """The plan of this chip's pairs (`self.plan`) and its deduplicated dispatch."""
+        plan = self.plan = self._plan(top_e)
+        tokens = self.tokens = self.b.add(ccl.A2ATokensOp(plan.slot_rows, EP, self.layer.ep, plan.slots))
+        for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
+            r.name_hint = name
+        return tokens
+
+    def _send_tokens(self, x: SSAValue, counts: SSAValue, counts_name: str) -> tuple[SSAValue, SSAValue]:
+        """Each token's row once to each chip holding one of its pairs (a DMA row scatter into
+        the send buffer, then the all-to-all), with `counts` exchanged first: what each chip
+        receives of `counts`, and the rows it receives."""
+        b, ep, tl = self.b, self.layer.ep, self.layer.tokens
+        rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, self.tokens.token_rows, ep * tl)), "send_rows").results[0]
+        send = b.reshape(rows, [ep, tl, shape_of(x.type)[1]], "send_x")
+        received = b.add(ccl.AllToAllOp(counts, EP, ep), counts_name).results[0]
+        recv = b.add(in_hbm_if_oversize(ccl.AllToAllOp(send, EP, ep, rows=self.tokens.counts)), "recv_x").results[0]
+        return received, recv
+
+    def _receiver_capacity(self) -> int:
+        """The receiver's scatter capacity: an expert receives at most one pair per token of
+        the group, ep * T/n, so this one never drops; it makes G the exact worst case (a user
+        capacity is lower)."""
+        cap, group_tokens = self.layer.route.capacity_limit, self.layer.ep * self.layer.tokens
+        return min(cap, group_tokens) if cap is not None else group_tokens
+
+    def _return_rows(self, rows: SSAValue, per_chip: int, counts: SSAValue, indices: SSAValue,
+                     name: str) -> SSAValue:
+        """`rows` (`per_chip` for each source chip, `counts` of them data) sent back to the
+        chips they came from, and gathered there by `indices`."""
+        b, ep = self.b, self.layer.ep
+        d = shape_of(rows.type)[-1]
+        back = b.reshape(rows, [ep, per_chip, d], "send_back")
+        returned = b.add(in_hbm_if_oversize(ccl.AllToAllOp(back, EP, ep, rows=counts)), "returned").results[0]
+        flat = b.reshape(returned, [ep * per_chip, d], "returned_rows")
+        return b.add(tcp.DmaGatherOp(flat, indices), name).results[0]
 
     def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
         """Left for the combine: only the slots' rows, not the padded blocks, are summed."""
@@ -514,10 +554,7 @@ class _A2A(_Strategy):
             partial = b.reshape(rows, [ep, slots, d], "partial_rows")
             summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
             rows = b.cast(summed, op.input.type.get_element_type(), "send_back")  # type: ignore[attr-defined]
-        back = b.reshape(rows, [ep, slots, d], "send_back")
-        returned = b.add(in_hbm_if_oversize(ccl.AllToAllOp(back, EP, ep, rows=self.recv_counts)), "returned").results[0]
-        flat = b.reshape(returned, [ep * slots, d], "returned_rows")
-        picked = b.add(tcp.DmaGatherOp(flat, self.plan.slot_rows), "pair_rows").results[0]
+        picked = self._return_rows(rows, slots, self.recv_counts, self.plan.slot_rows, "pair_rows")
         terms = b.cast(picked, f32, "pair_rows_f32")
         if op.weights is not None:
             w = b.cast(b.value(op.weights), f32, "weights_f32")
@@ -549,36 +586,20 @@ class _A2ASum(_A2A):
     def scatter(self, op: moe.ScatterOp) -> None:
         b, layer = self.b, self.layer
         b.phase = "dispatch"
-        ep, tl, el, d = layer.ep, layer.tokens, layer.experts_per_chip, shape_of(op.input.type)[1]
-        cap = layer.route.capacity_limit
+        ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
         x, top_e = b.value(op.input), b.value(op.expert_idx)
-        plan = self.plan = self._plan(top_e)
-        tokens = self.tokens = b.add(ccl.A2ATokensOp(plan.slot_rows, EP, ep, plan.slots))
-        for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
-            r.name_hint = name
-        self.entries = min(layer.route.k.data, el)
+        tokens = self._plan_tokens(top_e)
+        self.entries = min(layer.route.k.data, layer.experts_per_chip)
         expert_lists = self._lists(top_e, "expert_lists")
-        rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, tokens.token_rows, ep * tl)), "send_rows").results[0]
-        send = b.reshape(rows, [ep, tl, d], "send_x")
-        self.recv_token_counts = b.add(ccl.AllToAllOp(tokens.counts, EP, ep), "recv_token_counts").results[0]
-        recv = b.add(in_hbm_if_oversize(ccl.AllToAllOp(send, EP, ep, rows=tokens.counts)), "recv_x").results[0]
+        self.recv_token_counts, recv = self._send_tokens(x, tokens.counts, "recv_token_counts")
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         recv_experts = b.reshape(self._send(expert_lists, "recv_expert_lists"), [ep * tl, self.entries])
-        # A list holds only this chip's experts: global - first is local, and past the list's
-        # end (-1) negative, which becomes -1 (no pair).
-        shape = [ep * tl, self.entries]
-        chip = b.add(ccl.ChipIdOp(EP, ep), "chip").results[0]
-        first = b.add(tmath.MulOp(chip, b.const(el, i32), TensorType(i32, [])), "first_expert").results[0]
-        local = b.add(tmath.SubOp(recv_experts, first, TensorType(i32, shape))).results[0]
-        mine = b.add(tmath.CmpOp("ge", local, b.const(0, i32), TensorType(i1, shape))).results[0]
-        local = b.add(tmath.SelectOp(mine, local, b.const(-1, i32), TensorType(i32, shape)),
-                      "recv_local_experts").results[0]
+        # A list holds only this chip's experts; past its end (-1) it becomes -1 (no pair).
+        local = self._local_experts(recv_experts, "recv_local_experts")
         combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
         if combine is not None and combine.weights is not None and combine.weights in b.values:
             self._send_weights(b.value(combine.weights))  # with the tokens, when already computed
-        # An expert gets at most one pair per token received: this capacity never drops.
-        group_tokens = ep * tl
-        self._local_scatter(op, recv_tokens, local, min(cap, group_tokens) if cap is not None else group_tokens)
+        self._local_scatter(op, recv_tokens, local, self._receiver_capacity())
         b.phase = None
 
     def _lists(self, values: SSAValue, name: str) -> SSAValue:
@@ -596,19 +617,15 @@ class _A2ASum(_A2A):
         return self._sum_blocks_over_tp(partial, element)
 
     def combine(self, op: moe.CombineOp) -> None:
-        b, layer = self.b, self.layer
-        ep, tl, d = layer.ep, layer.tokens, shape_of(op.result.type)[1]
+        b = self.b
         assert self.route is not None
         b.phase = "combine"
         if op.weights is not None and self.recv_weights is None:
             self._send_weights(b.value(op.weights))
         yb = b.cast(b.value(op.input), f32, "expert_rows_f32")
         part = b.add(moe.CombineOp(yb, self.route, self.recv_weights), "token_partials").results[0]
-        back = b.reshape(part, [ep, tl, d], "send_back")
-        returned = b.add(in_hbm_if_oversize(ccl.AllToAllOp(back, EP, ep, rows=self.recv_token_counts)),
-                         "returned").results[0]
-        flat = b.reshape(returned, [ep * tl, d], "returned_rows")
-        picked = b.add(tcp.DmaGatherOp(flat, self.tokens.token_rows), "chip_partials").results[0]
+        picked = self._return_rows(part, self.layer.tokens, self.recv_token_counts, self.tokens.token_rows,
+                                   "chip_partials")
         self._sum_at_home(op, picked, "partial_sum")
 
 
@@ -625,13 +642,8 @@ class _AllGather(_Strategy):
         x_all = b.add(ccl.AllGatherOp(x, EP, ep), "x_all").results[0]
         e_all = b.add(ccl.AllGatherOp(top_e, EP, ep), "experts_all").results[0]
         shape = shape_of(e_all.type)
-        chip = b.add(ccl.ChipIdOp(EP, ep), "chip").results[0]
-        first = b.add(tmath.MulOp(chip, b.const(el, i32), TensorType(i32, [])), "first_expert").results[0]
-        local = b.add(tmath.SubOp(e_all, first, TensorType(i32, shape)), "local_expert").results[0]
-        bools = TensorType(i1, shape)
-        mine = b.add(tmath.CmpOp("ge", local, b.const(0, i32), bools)).results[0]
-        local = b.add(tmath.SelectOp(mine, local, b.const(-1, i32), TensorType(i32, shape))).results[0]
-        below = b.add(tmath.CmpOp("lt", local, b.const(el, i32), bools)).results[0]
+        local = self._local_experts(e_all)
+        below = b.add(tmath.CmpOp("lt", local, b.const(el, i32), TensorType(i1, shape))).results[0]
         local = b.add(tmath.SelectOp(below, local, b.const(-1, i32), TensorType(i32, shape)), "mine").results[0]
         self._local_scatter(op, x_all, local, layer.route.capacity_limit)
         b.phase = None
