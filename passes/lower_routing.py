@@ -34,7 +34,7 @@ register-file operand is read only for tags [1, 2] and written back only for tag
 Chunked cumsum. A scan takes one step per element of its axis whatever the rows beside it,
 so the cumsum of `[P, E]` over P takes P steps while only E lanes of the vector engine work
 (Qwen3-30B-A3B at T = 4096: 32,768 steps for 128 lanes). From MIN_CHUNKED_PAIRS pairs it runs
-in S chunks (`scan_chunks`: the largest divisor of P not above sqrt(P)): `[S, P/S, E]`
+in S chunks (`scan_chunks`: the divisor of P with the fewest scan steps): `[S, P/S, E]`
 scanned along its middle axis (S * E rows of P/S steps), each chunk's total, an exclusive
 cumsum of the totals over the S chunks, added back. The histogram of step 2 is then the sum
 of the chunk totals (S steps instead of a reduction over P). The same i32 adds of the same
@@ -89,7 +89,6 @@ it stays in bounds.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -158,16 +157,32 @@ scan's P steps are as few as the extra ops' fixed overheads (a rule of thumb: at
 16 chunks of 16 steps and 16 steps over the chunks against 256)."""
 
 
-def scan_chunks(pairs: int) -> int:
-    """S, how many chunks the cumsum over pairs runs in: the largest divisor of P not above
-    sqrt(P) (then the chunks' P / S steps and the S steps over their totals are both about
-    sqrt(P)), or 1 below MIN_CHUNKED_PAIRS. A scan takes a step per element of its axis
-    whatever the rows beside it, so [P, E] with E = 128 lanes of work scans P steps while the
-    vector engine could carry thousands of rows at once: [S, P / S, E] carries S * E rows for
-    P / S steps. The chunks must tile P exactly (a view); a prime P keeps one chunk."""
+SCAN_ROWS = 2048
+"""Rows the vector engine scans side by side in one round: one cluster's slices times the
+integer stages' ways (RNGD: 256 x 8, machines/rngd.toml; the routing runs on one cluster). A
+scan of more rows takes another round of its steps (runtime_sim/perf/vector_cost.py,
+`scan_cycles`). lower-routing's `scan_rows` option; the driver writes it for other machines."""
+
+
+def scan_chunks(pairs: int, experts: int, scan_rows: int = SCAN_ROWS) -> int:
+    """S, how many chunks the cumsum over pairs runs in: the divisor of P whose scans take
+    the fewest steps (the fewest chunks on a tie), or 1 below MIN_CHUNKED_PAIRS. A scan takes
+    a step per element of its axis whatever the rows beside it, so [P, E] with E = 128 lanes of
+    work scans P steps while the vector engine could carry thousands of rows at once:
+    [S, P / S, E] carries S * E rows for P / S steps, in rounds of `scan_rows` rows, and the
+    chunk totals' cumsum and sum take S steps each. The rounds matter: the largest divisor
+    below sqrt(P), the rule before, chose 84 chunks of 96 pairs at P = 8064, E = 64 (three
+    rounds of 96 steps), against 32 chunks of 252 (one round) at P = 8128, so that issue
+    #12's layer routed T = 1008 tokens slower than 1016. The chunks must tile P exactly (a
+    view); a prime P keeps one chunk."""
     if pairs < MIN_CHUNKED_PAIRS:
         return 1
-    return max(d for d in range(1, math.isqrt(pairs) + 1) if pairs % d == 0)
+
+    def steps(chunks: int) -> int:
+        rounds = -(-chunks * experts // scan_rows)
+        return rounds * (pairs // chunks) + 2 * -(-experts // scan_rows) * chunks
+
+    return min((d for d in range(1, pairs + 1) if pairs % d == 0), key=lambda d: (steps(d), d))
 
 
 def chunked_cumsum(b: _RoutingBuilder, mask: SSAValue, chunks: int) -> tuple[SSAValue, SSAValue, SSAValue]:
@@ -209,8 +224,9 @@ def packing_shift(pairs: int, blocks: int) -> int | None:
     return shift if (blocks << shift) + pairs < 2**31 else None
 
 
-def lower_routing(op: moe.ScatterOp) -> tuple[list[Operation], SSAValue, SSAValue]:
-    """The ops that replace `op`, its blocked tokens and its routing plan."""
+def lower_routing(op: moe.ScatterOp, scan_rows: int = SCAN_ROWS) -> tuple[list[Operation], SSAValue, SSAValue]:
+    """The ops that replace `op`, its blocked tokens and its routing plan; `scan_rows` as
+    `scan_chunks` takes it."""
     route_type = op.route.type
     assert isinstance(route_type, moe.RouteType)
     t, k, e = route_type.tokens.data, route_type.k.data, route_type.experts.data
@@ -226,7 +242,7 @@ def lower_routing(op: moe.ScatterOp) -> tuple[list[Operation], SSAValue, SSAValu
     expert_mask = b.select(one_hot, 1, 0, "expert_mask")
 
     # 2. Histogram, and the capacity; the cumsum of step 5 with it, when chunked.
-    chunks = scan_chunks(p)
+    chunks = scan_chunks(p, e, scan_rows)
     if chunks > 1:
         chunk_cumsum, chunk_offset, counts = chunked_cumsum(b, expert_mask, chunks)
     else:
@@ -286,9 +302,11 @@ def lower_routing(op: moe.ScatterOp) -> tuple[list[Operation], SSAValue, SSAValu
 
 @dataclass
 class LowerRoutingPattern(RewritePattern):
+    scan_rows: int = SCAN_ROWS
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: moe.ScatterOp, rewriter: PatternRewriter) -> None:
-        ops, blocked, route = lower_routing(op)
+        ops, blocked, route = lower_routing(op, self.scan_rows)
         mark(ops, "routing")
         for o in ops:  # the chunk totals' addressing (tile.slice and its offset)
             if o.name in ("tile.slice", "arith.constant"):
@@ -300,11 +318,16 @@ class LowerRoutingPattern(RewritePattern):
 @dataclass(frozen=True)
 class LowerRoutingPass(ModulePass):
     """moe.scatter -> ve ops computing scatter_idx [T, K] and expert_ids [G], then moe.route
-    and moe.dispatch."""
+    and moe.dispatch. `scan_rows`: the rows the vector engine scans in one round (SCAN_ROWS,
+    RNGD's), which the cumsum's chunks are chosen for."""
 
     name = "lower-routing"
 
+    scan_rows: int = SCAN_ROWS
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.scan_rows < 1:
+            raise ValueError(f"lower-routing: scan_rows must be positive, got {self.scan_rows}")
         PatternRewriteWalker(
-            GreedyRewritePatternApplier([LowerRoutingPattern()]), apply_recursively=False
+            GreedyRewritePatternApplier([LowerRoutingPattern(self.scan_rows)]), apply_recursively=False
         ).rewrite_module(op)

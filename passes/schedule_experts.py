@@ -39,7 +39,14 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   contraction of block g - 4 (`ROWS_AHEAD`), the last reader of that block's tiles, so the row
   tiles of four blocks are in SRAM at a time and the DMA of block g runs while blocks g - 3 to
   g - 1 contract; an expert's weight load waits for block g - 4 too (`WEIGHT_AHEAD`), so the
-  next expert's weights arrive while the current expert's last blocks contract.
+  next expert's weights arrive while the current expert's last blocks contract;
+- the loop starts from the dispatch: a weight load also waits for the blocks' row indices (the
+  dispatch's result, which the row gathers read anyway), so the loop's first commands start
+  once the dispatch's DMA commands are done, from the same point at every T. Issued as soon as
+  the expert ids were known, the first blocks' loads shared the engines with the dispatch's
+  scatters in an order that changed with T, and issue #12's layer took 7 cycles less at
+  T = 288 than at T = 280 (benchmarks/monotone.py). The price is the overlap of the first loads
+  with the dispatch at decode (Qwen3-30B-A3B, T = 1: 0.6%).
 
 - F tiles (passes/f_tiles.py): when the plan is up-projections, column work and one
   down-projection (a SwiGLU or a plain MLP), the block's work runs per tile of F: each tile
@@ -312,6 +319,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         return mapping[v]
 
     slot_results: list[SSAValue | None] = [None] * n_slots
+    # The loop starts from the dispatch (docstring): a weight load waits for the row indices too.
+    dispatched = [op.indices for op in ops if is_dispatch_gather(op, blocks)]
 
     def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue) -> Operation:
         """The load of the block's tile of `gather`'s weight (`columns` of F), reusing the
@@ -319,7 +328,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
         k = next((i for i, s in enumerate(slots) if s.gather is gather and s.columns == columns), None)
         prev = (prev_ids_args[k], prev_tile_args[k]) if k is not None else (None, None)
         window = None if columns is None or region is None else region.window(gather.result, columns)
-        new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait], window)
+        new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait, *dispatched], window)
         new.attributes.update(gather.attributes)
         new.attributes.setdefault(PHASE_ATTR, last.attributes[PHASE_ATTR])
         new.results[0].name_hint = gather.result.name_hint

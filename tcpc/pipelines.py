@@ -96,8 +96,9 @@ def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE, topk
                  options: Mapping[str, object] | None = None) -> str:
     """`passes` as a pipeline string for `machine`: lower-topk's strategy left to the cost
     model by default (`strategy=auto`, resolved by the driver: rank's all-pairs ranking wins at
-    small E, rounds at large E x T; None: the pass's own default), split-clusters' and
-    schedule-tokens' machine options written out only where they are not the passes' defaults,
+    small E, rounds at large E x T; None: the pass's own default), split-clusters',
+    schedule-tokens' and lower-routing's machine options written out only where they are not
+    the passes' defaults,
     then `options` ("pass.option" -> value, a sweep's) over all of them."""
     by_pass: dict[str, dict[str, str]] = {}
     if topk_strategy is not None:
@@ -106,6 +107,8 @@ def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE, topk
         by_pass["split-clusters"] = {k: str(v) for k, v in written.items()}
     if machine.clusters != PASSES["schedule-tokens"]().clusters:  # its tiles balanced over the clusters
         by_pass["schedule-tokens"] = {"clusters": str(machine.clusters)}
+    if (scan_rows := machine.slices * machine.int_ways) != PASSES["lower-routing"]().scan_rows:
+        by_pass["lower-routing"] = {"scan_rows": str(scan_rows)}  # the cumsum's chunks (lower_routing.SCAN_ROWS)
     for key, value in (options or {}).items():
         name, _, option = key.partition(".")
         by_pass.setdefault(name, {})[option] = str(value).lower() if isinstance(value, bool) else str(value)

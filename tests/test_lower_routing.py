@@ -294,10 +294,10 @@ def test_op_sequence_and_cumsums() -> None:
 @pytest.mark.parametrize(
     "t, k, e, b, c, style",
     [
-        (128, 2, 8, 16, None, "random"),   # P = 256: 16 chunks of 16
-        (130, 2, 6, 8, 40, "one_set"),     # P = 260: 13 chunks of 20, a capacity dropping
+        (128, 2, 8, 16, None, "random"),   # P = 256: 8 chunks of 32
+        (130, 2, 6, 8, 40, "one_set"),     # P = 260: 10 chunks of 26, a capacity dropping
         (257, 1, 5, 32, None, "few"),      # P = 257, prime: one chunk, the plain scan
-        (96, 4, 48, 2, None, "descending"),  # P = 384: 16 chunks of 24, E = 48
+        (96, 4, 48, 2, None, "descending"),  # P = 384: 12 chunks of 32, E = 48
     ],
 )
 def test_chunked_cumsum_is_bit_identical(t: int, k: int, e: int, b: int, c: int | None, style: str) -> None:
@@ -305,7 +305,7 @@ def test_chunked_cumsum_is_bit_identical(t: int, k: int, e: int, b: int, c: int 
     the same (capacity drops, empty experts, a prime P that keeps one chunk)."""
     from passes.lower_routing import MIN_CHUNKED_PAIRS, scan_chunks
 
-    assert scan_chunks(t * k) == (1 if t * k == 257 else max(d for d in range(1, 20) if (t * k) % d == 0 and d * d <= t * k))
+    assert scan_chunks(t * k, e) == {256: 8, 260: 10, 257: 1, 384: 12}[t * k]
     assert t * k >= MIN_CHUNKED_PAIRS
     for seed in range(2):
         check_routing(routing(t, k, e, style, seed), e, b, c)
@@ -344,11 +344,23 @@ def test_packing_needs_room_above_the_rank() -> None:
     assert packing_shift(1 << 20, (1 << 10) - 2) == 21 and packing_shift(1 << 20, 1 << 10) is None
 
 
-def test_chunks_take_sqrt_p_steps() -> None:
-    """The largest divisor of P not above sqrt(P); one chunk below MIN_CHUNKED_PAIRS."""
-    from passes.lower_routing import scan_chunks
+def test_chunks_take_the_fewest_scan_steps() -> None:
+    """The divisor of P whose scans take the fewest steps, counting the rounds of SCAN_ROWS
+    rows; one chunk below MIN_CHUNKED_PAIRS or for a prime P."""
+    from passes.lower_routing import SCAN_ROWS, scan_chunks
 
-    assert [scan_chunks(p) for p in (255, 256, 32768, 16384, 2496, 8191)] == [1, 16, 128, 128, 48, 1]
+    assert SCAN_ROWS == 256 * 8  # one RNGD cluster's slices x 8 integer ways
+    assert scan_chunks(255, 8) == 1 and scan_chunks(8191, 8) == 1
+    # E = 8: every chunking is one round, P / S + 2 S steps: 8 and 16 chunks tie at 48, the fewer win.
+    assert scan_chunks(256, 8) == 8
+    # Qwen3-30B-A3B (E = 128) at T = 4096 and 2048: 16 chunks fill one round of 2,048 rows
+    # (2,048 + 32 steps; 128 chunks, the largest divisor below sqrt(P), took 8 rounds of 256, 2,304).
+    assert scan_chunks(32768, 128) == 16 and scan_chunks(16384, 128) == 16
+    # Issue #12's layer (E = 64) at T = 1008 and 1016: 32 chunks each (252 and 254 steps in one
+    # round); the rule before took 84 chunks of 96 at P = 8064, three rounds, slower than P = 8128.
+    assert scan_chunks(8064, 64) == 32 and scan_chunks(8128, 64) == 32
+    # Half the rows per round (a smaller machine): 16 chunks of 64 experts fill it.
+    assert scan_chunks(8064, 64, SCAN_ROWS // 2) == 16
 
 
 def test_without_capacity_there_is_no_min() -> None:

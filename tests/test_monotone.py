@@ -30,7 +30,15 @@ whole sweep (T from 128 to 1024 in steps of 8, SRAM and HBM upward):
   tile passed through): a block's row gather waited for block g - 2's contraction, holding a
   DMA engine idle while weight loads queued behind it (11% of the engines' time in the expert
   loop at T = 448), and which gathers held which engines depended on how the blocks fell (row
-  tiles are now fetched four blocks ahead, schedule-experts' ROWS_AHEAD).
+  tiles are now fetched four blocks ahead, schedule-experts' ROWS_AHEAD);
+- T 280 -> 288 (7 cycles): the first blocks' weight loads were issued as soon as the expert
+  ids were known and shared the DMA engines with the dispatch's scatters in an order that
+  changed with T, and the loop, bound by its loads, ended a few cycles earlier at 288 (a
+  weight load now waits for the dispatch's row indices too: the loop starts from the dispatch);
+- T 984 -> 992 and 1008 -> 1016, once the loop started from the dispatch (by 33 and 8
+  cycles): the routing's chunked cumsum took the largest divisor of P below sqrt(P) as its
+  chunk count, which at P = 8064 meant three rounds of the vector engine's rows against two at
+  P = 8128 (lower-routing now takes the divisor with the fewest scan steps).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_parts
 
 monotone = load_script("monotone")
 
-TOKEN_STEPS = [(256, 264), (360, 368), (448, 456), (512, 520), (720, 728), (1016, 1024)]
+TOKEN_STEPS = [(256, 264), (280, 288), (360, 368), (448, 456), (512, 520), (720, 728), (1008, 1016), (1016, 1024)]
 
 
 @pytest.mark.parametrize("fewer, more", TOKEN_STEPS, ids=[f"T{a}-T{b}" for a, b in TOKEN_STEPS])

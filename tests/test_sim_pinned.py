@@ -70,11 +70,11 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (737248, 6572, '427902872844669a', '09d7ed332de231cd', 'fd1f7bf9a6ee9601', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (59378, 6084, 'b5acea5f80d4b8f5', '6b4e99b53a995bc1', '0633266a769e158d', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (26486, 2619, '05ec55824e56ac39', 'dda1fae1aa8c5f7f', '9e79967c017ae13f', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (16903, 1439, '78341e4b110f89c2', '86a1c9d59742ac83', '10ae5733ae3798c2', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (23455, 2725, '46c362aca2565a50', 'd48092e00de9b20d', 'aede27ea419b9b5e', '778cfe00474e8a2b'),
+    'qwen3 real dims T=64, cost-only, skewed': (738360, 6572, '9eee5faf560bf42c', 'f6bc35cad0f4a033', '9580f91cef334476', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (59390, 6084, 'e97f24a166fc61a2', '57029ed6ea1d2fd4', 'e4b2435f38f04d88', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (26492, 2619, '752d9ade8880b4d5', '704a7021fd232de8', '6adf1d8c3773b2f0', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (16915, 1439, '4ba73295afd4dd7a', '285969eba0f061e6', 'cf7c386d4e1f3c49', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (23538, 2725, '2f148cf4446ec819', 'b35cfebfa4bbb788', '9eba9c69fb8add11', '778cfe00474e8a2b'),
 }
 
 
