@@ -120,8 +120,8 @@ def insert_early(ops: list[Operation], block: Block, user: Operation) -> None:
     without operands right before its first reader). Engines issue their commands in program
     order, so a cluster's masked expert ids, and the DMA copy another cluster reads them from,
     are issued as soon as the routing has made the ids, not behind the dispatch's commands that
-    precede the loop (at decode the first weight loads wait for them: ~500 cycles of Qwen3-30B-
-    A3B's T = 1)."""
+    precede the loop (the blocks' guards read them; the weight loads also wait for the
+    dispatch's row indices, schedule-experts' choice, so the loop starts from the dispatch)."""
     placed: set[Operation] = set()
     for op in ops:
         if not op.operands:
