@@ -54,6 +54,12 @@ def fused(module: ModuleOp) -> ModuleOp:
     return apply_pipeline(module, parse_pipeline("fuse-ve-chains"))
 
 
+def computed(report):  # type: ignore[no-untyped-def]
+    """The report's ops but the streams of the function's arguments (in HBM, which the vector
+    engine cannot read: the memory plan streams each in before its reader)."""
+    return [o for o in report.ops if not o.label.startswith("stream in ")]
+
+
 def chains(module: ModuleOp) -> list[ve.ChainOp]:
     return [op for op in module.walk() if isinstance(op, ve.ChainOp)]
 
@@ -245,7 +251,7 @@ def test_a_stashed_intermediate_takes_no_sram() -> None:
     assert [m.name for m in chain.members] == ["ve.widen", "ve.sigmoid", "ve.mul", "ve.narrow"]
     x = np.linspace(-3, 3, N, dtype=np.float32).astype(ml_dtypes.bfloat16)
     result = simulate(module, "f", [x])
-    (rec,) = result.report.ops
+    (rec,) = computed(result.report)
     assert rec.cycles == OVERHEAD + 4 * LATENCY + 20
     assert rec.bytes == 2 * N + 2 * N  # the bf16 input once, the bf16 result
     want = run_function(parse(text), "f", [x])
@@ -281,7 +287,7 @@ def test_a_chain_costs_one_invocation() -> None:
     y = np.linspace(-4, 4, N, dtype=np.float32)
     module = fused(parse(SILU))
     report = simulate(module, "f", [y]).report
-    (rec,) = report.ops
+    (rec,) = computed(report)
     # One configuration overhead, three stages of latency, one pass at the Float cluster's 4-way
     # (20 cycles for 80 values per slice): 16 + 3 + 20.
     assert rec.name == "ve.chain" and rec.label == "%h = ve.chain[3](sigmoid,mul,narrow)"
@@ -289,8 +295,8 @@ def test_a_chain_costs_one_invocation() -> None:
     assert rec.bytes == 2 * 4 * N + 2 * N  # %y read twice (stream and operand), bf16 written
     assert rec.flops == 2 * N  # sigmoid and mul
     unfused = simulate(parse(SILU), "f", [y]).report
-    assert sum(r.cycles for r in unfused.ops) == 3 * (OVERHEAD + LATENCY + 20) - 10  # narrow is 8-way
-    assert sum(r.bytes for r in unfused.ops) == (2 * 4 + 4 + 4 + 4 + 4 + 2) * N  # with intermediates
+    assert sum(r.cycles for r in computed(unfused)) == 3 * (OVERHEAD + LATENCY + 20) - 10  # narrow is 8-way
+    assert sum(r.bytes for r in computed(unfused)) == (2 * 4 + 4 + 4 + 4 + 4 + 2) * N  # with intermediates
 
 
 def test_a_chain_with_a_reduction_streams_at_the_slowest_stage() -> None:
@@ -307,7 +313,7 @@ def test_a_chain_with_a_reduction_streams_at_the_slowest_stage() -> None:
     assert [m.name for m in chain.members] == ["ve.add", "ve.reduce_sum", "ve.add"]  # Fxp, reduce, ClipAdd
     x, o = np.ones((N // 8, 8), np.int32), np.arange(N // 8, dtype=np.int32)
     result = simulate(module, "f", [x, o])
-    (rec,) = result.report.ops
+    (rec,) = computed(result.report)
     # The reduction streams N values 4-way (20 cycles per slice), the adds 8-way (10, and 10/8
     # after the reduction); its first output waits 8 steps; three stages of latency.
     assert rec.cycles == OVERHEAD + 3 * LATENCY + 20 + 8

@@ -140,6 +140,28 @@ def test_the_error_policy_stops_where_the_spill_policy_spills() -> None:
         long_program_case(300, 4096, "error")()
 
 
+def test_a_computing_engine_reads_hbm_through_a_stream() -> None:
+    """The contraction and vector engines read SRAM only: without load-arguments, the router's
+    ops read the tokens and the router weight where they are, in HBM, and each such read is
+    streamed in before its command (costed, in the report's streams), never free; with it,
+    none is."""
+    from runtime_sim.perf.cost_only import simulate_cost_only
+
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "mixtral.moe", dims={"T": 64})
+    name = program.function().sym_name.data
+    partial = "pin-routing,lower-topk,lower-routing,lower-dispatch,lower-math"
+    report = simulate_cost_only(program.lower(partial), name, routing="balanced").report
+    reads = {s.buffer: s for s in report.streams if s.direction == "read"}
+    d = program.dims["D"]
+    assert reads["%x"].bytes == 64 * d * 2 and reads["%x"].op == "ve.widen"
+    assert "%router" in reads and not [s for s in report.streams if s.direction != "read"]
+    by_label = {o.label: o for o in report.ops}
+    assert by_label["stream in %x"].end <= by_label["ve.widen"].start
+    assert "streamed %x (8,192 B) in from HBM for ve.widen, which reads SRAM only" in report.to_text()
+    loaded = simulate_cost_only(program.lower(partial + ",load-arguments"), name, routing="balanced").report
+    assert loaded.streams == []
+
+
 # --- free space ---------------------------------------------------------------------------------
 
 

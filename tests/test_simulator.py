@@ -166,8 +166,10 @@ def test_cycle_counts_are_deterministic() -> None:
 def test_report_records_and_text() -> None:
     report = moe_run(routing(16)).report
     names = [o.name for o in report.ops]
-    assert names == ["tcp.load", "tcp.dma_gather", "tcp.dma_gather", "tcp.contract"]
-    mm = report.ops[3]
+    # The contraction's bias and guard are arguments, in HBM: the memory plan streams them in.
+    assert names == ["tcp.load", "tcp.dma_gather", "tcp.dma_gather", "tcp.load", "tcp.load", "tcp.contract"]
+    assert sorted(o.label for o in report.ops[3:5]) == ["stream in %bias", "stream in %ei"]
+    mm = report.ops[5]
     assert mm.engine == "tensor" and mm.flops > 0 and mm.start >= max(o.end for o in report.ops[:3] if o.key in (1, 2))
     data = json.loads(json.dumps(report.to_json()))
     for key in ("total_cycles", "clock_hz", "microseconds", "roofline_cycles", "critical_path", "ops", "engines", "peak_sram_bytes"):

@@ -37,6 +37,12 @@ pessimistic against double buffering; each oversize command streams on its own, 
 of oversize ops goes through HBM at every link, where a tiled lowering would keep each tile's
 intermediates on chip.
 
+**HBM operands of a computing engine.** The contraction and vector engines read SRAM only.
+Where a command of theirs reads a value in HBM (hand-written IR, or a partial pipeline: the
+router's matmul on the tokens without load-arguments), the operand is streamed in before the
+command the same way (one stream per reading command, costed, in the report's streams), so
+such a read is never free. The compiler's own output has none (tests/test_schedule.py).
+
 DMA commands (gathers, scatters, loads) never stream through SRAM. One whose result does not
 fit delivers the rows straight into its readers' tiles: the result is *fused* into its readers
 (no SRAM, no HBM copy, the command's own cost); the first reader takes the rows the command
@@ -106,9 +112,10 @@ class Stream:
     bytes: int
     """Bytes moved: the buffer, or for `in` the bytes of its HBM copy."""
     op: str
-    direction: Literal["in", "out", "fused"]
+    direction: Literal["in", "out", "fused", "read"]
     """`out`: the command writes the buffer to HBM; `in`: it reads the buffer from HBM;
-    `fused`: a DMA command's result goes straight into its readers' tiles."""
+    `fused`: a DMA command's result goes straight into its readers' tiles; `read`: a computing
+    engine's command reads a value in HBM, streamed in before it (not a matter of size)."""
 
 
 @dataclass(frozen=True)
@@ -279,6 +286,8 @@ class MemoryPlanner:
         wait = tuple(dict.fromkeys(self.free.take(need, t.cluster))) if need else ()
         if stream_in:
             deps += self.stream_in(t, stream_in)
+        if t.hbm_reads:
+            deps += self.stream_hbm_operands(t)
         if reloads:
             deps += self.reload(t, reloads, wait)
         if direct or stream_out:
@@ -430,6 +439,16 @@ class MemoryPlanner:
             keys.append(self.transfer(f"stream in {self.labels[b]}", "tcp.load", nbytes, False, t.phase,
                                       self.stored[b]))
             self.streams.append(Stream(self.labels[b], nbytes, t.label, "in"))
+        return keys
+
+    def stream_hbm_operands(self, t: TracedOp) -> list[int]:
+        """Stream in, before `t`, the operands a computing engine reads from HBM (it reads
+        SRAM only): hand-written IR, or a pipeline without load-arguments or the schedule
+        level. Each read is a stream of its own, taking no SRAM. Returns the commands."""
+        keys: list[int] = []
+        for name, nbytes, ready in t.hbm_reads:
+            keys.append(self.transfer(f"stream in {name}", "tcp.load", nbytes, False, t.phase, ready))
+            self.streams.append(Stream(name, nbytes, t.label, "read"))
         return keys
 
     def writes_to_hbm(self, t: TracedOp, b: int) -> bool:

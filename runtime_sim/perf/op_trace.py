@@ -22,6 +22,7 @@ from xdsl.traits import SymbolTable
 from dialects import ve
 from dialects.annotations import OTHER, cluster_of, on_own_dma, phase_of
 from runtime_sim.perf.cost_model import (
+    TENSOR,
     UNTRACED,
     CostFn,
     OpCost,
@@ -64,6 +65,11 @@ class TracedOp:
     """The cluster whose engines run it (`tcpc.cluster`; what a tensor-engine command is pinned to)."""
     own_dma: bool = False
     """Whether a DMA command runs on its cluster's own engines only (`tcpc.own_dma`)."""
+    hbm_reads: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
+    """For a command of a computing engine (the contraction or vector engine, which read SRAM
+    only): each operand it reads from HBM, as (its name, its bytes, the commands it waits for).
+    The passes never leave one (load-arguments, the schedule level); hand-written IR or a
+    partial pipeline may, and the memory plan then streams the operand in (memory_plan.py)."""
 
 
 @dataclass
@@ -116,6 +122,8 @@ class _Statics:
     """Operands whose values the cost reads (cost_model.data_operands): they key the cost."""
     read: tuple[int, ...]
     """Operands whose buffers it reads (all but the order-only ones)."""
+    in_hbm: tuple[int, ...]
+    """Of those, the ones in HBM (cost_model.in_hbm)."""
     alias: int | None
     fresh: tuple[bool, ...]
     """Per result: whether it is a new SRAM buffer (not a view, not unbuffered, not in HBM)."""
@@ -177,6 +185,7 @@ class TraceRecorder(Interpreter.Listener):
                 op.name, op_label(op), phase_of(op) or OTHER, fn,
                 tuple(operands.index(v) for v in data_operands(op)),
                 tuple(i for i, v in enumerate(operands) if v not in order_only),
+                tuple(i for i, v in enumerate(operands) if v not in order_only and in_hbm(v)),
                 alias,
                 tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
                 tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results),
@@ -294,5 +303,9 @@ class TraceRecorder(Interpreter.Listener):
                                    dest.base if dest.chained else dest.producer, True)
             else:
                 values[r] = _Value(index, buffer)
+        hbm_reads = ()
+        if statics.in_hbm and cost.engine == TENSOR:
+            hbm_reads = tuple((f"%{v.name_hint}" if (v := operands[i]).name_hint else f"{statics.name} operand #{i}",
+                               stored_nbytes(args[i]), ins[i].ready_after()) for i in statics.in_hbm if i not in unread)
         trace.ops.append(TracedOp(index, statics.name, statics.label, cost, deps, reads, tuple(writes),
-                                  statics.phase, op, statics.cluster, statics.own_dma))
+                                  statics.phase, op, statics.cluster, statics.own_dma, hbm_reads))

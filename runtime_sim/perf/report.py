@@ -172,7 +172,8 @@ class SimReport:
     sram_policy: str
     spills: list[Spill] = field(default_factory=list)
     streams: list[Stream] = field(default_factory=list)
-    """Buffers that commands too large for SRAM streamed through HBM (memory_plan)."""
+    """Buffers that commands too large for SRAM streamed through HBM, and values in HBM a
+    computing engine read (streamed in before it; memory_plan)."""
     choices: list[Choice] = field(default_factory=list)
     """What the driver chose by the cost model for this run (block=auto, strategy=auto)."""
     loops: list[TileLoop] = field(default_factory=list)
@@ -254,8 +255,10 @@ class SimReport:
             f"(policy {self.sram_policy}; {len(self.spills)} spill(s), {len(self.streams)} stream(s))",
         ]
         lines += [f"  spilled {s.buffer} ({s.bytes:,} B) to make room for {s.evicted_at}" for s in self.spills]
-        how = {"out": "out to HBM by", "in": "in from HBM by", "fused": "by its DMA command into its readers' tiles:"}
-        lines += [f"  streamed {s.buffer} ({s.bytes:,} B) {how[s.direction]} {s.op}, too large for SRAM"
+        how = {"out": "out to HBM by", "in": "in from HBM by", "fused": "by its DMA command into its readers' tiles:",
+               "read": "in from HBM for"}
+        lines += [f"  streamed {s.buffer} ({s.bytes:,} B) {how[s.direction]} {s.op}, "
+                  + ("which reads SRAM only (a value in HBM)" if s.direction == "read" else "too large for SRAM")
                   for s in self.streams]
         lines += [f"chose {c.describe()}" for c in self.choices]
         lines += [f"schedule: {t.describe()}" for t in self.loops]
