@@ -172,9 +172,9 @@ def scan_chunks(pairs: int, experts: int, scan_rows: int = SCAN_ROWS) -> int:
     [S, P / S, E] carries S * E rows for P / S steps, in rounds of `scan_rows` rows, and the
     chunk totals' cumsum and sum take S steps each. The rounds matter: the largest divisor
     below sqrt(P), the rule before, chose 84 chunks of 96 pairs at P = 8064, E = 64 (three
-    rounds of 96 steps), against 32 chunks of 252 (one round) at P = 8128, so that issue
-    #12's layer routed T = 1008 tokens slower than 1016. The chunks must tile P exactly (a
-    view); a prime P keeps one chunk."""
+    rounds of 96 steps) and 64 of 127 at P = 8128 (two rounds), so that issue #12's layer
+    routed T = 1008 tokens slower than 1016; both now take 32 chunks, one round of 252 and 254
+    steps. The chunks must tile P exactly (a view); a prime P keeps one chunk."""
     if pairs < MIN_CHUNKED_PAIRS:
         return 1
 
