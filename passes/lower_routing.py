@@ -325,9 +325,11 @@ class LowerRoutingPass(ModulePass):
 
     scan_rows: int = SCAN_ROWS
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
+    def __post_init__(self) -> None:
         if self.scan_rows < 1:
             raise ValueError(f"lower-routing: scan_rows must be positive, got {self.scan_rows}")
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(
             GreedyRewritePatternApplier([LowerRoutingPattern(self.scan_rows)]), apply_recursively=False
         ).rewrite_module(op)

@@ -375,6 +375,14 @@ def test_pass_is_registered() -> None:
     assert isinstance(p, LowerRoutingPass)
 
 
+def test_scan_rows_must_be_positive() -> None:
+    """A bad option is the pipeline's error, on one line, before any pass runs."""
+    from tcpc.pipelines import PipelineError
+
+    with pytest.raises(PipelineError, match=r"lower-routing: scan_rows must be positive, got 0"):
+        parse_pipeline("lower-routing{scan_rows=0}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Examples, and after lower-topk
 
