@@ -246,15 +246,17 @@ def writable(path: str, flag: str, inputs: Sequence[str | None]) -> Path:
 
 def write_file(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write a file whole or not at all: on an error (a full disk) the partial file is removed
-    and the error names the path."""
+    and the error names the path. Only a regular file is removed: a device or a pipe
+    (`/dev/full`, `/dev/stdout`) is not tcpc's to delete."""
     try:
         with open(path, "wb") as f:
             write(f)
     except OSError as e:
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        if path.is_file():
+            try:
+                path.unlink()
+            except OSError:
+                pass
         raise FileError(f"cannot write {path}: {(e.strerror or str(e)).lower()}") from None
 
 
