@@ -8,7 +8,6 @@ saturation, round to nearest even) or its raw bytes (`|V1`).
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -22,6 +21,7 @@ from xdsl.ir import SSAValue
 from dialects import moe, quant, tcp, tile
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import format_type, shape_of
+from runtime_sim.perf.array_files import ArrayFileError, read_arrays
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, RoutingError, scenario_choices
 from runtime_sim.semantics.numerics import LOW_PRECISION_DTYPES, bfloat16, float8_e8m0, round_to, tensor_dtype
 
@@ -39,7 +39,13 @@ is still a scale), at every level."""
 
 
 class InputError(Exception):
-    """Inputs that do not fit the graph's signature."""
+    """Inputs that do not fit the graph's signature. `argument` is the name of the given array
+    the error is about (None for a file or a drawn input), so that a caller that read the
+    arrays from a file can name the file."""
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 def arg_names(fn: func.FuncOp) -> list[str]:
@@ -51,7 +57,7 @@ def to_declared(name: str, value: np.ndarray, t: TensorType) -> np.ndarray:
     value = np.asarray(value)
     want = tensor_dtype(t)
     if value.shape != shape_of(t):
-        raise InputError(f"input '{name}' has shape {list(value.shape)}, the graph declares {format_type(t)}")
+        raise InputError(f"input '{name}' has shape {list(value.shape)}, the graph declares {format_type(t)}", name)
     if value.dtype == want:
         return value
     if value.dtype == np.dtype("V2") and want == bfloat16:
@@ -60,13 +66,13 @@ def to_declared(name: str, value: np.ndarray, t: TensorType) -> np.ndarray:
         return value.view(want)
     if want == np.int32:
         if value.dtype.kind not in "iu":
-            raise InputError(f"input '{name}' is {value.dtype}, the graph declares {format_type(t)} (integers)")
+            raise InputError(f"input '{name}' is {value.dtype}, the graph declares {format_type(t)} (integers)", name)
         info = np.iinfo(np.int32)
         if value.size and (value.min() < info.min or value.max() > info.max):
-            raise InputError(f"input '{name}' has values outside the i32 range")
+            raise InputError(f"input '{name}' has values outside the i32 range", name)
         return value.astype(np.int32)
     if value.dtype.kind not in "fiu" and value.dtype != bfloat16:
-        raise InputError(f"input '{name}' is {value.dtype}, the graph declares {format_type(t)}")
+        raise InputError(f"input '{name}' is {value.dtype}, the graph declares {format_type(t)}", name)
     return round_to(value.astype(np.float32), want)
 
 
@@ -116,7 +122,7 @@ def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int =
     unknown = sorted(set(given) - set(names))
     if unknown:
         raise InputError(
-            f"'{unknown[0]}' is not an argument of graph '{fn.sym_name.data}' (arguments: {', '.join(names)})"
+            f"'{unknown[0]}' is not an argument of graph '{fn.sym_name.data}' (arguments: {', '.join(names)})", unknown[0]
         )
     values = []
     routing = routing_arguments(fn)
@@ -138,24 +144,11 @@ def prepare_inputs(fn: func.FuncOp, given: Mapping[str, np.ndarray], seed: int =
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
     """The named arrays of an .npz file; never unpickles (an object array is an InputError)."""
     try:
-        data = np.load(path, allow_pickle=False)
-    except OSError as e:
-        raise InputError(f"{path}: {(e.strerror or str(e)).lower()}") from None
-    except ValueError:  # numpy's guess that it holds pickled objects
-        raise InputError(f"{path}: not an .npz file") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
+        arrays = read_arrays(path)
+    except ArrayFileError as e:
+        raise InputError(str(e)) from None
+    if isinstance(arrays, np.ndarray):
         raise InputError(f"{path}: an .npy file holds one unnamed array; give the inputs by name in an .npz (numpy.savez)")
-    arrays: dict[str, np.ndarray] = {}
-    with data:
-        for name in data.files:
-            try:
-                arrays[name] = data[name]
-            except ValueError as e:
-                if "allow_pickle" in str(e):  # allow_pickle=False refuses object arrays
-                    raise InputError(f"{path}: array '{name}' holds Python objects (pickled); inputs must be numeric arrays") from None
-                raise InputError(f"{path}: array '{name}' cannot be read: {e}") from None
-            except (OSError, EOFError, zipfile.BadZipFile) as e:
-                raise InputError(f"{path}: array '{name}' cannot be read: {e}") from None
     return arrays
 
 

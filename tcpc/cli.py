@@ -596,7 +596,12 @@ def run_command(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (SetError, FileError, InputError, MachineError, RoutingError, PipelineError, ResourceError,
+    except InputError as e:
+        # An array's error names the --inputs file (--weights arrays were checked by the same
+        # rules when read, so a given array that fails here came from the file).
+        where = f"{args.inputs}: " if e.argument is not None and getattr(args, "inputs", None) else ""
+        print(f"tcpc: error: {where}{e}", file=sys.stderr)
+    except (SetError, FileError, MachineError, RoutingError, PipelineError, ResourceError,
             CheckpointError, SweepError, MeshSpecError) as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
     except InterpretationError as e:

@@ -237,7 +237,7 @@ def test_run_graph_selection(echo: Path, capsys: pytest.CaptureFixture[str], tmp
 def test_run_bad_inputs(arrays: dict[str, np.ndarray], message: str, echo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "in.npz"
     np.savez(path, **arrays)
-    assert failure(capsys, "run", echo, "--reference", "--inputs", path) == f"tcpc: error: {message}\n"
+    assert failure(capsys, "run", echo, "--reference", "--inputs", path) == f"tcpc: error: {path}: {message}\n"
 
 
 def test_run_unreadable_inputs(echo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -245,7 +245,7 @@ def test_run_unreadable_inputs(echo: Path, capsys: pytest.CaptureFixture[str], t
     assert failure(capsys, "run", echo, "--reference", "--inputs", missing) == f"tcpc: error: {missing}: no such file or directory\n"
     text = tmp_path / "text.npz"
     text.write_text("not numpy")
-    assert failure(capsys, "run", echo, "--reference", "--inputs", text) == f"tcpc: error: {text}: not an .npz file\n"
+    assert failure(capsys, "run", echo, "--reference", "--inputs", text) == f"tcpc: error: {text}: not an .npz or .npy file\n"
     npy = tmp_path / "a.npy"
     np.save(npy, np.zeros((2, 3)))
     assert "an .npy file holds one unnamed array" in failure(capsys, "run", echo, "--reference", "--inputs", npy)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,10 +96,17 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "binary.mlir").write_bytes(b"\x92\x00builtin.module {}")
     np.savez(tmp_path / "idx.npz", idx=np.array([[0, 1], [2, 9], [3, -1], [1, 2]], np.int32))
     np.savez(tmp_path / "objects.npz", idx=np.array([[0, {"a": 1}]], dtype=object))
+    (tmp_path / "empty.npz").write_bytes(b"")
+    np.savez(tmp_path / "shape.npz", x=np.zeros((3, 8), np.float32))
+    np.savez(tmp_path / "dtype.npz", x=np.full((4, 8), "a"))
+    (tmp_path / "truncated.npz").write_bytes((tmp_path / "shape.npz").read_bytes()[:100])
+    with zipfile.ZipFile(tmp_path / "bytes.npz", "w") as z:
+        z.writestr("x.npy", "not an array")
     (tmp_path / "copy.moe").write_text((ROOT / "examples" / "toy.moe").read_text())
     names = {key.replace(".", "_"): str(path) for key, path in paths.items()}
     names.update({k.replace(".", "_"): str(tmp_path / k) for k in
-                  ("binary.toml", "binary.mlir", "idx.npz", "objects.npz", "copy.moe")})
+                  ("binary.toml", "binary.mlir", "idx.npz", "objects.npz", "copy.moe", "empty.npz", "shape.npz",
+                   "dtype.npz", "truncated.npz", "bytes.npz")})
     return {**names, "tmp": str(tmp_path), "toy": str(ROOT / "examples" / "toy.moe"),
             "mixtral": str(ROOT / "examples" / "mixtral.moe")}
 
@@ -169,8 +177,23 @@ EDGES: dict[str, Edge] = {
     # --- corrupt inputs ------------------------------------------------------------------------
     "pickled-inputs": Edge(("run", "{toy}", "--inputs", "{objects_npz}"), EXIT_ERROR,
                            "array 'idx' holds Python objects (pickled)"),
+    "empty-inputs": Edge(("run", "{toy}", "--inputs", "{empty_npz}"), EXIT_ERROR, "{empty_npz}: an empty file, not an .npz or .npy"),
+    "truncated-inputs": Edge(("run", "{toy}", "--inputs", "{truncated_npz}"), EXIT_ERROR,
+                             "{truncated_npz}: a truncated or damaged .npz (not a readable zip file)"),
+    "inputs-member-not-an-array": Edge(("run", "{toy}", "--inputs", "{bytes_npz}"), EXIT_ERROR,
+                                       "{bytes_npz}: 'x' is not a numpy array"),
+    "inputs-shape": Edge(("run", "{toy}", "--inputs", "{shape_npz}"), EXIT_ERROR,
+                         "tcpc: error: {shape_npz}: input 'x' has shape [3, 8], the graph declares bf16[4, 8]"),
+    "inputs-dtype": Edge(("run", "{toy}", "--reference", "--inputs", "{dtype_npz}"), EXIT_ERROR,
+                         "tcpc: error: {dtype_npz}: input 'x' is <U1, the graph declares bf16[4, 8]"),
+    "inputs-shape-on-a-mesh": Edge(("run", "{mixtral}", "--mesh", "ep=2", "--inputs", "{shape_npz}"), EXIT_ERROR,
+                                   "tcpc: error: {shape_npz}: input 'x' has shape [3, 8], the graph declares bf16[16, 64]"),
+    "empty-routing": Edge(("run", "{toy}", "--cost-only", "--routing", "{empty_npz}"), EXIT_ERROR,
+                          "{empty_npz}: an empty file, not an .npz or .npy"),
+    "truncated-routing": Edge(("run", "{toy}", "--cost-only", "--routing", "{truncated_npz}"), EXIT_ERROR,
+                              "{truncated_npz}: a truncated or damaged .npz"),
     "pickled-routing": Edge(("run", "{toy}", "--cost-only", "--routing", "{objects_npz}"), EXIT_ERROR,
-                            "array 'idx' is not a numeric array (pickled objects, or damaged)"),
+                            "{objects_npz}: array 'idx' holds Python objects (pickled)"),
     "binary-machine": Edge(("run", "{toy}", "--machine", "{binary_toml}"), EXIT_ERROR,
                            "binary.toml: not a UTF-8 text file (byte 8 is b'\\xff')"),
     "binary-mlir": Edge(("run", "{binary_mlir}"), EXIT_ERROR, "binary.mlir: error: not a UTF-8 text file"),

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime_sim.perf.array_files import ArrayFileError, read_arrays
+
 SCENARIOS: tuple[str, ...] = ("balanced", "skewed", "one-expert")
 DEFAULT_SCENARIO = "balanced"
 SKEW_EXPONENT = 1.0
@@ -52,25 +54,16 @@ def one_expert(tokens: int, k: int, experts: int) -> np.ndarray:
 
 def load_choices(path: str | Path) -> np.ndarray:
     try:
-        data = np.load(path, allow_pickle=False)
-    except OSError as e:
-        raise RoutingError(f"{path}: {(e.strerror or str(e)).lower()}") from None
-    except ValueError:
-        raise RoutingError(f"{path}: not an .npz or .npy file") from None
+        data = read_arrays(path)
+    except ArrayFileError as e:
+        raise RoutingError(str(e)) from None
     if isinstance(data, np.ndarray):
         return data
-    with data:
-        if FILE_KEY in data.files:
-            name = FILE_KEY
-        elif len(data.files) == 1:
-            name = data.files[0]
-        else:
-            raise RoutingError(f"{path}: holds {len(data.files)} arrays ({', '.join(data.files)}); "
-                               f"name the expert choices '{FILE_KEY}'")
-        try:
-            return data[name]
-        except ValueError:  # allow_pickle=False refuses object arrays; or a damaged header
-            raise RoutingError(f"{path}: array '{name}' is not a numeric array (pickled objects, or damaged)") from None
+    if FILE_KEY in data:
+        return data[FILE_KEY]
+    if len(data) == 1:
+        return next(iter(data.values()))
+    raise RoutingError(f"{path}: holds {len(data)} arrays ({', '.join(data)}); name the expert choices '{FILE_KEY}'")
 
 
 def check_choices(choices: np.ndarray, tokens: int, k: int, experts: int, where: str) -> np.ndarray:
