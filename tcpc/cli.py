@@ -30,6 +30,7 @@ from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
+from tcpc.streams import OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
 from tcpc.sweep import SweepError
 
 if TYPE_CHECKING:
@@ -246,18 +247,13 @@ def writable(path: str, flag: str, inputs: Sequence[str | None]) -> Path:
 
 def write_file(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write a file whole or not at all: on an error (a full disk) the partial file is removed
-    and the error names the path. Only a regular file is removed: a device or a pipe
-    (`/dev/full`, `/dev/stdout`) is not tcpc's to delete."""
+    and the error names the path."""
     try:
         with open(path, "wb") as f:
             write(f)
     except OSError as e:
-        if path.is_file():
-            try:
-                path.unlink()
-            except OSError:
-                pass
-        raise FileError(f"cannot write {path}: {(e.strerror or str(e)).lower()}") from None
+        remove_partial(path)
+        raise FileError(cannot_write(str(path), e)) from None
 
 
 def describe(name: str, value: np.ndarray) -> str:
@@ -512,6 +508,7 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
         if getattr(args, flag) not in (None, False):
             raise UsageError(f"--{flag} does not apply to --mesh ({reason})")
     spec = MeshSpec.parse(args.mesh)
+    paths = output_paths(args)
     program: Program = compile_file(args.file, parse_set(args.set))
     given = load_npz(args.inputs) if args.inputs else {}
     fn = program.function(args.graph)
@@ -538,13 +535,13 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
     print(f"cycles: {report.total_cycles:,} = {report.microseconds:,.3f} us on the slowest of {len(report.chips)} chips; "
           f"{comm:,} in collectives ({comm / report.total_cycles:.0%})" if report.total_cycles else "cycles: 0")
     if args.report_json:
-        write_json(args.report_json, report.to_json())
+        write_json(paths["--report-json"], report.to_json())
         print(f"wrote {args.report_json}")
     if args.trace:
-        write_json(args.trace, report.chrome_trace())
+        write_json(paths["--trace"], report.chrome_trace())
         print(f"wrote {args.trace}")
     if args.out:
-        save_outputs(args.out, sim.outputs)
+        write_file(paths["--out"], lambda f: save_outputs(f, sim.outputs))
         print(f"wrote {args.out}")
     if args.check:
         results = check_on_mesh(program, spec, sim, seed=args.seed, graph=name)
@@ -585,7 +582,12 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the command, turning every error the user can fix into one line on stderr and its
     exit status (the table in the README)."""
     try:
-        return {"compile": cmd_compile, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
+        code = {"compile": cmd_compile, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
+        sys.stdout.flush()  # a failing stdout shows here, after the command's last line
+        return code
+    except OutputError as e:
+        print(f"tcpc: error: {e}", file=sys.stderr)
+        discard_stdout()
     except CompileError as e:
         source = ""
         try:
@@ -631,19 +633,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw: the outputs say which values are not finite (`describe`)."""
     try:
         args = make_parser().parse_args(argv)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), checked_stdout():
             warnings.simplefilter("ignore", RuntimeWarning)
-            code = run_command(args)
-        sys.stdout.flush()
-        return code
+            return run_command(args)
     except KeyboardInterrupt:
         print("tcpc: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader is gone: point stdout at /dev/null so the interpreter's final flush
-        # does not fail again, and end quietly.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    except BrokenPipeError:  # the reader is gone: end quietly
+        discard_stdout()
         return EXIT_BROKEN_PIPE
 
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from io import BytesIO
+from typing import IO, NoReturn
 
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tcpc.pipelines import DIALECTS, PASSES, PipelineError, check_pipeline_syntax
+from tcpc.streams import OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
+
+EXIT_BROKEN_PIPE = 141
+"""The reader of stdout went away: 128 + SIGPIPE, as tcpc.cli.EXIT_BROKEN_PIPE (not imported:
+the CLI module loads the simulator)."""
 
 
 class TcpcOptMain(xDSLOptMain):
@@ -22,6 +30,15 @@ class TcpcOptMain(xDSLOptMain):
         for name, factory in PASSES.items():
             self.register_pass(name, factory)
 
+    def get_input_stream(self) -> tuple[IO[bytes], str]:
+        """The input file read whole and closed at once: xDSL keeps it open until the run ends,
+        and leaves it open when the output then cannot be opened."""
+        f, extension = super().get_input_stream()
+        if f is sys.stdin.buffer:
+            return f, extension
+        with f:
+            return BytesIO(f.read()), extension
+
     def setup_pipeline(self) -> None:
         """tcpc's syntax checks first: one-line errors for an unclosed brace, an empty pass, an
         option given twice, which xDSL accepts or reports with a BaseException."""
@@ -30,26 +47,45 @@ class TcpcOptMain(xDSLOptMain):
         super().setup_pipeline()
 
 
-def main() -> None:
-    """Bad IR gets xDSL's located message and exit status 1, never a traceback."""
+def main(argv: Sequence[str] | None = None) -> None:
+    """Bad IR gets xDSL's located message and exit status 1, never a traceback; so do a file
+    that cannot be read and an output that cannot be written (a full disk). A reader of stdout
+    that went away ends it quietly, with tcpc's status for that (141)."""
+    opt: TcpcOptMain | None = None
     try:
-        TcpcOptMain(description="tcpc's modular optimizer driver").run()
+        opt = TcpcOptMain(description="tcpc's modular optimizer driver", args=argv)
+        with checked_stdout():
+            opt.run()
+            sys.stdout.flush()
     except (ParseError, VerifyException, DiagnosticException, PassFailedException, PipelineError) as e:
-        print(f"tcpc-opt: error: {e}", file=sys.stderr)
-        sys.exit(1)
+        fail(str(e))
     except UnicodeDecodeError as e:
-        print(f"tcpc-opt: error: the input is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r})",
-              file=sys.stderr)
-        sys.exit(1)
+        fail(f"the input is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r})")
     except ValueError as e:  # xDSL's unknown passes and bad options
-        print(f"tcpc-opt: error: {e}", file=sys.stderr)
-        sys.exit(1)
+        fail(str(e))
+    except OutputError as e:
+        discard_stdout()
+        fail(str(e))
+    except BrokenPipeError:
+        discard_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)
+    except OSError as e:
+        if e.filename is not None:  # the input file, or an -o that cannot be opened
+            fail(f"{e.filename}: {(e.strerror or str(e)).lower()}")
+        output = opt.args.output_file if opt is not None else None
+        if output is not None:  # xDSL writes nothing else
+            remove_partial(output)
+        fail(cannot_write(output or "the standard output", e))
     except BaseException as e:  # xDSL's ArgSpecParseError is a BaseException
         if type(e).__name__ != "ArgSpecParseError":
             raise
         message = " ".join(line.strip() for line in str(e).splitlines()[-1:])
-        print(f"tcpc-opt: error: pass pipeline: {message}", file=sys.stderr)
-        sys.exit(1)
+        fail(f"pass pipeline: {message}")
+
+
+def fail(message: str) -> NoReturn:
+    print(f"tcpc-opt: error: {message}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

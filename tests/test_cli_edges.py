@@ -173,6 +173,20 @@ EDGES: dict[str, Edge] = {
                                      "--out {tmp}/no/such/out.npz: no such file or directory"),
     "trace-and-out-one-file": Edge(("run", "{toy}", "--out", "{tmp}/x", "--trace", "{tmp}/x"), EXIT_USAGE,
                                    "--out and --trace both name"),
+    "o-on-a-full-device": Edge(("compile", "{toy}", "-o", "/dev/full"), EXIT_ERROR,
+                               "tcpc: error: cannot write /dev/full: no space left on device"),
+    "out-on-a-full-device": Edge(("run", "{toy}", "--out", "/dev/full"), EXIT_ERROR,
+                                 "tcpc: error: cannot write /dev/full: no space left on device"),
+    "trace-on-a-full-device": Edge(("run", "{toy}", "--trace", "/dev/full"), EXIT_ERROR,
+                                   "tcpc: error: cannot write /dev/full: no space left on device"),
+    "report-json-on-a-full-device": Edge(("run", "{toy}", "--report-json", "/dev/full"), EXIT_ERROR,
+                                         "tcpc: error: cannot write /dev/full: no space left on device"),
+    "mesh-out-on-a-full-device": Edge(("run", "{mixtral}", "--mesh", "ep=2", "--out", "/dev/full"), EXIT_ERROR,
+                                      "tcpc: error: cannot write /dev/full: no space left on device"),
+    "mesh-trace-on-a-full-device": Edge(("run", "{mixtral}", "--mesh", "ep=2", "--cost-only", "--trace", "/dev/full"),
+                                        EXIT_ERROR, "tcpc: error: cannot write /dev/full: no space left on device"),
+    "mesh-out-is-a-directory": Edge(("run", "{mixtral}", "--mesh", "ep=2", "--out", "{tmp}"), EXIT_ERROR,
+                                    "--out {tmp}: is a directory"),
     "missing-program": Edge(("compile", "{tmp}/nope.moe"), EXIT_ERROR, "nope.moe: no such file or directory"),
     # --- corrupt inputs ------------------------------------------------------------------------
     "pickled-inputs": Edge(("run", "{toy}", "--inputs", "{objects_npz}"), EXIT_ERROR,
@@ -280,6 +294,27 @@ def test_a_full_disk_names_the_path_and_leaves_no_partial_file(
     assert not target.exists()
 
 
+def test_a_full_stdout_is_an_error_not_a_success(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report and the `wrote` lines sit in stdout's buffer until the end: its failing flush
+    is the command's error."""
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        code = main(["run", files["toy"], "--report", "--out", str(Path(files["tmp"]) / "o.npz")])
+    assert code == EXIT_ERROR
+    assert capsys.readouterr().err == "tcpc: error: cannot write the standard output: no space left on device\n"
+
+
+def test_a_full_stdout_ends_a_real_process_with_one_line() -> None:
+    """Block-buffered, as in a shell: nothing more at the interpreter's exit (its own flush)."""
+    env = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "tcpc.cli", "compile", str(ROOT / "examples" / "toy.moe")],
+                              stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    assert (done.returncode, done.stderr) == (EXIT_ERROR, "tcpc: error: cannot write the standard output: "
+                                                          "no space left on device\n")
+
+
 def test_a_bug_is_an_internal_error_with_its_own_status(
         files: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     import tcpc.cli
@@ -347,3 +382,33 @@ def test_tcpc_opt_pipeline_slips(spec: str, message: str, tmp_path: Path) -> Non
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"tcpc-opt: error: pipeline '{spec}': {message}" + done.stderr.split(message, 1)[1]
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("{tmp}/nope.mlir",), "{tmp}/nope.mlir: no such file or directory"),
+    (("{tmp}",), "{tmp}: is a directory"),
+    (("{empty}", "-o", "{tmp}/no/such/out.mlir"), "{tmp}/no/such/out.mlir: no such file or directory"),
+    (("{empty}", "-o", "/dev/full"), "cannot write /dev/full: no space left on device"),
+])
+def test_tcpc_opt_files(argv: tuple[str, ...], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tcpc.opt import main as opt_main
+
+    empty = tmp_path / "empty.mlir"
+    empty.write_text("builtin.module {}\n")
+    names = {"tmp": str(tmp_path), "empty": str(empty)}
+    with pytest.raises(SystemExit) as exit:
+        opt_main([a.format(**names) for a in argv])
+    assert exit.value.code == 1
+    assert capsys.readouterr().err == f"tcpc-opt: error: {message.format(**names)}\n"
+
+
+def test_tcpc_opt_full_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tcpc.opt import main as opt_main
+
+    empty = tmp_path / "empty.mlir"
+    empty.write_text("builtin.module {}\n")
+    with open("/dev/full", "w") as full, pytest.raises(SystemExit) as exit:
+        monkeypatch.setattr(sys, "stdout", full)
+        opt_main([str(empty)])
+    assert exit.value.code == 1
+    assert capsys.readouterr().err == "tcpc-opt: error: cannot write the standard output: no space left on device\n"
