@@ -88,6 +88,11 @@ def files(tmp_path: Path) -> dict[str, str]:
         "f64.mlir": DYNAMIC.replace("?x8xf32", "4xf64"),
         "noname.toml": machine('[dma]\nstartup_cycles = { value = 1000, assumption = "slower start-up" }\n'),
         "huge.toml": machine('[dma]\nstartup_cycles = { value = 100000000000000, assumption = "x" }\n'),
+        "zero.toml": machine('[dma]\nengines = { value = 0, assumption = "x" }\n'),
+        "zero-clock.toml": machine('[chip]\nclock_hz = { value = 0.0, assumption = "x" }\n'),
+        "negative.toml": machine('[control]\nguard_cycles = { value = -1, assumption = "x" }\n'),
+        "zero-link.toml": 'extends = "rngd_pcie"\n[link]\nbytes_per_cycle = { value = 0, assumption = "x" }\n',
+        "nosuch-base.toml": 'extends = "nosuch"\n',
     }
     paths = {name: tmp_path / name for name in text}
     for name, body in text.items():
@@ -218,6 +223,19 @@ EDGES: dict[str, Edge] = {
     "f64-tensors": Edge(("run", "{f64_mlir}"), EXIT_ERROR, "%x (an argument of func.func) has element type f64"),
     "machine-number-too-large": Edge(("run", "{toy}", "--machine", "{huge_toml}"), EXIT_ERROR,
                                      "[dma] startup_cycles: 100000000000000 is too large to simulate"),
+    "machine-number-zero": Edge(("run", "{toy}", "--machine", "{zero_toml}"), EXIT_ERROR,
+                                "tcpc: error: {zero_toml}: [dma] engines: must be positive, got 0"),
+    "machine-clock-zero": Edge(("run", "{toy}", "--machine", "{zero-clock_toml}"), EXIT_ERROR,
+                               "tcpc: error: {zero-clock_toml}: [chip] clock_hz: must be positive, got 0.0"),
+    "machine-latency-below-zero": Edge(("run", "{toy}", "--machine", "{negative_toml}"), EXIT_ERROR,
+                                       "tcpc: error: {negative_toml}: [control] guard_cycles: must be zero or more, got -1"),
+    "mesh-link-zero": Edge(("run", "{mixtral}", "--mesh", "ep=2", "--mesh-machine", "{zero-link_toml}"), EXIT_ERROR,
+                           "tcpc: error: {zero-link_toml}: [link] bytes_per_cycle: must be positive, got 0"),
+    "machine-extends-unknown": Edge(("run", "{toy}", "--machine", "{nosuch-base_toml}"), EXIT_ERROR,
+                                    "tcpc: error: {nosuch-base_toml}: extends: 'nosuch' is neither a built-in machine "
+                                    "(chips: rngd, rngd-cluster; meshes: rngd_2x4, rngd_pcie) nor a file {tmp}/nosuch"),
+    "mesh-extends-unknown": Edge(("run", "{mixtral}", "--mesh", "ep=2", "--mesh-machine", "{nosuch-base_toml}"),
+                                 EXIT_ERROR, "tcpc: error: {nosuch-base_toml}: extends: 'nosuch' is neither"),
     "machine-without-a-name": Edge(("run", "{toy}", "--machine", "{noname_toml}"), EXIT_OK, "",
                                    out="at 1 GHz on noname;"),
     # --- warnings ------------------------------------------------------------------------------

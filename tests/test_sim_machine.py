@@ -60,7 +60,8 @@ def test_extends_overrides_single_numbers(tmp_path: Path) -> None:
         ('extends = "rngd"\n[dma]\nengines = 8\n', r"\[dma\] engines: expected a table"),
         ('extends = "rngd"\n[dma]\nengines = { value = 8 }\n', r"\[dma\] engines: needs exactly one of 'source' or 'assumption'"),
         ('extends = "rngd"\n[dma]\nengines = { value = 8, source = "a", assumption = "b" }\n', "needs exactly one"),
-        ('extends = "nowhere.toml"\n', "nowhere.toml: no such machine file"),
+        ('extends = "nowhere.toml"\n', r"m.toml: extends: 'nowhere.toml' is neither a built-in machine \(chips: rngd, "
+                                      r"rngd-cluster; meshes: rngd_2x4, rngd_pcie\) nor a file .*nowhere.toml"),
     ],
 )
 def test_bad_machine_files_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
