@@ -591,7 +591,7 @@ def run_command(args: argparse.Namespace) -> int:
     except CompileError as e:
         source = ""
         try:
-            source = Path(args.file).read_text(encoding="utf-8", errors="replace")
+            source = Path(args.file).read_text(encoding="utf-8-sig", errors="replace")  # as compile_file reads it
         except OSError:
             pass
         print(e.render(args.file, source), file=sys.stderr)

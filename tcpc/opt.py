@@ -10,6 +10,7 @@ from typing import IO, NoReturn
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from tcpc.parser import BOM
 from tcpc.pipelines import DIALECTS, PASSES, PipelineError, check_pipeline_syntax
 from tcpc.streams import OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
 
@@ -31,13 +32,16 @@ class TcpcOptMain(xDSLOptMain):
             self.register_pass(name, factory)
 
     def get_input_stream(self) -> tuple[IO[bytes], str]:
-        """The input file read whole and closed at once: xDSL keeps it open until the run ends,
-        and leaves it open when the output then cannot be opened."""
+        """The input read whole, without a UTF-8 byte-order mark (as tcpc reads it), and a file
+        closed at once: xDSL keeps it open until the run ends, and leaves it open when the
+        output then cannot be opened."""
         f, extension = super().get_input_stream()
-        if f is sys.stdin.buffer:
-            return f, extension
-        with f:
-            return BytesIO(f.read()), extension
+        try:
+            data = f.read()
+        finally:
+            if f is not sys.stdin.buffer:
+                f.close()
+        return BytesIO(data.removeprefix(BOM.encode())), extension
 
     def setup_pipeline(self) -> None:
         """tcpc's syntax checks first: one-line errors for an unclosed brace, an empty pass, an

@@ -178,8 +178,13 @@ def _end_of_file(source: str) -> Loc:
     return Loc(len(lines), len(lines[-1]) + 1)
 
 
+BOM = "\ufeff"
+"""The byte-order mark some editors write at the start of a UTF-8 file: not part of the program."""
+
+
 def parse(source: str) -> ast.Program:
     """Parse a whole .moe file; syntax errors become located `CompileError`s."""
+    source = source.removeprefix(BOM)
     try:
         tree = _lark().parse(source)
     except lark.exceptions.UnexpectedCharacters as e:

@@ -346,7 +346,7 @@ def compile_file(path: str | Path, dims: Mapping[str, int | str] | None = None, 
     are those block=auto is chosen for (see compile_source)."""
     path = Path(path)
     try:
-        source = path.read_text(encoding="utf-8")
+        source = path.read_text(encoding="utf-8-sig")  # without a byte-order mark, for .mlir too
     except UnicodeDecodeError as e:
         raise CompileError(f"not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
     if path.suffix == ".mlir":

@@ -108,10 +108,13 @@ def files(tmp_path: Path) -> dict[str, str]:
     with zipfile.ZipFile(tmp_path / "bytes.npz", "w") as z:
         z.writestr("x.npy", "not an array")
     (tmp_path / "copy.moe").write_text((ROOT / "examples" / "toy.moe").read_text())
+    (tmp_path / "bom.moe").write_text("\ufeff" + (ROOT / "examples" / "toy.moe").read_text(), encoding="utf-8")
+    (tmp_path / "bom-error.moe").write_text("\ufeffdims T = 4,, D = 8\n", encoding="utf-8")
+    (tmp_path / "bom.mlir").write_text("\ufeff" + DYNAMIC.replace("?x8xf32", "4x8xf32"), encoding="utf-8")
     names = {key.replace(".", "_"): str(path) for key, path in paths.items()}
     names.update({k.replace(".", "_"): str(tmp_path / k) for k in
                   ("binary.toml", "binary.mlir", "idx.npz", "objects.npz", "copy.moe", "empty.npz", "shape.npz",
-                   "dtype.npz", "truncated.npz", "bytes.npz")})
+                   "dtype.npz", "truncated.npz", "bytes.npz", "bom.moe", "bom-error.moe", "bom.mlir")})
     return {**names, "tmp": str(tmp_path), "toy": str(ROOT / "examples" / "toy.moe"),
             "mixtral": str(ROOT / "examples" / "mixtral.moe")}
 
@@ -238,6 +241,12 @@ EDGES: dict[str, Edge] = {
                                  EXIT_ERROR, "tcpc: error: {nosuch-base_toml}: extends: 'nosuch' is neither"),
     "machine-without-a-name": Edge(("run", "{toy}", "--machine", "{noname_toml}"), EXIT_OK, "",
                                    out="at 1 GHz on noname;"),
+    # --- a UTF-8 byte-order mark, as some editors write --------------------------------------
+    "bom-program": Edge(("run", "{bom_moe}"), EXIT_OK, "", out="cycles:"),
+    "bom-program-error": Edge(("compile", "{bom-error_moe}"), EXIT_ERROR,
+                              "bom-error.moe:1:12: error: unexpected ',', expected a name\ndims T = 4,, D = 8\n",
+                              one_line=False),
+    "bom-ir": Edge(("run", "{bom_mlir}"), EXIT_OK, "", out="bom.mlir, as given, simulated"),
     # --- warnings ------------------------------------------------------------------------------
     "all-nan-output": Edge(("run", "{nan_moe}"), EXIT_OK, "", out="not finite: all (32 NaN)"),
     # --- options together ----------------------------------------------------------------------
@@ -418,6 +427,15 @@ def test_tcpc_opt_files(argv: tuple[str, ...], message: str, tmp_path: Path, cap
         opt_main([a.format(**names) for a in argv])
     assert exit.value.code == 1
     assert capsys.readouterr().err == f"tcpc-opt: error: {message.format(**names)}\n"
+
+
+def test_tcpc_opt_reads_a_byte_order_mark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tcpc.opt import main as opt_main
+
+    path = tmp_path / "bom.mlir"
+    path.write_text("\ufeffbuiltin.module {}\n", encoding="utf-8")
+    opt_main([str(path)])
+    assert capsys.readouterr().out == "builtin.module {\n}\n\n"
 
 
 def test_tcpc_opt_full_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,6 +131,16 @@ def test_newlines_are_not_significant() -> None:
     assert names(program) == ["tmath.constant", "tmath.mul", "func.return"]
 
 
+def test_a_byte_order_mark_is_not_part_of_the_program() -> None:
+    """Editors may write one at the start of a UTF-8 file; columns on line 1 do not count it."""
+    program = tcpc.compile_source("\ufeffdims T = 4\ngraph g(x: f32[T]) -> f32[T] { return x }")
+    assert program.dims == {"T": 4}
+    with pytest.raises(tcpc.CompileError) as error:
+        tcpc.compile_source("\ufeffdims T = 4,,")
+    loc = error.value.loc
+    assert loc is not None and (loc.line, loc.col) == (1, 12)
+
+
 def test_names_may_start_with_keywords() -> None:
     program = compile_graph("returned = x\ndimsx = x\ngraphs = x\nf32x = x\nreturn returned + dimsx + graphs + f32x", "f32[4, 8]")
     assert names(program) == ["tmath.add"] * 3 + ["func.return"]
