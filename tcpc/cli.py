@@ -121,7 +121,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help=f"also run the reference and compare (integers identical, floats within {ULPS} ulps)")
     r.add_argument("--report", action="store_true", help="print the simulation report (per op and per engine)")
     r.add_argument("--report-ops", default="200", metavar="N",
-                   help="ops listed in --report's table and at each end of its critical path (default 200; all: every op)")
+                   help="ops listed in --report's table and at each end of its critical path (default 200; 0: the summary only; all: every op)")
     r.add_argument("--report-json", default=None, metavar="FILE", help="write the report as JSON")
     r.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (open it in Perfetto)")
     r.add_argument("--machine", default=None, metavar="FILE", help="machine file (TOML; default: RNGD)")
@@ -460,11 +460,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def report_ops(value: str) -> int | None:
-    """--report-ops: a positive count, or `all` (None)."""
+    """--report-ops: a count (0: the summary only, without the op table and the critical
+    path), or `all` (None)."""
     if value == "all":
         return None
-    if not value.isdigit() or int(value) < 1:
-        raise UsageError(f"--report-ops {value}: expected a positive integer or all")
+    if not value.isdigit():
+        raise UsageError(f"--report-ops {value}: expected a count (0 for the summary only) or all")
     return int(value)
 
 

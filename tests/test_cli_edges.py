@@ -265,6 +265,10 @@ EDGES: dict[str, Edge] = {
     "seed-without-planned": Edge(("compile", "{toy}", "--seed", "3"), EXIT_USAGE, "--seed applies to --emit planned"),
     "routing-without-cost-only": Edge(("compile", "{toy}", "--emit", "planned", "--routing", "skewed"), EXIT_USAGE,
                                       "add --cost-only"),
+    "report-ops-zero": Edge(("run", "{toy}", "--report", "--report-ops", "0"), EXIT_OK, "",
+                            out="on the critical path (listed by --report-ops N or all, and in --report-json)\ncycles:"),
+    "report-ops-not-a-count": Edge(("run", "{toy}", "--report", "--report-ops", "some"), EXIT_USAGE,
+                                   "--report-ops some: expected a count (0 for the summary only) or all"),
     # --- usage errors: argparse's status, kept for tcpc's own -------------------------------------
     "no-command": Edge((), EXIT_USAGE, "tcpc: error: the following arguments are required: command", one_line=False),
     "unknown-option": Edge(("run", "{toy}", "--bogus"), EXIT_USAGE, "tcpc: error: unrecognized arguments: --bogus",

@@ -281,4 +281,4 @@ def test_report_ops_bounds_the_op_table_and_the_critical_path(capsys: pytest.Cap
     code, full, _ = tcpc_main(capsys, "run", EXAMPLE, "--set", "T=256", "--cost-only", "--report", "--report-ops", "all")
     listed = int(more.split("...")[1].split()[0].replace(",", "")) + 4
     assert code == 0 and len([line for line in full.splitlines() if line[:4].strip().isdigit()]) == listed
-    assert "--report-ops -1: expected a positive integer or all" in failure(capsys, "run", EXAMPLE, "--report-ops", "-1", status=2)
+    assert "--report-ops -1: expected a count (0 for the summary only) or all" in failure(capsys, "run", EXAMPLE, "--report-ops", "-1", status=2)

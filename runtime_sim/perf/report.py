@@ -244,7 +244,7 @@ class SimReport:
 
     def to_text(self, max_ops: int | None = None) -> str:
         """The report as text; `max_ops` bounds the op table (the first ones) and the critical
-        path (its first and last ones), None for all."""
+        path (its first and last ones), None for all, 0 for the summary only (without either)."""
         m, r = self.machine, self.roofline
         lines = [
             f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.clusters} x {m.slices} slices, SRAM {_size(self.sram_capacity)}",
@@ -275,6 +275,10 @@ class SimReport:
         for p in self.phases:
             share = p.critical_cycles / self.total_cycles if self.total_cycles else 0.0
             lines.append(f"{p.name:<9} {p.commands:>8,} {p.busy_cycles:>12,} {p.critical_cycles:>14,} {share:>6.1%}")
+        if max_ops == 0:
+            lines += ["", f"{len(self.ops):,} ops, {len(self.critical_path):,} on the critical path "
+                          "(listed by --report-ops N or all, and in --report-json)"]
+            return "\n".join(lines) + "\n"
         lines += ["", f"{'#':>4} {'op':<36} {'engine':<7} {'start':>10} {'end':>10} {'cycles':>9} "
                       f"{'bytes':>11} {'FLOPs':>13}  {'phase':<8}  bound"]
         critical = set(self.critical_path)
