@@ -25,7 +25,7 @@ from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
-from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
+from tcpc.mesh_run import MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, simulate_on_mesh
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline, pipeline_for
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
@@ -131,6 +131,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--mesh", default=None, metavar="SPEC",
                    help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
+    r.add_argument("--max-chips", type=int, default=None, metavar="N",
+                   help=f"--mesh: simulate meshes of up to N chips (default {MAX_SIMULATED_CHIPS}; every chip is "
+                        "simulated, and the time grows faster than the chip count)")
     r.add_argument("--mesh-machine", default=None, metavar="FILE",
                    help="--mesh: mesh file (TOML: chip machine, mesh shape, links) or a built-in one by name "
                         "(rngd_pcie, the default: RNGD cards over PCIe; rngd_2x4)")
@@ -377,8 +380,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     max_ops = report_ops(args.report_ops)  # checked before a long simulation
     if args.mesh is not None:
         return cmd_run_mesh(args)
-    if args.mesh_machine is not None:
-        raise UsageError("--mesh-machine describes the chips of a --mesh run; add --mesh")
+    for flag, value in (("--mesh-machine", args.mesh_machine), ("--max-chips", args.max_chips)):
+        if value is not None:
+            raise UsageError(f"{flag} applies to a --mesh run; add --mesh")
     if Path(args.file).suffix == ".mlir" and args.set:
         raise UsageError("--set applies to .moe programs, not to .mlir IR")
     paths = output_paths(args)
@@ -509,13 +513,19 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
         if getattr(args, flag) not in (None, False):
             raise UsageError(f"--{flag} does not apply to --mesh ({reason})")
     spec = MeshSpec.parse(args.mesh)
+    check_chips(spec, args)
     paths = output_paths(args)
     program: Program = compile_file(args.file, parse_set(args.set))
     given = load_npz(args.inputs) if args.inputs else {}
     fn = program.function(args.graph)
     name = fn.sym_name.data
-    sim = simulate_on_mesh(program, spec, given, seed=args.seed, graph=name, machine=args.mesh_machine,
-                           sram_policy=args.sram_policy, cost_only=args.cost_only, routing=args.routing or "balanced")
+    progress = Progress(runs=spec.mesh.chips * spec.simulations(args.cost_only))
+    try:
+        sim = simulate_on_mesh(program, spec, given, seed=args.seed, graph=name, machine=args.mesh_machine,
+                               sram_policy=args.sram_policy, cost_only=args.cost_only,
+                               routing=args.routing or "balanced", listeners=[progress])
+    finally:
+        progress.close()
     report = sim.report
     how = f"{spec.mesh} ({spec.strategy}), {len(report.chips)} chips of {report.machine.chip.name} on {report.machine.name}"
     if sim.cost_only:
@@ -553,6 +563,19 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
     return 0
+
+
+def check_chips(spec: MeshSpec, args: argparse.Namespace) -> None:
+    """A mesh of more chips than --max-chips is refused before any work: it would run for a
+    long time without a word (mesh_run.MAX_SIMULATED_CHIPS)."""
+    limit = MAX_SIMULATED_CHIPS if args.max_chips is None else args.max_chips
+    if limit < 1:
+        raise UsageError(f"--max-chips {limit}: expected a positive number of chips")
+    chips = spec.mesh.chips
+    if chips > limit:
+        allowed = f"the {limit:,} tcpc simulates by default" if args.max_chips is None else f"--max-chips {limit:,}"
+        raise ResourceError(f"--mesh {args.mesh}: {chips:,} chips, more than {allowed} (every chip is simulated, and "
+                            f"the time grows faster than the chip count); --max-chips {chips} lifts the limit")
 
 
 def simulation_error(e: Exception, command: str) -> str | None:

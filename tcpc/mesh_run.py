@@ -7,7 +7,7 @@ token rows put back together, so they compare with the single-chip reference dir
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +31,14 @@ from tcpc.program import Program, function_in
 if TYPE_CHECKING:  # the simulator is slow to import
     from runtime_sim.perf.mesh_machine import MeshMachine
     from runtime_sim.perf.mesh_simulate import MeshReport
+
+
+MAX_SIMULATED_CHIPS = 32
+"""The most chips `tcpc run --mesh` simulates unless `--max-chips` says more: the largest mesh
+benchmarks/mesh.py simulates (DeepSeek-V3 at ep=32). Every chip is interpreted and scheduled
+on its own, and an all-to-all's buffers and messages grow with the chips, so the time grows
+faster than the chip count (examples/mixtral.moe with E = 2T = ep chips: 6 s at 32 chips,
+30 s at 128 on one core)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,13 @@ class MeshSpec:
                                         + ("; a capacity is the program's: scatter(..., capacity=C)"
                                            if name.strip() == "capacity" else ""))
         return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"])
+
+    def simulations(self, cost_only: bool = False) -> int:
+        """How many times `simulate_on_mesh` simulates the mesh: once, or with topk=auto once
+        per lower-topk strategy (cost-only) and, with values, once more for the chosen one."""
+        if self.topk != TOPK_AUTO:
+            return 1
+        return len(TOPK_STRATEGIES) + (0 if cost_only else 1)
 
     def pipeline(self, cost_only: bool = False, lowered: bool = True, scheduled: bool = True) -> str:
         """shard-experts, then (`lowered`) the single-chip lowering, with (`scheduled`) the
@@ -137,8 +152,10 @@ class MeshSimulation:
 def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.ndarray] | None = None, *,
                      seed: int = 0, graph: str | None = None, machine: MeshMachine | str | Path | None = None,
                      sram_policy: str = "spill", cost_only: bool = False,
-                     routing: str | Path = "balanced") -> MeshSimulation:
-    """Shard, lower and simulate one graph of `program` on the mesh of `spec`."""
+                     routing: str | Path = "balanced",
+                     listeners: Sequence[Interpreter.Listener] = ()) -> MeshSimulation:
+    """Shard, lower and simulate one graph of `program` on the mesh of `spec`; `listeners` see
+    every op of every chip, in each of the `spec.simulations(cost_only)` simulations."""
     from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine
     from runtime_sim.perf.mesh_simulate import simulate_mesh
 
@@ -149,25 +166,25 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
     mach = machine if isinstance(machine, MeshMachine) else load_mesh_machine(machine)
     if spec.topk == TOPK_AUTO:
         trials = {s: simulate_on_mesh(program, replace(spec, topk=s), seed=seed, graph=graph, machine=mach,
-                                      sram_policy=sram_policy, cost_only=True, routing=routing)
+                                      sram_policy=sram_policy, cost_only=True, routing=routing, listeners=listeners)
                   for s in TOPK_STRATEGIES}
         cycles = {s: t.report.total_cycles for s, t in trials.items()}
         best = min(TOPK_STRATEGIES, key=lambda s: (cycles[s], TOPK_STRATEGIES.index(s)))
         if cost_only:
             return replace(trials[best], topk_cycles=cycles)
         return replace(simulate_on_mesh(program, replace(spec, topk=best), inputs, seed=seed, graph=graph,
-                                        machine=mach, sram_policy=sram_policy), topk_cycles=cycles)
+                                        machine=mach, sram_policy=sram_policy, listeners=listeners), topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
     module = program.lower(pipeline)
     if cost_only:
         if inputs:
             raise CompileError("cost-only simulation takes no inputs")
         result = simulate_mesh(module, name, mach, cost_only=True, routing=routing, seed=seed,
-                               sram_policy=sram_policy)  # type: ignore[arg-type]
+                               sram_policy=sram_policy, listeners=listeners)  # type: ignore[arg-type]
         return MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
     args = prepare_inputs(fn, inputs or {}, seed)
     result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
-                           sram_policy=sram_policy)  # type: ignore[arg-type]
+                           sram_policy=sram_policy, listeners=listeners)  # type: ignore[arg-type]
     outputs = token_outputs(spec.mesh, result.outputs)
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     return MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)

@@ -2,7 +2,8 @@
 
 `Progress` is an interpreter listener: it counts the ops the simulation has run against the
 ops in the functions it can reach from the first op's function (counted when the run starts,
-so after lowering), and redraws `simulating: done / total ops` on stderr at most
+so after lowering; times `runs` when the function runs several times, as on every chip of a
+mesh, where one Progress listens to every chip's thread), and redraws `simulating: done / total ops` on stderr at most
 ten times a second, once the run has lasted a second (short runs print nothing). It writes only
 when its stream is a terminal, so pipes, files and tests see no progress output.
 """
@@ -22,8 +23,9 @@ class Progress:
     """An xDSL interpreter listener (duck-typed, so importing it does not load the interpreter)."""
 
     def __init__(self, total: int | None = None, stream: IO[str] | None = None, *, delay: float = 1.0,
-                 interval: float = 0.1, force: bool = False):
+                 interval: float = 0.1, force: bool = False, runs: int = 1):
         self.total = total
+        self.runs = runs
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = force or bool(getattr(self.stream, "isatty", lambda: False)())
         self.delay = delay
@@ -49,7 +51,7 @@ class Progress:
 
             fn, module = op.parent_op(), op.get_toplevel_object()
             if isinstance(fn, func.FuncOp) and isinstance(module, ModuleOp):
-                self.total = self.count_ops(reachable_functions(module, fn))
+                self.total = self.runs * self.count_ops(reachable_functions(module, fn))
 
     def did_interpret_op(self, op: Operation, results: Any) -> None:
         self.done += 1

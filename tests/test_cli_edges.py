@@ -153,6 +153,16 @@ EDGES: dict[str, Edge] = {
                                  "of memory for its values"),
     "ir-beyond-memory": Edge(("run", "{huge_mlir}", "--reference"), EXIT_ERROR,
                              "--cost-only computes the cycles without values"),
+    "mesh-beyond-the-chip-limit": Edge(("run", "{mixtral}", "--mesh", "ep=1024"), EXIT_ERROR,
+                                       "tcpc: error: --mesh ep=1024: 1,024 chips, more than the 32 tcpc simulates by "
+                                       "default (every chip is simulated, and the time grows faster than the chip "
+                                       "count); --max-chips 1024 lifts the limit"),
+    "mesh-beyond-max-chips": Edge(("run", "{mixtral}", "--mesh", "dp=2,ep=2", "--max-chips", "2"), EXIT_ERROR,
+                                  "--mesh dp=2,ep=2: 4 chips, more than --max-chips 2 (every chip"),
+    "max-chips-zero": Edge(("run", "{mixtral}", "--mesh", "ep=2", "--max-chips", "0"), EXIT_USAGE,
+                           "--max-chips 0: expected a positive number of chips"),
+    "max-chips-without-mesh": Edge(("run", "{mixtral}", "--max-chips", "64"), EXIT_USAGE,
+                                   "--max-chips applies to a --mesh run; add --mesh"),
     # --- literals -----------------------------------------------------------------------------
     "literal-not-finite": Edge(("compile", "{inf-literal_moe}"), EXIT_ERROR,
                                ":3:13: error: the number 1e999 is not finite", one_line=False),

@@ -3,6 +3,7 @@ reference, the exact static bounds by brute force, the mesh files, the reports."
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -501,6 +502,37 @@ def test_topk_auto_keeps_the_cheaper_strategy(capsys: pytest.CaptureFixture[str]
         MeshSpec.parse("ep=2,topk=best")
     assert main(["compile", "examples/toy.moe", "--mesh", "ep=2,topk=auto", "--emit", "lowered"]) == 1
     assert "topk=auto is chosen by simulating" in capsys.readouterr().err
+
+
+class _Threads:
+    """An interpreter listener that notes the threads it is called from."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def will_interpret_op(self, op: object, args: object) -> None:
+        self.names.add(threading.current_thread().name)
+
+    def did_interpret_op(self, op: object, results: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cost_only", [False, True])
+def test_one_progress_line_follows_every_chip(cost_only: bool) -> None:
+    """`tcpc run --mesh`'s progress line: the listeners hear every chip's thread, and the total
+    is every chip's ops."""
+    from runtime_sim.perf.simulate import reachable_functions
+    from tcpc.program import function_in
+    from tcpc.progress import Progress
+
+    program = tcpc.compile_file("examples/toy.moe")
+    spec = MeshSpec.parse("ep=2")
+    threads, progress = _Threads(), Progress(stream=io.StringIO(), runs=spec.mesh.chips * spec.simulations(cost_only))
+    sim = simulate_on_mesh(program, spec, cost_only=cost_only, listeners=[threads, progress])
+    assert threads.names == {"chip0", "chip1"}
+    one_chip = Progress.count_ops(reachable_functions(sim.module, function_in(sim.module, "toy")))
+    assert progress.total == 2 * one_chip and progress.done > 0
+    assert [MeshSpec.parse(f"ep=2,topk={t}").simulations(c) for t in ("rank", "auto") for c in (False, True)] == [1, 1, 3, 2]
 
 
 def test_mesh_report_from_each_chips_one_memory_plan(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

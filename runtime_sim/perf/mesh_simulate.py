@@ -262,9 +262,11 @@ def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int
 def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
                   args: Sequence[Sequence[Any]] | None = None, *, cost_only: bool = False,
                   routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
-                  sram_policy: SramPolicy = DEFAULT_SRAM_POLICY) -> MeshResult:
+                  sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
+                  listeners: Sequence[Interpreter.Listener] = ()) -> MeshResult:
     """Run and simulate the SPMD `function` on every chip (chip c on `args[c]`), or cost it
-    without values (`cost_only`, routing from the scenario)."""
+    without values (`cost_only`, routing from the scenario); `listeners` see every chip's ops
+    (from every chip's thread), as a progress line does."""
     fn = function_named(module, function)
     mesh = mesh_of(fn)
     if machine.chips is not None and machine.chips != mesh.chips:
@@ -287,12 +289,12 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
                 else:
                     row.append(placeholder(t, frozenset([names[i]])))
             per_chip.append(row)
-        run_mesh(module, function, mesh, per_chip, shape_only_chip(lambda c: (recorders[c], traffics[c])))
+        run_mesh(module, function, mesh, per_chip, shape_only_chip(lambda c: (recorders[c], traffics[c], *listeners)))
         outputs: list[tuple[Any, ...]] = []
     else:
         if args is None or len(args) != mesh.chips:
             raise MeshError(f"the mesh {mesh} needs arguments for {mesh.chips} chips")
-        outputs = run_mesh(module, function, mesh, args, plain_chip(lambda c: (recorders[c], traffics[c])))
+        outputs = run_mesh(module, function, mesh, args, plain_chip(lambda c: (recorders[c], traffics[c], *listeners)))
     report = schedule_mesh(machine, mesh, [r.trace for r in recorders], traffics, sram_policy)
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     report.routing = {names[i]: r for i, r in chosen.items()}
