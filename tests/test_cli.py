@@ -289,7 +289,7 @@ def test_run_end_to_end(echo: Path, tmp_path: Path) -> None:
     [
         (["compile", "missing.moe"], "tcpc: error: missing.moe: no such file or directory"),
         (["run", "{echo}", "--reference", "--graph", "nope"], "error: no graph named 'nope'"),
-        (["run", "{echo}", "--reference", "--inputs", "{bad}"], "tcpc: error: input 'c' is float64"),
+        (["run", "{echo}", "--reference", "--inputs", "{bad}"], "bad.npz: input 'c' is float64"),
     ],
 )
 def test_errors_end_to_end(argv: list[str], message: str, echo: Path, tmp_path: Path) -> None:
