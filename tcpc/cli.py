@@ -287,6 +287,10 @@ def check_flags(args: argparse.Namespace) -> None:
     def name(flag: str) -> str:
         return "--" + flag.replace("_", "-")
 
+    if args.reference and args.check and args.pipeline is None:
+        raise UsageError("--check compares a run with the reference, and --reference runs only the reference: "
+                         "nothing to compare (drop --reference to check the simulation, or add -p PASSES to "
+                         "check the IR after those passes)")
     if args.reference:
         for flag in SIMULATION_FLAGS:
             if given(flag):
@@ -451,6 +455,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
     if args.check:
         ref = program.run(given, seed=args.seed, graph=name, reference=True)
+        ran = "the simulated outputs" if report is not None else f"the outputs of the IR after {args.pipeline}"
+        print(f"check: {ran} against the reference ({'the IR as given' if program.is_ir else 'the graph-level IR'})")
         results = compare_outputs(outputs, ref.outputs)
         for c in results:
             print(f"check: {c.message}")
