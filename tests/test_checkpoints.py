@@ -16,6 +16,7 @@ from safetensors.numpy import save_file
 
 from tcpc.checkpoints import CheckpointError, compile_with_weights, open_checkpoint
 from tcpc.cli import main
+from tcpc.program import compile_file
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 LAYERS = 2
@@ -399,6 +400,33 @@ def test_a_program_with_no_table(tmp_path: Path) -> None:
     ckpt = open_checkpoint(write(tmp_path, mixtral(np.random.default_rng(0)), config=False))
     with pytest.raises(CheckpointError, match="graph 'toy' has no checkpoint mapping"):
         compile_with_weights(EXAMPLES / "toy.moe", ckpt, 0, {})
+
+
+HF_CONFIGS = sorted((Path(__file__).parent / "fixtures" / "hf_configs").glob("*/*/config.json"))
+"""config.json files written by transformers' own config classes (tests/fixtures/make_hf_configs.py)."""
+
+
+@pytest.mark.parametrize("fixture", HF_CONFIGS, ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}")
+def test_configs_written_by_transformers(fixture: Path, tmp_path: Path) -> None:
+    """Each family's config.json as transformers 4.x and 5.x write it gives the program its
+    dims and picks the MoE layers; the layer's reference run equals the one with the weights
+    and dims given by hand (the lowering of these programs is checked above)."""
+    family = fixture.parent.name
+    tiny = FAMILIES[family](np.random.default_rng(13))
+    tiny.config = json.loads(fixture.read_text())
+    ckpt = open_checkpoint(write(tmp_path, tiny))
+    program = EXAMPLES / f"{family}.moe"
+    loaded = compile_with_weights(program, ckpt, 1, {})
+    assert loaded.dims == tiny.dims
+    want = {k: v.astype(np.float32) for k, v in tiny.expected(1).items()}
+    for name, value in want.items():
+        assert np.array_equal(loaded.weights[name].astype(np.float32), value), name
+    (got,) = loaded.program.run(loaded.weights, seed=4).outputs
+    (by_hand,) = compile_file(program, tiny.dims).run(want, seed=4).outputs
+    assert np.array_equal(got, by_hand) and np.abs(got).max() > 0
+    if family in ("qwen3_moe", "deepseek_v3"):  # mlp_only_layers = [0], first_k_dense_replace = 1
+        with pytest.raises(CheckpointError, match="layer 0 of this .* checkpoint is a dense MLP"):
+            compile_with_weights(program, ckpt, 0, {})
 
 
 @pytest.mark.parametrize("family, key, alias", [
