@@ -45,6 +45,9 @@ class OpRecord:
     units: tuple[int, ...] = (0,)
     """Every unit of its engine the command occupies (`unit` is the first): a large DMA
     command runs its parts on several DMA engines at once."""
+    part_starts: tuple[int, ...] = ()
+    """For a command on several units, when its part on each of `units` started (each part
+    starts when its unit frees; `start` is the last one's); empty for a command on one unit."""
 
     @property
     def engine_cycles(self) -> int:
