@@ -186,12 +186,12 @@ def test_chrome_trace_has_one_track_per_engine_unit() -> None:
     trace = json.loads(json.dumps(report.chrome_trace()))
     events = trace["traceEvents"]
     threads = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert "tensor" in threads.values() and "dma0" in threads.values()
+    assert "tensor unit 0" in threads.values() and "dma 0" in threads.values()
     spans = [e for e in events if e["ph"] == "X"]
     assert len(spans) == len(report.ops)
     for e in spans:
         assert e["tid"] in threads and e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] == 1
-    assert {threads[e["tid"]] for e in spans if e["cat"] == "tensor"} == {"tensor"}
+    assert {threads[e["tid"]] for e in spans if e["cat"] == "tensor"} == {"tensor unit 0"}
     end = max(e["ts"] + e["dur"] for e in spans)
     assert end == pytest.approx(report.microseconds)
 
