@@ -278,6 +278,29 @@ def test_compile_emit_planned_states_its_choices(capsys: pytest.CaptureFixture[s
     assert "(skewed routing)" in out.splitlines()[0]
 
 
+@pytest.mark.parametrize("dims, routing", [(ROUNDS_WINS, "balanced"), ({"T": 1}, "skewed")])
+def test_a_sweep_point_costs_what_run_and_the_api_cost(dims: dict[str, int], routing: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep point costs what `tcpc run --cost-only` and `Program.simulate` cost at the same
+    point: one resolution of every auto (rounds chosen; at T = 1 the block and rank, for the
+    skewed routing)."""
+    from tcpc.sweep import load_spec, run_point
+
+    spec = tmp_path / "point.toml"
+    spec.write_text(f"program = {json.dumps(str(TOY))}\nrouting = {json.dumps(routing)}\n[dims]\n"
+                    + "".join(f"{name} = {value}\n" for name, value in dims.items()))
+    (point,) = load_spec(spec).points
+    row = run_point(point)
+    assert row["status"] == "ok", row["error"]
+    assert main(["run", str(TOY), *sets(dims), "--cost-only", "--routing", routing]) == 0
+    cycles = re.search(r"^cycles: ([0-9,]+) ", capsys.readouterr().out, re.MULTILINE)
+    api = tcpc.compile_file(TOY, dims, routing=routing).simulate(cost_only=True, routing=routing)
+    assert cycles is not None and row["total_cycles"] == int(cycles[1].replace(",", "")) == api.report.total_cycles
+    strategy = next(c for c in api.report.choices if c.what == "lower-topk strategy")
+    assert strategy.chosen == ("rounds" if dims == ROUNDS_WINS else "rank")
+    assert row["block_size"] == chosen_block(api.report)
+
+
 @pytest.mark.parametrize("machine", [None, "rngd-cluster"])
 def test_every_level_resolves_auto_as_the_run(machine: str | None) -> None:
     """Program.passes at the lowered level costs each strategy through the machine's own full
