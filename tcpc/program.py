@@ -131,6 +131,8 @@ class Program:
         simulates) for `machine` (None: the default machine), lower-topk's strategy left to
         the cost model; or a CompileError while they do not exist. An .mlir file's IR is taken
         as it is (no passes) unless a pipeline is given."""
+        if level not in LEVELS:
+            raise ValueError(f"level {level!r}: expected {' or '.join(LEVELS)}")
         if self.is_ir:
             return ""
         if not LOWERED_PIPELINE:

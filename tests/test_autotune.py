@@ -311,6 +311,8 @@ def test_every_level_resolves_auto_as_the_run(machine: str | None) -> None:
     assert lowered == sim.report.choices and lowered[0].chosen == "rounds"
     as_run = ",".join(sim.pipeline.split(",")[1:len(LEVELS["lowered"]) + 1])  # after pin-routing
     assert print_ir(program.lower(level="lowered", machine=machine)) == print_ir(program.lower(as_run))
+    with pytest.raises(ValueError, match="level 'planned': expected lowered or scheduled"):
+        program.passes(level="planned")
 
 
 def test_the_sweeps_block_size_column_is_the_choice() -> None:
