@@ -408,8 +408,10 @@ def run_point(point: Point) -> dict[str, Any]:
             program = compile_file(point["program"], point["dims"], machine=machine, routing=point["routing"],
                                    seed=point["seed"])
             chip = as_machine(machine)
-            pipeline = pipeline_for(chip, topk_strategy=None, options=point["pass_options"])
-            sim = program.simulate(cost_only=True, pipeline=pipeline, machine=machine,
+            # `tcpc run --cost-only`'s pipeline (strategy=auto resolved by Program.simulate) unless
+            # the point's pass options name other values
+            pipeline = pipeline_for(chip, options=point["pass_options"])
+            sim = program.simulate(cost_only=True, pipeline=pipeline, machine=chip,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),
                    **report_columns(sim.report))
