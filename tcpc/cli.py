@@ -26,12 +26,12 @@ from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, simulate_on_mesh
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline, pipeline_for
-from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
+from tcpc.pipelines import LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
+from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
 from tcpc.streams import OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
-from tcpc.sweep import SweepError
+from tcpc.sweep import MAX_POINTS, SweepError
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
@@ -153,21 +153,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: a LocalCluster)")
     s.add_argument("--workers", type=int, default=None, metavar="N",
                    help="LocalCluster worker processes (default: one per core)")
+    s.add_argument("--max-points", type=int, default=MAX_POINTS, metavar="N",
+                   help=f"refuse a spec of more than N points (default {MAX_POINTS:,})")
     s.add_argument("--plot", action="store_true",
                    help="also draw roofline.png and cycles_vs_PARAM.png for each swept parameter")
     return parser
-
-
-def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
-    if args.pipeline is not None:
-        return args.pipeline
-    if emit == "lowered":
-        return ",".join(LOWERED_PIPELINE)
-    if emit == "planned" and args.machine is not None:
-        return pipeline_for(as_machine(args.machine))
-    if emit in ("scheduled", "planned"):
-        return ",".join(FULL_PIPELINE)
-    return None
 
 
 def check_compile_flags(args: argparse.Namespace) -> None:
@@ -193,29 +183,34 @@ def cmd_compile(args: argparse.Namespace) -> int:
     machine = as_machine(args.machine)
     routing = args.routing or "balanced"
     program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
-    spec = passes_for(args, args.emit)
+    spec = args.pipeline
     if args.mesh is not None:
         if args.emit == "planned" or args.pipeline is not None:
             raise UsageError("--mesh prints the sharded graph, or with --emit lowered or scheduled a chip's program at "
                              "that level; not with -p or --emit planned")
         spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit in ("lowered", "scheduled"),
                                                   scheduled=args.emit == "scheduled")
-    chunks: list[str] = [f"// chose {c.describe()}\n" for c in program.choices]
+    chunks: list[str] = []
     if args.emit == "planned":
         seed = args.seed or 0
+        planned = program.planned(seed=seed, machine=machine, pipeline=args.pipeline,
+                                  cost_only=args.cost_only, routing=routing)
+        # the plan's own choices (Program.passes keeps them): the first graph's, for its routing
+        _, choices = program.passes(args.pipeline, graph=program.graph_names[0], machine=machine,
+                                    routing=choice_routing(args.cost_only, routing), seed=seed)
         given = f"the IR after {args.pipeline}" if args.pipeline is not None else "the full pipeline"
         values = (f"without values, for the {args.routing or 'balanced'} routing (cost-only)" if args.cost_only
                   else f"for the inputs drawn from seed {seed}")
+        chunks += [f"// chose {c.describe()}\n" for c in choices]
         chunks.append(f"// planned: {given}, each op with the slot the simulator scheduled it in\n"
                       f"// (tcpc.plan), {values}\n")
-        planned = program.planned(seed=seed, machine=machine, pipeline=args.pipeline,
-                                  cost_only=args.cost_only, routing=routing)
         chunks.append(print_ir(planned, args.generic))
-    elif spec is None:
+    elif spec is None and args.emit in (None, "graph"):
+        chunks += [f"// chose {c.describe()}\n" for c in program.choices]
         chunks.append(print_ir(program.module, args.generic))
-    else:
-        passes, strategies = program.passes(spec, machine=machine, routing=routing)
-        chunks += [f"// chose {c.describe()}\n" for c in strategies]
+    else:  # as `tcpc run` resolves every auto: on the default machine, for balanced routing
+        passes, choices = program.passes(spec, level=args.emit or "scheduled", machine=machine, routing=routing)
+        chunks += [f"// chose {c.describe()}\n" for c in choices]
         if args.print_ir_after_all:
             chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic)}")
         def after(p, module):
@@ -288,6 +283,10 @@ def check_flags(args: argparse.Namespace) -> None:
     def name(flag: str) -> str:
         return "--" + flag.replace("_", "-")
 
+    if args.reference and args.check and args.pipeline is None:
+        raise UsageError("--check compares a run with the reference, and --reference runs only the reference: "
+                         "nothing to compare (drop --reference to check the simulation, or add -p PASSES to "
+                         "check the IR after those passes)")
     if args.reference:
         for flag in SIMULATION_FLAGS:
             if given(flag):
@@ -409,7 +408,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             level = "the IR as given, not simulated" if program.is_ir else "reference (graph-level IR)"
         print(f"graph {name} from {args.file}, {level}, seed {args.seed}")
-        for choice in program.choices:
+        # the choices `program.run` lowered with (Program.passes keeps them)
+        for choice in program.choices if args.pipeline is None else program.passes(args.pipeline)[1]:
             print(f"  chose {choice.describe()}")
         outputs, report = result.outputs, None
     else:
@@ -453,6 +453,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
     if args.check:
         ref = program.run(given, seed=args.seed, graph=name, reference=True)
+        ran = "the simulated outputs" if report is not None else f"the outputs of the IR after {args.pipeline}"
+        print(f"check: {ran} against the reference ({'the IR as given' if program.is_ir else 'the graph-level IR'})")
         results = compare_outputs(outputs, ref.outputs)
         for c in results:
             print(f"check: {c.message}")
@@ -482,15 +484,28 @@ def print_choices(report: SimReport, in_report: bool) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tcpc.sweep import load_spec, plot, run_sweep
+    """Check the flags, the whole spec and the results directory, say how many points, and only
+    then start the cluster. A sweep whose every point failed is an error (status 1)."""
+    from tcpc.sweep import RESULTS_CSV, check_out, load_spec, plot, run_sweep
 
-    spec = load_spec(args.spec)
-    if args.workers is not None and (args.workers < 1 or args.scheduler):
-        raise UsageError("--workers N (N >= 1) sizes the LocalCluster; it does not apply with --scheduler")
-    out = Path(args.out) if args.out else spec.out or Path(f"{Path(args.spec).stem}-sweep")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: a LocalCluster needs at least 1 worker process")
+    if args.workers is not None and args.scheduler:
+        raise UsageError("--workers sizes the LocalCluster; it does not apply with --scheduler")
+    if args.max_points < 1:
+        raise UsageError(f"--max-points {args.max_points}: expected a positive integer")
+    spec = load_spec(args.spec, max_points=args.max_points)
+    if args.out:
+        out, named = Path(args.out), f"-o {args.out}"
+    elif spec.out:
+        out, named = spec.out, f"{args.spec}: out {spec.out}"
+    else:
+        out = Path(f"{Path(args.spec).stem}-sweep")
+        named = f"{out} (the default results directory; -o names another)"
+    check_out(out, named)
     where = f"the Dask scheduler at {args.scheduler}" if args.scheduler else "a LocalCluster"
     about = f" ({spec.description})" if spec.description else ""
-    print(f"sweep {args.spec}{about}: {len(spec.points)} point(s) on {where}")
+    print(f"sweep {args.spec}{about}: {len(spec.points):,} point(s) on {where}", flush=True)
     outcome = run_sweep(spec, out, scheduler=args.scheduler, workers=args.workers)
     print(f"  ran {outcome.ran}, skipped {outcome.skipped} already done, {len(outcome.failed)} failed")
     for row in outcome.failed[:10]:
@@ -498,10 +513,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if len(outcome.failed) > 10:
         print(f"  ... {len(outcome.failed) - 10} more failures in the results' error column")
     print(f"wrote {out / 'results.parquet'} and {out / 'results.csv'} ({len(outcome.rows)} rows)")
+    if not outcome.succeeded:
+        raise SweepError(f"{args.spec}: every point failed ({len(spec.points):,} of {len(spec.points):,}); "
+                         f"the errors are above and in {out / RESULTS_CSV}")
     if args.plot:
         for path in plot(outcome.rows, out):
             print(f"wrote {path}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_run_mesh(args: argparse.Namespace) -> int:

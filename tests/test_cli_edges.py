@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,6 +260,11 @@ EDGES: dict[str, Edge] = {
     "all-nan-output": Edge(("run", "{nan_moe}"), EXIT_OK, "", out="not finite: all (32 NaN)"),
     # --- options together ----------------------------------------------------------------------
     "run-pin-routing": Edge(("run", "{toy}", "-p", "pin-routing"), EXIT_OK, "", out="after pin-routing, not simulated"),
+    "reference-check": Edge(("run", "{toy}", "--reference", "--check"), EXIT_USAGE,
+                            "--reference runs only the reference: nothing to compare"),
+    "reference-after-p-check": Edge(("run", "{toy}", "--reference", "-p", "lower-topk", "--check"), EXIT_OK, "",
+                                    out="check: the outputs of the IR after lower-topk against the reference "
+                                        "(the graph-level IR)"),
     "run-pin-routing-check": Edge(("run", "{toy}", "-p", "pin-routing", "--check"), EXIT_USAGE,
                                   "--check compares with the reference"),
     "planned-after-p": Edge(("compile", "{toy}", "--emit", "planned", "-p", ",".join(
@@ -397,13 +401,17 @@ graph slow(a: f32[N, N]) -> f32[N, N] {
 def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path: Path) -> None:
     program = tmp_path / "slow.moe"
     program.write_text(SLOW)
-    script = ("import sys, tcpc.cli\nprint('ready', flush=True)\n"
+    # 'ready' is printed from inside the run (the reference run, seconds long), so the signal
+    # arrives while tcpc computes, however loaded the machine: no sleep to guess with.
+    script = ("import sys, tcpc.cli, tcpc.program\n"
+              "run = tcpc.program.Program.run\n"
+              "def announced(*a, **k):\n    print('ready', flush=True)\n    return run(*a, **k)\n"
+              "tcpc.program.Program.run = announced\n"
               f"sys.exit(tcpc.cli.main(['run', {str(program)!r}, '--reference']))\n")
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env=ENV) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"
-        time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_INTERRUPTED, (out, err)

@@ -5,13 +5,13 @@ accumulator as `acc` reproduces the whole contraction's summation order exactly.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from runtime_sim.semantics.numerics import GRID_K, GRID_M, GRID_N, bfloat16, contract
 
@@ -76,20 +76,47 @@ def test_acc_is_the_starting_value_of_the_sum() -> None:
     assert np.array_equal(contract("mk,kn->nm", a[0], b[0], acc=acc[0].T), np.full((4, 2), 13.0, np.float32))
 
 
-def test_the_bits_do_not_depend_on_the_blas_thread_count() -> None:
-    """OpenBLAS rounds a grid tile differently on one thread and on two; `contract` runs every
-    tile on one thread, whatever the caller's setting, so its bits are the one-thread bits."""
+def blas_threads() -> int:
+    """The thread limit of the BLAS numpy uses, as threadpoolctl reads it now."""
+    return max(info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas")
+
+
+def test_every_tile_product_runs_on_one_blas_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`contract` limits BLAS to one thread around its tile products, whatever the caller set,
+    and gives the caller's limit back: OpenBLAS splits a large product over its threads and
+    may then round differently, so the bits would depend on the machine's core count. Checked
+    at each np.matmul call, so it holds on any machine (one core, or a BLAS that happens to
+    round alike on two threads)."""
+    seen: list[int] = []
+    matmul = np.matmul
+
+    def spy(*args: object, **kwargs: object) -> np.ndarray:
+        seen.append(blas_threads())
+        return matmul(*args, **kwargs)
+
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((1, 64, GRID_K)).astype(np.float32)
+    b = rng.standard_normal((1, GRID_K, GRID_N)).astype(np.float32)
+    with threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        monkeypatch.setattr(np, "matmul", spy)
+        contract("gmk,gkn->gmn", a, b)
+        monkeypatch.undo()
+        after = blas_threads()
+    assert seen and set(seen) == {1}
+    assert after == before
+
+
+def test_the_bits_are_the_one_thread_bits() -> None:
+    """The pinned bits are those of a one-thread product, with the caller's BLAS on two threads."""
     rng = np.random.default_rng(1)
     a = rng.standard_normal((1, 64, GRID_K)).astype(np.float32)
     b = rng.standard_normal((1, GRID_K, GRID_N)).astype(np.float32)
     with threadpool_limits(1, user_api="blas"):
         one = np.matmul(a, b)
     with threadpool_limits(2, user_api="blas"):
-        two = np.matmul(a, b)
         pinned = contract("gmk,gkn->gmn", a, b)
     assert np.array_equal(bits(pinned), bits(one))
-    if os.cpu_count() and os.cpu_count() > 1:  # OpenBLAS uses a second thread only where there is a core
-        assert not np.array_equal(bits(two), bits(one))  # what the pinning is for
 
 
 def test_contractions_in_several_python_threads_all_run_on_one_blas_thread() -> None:

@@ -172,8 +172,10 @@ def _read(path: Path, depth: int = 0) -> dict[str, Any]:
         raise _error(path, "extends", "expected a machine name or a path (a string)")
     base_path = MACHINES_DIR / f"{base}.toml" if (MACHINES_DIR / f"{base}.toml").exists() else path.parent / base
     if not base_path.is_file():
-        raise _error(path, "extends", f"'{base}' is neither a built-in machine (chips: {', '.join(built_in_machines())}; "
-                                      f"meshes: {', '.join(built_in_machines(mesh=True))}) nor a file {base_path}")
+        chips = builtin_chip_machines()
+        meshes = sorted(p.stem for p in MACHINES_DIR.glob("*.toml") if p.stem not in chips)
+        raise _error(path, "extends", f"'{base}' is neither a built-in machine (chips: {', '.join(chips)}; "
+                                      f"meshes: {', '.join(meshes)}) nor a file {base_path}")
     merged = _read(base_path, depth + 1)
     merged.pop("name", None)  # a machine is named by its own file, never by the one it extends
     merged["description"] = f"{base} with the numbers of {path.name}"
@@ -183,11 +185,6 @@ def _read(path: Path, depth: int = 0) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
-
-
-def built_in_machines(mesh: bool = False) -> list[str]:
-    """The names of the built-in single-chip machines (`mesh`: of the mesh files), for messages."""
-    return sorted(p.stem for p in MACHINES_DIR.glob("*.toml") if ("link" in _read(p)) == mesh)
 
 
 def _number(path: Path, f: _Field, entry: Any) -> tuple[int | float, str]:
@@ -249,3 +246,9 @@ def load_machine(path: str | Path | None = None) -> Machine:
 @cache
 def default_machine() -> Machine:
     return load_machine(None)
+
+
+def builtin_chip_machines() -> list[str]:
+    """The names of the built-in single-chip machines (the machines directory also holds mesh
+    files, which have a [link] table)."""
+    return sorted(p.stem for p in MACHINES_DIR.glob("*.toml") if "link" not in _read(p))

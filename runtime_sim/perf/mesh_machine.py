@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime_sim.perf.machine import (MACHINES_DIR, Machine, MachineError, _Field, _number, _read, built_in_machines,
-                                      load_machine)
+from runtime_sim.perf.machine import (MACHINES_DIR, Machine, MachineError, _number, _read, _Field,
+                                      builtin_chip_machines, load_machine)
 
 DEFAULT_MESH_MACHINE = "rngd_pcie"
 
@@ -69,7 +69,8 @@ def load_mesh_machine(path: str | Path | None = None) -> MeshMachine:
         raise _error(path, "chip", f"{what}: the single-chip machine every chip is (a name such as \"rngd\" or a path)")
     chip_path = MACHINES_DIR / f"{chip}.toml" if (MACHINES_DIR / f"{chip}.toml").exists() else path.parent / chip
     if not chip_path.exists():
-        raise _error(path, "chip", f"'{chip}' is neither a built-in chip machine ({', '.join(built_in_machines())}) "
+        built_in = ", ".join(builtin_chip_machines())
+        raise _error(path, "chip", f"'{chip}' is neither a built-in chip machine ({built_in}) "
                                    f"nor a file {chip_path}")
     if "link" in _read(chip_path):
         raise _error(path, "chip", f"'{chip}' is a mesh file ({chip_path}), not a single-chip machine "
