@@ -229,7 +229,7 @@ BAD_SPECS: dict[str, tuple[str, tuple[str, ...], int, str]] = {
     "missing-routing-file": (TOY_SPEC + 'routing = "r.npz"', (), EXIT_ERROR,
                              "spec: routing: {tmp}/r.npz: no such file or directory"),
     "pickled-routing-file": (TOY_SPEC + 'routing = "objects.npz"', (), EXIT_ERROR,
-                             "objects.npz: array 'idx' is not a numeric array"),
+                             "objects.npz: array 'idx' holds Python objects (pickled)"),
     "unknown-machine": (TOY_SPEC + 'machine = "rngd9"', (), EXIT_ERROR,
                         "spec: machine: 'rngd9' is not a built-in machine (rngd, rngd-cluster) or a .toml machine file"),
     "mesh-as-machine": (TOY_SPEC + 'machine = ["rngd", "rngd_pcie"]', (), EXIT_ERROR,
