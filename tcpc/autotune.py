@@ -29,7 +29,7 @@ from xdsl.passes import ModulePass
 
 from passes.lower_topk import AUTO_STRATEGY, DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
 from runtime_sim.perf.cost_only import simulate_cost_only
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 from runtime_sim.perf.report import Choice
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc

@@ -18,7 +18,7 @@ from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
-from runtime_sim.perf.machine import MachineError
+from target.machine import MachineError
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs

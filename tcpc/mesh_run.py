@@ -29,7 +29,7 @@ from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
 from tcpc.program import Program, function_in
 
 if TYPE_CHECKING:  # the simulator is slow to import
-    from runtime_sim.perf.mesh_machine import MeshMachine
+    from target.mesh_machine import MeshMachine
     from runtime_sim.perf.mesh_simulate import MeshReport
 
 
@@ -139,7 +139,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                      sram_policy: str = "spill", cost_only: bool = False,
                      routing: str | Path = "balanced") -> MeshSimulation:
     """Shard, lower and simulate one graph of `program` on the mesh of `spec`."""
-    from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine
+    from target.mesh_machine import MeshMachine, load_mesh_machine
     from runtime_sim.perf.mesh_simulate import simulate_mesh
 
     if program.is_ir:

@@ -24,7 +24,7 @@ from dialects.tcp import TCP
 from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 
 DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, Quant, CCL]
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from xdsl.passes import ModulePass
 
-    from runtime_sim.perf.machine import Machine
+    from target.machine import Machine
     from runtime_sim.perf.report import Choice, SimReport
     from runtime_sim.perf.routing_scenarios import Routing
     from runtime_sim.perf.scheduler import Schedule
@@ -78,7 +78,7 @@ def function_in(module: ModuleOp, name: str, known: Sequence[str] = ()) -> func.
 
 def as_machine(machine: Machine | str | Path | None) -> Machine:
     """A Machine, a machine file's path, or None (the default RNGD machine)."""
-    from runtime_sim.perf.machine import Machine, default_machine, load_machine
+    from target.machine import Machine, default_machine, load_machine
 
     if machine is None:
         return default_machine()

@@ -75,7 +75,7 @@ def _values(where: str, value: Any) -> list[Any]:
 
 def _machine_key(where: str, key: str) -> str:
     """A machine file key as `section.key`, given as that or as a Machine field name."""
-    from runtime_sim.perf.machine import SCHEMA
+    from target.machine import SCHEMA
 
     by_place = {f"{f.section}.{f.key}" for f in SCHEMA.values()}
     if key in by_place:
@@ -196,7 +196,7 @@ def input_columns(point: Point) -> dict[str, Any]:
 def machine_file(base: str, overrides: Mapping[str, Any], directory: Path) -> Path | str:
     """A machine file that `extends` the base machine with the overrides (each marked as a
     sweep's assumption, as machine files require), or the base itself without any."""
-    from runtime_sim.perf.machine import MACHINES_DIR
+    from target.machine import MACHINES_DIR
 
     if not overrides:
         return MACHINES_DIR / f"{base}.toml" if (MACHINES_DIR / f"{base}.toml").exists() else base

@@ -167,7 +167,7 @@ def test_token_tiles_are_balanced_over_the_clusters() -> None:
 def test_the_default_pipeline_carries_the_default_machines_options() -> None:
     """split-clusters' defaults are RNGD's: its pipeline writes no option; one cluster, or a
     chip of another balance, writes them."""
-    from runtime_sim.perf.machine import default_machine
+    from target.machine import default_machine
     from tcpc.pipelines import FULL_PIPELINE, own_dma_intensity, pipeline_for
     from tcpc.program import as_machine
 

@@ -2,7 +2,7 @@
 
 Every number in a machine file carries where it comes from (`source = "..."`) or why it was
 assumed (`assumption = "..."`), so a report can always say what a cycle count rests on. The
-default machine is `machines/rngd.toml` (one RNGD cluster of 256 slices). A file may start
+default machine is `machines/rngd.toml` (the whole RNGD chip, 2 clusters of 256 slices). A file may start
 from another with `extends = "rngd"` (a built-in name, or a path relative to the file) and
 override single numbers. Mistakes (bad TOML, a missing or unknown key, a wrong type, a number
 that must be positive, a number too large to simulate, a file that is not UTF-8 text) raise

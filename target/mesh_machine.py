@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime_sim.perf.machine import MACHINES_DIR, Machine, MachineError, _number, _read, _Field, load_machine
+from target.machine import MACHINES_DIR, Machine, MachineError, _number, _read, _Field, load_machine
 
 DEFAULT_MESH_MACHINE = "rngd_pcie"
 
