@@ -241,3 +241,9 @@ def load_machine(path: str | Path | None = None) -> Machine:
 @cache
 def default_machine() -> Machine:
     return load_machine(None)
+
+
+def builtin_chip_machines() -> list[str]:
+    """The names of the built-in single-chip machines (the machines directory also holds mesh
+    files, which have a [link] table)."""
+    return sorted(p.stem for p in MACHINES_DIR.glob("*.toml") if "link" not in _read(p))

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from target.machine import MACHINES_DIR, Machine, MachineError, _number, _read, _Field, load_machine
+from target.machine import (MACHINES_DIR, Machine, MachineError, _number, _read, _Field, builtin_chip_machines,
+                            load_machine)
 
 DEFAULT_MESH_MACHINE = "rngd_pcie"
 
@@ -68,8 +69,8 @@ def load_mesh_machine(path: str | Path | None = None) -> MeshMachine:
         raise _error(path, "chip", f"{what}: the single-chip machine every chip is (a name such as \"rngd\" or a path)")
     chip_path = MACHINES_DIR / f"{chip}.toml" if (MACHINES_DIR / f"{chip}.toml").exists() else path.parent / chip
     if not chip_path.exists():
-        built_in = sorted(p.stem for p in MACHINES_DIR.glob("*.toml") if "link" not in _read(p))
-        raise _error(path, "chip", f"'{chip}' is neither a built-in chip machine ({', '.join(built_in)}) "
+        built_in = ", ".join(builtin_chip_machines())
+        raise _error(path, "chip", f"'{chip}' is neither a built-in chip machine ({built_in}) "
                                    f"nor a file {chip_path}")
     if "link" in _read(chip_path):
         raise _error(path, "chip", f"'{chip}' is a mesh file ({chip_path}), not a single-chip machine "

@@ -76,19 +76,43 @@ class Layout:
     arguments: dict[str, Source]
 
 
+REQUIRED: Any = object()
+"""A ConfigKey's default when tcpc takes none: a size (transformers' defaults for sizes are one
+released model's, which a checkpoint of other sizes would only contradict tensor by tensor);
+config.json must hold it as a positive integer."""
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One config.json value, as transformers' config class for the family reads it."""
+
+    name: str
+    """The attribute the modeling code reads (`config.<name>`)."""
+    default: Any = REQUIRED
+    """What transformers assumes when config.json omits the key (REQUIRED: tcpc stops)."""
+    aliases: tuple[str, ...] = ()
+    """Other names config.json may hold it under (attribute_map, another version's name)."""
+
+    def describe(self) -> str:
+        """The key and its aliases, for messages: `'a' or its alias 'b'`."""
+        if not self.aliases:
+            return repr(self.name)
+        return (f"{self.name!r} or its alias{'es' if len(self.aliases) > 1 else ''} "
+                + ", ".join(repr(a) for a in self.aliases))
+
+
 @dataclass(frozen=True)
 class Requirement:
-    """A config value the program bakes in (a constant in the .moe text, not a dim)."""
+    """A config value the program bakes in (a constant in the .moe text, not a dim); its
+    default is its ConfigKey's."""
 
     key: str
     expected: Any
-    default: Any
-    """What transformers assumes when config.json omits the key."""
     why: str
 
 
-ConfigValue = str | tuple[str, ...] | Callable[[Config], int]
-"""A dim from config.json: a key, the first present of several keys, or a function of the config."""
+ConfigValue = str | Callable[[Config], int]
+"""A dim from config.json: a ConfigKey's name, or a function of the config (by those names)."""
 
 
 @dataclass(frozen=True)
@@ -103,12 +127,24 @@ class Family:
     """Where layer `{layer}`'s MoE block lives; the first that the checkpoint holds is used."""
     layouts: tuple[Layout, ...]
     """Alternative layouts, the first the checkpoint holds completely wins."""
+    keys: tuple[ConfigKey, ...]
+    """Every config.json value tcpc reads for this family; the functions below see only these
+    (moe_layer only those with defaults)."""
     dims: dict[str, ConfigValue]
     moe_layer: Callable[[Config, int], bool] = lambda config, layer: True
     requirements: tuple[Requirement, ...] = ()
     config_section: str | None = None
     """A nested config holding the text model's values (Llama-4's `text_config`)."""
     layers_key: str = "num_hidden_layers"
+
+    def __post_init__(self) -> None:
+        keys = {k.name: k for k in self.keys}
+        named = [v for v in self.dims.values() if isinstance(v, str)] + [r.key for r in self.requirements]
+        assert all(n in keys for n in [*named, self.layers_key]), f"{self.name}: an undeclared key"
+        assert all(keys[r.key].default is not REQUIRED for r in self.requirements), self.name
+
+    def key(self, name: str) -> ConfigKey:
+        return next(k for k in self.keys if k.name == name)
 
 
 def _swiglu_experts(gate: str, up: str, down: str, scale: bool = False) -> dict[str, Source]:
@@ -124,21 +160,22 @@ _FUSED_EXPERTS = {  # transformers' fused experts: gate_up_proj [E, 2F, D] (gate
 
 
 def _qwen3_moe_layer(config: Config, layer: int) -> bool:
-    step = config.get("decoder_sparse_step", 1)
-    return (layer not in config.get("mlp_only_layers", []) and config.get("num_experts", 0) > 0
-            and (layer + 1) % step == 0)
+    """Qwen3MoeDecoderLayer's test (mlp_only_layers null is [], as its config class makes it);
+    its `num_experts > 0` holds, as every dim is positive."""
+    return layer not in (config["mlp_only_layers"] or []) and (layer + 1) % config["decoder_sparse_step"] == 0
 
 
 def _deepseek_moe_layer(config: Config, layer: int) -> bool:
-    return (config.get("n_routed_experts") is not None and layer >= config.get("first_k_dense_replace", 0)
-            and layer % config.get("moe_layer_freq", 1) == 0)
+    """DeepseekV3DecoderLayer's test, and the model's own code's `moe_layer_freq`."""
+    return layer >= config["first_k_dense_replace"] and layer % config["moe_layer_freq"] == 0
 
 
 def _llama4_moe_layer(config: Config, layer: int) -> bool:
-    layers = config.get("moe_layers")
+    """Llama4TextConfig's `moe_layers`, by default every `interleave_moe_layer_step`-th layer."""
+    layers = config["moe_layers"]
     if layers is None:
-        step = config.get("interleave_moe_layer_step", 1)
-        layers = range(step - 1, config.get("num_hidden_layers", 0), step)
+        step = config["interleave_moe_layer_step"]
+        layers = range(step - 1, config["num_hidden_layers"], step)
     return layer in layers
 
 
@@ -147,6 +184,9 @@ MIXTRAL = Family(
     prefixes=("model.layers.{layer}.block_sparse_moe",),
     layouts=(Layout("per expert (w1 gate, w3 up, w2 down)",
                     {"router": linear("gate.weight"), **_swiglu_experts("w1", "w3", "w2")}),),
+    keys=(ConfigKey("hidden_size"), ConfigKey("intermediate_size"),
+          ConfigKey("num_local_experts", aliases=("num_experts",)), ConfigKey("num_experts_per_tok"),
+          ConfigKey("num_hidden_layers", 32)),
     dims={"D": "hidden_size", "F": "intermediate_size", "E": "num_local_experts", "K": "num_experts_per_tok"},
 )
 
@@ -155,9 +195,13 @@ QWEN3_MOE = Family(
     prefixes=("model.layers.{layer}.mlp",),
     layouts=(Layout("per expert", {"router": linear("gate.weight"), **_swiglu_experts("gate_proj", "up_proj", "down_proj")}),
              Layout("fused gate_up_proj", {"router": linear("gate.weight"), **_FUSED_EXPERTS})),
+    keys=(ConfigKey("hidden_size"), ConfigKey("moe_intermediate_size"),
+          ConfigKey("num_experts", aliases=("num_local_experts",)), ConfigKey("num_experts_per_tok"),
+          ConfigKey("norm_topk_prob", False), ConfigKey("decoder_sparse_step", 1), ConfigKey("mlp_only_layers", None),
+          ConfigKey("num_hidden_layers", 24)),
     dims={"D": "hidden_size", "F": "moe_intermediate_size", "E": "num_experts", "K": "num_experts_per_tok"},
     moe_layer=_qwen3_moe_layer,
-    requirements=(Requirement("norm_topk_prob", True, False, "the program renormalises the top-K probabilities"),),
+    requirements=(Requirement("norm_topk_prob", True, "the program renormalises the top-K probabilities"),),
 )
 
 _DEEPSEEK_SHARED = {"ws_gate": linear("shared_experts.gate_proj.weight", True),
@@ -171,15 +215,22 @@ DEEPSEEK_V3 = Family(
     layouts=(Layout("per expert", {**_DEEPSEEK_ROUTER, **_swiglu_experts("gate_proj", "up_proj", "down_proj", True),
                                    **_DEEPSEEK_SHARED}),
              Layout("fused gate_up_proj", {**_DEEPSEEK_ROUTER, **_FUSED_EXPERTS, **_DEEPSEEK_SHARED})),
+    keys=(ConfigKey("hidden_size"), ConfigKey("moe_intermediate_size"),
+          ConfigKey("n_routed_experts", aliases=("num_local_experts",)), ConfigKey("num_experts_per_tok"),
+          ConfigKey("n_group"), ConfigKey("topk_group"), ConfigKey("n_shared_experts", 1),
+          ConfigKey("first_k_dense_replace", 3), ConfigKey("routed_scaling_factor", 2.5),
+          ConfigKey("norm_topk_prob", True), ConfigKey("num_hidden_layers", 61),
+          # read by the model's own code (transformers always routes so, every layer from first_k_dense_replace)
+          ConfigKey("scoring_func", "sigmoid"), ConfigKey("topk_method", "noaux_tc"), ConfigKey("moe_layer_freq", 1)),
     dims={"D": "hidden_size", "F": "moe_intermediate_size", "E": "n_routed_experts", "K": "num_experts_per_tok",
           "NG": "n_group", "TG": "topk_group",
-          "FS": lambda c: c["moe_intermediate_size"] * c.get("n_shared_experts", 1)},
+          "FS": lambda c: c["moe_intermediate_size"] * c["n_shared_experts"]},
     moe_layer=_deepseek_moe_layer,
-    requirements=(Requirement("routed_scaling_factor", 2.5, 2.5, "the program scales the weights by 2.5"),
-                  Requirement("norm_topk_prob", True, True, "the program renormalises the chosen scores"),
-                  Requirement("scoring_func", "sigmoid", "sigmoid", "the program scores experts with a sigmoid"),
-                  Requirement("topk_method", "noaux_tc", "noaux_tc", "the program routes by groups with the correction bias"),
-                  Requirement("n_shared_experts", 1, 1, "the program adds one shared expert")),
+    requirements=(Requirement("routed_scaling_factor", 2.5, "the program scales the weights by 2.5"),
+                  Requirement("norm_topk_prob", True, "the program renormalises the chosen scores"),
+                  Requirement("scoring_func", "sigmoid", "the program scores experts with a sigmoid"),
+                  Requirement("topk_method", "noaux_tc", "the program routes by groups with the correction bias"),
+                  Requirement("n_shared_experts", 1, "the program adds one shared expert")),
 )
 
 _GPT_OSS_ROUTER_AND_BIASES = {
@@ -204,9 +255,14 @@ GPT_OSS = Family(
                  "w_up": Source("experts.gate_up_proj", transpose=True, part=1, parts_axis=1, interleaved=True,
                                 mxfp4=True),
                  "w_down": Source("experts.down_proj", transpose=True, mxfp4=True)})),
-    dims={"D": "hidden_size", "F": "intermediate_size", "E": ("num_local_experts", "num_experts"),
-          "K": ("num_experts_per_tok", "experts_per_token")},
-    requirements=(Requirement("swiglu_limit", 7.0, 7.0, "the program clamps the SwiGLU at 7"),),
+    # experts_per_token: the name in OpenAI's release (its config.json holds both)
+    keys=(ConfigKey("hidden_size"), ConfigKey("intermediate_size"),
+          ConfigKey("num_local_experts", aliases=("num_experts",)),
+          ConfigKey("num_experts_per_tok", aliases=("experts_per_token",)), ConfigKey("swiglu_limit", 7.0),
+          ConfigKey("swiglu_alpha", 1.702), ConfigKey("num_hidden_layers", 36)),
+    dims={"D": "hidden_size", "F": "intermediate_size", "E": "num_local_experts", "K": "num_experts_per_tok"},
+    requirements=(Requirement("swiglu_limit", 7.0, "the program clamps the SwiGLU at 7"),
+                  Requirement("swiglu_alpha", 1.702, "the program's SwiGLU is gate * sigmoid(1.702 * gate)")),
 )
 
 _LLAMA4_LAYOUT = {
@@ -221,10 +277,13 @@ LLAMA4 = Family(
     name="llama4", model_types=("llama4", "llama4_text"), program="llama4.moe", graph="llama4",
     prefixes=("language_model.model.layers.{layer}.feed_forward", "model.layers.{layer}.feed_forward"),
     layouts=(Layout("fused gate_up_proj [E, D, 2F]", _LLAMA4_LAYOUT),),
+    keys=(ConfigKey("hidden_size"), ConfigKey("intermediate_size"), ConfigKey("num_local_experts"),
+          ConfigKey("num_experts_per_tok", 1), ConfigKey("moe_layers", None), ConfigKey("interleave_moe_layer_step", 1),
+          ConfigKey("num_hidden_layers", 48)),
     dims={"D": "hidden_size", "F": "intermediate_size", "FS": "intermediate_size", "E": "num_local_experts",
           "K": "num_experts_per_tok"},
     moe_layer=_llama4_moe_layer,
-    requirements=(Requirement("num_experts_per_tok", 1, 1, "the program routes top-1 (it scales the expert input)"),),
+    requirements=(Requirement("num_experts_per_tok", 1, "the program routes top-1 (it scales the expert input)"),),
     config_section="text_config",
 )
 

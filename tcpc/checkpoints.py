@@ -14,7 +14,7 @@ tensor, the expected and found shapes and the file.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from xdsl.dialects.builtin import TensorType
 from dialects.tensor_types import format_type, shape_of
 from runtime_sim.semantics.numerics import bfloat16
 from tcpc.arrays import InputError, arg_names, to_declared
-from tcpc.checkpoint_families import FAMILIES, Config, Family, Layout, Source
+from tcpc.checkpoint_families import FAMILIES, REQUIRED, Family, Layout, Source
 from tcpc.program import Program, compile_file
 
 INDEX = "model.safetensors.index.json"
@@ -128,40 +128,67 @@ def find_family(checkpoint: Checkpoint, graph: str) -> Family:
     return family
 
 
-def family_config(checkpoint: Checkpoint, family: Family) -> Config:
-    """The config values the family's dims name (Llama-4 keeps them in `text_config`)."""
-    config = checkpoint.config or {}
-    if family.config_section and isinstance(config.get(family.config_section), dict):
-        return config[family.config_section]
+def _same_kind(value: Any, default: Any) -> bool:
+    """Whether config.json's `value` is of the kind transformers' `default` is (an int for a
+    float, never a bool for a number; a None default stands for a list or None)."""
+    if default is None:
+        return value is None or isinstance(value, list)
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, int | float)
+    return isinstance(value, type(default))
+
+
+def family_config(checkpoint: Checkpoint, family: Family) -> dict[str, Any]:
+    """config.json as transformers reads it for `family` (Llama-4: its `text_config`): each of
+    the family's keys by its name, found under the name or an alias, else transformers'
+    default; a required key (a dim) config.json lacks is absent."""
+    raw = checkpoint.config or {}
+    if family.config_section and isinstance(raw.get(family.config_section), dict):
+        raw = raw[family.config_section]
+    where = checkpoint.describe_config()
+    config: dict[str, Any] = {}
+    for key in family.keys:
+        found = [(name, raw[name]) for name in (key.name, *key.aliases) if name in raw]
+        for name, value in found[1:]:
+            if value != found[0][1]:
+                raise CheckpointError(f"{where}: {found[0][0]} = {json.dumps(found[0][1])} but {name} = "
+                                      f"{json.dumps(value)}; transformers reads both as {key.name}")
+        if found:
+            name, value = found[0]
+            if key.default is REQUIRED:
+                if not _same_kind(value, 1) or value <= 0:
+                    raise CheckpointError(f"{where}: {name} = {json.dumps(value)}, expected a positive integer")
+            elif not _same_kind(value, key.default):
+                raise CheckpointError(f"{where}: {name} = {json.dumps(value)}, expected a value like "
+                                      f"transformers' default {json.dumps(key.default)}")
+            config[key.name] = value
+        elif key.default is not REQUIRED:
+            config[key.name] = key.default
     return config
 
 
-def config_dims(checkpoint: Checkpoint, family: Family) -> dict[str, int]:
+def config_dims(checkpoint: Checkpoint, family: Family, given: Collection[str] = ()) -> dict[str, int]:
     """The program's dims from config.json ({} without one), after checking the values the
-    program bakes in."""
+    program bakes in; dims in `given` (by --set) are not read."""
     if checkpoint.config is None:
         return {}
     config = family_config(checkpoint, family)
     where = checkpoint.describe_config()
     for r in family.requirements:
-        value = config.get(r.key, r.default)
-        if value != r.expected:
-            raise CheckpointError(f"{where}: {r.key} = {value!r}, but examples/{family.program} needs "
+        if config[r.key] != r.expected:
+            raise CheckpointError(f"{where}: {r.key} = {config[r.key]!r}, but examples/{family.program} needs "
                                   f"{r.expected!r} ({r.why})")
     dims: dict[str, int] = {}
     for dim, value in family.dims.items():
-        if callable(value):
-            try:
-                dims[dim] = int(value(config))
-            except KeyError as e:
-                raise CheckpointError(f"{where}: no {e} (needed for the {dim} dim of {family.program})") from None
+        if dim in given:
             continue
-        keys = (value,) if isinstance(value, str) else value
-        key = next((k for k in keys if k in config), None)
-        if key is None:
-            raise CheckpointError(f"{where}: no {' or '.join(repr(k) for k in keys)} "
-                                  f"(the {dim} dim of {family.program})")
-        dims[dim] = config[key]
+        try:
+            dims[dim] = value(config) if callable(value) else config[value]
+        except KeyError as e:
+            raise CheckpointError(f"{where}: no {family.key(e.args[0]).describe()} (the {dim} dim of "
+                                  f"{family.program}; or give it with --set {dim}=N)") from None
     return dims
 
 
@@ -382,6 +409,6 @@ def compile_with_weights(file: str | Path, checkpoint: Checkpoint, layer: int, o
     names = compile_file(file, overrides, **choose_for)
     graph_name = names.function(graph).sym_name.data
     family = find_family(checkpoint, graph_name)
-    dims = {k: v for k, v in config_dims(checkpoint, family).items() if k in names.dims and k not in overrides}
+    dims = {k: v for k, v in config_dims(checkpoint, family, overrides).items() if k in names.dims}
     program = compile_file(file, {**dims, **overrides}, **choose_for)
     return LayerWeights(program, load_layer(checkpoint, family, layer, program.function(graph_name)), family, dims)

@@ -30,7 +30,7 @@ from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
-from tcpc.sweep import SweepError
+from tcpc.sweep import MAX_POINTS, SweepError
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
@@ -149,6 +149,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: a LocalCluster)")
     s.add_argument("--workers", type=int, default=None, metavar="N",
                    help="LocalCluster worker processes (default: one per core)")
+    s.add_argument("--max-points", type=int, default=MAX_POINTS, metavar="N",
+                   help=f"refuse a spec of more than N points (default {MAX_POINTS:,})")
     s.add_argument("--plot", action="store_true",
                    help="also draw roofline.png and cycles_vs_PARAM.png for each swept parameter")
     return parser
@@ -485,15 +487,28 @@ def print_choices(report: SimReport, in_report: bool) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tcpc.sweep import load_spec, plot, run_sweep
+    """Check the flags, the whole spec and the results directory, say how many points, and only
+    then start the cluster. A sweep whose every point failed is an error (status 1)."""
+    from tcpc.sweep import RESULTS_CSV, check_out, load_spec, plot, run_sweep
 
-    spec = load_spec(args.spec)
-    if args.workers is not None and (args.workers < 1 or args.scheduler):
-        raise UsageError("--workers N (N >= 1) sizes the LocalCluster; it does not apply with --scheduler")
-    out = Path(args.out) if args.out else spec.out or Path(f"{Path(args.spec).stem}-sweep")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: a LocalCluster needs at least 1 worker process")
+    if args.workers is not None and args.scheduler:
+        raise UsageError("--workers sizes the LocalCluster; it does not apply with --scheduler")
+    if args.max_points < 1:
+        raise UsageError(f"--max-points {args.max_points}: expected a positive integer")
+    spec = load_spec(args.spec, max_points=args.max_points)
+    if args.out:
+        out, named = Path(args.out), f"-o {args.out}"
+    elif spec.out:
+        out, named = spec.out, f"{args.spec}: out {spec.out}"
+    else:
+        out = Path(f"{Path(args.spec).stem}-sweep")
+        named = f"{out} (the default results directory; -o names another)"
+    check_out(out, named)
     where = f"the Dask scheduler at {args.scheduler}" if args.scheduler else "a LocalCluster"
     about = f" ({spec.description})" if spec.description else ""
-    print(f"sweep {args.spec}{about}: {len(spec.points)} point(s) on {where}")
+    print(f"sweep {args.spec}{about}: {len(spec.points):,} point(s) on {where}", flush=True)
     outcome = run_sweep(spec, out, scheduler=args.scheduler, workers=args.workers)
     print(f"  ran {outcome.ran}, skipped {outcome.skipped} already done, {len(outcome.failed)} failed")
     for row in outcome.failed[:10]:
@@ -501,10 +516,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if len(outcome.failed) > 10:
         print(f"  ... {len(outcome.failed) - 10} more failures in the results' error column")
     print(f"wrote {out / 'results.parquet'} and {out / 'results.csv'} ({len(outcome.rows)} rows)")
+    if not outcome.succeeded:
+        raise SweepError(f"{args.spec}: every point failed ({len(spec.points):,} of {len(spec.points):,}); "
+                         f"the errors are above and in {out / RESULTS_CSV}")
     if args.plot:
         for path in plot(outcome.rows, out):
             print(f"wrote {path}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_run_mesh(args: argparse.Namespace) -> int:

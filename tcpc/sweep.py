@@ -13,6 +13,9 @@ microseconds, the roofline and the ratio to it, cycles by phase on the critical 
 SRAM, HBM bytes, the chosen block size when the report gives one). A point that fails records
 its error and the sweep goes on. Rows are keyed by a hash of the point (its parameters and the
 text of the files it reads): a rerun skips the points already done, and retries the failed ones.
+
+A mistake in the spec itself (a missing program, an unknown dim, routing scenario, machine or
+pass option, more points than MAX_POINTS) is one error from load_spec, before any cluster starts.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -47,6 +51,9 @@ EXTRA = "pip install 'tcpc[sweep]'"
 SPEC_KEYS = {"description", "programs", "program", "routing", "machine", "seed", "sram_policy", "dims",
              "machine_overrides", "pass_options", "cases", "out"}
 CASE_KEYS = {"program", "routing", "machine", "seed", "sram_policy", "dims", "machine_overrides", "pass_options"}
+MAX_POINTS = 10_000
+"""The most points a spec may expand to unless asked (`--max-points`, load_spec's max_points): a
+few long lists crossed with each other make a grid that would run for days."""
 
 
 class SweepError(Exception):
@@ -86,22 +93,118 @@ def _machine_key(where: str, key: str) -> str:
 
 
 def _pass_key(where: str, key: str) -> str:
+    """`PASS.OPTION`: a pass of the full pipeline and one of that pass's options."""
+    from dataclasses import fields
+
+    from tcpc.pipelines import PASSES
+
     name, dot, option = key.partition(".")
     if not dot or name not in FULL_PIPELINE or not option:
         raise SweepError(f"{where}: '{key}' is not PASS.OPTION of a pass of the pipeline ({', '.join(FULL_PIPELINE)})")
+    options = [f.name for f in fields(PASSES[name]())]
+    if option not in options:
+        raise SweepError(f"{where}: '{key}': {name} has no option '{option}' "
+                         f"(options: {', '.join(options) or 'none'})")
     return key
 
 
-def _axes(where: str, table: Mapping[str, Any], base: Path, allowed: set[str]) -> dict[tuple[str, str], list[Any]]:
-    """(group, name) -> values for one spec or case table."""
+def _check_pass_option(where: str, key: str, value: Any) -> None:
+    """Build the pass with this option as a point's pipeline would write it, so a value the
+    pass refuses (`strategy = "best"`) is the spec's error, not every point's."""
+    from target.machine import default_machine
+    from tcpc.pipelines import PipelineError, parse_pipeline
+
+    try:
+        parse_pipeline(pipeline_for(default_machine(), passes=(key.partition(".")[0],), topk_strategy=None,
+                                    options={key: value}))
+    except PipelineError as e:
+        raise SweepError(f"{where}: {e}") from None
+
+
+def _program_dims(where: str, path: Path) -> set[str] | None:
+    """The dims a program declares (none for .mlir IR): a missing file or a syntax error is the
+    spec's error, once. None when the program is too deeply nested to parse here (compile_source
+    raises the limit; the points report it)."""
+    from tcpc.diagnostics import CompileError
+    from tcpc.parser import parse
+
+    try:
+        source = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SweepError(f"{where}: {path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise SweepError(f"{where}: {path}: not a UTF-8 text file (byte {e.start} is "
+                         f"{e.object[e.start:e.start + 1]!r})") from None
+    except OSError as e:  # a directory, no permission
+        raise SweepError(f"{where}: {path}: {(e.strerror or str(e)).lower()}") from None
+    if path.suffix == ".mlir":
+        return set()
+    try:
+        return {d.name for d in parse(source).dims}
+    except CompileError as e:
+        raise SweepError(f"{where}: {e.render(str(path), source).splitlines()[0]}") from None
+    except RecursionError:
+        return None
+
+
+def _check_routing(where: str, routing: str) -> None:
+    """A scenario by name, or an .npz/.npy of expert choices that numpy reads (its shape is
+    checked against each point's dims when the point runs)."""
+    from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError, load_choices
+
+    if routing.endswith((".npz", ".npy")):
+        try:
+            load_choices(routing)
+        except RoutingError as e:
+            raise SweepError(f"{where}: {e}") from None
+    elif routing not in SCENARIOS:
+        raise SweepError(f"{where}: unknown routing scenario '{routing}' "
+                         f"(expected {', '.join(SCENARIOS)}, or an .npz or .npy file)")
+
+
+def _check_machine(where: str, machine: str) -> None:
+    """A built-in chip machine by name, or a machine file that loads (the base of the overrides)."""
+    from target.machine import MachineError, builtin_chip_machines, load_machine
+
+    if not machine.endswith(".toml") and machine not in (builtin := builtin_chip_machines()):
+        raise SweepError(f"{where}: '{machine}' is not a built-in machine ({', '.join(builtin)}) "
+                         "or a .toml machine file")
+    try:
+        load_machine(machine)
+    except MachineError as e:
+        raise SweepError(f"{where}: {e}") from None
+
+
+def _check_value(where: str, key: str, value: Any) -> None:
+    """The spec's top-level parameters other than programs, each value on its own."""
+    from runtime_sim.perf.memory_plan import SRAM_POLICIES
+
+    if key == "routing":
+        _check_routing(where, str(value))
+    elif key == "machine":
+        _check_machine(where, str(value))
+    elif key == "sram_policy" and value not in SRAM_POLICIES:
+        raise SweepError(f"{where}: '{value}' is not an SRAM policy ({', '.join(SRAM_POLICIES)})")
+    elif key == "seed" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise SweepError(f"{where}: {value!r} is not a seed (a non-negative integer)")
+
+
+def _axes(where: str, table: Mapping[str, Any], base: Path, allowed: set[str],
+          dims_of: dict[str, set[str] | None]) -> dict[tuple[str, str], list[Any]]:
+    """(group, name) -> values for one spec or case table, each value checked; `dims_of`
+    collects the dims of each program (its absolute path)."""
     unknown = set(table) - allowed
     if unknown:
         raise SweepError(f"{where}: unknown key '{min(unknown)}' (keys: {', '.join(sorted(allowed))})")
+    if "programs" in table and "program" in table:
+        raise SweepError(f"{where}: both programs and program; give one")
     axes: dict[tuple[str, str], list[Any]] = {}
-    programs = table.get("programs", table.get("program"))
-    if programs is not None:
-        values = _values(f"{where}: programs", programs)
-        axes[("", "program")] = [str((base / str(p)).resolve()) for p in values]
+    for key in ("programs", "program"):
+        if key in table:
+            paths = [(base / str(p)).resolve() for p in _values(f"{where}: {key}", table[key])]
+            for path in paths:
+                dims_of[str(path)] = _program_dims(f"{where}: {key}", path)
+            axes[("", "program")] = [str(p) for p in paths]
     for key in ("seed", "sram_policy"):
         if key in table:
             axes[("", key)] = _values(f"{where}: {key}", table[key])
@@ -109,6 +212,9 @@ def _axes(where: str, table: Mapping[str, Any], base: Path, allowed: set[str]) -
         if key in table:  # a scenario or built-in machine by name, or a file relative to the spec
             names = _values(f"{where}: {key}", table[key])
             axes[("", key)] = [str((base / v).resolve()) if str(v).endswith(suffixes) else v for v in names]
+    for (_, key), values in axes.items():
+        for value in values:
+            _check_value(f"{where}: {key}", key, value)
     for group, check in (("dims", None), ("machine_overrides", _machine_key), ("pass_options", _pass_key)):
         sub = table.get(group, {})
         if not isinstance(sub, dict):
@@ -116,11 +222,31 @@ def _axes(where: str, table: Mapping[str, Any], base: Path, allowed: set[str]) -
         for key, value in sub.items():
             name = check(f"{where}: [{group}]", key) if check else key
             axes[(group, name)] = _values(f"{where}: [{group}] {key}", value)
+            for v in axes[(group, name)]:
+                if group == "pass_options":
+                    _check_pass_option(f"{where}: [{group}] {key}", name, v)
+                elif group == "dims" and v != "auto" and (isinstance(v, bool) or not isinstance(v, int)):
+                    raise SweepError(f"{where}: [dims] {key}: {v!r} is neither an integer nor auto")
     return axes
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read a sweep spec and expand it into its points."""
+def _check_dims(where: str, axes: Mapping[tuple[str, str], list[Any]], dims_of: Mapping[str, set[str] | None]) -> None:
+    """Every dim a case gives is declared by each of its programs (no dims for IR)."""
+    given = [name for group, name in axes if group == "dims"]
+    for program in axes[("", "program")]:
+        declared = dims_of[program]
+        if declared is None:
+            continue
+        for name in given:
+            if name not in declared:
+                known = ", ".join(sorted(declared)) if declared else "none: IR takes no dims"
+                raise SweepError(f"{where}: [dims] {name}: {Path(program).name} has no dim named {name} "
+                                 f"(dims: {known})")
+
+
+def load_spec(path: str | Path, max_points: int | None = MAX_POINTS) -> Spec:
+    """Read a sweep spec, check every value in it, and expand it into its points: at most
+    `max_points` of them (None: no limit), counted before any is built."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -129,21 +255,32 @@ def load_spec(path: str | Path) -> Spec:
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"{path}: not valid TOML: {e}") from None
     base = path.parent
+    dims_of: dict[str, set[str] | None] = {}
     try:
-        grid = _axes("spec", data, base, SPEC_KEYS)
+        grid = _axes("spec", data, base, SPEC_KEYS, dims_of)
+        if "out" in data and not isinstance(data["out"], str):
+            raise SweepError(f"spec: out: {data['out']!r} is not a directory (a string)")
         cases = data.get("cases", [{}])
         if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
             raise SweepError("spec: cases must be an array of tables ([[cases]])")
-        case_axes = [_axes(f"case {i + 1}", c, base, CASE_KEYS) for i, c in enumerate(cases)]
+        case_axes = [_axes(f"case {i + 1}", c, base, CASE_KEYS, dims_of) for i, c in enumerate(cases)]
+        combined = []
+        for i, case in enumerate(case_axes):
+            if any(len(v) != 1 for v in case.values()):
+                raise SweepError("a case gives one value per parameter (lists go in the grid)")
+            axes = {**grid, **case}
+            if ("", "program") not in axes:
+                raise SweepError("no program (programs = [...], or program in each case)")
+            _check_dims(f"case {i + 1}" if "cases" in data else "spec", axes, dims_of)
+            combined.append(axes)
     except SweepError as e:
         raise SweepError(f"{path}: {e}") from None
+    count = sum(math.prod(len(v) for v in axes.values()) for axes in combined)
+    if max_points is not None and count > max_points:
+        raise SweepError(f"{path}: {count:,} points, more than the limit of {max_points:,} "
+                         "(--max-points N runs up to N)")
     points: list[Point] = []
-    for case in case_axes:
-        if any(len(v) != 1 for v in case.values()):
-            raise SweepError(f"{path}: a case gives one value per parameter (lists go in the grid)")
-        axes = {**grid, **case}
-        if ("", "program") not in axes:
-            raise SweepError(f"{path}: no program (programs = [...], or program in each case)")
+    for axes in combined:
         names = list(axes)
         for combo in itertools.product(*(axes[n] for n in names)):
             points.append(_point(dict(zip(names, combo))))
@@ -393,6 +530,22 @@ class SweepOutcome:
     skipped: int
     failed: list[dict[str, Any]] = field(default_factory=list)
     """The rows of this run's points that failed."""
+    succeeded: int = 0
+    """How many of the spec's points have a row with status ok (from this run or an earlier one)."""
+
+
+def check_out(out: Path, named: str) -> None:
+    """Make `out` the results directory, or refuse it (an existing file, a directory that
+    cannot be made or written) before any point runs, so a sweep never ends unable to save.
+    `named` says where the path came from (`-o DIR`)."""
+    if out.exists() and not out.is_dir():
+        raise SweepError(f"{named}: is a file; the results go in a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file on the way, no permission
+        raise SweepError(f"{named}: cannot make the results directory: {(e.strerror or str(e)).lower()}") from None
+    if not os.access(out, os.W_OK):
+        raise SweepError(f"{named}: permission denied")
 
 
 def _client(scheduler: str | None, workers: int | None, processes: bool) -> tuple[Any, Any]:
@@ -419,6 +572,7 @@ def run_sweep(spec: Spec, out: Path, *, scheduler: str | None = None, workers: i
               processes: bool = True, progress: IO[str] | None = None, save_every: float = 10.0) -> SweepOutcome:
     """Run the spec's points not already done in `out`, on a LocalCluster (`workers` worker
     processes, or threads with processes=False) or on the Dask scheduler at `scheduler`."""
+    check_out(out, str(out))
     earlier = {r["key"]: r for r in read_results(out)}
     todo = [p for p in spec.points if earlier.get(point_key(p), {}).get("status") != "ok"]
     rows = dict(earlier)
@@ -456,6 +610,7 @@ def run_sweep(spec: Spec, out: Path, *, scheduler: str | None = None, workers: i
         write_results([], out)
     order = [point_key(p) for p in spec.points]
     outcome.rows = [rows[k] for k in order if k in rows] + [r for k, r in rows.items() if k not in set(order)]
+    outcome.succeeded = sum(rows[k]["status"] == "ok" for k in order if k in rows)
     if todo:
         write_results(outcome.rows, out)
     return outcome

@@ -16,6 +16,7 @@ from safetensors.numpy import save_file
 
 from tcpc.checkpoints import CheckpointError, compile_with_weights, open_checkpoint
 from tcpc.cli import main
+from tcpc.program import compile_file
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 LAYERS = 2
@@ -399,3 +400,105 @@ def test_a_program_with_no_table(tmp_path: Path) -> None:
     ckpt = open_checkpoint(write(tmp_path, mixtral(np.random.default_rng(0)), config=False))
     with pytest.raises(CheckpointError, match="graph 'toy' has no checkpoint mapping"):
         compile_with_weights(EXAMPLES / "toy.moe", ckpt, 0, {})
+
+
+HF_CONFIGS = sorted((Path(__file__).parent / "fixtures" / "hf_configs").glob("*/*/config.json"))
+"""config.json files written by transformers' own config classes (tests/fixtures/make_hf_configs.py)."""
+
+
+@pytest.mark.parametrize("fixture", HF_CONFIGS, ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}")
+def test_configs_written_by_transformers(fixture: Path, tmp_path: Path) -> None:
+    """Each family's config.json as transformers 4.x and 5.x write it gives the program its
+    dims and picks the MoE layers; the layer's reference run equals the one with the weights
+    and dims given by hand (the lowering of these programs is checked above)."""
+    family = fixture.parent.name
+    tiny = FAMILIES[family](np.random.default_rng(13))
+    tiny.config = json.loads(fixture.read_text())
+    ckpt = open_checkpoint(write(tmp_path, tiny))
+    program = EXAMPLES / f"{family}.moe"
+    loaded = compile_with_weights(program, ckpt, 1, {})
+    assert loaded.dims == tiny.dims
+    want = {k: v.astype(np.float32) for k, v in tiny.expected(1).items()}
+    for name, value in want.items():
+        assert np.array_equal(loaded.weights[name].astype(np.float32), value), name
+    (got,) = loaded.program.run(loaded.weights, seed=4).outputs
+    (by_hand,) = compile_file(program, tiny.dims).run(want, seed=4).outputs
+    assert np.array_equal(got, by_hand) and np.abs(got).max() > 0
+    if family in ("qwen3_moe", "deepseek_v3"):  # mlp_only_layers = [0], first_k_dense_replace = 1
+        with pytest.raises(CheckpointError, match="layer 0 of this .* checkpoint is a dense MLP"):
+            compile_with_weights(program, ckpt, 0, {})
+
+
+@pytest.mark.parametrize("family, key, alias", [
+    ("mixtral", "num_local_experts", "num_experts"), ("qwen3_moe", "num_experts", "num_local_experts"),
+    ("deepseek_v3", "n_routed_experts", "num_local_experts"), ("gpt_oss", "num_local_experts", "num_experts"),
+    ("gpt_oss", "num_experts_per_tok", "experts_per_token")])
+def test_a_key_under_its_alias(family: str, key: str, alias: str, tmp_path: Path) -> None:
+    """transformers' attribute_map aliases (5.x writes Qwen3-MoE's E as num_local_experts), and
+    the name another release writes: the same dims, and the two together must agree."""
+    tiny = FAMILIES[family](np.random.default_rng(0))
+    tiny.config[alias] = tiny.config.pop(key)
+    loaded = compile_with_weights(EXAMPLES / f"{family}.moe", open_checkpoint(write(tmp_path / "alias", tiny)), 0, {})
+    assert loaded.dims == tiny.dims
+    tiny.config[key] = tiny.config[alias] + 1
+    with pytest.raises(CheckpointError, match=f"config.json: {key} = {tiny.config[key]} but {alias} = "
+                                              f"{tiny.config[alias]}; transformers reads both as {key}"):
+        compile_with_weights(EXAMPLES / f"{family}.moe", open_checkpoint(write(tmp_path / "both", tiny)), 0, {})
+
+
+def test_omitted_keys_take_transformers_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(0)
+    # DeepSeek-V3: first_k_dense_replace 3, so a 2-layer model has no MoE layer
+    tiny = deepseek_v3(rng)
+    for key in ("first_k_dense_replace", "moe_layer_freq", "routed_scaling_factor", "norm_topk_prob",
+                "scoring_func", "topk_method", "n_shared_experts"):
+        del tiny.config[key]
+    err = error(capsys, write(tmp_path / "deepseek", tiny), "deepseek_v3", 1)
+    assert "layer 1 of this deepseek_v3 checkpoint is a dense MLP" in err and "MoE layers: none" in err
+    # Qwen3-MoE: norm_topk_prob false; mlp_only_layers null is no layer
+    tiny = qwen3_moe(rng)
+    del tiny.config["norm_topk_prob"]
+    err = error(capsys, write(tmp_path / "qwen3", tiny))
+    assert "norm_topk_prob = False, but examples/qwen3_moe.moe needs True" in err
+    tiny.config.update(norm_topk_prob=True, mlp_only_layers=None)
+    del tiny.config["num_hidden_layers"], tiny.config["decoder_sparse_step"]
+    loaded = compile_with_weights(EXAMPLES / "qwen3_moe.moe", open_checkpoint(write(tmp_path / "qwen3", tiny)), 1, {})
+    assert loaded.dims == tiny.dims
+    # Llama-4: K is 1, every layer is MoE
+    tiny = llama4(rng)
+    text = tiny.config["text_config"]
+    assert isinstance(text, dict)
+    del text["num_experts_per_tok"], text["interleave_moe_layer_step"]
+    loaded = compile_with_weights(EXAMPLES / "llama4.moe", open_checkpoint(write(tmp_path / "llama4", tiny)), 1, {})
+    assert loaded.dims == tiny.dims
+
+
+def test_config_keys_missing_or_of_the_wrong_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(0)
+    tiny = qwen3_moe(rng)
+    del tiny.config["num_experts"]
+    ckpt = write(tmp_path / "missing", tiny)
+    err = error(capsys, ckpt)
+    assert (f"{ckpt / 'config.json'}: no 'num_experts' or its alias 'num_local_experts' (the E dim of qwen3_moe.moe; "
+            "or give it with --set E=N)") in err
+    assert compile_with_weights(EXAMPLES / "qwen3_moe.moe", open_checkpoint(ckpt), 0, {"E": E}).program.dims["E"] == E
+    tiny = gpt_oss(rng)
+    del tiny.config["num_experts_per_tok"]
+    err = error(capsys, write(tmp_path / "k", tiny), "gpt_oss")
+    assert "no 'num_experts_per_tok' or its alias 'experts_per_token' (the K dim of gpt_oss.moe" in err
+    tiny = deepseek_v3(rng)
+    del tiny.config["moe_intermediate_size"]  # FS = moe_intermediate_size x n_shared_experts
+    err = error(capsys, write(tmp_path / "fs", tiny), "deepseek_v3", 0, "--set", f"F={F}")
+    assert "no 'moe_intermediate_size' (the FS dim of deepseek_v3.moe; or give it with --set FS=N)" in err
+    for key, value, message in (
+            ("n_group", None, "n_group = null, expected a positive integer"),
+            ("n_routed_experts", 0, "n_routed_experts = 0, expected a positive integer"),
+            ("topk_group", 1.0, "topk_group = 1.0, expected a positive integer"),
+            ("first_k_dense_replace", None,
+             "first_k_dense_replace = null, expected a value like transformers' default 3"),
+            ("norm_topk_prob", 1, "norm_topk_prob = 1, expected a value like transformers' default true"),
+            ("routed_scaling_factor", "2.5", "routed_scaling_factor = \"2.5\", expected a value like transformers' "
+                                             "default 2.5")):
+        tiny = deepseek_v3(rng)
+        tiny.config[key] = value
+        assert message in error(capsys, write(tmp_path / key, tiny), "deepseek_v3"), key
