@@ -115,6 +115,12 @@ class Machine:
         return self.clusters * self.slices * self.sram_bytes_per_slice
 
     @property
+    def cluster_sram_bytes(self) -> int:
+        """One cluster's SRAM: what one cluster's share of a schedule (an expert's weight tiles,
+        a token tile) is sized for."""
+        return self.slices * self.sram_bytes_per_slice
+
+    @property
     def hbm_bytes_per_cycle(self) -> float:
         return self.hbm_bytes_per_second / self.clock_hz
 

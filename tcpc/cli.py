@@ -26,7 +26,7 @@ from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline, pipeline_for
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline, pipeline_spec
 from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
@@ -97,7 +97,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "engine ops on whole tensors, scheduled adds the schedule level (loops, tiles, "
                         "buffers, DMA), planned is the scheduled IR with each op's simulated engine slot")
     c.add_argument("--seed", type=int, default=None, help="--emit planned: seed for the inputs (default 0)")
-    c.add_argument("--machine", default=None, help="--emit planned: machine file (default: RNGD)")
+    c.add_argument("--machine", default=None,
+                   help="the machine to compile for (TOML file or built-in name; default: RNGD): the module's "
+                        "target, which every pass tiles for; --emit planned also simulates on it")
     c.add_argument("--cost-only", action="store_true",
                    help="--emit planned: plan without values (real model sizes); the routing comes from --routing")
     c.add_argument("--routing", default=None, metavar="SCENARIO",
@@ -162,7 +164,7 @@ def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
     if emit == "lowered":
         return ",".join(LOWERED_PIPELINE)
     if emit == "planned" and args.machine is not None:
-        return pipeline_for(as_machine(args.machine))
+        return pipeline_spec()
     if emit in ("scheduled", "planned"):
         return ",".join(FULL_PIPELINE)
     return None
@@ -171,8 +173,7 @@ def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
 def check_compile_flags(args: argparse.Namespace) -> None:
     """Options that only `--emit planned` reads, and `--emit` levels that `-p` contradicts."""
     if args.emit != "planned":
-        for flag, value in (("--seed", args.seed), ("--machine", args.machine), ("--cost-only", args.cost_only),
-                            ("--routing", args.routing)):
+        for flag, value in (("--seed", args.seed), ("--cost-only", args.cost_only), ("--routing", args.routing)):
             if value not in (None, False):
                 raise UsageError(f"{flag} applies to --emit planned (the plan depends on it); nothing else reads it")
     elif args.print_ir_after_all:
@@ -219,7 +220,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         def after(p, module):
             if args.print_ir_after_all:
                 chunks.append(f"// -----// IR after {p.name} //----- //\n{print_ir(module, args.generic)}")
-        lowered = apply_pipeline(program.module, passes, after)
+        lowered = apply_pipeline(program.module, passes, after, machine=machine)
         if not args.print_ir_after_all:
             chunks.append(print_ir(lowered, args.generic))
     text = "".join(chunks)

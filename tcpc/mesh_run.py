@@ -158,7 +158,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
         return replace(simulate_on_mesh(program, replace(spec, topk=best), inputs, seed=seed, graph=graph,
                                         machine=mach, sram_policy=sram_policy), topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
-    module = program.lower(pipeline)
+    module = program.lower(pipeline, machine=mach.chip)
     if cost_only:
         if inputs:
             raise CompileError("cost-only simulation takes no inputs")

@@ -19,9 +19,10 @@ from xdsl.printer import Printer
 from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
+from target.target_spec import attach
 from tcpc.host_memory import check_fits
 from tcpc.parser import parse
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline, pipeline_for
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline, pipeline_spec
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -116,21 +117,21 @@ class Program:
         return print_ir(self.module, generic)
 
     def full_pipeline(self, machine: Machine | None = None) -> str:
-        """The passes of the full lowering (for `machine`; None: the default machine), or a
-        CompileError while they do not exist. An .mlir file's IR is taken as it is (no passes)
+        """The passes of the full lowering (the same for every machine: the passes read it from
+        the module's target), or a CompileError while they do not exist. An .mlir file's IR is taken as it is (no passes)
         unless a pipeline is given."""
         if self.is_ir:
             return ""
         if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-        return pipeline_for(as_machine(machine))
+        return pipeline_spec()
 
     def lower(self, pipeline: str | None = None, *, graph: str | None = None, machine: Machine | str | Path | None = None,
               routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering.
         A `lower-topk{strategy=auto}` is resolved first by the cost model (see `passes`)."""
         passes, _ = self.passes(pipeline, graph=graph, machine=machine, routing=routing, seed=seed)
-        return apply_pipeline(self.module, passes)
+        return apply_pipeline(self.module, passes, machine=None if machine is None else as_machine(machine))
 
     def passes(self, pipeline: str | None = None, *, graph: str | None = None, machine: Machine | str | Path | None = None,
                routing: str | Path = "balanced", seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
@@ -247,12 +248,12 @@ class Program:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")
             spec = ",".join(p for p in ("pin-routing", spec) if p)
-            module = apply_pipeline(self.module, [*parse_pipeline("pin-routing"), *passes])
+            module = apply_pipeline(self.module, [*parse_pipeline("pin-routing"), *passes], machine=mach)
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
                                         uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
             args: list[np.ndarray] = []
         else:
-            module = apply_pipeline(self.module, passes)
+            module = apply_pipeline(self.module, passes, machine=mach)
             check_fits(module, name, f"simulating graph '{name}' with values")
             args = prepare_inputs(function_in(module, name), inputs or {}, seed)
             result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
@@ -267,7 +268,8 @@ def compile_source(source: str, dims: Mapping[str, int | str] | None = None, fil
                    seed: int = 0) -> Program:
     """Parse and build a .moe program; `dims` overrides dim definitions like `--set`. Block
     sizes left to the compiler (`block=auto`, or a block that cannot fit) are chosen by the
-    cost model on `machine` with the routing scenario `routing` (tcpc/autotune.py)."""
+    cost model on `machine` with the routing scenario `routing` (tcpc/autotune.py). The module
+    targets `machine` (target/target_spec.py): the passes tile it for that machine."""
     # The AST transformer and the builder recurse a few frames per operator of an expression;
     # Python's default limit (1000) would stop a sum of ~200 terms.
     limit = sys.getrecursionlimit()
@@ -276,15 +278,19 @@ def compile_source(source: str, dims: Mapping[str, int | str] | None = None, fil
         ast = parse(source)
         values = evaluate_dims(ast.dims, dims or {})
         autos: list[AutoBlock] = []
-        module = build_module(ast, values, autos=autos)
+        target = as_machine(machine)
+
+        def build(blocks: Mapping[Loc, int] | None = None) -> ModuleOp:
+            module = build_module(ast, values, blocks, autos=autos if blocks is None else None)
+            attach(module, target)
+            return module
+
+        module = build()
         if not autos:
             return Program(filename, source, values, module)
         from tcpc.autotune import choose_blocks
 
-        def build(blocks: Mapping[Loc, int]) -> ModuleOp:
-            return build_module(ast, values, blocks)
-
-        blocks, choices = choose_blocks(autos, build, filename, as_machine(machine), routing, seed)
+        blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
         return Program(filename, source, values, build(blocks), choices=choices)
     except RecursionError:
         raise CompileError("expressions are nested too deeply; split them with assignments") from None

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tcpc.pipelines import FULL_PIPELINE, pipeline_for
+from tcpc.pipelines import FULL_PIPELINE, pipeline_spec
 from tcpc.progress import Progress
 
 if TYPE_CHECKING:
@@ -111,12 +111,10 @@ def _pass_key(where: str, key: str) -> str:
 def _check_pass_option(where: str, key: str, value: Any) -> None:
     """Build the pass with this option as a point's pipeline would write it, so a value the
     pass refuses (`strategy = "best"`) is the spec's error, not every point's."""
-    from target.machine import default_machine
     from tcpc.pipelines import PipelineError, parse_pipeline
 
     try:
-        parse_pipeline(pipeline_for(default_machine(), passes=(key.partition(".")[0],), topk_strategy=None,
-                                    options={key: value}))
+        parse_pipeline(pipeline_spec(passes=(key.partition(".")[0],), topk_strategy=None, options={key: value}))
     except PipelineError as e:
         raise SweepError(f"{where}: {e}") from None
 
@@ -397,7 +395,7 @@ def error_text(e: BaseException, point: Point) -> str:
 
 def run_point(point: Point) -> dict[str, Any]:
     """One point: compile, lower and simulate cost-only (a Dask task; never raises)."""
-    from tcpc.program import as_machine, compile_file
+    from tcpc.program import compile_file
 
     start = time.perf_counter()
     row: dict[str, Any] = {"key": point_key(point), **input_columns(point)}
@@ -407,8 +405,7 @@ def run_point(point: Point) -> dict[str, Any]:
             # a block=auto (or one that does not fit) is chosen for this point's machine and routing
             program = compile_file(point["program"], point["dims"], machine=machine, routing=point["routing"],
                                    seed=point["seed"])
-            chip = as_machine(machine)
-            pipeline = pipeline_for(chip, topk_strategy=None, options=point["pass_options"])
+            pipeline = pipeline_spec(topk_strategy=None, options=point["pass_options"])
             sim = program.simulate(cost_only=True, pipeline=pipeline, machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),
