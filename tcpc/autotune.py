@@ -33,7 +33,7 @@ from target.machine import Machine
 from runtime_sim.perf.report import Choice
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import FULL_PIPELINE, apply_pipeline, parse_pipeline, pipeline_spec
+from tcpc.pipelines import apply_pipeline, parse_pipeline, pipeline_spec
 
 BLOCK_SPREAD = 4
 """Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
@@ -110,14 +110,16 @@ def resolve_strategies(module: ModuleOp, passes: Sequence[ModulePass], functions
                        routing: str | Path = "balanced", seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
     """`passes` with every `lower-topk{strategy=auto}` replaced by the strategy of fewest
     cycles. Each strategy is costed fully lowered: the given passes, then the passes of the
-    full pipeline they do not name, in its order."""
+    full pipeline that they do not name, in its order, so a pipeline that stops
+    early (`--emit lowered`) chooses as the full one does."""
     resolved = list(passes)
     choices: list[Choice] = []
+    full = parse_pipeline(pipeline_spec(topk_strategy=None))
     for i, p in enumerate(resolved):
         if not (isinstance(p, LowerTopKPass) and p.strategy == AUTO_STRATEGY):
             continue
         named = {q.name for q in resolved}
-        rest = parse_pipeline(",".join(n for n in FULL_PIPELINE if n not in named))
+        rest = [q for q in full if q.name not in named]
 
         def cycles_of(strategy: str, i: int = i, p: LowerTopKPass = p) -> int:
             trial = [replace(p, strategy=strategy) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]

@@ -26,8 +26,8 @@ from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline, pipeline_spec
-from tcpc.program import Program, SimulationResult, as_machine, compile_file, print_ir
+from tcpc.pipelines import LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
+from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
 from tcpc.sweep import MAX_POINTS, SweepError
@@ -158,18 +158,6 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def passes_for(args: argparse.Namespace, emit: str | None) -> str | None:
-    if args.pipeline is not None:
-        return args.pipeline
-    if emit == "lowered":
-        return ",".join(LOWERED_PIPELINE)
-    if emit == "planned" and args.machine is not None:
-        return pipeline_spec()
-    if emit in ("scheduled", "planned"):
-        return ",".join(FULL_PIPELINE)
-    return None
-
-
 def check_compile_flags(args: argparse.Namespace) -> None:
     """Options that only `--emit planned` reads, and `--emit` levels that `-p` contradicts."""
     if args.emit != "planned":
@@ -192,29 +180,34 @@ def cmd_compile(args: argparse.Namespace) -> int:
     machine = as_machine(args.machine)
     routing = args.routing or "balanced"
     program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
-    spec = passes_for(args, args.emit)
+    spec = args.pipeline
     if args.mesh is not None:
         if args.emit == "planned" or args.pipeline is not None:
             raise UsageError("--mesh prints the sharded graph, or with --emit lowered or scheduled a chip's program at "
                              "that level; not with -p or --emit planned")
         spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit in ("lowered", "scheduled"),
                                                   scheduled=args.emit == "scheduled")
-    chunks: list[str] = [f"// chose {c.describe()}\n" for c in program.choices]
+    chunks: list[str] = []
     if args.emit == "planned":
         seed = args.seed or 0
+        planned = program.planned(seed=seed, machine=machine, pipeline=args.pipeline,
+                                  cost_only=args.cost_only, routing=routing)
+        # the plan's own choices (Program.passes keeps them): the first graph's, for its routing
+        _, choices = program.passes(args.pipeline, graph=program.graph_names[0], machine=machine,
+                                    routing=choice_routing(args.cost_only, routing), seed=seed)
         given = f"the IR after {args.pipeline}" if args.pipeline is not None else "the full pipeline"
         values = (f"without values, for the {args.routing or 'balanced'} routing (cost-only)" if args.cost_only
                   else f"for the inputs drawn from seed {seed}")
+        chunks += [f"// chose {c.describe()}\n" for c in choices]
         chunks.append(f"// planned: {given}, each op with the slot the simulator scheduled it in\n"
                       f"// (tcpc.plan), {values}\n")
-        planned = program.planned(seed=seed, machine=machine, pipeline=args.pipeline,
-                                  cost_only=args.cost_only, routing=routing)
         chunks.append(print_ir(planned, args.generic))
-    elif spec is None:
+    elif spec is None and args.emit in (None, "graph"):
+        chunks += [f"// chose {c.describe()}\n" for c in program.choices]
         chunks.append(print_ir(program.module, args.generic))
-    else:
-        passes, strategies = program.passes(spec, machine=machine, routing=routing)
-        chunks += [f"// chose {c.describe()}\n" for c in strategies]
+    else:  # as `tcpc run` resolves every auto: on --machine (default RNGD), for balanced routing
+        passes, choices = program.passes(spec, level=args.emit or "scheduled", machine=machine, routing=routing)
+        chunks += [f"// chose {c.describe()}\n" for c in choices]
         if args.print_ir_after_all:
             chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic)}")
         def after(p, module):
@@ -414,7 +407,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             level = "the IR as given, not simulated" if program.is_ir else "reference (graph-level IR)"
         print(f"graph {name} from {args.file}, {level}, seed {args.seed}")
-        for choice in program.choices:
+        # the choices `program.run` lowered with (Program.passes keeps them)
+        for choice in program.choices if args.pipeline is None else program.passes(args.pipeline)[1]:
             print(f"  chose {choice.describe()}")
         outputs, report = result.outputs, None
     else:

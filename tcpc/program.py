@@ -88,6 +88,17 @@ def as_machine(machine: Machine | str | Path | None) -> Machine:
     return load_machine(machine)
 
 
+LEVELS: dict[str, tuple[str, ...]] = {"lowered": LOWERED_PIPELINE, "scheduled": FULL_PIPELINE}
+"""The levels of the full lowering that `tcpc compile --emit` prints: the engine ops on whole
+tensors, and with the schedule level (what `tcpc run` simulates)."""
+
+
+def choice_routing(cost_only: bool, routing: str | Path) -> str | Path:
+    """The routing scenario a simulation's `auto` choices are costed for: a cost-only run's
+    own; with values the routing follows the data, unknown before the run, so balanced."""
+    return routing if cost_only else "balanced"
+
+
 @dataclass
 class Program:
     """A compiled .moe file: its dims and its graph-level IR (one func.func per graph); or an
@@ -116,32 +127,43 @@ class Program:
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
 
-    def full_pipeline(self, machine: Machine | None = None) -> str:
-        """The passes of the full lowering (the same for every machine: the passes read it from
-        the module's target), or a CompileError while they do not exist. An .mlir file's IR is taken as it is (no passes)
-        unless a pipeline is given."""
+    def full_pipeline(self, machine: Machine | None = None, level: str = "scheduled") -> str:
+        """The passes of the full lowering up to `level` (LEVELS; `scheduled`, what `tcpc run`
+        simulates), lower-topk's strategy left to the cost model (the same for every machine:
+        the passes read it from the module's target); or a CompileError while they do not
+        exist. An .mlir file's IR is taken as it is (no passes) unless a pipeline is given."""
+        if level not in LEVELS:
+            raise ValueError(f"level {level!r}: expected {' or '.join(LEVELS)}")
         if self.is_ir:
             return ""
         if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-        return pipeline_spec()
+        return pipeline_spec(LEVELS[level])
 
-    def lower(self, pipeline: str | None = None, *, graph: str | None = None, machine: Machine | str | Path | None = None,
-              routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
-        """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering.
-        A `lower-topk{strategy=auto}` is resolved first by the cost model (see `passes`)."""
-        passes, _ = self.passes(pipeline, graph=graph, machine=machine, routing=routing, seed=seed)
+    def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
+              machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
+        """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering
+        up to `level`: what `tcpc compile --emit LEVEL` prints. Every `auto` is resolved first
+        by the cost model (see `passes`); with `machine`, the IR is compiled for it."""
+        passes, _ = self.passes(pipeline, level=level, graph=graph, machine=machine, routing=routing, seed=seed)
         return apply_pipeline(self.module, passes, machine=None if machine is None else as_machine(machine))
 
-    def passes(self, pipeline: str | None = None, *, graph: str | None = None, machine: Machine | str | Path | None = None,
-               routing: str | Path = "balanced", seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
-        """The passes of `pipeline` (default: the full pipeline), each `lower-topk{strategy=auto}`
-        replaced by the strategy of fewer cycles for `graph` (default: every graph) on `machine`
-        with the routing scenario `routing` (tcpc/autotune.py), and those choices."""
-        spec = self.full_pipeline(None if machine is None else as_machine(machine)) if pipeline is None else pipeline
+    def passes(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
+               machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
+               seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
+        """The passes of `pipeline` (default: the full pipeline up to `level`), each
+        `lower-topk{strategy=auto}` replaced by the strategy of fewer cycles for `graph`
+        (default: every graph) on `machine` with the routing scenario `routing`
+        (tcpc/autotune.py); and every choice the cost model made for that IR: the program's
+        block sizes (made when it was compiled), then the strategies.
+
+        The one resolution of `auto` that `tcpc compile` (every level, `-p`), `tcpc run`,
+        `tcpc sweep` and `simulate`/`planned`/`lower` share, so each prints and costs the
+        same program for the same machine and routing."""
+        spec = self.full_pipeline(None if machine is None else as_machine(machine), level) if pipeline is None else pipeline
         passes = parse_pipeline(spec)  # PipelineError if malformed
         if not any(getattr(p, "strategy", None) == "auto" and p.name == "lower-topk" for p in passes):
-            return passes, []
+            return passes, list(self.choices)
         key = (spec, graph, repr(as_machine(machine)), str(routing), seed)
         if key not in self._resolved:
             from tcpc.autotune import resolve_strategies
@@ -149,7 +171,7 @@ class Program:
             functions = [self.function(graph).sym_name.data] if graph else self.graph_names
             self._resolved[key] = resolve_strategies(self.module, passes, functions, as_machine(machine), routing, seed)
         resolved, choices = self._resolved[key]
-        return list(resolved), list(choices)
+        return list(resolved), [*self.choices, *choices]
 
     def run(
         self,
@@ -237,13 +259,12 @@ class Program:
         name = self.function(graph).sym_name.data
         mach = as_machine(machine)
         spec = self.full_pipeline(mach) if pipeline is None else pipeline
-        # With values the routing follows the data; strategies are costed for balanced routing.
-        scenario = routing if cost_only else "balanced"
         if not cost_only:  # before any costing: a strategy=auto costs the lowered program
             check_fits(self.module, name, f"simulating graph '{name}' with values")
-        passes, choices = self.passes(spec, graph=name, machine=mach, routing=scenario, seed=seed)
+        passes, choices = self.passes(spec, graph=name, machine=mach, routing=choice_routing(cost_only, routing), seed=seed)
         for choice in choices:  # the pipeline as run, for the report's first line
-            spec = spec.replace("strategy=auto", f"strategy={choice.chosen}", 1)
+            if choice.what == "lower-topk strategy":
+                spec = spec.replace("strategy=auto", f"strategy={choice.chosen}", 1)
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")
@@ -258,7 +279,7 @@ class Program:
             args = prepare_inputs(function_in(module, name), inputs or {}, seed)
             result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
                               uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
-        result.report.choices = [*self.choices, *choices]
+        result.report.choices = choices
         result.report.loops = tile_loops(module, name)
         return module, spec, args, result
 

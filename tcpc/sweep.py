@@ -405,7 +405,9 @@ def run_point(point: Point) -> dict[str, Any]:
             # a block=auto (or one that does not fit) is chosen for this point's machine and routing
             program = compile_file(point["program"], point["dims"], machine=machine, routing=point["routing"],
                                    seed=point["seed"])
-            pipeline = pipeline_spec(topk_strategy=None, options=point["pass_options"])
+            # `tcpc run --cost-only`'s pipeline (strategy=auto resolved by Program.simulate) unless
+            # the point's pass options name other values
+            pipeline = pipeline_spec(options=point["pass_options"])
             sim = program.simulate(cost_only=True, pipeline=pipeline, machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),

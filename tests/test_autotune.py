@@ -8,7 +8,10 @@ twice), so they hold as the cost model moves.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +24,8 @@ from tcpc.builder import AutoBlock
 from tcpc.cli import main
 from tcpc.diagnostics import Loc
 from tcpc.pipelines import FULL_PIPELINE
+from tcpc.program import LEVELS, print_ir
+from tcpc.sweep import chosen_block
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FAMILIES = sorted(p.name for p in EXAMPLES.glob("*.moe"))
@@ -225,9 +230,92 @@ def test_tcpc_opt_refuses_strategy_auto(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_the_sweeps_block_size_column_is_the_choice() -> None:
-    from tcpc.sweep import chosen_block
+# --- one resolution of auto: compile, run, sweep and the API -------------------------------------
 
+TOY = EXAMPLES / "toy.moe"
+ROUNDS_WINS = {"E": 128, "K": 1}
+"""The toy at 128 experts, top-1: one round of reduce-max beats rank's [T, E, E] compare, so
+strategy=auto picks the strategy that is not the pass's default."""
+
+
+def sets(dims: dict[str, int]) -> list[str]:
+    return [arg for name, value in dims.items() for arg in ("--set", f"{name}={value}")]
+
+
+@pytest.fixture(scope="module")
+def toy_run() -> tuple[str, str]:
+    """`tcpc run` (with values) where rounds wins: the pipeline as run and its choice line."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["run", str(TOY), *sets(ROUNDS_WINS)]) == 0
+    header, choice = out.getvalue().splitlines()[:2]
+    pipeline = header.split(", after ", 1)[1].split(", simulated on ", 1)[0]
+    assert "lower-topk{strategy=rounds}" in pipeline and choice.startswith("  chose lower-topk strategy rounds ")
+    return pipeline, choice.strip()
+
+
+@pytest.mark.parametrize("level", ["lowered", "scheduled"])
+def test_compile_prints_the_program_run_simulates(level: str, toy_run: tuple[str, str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`--emit lowered|scheduled` resolves strategy=auto as `tcpc run` does (default machine,
+    balanced routing), says so in a `// chose` line, and prints the IR of the passes run ran."""
+    pipeline, choice = toy_run
+    assert main(["compile", str(TOY), *sets(ROUNDS_WINS), "--emit", level]) == 0
+    first, ir = capsys.readouterr().out.split("\n", 1)
+    assert first == f"// {choice}" and "(balanced routing)" in first
+    assert "tensor<4x128x128xi32>" not in ir  # not rank's all-pairs compare
+    as_run = ",".join(pipeline.split(",")[:len(LEVELS[level])])
+    assert main(["compile", str(TOY), *sets(ROUNDS_WINS), "-p", as_run]) == 0
+    assert capsys.readouterr().out == ir
+
+
+def test_compile_emit_planned_states_its_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan's choices are the cost-only run's, for its routing."""
+    sim = tcpc.compile_file(TOY, ROUNDS_WINS).simulate(cost_only=True, routing="skewed")
+    assert main(["compile", str(TOY), *sets(ROUNDS_WINS), "--emit", "planned", "--cost-only", "--routing", "skewed"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("".join(f"// chose {c.describe()}\n" for c in sim.report.choices) + "// planned: ")
+    assert "(skewed routing)" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("dims, routing", [(ROUNDS_WINS, "balanced"), ({"T": 1}, "skewed")])
+def test_a_sweep_point_costs_what_run_and_the_api_cost(dims: dict[str, int], routing: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep point costs what `tcpc run --cost-only` and `Program.simulate` cost at the same
+    point: one resolution of every auto (rounds chosen; at T = 1 the block and rank, for the
+    skewed routing)."""
+    from tcpc.sweep import load_spec, run_point
+
+    spec = tmp_path / "point.toml"
+    spec.write_text(f"program = {json.dumps(str(TOY))}\nrouting = {json.dumps(routing)}\n[dims]\n"
+                    + "".join(f"{name} = {value}\n" for name, value in dims.items()))
+    (point,) = load_spec(spec).points
+    row = run_point(point)
+    assert row["status"] == "ok", row["error"]
+    assert main(["run", str(TOY), *sets(dims), "--cost-only", "--routing", routing]) == 0
+    cycles = re.search(r"^cycles: ([0-9,]+) ", capsys.readouterr().out, re.MULTILINE)
+    api = tcpc.compile_file(TOY, dims, routing=routing).simulate(cost_only=True, routing=routing)
+    assert cycles is not None and row["total_cycles"] == int(cycles[1].replace(",", "")) == api.report.total_cycles
+    strategy = next(c for c in api.report.choices if c.what == "lower-topk strategy")
+    assert strategy.chosen == ("rounds" if dims == ROUNDS_WINS else "rank")
+    assert row["block_size"] == chosen_block(api.report)
+
+
+@pytest.mark.parametrize("machine", [None, "rngd-cluster"])
+def test_every_level_resolves_auto_as_the_run(machine: str | None) -> None:
+    """Program.passes at the lowered level costs each strategy through the machine's own full
+    pipeline, so it chooses what the run on that machine chooses."""
+    program = tcpc.compile_file(TOY, ROUNDS_WINS)
+    _, lowered = program.passes(level="lowered", machine=machine)
+    sim = program.simulate(machine=machine, cost_only=True)
+    assert lowered == sim.report.choices and lowered[0].chosen == "rounds"
+    as_run = ",".join(sim.pipeline.split(",")[1:len(LEVELS["lowered"]) + 1])  # after pin-routing
+    assert print_ir(program.lower(level="lowered", machine=machine)) == print_ir(program.lower(as_run))
+    with pytest.raises(ValueError, match="level 'planned': expected lowered or scheduled"):
+        program.passes(level="planned")
+
+
+def test_the_sweeps_block_size_column_is_the_choice() -> None:
     decode = tcpc.compile_file(EXAMPLES / "toy.moe", {"T": 1}).simulate(cost_only=True)
     assert chosen_block(decode.report) == 1
     assert chosen_block(tcpc.compile_file(EXAMPLES / "toy.moe").simulate(cost_only=True).report) is None

@@ -186,12 +186,12 @@ def test_chrome_trace_has_one_track_per_engine_unit() -> None:
     trace = json.loads(json.dumps(report.chrome_trace()))
     events = trace["traceEvents"]
     threads = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert "tensor" in threads.values() and "dma0" in threads.values()
+    assert "tensor unit 0" in threads.values() and "dma 0" in threads.values()
     spans = [e for e in events if e["ph"] == "X"]
     assert len(spans) == len(report.ops)
     for e in spans:
         assert e["tid"] in threads and e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] == 1
-    assert {threads[e["tid"]] for e in spans if e["cat"] == "tensor"} == {"tensor"}
+    assert {threads[e["tid"]] for e in spans if e["cat"] == "tensor"} == {"tensor unit 0"}
     end = max(e["ts"] + e["dur"] for e in spans)
     assert end == pytest.approx(report.microseconds)
 
@@ -340,12 +340,13 @@ def test_large_transfers_are_split_over_the_dma_engines(tmp_path: Path) -> None:
 
 def test_a_command_on_several_units_ends_with_its_last_part() -> None:
     """`big` runs a part on each of the eight units: seven start at once, the eighth when `a`
-    frees unit 0, and `big` ends with it; each part frees its own unit, so `c` runs on one of
-    the seven at 50."""
+    frees unit 0, and `big` ends with it (`part_starts` says when each began); each part frees
+    its own unit, so `c` runs on one of the seven at 50."""
     tasks = [Task(0, "a", "dma", 100), Task(1, "big", "dma", 50, units=8), Task(2, "c", "dma", 10)]
     s = schedule(tasks, UNITS)
     assert (s.slots[1].start, s.slots[1].end) == (100, 150)
     assert s.slots[1].units == tuple(range(8)) and s.slots[1].unit == 0
+    assert s.slots[1].part_starts == (100,) + (0,) * 7 and s.slots[0].part_starts == ()
     assert s.slots[2].start == 50 and s.slots[2].unit != 0
     assert s.busy["dma"] == 100 + 8 * 50 + 10
     assert s.critical_path == [0, 1]

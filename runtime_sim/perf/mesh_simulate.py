@@ -143,6 +143,8 @@ class LinkRecord:
     """Cycles the chip waited for the last chip of its group to reach the collective."""
     start: int
     end: int
+    key: int
+    """The collective's command in the chip's report (its op record and trace event)."""
 
 
 @dataclass
@@ -222,23 +224,15 @@ class MeshReport:
         }
 
     def chrome_trace(self) -> dict[str, Any]:
-        """One process per chip: its engines' tracks (as on one chip) and its link."""
+        """One process per chip, `chip c`: its engines' and its link's tracks, as on one chip
+        (SimReport.trace_events), a collective's event with its link figures."""
         events: list[dict[str, Any]] = []
-        to_us = self.machine.chip.cycles_to_us
         for c, report in enumerate(self.chips):
-            for e in report.chrome_trace()["traceEvents"]:
-                e = dict(e, pid=c + 1)
-                if e.get("name") == "process_name":
-                    e["args"] = {"name": f"chip {c}"}
-                events.append(e)
-            tid = 100
-            events.append({"ph": "M", "pid": c + 1, "tid": tid, "name": "thread_name", "args": {"name": "link"}})
-            for x in (x for x in self.links if x.chip == c):
-                events.append({"ph": "X", "pid": c + 1, "tid": tid, "name": x.label, "cat": "link",
-                               "ts": to_us(x.start), "dur": to_us(x.end - x.start),
-                               "args": {"busy_cycles": x.busy_cycles, "wait_cycles": x.wait_cycles,
-                                        "sent_bytes": x.sent_bytes, "received_bytes": x.received_bytes}})
-        return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"total_cycles": self.total_cycles}}
+            links = {x.key: {"busy_cycles": x.busy_cycles, "wait_cycles": x.wait_cycles, "sent_bytes": x.sent_bytes,
+                             "received_bytes": x.received_bytes} for x in self.links if x.chip == c}
+            events += report.trace_events(c + 1, f"chip {c}", links)
+        return {"traceEvents": events, "displayTimeUnit": "ns",
+                "otherData": {"total_cycles": self.total_cycles, "clock_hz": self.machine.chip.clock_hz}}
 
 
 @dataclass
@@ -366,5 +360,5 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             flows = [traffics[g].traffic[j] for g in group]
             received = (sum(f.sent[t.me] for f in flows) if t.op == "ccl.all_to_all" else sum(t.sent))
             links.append(LinkRecord(c, j, t.op, record.label, sum(t.sent), received, busy[c][j], wait[c][j],
-                                    record.start, record.end))
+                                    record.start, record.end, key))
     return MeshReport(machine, mesh, reports, links)

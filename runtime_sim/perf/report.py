@@ -1,10 +1,11 @@
 """What a simulation reports: totals, the roofline, per-op, per-engine and per-phase records,
-as text, as JSON for tools, and as a Chrome trace (one track per engine unit) that Perfetto opens.
+as text, as JSON for tools, and as a Chrome trace (one track per unit of every engine) that
+Perfetto opens.
 
 Cycles by phase (the `tcpc.phase` of each op, dialects/annotations.py; a spill, reload or stream
 command counts in the phase of the command it serves) are given two ways:
 - `busy_cycles`: the engine cycles of the phase's commands, every engine and unit summed (the
-  tensor unit and the eight DMA engines); the phases' busy cycles sum to the engines' busy
+  tensor units and the eight DMA engines); the phases' busy cycles sum to the engines' busy
   cycles, which may exceed the total when engines overlap;
 - `critical_cycles`: the cycles of the phase's commands on the critical path. The critical
   path runs back to back from cycle 0 to the end, so these sum exactly to the total cycles:
@@ -13,12 +14,13 @@ command counts in the phase of the command it serves) are given two ways:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
 from dialects.annotations import PHASES
-from runtime_sim.perf.cost_model import flop_cycles
+from runtime_sim.perf.cost_model import TENSOR, flop_cycles
 from target.machine import Machine
 from runtime_sim.perf.memory_plan import Spill, Stream
 
@@ -45,6 +47,9 @@ class OpRecord:
     units: tuple[int, ...] = (0,)
     """Every unit of its engine the command occupies (`unit` is the first): a large DMA
     command runs its parts on several DMA engines at once."""
+    part_starts: tuple[int, ...] = ()
+    """For a command on several units, when its part on each of `units` started (each part
+    starts when its unit frees; `start` is the last one's); empty for a command on one unit."""
 
     @property
     def engine_cycles(self) -> int:
@@ -293,35 +298,60 @@ class SimReport:
         return "\n".join(lines) + "\n"
 
     def chrome_trace(self) -> dict[str, Any]:
-        """Chrome trace JSON: one thread per engine unit, times in microseconds."""
-        pid = 1
-        tids: dict[tuple[str, int], int] = {("tensor", 0): 1}
-        for u in range(self.machine.dma_engines):
-            tids[("dma", u)] = 2 + u
+        """Chrome trace JSON (Perfetto opens it): this run as one process, `trace_events`."""
+        return {"traceEvents": self.trace_events(1, f"tcpc on {self.machine.name}"), "displayTimeUnit": "ns",
+                "otherData": {"total_cycles": self.total_cycles, "clock_hz": self.clock_hz}}
+
+    def trace_events(self, pid: int, process: str,
+                     extra_args: Mapping[int, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The run's trace events as process `pid` named `process`: a named track (thread) per
+        unit of every engine that has units, in the engines' order (`track_name`), and a complete
+        event per command and unit it occupies, at the time its part ran there; zero-cost ops
+        run on no engine and are left out. `extra_args` adds to the arguments of the command of
+        a key (a mesh chip's link figures)."""
         events: list[dict[str, Any]] = [
-            {"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
-             "args": {"name": f"tcpc on {self.machine.name}"}},
+            {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": process}},
+            {"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": pid}},
         ]
-        for (engine, unit), tid in tids.items():
-            name = engine if engine == "tensor" else f"{engine}{unit}"
-            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
-            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
-        to_us = self.machine.cycles_to_us
+        tids: dict[tuple[str, int], int] = {}
+        for e in self.engines:
+            for unit in range(e.units or 0):
+                tid = tids[(e.name, unit)] = len(tids) + 1
+                events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                               "args": {"name": track_name(e.name, unit, e.units or 0)}})
+                events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
+                               "args": {"sort_index": tid}})
+        extra_args = extra_args or {}
         for o in self.ops:
-            for i, unit in enumerate(o.units):  # a command on several units shows on each
+            starts = o.part_starts or (o.start,) * len(o.units)
+            for i, (unit, start) in enumerate(zip(o.units, starts)):  # a command on several units shows on each
                 tid = tids.get((o.engine, unit))
                 if tid is None:  # zero-cost ops run on no engine
                     continue
                 name = o.label if len(o.units) == 1 else f"{o.label} ({i + 1}/{len(o.units)})"
+                ts, dur = self._trace_span(start, o.cycles)
                 events.append({
-                    "ph": "X", "pid": pid, "tid": tid, "name": name, "cat": o.engine,
-                    "ts": to_us(o.start), "dur": to_us(o.cycles),
-                    "args": {"key": o.key, "cycles": o.cycles, "start_cycle": o.start, "bytes": o.bytes,
+                    "ph": "X", "pid": pid, "tid": tid, "name": name, "cat": o.engine, "ts": ts, "dur": dur,
+                    "args": {"key": o.key, "cycles": o.cycles, "start_cycle": start, "bytes": o.bytes,
                              "hbm_bytes": o.hbm_bytes, "flops": o.flops, "bound": o.bound, "phase": o.phase,
-                             "units": len(o.units)},
+                             "units": len(o.units), **extra_args.get(o.key, {})},
                 })
-        return {"traceEvents": events, "displayTimeUnit": "ns",
-                "otherData": {"total_cycles": self.total_cycles, "clock_hz": self.clock_hz}}
+        return events
+
+    def _trace_span(self, start: int, cycles: int) -> tuple[float, float]:
+        """(ts, dur) in microseconds, the Chrome format's unit, each a whole number of
+        nanoseconds: Perfetto rounds both to the nanosecond, and a slice that then overlapped
+        the next one on its track (end rounded up, next start down) would be dropped."""
+        begin, end = (round(self.machine.cycles_to_us(c) * 1000) for c in (start, start + cycles))
+        return begin / 1000, (end - begin) / 1000
+
+
+def track_name(engine: str, unit: int, units: int) -> str:
+    """A trace track's name: `tensor unit 1` (cluster 1's), `dma 3`; an engine of one unit
+    other than the tensor unit (a mesh chip's link) is its name alone."""
+    if engine == TENSOR:
+        return f"tensor unit {unit}"
+    return engine if units == 1 else f"{engine} {unit}"
 
 
 def _size(n: int) -> str:

@@ -79,6 +79,10 @@ class Slot:
     end: int
     units: tuple[int, ...] = (0,)
     """Every unit the command occupies, ascending."""
+    part_starts: tuple[int, ...] = ()
+    """For a command on several units, when its part on each of `units` started (a part
+    starts as soon as its unit frees, so only the last one starts at `start`); empty for a
+    command on one unit."""
 
 
 @dataclass
@@ -209,7 +213,8 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
         elif data_setter is not None:
             setter[t.key] = data_setter
         preds[t.key] = into
-        slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + cycles, taken)
+        parts = tuple(part_start.get((t.key, u), start) for u in taken) if len(taken) > 1 else ()
+        slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + cycles, taken, parts)
         busy[t.engine] += cycles * len(taken)
     makespan = max((s.end for s in slots.values()), default=0)
     path, on_path = _critical_path(setter, main_unit, part_start, part_setter, slots, makespan)

@@ -161,7 +161,8 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
             name, cost, phase = traced.name, plan.cost(trace, task.key), traced.phase
         slot = sched.slots[task.key]
         records.append(OpRecord(task.key, task.label, name, cost.engine, slot.unit, slot.start, slot.end,
-                                slot.end - slot.start, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound, phase, slot.units))
+                                slot.end - slot.start, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound, phase, slot.units,
+                                slot.part_starts))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
     # The layer's own HBM traffic: its commands as traced, without the plan's spills, reloads
     # and streams (the cost of SRAM pressure, which the ratio to the roofline then shows).
