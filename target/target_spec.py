@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from xdsl.dialects.builtin import Float64Type, FloatAttr, IntegerAttr, ModuleOp, StringAttr, i64
-from xdsl.dialects.dlti import TargetDeviceSpecAttr, TargetSystemSpecAttr
+from xdsl.dialects.builtin import ArrayAttr, Float64Type, FloatAttr, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.dlti import DataLayoutEntryAttr, TargetDeviceSpecAttr, TargetSystemSpecAttr
 from xdsl.ir import Attribute, Operation
 
 from target.machine import SCHEMA, Machine, MachineError, default_machine
@@ -42,7 +42,7 @@ def attach(module: ModuleOp, machine: Machine) -> None:
 
 def with_target(module: ModuleOp, machine: Machine) -> ModuleOp:
     """`module` itself when its target is `machine` already, else a copy targeting it."""
-    if module.attributes.get(TARGET_ATTR) == TargetSystemSpecAttr({DEVICE: device_spec(machine)}):
+    if _key(module.attributes.get(TARGET_ATTR)) == _key(TargetSystemSpecAttr({DEVICE: device_spec(machine)})):
         return module
     copy = module.clone()
     attach(copy, machine)
@@ -57,11 +57,6 @@ def machine_of(op: Operation) -> Machine:
     spec = top.attributes.get(TARGET_ATTR)
     if spec is None:
         return default_machine()
-    return _machine(spec)
-
-
-@cache
-def _machine(spec: Attribute) -> Machine:
     if not isinstance(spec, TargetSystemSpecAttr):
         raise MachineError(f"{TARGET_ATTR}: expected #dlti.target_system_spec<...>, got {spec}")
     try:
@@ -70,6 +65,22 @@ def _machine(spec: Attribute) -> Machine:
         raise MachineError(f"{TARGET_ATTR}: no device \"{DEVICE}\"") from None
     if not isinstance(device, TargetDeviceSpecAttr):
         raise MachineError(f"{TARGET_ATTR} \"{DEVICE}\": expected #dlti.target_device_spec<...>")
+    return _machine(device.entries)
+
+
+def _key(spec: Attribute | None) -> object:
+    """What identifies a target system spec: xDSL 0.74's DLTI attributes compare (and hash)
+    equal whatever their entries, so the entries themselves are compared."""
+    if not isinstance(spec, TargetSystemSpecAttr):
+        return spec
+    return tuple((e.key, e.value.entries if isinstance(e.value, TargetDeviceSpecAttr) else e.value)
+                 for e in spec.entries)
+
+
+@cache
+def _machine(entries: ArrayAttr[DataLayoutEntryAttr]) -> Machine:
+    """The machine of a device spec's entries (an ArrayAttr, which compares by value; see _key)."""
+    device = TargetDeviceSpecAttr(entries)
     values: dict[str, int | float] = {}
     for name, f in SCHEMA.items():
         key = f"{f.section}.{f.key}"
