@@ -7,7 +7,7 @@ cards, a2a against a2a_sum and allgather, balanced against skewed routing, on th
 
 Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
-default mesh machine (runtime_sim/perf/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
+default mesh machine (target/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle PCIe
 link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes
 25 of these combinations (`runs`), `--full` all of them. A row may split every expert over
 tp chips as well (`--mesh ep=N/tp,tp=...`: the tp chips of a group share their T tokens). The
@@ -56,7 +56,7 @@ from tcpc.autotune import choose_block  # noqa: E402
 from tcpc.builder import AutoBlock  # noqa: E402
 from tcpc.diagnostics import Loc  # noqa: E402
 from tcpc.program import function_in  # noqa: E402
-from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
+from target.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
 from runtime_sim.perf.mesh_simulate import MeshReport  # noqa: E402
 from dialects.annotations import PHASES  # noqa: E402
 from tcpc.mesh_run import MeshSpec, simulate_on_mesh  # noqa: E402

@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 import tcpc  # noqa: E402
 from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
-from runtime_sim.perf.machine import Machine, default_machine  # noqa: E402
+from target.machine import Machine, default_machine  # noqa: E402
 
 LAYER = ROOT / "examples" / "mixtral.moe"
 DIMS: dict[str, int] = dict(D=1024, F=512, E=64, K=8, B=32)

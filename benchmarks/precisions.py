@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 import tcpc  # noqa: E402
 from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
-from runtime_sim.perf.machine import Machine, load_machine  # noqa: E402
+from target.machine import Machine, load_machine  # noqa: E402
 from tcpc.pipelines import apply_pipeline  # noqa: E402
 
 

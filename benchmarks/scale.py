@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 from xdsl.dialects.builtin import ModuleOp  # noqa: E402
 from xdsl.parser import Parser  # noqa: E402
 
-from runtime_sim.perf.machine import Machine, default_machine  # noqa: E402
+from target.machine import Machine, default_machine  # noqa: E402
 from runtime_sim.perf.simulate import SimResult, simulate  # noqa: E402
 from tcpc.pipelines import make_context  # noqa: E402
 

@@ -27,6 +27,8 @@ from dialects.annotations import PHASE_ATTR
 from dialects.tensor_types import stored_bytes
 from passes.cluster_copies import pin, reacher, read_in_place
 from passes.loop_builder import constant_index, in_hbm, index_constant
+from target.machine import Machine
+from target.target_spec import machine_of
 
 
 def token_loops(block: Block) -> list[scf.ForOp]:
@@ -42,18 +44,22 @@ def _bytes(value: SSAValue) -> int:
     return stored_bytes(value.type)
 
 
-VECTOR_BYTES_PER_COPIED_BYTE = 8
-"""A compile-time rule of thumb, not a cost (the pass sees no machine): a token tile goes to
-another cluster only when its vector ops make at least this many bytes per byte copied between
-the clusters for it. A cluster's vector engine streams a 32-byte flit per slice per cycle over
-256 slices (4-way float stages: half that; docs/hardware.md#vector-engine), the chip's 8 DMA
-engines 256 B per cycle each, and a DM -> DM copy reads and writes in turn
-(docs/hardware.md#moving-data): a copied byte takes the time of about 4 to 8 vector bytes,
-before each copy's ~500-cycle start-up. Llama-4-Scout's router at T = 4096 took 68,336 cycles
-on one cluster and 125,578 split with copies of its [T, D] scaled input."""
+def vector_bytes_per_copied_byte(machine: Machine) -> int:
+    """A compile-time rule of thumb, not a cost: a token tile goes to another cluster only when
+    its vector ops make at least this many bytes per byte copied between the clusters for it.
+    A cluster's vector engine streams a flit per slice per cycle (4-way float stages: half
+    that; docs/hardware.md#vector-engine), the chip's DMA engines their bytes per cycle each,
+    and a DM -> DM copy reads and writes in turn (docs/hardware.md#moving-data): on RNGD a
+    copied byte takes the time of about 4 to 8 vector bytes (32 B x 256 slices over 8 x 256 B
+    / 2), before each copy's ~500-cycle start-up; the rule takes the 8. Llama-4-Scout's router
+    at T = 4096 took 68,336 cycles on one cluster and 125,578 split with copies of its [T, D]
+    scaled input."""
+    vector = machine.flit_bytes * machine.slices
+    copy = machine.dma_engines * machine.dma_bytes_per_cycle / 2
+    return max(1, round(vector / copy))
 
 
-def worth_splitting(loop: scf.ForOp) -> bool:
+def worth_splitting(loop: scf.ForOp, machine: Machine) -> bool:
     """Whether a tile of `loop` on another cluster saves more than it costs.
 
     No when the loop gathers rows from HBM (the combine): its time is the gather's HBM traffic,
@@ -61,7 +67,7 @@ def worth_splitting(loop: scf.ForOp) -> bool:
     second cluster adds only the copies between them (Qwen3-30B-A3B at T = 4096: combine
     93,679 -> 148,465 cycles when split). No when what crosses the clusters for a tile (the SRAM
     tiles it slices, copied to it, and the tiles it stores into SRAM buffers, copied back)
-    is more than a `VECTOR_BYTES_PER_COPIED_BYTE`-th of what its vector-engine ops make
+    is more than a `vector_bytes_per_copied_byte`-th of what its vector-engine ops make
     (Llama-4's router, which scales each token's whole input row by its routing weight)."""
     body = loop.body.block
     made = crossing = 0
@@ -74,7 +80,7 @@ def worth_splitting(loop: scf.ForOp) -> bool:
             crossing += 0 if _stores_to_hbm(op, loop) else _bytes(op.tile)
         elif op.dialect_name() == "ve":
             made += sum(_bytes(r) for r in op.results)
-    return made >= VECTOR_BYTES_PER_COPIED_BYTE * crossing
+    return made >= vector_bytes_per_copied_byte(machine) * crossing
 
 
 def _stores_to_hbm(store: tile.StoreOp, loop: scf.ForOp) -> bool:
@@ -143,7 +149,7 @@ def split_token_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp | None:
     N - 1, N - 2, ... (cluster 0 runs schedule-tokens' partial remainder tile after them).
     None (the loop left as it is, on cluster 0) when splitting it would not pay
     (`_worth_splitting`)."""
-    if not worth_splitting(loop):
+    if not worth_splitting(loop, machine_of(loop)):
         return None
     rows, main = constant_index(loop.step), constant_index(loop.ub)
     assert rows and main is not None

@@ -37,6 +37,7 @@ from xdsl.ir import Operation, SSAValue
 from dialects import tcp, ve
 from dialects.tensor_types import shape_of, stored_bytes, window_pieces
 from runtime_sim.semantics.numerics import GRID_K, GRID_N
+from target.machine import Machine
 
 F_TILE_GRAIN = math.lcm(GRID_N, GRID_K)
 """F tiles start at multiples of this (512): their edges fall on the contraction grid."""
@@ -46,17 +47,6 @@ the accumulators and the other phases' tiles (assumption: a compiler's split, no
 TILES_IN_FLIGHT = 2
 """Streamed F tiles in SRAM at once: the tile contracting and the next one arriving (a tile's
 loads wait for the down-projection two tiles earlier, the last reader of that tile's weights)."""
-CLUSTER_SRAM_BYTES = 128 * 1024 * 1024
-"""One cluster's SRAM, 256 slices x 512 KB (machines/rngd.toml, docs/hardware.md#one-chip): the
-default budget (a pass cannot read the machine file; `schedule-experts{sram_bytes=...}`)."""
-DMA_PIECE_BYTES = 1 << 20
-"""The DMA's piece (machines/rngd.toml `dma.split_bytes`, an assumption of the machine file): a
-command moving more is cut into pieces of this size on several engines, the last one smaller."""
-DMA_ENGINES = 8
-"""RNGD's DMA engines (machines/rngd.toml `dma.engines`, book, DMA Engine)."""
-DMA_REQUEST_BYTES = 256
-"""RNGD's DMA request (machines/rngd.toml `dma.request_bytes`): each contiguous piece of a
-window moves in whole requests."""
 UP_SPEC = "gbd,gdf->gbf"
 """The block contractions the lowering emits (lower-dispatch): [G, B, K] x [G, K, N]."""
 CONTRACTIONS = (tcp.ContractOp, tcp.ScaledContractOp)
@@ -317,27 +307,30 @@ def expert_bytes(gathers: list[tcp.DmaGatherOp]) -> int:
     return sum(stored_bytes(g.source.type) // shape_of(g.source.type)[0] for g in gathers)
 
 
-def idle_engine_bytes(nbytes: int) -> float:
+def idle_engine_bytes(nbytes: int, machine: Machine) -> float:
     """What a DMA command of `nbytes` leaves its engines idle, in bytes: it is cut into pieces
-    of DMA_PIECE_BYTES (the last smaller), one engine each, spread evenly over all engines
-    beyond one piece per engine, and holds every engine it uses for its largest part's time."""
-    pieces = -(-nbytes // DMA_PIECE_BYTES)
+    of the machine's `dma.split_bytes` (the last smaller), one engine each, spread evenly over
+    all engines beyond one piece per engine, and holds every engine it uses for its largest
+    part's time."""
+    piece, engines = machine.dma_split_bytes, machine.dma_engines
+    pieces = -(-nbytes // piece)
     if pieces <= 1:
         return 0.0
-    parts = min(DMA_ENGINES, pieces)
-    return parts * max(DMA_PIECE_BYTES, nbytes / DMA_ENGINES) - nbytes
+    parts = min(engines, pieces)
+    return parts * max(piece, nbytes / engines) - nbytes
 
 
-def moved_bytes(gather: tcp.DmaGatherOp, sizes: list[int]) -> int:
+def moved_bytes(gather: tcp.DmaGatherOp, sizes: list[int], request_bytes: int) -> int:
     """Bytes a load of the window `sizes` of one expert's row of `gather`'s source moves: each
-    contiguous piece in whole requests (as tile.load_expert's cost counts them)."""
+    contiguous piece in whole DMA requests of `request_bytes` (as tile.load_expert's cost
+    counts them)."""
     whole = shape_of(gather.source.type)[1:]
     nbytes = stored_bytes(gather.source.type) // shape_of(gather.source.type)[0] * math.prod(sizes) // math.prod(whole)
     pieces = window_pieces(whole, sizes)
-    return pieces * -(-nbytes // pieces // DMA_REQUEST_BYTES) * DMA_REQUEST_BYTES
+    return pieces * -(-nbytes // pieces // request_bytes) * request_bytes
 
 
-def resident_tile(region: FRegion, tiled: list[tcp.DmaGatherOp]) -> int:
+def resident_tile(region: FRegion, tiled: list[tcp.DmaGatherOp], machine: Machine) -> int:
     """The F tile of resident weights: the width (a multiple of the grain, or the whole F)
     whose tiles' loads hold the DMA engines least (the bytes they move, in whole requests,
     plus what they leave their engines idle, `idle_engine_bytes`), the narrowest of equals:
@@ -351,16 +344,18 @@ def resident_tile(region: FRegion, tiled: list[tcp.DmaGatherOp]) -> int:
         for f0 in range(0, region.f, width):
             columns = (f0, min(region.f, f0 + width))
             for g in tiled:
-                moved = moved_bytes(g, region.window(g.result, columns)[1])
-                total += moved + idle_engine_bytes(moved)
+                moved = moved_bytes(g, region.window(g.result, columns)[1], machine.dma_request_bytes)
+                total += moved + idle_engine_bytes(moved, machine)
         return total
 
     widths = list(range(region.grain, region.f, region.grain)) + [region.f]
     return min(widths, key=lambda w: (held(w), w))
 
 
-def choose_f_tile(region: FRegion, gathers: list[tcp.DmaGatherOp], sram_bytes: int, forced: int) -> tuple[int, bool]:
-    """The F tile, and whether the tiles stay resident (reused by the expert's next blocks).
+def choose_f_tile(region: FRegion, gathers: list[tcp.DmaGatherOp], sram_bytes: int, forced: int,
+                  machine: Machine) -> tuple[int, bool]:
+    """The F tile, and whether the tiles stay resident (reused by the expert's next blocks),
+    for `sram_bytes` of SRAM and `machine`'s DMA.
 
     Resident when two experts' whole weights fit the weights' share of SRAM (the current one
     and the next, prefetched): then the tile is `resident_tile`'s (`forced` if given), so an
@@ -378,7 +373,7 @@ def choose_f_tile(region: FRegion, gathers: list[tcp.DmaGatherOp], sram_bytes: i
         return min(-(-forced // grain) * grain, region.f), resident
     tiled = [g for g in gathers if g in region.tiled or g in region.down_loads]
     if resident:
-        return resident_tile(region, tiled), True
+        return resident_tile(region, tiled, machine), True
     per_column = expert_bytes(tiled) / region.f
     widest = max(grain, min(region.f, int(budget // (TILES_IN_FLIGHT * per_column)) // grain * grain))
     even = -(-region.f // -(-region.f // widest))  # as many tiles as the widest needs, of even widths

@@ -83,6 +83,7 @@ from dialects import moe, tcp, tmath, ve
 from dialects.annotations import mark, mark_pair_sum
 from dialects.tensor_types import shape_of
 from passes.lowering_builder import LoweringBuilder, element_of
+from target.target_spec import machine_of
 
 PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.ScaledGroupedMatmulOp, moe.CombineOp)
 
@@ -111,24 +112,22 @@ class _Emitter(LoweringBuilder):
         return x
 
 
-SCATTER_COMMANDS = 8
-"""The most DMA commands the dispatch index's scatter is split into: RNGD's eight DMA
-engines (docs/hardware.md#one-chip)."""
 TOKENS_PER_SCATTER = 64
 """The fewest tokens one of those commands scatters (a rule of thumb: below it a command's
 start-up is a large part of its time; decode keeps one command)."""
 
 
-def scatter_shard(tokens: int) -> int:
+def scatter_shard(tokens: int, engines: int) -> int:
     """Tokens per DMA command of the dispatch index's scatter: max(TOKENS_PER_SCATTER,
-    ceil(T / SCATTER_COMMANDS)); T or more means one command. Each command sends one shard of
+    ceil(T / engines)), a command per DMA engine of the target at most; T or more means one
+    command. Each command sends one shard of
     consecutive tokens' pairs (the others' indices -1) and their results are added (a row is
     written by one shard at most, the rest are zero). A scatter moves one 4-byte row per
     pair, so its time is a DMA request per pair, and one command (a 64 KB payload at T = 2048,
     K = 8, under the 1 MB DMA piece) runs on one engine: 18.9k cycles on Qwen3-30B-A3B's
     critical path, against about 2.4k for each of eight at once. The shard never shrinks as
     T grows (the first shards are full), so neither does the longest command."""
-    return max(TOKENS_PER_SCATTER, -(-tokens // SCATTER_COMMANDS))
+    return max(TOKENS_PER_SCATTER, -(-tokens // engines))
 
 
 def plan_of(op: Operation, route: SSAValue) -> moe.RouteOp:
@@ -174,7 +173,7 @@ class _RowMasks:
             t, g, b = r.tokens.data, r.blocks.data, r.block.data
             e = _Emitter()
             numbers = e.emit(ve.AddOp(e.iota([t, 1], 0, "token_numbers"), e.const(1, [t, 1], i32)), "token_marks")
-            shard = scatter_shard(t)
+            shard = scatter_shard(t, machine_of(plan).dma_engines)
             if shard >= t:
                 rows = e.emit(tcp.DmaScatterOp(numbers, plan.scatter_idx, g * b), "row_marks")
             else:

@@ -108,6 +108,8 @@ from dialects.annotations import EXPERT_INDICES_ATTR, PHASE_ATTR, mark
 from dialects.tensor_types import shape_of
 from passes.loop_builder import index_constant
 from passes.lowering_builder import LoweringBuilder
+from target.machine import Machine
+from target.target_spec import machine_of
 
 CUMSUM_TAGS = (0, 1, 2, 3)
 """Position tags of a cumsum: first, middle, last, single (an axis of one element)."""
@@ -157,14 +159,15 @@ scan's P steps are as few as the extra ops' fixed overheads (a rule of thumb: at
 16 chunks of 16 steps and 16 steps over the chunks against 256)."""
 
 
-SCAN_ROWS = 2048
-"""Rows the vector engine scans side by side in one round: one cluster's slices times the
-integer stages' ways (RNGD: 256 x 8, machines/rngd.toml; the routing runs on one cluster). A
-scan of more rows takes another round of its steps (runtime_sim/perf/vector_cost.py,
-`scan_cycles`). lower-routing's `scan_rows` option; the driver writes it for other machines."""
+def scan_rows_of(machine: Machine) -> int:
+    """Rows the vector engine scans side by side in one round: one cluster's slices times the
+    integer stages' ways (RNGD: 256 x 8 = 2,048; the routing runs on one cluster). A scan of
+    more rows takes another round of its steps (runtime_sim/perf/vector_cost.py,
+    `scan_cycles`). lower-routing's `scan_rows` option overrides it."""
+    return machine.slices * machine.int_ways
 
 
-def scan_chunks(pairs: int, experts: int, scan_rows: int = SCAN_ROWS) -> int:
+def scan_chunks(pairs: int, experts: int, scan_rows: int) -> int:
     """S, how many chunks the cumsum over pairs runs in: the divisor of P whose scans take
     the fewest steps (the fewest chunks on a tie), or 1 below MIN_CHUNKED_PAIRS. A scan takes
     a step per element of its axis whatever the rows beside it, so [P, E] with E = 128 lanes of
@@ -224,7 +227,7 @@ def packing_shift(pairs: int, blocks: int) -> int | None:
     return shift if (blocks << shift) + pairs < 2**31 else None
 
 
-def lower_routing(op: moe.ScatterOp, scan_rows: int = SCAN_ROWS) -> tuple[list[Operation], SSAValue, SSAValue]:
+def lower_routing(op: moe.ScatterOp, scan_rows: int) -> tuple[list[Operation], SSAValue, SSAValue]:
     """The ops that replace `op`, its blocked tokens and its routing plan; `scan_rows` as
     `scan_chunks` takes it."""
     route_type = op.route.type
@@ -302,7 +305,7 @@ def lower_routing(op: moe.ScatterOp, scan_rows: int = SCAN_ROWS) -> tuple[list[O
 
 @dataclass
 class LowerRoutingPattern(RewritePattern):
-    scan_rows: int = SCAN_ROWS
+    scan_rows: int
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: moe.ScatterOp, rewriter: PatternRewriter) -> None:
@@ -318,18 +321,19 @@ class LowerRoutingPattern(RewritePattern):
 @dataclass(frozen=True)
 class LowerRoutingPass(ModulePass):
     """moe.scatter -> ve ops computing scatter_idx [T, K] and expert_ids [G], then moe.route
-    and moe.dispatch. `scan_rows`: the rows the vector engine scans in one round (SCAN_ROWS,
-    RNGD's), which the cumsum's chunks are chosen for."""
+    and moe.dispatch. `scan_rows`: the rows the vector engine scans in one round, which the
+    cumsum's chunks are chosen for (0, the default: the target's, `scan_rows_of`)."""
 
     name = "lower-routing"
 
-    scan_rows: int = SCAN_ROWS
+    scan_rows: int = 0
 
     def __post_init__(self) -> None:
-        if self.scan_rows < 1:
-            raise ValueError(f"lower-routing: scan_rows must be positive, got {self.scan_rows}")
+        if self.scan_rows < 0:
+            raise ValueError(f"lower-routing: scan_rows must be positive (or 0: the target's), got {self.scan_rows}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        rows = self.scan_rows or scan_rows_of(machine_of(op))
         PatternRewriteWalker(
-            GreedyRewritePatternApplier([LowerRoutingPattern(self.scan_rows)]), apply_recursively=False
+            GreedyRewritePatternApplier([LowerRoutingPattern(rows)]), apply_recursively=False
         ).rewrite_module(op)

@@ -80,7 +80,7 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
 from dialects.tensor_types import shape_of, stored_bytes
-from passes.f_tiles import CLUSTER_SRAM_BYTES, CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
+from passes.f_tiles import CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
 from passes.load_arguments import load_into_sram
 from passes.loop_builder import (
     ZERO_OPERAND_VE,
@@ -94,6 +94,8 @@ from passes.loop_builder import (
     skip_unless,
     tile_type,
 )
+from target.machine import Machine
+from target.target_spec import machine_of
 
 TILE_AHEAD = TILES_IN_FLIGHT
 """A streamed F tile's loads wait for the down-projection two tiles earlier (passes/f_tiles.py)."""
@@ -212,9 +214,10 @@ class _Slot:
     type: Attribute
 
 
-def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_SRAM_BYTES,
+def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_bytes: int = 0,
                   f_tile: int = 0) -> scf.ForOp | None:
-    """Build the expert loop over `expert_ids`'s blocks in `block`; None if nothing moves."""
+    """Build the expert loop over `expert_ids`'s blocks in `block` for `machine`, its F tiles
+    chosen for `sram_bytes` of SRAM (0: one cluster's); None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
     phase = plan_phase(block, expert_ids)
     ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
@@ -237,7 +240,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, sram_bytes: int = CLUSTER_
     tiles: list[tuple[int, int]] = []
     resident = True
     if region is not None:
-        width, resident = choose_f_tile(region, gathers, sram_bytes, f_tile)
+        width, resident = choose_f_tile(region, gathers, sram_bytes or machine.cluster_sram_bytes, f_tile, machine)
         if width < region.f:
             tiles = [(f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
     tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g in region.down_loads)]
@@ -483,17 +486,19 @@ def expert_id_values(block: Block) -> list[SSAValue]:
 
 @dataclass(frozen=True)
 class ScheduleExpertsPass(ModulePass):
-    """`sram_bytes`: the SRAM the F tile is chosen for (default one cluster's); `f_tile`: the F
-    tile when positive (a multiple of 512 keeps it exact), chosen from `sram_bytes` when 0."""
+    """`sram_bytes`: the SRAM the F tile is chosen for (0, the default: one cluster's of the
+    module's target, target/target_spec.py); `f_tile`: the F tile when positive (a multiple of
+    512 keeps it exact), chosen from `sram_bytes` when 0."""
 
     name = "schedule-experts"
 
-    sram_bytes: int = CLUSTER_SRAM_BYTES
+    sram_bytes: int = 0
     f_tile: int = 0
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        machine = machine_of(op)
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 body = fn.body.block
                 for expert_ids in expert_id_values(body):
-                    schedule_plan(body, expert_ids, self.sram_bytes, self.f_tile)
+                    schedule_plan(body, expert_ids, machine, self.sram_bytes, self.f_tile)

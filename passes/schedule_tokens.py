@@ -38,21 +38,21 @@ from dialects.annotations import PHASE_ATTR, is_pair_sum, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
 from passes.cluster_copies import DMA_OPS
 from passes.cluster_token_tiles import worth_splitting
-from passes.f_tiles import CLUSTER_SRAM_BYTES
 from passes.loop_builder import (clone_rows, escaping_results, index_constant, is_row_parallel_ve, leading, replace_by_loop,
                                  select_ops, skip_unless, split_shared_constants, tile_type)
+from target.target_spec import machine_of
 
 TILED_PHASES = ("router", "combine")
 RECEIVING_STRATEGIES = ("a2a", "a2a_sum")
 """shard-experts' strategies whose chips receive into static worst-case buffers."""
 
-DEFAULT_TILE_BYTES = 32 << 20
-"""The SRAM a token tile's intermediates may take: an eighth of the chip's 256 MB (the expert
-loop's tiles and weights, at most a cluster's half, and the routing tensors live at the same
-time). A compiler choice, not a machine number; `schedule-tokens{tile_bytes=...}` changes it.
-Every tile iteration pays its commands' fixed costs, so fewer, larger tiles are faster: Qwen3-
-30B-A3B's router at T = 4096 takes 698,547 cycles in 8 MB tiles and 337,124 in 32 MB ones
-(benchmarks/schedule.py)."""
+TILE_SHARE = 8
+"""A token tile's intermediates may take 1 / TILE_SHARE of the chip's SRAM (RNGD: 32 MB of
+256 MB; the expert loop's tiles and weights, at most a cluster's half, and the routing tensors
+live at the same time). A compiler choice, not a machine number; `schedule-tokens{tile_bytes=...}`
+overrides it. Every tile iteration pays its commands' fixed costs, so fewer, larger tiles are
+faster: Qwen3-30B-A3B's router at T = 4096 takes 698,547 cycles in 8 MB tiles and 337,124 in
+32 MB ones (benchmarks/schedule.py)."""
 
 
 def is_row_parallel(op: Operation, tokens: int) -> bool:
@@ -153,7 +153,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
             even = balanced_rows(tokens, rows, clusters)
             trial = _tile_loop(ops, escaping, even, tokens)
-            if worth_splitting(trial[1]):
+            if worth_splitting(trial[1], machine_of(block.parent_op() or trial[1])):
                 rows = even
             for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
                 op.erase(safe_erase=False)  # only the decision was wanted
@@ -173,10 +173,12 @@ a2a_tokens, which compute on the vector engine)."""
 
 def goes_to_hbm(result: SSAValue) -> bool:
     """Whether a loop's `result` is written tile by tile to HBM rather than kept in SRAM: when
-    it is larger than a cluster's SRAM and only DMA commands and collectives read it (through
+    it is larger than a cluster's SRAM (the module's target's) and only DMA commands and collectives read it (through
     views), which read HBM where it is (a mesh chip's rows to return, at prefill). A compute
     engine reads SRAM, so a result it reads stays there, for the memory plan to place."""
-    if stored_bytes(result.type) <= CLUSTER_SRAM_BYTES:
+    owner = result.owner
+    assert isinstance(owner, Operation)
+    if stored_bytes(result.type) <= machine_of(owner).cluster_sram_bytes:
         return False
     pending, seen = [result], set()
     while pending:
@@ -293,16 +295,20 @@ def token_counts(fn: func.FuncOp) -> list[int]:
 class ScheduleTokensPass(ModulePass):
     name = "schedule-tokens"
 
-    tile_bytes: int = DEFAULT_TILE_BYTES
+    tile_bytes: int = 0
+    """The SRAM a tile's intermediates may take (0: 1 / TILE_SHARE of the target's SRAM)."""
 
-    clusters: int = 2
-    """Clusters the tiles take turns on (split-clusters, RNGD: 2): tiles balanced over them."""
+    clusters: int = 0
+    """Clusters the tiles take turns on (split-clusters; 0: the target's): tiles balanced over them."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        machine = machine_of(op)
+        tile_bytes = self.tile_bytes or machine.sram_bytes // TILE_SHARE
+        clusters = self.clusters or machine.clusters
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 for n, tokens in enumerate(token_counts(fn)):
                     for phase in TILED_PHASES if n == 0 else ("combine",):
                         whole: set[Operation] = set()
-                        while schedule_phase(fn.body.block, phase, tokens, self.tile_bytes, whole, self.clusters):
+                        while schedule_phase(fn.body.block, phase, tokens, tile_bytes, whole, clusters):
                             pass

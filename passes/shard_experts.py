@@ -68,7 +68,7 @@ from xdsl.utils.exceptions import PassFailedException
 from dialects import ccl, moe, tcp, tmath
 from dialects.annotations import PHASE_ATTR, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
-from passes.f_tiles import CLUSTER_SRAM_BYTES
+from target.target_spec import machine_of
 
 STRATEGIES = ("a2a", "a2a_sum", "allgather")
 DP = "dp"
@@ -95,8 +95,10 @@ def _with_axis(t: Attribute, axis: int, size: int) -> Attribute:
 class _Builder:
     """Ops of the chip's function, in order, and the map from the graph's values to them."""
 
-    def __init__(self, block: Block):
+    def __init__(self, block: Block, cluster_sram_bytes: int):
         self.block = block
+        self.cluster_sram_bytes = cluster_sram_bytes
+        """One cluster's SRAM on the target: what a buffer larger than goes to HBM."""
         self.values: dict[SSAValue, SSAValue] = {}
         self.rows: dict[SSAValue, tuple[int, int]] = {}
         """New value -> (rows in the graph, rows on the chip) of its first axis, for values
@@ -179,13 +181,13 @@ class _Builder:
 
 
 
-def in_hbm_if_oversize(op: Operation) -> Operation:
+def in_hbm_if_oversize(op: Operation, cluster_sram_bytes: int) -> Operation:
     """`op` placed in HBM when its result is larger than a cluster's SRAM: a2a's worst-case
     send and receive buffers (T x min(K, E/N) rows for every chip) and the gather of the
     received rows into slots, at prefill. Only the DMA engines and the link read them (the
     slots' rows by DMA gathers, the buffers by the all-to-all, which moves HBM to HBM across
     chips), so they need no SRAM; the memory plan would otherwise stream them through it."""
-    if stored_bytes(op.results[0].type) > CLUSTER_SRAM_BYTES:
+    if stored_bytes(op.results[0].type) > cluster_sram_bytes:
         place_in_hbm(op)
     return op
 
@@ -336,7 +338,7 @@ class ShardExpertsPass(ModulePass):
             else:
                 arg_types.append(a.type)
         block = Block(arg_types=arg_types)
-        b = _Builder(block)
+        b = _Builder(block, machine_of(fn).cluster_sram_bytes)
         for old, new in zip(old_block.args, block.args):
             new.name_hint = old.name_hint
             b.values[old] = new
@@ -495,7 +497,7 @@ class _A2A(_Strategy):
         recv_e = b.add(ccl.AllToAllOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts").results[0]
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         slot_token = b.reshape(recv_t, [ep * slots], "slot_token")
-        recv_rows = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(recv_tokens, slot_token)), "recv_rows").results[0]
+        recv_rows = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(recv_tokens, slot_token), b.cluster_sram_bytes), "recv_rows").results[0]
         column = b.reshape(recv_e, [ep * slots, 1])
         one = b.const(1, i32)
         local = b.add(tmath.SubOp(column, one, TensorType(i32, [ep * slots, 1])), "recv_local_expert").results[0]
@@ -515,10 +517,10 @@ class _A2A(_Strategy):
         the send buffer, then the all-to-all), with `counts` exchanged first: what each chip
         receives of `counts`, and the rows it receives."""
         b, ep, tl = self.b, self.layer.ep, self.layer.tokens
-        rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, self.tokens.token_rows, ep * tl)), "send_rows").results[0]
+        rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, self.tokens.token_rows, ep * tl), b.cluster_sram_bytes), "send_rows").results[0]
         send = b.reshape(rows, [ep, tl, shape_of(x.type)[1]], "send_x")
         received = b.add(ccl.AllToAllOp(counts, EP, ep), counts_name).results[0]
-        recv = b.add(in_hbm_if_oversize(ccl.AllToAllOp(send, EP, ep, rows=self.tokens.counts)), "recv_x").results[0]
+        recv = b.add(in_hbm_if_oversize(ccl.AllToAllOp(send, EP, ep, rows=self.tokens.counts), b.cluster_sram_bytes), "recv_x").results[0]
         return received, recv
 
     def _receiver_capacity(self) -> int:
@@ -535,7 +537,7 @@ class _A2A(_Strategy):
         b, ep = self.b, self.layer.ep
         d = shape_of(rows.type)[-1]
         back = b.reshape(rows, [ep, per_chip, d], "send_back")
-        returned = b.add(in_hbm_if_oversize(ccl.AllToAllOp(back, EP, ep, rows=counts)), "returned").results[0]
+        returned = b.add(in_hbm_if_oversize(ccl.AllToAllOp(back, EP, ep, rows=counts), b.cluster_sram_bytes), "returned").results[0]
         flat = b.reshape(returned, [ep * per_chip, d], "returned_rows")
         return b.add(tcp.DmaGatherOp(flat, indices), name).results[0]
 

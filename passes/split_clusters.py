@@ -51,6 +51,7 @@ Token loops of `schedule-tokens` (the router's) run tile i on cluster i mod N
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -64,6 +65,8 @@ from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
 from passes.cluster_copies import pin, reacher, read_in_place
 from passes.cluster_token_tiles import split_token_loop, token_loops
+from target.machine import Machine
+from target.target_spec import machine_of
 
 
 def expert_loops(block: Block) -> list[scf.ForOp]:
@@ -307,30 +310,41 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
     return new_loop
 
 
+def own_dma_intensity(machine: Machine) -> int:
+    """FLOPs per weight byte from which a block's contraction on one cluster outlasts its weight
+    load at the whole chip's HBM bandwidth: a cluster's peak over the HBM bandwidth, rounded
+    up (RNGD: 131,072 FLOPs per cycle over 1,500 B per cycle, 88)."""
+    return math.ceil(machine.peak_flops_per_cycle / machine.hbm_bytes_per_cycle)
+
+
 @dataclass(frozen=True)
 class SplitClustersPass(ModulePass):
     name = "split-clusters"
 
-    clusters: int = 2
-    """Clusters of the target chip (RNGD: 2); 1 leaves the loops as they are."""
+    clusters: int = 0
+    """Clusters to spread over (0, the default: the target chip's; RNGD: 2); 1 leaves the
+    loops as they are."""
 
-    own_dma_intensity: int = 88
+    own_dma_intensity: int | None = None
     """FLOPs per weight byte from which a block's contraction on its cluster outlasts its weight
     load at the chip's whole HBM bandwidth, so each cluster's copy issues its DMA on its own
-    engines (`tcpc.own_dma`) and never queues behind the other's: RNGD, 131,072 FLOPs per cycle
-    per cluster over 1,500 B/cycle, 88 (tcpc.pipelines.own_dma_intensity computes it for a
-    machine). Below it the copies share every engine: the loads stream back to back, and a
-    cluster with more blocks (skewed routing) takes the bandwidth the other leaves. 0: never."""
+    engines (`tcpc.own_dma`) and never queues behind the other's (None, the default: the
+    target's, `own_dma_intensity`; RNGD 88). Below it the copies share every engine: the loads
+    stream back to back, and a cluster with more blocks (skewed routing) takes the bandwidth
+    the other leaves. 0: never."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.clusters < 1 or self.clusters & (self.clusters - 1):
-            raise ValueError(f"split-clusters: clusters={self.clusters} is not a power of two")
-        if self.clusters == 1:
+        machine = machine_of(op)
+        clusters = self.clusters or machine.clusters
+        if clusters & (clusters - 1):
+            raise ValueError(f"split-clusters: clusters={clusters} is not a power of two")
+        if clusters == 1:
             return
+        intensity = own_dma_intensity(machine) if self.own_dma_intensity is None else self.own_dma_intensity
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 tokens = token_loops(fn.body.block)
                 for loop in expert_loops(fn.body.block):
-                    split_loop(loop, self.clusters, self.own_dma_intensity)
+                    split_loop(loop, clusters, intensity)
                 for loop in tokens:
-                    split_token_loop(loop, self.clusters)
+                    split_token_loop(loop, clusters)

@@ -47,9 +47,9 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
-from passes.f_tiles import DMA_ENGINES, DMA_PIECE_BYTES
 from passes.loop_builder import index_constant
 from runtime_sim.semantics.numerics import GRID_K
+from target.target_spec import machine_of
 
 MATMUL = "mk,kn->mn"
 
@@ -138,17 +138,21 @@ def split_contraction(op: tcp.ContractOp, load: tcp.LoadOp, engines: int) -> Non
 class SplitRouterKPass(ModulePass):
     name = "split-router-k"
 
-    piece_bytes: int = DMA_PIECE_BYTES
-    """The DMA's piece (RNGD's `dma.split_bytes`, 1 MB): a weight above it already loads on
-    several engines, and is left whole."""
+    piece_bytes: int = 0
+    """The DMA's piece (0: the target's `dma.split_bytes`, RNGD's 1 MB): a weight above it
+    already loads on several engines, and is left whole."""
 
-    engines: int = DMA_ENGINES
-    """DMA engines (RNGD: 8): at most one tile each, beside the one loading the input."""
+    engines: int = 0
+    """DMA engines (0: the target's, RNGD's 8): at most one tile each, beside the one loading
+    the input."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        machine = machine_of(op)
+        piece_bytes = self.piece_bytes or machine.dma_split_bytes
+        engines = self.engines or machine.dma_engines
         for fn in op.ops:
             if not isinstance(fn, func.FuncOp) or not fn.body.blocks:
                 continue
             for contraction in [o for o in fn.body.block.ops if isinstance(o, tcp.ContractOp)]:
-                if (load := splittable(contraction, self.piece_bytes, self.engines)) is not None:
-                    split_contraction(contraction, load, self.engines)
+                if (load := splittable(contraction, piece_bytes, engines)) is not None:
+                    split_contraction(contraction, load, engines)

@@ -29,11 +29,11 @@ from xdsl.passes import ModulePass
 
 from passes.lower_topk import AUTO_STRATEGY, DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
 from runtime_sim.perf.cost_only import simulate_cost_only
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 from runtime_sim.perf.report import Choice
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import apply_pipeline, parse_pipeline, pipeline_for
+from tcpc.pipelines import apply_pipeline, parse_pipeline, pipeline_spec
 
 BLOCK_SPREAD = 4
 """Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
@@ -80,7 +80,7 @@ def _past_the_end(best: int, tried: Mapping[int, int], most: int) -> int | None:
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
                 routing: str | Path, seed: int) -> int:
     """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario."""
-    lowered = apply_pipeline(module, [*parse_pipeline("pin-routing"), *passes])
+    lowered = apply_pipeline(module, [*parse_pipeline("pin-routing"), *passes], machine=machine)
     return sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
                for name in functions)
 
@@ -96,7 +96,7 @@ def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]
         def cycles_of(block: int, auto: AutoBlock = auto) -> int:
             module = build({**chosen, auto.loc: block})
             # top-k at the pass's default: the strategy is chosen after the block, at the block chosen
-            pipeline = pipeline_for(machine, topk_strategy=DEFAULT_STRATEGY)
+            pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY)
             return cost_cycles(module, [auto.graph], parse_pipeline(pipeline), machine, routing, seed)
 
         best, tried = choose_block(auto, cycles_of)
@@ -110,11 +110,11 @@ def resolve_strategies(module: ModuleOp, passes: Sequence[ModulePass], functions
                        routing: str | Path = "balanced", seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
     """`passes` with every `lower-topk{strategy=auto}` replaced by the strategy of fewest
     cycles. Each strategy is costed fully lowered: the given passes, then the passes of the
-    full pipeline for `machine` that they do not name, in its order, so a pipeline that stops
+    full pipeline that they do not name, in its order, so a pipeline that stops
     early (`--emit lowered`) chooses as the full one does."""
     resolved = list(passes)
     choices: list[Choice] = []
-    full = parse_pipeline(pipeline_for(machine, topk_strategy=None))
+    full = parse_pipeline(pipeline_spec(topk_strategy=None))
     for i, p in enumerate(resolved):
         if not (isinstance(p, LowerTopKPass) and p.strategy == AUTO_STRATEGY):
             continue

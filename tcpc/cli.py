@@ -18,7 +18,7 @@ from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
-from runtime_sim.perf.machine import MachineError
+from target.machine import MachineError
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
@@ -98,7 +98,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "engine ops on whole tensors, scheduled adds the schedule level (loops, tiles, "
                         "buffers, DMA), planned is the scheduled IR with each op's simulated engine slot")
     c.add_argument("--seed", type=int, default=None, help="--emit planned: seed for the inputs (default 0)")
-    c.add_argument("--machine", default=None, help="--emit planned: machine file (default: RNGD)")
+    c.add_argument("--machine", default=None,
+                   help="the machine to compile for (TOML file or built-in name; default: RNGD): the module's "
+                        "target, which every pass tiles for; --emit planned also simulates on it")
     c.add_argument("--cost-only", action="store_true",
                    help="--emit planned: plan without values (real model sizes); the routing comes from --routing")
     c.add_argument("--routing", default=None, metavar="SCENARIO",
@@ -163,8 +165,7 @@ def make_parser() -> argparse.ArgumentParser:
 def check_compile_flags(args: argparse.Namespace) -> None:
     """Options that only `--emit planned` reads, and `--emit` levels that `-p` contradicts."""
     if args.emit != "planned":
-        for flag, value in (("--seed", args.seed), ("--machine", args.machine), ("--cost-only", args.cost_only),
-                            ("--routing", args.routing)):
+        for flag, value in (("--seed", args.seed), ("--cost-only", args.cost_only), ("--routing", args.routing)):
             if value not in (None, False):
                 raise UsageError(f"{flag} applies to --emit planned (the plan depends on it); nothing else reads it")
     elif args.print_ir_after_all:
@@ -208,7 +209,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     elif spec is None and args.emit in (None, "graph"):
         chunks += [f"// chose {c.describe()}\n" for c in program.choices]
         chunks.append(print_ir(program.module, args.generic))
-    else:  # as `tcpc run` resolves every auto: on the default machine, for balanced routing
+    else:  # as `tcpc run` resolves every auto: on --machine (default RNGD), for balanced routing
         passes, choices = program.passes(spec, level=args.emit or "scheduled", machine=machine, routing=routing)
         chunks += [f"// chose {c.describe()}\n" for c in choices]
         if args.print_ir_after_all:
@@ -216,7 +217,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         def after(p, module):
             if args.print_ir_after_all:
                 chunks.append(f"// -----// IR after {p.name} //----- //\n{print_ir(module, args.generic)}")
-        lowered = apply_pipeline(program.module, passes, after)
+        lowered = apply_pipeline(program.module, passes, after, machine=machine)
         if not args.print_ir_after_all:
             chunks.append(print_ir(lowered, args.generic))
     text = "".join(chunks)

@@ -29,7 +29,7 @@ from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
 from tcpc.program import Program, function_in
 
 if TYPE_CHECKING:  # the simulator is slow to import
-    from runtime_sim.perf.mesh_machine import MeshMachine
+    from target.mesh_machine import MeshMachine
     from runtime_sim.perf.mesh_simulate import MeshReport
 
 
@@ -156,7 +156,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                      listeners: Sequence[Interpreter.Listener] = ()) -> MeshSimulation:
     """Shard, lower and simulate one graph of `program` on the mesh of `spec`; `listeners` see
     every op of every chip, in each of the `spec.simulations(cost_only)` simulations."""
-    from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine
+    from target.mesh_machine import MeshMachine, load_mesh_machine
     from runtime_sim.perf.mesh_simulate import simulate_mesh
 
     if program.is_ir:
@@ -175,7 +175,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
         return replace(simulate_on_mesh(program, replace(spec, topk=best), inputs, seed=seed, graph=graph,
                                         machine=mach, sram_policy=sram_policy, listeners=listeners), topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
-    module = program.lower(pipeline)
+    module = program.lower(pipeline, machine=mach.chip)
     if cost_only:
         if inputs:
             raise CompileError("cost-only simulation takes no inputs")

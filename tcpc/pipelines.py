@@ -6,12 +6,12 @@ Every pass registers here once; `tcpc`, `tcpc-opt` and the Python API all read t
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable, Mapping
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import Builtin, ModuleOp
+from xdsl.dialects.dlti import DLTI
 from xdsl.ir import Dialect
 from xdsl.passes import ModulePass, PassPipeline
 from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind
@@ -24,9 +24,10 @@ from dialects.tcp import TCP
 from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
+from target.target_spec import attach
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, Quant, CCL]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, Quant, CCL, DLTI]
 
 
 def _lazy(module: str, name: str) -> Callable[[], type[ModulePass]]:
@@ -76,39 +77,17 @@ FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
 """What `tcpc run` simulates and `--emit scheduled` prints, for the default machine."""
 
 
-def own_dma_intensity(machine: Machine) -> int:
-    """FLOPs per weight byte from which a block's contraction on one cluster outlasts its weight
-    load at the whole chip's HBM bandwidth (split-clusters' `own_dma_intensity`): a cluster's
-    peak over the HBM bandwidth, rounded up."""
-    return math.ceil(machine.peak_flops_per_cycle / machine.hbm_bytes_per_cycle)
-
-
-def split_clusters_options(machine: Machine) -> dict[str, int]:
-    """split-clusters' options for `machine` that differ from the pass's defaults (RNGD's)."""
-    default = PASSES["split-clusters"]()
-    wanted = {"clusters": machine.clusters}
-    if machine.clusters > 1:  # one cluster leaves the loops alone
-        wanted["own_dma_intensity"] = own_dma_intensity(machine)
-    return {k: v for k, v in wanted.items() if getattr(default, k) != v}
-
-
-def pipeline_for(machine: Machine, passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str | None = "auto",
-                 options: Mapping[str, object] | None = None) -> str:
-    """`passes` as a pipeline string for `machine`: lower-topk's strategy left to the cost
-    model by default (`strategy=auto`, resolved by the driver: rank's all-pairs ranking wins at
-    small E, rounds at large E x T; None: the pass's own default), split-clusters',
-    schedule-tokens' and lower-routing's machine options written out only where they are not
-    the passes' defaults,
-    then `options` ("pass.option" -> value, a sweep's) over all of them."""
+def pipeline_spec(passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str | None = "auto",
+                  options: Mapping[str, object] | None = None) -> str:
+    """`passes` as a pipeline string: lower-topk's strategy left to the cost model by default
+    (`strategy=auto`, resolved by the driver: rank's all-pairs ranking wins at small E, rounds
+    at large E x T; None: the pass's own default), then `options` ("pass.option" -> value, a
+    sweep's) over them. No machine number is written: every pass reads the machine from the
+    module's target (target/target_spec.py), which the driver attaches; an option given here
+    overrides it."""
     by_pass: dict[str, dict[str, str]] = {}
     if topk_strategy is not None:
         by_pass["lower-topk"] = {"strategy": topk_strategy}
-    if written := split_clusters_options(machine):
-        by_pass["split-clusters"] = {k: str(v) for k, v in written.items()}
-    if machine.clusters != PASSES["schedule-tokens"]().clusters:  # its tiles balanced over the clusters
-        by_pass["schedule-tokens"] = {"clusters": str(machine.clusters)}
-    if (scan_rows := machine.slices * machine.int_ways) != PASSES["lower-routing"]().scan_rows:
-        by_pass["lower-routing"] = {"scan_rows": str(scan_rows)}  # the cumsum's chunks (lower_routing.SCAN_ROWS)
     for key, value in (options or {}).items():
         name, _, option = key.partition(".")
         by_pass.setdefault(name, {})[option] = str(value).lower() if isinstance(value, bool) else str(value)
@@ -212,10 +191,15 @@ def parse_pipeline(spec: str) -> list[ModulePass]:
 
 
 def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
-                   after_each: Callable[[ModulePass, ModuleOp], None] | None = None) -> ModuleOp:
-    """Apply passes to a clone of `module`, verifying after each one."""
+                   after_each: Callable[[ModulePass, ModuleOp], None] | None = None,
+                   machine: Machine | None = None) -> ModuleOp:
+    """Apply passes to a clone of `module`, verifying after each one; with `machine`, the
+    clone targets it (its `dlti.target_system_spec`, which every pass reads), whatever target
+    `module` had; without, the passes compile for `module`'s target (or the default machine)."""
     ctx = make_context()
     lowered = module.clone()
+    if machine is not None:
+        attach(lowered, machine)
     for p in passes:
         p.apply(ctx, lowered)
         lowered.verify()

@@ -19,16 +19,17 @@ from xdsl.printer import Printer
 from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
+from target.target_spec import attach
 from tcpc.host_memory import check_fits
 from tcpc.parser import parse
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline, pipeline_for
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline, pipeline_spec
 
 if TYPE_CHECKING:
     import networkx as nx
 
     from xdsl.passes import ModulePass
 
-    from runtime_sim.perf.machine import Machine
+    from target.machine import Machine
     from runtime_sim.perf.report import Choice, SimReport
     from runtime_sim.perf.routing_scenarios import Routing
     from runtime_sim.perf.scheduler import Schedule
@@ -78,7 +79,7 @@ def function_in(module: ModuleOp, name: str, known: Sequence[str] = ()) -> func.
 
 def as_machine(machine: Machine | str | Path | None) -> Machine:
     """A Machine, a machine file's path, or None (the default RNGD machine)."""
-    from runtime_sim.perf.machine import Machine, default_machine, load_machine
+    from target.machine import Machine, default_machine, load_machine
 
     if machine is None:
         return default_machine()
@@ -128,24 +129,24 @@ class Program:
 
     def full_pipeline(self, machine: Machine | None = None, level: str = "scheduled") -> str:
         """The passes of the full lowering up to `level` (LEVELS; `scheduled`, what `tcpc run`
-        simulates) for `machine` (None: the default machine), lower-topk's strategy left to
-        the cost model; or a CompileError while they do not exist. An .mlir file's IR is taken
-        as it is (no passes) unless a pipeline is given."""
+        simulates), lower-topk's strategy left to the cost model (the same for every machine:
+        the passes read it from the module's target); or a CompileError while they do not
+        exist. An .mlir file's IR is taken as it is (no passes) unless a pipeline is given."""
         if level not in LEVELS:
             raise ValueError(f"level {level!r}: expected {' or '.join(LEVELS)}")
         if self.is_ir:
             return ""
         if not LOWERED_PIPELINE:
             raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
-        return pipeline_for(as_machine(machine), LEVELS[level])
+        return pipeline_spec(LEVELS[level])
 
     def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
               machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering
         up to `level`: what `tcpc compile --emit LEVEL` prints. Every `auto` is resolved first
-        by the cost model (see `passes`)."""
+        by the cost model (see `passes`); with `machine`, the IR is compiled for it."""
         passes, _ = self.passes(pipeline, level=level, graph=graph, machine=machine, routing=routing, seed=seed)
-        return apply_pipeline(self.module, passes)
+        return apply_pipeline(self.module, passes, machine=None if machine is None else as_machine(machine))
 
     def passes(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
                machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
@@ -268,12 +269,12 @@ class Program:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")
             spec = ",".join(p for p in ("pin-routing", spec) if p)
-            module = apply_pipeline(self.module, [*parse_pipeline("pin-routing"), *passes])
+            module = apply_pipeline(self.module, [*parse_pipeline("pin-routing"), *passes], machine=mach)
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
                                         uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
             args: list[np.ndarray] = []
         else:
-            module = apply_pipeline(self.module, passes)
+            module = apply_pipeline(self.module, passes, machine=mach)
             check_fits(module, name, f"simulating graph '{name}' with values")
             args = prepare_inputs(function_in(module, name), inputs or {}, seed)
             result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
@@ -288,7 +289,8 @@ def compile_source(source: str, dims: Mapping[str, int | str] | None = None, fil
                    seed: int = 0) -> Program:
     """Parse and build a .moe program; `dims` overrides dim definitions like `--set`. Block
     sizes left to the compiler (`block=auto`, or a block that cannot fit) are chosen by the
-    cost model on `machine` with the routing scenario `routing` (tcpc/autotune.py)."""
+    cost model on `machine` with the routing scenario `routing` (tcpc/autotune.py). The module
+    targets `machine` (target/target_spec.py): the passes tile it for that machine."""
     # The AST transformer and the builder recurse a few frames per operator of an expression;
     # Python's default limit (1000) would stop a sum of ~200 terms.
     limit = sys.getrecursionlimit()
@@ -297,15 +299,19 @@ def compile_source(source: str, dims: Mapping[str, int | str] | None = None, fil
         ast = parse(source)
         values = evaluate_dims(ast.dims, dims or {})
         autos: list[AutoBlock] = []
-        module = build_module(ast, values, autos=autos)
+        target = as_machine(machine)
+
+        def build(blocks: Mapping[Loc, int] | None = None) -> ModuleOp:
+            module = build_module(ast, values, blocks, autos=autos if blocks is None else None)
+            attach(module, target)
+            return module
+
+        module = build()
         if not autos:
             return Program(filename, source, values, module)
         from tcpc.autotune import choose_blocks
 
-        def build(blocks: Mapping[Loc, int]) -> ModuleOp:
-            return build_module(ast, values, blocks)
-
-        blocks, choices = choose_blocks(autos, build, filename, as_machine(machine), routing, seed)
+        blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
         return Program(filename, source, values, build(blocks), choices=choices)
     except RecursionError:
         raise CompileError("expressions are nested too deeply; split them with assignments") from None

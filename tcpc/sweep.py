@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tcpc.pipelines import FULL_PIPELINE, pipeline_for
+from tcpc.pipelines import FULL_PIPELINE, pipeline_spec
 from tcpc.progress import Progress
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def _values(where: str, value: Any) -> list[Any]:
 
 def _machine_key(where: str, key: str) -> str:
     """A machine file key as `section.key`, given as that or as a Machine field name."""
-    from runtime_sim.perf.machine import SCHEMA
+    from target.machine import SCHEMA
 
     by_place = {f"{f.section}.{f.key}" for f in SCHEMA.values()}
     if key in by_place:
@@ -111,12 +111,10 @@ def _pass_key(where: str, key: str) -> str:
 def _check_pass_option(where: str, key: str, value: Any) -> None:
     """Build the pass with this option as a point's pipeline would write it, so a value the
     pass refuses (`strategy = "best"`) is the spec's error, not every point's."""
-    from runtime_sim.perf.machine import default_machine
     from tcpc.pipelines import PipelineError, parse_pipeline
 
     try:
-        parse_pipeline(pipeline_for(default_machine(), passes=(key.partition(".")[0],), topk_strategy=None,
-                                    options={key: value}))
+        parse_pipeline(pipeline_spec(passes=(key.partition(".")[0],), topk_strategy=None, options={key: value}))
     except PipelineError as e:
         raise SweepError(f"{where}: {e}") from None
 
@@ -164,7 +162,7 @@ def _check_routing(where: str, routing: str) -> None:
 
 def _check_machine(where: str, machine: str) -> None:
     """A built-in chip machine by name, or a machine file that loads (the base of the overrides)."""
-    from runtime_sim.perf.machine import MachineError, builtin_chip_machines, load_machine
+    from target.machine import MachineError, builtin_chip_machines, load_machine
 
     if not machine.endswith(".toml") and machine not in (builtin := builtin_chip_machines()):
         raise SweepError(f"{where}: '{machine}' is not a built-in machine ({', '.join(builtin)}) "
@@ -333,7 +331,7 @@ def input_columns(point: Point) -> dict[str, Any]:
 def machine_file(base: str, overrides: Mapping[str, Any], directory: Path) -> Path | str:
     """A machine file that `extends` the base machine with the overrides (each marked as a
     sweep's assumption, as machine files require), or the base itself without any."""
-    from runtime_sim.perf.machine import MACHINES_DIR
+    from target.machine import MACHINES_DIR
 
     if not overrides:
         return MACHINES_DIR / f"{base}.toml" if (MACHINES_DIR / f"{base}.toml").exists() else base
@@ -397,7 +395,7 @@ def error_text(e: BaseException, point: Point) -> str:
 
 def run_point(point: Point) -> dict[str, Any]:
     """One point: compile, lower and simulate cost-only (a Dask task; never raises)."""
-    from tcpc.program import as_machine, compile_file
+    from tcpc.program import compile_file
 
     start = time.perf_counter()
     row: dict[str, Any] = {"key": point_key(point), **input_columns(point)}
@@ -407,11 +405,10 @@ def run_point(point: Point) -> dict[str, Any]:
             # a block=auto (or one that does not fit) is chosen for this point's machine and routing
             program = compile_file(point["program"], point["dims"], machine=machine, routing=point["routing"],
                                    seed=point["seed"])
-            chip = as_machine(machine)
             # `tcpc run --cost-only`'s pipeline (strategy=auto resolved by Program.simulate) unless
             # the point's pass options name other values
-            pipeline = pipeline_for(chip, options=point["pass_options"])
-            sim = program.simulate(cost_only=True, pipeline=pipeline, machine=chip,
+            pipeline = pipeline_spec(options=point["pass_options"])
+            sim = program.simulate(cost_only=True, pipeline=pipeline, machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),
                    **report_columns(sim.report))

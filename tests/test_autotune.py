@@ -310,7 +310,7 @@ def test_every_level_resolves_auto_as_the_run(machine: str | None) -> None:
     sim = program.simulate(machine=machine, cost_only=True)
     assert lowered == sim.report.choices and lowered[0].chosen == "rounds"
     as_run = ",".join(sim.pipeline.split(",")[1:len(LEVELS["lowered"]) + 1])  # after pin-routing
-    assert print_ir(program.lower(level="lowered", machine=machine)) == print_ir(program.lower(as_run))
+    assert print_ir(program.lower(level="lowered", machine=machine)) == print_ir(program.lower(as_run, machine=machine))
     with pytest.raises(ValueError, match="level 'planned': expected lowered or scheduled"):
         program.passes(level="planned")
 

@@ -71,7 +71,7 @@ def opt(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 def test_compile_prints_graph_ir(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = tcpc_main(capsys, "compile", EXAMPLE)
     assert code == 0 and err == ""
-    assert out.startswith("builtin.module {") and "func.func @mixtral(%x: tensor<16x64xbf16>" in out
+    assert out.startswith("builtin.module attributes {dlti.target_system_spec = #dlti.target_system_spec<\"tcp\" = #dlti.target_device_spec<\"name\" = \"rngd\", ") and "func.func @mixtral(%x: tensor<16x64xbf16>" in out
     assert "moe.scatter" in out and "!moe.route<T = 16, K = 2, E = 8, B = 4, G = 14>" in out
     code, same, _ = tcpc_main(capsys, "compile", EXAMPLE, "--emit", "graph")
     assert code == 0 and same == out

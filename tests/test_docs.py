@@ -181,7 +181,7 @@ def test_nothing_cites_documents_outside_the_repository() -> None:
 def test_every_machine_source_names_its_docs_section() -> None:
     """Each sourced number of the default machine names the docs/hardware.md section that
     holds the fact (test_citations_resolve checks that the section exists)."""
-    machine = tomllib.loads((REPO / "runtime_sim/perf/machines/rngd.toml").read_text())
+    machine = tomllib.loads((REPO / "target/machines/rngd.toml").read_text())
     sources = {
         f"{section}.{key}": entry["source"]
         for section, table in machine.items() if isinstance(table, dict)

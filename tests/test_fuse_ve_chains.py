@@ -27,7 +27,7 @@ from passes.fuse_ve_chains import FuseVeChainsPass
 from runtime_sim.perf.cost_model import cost_function
 from runtime_sim.perf.cost_only import placeholder
 from runtime_sim.perf.costs import register_cost_models
-from runtime_sim.perf.machine import default_machine
+from target.machine import default_machine
 from runtime_sim.perf.simulate import simulate
 from runtime_sim.semantics.executor import run_function
 from tcpc.pipelines import (

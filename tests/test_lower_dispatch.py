@@ -323,7 +323,7 @@ def test_the_dispatch_index_scatter_in_token_shards(t: int, c: int | None, style
     rng = np.random.default_rng(t)
     before, after = layer_modules(t, k, e, b, c, d, f, "f32", "f32", None, None)
     scatters = [op for op in after.walk() if isinstance(op, tcp.DmaScatterOp)]
-    assert len(scatters) == -(-t // scatter_shard(t)) == (1 if t < 65 else -(-t // max(64, -(-t // 8))))
+    assert len(scatters) == -(-t // scatter_shard(t, 8)) == (1 if t < 65 else -(-t // max(64, -(-t // 8))))
     plan = route_plan(routing(rng, t, k, e, style), route_type(t, k, e, b, c))
     x = values(rng, (t, d), np.float32, "ints")
     w = values(rng, (e, d, f), np.float32, "ints")

@@ -305,7 +305,7 @@ def test_chunked_cumsum_is_bit_identical(t: int, k: int, e: int, b: int, c: int 
     the same (capacity drops, empty experts, a prime P that keeps one chunk)."""
     from passes.lower_routing import MIN_CHUNKED_PAIRS, scan_chunks
 
-    assert scan_chunks(t * k, e) == {256: 8, 260: 10, 257: 1, 384: 12}[t * k]
+    assert scan_chunks(t * k, e, 2048) == {256: 8, 260: 10, 257: 1, 384: 12}[t * k]
     assert t * k >= MIN_CHUNKED_PAIRS
     for seed in range(2):
         check_routing(routing(t, k, e, style, seed), e, b, c)
@@ -345,20 +345,22 @@ def test_packing_needs_room_above_the_rank() -> None:
 
 
 def test_chunks_take_the_fewest_scan_steps() -> None:
-    """The divisor of P whose scans take the fewest steps, counting the rounds of SCAN_ROWS
-    rows; one chunk below MIN_CHUNKED_PAIRS or for a prime P."""
-    from passes.lower_routing import SCAN_ROWS, scan_chunks
+    """The divisor of P whose scans take the fewest steps, counting the rounds of the target's
+    scan rows (RNGD: 2,048); one chunk below MIN_CHUNKED_PAIRS or for a prime P."""
+    from passes.lower_routing import scan_chunks, scan_rows_of
+    from target.machine import default_machine
 
+    SCAN_ROWS = scan_rows_of(default_machine())
     assert SCAN_ROWS == 256 * 8  # one RNGD cluster's slices x 8 integer ways
-    assert scan_chunks(255, 8) == 1 and scan_chunks(8191, 8) == 1
+    assert scan_chunks(255, 8, SCAN_ROWS) == 1 and scan_chunks(8191, 8, SCAN_ROWS) == 1
     # E = 8: every chunking is one round, P / S + 2 S steps: 8 and 16 chunks tie at 48, the fewer win.
-    assert scan_chunks(256, 8) == 8
+    assert scan_chunks(256, 8, SCAN_ROWS) == 8
     # Qwen3-30B-A3B (E = 128) at T = 4096 and 2048: 16 chunks fill one round of 2,048 rows
     # (2,048 + 32 steps; 128 chunks, the largest divisor below sqrt(P), took 8 rounds of 256, 2,304).
-    assert scan_chunks(32768, 128) == 16 and scan_chunks(16384, 128) == 16
+    assert scan_chunks(32768, 128, SCAN_ROWS) == 16 and scan_chunks(16384, 128, SCAN_ROWS) == 16
     # Issue #12's layer (E = 64) at T = 1008 and 1016: 32 chunks each (252 and 254 steps in one
     # round); the rule before took 84 chunks of 96 at P = 8064, three rounds, slower than P = 8128.
-    assert scan_chunks(8064, 64) == 32 and scan_chunks(8128, 64) == 32
+    assert scan_chunks(8064, 64, SCAN_ROWS) == 32 and scan_chunks(8128, 64, SCAN_ROWS) == 32
     # Half the rows per round (a smaller machine): 16 chunks of 64 experts fill it.
     assert scan_chunks(8064, 64, SCAN_ROWS // 2) == 16
 
@@ -379,8 +381,8 @@ def test_scan_rows_must_be_positive() -> None:
     """A bad option is the pipeline's error, on one line, before any pass runs."""
     from tcpc.pipelines import PipelineError
 
-    with pytest.raises(PipelineError, match=r"lower-routing: scan_rows must be positive, got 0"):
-        parse_pipeline("lower-routing{scan_rows=0}")
+    with pytest.raises(PipelineError, match=r"lower-routing: scan_rows must be positive \(or 0: the target's\), got -1"):
+        parse_pipeline("lower-routing{scan_rows=-1}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from benchmark_scripts import load_script
 import runtime_sim.perf.simulate as simulate_module
 import tcpc
 from runtime_sim.perf.free_space import FreeSpace
-from runtime_sim.perf.machine import Machine, default_machine
+from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import MemoryPlan, SramOverflowError
 from runtime_sim.perf.report import SimReport
 

@@ -16,8 +16,8 @@ from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 import tcpc
 from dialects import ccl, moe
-from runtime_sim.perf.machine import MachineError
-from runtime_sim.perf.mesh_machine import load_mesh_machine
+from target.machine import MachineError
+from target.mesh_machine import load_mesh_machine
 from runtime_sim.semantics.ccl_semantics import MeshExchange, a2a_plan, a2a_token_lists, a2a_tokens, all_to_all, reduce_sum
 from runtime_sim.semantics.tolerance import compare_outputs
 from tcpc.cli import main
@@ -234,7 +234,7 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
         assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine", str(bad)]) == 1
         assert capsys.readouterr().err.startswith("tcpc: error: ")
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4", "--mesh-machine",
-                 "runtime_sim/perf/machines/rngd_2x4.toml"]) == 1
+                 "target/machines/rngd_2x4.toml"]) == 1
     assert "has 8 (shape 2 x 4)" in capsys.readouterr().err
 
 
@@ -249,7 +249,7 @@ def test_mesh_mixups_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
         assert main(["run", "examples/deepseek_v3.moe", "--mesh", spec]) == 1
         assert message in capsys.readouterr().err
     assert main(["run", "examples/toy.moe", "--mesh", "ep=2", "--mesh-machine",
-                 "runtime_sim/perf/machines/rngd.toml"]) == 1
+                 "target/machines/rngd.toml"]) == 1
     assert "link: missing: this is a single-chip machine file" in capsys.readouterr().err
     bad = tmp_path / "mesh_as_chip.toml"
     bad.write_text('extends = "rngd_pcie"\nchip = "rngd_2x4"\n')

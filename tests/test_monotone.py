@@ -48,7 +48,7 @@ from benchmark_scripts import load_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime_sim.perf.machine import default_machine
+from target.machine import default_machine
 from runtime_sim.perf.scheduler import Task, schedule
 from runtime_sim.perf.tcp_cost import dma_copy_cost, dma_parts
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tcpc
-from runtime_sim.perf.machine import load_machine
+from target.machine import load_machine
 from tests.benchmark_scripts import load_script
 
 precisions = load_script("precisions")

@@ -24,7 +24,7 @@ from dialects import tcp
 from dialects.moe import RouteType
 from passes.lower_quant import LowerQuantPass
 from runtime_sim.perf import cost_model
-from runtime_sim.perf.machine import load_machine
+from target.machine import load_machine
 from runtime_sim.perf.tcp_cost import (
     cost_contract,
     cost_dma_gather,

@@ -164,21 +164,19 @@ def test_token_tiles_are_balanced_over_the_clusters() -> None:
     assert balanced_rows(20, 8, 2) == 5 and balanced_rows(100, 100, 1) == 100
 
 
-def test_the_default_pipeline_carries_the_default_machines_options() -> None:
-    """split-clusters' defaults are RNGD's: its pipeline writes no option; one cluster, or a
-    chip of another balance, writes them."""
-    from runtime_sim.perf.machine import default_machine
-    from tcpc.pipelines import FULL_PIPELINE, own_dma_intensity, pipeline_for
-    from tcpc.program import as_machine
+def test_the_pipeline_writes_no_machine_number() -> None:
+    """The passes read the machine from the module's target, so the pipeline is the same for
+    every machine; the machine-derived figures the passes compute are RNGD's on RNGD."""
+    from passes.lower_routing import scan_rows_of
+    from passes.split_clusters import own_dma_intensity
+    from target.machine import default_machine
+    from tcpc.pipelines import FULL_PIPELINE, pipeline_spec
 
     rngd = default_machine()
     assert own_dma_intensity(rngd) == 88
-    assert pipeline_for(rngd, topk_strategy="rank") == ",".join(FULL_PIPELINE).replace("lower-topk", "lower-topk{strategy=rank}")
-    assert pipeline_for(rngd) == ",".join(FULL_PIPELINE).replace("lower-topk", "lower-topk{strategy=auto}")
-    assert "split-clusters{clusters=1}" in pipeline_for(as_machine("rngd-cluster"))
-    assert "schedule-tokens{clusters=1}" in pipeline_for(as_machine("rngd-cluster"))
-    # Half the slices per cluster: the routing's cumsum is chunked for half the rows per round.
-    assert "lower-routing{scan_rows=1024}" in pipeline_for(replace(rngd, slices=128))
+    assert scan_rows_of(rngd) == 2048 and scan_rows_of(replace(rngd, slices=128)) == 1024
+    assert pipeline_spec(topk_strategy="rank") == ",".join(FULL_PIPELINE).replace("lower-topk", "lower-topk{strategy=rank}")
+    assert pipeline_spec() == ",".join(FULL_PIPELINE).replace("lower-topk", "lower-topk{strategy=auto}")
 
 
 @pytest.mark.parametrize("clusters", [1, 2, 4])
@@ -265,13 +263,12 @@ def test_the_whole_chip_runs_the_token_loops_faster_than_one_cluster() -> None:
     experts): the router's token tiles run on both clusters' vector engines, and the chip is
     faster than one cluster (machines/rngd-cluster.toml), the router phase most of all. The
     ranking strategy is fixed (auto takes rounds here, whose vector work is too small to split)."""
-    from tcpc.pipelines import pipeline_for
-    from tcpc.program import as_machine
+    from tcpc.pipelines import pipeline_spec
 
     dims = dict(T=1024, D=64, F=32, FS=32, E=128, K=8, NG=8, TG=4, B=16)
     program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "deepseek_v3.moe", dims=dims)
     chip, one = (program.simulate(cost_only=True, routing="balanced", machine=m,
-                                  pipeline=pipeline_for(as_machine(m), topk_strategy="rank")).report
+                                  pipeline=pipeline_spec(topk_strategy="rank")).report
                  for m in ("rngd", "rngd-cluster"))
     assert chip.machine.clusters == 2 and one.machine.clusters == 1
     ranking = [o for o in chip.ops if o.name.startswith("ve.") and o.phase == "router" and o.cycles > 0]

@@ -20,7 +20,7 @@ from runtime_sim.perf.cost_model import (
     register_cost,
 )
 from runtime_sim.perf.costs import register_cost_models
-from runtime_sim.perf.machine import default_machine
+from target.machine import default_machine
 from runtime_sim.perf.simulate import simulate
 from runtime_sim.perf.tcp_cost import contraction_cycles, dma_copy_cost, dma_cycles, gathered_rows
 from runtime_sim.perf.vector_cost import scan_cycles, vector_chain_cycles

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_sim.perf.machine import MACHINES_DIR, SCHEMA, Machine, MachineError, default_machine, load_machine
+from target.machine import MACHINES_DIR, SCHEMA, Machine, MachineError, default_machine, load_machine
 
 
 def write(tmp_path: Path, text: str, name: str = "m.toml") -> Path:

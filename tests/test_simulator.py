@@ -11,7 +11,7 @@ import pytest
 from xdsl.parser import Parser
 
 from dialects.moe import max_blocks
-from runtime_sim.perf.machine import Machine, default_machine, load_machine
+from target.machine import Machine, default_machine, load_machine
 from runtime_sim.perf.memory_plan import SramOverflowError
 from runtime_sim.perf.scheduler import Task, schedule
 from runtime_sim.perf.simulate import SimResult, simulate

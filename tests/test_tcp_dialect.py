@@ -164,7 +164,7 @@ def test_load_expert_window_must_lie_in_the_row(offsets: str) -> None:
 def test_the_accumulator_is_fetched_and_a_window_moves_in_pieces() -> None:
     """Costs: an accumulating contraction reads its f32 accumulator like an operand; a window of
     columns moves one contiguous piece per row, a window of rows one piece."""
-    from runtime_sim.perf.machine import load_machine
+    from target.machine import load_machine
     from runtime_sim.perf.tcp_cost import cost_contract
     from dialects.tensor_types import window_pieces
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from runtime_sim.perf.machine import default_machine
+from target.machine import default_machine
 from runtime_sim.perf.report import EngineRecord, OpRecord, SimReport, roofline
 from tcpc.cli import main
 

@@ -15,7 +15,7 @@ from dialects.ve import VE
 from runtime_sim.perf import cost_model
 from runtime_sim.perf.cost_model import NONE, TENSOR, cost_function, costed_op_names, is_unbuffered, is_view
 from runtime_sim.perf.costs import register_cost_models
-from runtime_sim.perf.machine import default_machine
+from target.machine import default_machine
 from runtime_sim.perf.simulate import simulate
 from runtime_sim.perf.ve_cost import VE_COSTS, register_ve_op, ve_cost_of
 from tcpc.pipelines import make_context

@@ -39,8 +39,8 @@ from xdsl.ir import Operation
 from dialects import ccl
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import LINK, OpCost, free_cost, register_cost, register_data_operands
-from runtime_sim.perf.machine import Machine
-from runtime_sim.perf.mesh_machine import MeshMachine
+from target.machine import Machine
+from target.mesh_machine import MeshMachine
 from runtime_sim.perf.vector_cost import scan_cycles, vector_chain_cycles
 
 PLAN_STREAMS = 5

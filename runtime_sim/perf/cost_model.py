@@ -36,7 +36,7 @@ from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from dialects import tile
 from dialects.annotations import placed_in_hbm
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 
 TENSOR = "tensor"
 DMA = "dma"

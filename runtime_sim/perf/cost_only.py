@@ -58,7 +58,7 @@ from dialects.tmath import TMath
 from dialects.ve import VE
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import data_operands
-from runtime_sim.perf.machine import Machine, default_machine
+from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder, without_gc_pauses

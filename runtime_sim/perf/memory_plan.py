@@ -76,7 +76,7 @@ from typing import Literal
 
 from runtime_sim.perf.cost_model import DMA, NONE, OpCost
 from runtime_sim.perf.free_space import FreeSpace
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 from runtime_sim.perf.op_trace import Trace, TracedOp
 from runtime_sim.perf.scheduler import Slot, Task
 from runtime_sim.perf.tcp_cost import dma_copy_cost, hbm_share_cycles, requests

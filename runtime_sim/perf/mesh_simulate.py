@@ -35,7 +35,7 @@ from runtime_sim.perf.ccl_cost import Traffic, link_cycles, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
 from runtime_sim.perf.cost_only import Lazy, is_placeholder, placeholder, shape_only_interpreter
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
-from runtime_sim.perf.mesh_machine import MeshMachine
+from target.mesh_machine import MeshMachine
 from runtime_sim.perf.op_trace import Trace
 from runtime_sim.perf.report import SimReport
 from runtime_sim.perf.scheduler import Task, schedule

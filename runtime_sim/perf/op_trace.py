@@ -39,7 +39,7 @@ from runtime_sim.perf.cost_model import (
     stores_disjointly,
     unread_operands,
 )
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 from runtime_sim.semantics.numerics import stored_nbytes
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from dialects.annotations import PHASES
 from runtime_sim.perf.cost_model import TENSOR, flop_cycles
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 from runtime_sim.perf.memory_plan import Spill, Stream
 
 

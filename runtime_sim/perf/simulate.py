@@ -27,7 +27,7 @@ from xdsl.traits import SymbolTable
 from runtime_sim.perf import cost_model
 from runtime_sim.perf.cost_model import DMA, TENSOR, CostModelError, engine_units, require_lowered
 from runtime_sim.perf.costs import register_cost_models
-from runtime_sim.perf.machine import Machine, default_machine
+from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, MemoryPlan, SramPolicy, plan_memory, scheduled_peak
 from runtime_sim.perf.op_trace import Trace, TraceRecorder
 from runtime_sim.perf.report import EngineRecord, OpRecord, SimReport, roofline

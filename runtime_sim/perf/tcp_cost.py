@@ -67,7 +67,7 @@ from xdsl.ir import Operation
 from dialects import tcp
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands, register_view
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 from runtime_sim.semantics.numerics import float4_e2m1, stored_nbytes
 
 

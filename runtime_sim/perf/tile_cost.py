@@ -54,7 +54,7 @@ from runtime_sim.perf.cost_model import (
     register_order_operands,
     register_unread_operands,
 )
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 from runtime_sim.perf.tcp_cost import cost_dma_gather, dma_copy_cost, dma_rows_cost, row_bytes
 from runtime_sim.semantics.numerics import stored_nbytes
 

@@ -83,7 +83,7 @@ from runtime_sim.perf.cost_model import (
     register_unbuffered,
     register_view,
 )
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 from runtime_sim.perf.vector_cost import AluClass, ChainStage, chain_invocation_cycles, scan_cycles
 from runtime_sim.semantics.numerics import stored_nbytes
 

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from runtime_sim.perf.machine import Machine
+from target.machine import Machine
 
 AluClass = Literal["int", "float"]
 """`int`: integer, logic and clip stages (8-way); `float`: float, reduce and divide (4-way)."""

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime_sim.perf.machine import (MACHINES_DIR, Machine, MachineError, _number, _read, _Field,
-                                      builtin_chip_machines, load_machine)
+from target.machine import (MACHINES_DIR, Machine, MachineError, _number, _read, _Field, builtin_chip_machines,
+                            load_machine)
 
 DEFAULT_MESH_MACHINE = "rngd_pcie"
 

@@ -2,7 +2,7 @@
 
 Every number in a machine file carries where it comes from (`source = "..."`) or why it was
 assumed (`assumption = "..."`), so a report can always say what a cycle count rests on. The
-default machine is `machines/rngd.toml` (one RNGD cluster of 256 slices). A file may start
+default machine is `machines/rngd.toml` (the whole RNGD chip, 2 clusters of 256 slices). A file may start
 from another with `extends = "rngd"` (a built-in name, or a path relative to the file) and
 override single numbers. Mistakes (bad TOML, a missing or unknown key, a wrong type, a number
 that must be positive, a number too large to simulate, a file that is not UTF-8 text) raise
@@ -113,6 +113,12 @@ class Machine:
         """SRAM of the whole chip, every cluster's: what the memory plan may keep live at once
         (one pool; the schedule level copies what a cluster reads from another by DMA)."""
         return self.clusters * self.slices * self.sram_bytes_per_slice
+
+    @property
+    def cluster_sram_bytes(self) -> int:
+        """One cluster's SRAM: what one cluster's share of a schedule (an expert's weight tiles,
+        a token tile) is sized for."""
+        return self.slices * self.sram_bytes_per_slice
 
     @property
     def hbm_bytes_per_cycle(self) -> float:
