@@ -139,6 +139,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                      sram_policy: str = "spill", cost_only: bool = False,
                      routing: str | Path = "balanced") -> MeshSimulation:
     """Shard, lower and simulate one graph of `program` on the mesh of `spec`."""
+    from runtime_sim.perf.graph_work import graph_work
     from runtime_sim.perf.mesh_machine import MeshMachine, load_mesh_machine
     from runtime_sim.perf.mesh_simulate import simulate_mesh
 
@@ -159,15 +160,17 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                                         machine=mach, sram_policy=sram_policy), topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
     module = program.lower(pipeline)
+    # A chip's useful work: its program after shard-experts, before lowering.
+    work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False)), name))
     if cost_only:
         if inputs:
             raise CompileError("cost-only simulation takes no inputs")
         result = simulate_mesh(module, name, mach, cost_only=True, routing=routing, seed=seed,
-                               sram_policy=sram_policy)  # type: ignore[arg-type]
+                               sram_policy=sram_policy, work=work)  # type: ignore[arg-type]
         return MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
     args = prepare_inputs(fn, inputs or {}, seed)
     result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
-                           sram_policy=sram_policy)  # type: ignore[arg-type]
+                           sram_policy=sram_policy, work=work)  # type: ignore[arg-type]
     outputs = token_outputs(spec.mesh, result.outputs)
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     return MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)
