@@ -156,6 +156,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                      listeners: Sequence[Interpreter.Listener] = ()) -> MeshSimulation:
     """Shard, lower and simulate one graph of `program` on the mesh of `spec`; `listeners` see
     every op of every chip, in each of the `spec.simulations(cost_only)` simulations."""
+    from runtime_sim.perf.graph_work import graph_work
     from target.mesh_machine import MeshMachine, load_mesh_machine
     from runtime_sim.perf.mesh_simulate import simulate_mesh
 
@@ -176,15 +177,17 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                                         machine=mach, sram_policy=sram_policy, listeners=listeners), topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
     module = program.lower(pipeline, machine=mach.chip)
+    # A chip's useful work: its program after shard-experts, before lowering.
+    work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False), machine=mach.chip), name))
     if cost_only:
         if inputs:
             raise CompileError("cost-only simulation takes no inputs")
         result = simulate_mesh(module, name, mach, cost_only=True, routing=routing, seed=seed,
-                               sram_policy=sram_policy, listeners=listeners)  # type: ignore[arg-type]
+                               sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
         return MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
     args = prepare_inputs(fn, inputs or {}, seed)
     result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
-                           sram_policy=sram_policy, listeners=listeners)  # type: ignore[arg-type]
+                           sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
     outputs = token_outputs(spec.mesh, result.outputs)
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     return MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)

@@ -252,11 +252,15 @@ class Program:
         """The simulated IR (its ops are the trace's), the passes it went through, the
         arguments it ran on (none in cost-only mode) and the simulator's result."""
         from runtime_sim.perf.cost_only import simulate_cost_only
+        from runtime_sim.perf.graph_work import graph_work
         from runtime_sim.perf.simulate import simulate
 
         from tcpc.schedule_summary import tile_loops
 
         name = self.function(graph).sym_name.data
+        # The roofline's useful work, from the graph before lowering; with ops costed as free it
+        # would exceed the commands', so those runs count the commands' FLOPs.
+        work = graph_work(self.function(name)) if uncosted == "error" else None
         mach = as_machine(machine)
         spec = self.full_pipeline(mach) if pipeline is None else pipeline
         if not cost_only:  # before any costing: a strategy=auto costs the lowered program
@@ -271,14 +275,14 @@ class Program:
             spec = ",".join(p for p in ("pin-routing", spec) if p)
             module = apply_pipeline(self.module, [*parse_pipeline("pin-routing"), *passes], machine=mach)
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
-                                        uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
+                                        uncosted=uncosted, listeners=listeners, work=work)  # type: ignore[arg-type]
             args: list[np.ndarray] = []
         else:
             module = apply_pipeline(self.module, passes, machine=mach)
             check_fits(module, name, f"simulating graph '{name}' with values")
             args = prepare_inputs(function_in(module, name), inputs or {}, seed)
             result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
-                              uncosted=uncosted, listeners=listeners)  # type: ignore[arg-type]
+                              uncosted=uncosted, listeners=listeners, work=work)  # type: ignore[arg-type]
         result.report.choices = choices
         result.report.loops = tile_loops(module, name)
         return module, spec, args, result

@@ -556,7 +556,8 @@ def test_mesh_report_from_each_chips_one_memory_plan(tmp_path, monkeypatch: pyte
     assert all(chip["streams"] for chip in once["chips"])
     planned_again = mesh_simulate.simulate_trace
     monkeypatch.setattr(mesh_simulate, "simulate_trace",
-                        lambda trace, machine, policy, units, plan: planned_again(trace, machine, policy, units))
+                        lambda trace, machine, policy, units, plan, work: planned_again(trace, machine, policy, units,
+                                                                                        work=work))
     assert report() == once
 
 

@@ -1,7 +1,9 @@
 """The full pipeline (the lowering passes, then the schedule level) end to end: what the
 lowered IR holds, and that simulating it computes the reference, deterministically, never below
-the roofline, over every example and over random dims and routings."""
+the roofline (which counts the router and the kept pairs, the padding apart), over every example
+and over random dims and routings."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +104,13 @@ def test_random_layers_simulate_to_the_reference(layer: tuple[str, dict[str, np.
     assume(not np.isnan(want[0].astype(np.float32)).all())
     np.testing.assert_array_equal(out.view(np.uint16), want[0].view(np.uint16))
     assert sim.report.total_cycles >= sim.report.roofline.cycles
+    # The roofline counts the router and the kept pairs; the padding, each expert's last block's rest.
+    dims, capacity = program.dims, re.search(r"capacity=(\d+)", source)
+    kept = np.bincount(want[1].reshape(-1), minlength=dims["E"])
+    kept = np.minimum(kept, int(capacity.group(1))) if capacity else kept
+    per_pair = 2 * dims["D"] * dims["F"] * 2  # the up and the down projection
+    assert sim.report.roofline.flops == 2 * dims["T"] * dims["D"] * dims["E"] + int(kept.sum()) * per_pair
+    assert sim.report.roofline.padding.flops == int((-(-kept // dims["B"]) * dims["B"] - kept).sum()) * per_pair
 
 
 def test_planned_ir_carries_the_simulated_schedule() -> None:

@@ -15,7 +15,8 @@ unused blocks skipped whole, F tiling and the contraction grid, the best-fit uni
 split along K at decode, split-router-k; split-clusters' masked ids issued as early as the
 routing makes them; a reused weight tile passed through and row tiles four blocks ahead; each
 part's start of a command on several DMA engines in the JSON, `part_starts`; the trace's track
-per unit of every engine, each part drawn at its own start.)
+per unit of every engine, each part drawn at its own start; the roofline's useful FLOPs and its
+padding, report JSON only.)
 """
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (738360, 6572, 'c8854b42687cc2b9', 'f6bc35cad0f4a033', '23e767bfc883f6cb', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (59390, 6084, 'a04746b04c3d2365', '57029ed6ea1d2fd4', '64cb599bdee8f5c8', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (26492, 2619, '354aaa63446d02c8', '704a7021fd232de8', '4c2e7561fa1a1407', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (16915, 1439, '0d9a2270cb6f9b04', '285969eba0f061e6', 'b8304825e5ba37a0', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (23538, 2725, '3bf22b3d3ad1a994', 'b35cfebfa4bbb788', '25699a7a022b09d4', '778cfe00474e8a2b'),
+    'qwen3 real dims T=64, cost-only, skewed': (738360, 6572, '975628d5a050f039', 'f6bc35cad0f4a033', '23e767bfc883f6cb', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (59390, 6084, '6e29eb1eecfd2e1f', '57029ed6ea1d2fd4', '64cb599bdee8f5c8', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (26492, 2619, 'a1e31c3035283ebd', '704a7021fd232de8', '4c2e7561fa1a1407', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (16915, 1439, 'a638fbcbf1958582', '285969eba0f061e6', 'b8304825e5ba37a0', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (23538, 2725, '7f93d0afa5b04a1c', 'b35cfebfa4bbb788', '25699a7a022b09d4', '778cfe00474e8a2b'),
 }
 
 

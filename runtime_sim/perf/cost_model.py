@@ -35,7 +35,7 @@ from xdsl.dialects import func, scf
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from dialects import tile
-from dialects.annotations import placed_in_hbm
+from dialects.annotations import expert_indices, placed_in_hbm
 from target.machine import Machine
 
 TENSOR = "tensor"
@@ -221,9 +221,14 @@ def aliased_operand(op: Operation) -> int | None:
 
 
 def data_operands(op: Operation) -> tuple[SSAValue, ...]:
-    """The operands whose values `op`'s cost depends on (empty for most ops)."""
+    """The operands whose values `op`'s cost depends on (empty for most ops), and a routing's
+    expert choices where lower-routing marks them (`tcpc.expert_indices`): the trace records
+    them, the routed pairs the roofline counts (graph_work.py)."""
     fn = _DATA_OPERANDS.get(op.name)
-    return fn(op) if fn is not None else ()
+    operands = fn(op) if fn is not None else ()
+    if expert_indices(op) is not None:
+        operands = (*operands, op.operands[0])
+    return operands
 
 
 def free_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:

@@ -58,6 +58,7 @@ from dialects.tmath import TMath
 from dialects.ve import VE
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import data_operands
+from runtime_sim.perf.graph_work import GraphWork
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
@@ -305,10 +306,11 @@ def arg_names(fn: func.FuncOp) -> list[str]:
 def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None = None, *,
                        routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
                        sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, uncosted: UncostedPolicy = "error",
-                       listeners: Sequence[Interpreter.Listener] = ()) -> SimResult:
+                       listeners: Sequence[Interpreter.Listener] = (), work: GraphWork | None = None) -> SimResult:
     """Simulate `function` without values: routing arguments from the scenario `routing`
     (`seed` for `skewed`), every other argument a placeholder. The result has no outputs;
-    `routing` maps each routing argument's name to the Routing used."""
+    `routing` maps each routing argument's name to the Routing used. `work` is the graph-level
+    program's (graph_work.py), for the roofline's useful FLOPs."""
     machine = machine or default_machine()
     recorder = trace_recorder(module, function, machine, uncosted)
     entry = function_named(module, function)
@@ -319,6 +321,6 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     interpreter = shape_only_interpreter(module, [recorder, *listeners])
     with without_gc_pauses():
         interpreter.call_op(function, tuple(args))
-        report, sched = simulate_trace(recorder.trace, machine, sram_policy)
+        report, sched = simulate_trace(recorder.trace, machine, sram_policy, work=work)
     return SimResult((), report, sched, cost_only=True,
                      routing={names[i].lstrip("%"): c for i, c in chosen.items()}, trace=recorder.trace)

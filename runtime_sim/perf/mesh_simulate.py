@@ -34,6 +34,7 @@ from dialects.tensor_types import shape_of
 from runtime_sim.perf.ccl_cost import Traffic, link_cycles, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
 from runtime_sim.perf.cost_only import Lazy, is_placeholder, placeholder, shape_only_interpreter
+from runtime_sim.perf.graph_work import GraphWork
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
 from target.mesh_machine import MeshMachine
 from runtime_sim.perf.op_trace import Trace
@@ -257,10 +258,11 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
                   args: Sequence[Sequence[Any]] | None = None, *, cost_only: bool = False,
                   routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
                   sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
-                  listeners: Sequence[Interpreter.Listener] = ()) -> MeshResult:
+                  listeners: Sequence[Interpreter.Listener] = (), work: GraphWork | None = None) -> MeshResult:
     """Run and simulate the SPMD `function` on every chip (chip c on `args[c]`), or cost it
     without values (`cost_only`, routing from the scenario); `listeners` see every chip's ops
-    (from every chip's thread), as a progress line does."""
+    (from every chip's thread), as a progress line does. `work` is the sharded graph-level
+    program's (graph_work.py): each chip's roofline counts its useful FLOPs."""
     fn = function_named(module, function)
     mesh = mesh_of(fn)
     if machine.chips is not None and machine.chips != mesh.chips:
@@ -289,14 +291,14 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
         if args is None or len(args) != mesh.chips:
             raise MeshError(f"the mesh {mesh} needs arguments for {mesh.chips} chips")
         outputs = run_mesh(module, function, mesh, args, plain_chip(lambda c: (recorders[c], traffics[c], *listeners)))
-    report = schedule_mesh(machine, mesh, [r.trace for r in recorders], traffics, sram_policy)
+    report = schedule_mesh(machine, mesh, [r.trace for r in recorders], traffics, sram_policy, work)
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     report.routing = {names[i]: r for i, r in chosen.items()}
     return MeshResult(outputs, report)
 
 
 def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], traffics: list[TrafficRecorder],
-                  sram_policy: SramPolicy) -> MeshReport:
+                  sram_policy: SramPolicy, work: GraphWork | None = None) -> MeshReport:
     """Every chip's report, with the collectives aligned across each group (module docstring)."""
     n = mesh.chips
     keys = [[o.index for o in t.ops if o.name in _COLLECTIVE_NAMES] for t in traces]
@@ -325,7 +327,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
         ops = list(traces[c].ops)
         for j, key in enumerate(keys[c]):
             ops[key] = dataclasses.replace(ops[key], cost=dataclasses.replace(ops[key].cost, cycles=wait[c][j] + duration[c][j]))
-        return Trace(ops, traces[c].buffer_bytes, traces[c].buffer_labels, traces[c].outputs)
+        return dataclasses.replace(traces[c], ops=ops)
 
     # The memory plan follows program order, not time (no decision of it reads a command's
     # cycles; a collective is a link command, whose cost the plan never changes): plan each
@@ -352,7 +354,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             for c in group:
                 wait[c][j] = sync - starts[c]
     reports = [simulate_trace(timed(c), machine.chip, sram_policy, {LINK: 1},
-                              dataclasses.replace(plans[c], tasks=timed_tasks(c)))[0] for c in range(n)]
+                              dataclasses.replace(plans[c], tasks=timed_tasks(c)), work=work)[0] for c in range(n)]
     links = []
     for c in range(n):
         for j, key in enumerate(keys[c]):

@@ -20,7 +20,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.traits import SymbolTable
 
 from dialects import ve
-from dialects.annotations import OTHER, cluster_of, on_own_dma, phase_of
+from dialects.annotations import OTHER, cluster_of, expert_indices, on_own_dma, phase_of
 from runtime_sim.perf.cost_model import (
     TENSOR,
     UNTRACED,
@@ -72,6 +72,14 @@ class TracedOp:
     partial pipeline may, and the memory plan then streams the operand in (memory_plan.py)."""
 
 
+class RoutingChoices(NamedTuple):
+    """The expert choices one routing of a run read (the op lower-routing marks
+    `tcpc.expert_indices`, dialects/annotations.py): E and the [T, K] choices."""
+
+    experts: int
+    choices: np.ndarray
+
+
 @dataclass
 class Trace:
     ops: list[TracedOp] = field(default_factory=list)
@@ -79,6 +87,9 @@ class Trace:
     buffer_labels: dict[int, str] = field(default_factory=dict)
     outputs: set[int] = field(default_factory=set)
     """Buffers the function returns: live until the end."""
+    routings: list[RoutingChoices] = field(default_factory=list)
+    """Each routing's expert choices, in the order they ran: the routed pairs the report's
+    roofline counts (graph_work.py)."""
 
 
 class _Value(NamedTuple):
@@ -139,6 +150,8 @@ class _Statics:
     """Operands it may skip, by its operands' values (cost_model.register_unread_operands)."""
     forward: Callable[[Operation, tuple[Any, ...]], int | None] | None
     """The operand it may pass through, by its operands' values (cost_model.register_forwarded_operand)."""
+    experts: int | None
+    """E when it reads a routing's expert choices (`tcpc.expert_indices`), which are recorded."""
 
 
 def op_label(op: Operation) -> str:
@@ -190,7 +203,7 @@ class TraceRecorder(Interpreter.Listener):
                 tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
                 tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results),
                 alias is not None and stores_disjointly(op), cluster_of(op), on_own_dma(op), unread_operands(op),
-                forwarded_operand(op))
+                forwarded_operand(op), expert_indices(op))
         return statics
 
     def _cost(self, op: Operation, statics: _Statics, args: tuple[Any, ...], results: tuple[Any, ...]) -> OpCost:
@@ -257,6 +270,8 @@ class TraceRecorder(Interpreter.Listener):
         statics = self._statics(op)
         cost = self._cost(op, statics, args, results)
         trace = self.trace
+        if statics.experts is not None:
+            trace.routings.append(RoutingChoices(statics.experts, np.array(args[0])))
         index = len(trace.ops)
         values = self._values
         operands = op.operands

@@ -21,6 +21,7 @@ from typing import Any
 
 from dialects.annotations import PHASES
 from runtime_sim.perf.cost_model import TENSOR, flop_cycles
+from runtime_sim.perf.graph_work import Padding
 from target.machine import Machine
 from runtime_sim.perf.memory_plan import Spill, Stream
 
@@ -92,8 +93,12 @@ class EngineRecord:
 @dataclass(frozen=True)
 class Roofline:
     """The layer's lower bound: its FLOPs at the tensor unit's peak, its HBM bytes at HBM
-    bandwidth; the simulated time can never be below the larger of the two. The HBM bytes are
-    those the layer's own commands move (loads, gathers, scatters); the memory plan's spills,
+    bandwidth; the simulated time can never be below the larger of the two.
+
+    The FLOPs are the useful ones when the graph-level program is known (graph_work.py: its
+    contractions on the routed pairs, not on the blocks' padding rows), else every FLOP the
+    commands did (`padding` is None then). The HBM bytes are those the layer's own commands
+    move (loads, gathers, scatters, stores), less the padding rows'; the memory plan's spills,
     reloads and streams are left out: they are the price of SRAM pressure, which the ratio of
     the simulated time to the roofline includes."""
 
@@ -101,6 +106,8 @@ class Roofline:
     hbm_bytes: int
     flop_cycles: float
     byte_cycles: float
+    padding: Padding | None = None
+    """The contraction FLOPs and HBM bytes spent on padding rows, left out of the bound."""
 
     @property
     def cycles(self) -> float:
@@ -156,11 +163,12 @@ class TileLoop:
         return f"{self.phase} loop %{self.variable}: {self.iterations:,} x step {self.step}; tiles {', '.join(self.tiles) or 'none'}"
 
 
-def roofline(machine: Machine, flops: int, hbm_bytes: int, fp8_flops: int = 0) -> Roofline:
+def roofline(machine: Machine, flops: int, hbm_bytes: int, fp8_flops: int = 0,
+             padding: Padding | None = None) -> Roofline:
     """The whole chip's bound: every cluster's contraction peak, `fp8_flops` of the `flops` at the
     fp8 peak (twice bf16's on RNGD), and HBM bandwidth."""
     return Roofline(flops, hbm_bytes, flop_cycles(machine, flops, fp8_flops) / machine.clusters,
-                    hbm_bytes / machine.hbm_bytes_per_cycle)
+                    hbm_bytes / machine.hbm_bytes_per_cycle, padding)
 
 
 @dataclass
@@ -233,7 +241,10 @@ class SimReport:
             "microseconds": self.microseconds,
             "roofline_cycles": r.cycles,
             "roofline": {"flops": r.flops, "hbm_bytes": r.hbm_bytes, "flop_cycles": r.flop_cycles,
-                         "byte_cycles": r.byte_cycles, "bound": r.bound},
+                         "byte_cycles": r.byte_cycles, "bound": r.bound,
+                         "padding": None if r.padding is None else {
+                             "flops": r.padding.flops, "hbm_bytes": r.padding.hbm_bytes,
+                             "contraction_flops": r.padding.contraction_flops, "share": r.padding.share}},
             "peak_sram_bytes": self.peak_sram_bytes,
             "sram_capacity_bytes": self.sram_capacity,
             "sram_policy": self.sram_policy,
@@ -254,8 +265,9 @@ class SimReport:
         lines = [
             f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.clusters} x {m.slices} slices, SRAM {_size(self.sram_capacity)}",
             f"total {self.total_cycles:,} cycles = {self.microseconds:.3f} us",
-            f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} FLOPs / {m.chip_peak_flops_per_cycle:,} per cycle, "
-            f"{r.hbm_bytes:,} HBM bytes / {m.hbm_bytes_per_cycle:,.0f} per cycle)",
+            f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} {'FLOPs' if r.padding is None else 'useful FLOPs'} "
+            f"/ {m.chip_peak_flops_per_cycle:,} per cycle, {r.hbm_bytes:,} HBM bytes / {m.hbm_bytes_per_cycle:,.0f} per cycle)",
+            _padding_line(r.padding),
             f"peak SRAM {_size(self.peak_sram_bytes)} of {_size(self.sram_capacity)} "
             f"(policy {self.sram_policy}; {len(self.spills)} spill(s), {len(self.streams)} stream(s))",
         ]
@@ -356,6 +368,13 @@ def track_name(engine: str, unit: int, units: int) -> str:
     if engine == TENSOR:
         return f"tensor unit {unit}"
     return engine if units == 1 else f"{engine} {unit}"
+
+
+def _padding_line(padding: Padding | None) -> str:
+    if padding is None:
+        return "padding: not known (no graph-level program: the roofline counts every FLOP the commands did)"
+    return (f"padding: {padding.flops:,} FLOPs ({padding.share:.1%} of the contraction work), "
+            f"{padding.hbm_bytes:,} HBM bytes; not in the roofline")
 
 
 def _size(n: int) -> str:

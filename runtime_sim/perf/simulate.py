@@ -27,10 +27,11 @@ from xdsl.traits import SymbolTable
 from runtime_sim.perf import cost_model
 from runtime_sim.perf.cost_model import DMA, TENSOR, CostModelError, engine_units, require_lowered
 from runtime_sim.perf.costs import register_cost_models
+from runtime_sim.perf.graph_work import GraphWork, useful_work
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, MemoryPlan, SramPolicy, plan_memory, scheduled_peak
 from runtime_sim.perf.op_trace import Trace, TraceRecorder
-from runtime_sim.perf.report import EngineRecord, OpRecord, SimReport, roofline
+from runtime_sim.perf.report import EngineRecord, OpRecord, Roofline, SimReport, roofline
 from runtime_sim.perf.scheduler import Schedule, schedule
 from runtime_sim.semantics.executor import function_named, run_function
 
@@ -93,19 +94,20 @@ def trace_recorder(module: ModuleOp, function: str, machine: Machine,
 
 def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machine: Machine | None = None,
              *, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, uncosted: UncostedPolicy = "error",
-             listeners: Sequence[Interpreter.Listener] = ()) -> SimResult:
+             listeners: Sequence[Interpreter.Listener] = (), work: GraphWork | None = None) -> SimResult:
     """Run `function` on `args` and simulate it on `machine` (default RNGD).
 
     `uncosted="error"` (default) refuses IR with ops that have no cost model (graph-level ops)
     before running, naming them all (NotLoweredError); `"free"` runs it anyway and reports
     those ops as zero-cost, "not costed: lower it first". `sram_policy` is `spill` (default)
     or `error`; see memory_plan. `listeners` see every op as it runs (progress displays).
+    `work` is the graph-level program's (graph_work.py), for the roofline's useful FLOPs.
     """
     machine = machine or default_machine()
     recorder = trace_recorder(module, function, machine, uncosted)
     with without_gc_pauses():
         outputs = run_function(module, function, args, listeners=[recorder, *listeners])
-        report, sched = simulate_trace(recorder.trace, machine, sram_policy)
+        report, sched = simulate_trace(recorder.trace, machine, sram_policy, work=work)
     return SimResult(outputs, report, sched, trace=recorder.trace)
 
 
@@ -143,11 +145,12 @@ def own_dma_units(trace: Trace, machine: Machine) -> dict[int, tuple[int, ...]]:
 
 def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
                    extra_units: Mapping[str, int] | None = None,
-                   plan: MemoryPlan | None = None) -> tuple[SimReport, Schedule]:
+                   plan: MemoryPlan | None = None, work: GraphWork | None = None) -> tuple[SimReport, Schedule]:
     """Plan, schedule and report a recorded trace; `extra_units` adds engines the machine does
     not have (a mesh chip's link); `plan`, the trace's memory plan if the caller has it (the
-    mesh's, made once per chip: its tasks must carry the trace's cycles). Returns the report
-    and the schedule (its `graph` is the dependency graph)."""
+    mesh's, made once per chip: its tasks must carry the trace's cycles); `work`, the
+    graph-level program's (the roofline then counts useful FLOPs, see `layer_roofline`).
+    Returns the report and the schedule (its `graph` is the dependency graph)."""
     plan = plan or plan_memory(trace, machine, sram_policy)
     units = {**engine_units(machine), **(extra_units or {})}
     sched = schedule(plan.tasks, units, pinned_units(trace), own_dma_units(trace, machine))
@@ -164,10 +167,7 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
                                 slot.end - slot.start, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound, phase, slot.units,
                                 slot.part_starts))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
-    # The layer's own HBM traffic: its commands as traced, without the plan's spills, reloads
-    # and streams (the cost of SRAM pressure, which the ratio to the roofline then shows).
-    bound = roofline(machine, sum(r.flops for r in records), sum(t.cost.hbm_bytes for t in trace.ops),
-                     sum(t.cost.fp8_flops for t in trace.ops))
+    bound = layer_roofline(machine, trace, work)
     if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
         raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
     report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
@@ -175,6 +175,19 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
                        critical_cycles=sched.critical_cycles)
     return report, sched
 
+
+
+def layer_roofline(machine: Machine, trace: Trace, work: GraphWork | None) -> Roofline:
+    """The layer's roofline. Its HBM traffic is its commands' as traced, without the plan's
+    spills, reloads and streams (the cost of SRAM pressure, which the ratio to the roofline
+    then shows). With the graph's `work`, the FLOPs are the useful ones and the padding rows'
+    FLOPs and bytes are left out and reported (graph_work.py); without, every FLOP the
+    commands did."""
+    hbm_bytes = sum(t.cost.hbm_bytes for t in trace.ops)
+    if work is None:
+        return roofline(machine, sum(t.cost.flops for t in trace.ops), hbm_bytes, sum(t.cost.fp8_flops for t in trace.ops))
+    useful = useful_work(work, trace.ops, trace.routings)
+    return roofline(machine, useful.flops, hbm_bytes - useful.padding.hbm_bytes, useful.fp8_flops, useful.padding)
 
 
 PLAN_ATTR = "tcpc.plan"
