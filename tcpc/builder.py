@@ -137,20 +137,24 @@ def _divide(a: int | float, b: int | float, loc: Loc) -> int | float:
 
 
 class AutoDim:
-    """The value of a dim set to `auto` (`--set B=auto`): the block of every scatter whose
-    `block=` names it is left to the cost model, as `block=auto` would; nothing else takes it."""
+    """The value of a dim set to `auto` (`dims B = auto`, or `--set B=auto`): the block of every
+    scatter whose `block=` names it is left to the cost model, as `block=auto` would; nothing
+    else takes it."""
 
     def __repr__(self) -> str:
         return "auto"
 
 
 AUTO_DIM = AutoDim()
+AUTO_DIM_FORMS = "dims NAME = auto, or --set NAME=auto"
+"""How a dim becomes auto, for the errors at a use other than block=."""
 
 
 def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int | str]) -> dict[str, int]:
     """Dims in order of definition; an override replaces a dim's definition, and later dims
-    that depend on it follow. An override `auto` makes the dim AUTO_DIM (a block left to the
-    compiler; typed as int for every other dim's sake: only `scatter` and `static_int` meet it)."""
+    that depend on it follow. A definition or an override `auto` makes the dim AUTO_DIM (a block
+    left to the compiler; typed as int for every other dim's sake: only `scatter`, `static_int`
+    and `binary` meet it, and all but scatter's block= refuse it where it is used)."""
     names = {d.name for d in defs}
     unknown = sorted(set(overrides) - names)
     if unknown:
@@ -160,7 +164,7 @@ def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int | str]
     for d in defs:
         if d.name in dims:
             raise CompileError(f"dim {d.name} is defined twice", d.loc)
-        if d.name in overrides and overrides[d.name] == "auto":
+        if overrides.get(d.name) == "auto" or d.name not in overrides and isinstance(d.value, ast.Auto):
             value = AUTO_DIM  # type: ignore[assignment]
         elif d.name in overrides:
             value = overrides[d.name]
@@ -243,7 +247,7 @@ class GraphBuilder:
     def static_int(self, e: ast.Expr, what: str, minimum: int = 1) -> int:
         v = self.static(e, what).value
         if v is AUTO_DIM:
-            raise CompileError(f"{what} cannot be auto: a dim set to auto (--set NAME=auto) is only a scatter's block=",
+            raise CompileError(f"{what} cannot be auto: a dim set to auto ({AUTO_DIM_FORMS}) is only a scatter's block=",
                                e.loc)
         if isinstance(v, bool) or not isinstance(v, int):
             if isinstance(e, ast.Binary) and e.op == "/" and isinstance(v, float):
@@ -336,8 +340,8 @@ class GraphBuilder:
             case ast.Number(value=v) | ast.String(value=v):
                 return Static(v)
             case ast.Auto():
-                raise CompileError("'auto' is a value only scatter's block= takes (the compiler then picks "
-                                   "the block size by its cost model)", e.loc)
+                raise CompileError("'auto' is a value only scatter's block= takes, or a dim it names (the "
+                                   "compiler then picks the block size by its cost model)", e.loc)
             case ast.Name(id=name):
                 if name in self.env:
                     return self.env[name]
@@ -395,7 +399,7 @@ class GraphBuilder:
         if isinstance(lhs, Static) and isinstance(rhs, Static):
             a, b = lhs.value, rhs.value
             if AUTO_DIM in (a, b):
-                raise CompileError(f"cannot apply '{e.op}' to auto: a dim set to auto (--set NAME=auto) is only "
+                raise CompileError(f"cannot apply '{e.op}' to auto: a dim set to auto ({AUTO_DIM_FORMS}) is only "
                                    "a scatter's block=", e.loc)
             if not (is_number(a) and is_number(b)) and e.op not in ("==", "!="):
                 raise CompileError(f"cannot apply '{e.op}' to {spell(a)} and {spell(b)}", e.loc)

@@ -262,5 +262,5 @@ def test_a_dim_set_to_auto_is_only_a_block(tmp_path: Path, capsys: pytest.Captur
                     .replace("experts=E, block=B", "experts=E, block=B, capacity=C * B"))
     assert main(["compile", str(path), "--set", "B=auto"]) == 1
     err = capsys.readouterr().err
-    assert f"{path}:" in err and "cannot apply '*' to auto: a dim set to auto (--set NAME=auto) is only a scatter's block=" in err
+    assert f"{path}:" in err and "cannot apply '*' to auto: a dim set to auto (dims NAME = auto, or --set NAME=auto) is only a scatter's block=" in err
     assert "Traceback" not in err
