@@ -31,9 +31,11 @@ from passes.lower_topk import AUTO_STRATEGY, DEFAULT_STRATEGY, STRATEGIES, Lower
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.machine import Machine
 from runtime_sim.perf.report import Choice
+from runtime_sim.perf.routing_scenarios import SCENARIOS
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
 from tcpc.pipelines import FULL_PIPELINE, apply_pipeline, parse_pipeline, pipeline_for
+from tcpc.program import print_ir
 
 BLOCK_SPREAD = 4
 """Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
@@ -77,12 +79,31 @@ def _past_the_end(best: int, tried: Mapping[int, int], most: int) -> int | None:
     return None
 
 
+COSTS_KEPT = 1024
+"""How many costings `cost_cycles` remembers (the oldest are forgotten first)."""
+_costs: dict[tuple[object, ...], int] = {}
+
+
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
                 routing: str | Path, seed: int) -> int:
-    """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario."""
+    """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario.
+
+    Remembered for the process, by the module's text and everything else the cycles depend on:
+    the block search and the strategy choice cost the chosen block's program alike, and a
+    program compiled again (the Python API, tests) is not simulated again. A routing read from
+    a file is not remembered (the file may change)."""
+    key = ((print_ir(module), tuple(functions), tuple(map(repr, passes)), repr(machine), str(routing), seed)
+           if str(routing) in SCENARIOS else None)
+    if key in _costs:
+        return _costs[key]  # type: ignore[index]
     lowered = apply_pipeline(module, [*parse_pipeline("pin-routing"), *passes])
-    return sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
-               for name in functions)
+    cycles = sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
+                 for name in functions)
+    if key is not None:
+        if len(_costs) >= COSTS_KEPT:
+            del _costs[next(iter(_costs))]
+        _costs[key] = cycles
+    return cycles
 
 
 def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]], ModuleOp], filename: str,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tcpc
+import tcpc.autotune
 from runtime_sim.perf.report import Choice
 from tcpc.autotune import block_candidates, choose_block
 from tcpc.builder import AutoBlock
@@ -110,11 +111,31 @@ def test_block_auto_picks_the_fewest_cycles_and_runs_at_them() -> None:
     assert experts and any(f", {choice.chosen}, " in t for t in experts[0].tiles)  # the block's rows
 
 
-def test_block_auto_is_deterministic() -> None:
+def test_block_auto_is_deterministic(monkeypatch: pytest.MonkeyPatch) -> None:
     first = tcpc.compile_source(MIXTRAL_AUTO)
+    monkeypatch.setattr(tcpc.autotune, "_costs", {})  # costed again, not remembered
     second = tcpc.compile_source(MIXTRAL_AUTO)
     assert first.choices == second.choices
     assert first.graph_ir() == second.graph_ir()
+
+
+def test_a_costing_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The same program, passes, machine, routing scenario and seed: its cycles are remembered;
+    anything else, or a routing read from a file (its content may change), is simulated."""
+    first = tcpc.compile_source(MIXTRAL_AUTO)
+
+    def no_simulation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("simulated again")
+
+    monkeypatch.setattr(tcpc.autotune, "simulate_cost_only", no_simulation)
+    assert tcpc.compile_source(MIXTRAL_AUTO).choices == first.choices
+    for other in ({"dims": {"T": 8}}, {"routing": "skewed"}, {"seed": 1}):
+        with pytest.raises(AssertionError, match="simulated again"):
+            tcpc.compile_source(MIXTRAL_AUTO, **other)  # type: ignore[arg-type]
+    routing = tmp_path / "r.npy"
+    np.save(routing, np.tile(np.arange(2, dtype=np.int32), (16, 1)))
+    with pytest.raises(AssertionError, match="simulated again"):
+        tcpc.compile_source(MIXTRAL_AUTO, routing=routing)
 
 
 def test_block_auto_for_the_runs_routing() -> None:
