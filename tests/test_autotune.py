@@ -17,7 +17,7 @@ import pytest
 import tcpc
 import tcpc.autotune
 from runtime_sim.perf.report import Choice
-from tcpc.autotune import block_candidates, choose_block
+from tcpc.autotune import BETTER_BLOCK_RATIO, block_candidates, choose_block
 from tcpc.builder import AutoBlock
 from tcpc.cli import main
 from tcpc.diagnostics import Loc
@@ -204,6 +204,57 @@ def test_compile_prints_the_choice(tmp_path: Path, capsys: pytest.CaptureFixture
     assert first.startswith(f"// chose block ") and f"{path}:9:52 (block=auto)" in first
     chosen = int(first.split()[3])
     assert f"B = {chosen}," in ir
+
+
+# --- a fixed block the compiler's choice beats (the report's "better block") ---------------------
+
+
+def test_a_fixed_block_far_from_the_choice_is_named_with_the_better_one() -> None:
+    """qwen3_moe at T = 16 with B = 1: the search of block=auto, run for the fixed block, finds a
+    block more than 1.5x faster; both cycle counts are those block=auto costs them at."""
+    (auto_choice,) = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": "auto"}).choices
+    cycles = dict(auto_choice.alternatives)
+    (better,) = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": 1}).better_blocks()
+    assert better.where == auto_choice.where and better.dim == "B" and better.routing == "balanced"
+    assert (better.given, better.better) == (1, auto_choice.chosen)
+    assert (better.given_cycles, better.better_cycles) == (cycles[1], cycles[auto_choice.chosen])
+    assert better.given_cycles > BETTER_BLOCK_RATIO * better.better_cycles
+    assert f"--set B={better.better} or --set B=auto" in better.describe()
+
+
+def test_a_fixed_block_near_the_choice_is_not_named() -> None:
+    """Every candidate within BETTER_BLOCK_RATIO of the best: no better block, whatever the choice."""
+    (auto_choice,) = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": "auto"}).choices
+    near = [b for b, c in auto_choice.alternatives if c <= BETTER_BLOCK_RATIO * min(dict(auto_choice.alternatives).values())]
+    assert len(near) > 1
+    assert tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": near[-1]}).better_blocks() == []
+    assert tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": "auto"}).better_blocks() == []  # nothing fixed
+
+
+def test_a_literal_block_is_named_as_block_equals(tmp_path: Path) -> None:
+    path = tmp_path / "one.moe"
+    path.write_text(MIXTRAL_AUTO.replace("block=auto", "block=1"))
+    (better,) = tcpc.compile_file(path, {"T": 32}, routing="skewed").better_blocks(routing="skewed")
+    assert better.dim is None and better.where == f"{path}:9:52" and better.routing == "skewed"
+    assert f"block={better.better} or block=auto" in better.describe() and "(cost-only, skewed routing)" in better.describe()
+
+
+def test_the_report_names_the_better_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Text and JSON, only when a report is asked for; the Python API's report leaves it unlooked."""
+    report = tmp_path / "r.json"
+    qwen3 = str(EXAMPLES / "qwen3_moe.moe")
+    assert main(["run", qwen3, "--set", "B=1", "--cost-only", "--report", "--report-json", str(report)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "better block" in x]
+    assert line.startswith("better block: block 1 at ") and "qwen3_moe.moe:22:52 takes " in line
+    (better,) = json.loads(report.read_text())["better_blocks"]
+    assert better["given"] == 1 and better["dim"] == "B" and better["routing"] == "balanced"
+    assert f"of block {better['better']}, the compiler's choice" in line
+    assert f"{better['given_cycles']:,} cycles" in line and f"the {better['better_cycles']:,} of" in line
+    assert main(["run", qwen3, "--set", "B=1", "--cost-only", "--report-json", str(report)]) == 0
+    assert "  better block: block 1 at " in capsys.readouterr().out  # under the header without --report
+    sim = tcpc.compile_file(qwen3, {"B": 1}).simulate(cost_only=True)
+    assert sim.report.better_blocks is None and "better_blocks" not in sim.report.to_json()
 
 
 # --- lower-topk{strategy=auto} -------------------------------------------------------------------
