@@ -9,6 +9,7 @@ twice), so they hold as the cost model moves.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -76,11 +77,13 @@ def test_choose_block_ties_go_to_the_smaller_block() -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decode_runs_without_setting_b(family: str) -> None:
-    """T = 1 with the example's B = 4 (or 2): the block cannot fit, so the compiler picks it;
-    then the top-k strategy at that block; the run costs what the last choice was costed at."""
+    """T = 1 with the example's B = auto (the toy's B = 2 cannot fit, so auto is its default too):
+    the compiler picks the block, then the top-k strategy at that block; the run costs what the
+    last choice was costed at."""
     program = tcpc.compile_file(EXAMPLES / family, {"T": 1})
     (choice,) = program.choices
-    assert choice.what == "block" and choice.chosen == 1 and "does not fit" in choice.reason
+    assert choice.what == "block" and choice.chosen == 1
+    assert ("block = 2 does not fit" if family == "toy.moe" else "block=auto") in choice.reason
     assert "B = 1," in program.graph_ir()
     sim = program.simulate(cost_only=True)
     block, strategy = sim.report.choices
@@ -156,7 +159,19 @@ def test_a_block_beyond_the_capacity_is_chosen_within_it() -> None:
 
 
 def test_a_block_that_fits_is_kept() -> None:
-    assert tcpc.compile_file(EXAMPLES / "mixtral.moe").choices == []
+    assert tcpc.compile_file(EXAMPLES / "mixtral.moe", {"B": 4}).choices == []
+    assert tcpc.compile_file(EXAMPLES / "toy.moe").choices == []
+
+
+def test_dims_b_auto_is_block_auto() -> None:
+    """The examples write `dims ..., B = auto`: the block is chosen as for block=auto, at the
+    location of block=B; `--set B=4` fixes it again."""
+    program = tcpc.compile_file(EXAMPLES / "mixtral.moe")
+    (choice,) = program.choices
+    assert choice.reason == "block=auto" and choice.where == f"{EXAMPLES / 'mixtral.moe'}:9:52"
+    assert_cheapest(choice)
+    assert f"B = {choice.chosen}," in program.graph_ir() and str(program.dims["B"]) == "auto"
+    assert tcpc.compile_source(MIXTRAL_AUTO).choices == [replace(choice, where="<string>:9:52")]
 
 
 def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +181,7 @@ def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytes
                  "--report-json", str(report)])
     out = capsys.readouterr().out
     assert code == 0
-    assert "chose block 1 at " in out and "block = 4 does not fit" in out
+    assert "chose block 1 at " in out and "qwen3_moe.moe:22:52 (block=auto)" in out
     assert "schedule: experts loop %block:" in out
     assert "chose lower-topk strategy " in out and "(strategy=auto); cycles by lower-topk strategy" in out
     assert out.count("chose block 1 at ") == 1, "the header leaves the choices to the report's text"
@@ -260,7 +275,7 @@ def test_the_report_names_the_better_block(tmp_path: Path, capsys: pytest.Captur
 # --- lower-topk{strategy=auto} -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dims", [{"T": 16}, {"T": 16, "E": 256, "K": 1}])
+@pytest.mark.parametrize("dims", [{"T": 16, "B": 4}, {"T": 16, "E": 256, "K": 1, "B": 4}])
 def test_strategy_auto_picks_the_cheaper_strategy(dims: dict[str, int]) -> None:
     program = tcpc.compile_file(EXAMPLES / "mixtral.moe", dims)
     passes, (choice,) = program.passes("lower-topk{strategy=auto}")
