@@ -15,10 +15,15 @@ capacity). Fewer rows than a quarter of an expert's share multiply the blocks (a
 simulated loop iterations) for nothing; more than four times it pads every block. When the
 cheapest candidate is an end of that range of powers of two, the search goes on past it, a
 power of two at a time, while the cycles keep falling.
+
+A block the program fixes (`B = 4` written for a small T) is kept, even at a T where it is far
+from the best; a report looks for that (`better_blocks`) by the same search, and names the
+compiler's block when it is more than BETTER_BLOCK_RATIO times faster.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -29,11 +34,13 @@ from xdsl.passes import ModulePass
 
 from passes.lower_topk import AUTO_STRATEGY, DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
 from runtime_sim.perf.cost_only import simulate_cost_only
+from runtime_sim.perf.report import BetterBlock, Choice
+from runtime_sim.perf.routing_scenarios import SCENARIOS
 from target.machine import Machine
-from runtime_sim.perf.report import Choice
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import apply_pipeline, parse_pipeline, pipeline_spec
+from tcpc.pipelines import FULL_PIPELINE, apply_pipeline, parse_pipeline, pipeline_spec
+from tcpc.program import print_ir
 
 BLOCK_SPREAD = 4
 """Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
@@ -77,12 +84,45 @@ def _past_the_end(best: int, tried: Mapping[int, int], most: int) -> int | None:
     return None
 
 
+COSTS_KEPT = 1024
+"""How many costings `cost_cycles` remembers (the oldest are forgotten first)."""
+_costs: dict[tuple[object, ...], int] = {}
+
+
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
                 routing: str | Path, seed: int) -> int:
-    """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario."""
+    """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario.
+
+    Remembered for the process, by the module's text and everything else the cycles depend on:
+    the block search and the strategy choice cost the chosen block's program alike, a report's
+    better-block search costs the run's own block again, and a program compiled again (the
+    Python API, tests) is not simulated again. A routing read from a file is not remembered (the
+    file may change)."""
+    key = ((print_ir(module), tuple(functions), tuple(map(repr, passes)), repr(machine), str(routing), seed)
+           if str(routing) in SCENARIOS else None)
+    if key in _costs:
+        return _costs[key]  # type: ignore[index]
     lowered = apply_pipeline(module, [*parse_pipeline("pin-routing"), *passes], machine=machine)
-    return sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
-               for name in functions)
+    cycles = sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
+                 for name in functions)
+    if key is not None:
+        if len(_costs) >= COSTS_KEPT:
+            del _costs[next(iter(_costs))]
+        _costs[key] = cycles
+    return cycles
+
+
+def block_cycles(auto: AutoBlock, blocks: Mapping[Loc, int], build: Callable[[Mapping[Loc, int]], ModuleOp],
+                 machine: Machine, routing: str | Path, seed: int) -> Callable[[int], int]:
+    """The cycles of `auto`'s graph with its scatter at a given block and the others at `blocks`
+    (as built where not given), each block costed once."""
+    @functools.cache
+    def cycles_of(block: int) -> int:
+        module = build({**blocks, auto.loc: block})
+        # top-k at the pass's default: the strategy is chosen after the block, at the block chosen
+        pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY)
+        return cost_cycles(module, [auto.graph], parse_pipeline(pipeline), machine, routing, seed)
+    return cycles_of
 
 
 def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]], ModuleOp], filename: str,
@@ -93,17 +133,35 @@ def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]
     chosen: dict[Loc, int] = {}
     choices: list[Choice] = []
     for auto in autos:
-        def cycles_of(block: int, auto: AutoBlock = auto) -> int:
-            module = build({**chosen, auto.loc: block})
-            # top-k at the pass's default: the strategy is chosen after the block, at the block chosen
-            pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY)
-            return cost_cycles(module, [auto.graph], parse_pipeline(pipeline), machine, routing, seed)
-
-        best, tried = choose_block(auto, cycles_of)
+        best, tried = choose_block(auto, block_cycles(auto, chosen, build, machine, routing, seed))
         chosen[auto.loc] = best
-        choices.append(Choice("block", f"{filename}:{auto.loc.line}:{auto.loc.col}", auto.reason, best,
-                              tuple(tried), str(routing)))
+        choices.append(Choice("block", _where(filename, auto.loc), auto.reason, best, tuple(tried), str(routing)))
     return chosen, choices
+
+
+BETTER_BLOCK_RATIO = 1.5
+"""A fixed block is reported when the compiler's choice is more than this many times faster."""
+
+
+def better_blocks(fixed: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]], ModuleOp], filename: str,
+                  machine: Machine, routing: str | Path = "balanced", seed: int = 0) -> list[BetterBlock]:
+    """The scatters whose fixed block takes more than BETTER_BLOCK_RATIO times the cycles of
+    the block `choose_block` picks in its place (the other scatters as built), with both blocks'
+    cycles: what block=auto would have given. `build` compiles the program with the given blocks."""
+    better: list[BetterBlock] = []
+    for scatter in fixed:
+        assert scatter.given is not None, "a fixed block is given"
+        cycles_of = block_cycles(scatter, {}, build, machine, routing, seed)
+        best, tried = choose_block(scatter, cycles_of)
+        given, fewest = cycles_of(scatter.given), dict(tried)[best]
+        if given > BETTER_BLOCK_RATIO * fewest:
+            better.append(BetterBlock(_where(filename, scatter.loc), scatter.given, given, best, fewest, str(routing),
+                                      scatter.dim))
+    return better
+
+
+def _where(filename: str, loc: Loc) -> str:
+    return f"{filename}:{loc.line}:{loc.col}"
 
 
 def resolve_strategies(module: ModuleOp, passes: Sequence[ModulePass], functions: Sequence[str], machine: Machine,

@@ -137,20 +137,24 @@ def _divide(a: int | float, b: int | float, loc: Loc) -> int | float:
 
 
 class AutoDim:
-    """The value of a dim set to `auto` (`--set B=auto`): the block of every scatter whose
-    `block=` names it is left to the cost model, as `block=auto` would; nothing else takes it."""
+    """The value of a dim set to `auto` (`dims B = auto`, or `--set B=auto`): the block of every
+    scatter whose `block=` names it is left to the cost model, as `block=auto` would; nothing
+    else takes it."""
 
     def __repr__(self) -> str:
         return "auto"
 
 
 AUTO_DIM = AutoDim()
+AUTO_DIM_FORMS = "dims NAME = auto, or --set NAME=auto"
+"""How a dim becomes auto, for the errors at a use other than block=."""
 
 
 def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int | str]) -> dict[str, int]:
     """Dims in order of definition; an override replaces a dim's definition, and later dims
-    that depend on it follow. An override `auto` makes the dim AUTO_DIM (a block left to the
-    compiler; typed as int for every other dim's sake: only `scatter` and `static_int` meet it)."""
+    that depend on it follow. A definition or an override `auto` makes the dim AUTO_DIM (a block
+    left to the compiler; typed as int for every other dim's sake: only `scatter`, `static_int`
+    and `binary` meet it, and all but scatter's block= refuse it where it is used)."""
     names = {d.name for d in defs}
     unknown = sorted(set(overrides) - names)
     if unknown:
@@ -160,7 +164,7 @@ def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int | str]
     for d in defs:
         if d.name in dims:
             raise CompileError(f"dim {d.name} is defined twice", d.loc)
-        if d.name in overrides and overrides[d.name] == "auto":
+        if overrides.get(d.name) == "auto" or d.name not in overrides and isinstance(d.value, ast.Auto):
             value = AUTO_DIM  # type: ignore[assignment]
         elif d.name in overrides:
             value = overrides[d.name]
@@ -175,8 +179,10 @@ def evaluate_dims(defs: Sequence[ast.DimDef], overrides: Mapping[str, int | str]
 @dataclass(frozen=True)
 class AutoBlock:
     """A scatter whose block size the compiler picks by its cost model (tcpc/autotune.py):
-    written `block=auto`, or given a block that cannot fit (B > T, or > the capacity), for
-    which auto is the default (decode runs with the program's prefill B)."""
+    written `block=auto` (or a dim that is auto), or given a block that cannot fit (B > T, or >
+    the capacity), for which auto is the default (decode runs with the program's prefill B).
+    The builder lists the scatters whose given block fits too (`fixed`): the report costs the
+    compiler's choice in their place (autotune.better_blocks)."""
 
     graph: str
     loc: Loc
@@ -186,7 +192,9 @@ class AutoBlock:
     experts: int
     capacity: int | None
     given: int | None = None
-    """The program's block when it did not fit, None for `block=auto`."""
+    """The program's block (or --set's), None for `block=auto`."""
+    dim: str | None = None
+    """The dim block= names (`block=B`), which `--set` changes; None for a literal or an expression."""
 
     @property
     def most(self) -> int:
@@ -203,16 +211,19 @@ class AutoBlock:
 
 class GraphBuilder:
     """Emits the ops of one graph into a block. `blocks` gives the block size of each auto
-    scatter, by the location of its block= argument (the largest that fits where not given);
-    every auto scatter met is appended to `autos`."""
+    scatter, by the location of its block= argument (the largest that fits where not given),
+    and of a scatter with a fixed block that the driver costs at other sizes; every auto
+    scatter met is appended to `autos`, every one whose given block fits to `fixed`."""
 
     def __init__(self, dims: Mapping[str, int], block: Block, graph: str = "",
-                 blocks: Mapping[Loc, int] | None = None, autos: list[AutoBlock] | None = None):
+                 blocks: Mapping[Loc, int] | None = None, autos: list[AutoBlock] | None = None,
+                 fixed: list[AutoBlock] | None = None):
         self.dims = dict(dims)
         self.block = block
         self.graph = graph
         self.blocks = blocks or {}
         self.autos = autos if autos is not None else []
+        self.fixed = fixed if fixed is not None else []
         self.env: dict[str, Value] = {name: Static(v) for name, v in dims.items()}
         self.values: dict[int, tuple[ast.Expr, Result]] = {}
         """Each expression node (kept alive, so its id stays its own) and its value: evaluating
@@ -243,7 +254,7 @@ class GraphBuilder:
     def static_int(self, e: ast.Expr, what: str, minimum: int = 1) -> int:
         v = self.static(e, what).value
         if v is AUTO_DIM:
-            raise CompileError(f"{what} cannot be auto: a dim set to auto (--set NAME=auto) is only a scatter's block=",
+            raise CompileError(f"{what} cannot be auto: a dim set to auto ({AUTO_DIM_FORMS}) is only a scatter's block=",
                                e.loc)
         if isinstance(v, bool) or not isinstance(v, int):
             if isinstance(e, ast.Binary) and e.op == "/" and isinstance(v, float):
@@ -336,8 +347,8 @@ class GraphBuilder:
             case ast.Number(value=v) | ast.String(value=v):
                 return Static(v)
             case ast.Auto():
-                raise CompileError("'auto' is a value only scatter's block= takes (the compiler then picks "
-                                   "the block size by its cost model)", e.loc)
+                raise CompileError("'auto' is a value only scatter's block= takes, or a dim it names (the "
+                                   "compiler then picks the block size by its cost model)", e.loc)
             case ast.Name(id=name):
                 if name in self.env:
                     return self.env[name]
@@ -395,7 +406,7 @@ class GraphBuilder:
         if isinstance(lhs, Static) and isinstance(rhs, Static):
             a, b = lhs.value, rhs.value
             if AUTO_DIM in (a, b):
-                raise CompileError(f"cannot apply '{e.op}' to auto: a dim set to auto (--set NAME=auto) is only "
+                raise CompileError(f"cannot apply '{e.op}' to auto: a dim set to auto ({AUTO_DIM_FORMS}) is only "
                                    "a scatter's block=", e.loc)
             if not (is_number(a) and is_number(b)) and e.op not in ("==", "!="):
                 raise CompileError(f"cannot apply '{e.op}' to {spell(a)} and {spell(b)}", e.loc)
@@ -674,13 +685,15 @@ class GraphBuilder:
                                f"{INDEX_MAX:,} (2^31 - 1) the lowered routing numbers in i32", c.loc)
         if k > experts:
             raise CompileError(f"scatter: K = {k} exceeds E = {experts} (a token picks K distinct experts)", c.loc)
-        most = tokens if capacity is None else min(tokens, capacity)
-        if given is None or given > most:  # auto: the driver picks among blocks that fit
-            auto = AutoBlock(self.graph, args["block"].loc, tokens, k, experts, capacity, given)
-            self.autos.append(auto)
-            block = self.blocks.get(auto.loc, most)
-        else:
-            block = given
+        named = args["block"]
+        dim = named.id if isinstance(named, ast.Name) and named.id in self.dims else None
+        scatter = AutoBlock(self.graph, named.loc, tokens, k, experts, capacity, given, dim)
+        if given is not None and given <= scatter.most:  # used as written
+            self.fixed.append(scatter)
+            block = self.blocks.get(scatter.loc, given)
+        else:  # auto: the driver picks among blocks that fit
+            self.autos.append(scatter)
+            block = self.blocks.get(scatter.loc, scatter.most)
         route = moe.RouteType.make(tokens, k, experts, block, capacity)
         rows = route.blocks.data * block
         if rows > INDEX_MAX:
@@ -866,8 +879,8 @@ class GraphBuilder:
 
 
 def build_graph(graph: ast.Graph, dims: Mapping[str, int], blocks: Mapping[Loc, int] | None = None,
-                autos: list[AutoBlock] | None = None) -> func.FuncOp:
-    gb = GraphBuilder(dims, Block(), graph.name, blocks, autos)
+                autos: list[AutoBlock] | None = None, fixed: list[AutoBlock] | None = None) -> func.FuncOp:
+    gb = GraphBuilder(dims, Block(), graph.name, blocks, autos, fixed)
     arg_types = []
     for p in graph.params:
         if p.name in dims:
@@ -903,9 +916,10 @@ def build_graph(graph: ast.Graph, dims: Mapping[str, int], blocks: Mapping[Loc, 
 
 
 def build_module(program: ast.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int] | None = None,
-                 autos: list[AutoBlock] | None = None) -> ModuleOp:
+                 autos: list[AutoBlock] | None = None, fixed: list[AutoBlock] | None = None) -> ModuleOp:
     """One func.func per graph, with dims already evaluated by `evaluate_dims`; auto scatters
-    take their block from `blocks` (see GraphBuilder) and are listed in `autos`."""
+    take their block from `blocks` (see GraphBuilder) and are listed in `autos`, the others in
+    `fixed`."""
     if not program.graphs:
         raise CompileError("the file defines no graph", Loc(1, 1))
     seen: dict[str, ast.Graph] = {}
@@ -913,7 +927,7 @@ def build_module(program: ast.Program, dims: Mapping[str, int], blocks: Mapping[
         if g.name in seen:
             raise CompileError(f"graph '{g.name}' is defined twice", g.loc)
         seen[g.name] = g
-    module = ModuleOp([build_graph(g, dims, blocks, autos) for g in program.graphs])
+    module = ModuleOp([build_graph(g, dims, blocks, autos, fixed) for g in program.graphs])
     module.verify()
     return module
 

@@ -419,6 +419,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                              "use --reference (graph level) or -p PASSES")
         sim = simulate_with_progress(program, name, args, given, routing_check)
         report = sim.report
+        if args.report or args.report_json:  # a block search per fixed block: only for a report
+            report.better_blocks = program.better_blocks(graph=name, **choose_for)
         level = f"after {sim.pipeline}" if sim.pipeline else "as given"
         if sim.cost_only:
             print(f"graph {name} from {args.file}, {level}, cost-only on {report.machine.name} (no values computed)")
@@ -477,11 +479,14 @@ def report_ops(value: str) -> int | None:
 
 
 def print_choices(report: SimReport, in_report: bool) -> None:
-    """The cost model's choices under the run's header, unless --report prints them (its text
-    carries them, so a saved report says what was chosen)."""
+    """The cost model's choices, and the fixed blocks it beats (--report-json), under the run's
+    header, unless --report prints them (its text carries them, so a saved report says what was
+    chosen)."""
     if not in_report:
         for choice in report.choices:
             print(f"  chose {choice.describe()}")
+        for better in report.better_blocks or ():
+            print(f"  better block: {better.describe()}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

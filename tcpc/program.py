@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
 
     from xdsl.passes import ModulePass
 
+    from runtime_sim.perf.report import BetterBlock, Choice, SimReport
     from target.machine import Machine
-    from runtime_sim.perf.report import Choice, SimReport
     from runtime_sim.perf.routing_scenarios import Routing
     from runtime_sim.perf.scheduler import Schedule
     from runtime_sim.perf.simulate import SimResult
@@ -113,6 +114,10 @@ class Program:
     choices: list[Choice] = field(default_factory=list)
     """The block sizes the compiler chose by the cost model (`block=auto`, or a block that did
     not fit), with the cycles of every candidate (tcpc/autotune.py)."""
+    blocks: dict[Loc, int] = field(default_factory=dict)
+    """Those chosen blocks, by the location of their block= argument."""
+    fixed: list[AutoBlock] = field(default_factory=list)
+    """The scatters whose given block fits, used as written (see `better_blocks`)."""
     _resolved: dict[tuple[object, ...], tuple[list[ModulePass], list[Choice]]] = field(
         default_factory=dict, repr=False, compare=False)
     """`passes` memo: costing the strategies compiles and simulates the program twice."""
@@ -172,6 +177,21 @@ class Program:
             self._resolved[key] = resolve_strategies(self.module, passes, functions, as_machine(machine), routing, seed)
         resolved, choices = self._resolved[key]
         return list(resolved), [*self.choices, *choices]
+
+    def better_blocks(self, *, graph: str | None = None, machine: Machine | str | Path | None = None,
+                      routing: str | Path = "balanced", seed: int = 0) -> list[BetterBlock]:
+        """The fixed blocks of `graph` (default: every graph) that the compiler's choice, by the
+        search of block=auto on `machine` with the routing scenario `routing`, beats by more than
+        autotune.BETTER_BLOCK_RATIO; a block search per fixed block, so a report asks, not every run."""
+        fixed = [f for f in self.fixed if graph is None or f.graph == self.function(graph).sym_name.data]
+        if not fixed:
+            return []
+        from tcpc.autotune import better_blocks
+
+        with _deep_recursion():
+            ast = parse(self.source)
+            return better_blocks(fixed, lambda blocks: build_module(ast, self.dims, {**self.blocks, **blocks}),
+                                 self.filename, as_machine(machine), routing, seed)
 
     def run(
         self,
@@ -288,39 +308,47 @@ class Program:
         return module, spec, args, result
 
 
-def compile_source(source: str, dims: Mapping[str, int | str] | None = None, filename: str = "<string>", *,
-                   machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
-                   seed: int = 0) -> Program:
-    """Parse and build a .moe program; `dims` overrides dim definitions like `--set`. Block
-    sizes left to the compiler (`block=auto`, or a block that cannot fit) are chosen by the
-    cost model on `machine` with the routing scenario `routing` (tcpc/autotune.py). The module
-    targets `machine` (target/target_spec.py): the passes tile it for that machine."""
-    # The AST transformer and the builder recurse a few frames per operator of an expression;
-    # Python's default limit (1000) would stop a sum of ~200 terms.
+@contextmanager
+def _deep_recursion() -> Iterator[None]:
+    """The AST transformer and the builder recurse a few frames per operator of an expression;
+    Python's default limit (1000) would stop a sum of ~200 terms."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20000))
     try:
-        ast = parse(source)
-        values = evaluate_dims(ast.dims, dims or {})
-        autos: list[AutoBlock] = []
-        target = as_machine(machine)
-
-        def build(blocks: Mapping[Loc, int] | None = None) -> ModuleOp:
-            module = build_module(ast, values, blocks, autos=autos if blocks is None else None)
-            attach(module, target)
-            return module
-
-        module = build()
-        if not autos:
-            return Program(filename, source, values, module)
-        from tcpc.autotune import choose_blocks
-
-        blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
-        return Program(filename, source, values, build(blocks), choices=choices)
+        yield
     except RecursionError:
         raise CompileError("expressions are nested too deeply; split them with assignments") from None
     finally:
         sys.setrecursionlimit(limit)
+
+
+def compile_source(source: str, dims: Mapping[str, int | str] | None = None, filename: str = "<string>", *,
+                   machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
+                   seed: int = 0) -> Program:
+    """Parse and build a .moe program; `dims` overrides dim definitions like `--set`. Block
+    sizes left to the compiler (`block=auto` or a dim that is auto, or a block that cannot fit)
+    are chosen by the cost model on `machine` with the routing scenario `routing`
+    (tcpc/autotune.py). The module targets `machine` (target/target_spec.py): the passes tile
+    it for that machine."""
+    target = as_machine(machine)
+    with _deep_recursion():
+        ast = parse(source)
+        values = evaluate_dims(ast.dims, dims or {})
+        autos: list[AutoBlock] = []
+        fixed: list[AutoBlock] = []
+        module = build_module(ast, values, autos=autos, fixed=fixed)
+        attach(module, target)
+        if not autos:
+            return Program(filename, source, values, module, fixed=fixed)
+        from tcpc.autotune import choose_blocks
+
+        def build(blocks: Mapping[Loc, int]) -> ModuleOp:
+            built = build_module(ast, values, blocks)
+            attach(built, target)
+            return built
+
+        blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
+        return Program(filename, source, values, build(blocks), choices=choices, blocks=blocks, fixed=fixed)
 
 
 def load_ir(source: str, filename: str = "<string>") -> Program:

@@ -12,14 +12,16 @@ import contextlib
 import io
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tcpc
+import tcpc.autotune
 from runtime_sim.perf.report import Choice
-from tcpc.autotune import block_candidates, choose_block
+from tcpc.autotune import BETTER_BLOCK_RATIO, block_candidates, choose_block
 from tcpc.builder import AutoBlock
 from tcpc.cli import main
 from tcpc.diagnostics import Loc
@@ -80,11 +82,13 @@ def test_choose_block_ties_go_to_the_smaller_block() -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decode_runs_without_setting_b(family: str) -> None:
-    """T = 1 with the example's B = 4 (or 2): the block cannot fit, so the compiler picks it;
-    then the top-k strategy at that block; the run costs what the last choice was costed at."""
+    """T = 1 with the example's B = auto (the toy's B = 2 cannot fit, so auto is its default too):
+    the compiler picks the block, then the top-k strategy at that block; the run costs what the
+    last choice was costed at."""
     program = tcpc.compile_file(EXAMPLES / family, {"T": 1})
     (choice,) = program.choices
-    assert choice.what == "block" and choice.chosen == 1 and "does not fit" in choice.reason
+    assert choice.what == "block" and choice.chosen == 1
+    assert ("block = 2 does not fit" if family == "toy.moe" else "block=auto") in choice.reason
     assert "B = 1," in program.graph_ir()
     sim = program.simulate(cost_only=True)
     block, strategy = sim.report.choices
@@ -115,11 +119,31 @@ def test_block_auto_picks_the_fewest_cycles_and_runs_at_them() -> None:
     assert experts and any(f", {choice.chosen}, " in t for t in experts[0].tiles)  # the block's rows
 
 
-def test_block_auto_is_deterministic() -> None:
+def test_block_auto_is_deterministic(monkeypatch: pytest.MonkeyPatch) -> None:
     first = tcpc.compile_source(MIXTRAL_AUTO)
+    monkeypatch.setattr(tcpc.autotune, "_costs", {})  # costed again, not remembered
     second = tcpc.compile_source(MIXTRAL_AUTO)
     assert first.choices == second.choices
     assert first.graph_ir() == second.graph_ir()
+
+
+def test_a_costing_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The same program, passes, machine, routing scenario and seed: its cycles are remembered;
+    anything else, or a routing read from a file (its content may change), is simulated."""
+    first = tcpc.compile_source(MIXTRAL_AUTO)
+
+    def no_simulation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("simulated again")
+
+    monkeypatch.setattr(tcpc.autotune, "simulate_cost_only", no_simulation)
+    assert tcpc.compile_source(MIXTRAL_AUTO).choices == first.choices
+    for other in ({"dims": {"T": 8}}, {"routing": "skewed"}, {"seed": 1}):
+        with pytest.raises(AssertionError, match="simulated again"):
+            tcpc.compile_source(MIXTRAL_AUTO, **other)  # type: ignore[arg-type]
+    routing = tmp_path / "r.npy"
+    np.save(routing, np.tile(np.arange(2, dtype=np.int32), (16, 1)))
+    with pytest.raises(AssertionError, match="simulated again"):
+        tcpc.compile_source(MIXTRAL_AUTO, routing=routing)
 
 
 def test_block_auto_for_the_runs_routing() -> None:
@@ -140,7 +164,19 @@ def test_a_block_beyond_the_capacity_is_chosen_within_it() -> None:
 
 
 def test_a_block_that_fits_is_kept() -> None:
-    assert tcpc.compile_file(EXAMPLES / "mixtral.moe").choices == []
+    assert tcpc.compile_file(EXAMPLES / "mixtral.moe", {"B": 4}).choices == []
+    assert tcpc.compile_file(EXAMPLES / "toy.moe").choices == []
+
+
+def test_dims_b_auto_is_block_auto() -> None:
+    """The examples write `dims ..., B = auto`: the block is chosen as for block=auto, at the
+    location of block=B; `--set B=4` fixes it again."""
+    program = tcpc.compile_file(EXAMPLES / "mixtral.moe")
+    (choice,) = program.choices
+    assert choice.reason == "block=auto" and choice.where == f"{EXAMPLES / 'mixtral.moe'}:9:52"
+    assert_cheapest(choice)
+    assert f"B = {choice.chosen}," in program.graph_ir() and str(program.dims["B"]) == "auto"
+    assert tcpc.compile_source(MIXTRAL_AUTO).choices == [replace(choice, where="<string>:9:52")]
 
 
 def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -150,7 +186,7 @@ def test_qwen3_decode_report_from_the_command_line(tmp_path: Path, capsys: pytes
                  "--report-json", str(report)])
     out = capsys.readouterr().out
     assert code == 0
-    assert "chose block 1 at " in out and "block = 4 does not fit" in out
+    assert "chose block 1 at " in out and "qwen3_moe.moe:22:52 (block=auto)" in out
     assert "schedule: experts loop %block:" in out
     assert "chose lower-topk strategy " in out and "(strategy=auto); cycles by lower-topk strategy" in out
     assert out.count("chose block 1 at ") == 1, "the header leaves the choices to the report's text"
@@ -190,10 +226,61 @@ def test_compile_prints_the_choice(tmp_path: Path, capsys: pytest.CaptureFixture
     assert f"B = {chosen}," in ir
 
 
+# --- a fixed block the compiler's choice beats (the report's "better block") ---------------------
+
+
+def test_a_fixed_block_far_from_the_choice_is_named_with_the_better_one() -> None:
+    """qwen3_moe at T = 16 with B = 1: the search of block=auto, run for the fixed block, finds a
+    block more than 1.5x faster; both cycle counts are those block=auto costs them at."""
+    (auto_choice,) = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": "auto"}).choices
+    cycles = dict(auto_choice.alternatives)
+    (better,) = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": 1}).better_blocks()
+    assert better.where == auto_choice.where and better.dim == "B" and better.routing == "balanced"
+    assert (better.given, better.better) == (1, auto_choice.chosen)
+    assert (better.given_cycles, better.better_cycles) == (cycles[1], cycles[auto_choice.chosen])
+    assert better.given_cycles > BETTER_BLOCK_RATIO * better.better_cycles
+    assert f"--set B={better.better} or --set B=auto" in better.describe()
+
+
+def test_a_fixed_block_near_the_choice_is_not_named() -> None:
+    """Every candidate within BETTER_BLOCK_RATIO of the best: no better block, whatever the choice."""
+    (auto_choice,) = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": "auto"}).choices
+    near = [b for b, c in auto_choice.alternatives if c <= BETTER_BLOCK_RATIO * min(dict(auto_choice.alternatives).values())]
+    assert len(near) > 1
+    assert tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": near[-1]}).better_blocks() == []
+    assert tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", {"B": "auto"}).better_blocks() == []  # nothing fixed
+
+
+def test_a_literal_block_is_named_as_block_equals(tmp_path: Path) -> None:
+    path = tmp_path / "one.moe"
+    path.write_text(MIXTRAL_AUTO.replace("block=auto", "block=1"))
+    (better,) = tcpc.compile_file(path, {"T": 32}, routing="skewed").better_blocks(routing="skewed")
+    assert better.dim is None and better.where == f"{path}:9:52" and better.routing == "skewed"
+    assert f"block={better.better} or block=auto" in better.describe() and "(cost-only, skewed routing)" in better.describe()
+
+
+def test_the_report_names_the_better_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Text and JSON, only when a report is asked for; the Python API's report leaves it unlooked."""
+    report = tmp_path / "r.json"
+    qwen3 = str(EXAMPLES / "qwen3_moe.moe")
+    assert main(["run", qwen3, "--set", "B=1", "--cost-only", "--report", "--report-json", str(report)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "better block" in x]
+    assert line.startswith("better block: block 1 at ") and "qwen3_moe.moe:22:52 takes " in line
+    (better,) = json.loads(report.read_text())["better_blocks"]
+    assert better["given"] == 1 and better["dim"] == "B" and better["routing"] == "balanced"
+    assert f"of block {better['better']}, the compiler's choice" in line
+    assert f"{better['given_cycles']:,} cycles" in line and f"the {better['better_cycles']:,} of" in line
+    assert main(["run", qwen3, "--set", "B=1", "--cost-only", "--report-json", str(report)]) == 0
+    assert "  better block: block 1 at " in capsys.readouterr().out  # under the header without --report
+    sim = tcpc.compile_file(qwen3, {"B": 1}).simulate(cost_only=True)
+    assert sim.report.better_blocks is None and "better_blocks" not in sim.report.to_json()
+
+
 # --- lower-topk{strategy=auto} -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dims", [{"T": 16}, {"T": 16, "E": 256, "K": 1}])
+@pytest.mark.parametrize("dims", [{"T": 16, "B": 4}, {"T": 16, "E": 256, "K": 1, "B": 4}])
 def test_strategy_auto_picks_the_cheaper_strategy(dims: dict[str, int]) -> None:
     program = tcpc.compile_file(EXAMPLES / "mixtral.moe", dims)
     passes, (choice,) = program.passes("lower-topk{strategy=auto}")
@@ -350,5 +437,5 @@ def test_a_dim_set_to_auto_is_only_a_block(tmp_path: Path, capsys: pytest.Captur
                     .replace("experts=E, block=B", "experts=E, block=B, capacity=C * B"))
     assert main(["compile", str(path), "--set", "B=auto"]) == 1
     err = capsys.readouterr().err
-    assert f"{path}:" in err and "cannot apply '*' to auto: a dim set to auto (--set NAME=auto) is only a scatter's block=" in err
+    assert f"{path}:" in err and "cannot apply '*' to auto: a dim set to auto (dims NAME = auto, or --set NAME=auto) is only a scatter's block=" in err
     assert "Traceback" not in err

@@ -69,17 +69,27 @@ def opt(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 def test_compile_prints_graph_ir(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = tcpc_main(capsys, "compile", EXAMPLE)
+    code, out, err = tcpc_main(capsys, "compile", EXAMPLE, "--set", "B=4")
     assert code == 0 and err == ""
     assert out.startswith("builtin.module attributes {dlti.target_system_spec = #dlti.target_system_spec<\"tcp\" = #dlti.target_device_spec<\"name\" = \"rngd\", ") and "func.func @mixtral(%x: tensor<16x64xbf16>" in out
     assert "moe.scatter" in out and "!moe.route<T = 16, K = 2, E = 8, B = 4, G = 14>" in out
-    code, same, _ = tcpc_main(capsys, "compile", EXAMPLE, "--emit", "graph")
+    code, same, _ = tcpc_main(capsys, "compile", EXAMPLE, "--set", "B=4", "--emit", "graph")
     assert code == 0 and same == out
-    assert out == tcpc.compile_file(EXAMPLE).graph_ir()
+    assert out == tcpc.compile_file(EXAMPLE, {"B": 4}).graph_ir()
+
+
+def test_compile_prints_the_examples_block_choice_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """The example leaves B to the compiler (`B = auto`): the choice, an MLIR comment, then the IR."""
+    code, out, err = tcpc_main(capsys, "compile", EXAMPLE)
+    program = tcpc.compile_file(EXAMPLE)
+    (choice,) = program.choices
+    assert code == 0 and err == ""
+    assert out == f"// chose {choice.describe()}\n" + program.graph_ir()
+    assert "mixtral.moe:9:52 (block=auto)" in out and f"B = {choice.chosen}, G = " in out
 
 
 def test_compile_set_overrides_dims(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = tcpc_main(capsys, "compile", EXAMPLE, "--set", "T=32", "--set", "E=16", "--set", "K=4")
+    code, out, _ = tcpc_main(capsys, "compile", EXAMPLE, "--set", "T=32", "--set", "E=16", "--set", "K=4", "--set", "B=4")
     assert code == 0
     assert "%x: tensor<32x64xbf16>" in out and "tensor<16x64x128xbf16>" in out
     assert f"!moe.route<T = 32, K = 4, E = 16, B = 4, G = {max_blocks(32, 4, 16, 4)}>" in out
@@ -90,8 +100,9 @@ def test_compile_output_file_and_generic(tmp_path: Path, capsys: pytest.CaptureF
     code, out, err = tcpc_main(capsys, "compile", EXAMPLE, "--generic", "-o", out_path)
     assert code == 0 and out == "" and err == ""
     text = out_path.read_text()
-    assert text.startswith('"builtin.module"()') and '"moe.topk"' in text
-    module = Parser(make_context(), text).parse_module()
+    choice, ir = text.split("\n", 1)
+    assert choice.startswith("// chose block ") and ir.startswith('"builtin.module"()') and '"moe.topk"' in text
+    module = Parser(make_context(), text).parse_module()  # the choice is a comment
     module.verify()
     assert module.is_structurally_equivalent(tcpc.compile_file(EXAMPLE).module)
 
@@ -112,7 +123,7 @@ def test_tcpc_opt_parses_and_verifies_compile_output(
 
 def test_tcpc_opt_rejects_invalid_ir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.mlir"
-    text = tcpc.compile_file(EXAMPLE).graph_ir().replace("K = 2, E = 8, B = 4, G = 14", "K = 2, E = 8, B = 4, G = 13")
+    text = tcpc.compile_file(EXAMPLE, {"B": 4}).graph_ir().replace("K = 2, E = 8, B = 4, G = 14", "K = 2, E = 8, B = 4, G = 13")
     path.write_text(text)
     with pytest.raises(VerifyException, match="G = 13, but the worst case for this routing is 14"):
         opt(capsys, path)
@@ -121,15 +132,15 @@ def test_tcpc_opt_rejects_invalid_ir(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_compile_and_opt_end_to_end(tmp_path: Path) -> None:
     """The installed commands: tcpc compile | tcpc-opt (custom and generic)."""
     for extra in ([], ["--generic"]):
-        compiled = subprocess.run([BIN / "tcpc", "compile", EXAMPLE, "--set", "T=8", *extra],
+        compiled = subprocess.run([BIN / "tcpc", "compile", EXAMPLE, "--set", "T=8", "--set", "B=4", *extra],
                                   capture_output=True, text=True, check=True)
         opted = subprocess.run([BIN / "tcpc-opt"], input=compiled.stdout, capture_output=True, text=True)
         assert opted.returncode == 0, opted.stderr
-        assert opted.stdout.rstrip("\n") + "\n" == tcpc.compile_file(EXAMPLE, dims={"T": 8}).graph_ir()
+        assert opted.stdout.rstrip("\n") + "\n" == tcpc.compile_file(EXAMPLE, dims={"T": 8, "B": 4}).graph_ir()
 
 
 def test_emit_lowered_and_unknown_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = tcpc_main(capsys, "compile", EXAMPLE, "--set", "T=4", "--emit", "lowered")
+    code, out, err = tcpc_main(capsys, "compile", EXAMPLE, "--set", "T=4", "--set", "B=4", "--emit", "lowered")
     assert code == 0 and "tcp.contract" in out and "tmath." not in out and "moe." not in out, err
     assert "nosuchpass" in failure(capsys, "compile", EXAMPLE, "-p", "nosuchpass")
 

@@ -148,7 +148,7 @@ EDGES: dict[str, Edge] = {
                            "mixtral.moe:4:23: error: dim T = 1000000000000 is too large", one_line=False),
     "pairs-beyond-i32": Edge(("compile", "{mixtral}", "--set", "T=1500000000"), EXIT_ERROR,
                              "scatter: T * K = 1500000000 * 2 = 3,000,000,000 token choices", one_line=False),
-    "values-beyond-memory": Edge(("run", "{mixtral}", "--set", "T=1000000000"), EXIT_ERROR,
+    "values-beyond-memory": Edge(("run", "{mixtral}", "--set", "T=1000000000", "--set", "B=4"), EXIT_ERROR,
                                  "of memory for its values"),
     "ir-beyond-memory": Edge(("run", "{huge_mlir}", "--reference"), EXIT_ERROR,
                              "--cost-only computes the cycles without values"),

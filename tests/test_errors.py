@@ -111,7 +111,10 @@ CASES: dict[str, Case] = {
     "block-zero": Case(body("xb, r = scatter(x, idx, experts=E, block=T - 4)"), 3, 48, "block must be a positive integer, got 0"),
     "block-auto-string": Case(body('xb, r = scatter(x, idx, experts=E, block="auto")'), 3, 46, 'block must be an integer or auto (a word, not a string), got "auto"'),
     "auto-in-expression": Case(body("xb, r = scatter(x, idx, experts=E, block=auto + 1)"), 3, 46, "'auto' is a value only scatter's block= takes"),
-    "auto-as-dim": Case("dims T = auto\ngraph g(x: f32[T]) -> f32[T] { return x }\n", 1, 10, "'auto' is a value only scatter's block= takes"),
+    # `dims B = auto` is a block left to the compiler: an error where it is used as anything else
+    "auto-dim-as-size": Case("dims T = auto\ngraph g(x: f32[T]) -> f32[T] { return x }\n", 2, 16, "a dimension cannot be auto: a dim set to auto (dims NAME = auto, or --set NAME=auto) is only a scatter's block="),
+    "auto-dim-in-a-dim": Case("dims T = 4, B = auto, C = B * 2\ngraph g(x: f32[T]) -> f32[T] { return x }\n", 1, 29, "cannot apply '*' to auto"),
+    "auto-dim-as-experts": Case("dims T = 4, D = 8, E = auto\ngraph g(x: f32[T, D], idx: i32[T, 2]) -> f32[T, D] {\n    xb, r = scatter(x, idx, experts=E, block=E)\n    return x\n}\n", 3, 37, "experts cannot be auto"),
     "auto-as-name": Case(body("auto = x"), 3, 5, "unexpected 'auto'"),
     "combine-weights-shape": Case(body("xb, r = scatter(x, idx, experts=E, block=2)", "a = combine(xb, r, y)"), 4, 24, "combine weights must be a float [T, K] = [4, 2], got f32[4, 3]"),
     "grouped-matmul-weights-shape": Case(body("xb, r = scatter(x, idx, experts=E, block=2)", "a = grouped_matmul(xb, w, r)"), 4, 28, "grouped_matmul weights must be [E, D, F] = [4, 8, F], got f32[5, 2]"),

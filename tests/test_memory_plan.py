@@ -58,7 +58,7 @@ def long_program_case(ops: int, sram_bytes: int | None, policy: str = "spill", *
 def model_case(name: str, tokens: int) -> Callable[[], SimReport]:
     def run() -> SimReport:
         model = next(m for m in MODELS if m.name == name)
-        program = tcpc.compile_file(model.path, dims={**model.dims, "T": tokens})
+        program = tcpc.compile_file(model.path, dims={**model.dims, "T": tokens, "B": 4})  # the block pinned
         return program.simulate(cost_only=True, routing="skewed").report
     return run
 
@@ -147,7 +147,7 @@ def test_a_computing_engine_reads_hbm_through_a_stream() -> None:
     none is."""
     from runtime_sim.perf.cost_only import simulate_cost_only
 
-    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "mixtral.moe", dims={"T": 64})
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "mixtral.moe", dims={"T": 64, "B": 4})
     name = program.function().sym_name.data
     partial = "pin-routing,lower-topk,lower-routing,lower-dispatch,lower-math"
     report = simulate_cost_only(program.lower(partial), name, routing="balanced").report

@@ -287,7 +287,7 @@ def test_deepseek_routing_on_8_chips_checks(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_skewed_routing_shows_the_hot_chip() -> None:
-    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32})
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32, "B": 4})  # small blocks: the skew shows
     spec = MeshSpec.parse("ep=4")
     balanced = simulate_on_mesh(program, spec, cost_only=True, routing="balanced").report
     skewed = simulate_on_mesh(program, spec, cost_only=True, routing="skewed", seed=1).report

@@ -586,8 +586,9 @@ def check_example(path: Path, seed: int, dims: dict[str, int] | None = None,
         assert result.inputs[name].tobytes() == value.tobytes(), name
 
     oracle = Oracle()
+    blocks = {"B": int(c.chosen) for c in program.choices}  # the examples' B = auto: the block chosen
     with np.errstate(all="ignore"):
-        expected = model(oracle, program.dims, {k: v.copy() for k, v in inputs.items()})
+        expected = model(oracle, {**program.dims, **blocks}, {k: v.copy() for k, v in inputs.items()})
 
     assert len(result.outputs) == len(expected)
     for i, (got, want) in enumerate(zip(result.outputs, expected)):
@@ -615,7 +616,7 @@ def test_every_example_has_a_model() -> None:
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.stem)
 @pytest.mark.parametrize(
     "seed, dims",
-    [(0, None), (1, None), (2, {"T": 5}), (3, {"B": 1})],
+    [(0, None), (1, None), (2, {"T": 5, "B": 4}), (3, {"B": 1})],
     ids=["seed0", "seed1", "T5", "B1"],
 )
 def test_example_matches_independent_model(path: Path, seed: int, dims: dict[str, int] | None) -> None:

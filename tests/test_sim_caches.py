@@ -41,7 +41,7 @@ def counting_costs(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> C
 
 
 def test_an_op_in_a_loop_is_costed_once_per_value_of_its_data_operands(monkeypatch: pytest.MonkeyPatch) -> None:
-    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 256})
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 256, "B": 4})
     program.passes(graph="qwen3_moe", routing="skewed")  # strategy=auto costs whole runs: before counting
     calls = counting_costs(monkeypatch, ("tcp.contract", "tile.gather", "ve.chain"))
     result = program.simulate(cost_only=True, routing="skewed")

@@ -47,12 +47,12 @@ def values_case(example: str, dims: dict[str, int], seed: int) -> Callable[[], S
     return run
 
 
-CASES: dict[str, Callable[[], SimulationResult]] = {
-    "qwen3 real dims T=64, cost-only, skewed": cost_only_case("qwen3_moe", {**QWEN3_REAL, "T": 64}, "skewed"),
-    "qwen3 T=256, cost-only, balanced": cost_only_case("qwen3_moe", {"T": 256}, "balanced"),
+CASES: dict[str, Callable[[], SimulationResult]] = {  # B fixed: the block is the case's, not the cost model's
+    "qwen3 real dims T=64, cost-only, skewed": cost_only_case("qwen3_moe", {**QWEN3_REAL, "T": 64, "B": 4}, "skewed"),
+    "qwen3 T=256, cost-only, balanced": cost_only_case("qwen3_moe", {"T": 256, "B": 4}, "balanced"),
     "qwen3 T=200 B=8, values": values_case("qwen3_moe", {"T": 200, "B": 8}, 1),
-    "deepseek_v3 T=48, values": values_case("deepseek_v3", {"T": 48}, 2),
-    "gpt_oss_mxfp4 T=40, values": values_case("gpt_oss_mxfp4", {"T": 40}, 3),
+    "deepseek_v3 T=48, values": values_case("deepseek_v3", {"T": 48, "B": 4}, 2),
+    "gpt_oss_mxfp4 T=40, values": values_case("gpt_oss_mxfp4", {"T": 40, "B": 4}, 3),
 }
 
 

@@ -147,6 +147,34 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class BetterBlock:
+    """A scatter whose block the program (or --set) fixes, and the block the compiler would
+    choose in its place (the same search as block=auto, tcpc/autotune.py) when that one is
+    more than autotune.BETTER_BLOCK_RATIO times faster: a small-T block kept at prefill."""
+
+    where: str
+    """`file:line:col` of the block= argument."""
+    given: int
+    given_cycles: int
+    better: int
+    better_cycles: int
+    routing: str
+    """The routing scenario both were simulated with (cost-only)."""
+    dim: str | None = None
+    """The dim block= names, which `--set` changes; None for a block written as a number."""
+
+    def describe(self) -> str:
+        change = (f"--set {self.dim}={self.better} or --set {self.dim}=auto" if self.dim
+                  else f"block={self.better} or block=auto")
+        return (f"block {self.given} at {self.where} takes {self.given_cycles:,} cycles, "
+                f"{self.given_cycles / self.better_cycles:.2f}x the {self.better_cycles:,} of block {self.better}, "
+                f"the compiler's choice (cost-only, {self.routing} routing): {change}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class TileLoop:
     """One static loop of the schedule level in the simulated IR, and the tiles it moves:
     the sizes the compiler chose (token tile rows, the block, weight tiles)."""
@@ -189,6 +217,9 @@ class SimReport:
     computing engine read (streamed in before it; memory_plan)."""
     choices: list[Choice] = field(default_factory=list)
     """What the driver chose by the cost model for this run (block=auto, strategy=auto)."""
+    better_blocks: list[BetterBlock] | None = None
+    """Fixed blocks the compiler's choice beats by far; None when not looked for (the driver
+    looks only for a printed or written report: it costs a block search)."""
     loops: list[TileLoop] = field(default_factory=list)
     """The schedule level's loops and their tile sizes (the driver fills it from the IR)."""
     critical_cycles: dict[int, int] = field(default_factory=dict)
@@ -251,6 +282,7 @@ class SimReport:
             "spills": [asdict(s) for s in self.spills],
             "streams": [asdict(s) for s in self.streams],
             "choices": [c.to_json() for c in self.choices],
+            **({} if self.better_blocks is None else {"better_blocks": [b.to_json() for b in self.better_blocks]}),
             "loops": [asdict(t) for t in self.loops],
             "critical_path": self.critical_path,
             "engines": [asdict(e) for e in self.engines],
@@ -278,6 +310,7 @@ class SimReport:
                   + ("which reads SRAM only (a value in HBM)" if s.direction == "read" else "too large for SRAM")
                   for s in self.streams]
         lines += [f"chose {c.describe()}" for c in self.choices]
+        lines += [f"better block: {b.describe()}" for b in self.better_blocks or ()]
         lines += [f"schedule: {t.describe()}" for t in self.loops]
         lines += [
             "",
