@@ -39,7 +39,7 @@ from runtime_sim.perf.routing_scenarios import SCENARIOS
 from target.machine import Machine
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import FULL_PIPELINE, apply_pipeline, parse_pipeline, pipeline_spec
+from tcpc.pipelines import apply_pipeline, parse_pipeline, pipeline_spec
 from tcpc.program import print_ir
 
 BLOCK_SPREAD = 4
