@@ -10,7 +10,7 @@ import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 
-import tcpc.sweep
+import tcpc.sweep.cluster
 from tcpc.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from tcpc.pipelines import FULL_PIPELINE, pipeline_spec
 from tcpc.program import as_machine, compile_file
@@ -203,7 +203,7 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     def start(*args: object) -> None:
         raise ClusterStarted
 
-    monkeypatch.setattr(tcpc.sweep, "_client", start)
+    monkeypatch.setattr(tcpc.sweep.cluster, "_client", start)
 
 
 TOY_SPEC = 'programs = ["{toy}"]\n'
