@@ -21,6 +21,7 @@ from dialects.moe import max_blocks
 from tcpc.cli import main
 from tcpc.opt import TcpcOptMain
 from tcpc.pipelines import make_context
+from support import tcpc_main
 
 BIN = Path(sys.executable).parent
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mixtral.moe"
@@ -43,11 +44,6 @@ def echo(tmp_path: Path) -> Path:
     path.write_text(ECHO)
     return path
 
-
-def tcpc_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def failure(capsys: pytest.CaptureFixture[str], *argv: str, status: int = 1) -> str:

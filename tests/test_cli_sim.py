@@ -16,9 +16,9 @@ from ml_dtypes import bfloat16
 
 import tcpc
 from runtime_sim.semantics.tolerance import ULPS, compare_output, ulp
-from tcpc.cli import main
 from tcpc.pipelines import FULL_PIPELINE
 from tcpc.progress import Progress
+from support import failure, tcpc_main
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mixtral.moe"
 BIN = Path(sys.executable).parent
@@ -31,18 +31,6 @@ def lowered(tmp_path: Path) -> Path:
     return path
 
 
-def tcpc_main(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def failure(capsys: pytest.CaptureFixture[str], *argv: object, status: int = 1) -> str:
-    """Run a command that must fail cleanly (status 1; usage errors 2); its one-line error."""
-    code, out, err = tcpc_main(capsys, *argv)
-    assert code == status, (out, err)
-    assert "Traceback" not in err and "internal error" not in err
-    return err
 
 
 def test_partly_lowered_ir_names_the_ops_without_a_cost(capsys: pytest.CaptureFixture[str]) -> None:

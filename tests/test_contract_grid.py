@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from runtime_sim.semantics.numerics import GRID_K, GRID_M, GRID_N, bfloat16, contract
+from support import bits
 
 
 def cuts(size: int, chunk: int, draw: st.DrawFn) -> list[int]:
@@ -34,9 +35,6 @@ def tiled_problem(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, list[int], l
     b = (rng.standard_normal((batch, k, n)) / np.sqrt(k)).astype(np.float32).astype(dtype)
     return a, b, cuts(m, GRID_M, draw), cuts(n, GRID_N, draw), cuts(k, GRID_K, draw)
 
-
-def bits(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x, np.float32).view(np.uint32)
 
 
 @settings(max_examples=25, deadline=None)

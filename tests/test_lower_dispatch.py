@@ -38,6 +38,7 @@ from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
 from runtime_sim.semantics.tolerance import ULPS
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
+from support import bits
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.moe"))
@@ -47,10 +48,6 @@ DTYPES = {"bf16": BF16, "f32": F32}
 U = 2.0**-24
 """The unit roundoff of f32."""
 
-
-def bits(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def assert_bits(got: np.ndarray, want: np.ndarray, what: str, nan_payloads: bool = True) -> None:

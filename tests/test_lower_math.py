@@ -36,6 +36,7 @@ from runtime_sim.semantics.numerics import GRID_K, contract
 from runtime_sim.semantics.tolerance import ULPS
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
+from support import bits
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.moe"))
@@ -74,11 +75,6 @@ def modules(text: str) -> tuple[ModuleOp, ModuleOp]:
     assert not [op for op in after.walk() if op.dialect_name() == "tmath"]
     return before, after
 
-
-def bits(a: np.ndarray) -> np.ndarray:
-    """The stored bits, so -0.0, NaN payloads and bf16 compare exactly."""
-    a = np.asarray(a)
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def is_nan(a: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from passes.lower_topk import DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
 from runtime_sim.semantics.executor import run_function
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
+from support import bits
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.moe"))
@@ -48,11 +49,6 @@ def modules(shape: tuple[int, ...], k: int, dtype: str, order: str, strategy: st
     before = topk_module(shape, k, dtype, order)
     return before, apply_pipeline(before, parse_pipeline(f"lower-topk{{strategy={strategy}}}"))
 
-
-def bits(a: np.ndarray) -> np.ndarray:
-    """The stored bits, so -0.0, NaN payloads and bf16 compare exactly."""
-    a = np.asarray(a)
-    return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def assert_same(before: ModuleOp, after: ModuleOp, x: np.ndarray) -> None:

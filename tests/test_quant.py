@@ -43,15 +43,12 @@ from runtime_sim.semantics.numerics import (
 from runtime_sim.semantics.quantization import QUANTIZE_EPS, dequantize, quantize
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import apply_pipeline, make_context
+from support import bits
 
 ROOT = Path(__file__).resolve().parent.parent
 LOW_EXAMPLES = ["deepseek_v3_fp8", "qwen3_moe_fp8", "gpt_oss_mxfp4"]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
-
-def bits(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 # --- conversion and quantization against ml_dtypes --------------------------------------------

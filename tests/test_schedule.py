@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from same_bits import assert_same_bits
+from support import assert_same_bits
 
 import tcpc
 from dialects.annotations import cluster_of

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from same_bits import assert_same_bits
+from support import assert_same_bits
 
 import tcpc
 from passes.split_router_k import k_tiles
