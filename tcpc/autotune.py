@@ -39,7 +39,7 @@ from runtime_sim.perf.routing_scenarios import SCENARIOS
 from target.machine import Machine
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import apply_pipeline, parse_pipeline, pipeline_spec
+from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, parse_pipeline, pipeline_spec
 from tcpc.program import print_ir
 
 BLOCK_SPREAD = 4
@@ -102,7 +102,7 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
            if str(routing) in SCENARIOS else None)
     if key in _costs:
         return _costs[key]  # type: ignore[index]
-    lowered = apply_pipeline(module, [*parse_pipeline("pin-routing"), *passes], machine=machine)
+    lowered = apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
     cycles = sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
                  for name in functions)
     if key is not None:

@@ -25,7 +25,7 @@ from passes.shard_experts import STRATEGIES
 from runtime_sim.semantics.tolerance import TP_SCALE, Comparison, combine_scale, compare_outputs
 from tcpc.arrays import prepare_inputs
 from tcpc.diagnostics import CompileError
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
+from tcpc.pipelines import mesh_pipeline_spec
 from tcpc.program import Program, function_in
 
 if TYPE_CHECKING:  # the simulator is slow to import
@@ -88,11 +88,9 @@ class MeshSpec:
         if lowered and self.topk == TOPK_AUTO:
             raise ccl.MeshSpecError("topk=auto is chosen by simulating every chip of the mesh (tcpc run --mesh); "
                                     "name a strategy to compile")
-        shard = f"shard-experts{{ep={m.size('ep')} dp={m.size('dp')} tp={m.size('tp')} strategy={self.strategy}}}"
-        lowering = [f"lower-topk{{strategy={self.topk}}}" if p == "lower-topk" and self.topk != TOPK_DEFAULT else p
-                    for p in (FULL_PIPELINE if scheduled else LOWERED_PIPELINE)]
-        passes = (["pin-routing"] if cost_only else []) + [shard] + (lowering if lowered else [])
-        return ",".join(passes)
+        level = None if not lowered else "scheduled" if scheduled else "lowered"
+        return mesh_pipeline_spec(m.size("ep"), m.size("dp"), m.size("tp"), self.strategy,
+                                  None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level)
 
 
 def shard_kind(attrs: DictionaryAttr | None) -> str:

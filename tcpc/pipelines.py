@@ -74,7 +74,15 @@ consecutive vector-engine ops, in every block, fused into one chain invocation e
 "fuse-ve-chains")."""
 
 FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
-"""What `tcpc run` simulates and `--emit scheduled` prints, for the default machine."""
+"""What `tcpc run` simulates and `--emit scheduled` prints."""
+
+LEVELS: dict[str, tuple[str, ...]] = {"lowered": LOWERED_PIPELINE, "scheduled": FULL_PIPELINE}
+"""The levels of the full lowering that `tcpc compile --emit` prints: the engine ops on whole
+tensors, and with the schedule level (what `tcpc run` simulates)."""
+
+COST_ONLY_PASSES: tuple[str, ...] = ("pin-routing",)
+"""What a cost-only simulation runs before any pipeline: the routing becomes an argument that
+the routing scenario fills (runtime_sim/perf/cost_only.py)."""
 
 
 def pipeline_spec(passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str | None = "auto",
@@ -93,6 +101,16 @@ def pipeline_spec(passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str | 
         by_pass.setdefault(name, {})[option] = str(value).lower() if isinstance(value, bool) else str(value)
     return ",".join(f"{p}{{{' '.join(f'{k}={v}' for k, v in by_pass[p].items())}}}" if by_pass.get(p) else p
                     for p in passes)
+
+
+def mesh_pipeline_spec(ep: int, dp: int, tp: int, strategy: str, topk: str | None, cost_only: bool = False,
+                       level: str | None = "scheduled") -> str:
+    """A mesh chip's pipeline: shard-experts over the mesh, then (unless `level` is None) the
+    single-chip lowering up to `level`, lower-topk's strategy `topk` (None: the pass's default),
+    after the cost-only passes when `cost_only`."""
+    shard = f"shard-experts{{ep={ep} dp={dp} tp={tp} strategy={strategy}}}"
+    lowering = pipeline_spec(LEVELS[level], topk_strategy=topk) if level is not None else ""
+    return ",".join(p for p in (*COST_ONLY_PASSES[:len(COST_ONLY_PASSES) * cost_only], shard, lowering) if p)
 
 
 def make_context() -> Context:

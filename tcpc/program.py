@@ -23,7 +23,8 @@ from tcpc.diagnostics import CompileError, Loc
 from target.target_spec import attach
 from tcpc.host_memory import check_fits
 from tcpc.parser import parse
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline, pipeline_spec
+from tcpc.pipelines import (COST_ONLY_PASSES, LEVELS, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline,
+                            pipeline_spec)
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -89,9 +90,6 @@ def as_machine(machine: Machine | str | Path | None) -> Machine:
     return load_machine(machine)
 
 
-LEVELS: dict[str, tuple[str, ...]] = {"lowered": LOWERED_PIPELINE, "scheduled": FULL_PIPELINE}
-"""The levels of the full lowering that `tcpc compile --emit` prints: the engine ops on whole
-tensors, and with the schedule level (what `tcpc run` simulates)."""
 
 
 def choice_routing(cost_only: bool, routing: str | Path) -> str | Path:
@@ -292,8 +290,8 @@ class Program:
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")
-            spec = ",".join(p for p in ("pin-routing", spec) if p)
-            module = apply_pipeline(self.module, [*parse_pipeline("pin-routing"), *passes], machine=mach)
+            spec = ",".join(p for p in (*COST_ONLY_PASSES, spec) if p)
+            module = apply_pipeline(self.module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=mach)
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
                                         uncosted=uncosted, listeners=listeners, work=work)  # type: ignore[arg-type]
             args: list[np.ndarray] = []

@@ -26,7 +26,8 @@ from tcpc.builder import AutoBlock
 from tcpc.cli import main
 from tcpc.diagnostics import Loc
 from tcpc.pipelines import FULL_PIPELINE
-from tcpc.program import LEVELS, print_ir
+from tcpc.pipelines import LEVELS
+from tcpc.program import print_ir
 from tcpc.sweep import chosen_block
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

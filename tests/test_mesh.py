@@ -587,10 +587,11 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
     """A receiver's combine runs over its static worst-case buffer in token tiles (small tiles
     here); a tile none of whose rows holds a pair is skipped by a guard, and the outputs stay
     the reference's. allgather's combine (the group's real tokens) has no such guard."""
-    import tcpc.mesh_run as mesh_run
 
-    tiled = tuple("schedule-tokens{tile_bytes=4096}" if p == "schedule-tokens" else p for p in mesh_run.FULL_PIPELINE)
-    monkeypatch.setattr(mesh_run, "FULL_PIPELINE", tiled)
+    from tcpc import pipelines
+
+    tiled = tuple("schedule-tokens{tile_bytes=4096}" if p == "schedule-tokens" else p for p in pipelines.FULL_PIPELINE)
+    monkeypatch.setitem(pipelines.LEVELS, "scheduled", tiled)
     program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32, "D": 64, "F": 32, "E": 8, "K": 2, "B": 4})
     spec = MeshSpec.parse(f"ep=4,strategy={strategy}")
     chip = program.lower(spec.pipeline())
