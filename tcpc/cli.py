@@ -625,7 +625,7 @@ class TcpcArgumentParser(argparse.ArgumentParser):
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the command, turning every error the user can fix into one line on stderr and its
-    exit status (the table in the README)."""
+    exit status (the table in docs/command-line.md#exit-statuses-and-errors)."""
     try:
         code = {"compile": cmd_compile, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
         sys.stdout.flush()  # a failing stdout shows here, after the command's last line
