@@ -1,4 +1,4 @@
-"""The work tables of the README's lower-topk and lower-routing sections, counted from the IR.
+"""The work tables of lower-topk and lower-routing sections of docs/passes.md, counted from the IR.
 
     python benchmarks/op_counts.py
 

@@ -22,7 +22,7 @@ each loop iteration's ops once per iteration, plus the memory plan's own command
 of the simulation (interpretation, costing, memory plan, scheduling and report; compiling and
 drawing inputs excluded), and CPU seconds of this process over the same span (torch's threads
 add up in the `transformers` row; on a machine shared with other jobs the CPU column is the
-steadier one; the README's table is one such run).
+steadier one; docs/simulator.md's table is one such run).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   gather keeps the phase `dispatch`. It reads the tokens where they are, in HBM: a gather from
   the router's SRAM copy would move no HBM bytes, but an SRAM -> SRAM DMA serialises its reads
   and writes (book, "DMA Engine"; tcp_cost.py) and so takes the engines longer than an
-  HBM -> SRAM one, which the engines pipeline (README, "The dispatch, a block at a time");
+  HBM -> SRAM one, which the engines pipeline (docs/passes.md, "The dispatch, a block at a time");
 - another block-parallel input made elsewhere is sliced per block when in SRAM
   (`tile.slice`), loaded a block at a time when in HBM (`tile.load`);
 - a result used after the loop is stored a block at a time into an HBM buffer (`tile.buffer`,

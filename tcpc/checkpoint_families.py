@@ -1,5 +1,5 @@
 """Where each example family's weights live in a HuggingFace checkpoint: one declarative table
-per family, read by tcpc/checkpoints.py (and documented in the README's "Real checkpoints").
+per family, read by tcpc/checkpoints.py (and documented in docs/checkpoints.md).
 
 A table maps the graph arguments of an examples/*.moe program to tensor names under the
 chosen layer's prefix, with the layout transform that turns the stored tensor into the shape

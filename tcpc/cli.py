@@ -26,7 +26,7 @@ from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, simulate_on_mesh
-from tcpc.pipelines import LOWERED_PIPELINE, PipelineError, apply_pipeline, parse_pipeline
+from tcpc.pipelines import PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
@@ -414,9 +414,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  chose {choice.describe()}")
         outputs, report = result.outputs, None
     else:
-        if args.pipeline is None and not LOWERED_PIPELINE and not program.is_ir:
-            raise UsageError("running the lowered program needs the lowering passes, which do not exist yet; "
-                             "use --reference (graph level) or -p PASSES")
         sim = simulate_with_progress(program, name, args, given, routing_check)
         report = sim.report
         if args.report or args.report_json:  # a block search per fixed block: only for a report
@@ -628,7 +625,7 @@ class TcpcArgumentParser(argparse.ArgumentParser):
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the command, turning every error the user can fix into one line on stderr and its
-    exit status (the table in the README)."""
+    exit status (the table in docs/command-line.md#exit-statuses-and-errors)."""
     try:
         code = {"compile": cmd_compile, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
         sys.stdout.flush()  # a failing stdout shows here, after the command's last line

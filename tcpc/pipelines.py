@@ -67,11 +67,9 @@ SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "sc
                                       "fuse-ve-chains")
 """The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
 own (schedule-shared); static loops over blocks and token tiles whose
-tiles fit SRAM, weights loaded once per expert and prefetched (docs: README, "The schedule
-level"); a small router weight's load spread over the DMA engines in tiles of its reduction
+tiles fit SRAM, weights loaded once per expert and prefetched (docs/passes.md#the-schedule-level-schedule-shared-schedule-experts-schedule-tokens-split-router-k-split-clusters); a small router weight's load spread over the DMA engines in tiles of its reduction
 axis (split-router-k); the expert loop spread over the chip's clusters (default: RNGD's two); then
-consecutive vector-engine ops, in every block, fused into one chain invocation each (README,
-"fuse-ve-chains")."""
+consecutive vector-engine ops, in every block, fused into one chain invocation each (docs/passes.md#fuse-ve-chains)."""
 
 FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
 """What `tcpc run` simulates and `--emit scheduled` prints."""

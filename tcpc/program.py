@@ -133,14 +133,12 @@ class Program:
     def full_pipeline(self, machine: Machine | None = None, level: str = "scheduled") -> str:
         """The passes of the full lowering up to `level` (LEVELS; `scheduled`, what `tcpc run`
         simulates), lower-topk's strategy left to the cost model (the same for every machine:
-        the passes read it from the module's target); or a CompileError while they do not
-        exist. An .mlir file's IR is taken as it is (no passes) unless a pipeline is given."""
+        the passes read it from the module's target). An .mlir file's IR is taken as it is (no
+        passes) unless a pipeline is given."""
         if level not in LEVELS:
             raise ValueError(f"level {level!r}: expected {' or '.join(LEVELS)}")
         if self.is_ir:
             return ""
-        if not LOWERED_PIPELINE:
-            raise CompileError("the lowering pipeline does not exist yet; run the graph-level IR")
         return pipeline_spec(LEVELS[level])
 
     def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,

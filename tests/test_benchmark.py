@@ -89,17 +89,18 @@ def test_main_writes_results(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ca
     assert (tmp_path / "phases.png").exists() or "chart skipped" in out
 
 
-def test_op_counts_script_gives_the_readme_numbers() -> None:
-    """The work tables of the README's pass sections come from benchmarks/op_counts.py; a
-    lowering change that moves them must regenerate the README (the first row of each)."""
+def test_op_counts_script_gives_the_passes_doc_numbers() -> None:
+    """The work tables of docs/passes.md's lower-topk and lower-routing sections come from
+    benchmarks/op_counts.py; a lowering change that moves them must regenerate those tables (the
+    first row of each)."""
     from benchmark_scripts import load_script
 
     counts = load_script("op_counts")
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "passes.md").read_text()
     rank, rounds = counts.topk_row(8, 2, "bf16", "score", "rank"), counts.topk_row(8, 2, "bf16", "score", "rounds")
-    assert f"| 8 | 2 | bf16 | score | {rank[0]} / {rank[1]} | {rounds[0]} / {rounds[1]} |" in readme
+    assert f"| 8 | 2 | bf16 | score | {rank[0]} / {rank[1]} | {rounds[0]} / {rounds[1]} |" in doc
     blocks, ops, elements, scans = counts.scatter(16, 2, 8, 4, None)
-    assert f"| 16 | 2 | 8 | 4 |  | {blocks} | {ops} | {elements:,} | {', '.join(map(str, scans))} |" in readme
+    assert f"| 16 | 2 | 8 | 4 |  | {blocks} | {ops} | {elements:,} | {', '.join(map(str, scans))} |" in doc
 
 
 # --- benchmarks/schedule.py ------------------------------------------------------------------------

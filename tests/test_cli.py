@@ -1,4 +1,4 @@
-"""The `tcpc` and `tcpc-opt` commands (README.md#the-command-line).
+"""The `tcpc` and `tcpc-opt` commands (docs/command-line.md).
 
 Most checks call `tcpc.cli.main` in process; a few run the installed commands to show exit
 status and the absence of tracebacks end to end.

@@ -1,5 +1,5 @@
 """Hard edges of the command line (issue 13): every bad input is one clear error with the exit
-status the README's table gives, never a traceback, an "internal error" or a silent wrong answer.
+status docs/command-line.md's table gives, never a traceback, an "internal error" or a silent wrong answer.
 
 The table runs in process through `tcpc.cli.main`; the few edges only a real process shows
 (Ctrl-C, a closed pipe, tcpc-opt's own argument handling) run as subprocesses.

@@ -1,4 +1,4 @@
-"""`tcpc run` as a simulator (README.md#simulating): reports, JSON, Chrome traces, machine
+"""`tcpc run` as a simulator (docs/simulator.md): reports, JSON, Chrome traces, machine
 files, cost-only mode, the --check tolerance and the progress line."""
 
 from __future__ import annotations

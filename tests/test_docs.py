@@ -3,8 +3,9 @@ every module or name it quotes exists, and nothing sends the reader to documents
 does not hold.
 
 Citations are repository paths (`docs/hardware.md#moving-data`, `runtime_sim/perf/tcp_cost.py`,
-`examples/mixtral.moe`, `README.md#errors`) in any source, test, grammar, lit config, IR, program
-or markdown file, and relative markdown links inside `docs/` and the README. A `#section` must be
+`examples/mixtral.moe`, `README.md#layout`) in any source, test, grammar, lit config, IR, program
+or markdown file, and relative markdown links in every markdown file (the README, `docs/`,
+`benchmarks/README.md`). A `#section` must be
 a heading of the cited markdown file (GitHub's anchor for it).
 """
 
@@ -41,7 +42,7 @@ IR_ATTRIBUTES = {"tcpc.phase", "tcpc.routing_experts", "tcpc.plan", "tcpc.space"
 """Attribute names tcpc puts on IR, spelled like dotted references but not Python names."""
 
 PLACEHOLDERS = {"passes/my_pass.py", "tests/filecheck/my_pass/", "benchmarks/NAME.py"}
-"""Paths that stand for files the reader writes (the README's "Adding a pass" recipe) or for any
+"""Paths that stand for files the reader writes (the "Adding a pass" recipe of docs/passes.md) or for any
 file of a kind (`benchmarks/NAME.py`)."""
 
 OUTSIDE_DOCUMENTS = [  # first letters bracketed, so grepping the repo for them finds no pattern
@@ -195,7 +196,7 @@ def test_every_machine_source_names_its_docs_section() -> None:
 @pytest.mark.parametrize("text, cited", [
     ("see docs/hardware.md#moving-data.", ("docs/hardware.md", "#moving-data")),
     ("(runtime_sim/perf/tcp_cost.py)", ("runtime_sim/perf/tcp_cost.py", None)),
-    ("`README.md#errors`", ("README.md", "#errors")),
+    ("`README.md#layout`", ("README.md", "#layout")),
     ("furiosa-opt-examples/src/pe_count.rs", None),
     ("https://github.com/furiosa-ai/furiosa-opt/blob/x/docs/src/intro.md", None),
 ])

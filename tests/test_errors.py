@@ -1,4 +1,4 @@
-"""Every error class of the language (README.md#errors) through the `tcpc` command: exit status 1,
+"""Every error class of the language (docs/language.md#errors) through the `tcpc` command: exit status 1,
 `FILE:LINE:COL: error: message`, the source line and a caret, and never a traceback.
 
 Every case runs through `tcpc.cli.main` in process; one case of each kind also runs as a real

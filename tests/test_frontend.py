@@ -1,5 +1,5 @@
 """The .moe frontend: every syntactic form, the type and shape rules, every builtin's result,
-and the custom/generic IR round trips (README.md#the-language, docs/architecture.md#dialects)."""
+and the custom/generic IR round trips (docs/language.md, docs/architecture.md#dialects)."""
 
 from __future__ import annotations
 

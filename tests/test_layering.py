@@ -1,4 +1,4 @@
-"""The layering contract (pyproject.toml, `[tool.importlinter]`; README, Layout) holds: tcpc ->
+"""The layering contract (pyproject.toml, `[tool.importlinter]`; README.md#layout) holds: tcpc ->
 (passes | runtime_sim.perf) -> runtime_sim.semantics -> dialects, and nothing imports the
 benchmark scripts. import-linter follows every import, function-level ones included, so a
 lower layer reaching up (even through a third module) fails here with the import chain."""

@@ -278,7 +278,7 @@ def test_cli_check_report_and_trace(capsys: pytest.CaptureFixture[str], tmp_path
 
 
 def test_deepseek_routing_on_8_chips_checks(capsys: pytest.CaptureFixture[str]) -> None:
-    """The README's acceptance line: DeepSeek-V3's routing (E = 256, top-8 of 4 of 8 groups) at
+    """docs/mesh.md's acceptance line: DeepSeek-V3's routing (E = 256, top-8 of 4 of 8 groups) at
     small D and F, 32 experts per chip, bit-identical to one chip."""
     sets = [a for d in ("E=256", "K=8", "NG=8", "TG=4", "T=64") for a in ("--set", d)]
     assert main(["run", "examples/deepseek_v3.moe", *sets, "--mesh", "ep=8", "--check", "--report"]) == 0

@@ -262,7 +262,7 @@ BAD_SPECS: dict[str, tuple[str, tuple[str, ...], int, str]] = {
 @pytest.mark.parametrize("name", BAD_SPECS)
 def test_a_bad_spec_fails_once_before_the_cluster_starts(
         name: str, tmp_path: Path, no_cluster: None, capsys: pytest.CaptureFixture[str]) -> None:
-    """One error naming the spec and its key (or the flag), the README's exit status, no point run."""
+    """One error naming the spec and its key (or the flag), the exit status docs/command-line.md gives, no point run."""
     text, more, status, message = BAD_SPECS[name]
     (tmp_path / "bad.moe").write_text("dims T = 4\ngraph g(x: f32[T]) -> f32[T] {\n    return x +\n}\n")
     (tmp_path / "m.toml").write_text('extends = "rngd"\n[dma]\nengines = { value = 0, assumption = "x" }\n')

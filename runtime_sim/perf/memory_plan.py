@@ -3,7 +3,8 @@
 Placement: function arguments (the layer's inputs and weights), stored values and what the
 compiler placed in HBM (`tcpc.space = "hbm"`, an HBM `tile.buffer`: cost_model.in_hbm) live in
 HBM; every other value an op produces is an SRAM buffer (views share their input's buffer).
-SRAM is the cluster's: slices x bytes per slice, counted in bytes (no fragmentation).
+SRAM is the whole chip's, every cluster's (`Machine.sram_bytes`: clusters x slices x bytes per
+slice) in one pool, counted in bytes (no fragmentation).
 
 Lifetime: in issue order, a buffer is resident from the command that writes it (its producer,
 or a reload) to its last reader; the function's results stay to the end. The plan walks the
