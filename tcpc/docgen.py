@@ -22,17 +22,20 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Dialect, Operation, ParametrizedAttribute
 from xdsl.irdl import (AnyAttr, AnyOf, BaseAttr, EqAttrConstraint, OptOperandDef, OptPropertyDef, OptRegionDef,
                        OptResultDef, ParamAttrConstraint, RangeLengthConstraint, RangeOf, VarOperandDef, VarRegionDef,
-                       VarResultDef)
+                       VarResultDef, VarConstraint)
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import RewritePattern
 
 from target.machine import DEFAULT_MACHINE, MACHINES_DIR, SCHEMA, _Field, load_machine
 from target.mesh_machine import DEFAULT_MESH_MACHINE, LINK_SCHEMA, load_mesh_machine
 from tcpc.cli import EXIT_ERROR, EXIT_OK
-from tcpc.pipelines import DIALECTS, LOWERED_PIPELINE, PASSES, SCHEDULE_PIPELINE
+from tcpc.pipelines import (DIALECTS, FULL_PIPELINE, LOWERED_PIPELINE, PASSES, SCHEDULE_PIPELINE, apply_pipeline,
+                            parse_pipeline, pipeline_spec)
+from tcpc.program import compile_file
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE_DIR = REPO / "docs" / "reference"
@@ -64,6 +67,8 @@ def _constraint(c: object) -> str:
         return _constraint(c.constraint)
     if isinstance(c, RangeOf):
         return _constraint(c.constr)
+    if isinstance(c, VarConstraint):
+        return f"{_constraint(c.constraint)} `{c.name}` (all `{c.name}` equal)"
     if isinstance(c, AnyAttr):
         return "any attribute"
     if isinstance(c, BaseAttr):
@@ -239,6 +244,38 @@ def consumed_ops(module: ModuleType) -> list[str]:
     return [f"`{n}`" for n in sorted(names)] + ([ANY_OP] if generic else [])
 
 
+OBSERVED_ON: tuple[tuple[str, dict[str, int | str], str], ...] = (
+    ("examples/toy.moe", {}, pipeline_spec(FULL_PIPELINE, "rank")),
+    ("examples/llama4.moe", {"B": 4}, pipeline_spec(FULL_PIPELINE, "rank")),
+    ("examples/qwen3_moe_fp8.moe", {"T": 8, "B": 4}, pipeline_spec(FULL_PIPELINE, "rank")),
+    ("examples/toy.moe", {}, "pin-routing"),
+    ("examples/toy.moe", {}, "shard-experts{ep=2}"),
+)
+"""The programs and pipelines whose IR shows what each pass consumes and produces: together
+they run every registered pass (a shared expert, fp8 experts, the graph-level passes)."""
+
+
+@cache
+def observed_rewrites() -> dict[str, tuple[frozenset[str], frozenset[str]]]:
+    """Pass name -> (the ops it removes, the ops it introduces) on OBSERVED_ON: the kinds of op
+    the IR held before the pass and not after it, and after it and not before."""
+    removed: dict[str, set[str]] = {}
+    introduced: dict[str, set[str]] = {}
+    for path, dims, spec in OBSERVED_ON:
+        module = compile_file(REPO / path, dims).module
+        before = {op.name for op in module.walk()}
+
+        def after_each(p: ModulePass, lowered: ModuleOp) -> None:
+            nonlocal before
+            now = {op.name for op in lowered.walk()}
+            removed.setdefault(p.name, set()).update(before - now)
+            introduced.setdefault(p.name, set()).update(now - before)
+            before = now
+
+        apply_pipeline(module, parse_pipeline(spec), after_each=after_each)
+    return {name: (frozenset(removed[name]), frozenset(introduced[name])) for name in removed}
+
+
 def _pipelines_of(name: str) -> str:
     if name in LOWERED_PIPELINE:
         return f"the lowering (`tcpc.pipelines.LOWERED_PIPELINE`), step {LOWERED_PIPELINE.index(name) + 1}"
@@ -252,8 +289,15 @@ def passes_md() -> str:
            "Every pass registered in `tcpc.pipelines.PASSES`, which `tcpc`, `tcpc-opt` and the Python API "
            "read. Options are the pass class's fields, given as `-p 'name{option=value ...}'`; their text is "
            "the docstring under each field. \"Rewrites\" lists the ops the pass's rewrite patterns match "
-           "(passes that walk the IR themselves say what they rewrite in their description).\n\n"]
+           "(passes that walk the IR themselves say what they rewrite in their description). \"On the "
+           "examples\" names the kinds of op the IR held before the pass and not after it (removes) and after "
+           "it and not before (introduces), on these runs: "
+           + "; ".join(f"{f'`{spec}`' if ',' not in spec else 'the full pipeline'} on `{path}`"
+                       + (f" (`{', '.join(f'{k}={v}' for k, v in dims.items())}`)" if dims else "")
+                       for path, dims, spec in OBSERVED_ON)
+           + ". A pass that only moves ops (into loops, onto clusters) removes and introduces little.\n\n"]
     out += [f"- [`{n}`](#{n})\n" for n in sorted(PASSES)]
+    observed = observed_rewrites()
     for name in sorted(PASSES):
         cls: type[ModulePass] = PASSES[name]()
         module = sys.modules[cls.__module__]
@@ -261,6 +305,9 @@ def passes_md() -> str:
                    f"part of {_pipelines_of(name)}.\n\n")
         if consumed := consumed_ops(module):
             out.append(f"Rewrites: {', '.join(consumed)}.\n\n")
+        taken, made = observed.get(name, (frozenset(), frozenset()))
+        out.append(f"On the examples it removes {', '.join(f'`{n}`' for n in sorted(taken)) or 'no kind of op'} "
+                   f"and introduces {', '.join(f'`{n}`' for n in sorted(made)) or 'no kind of op'}.\n\n")
         if doc := _doc(cls):
             out.append(doc + "\n\n")
         fields = [f for f in dataclasses.fields(cls) if f.init]
@@ -340,9 +387,14 @@ def machine_md() -> str:
     return "".join(out)
 
 
+@cache
+def _render() -> tuple[tuple[str, str], ...]:
+    return (("dialects.md", dialects_md()), ("passes.md", passes_md()), ("machine.md", machine_md()))
+
+
 def render() -> dict[str, str]:
     """File name under docs/reference/ -> its generated text."""
-    return {"dialects.md": dialects_md(), "passes.md": passes_md(), "machine.md": machine_md()}
+    return dict(_render())
 
 
 def stale(directory: Path = REFERENCE_DIR) -> list[str]:

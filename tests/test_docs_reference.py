@@ -4,12 +4,13 @@ fails here until `python -m tcpc.docgen` is run."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from dialects.moe import TopKOp
-from passes.lower_topk import LowerTopKPass
+from passes import lower_topk
 from passes.split_clusters import SplitClustersPass
 from tcpc import docgen
 
@@ -48,12 +49,24 @@ def test_an_op_section_states_its_definition() -> None:
     assert "- k = {k} must be in [1, {shape[-1]}] (the last axis)" in text
 
 
-def test_pass_options_carry_their_docstrings() -> None:
-    docs = docgen.option_docs(SplitClustersPass)
-    assert docs["clusters"].startswith("Clusters to spread over")
-    assert docgen.consumed_ops(__import__("passes.lower_topk", fromlist=["_"])) == ["`moe.topk`"]
-    assert "moe.topk -> ve ops" in docgen.passes_md()
-    assert LowerTopKPass.name in docgen.PASSES
+def test_every_pass_option_has_a_docstring() -> None:
+    """The reference's option table reads the string under each field: a new option without one
+    would leave its meaning out."""
+    for name, load in docgen.PASSES.items():
+        cls = load()
+        options = {f.name for f in dataclasses.fields(cls) if f.init}
+        missing = options - set(docgen.option_docs(cls))
+        assert not missing, f"{name}: options without a docstring under the field: {sorted(missing)}"
+    assert docgen.option_docs(SplitClustersPass)["clusters"].startswith("Clusters to spread over")
+
+
+def test_what_a_pass_consumes_and_produces() -> None:
+    assert docgen.consumed_ops(lower_topk) == ["`moe.topk`"]
+    removed, introduced = docgen.observed_rewrites()["lower-topk"]
+    assert removed == {"moe.topk"} and "ve.filter" in introduced
+    removed, introduced = docgen.observed_rewrites()["split-clusters"]
+    assert not removed and "tile.copy" in introduced
+    assert set(docgen.observed_rewrites()) == set(docgen.PASSES), "OBSERVED_ON must run every pass"
 
 
 @pytest.mark.parametrize("key, unit", [("clock_hz", "Hz"), ("bytes_per_second", "bytes/s"),
