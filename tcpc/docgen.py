@@ -1,7 +1,8 @@
 """The reference under docs/reference/, generated from the code, as MLIR's -gen-dialect-doc and
--gen-pass-doc generate theirs: every op of every tcpc dialect (from its IRDL definition), every
-registered pass (its options from the pass class's fields), every machine-file key (from the
-schema and the default machine's file).
+-gen-pass-doc generate theirs: every op of every tcpc dialect (its IRDL definition, docstring,
+assembly format and the messages its verifier states), every registered pass (docstrings,
+options from the pass class's fields, the ops it removes and introduces on a few examples),
+every machine-file key (unit, allowed values, the default machine's value and its source).
 
 `python -m tcpc.docgen` rewrites the files; `python -m tcpc.docgen --check` only says whether they
 are stale. tests/test_docs_reference.py fails when the checked-in reference differs from what the
@@ -25,8 +26,8 @@ from types import ModuleType
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Dialect, Operation, ParametrizedAttribute
 from xdsl.irdl import (AnyAttr, AnyOf, BaseAttr, EqAttrConstraint, OptOperandDef, OptPropertyDef, OptRegionDef,
-                       OptResultDef, ParamAttrConstraint, RangeLengthConstraint, RangeOf, VarOperandDef, VarRegionDef,
-                       VarResultDef, VarConstraint)
+                       OptResultDef, ParamAttrConstraint, RangeLengthConstraint, RangeOf, VarConstraint, VarOperandDef,
+                       VarRegionDef, VarResultDef)
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import RewritePattern
 
@@ -162,9 +163,10 @@ def _op_section(cls: type) -> Iterator[str]:
         yield f"Traits: {', '.join(traits)}.\n\n"
     if od.assembly_format:
         yield f"Assembly format:\n\n```\n{od.assembly_format}\n```\n\n"
+    elif any("parse" in k.__dict__ for k in cls.__mro__ if k.__module__.split(".")[0] == "dialects"):
+        yield "Assembly format: custom (`parse` / `print`).\n\n"
     else:
-        yield "Assembly format: the generic form (or a custom `print`/`parse`).\n\n" \
-            if "parse" not in cls.__dict__ else "Assembly format: custom (`parse` / `print`).\n\n"
+        yield "Assembly format: the generic form only.\n\n"
     verify = cls.__dict__.get("verify_")
     rules = verifier_rules(cls)
     if verify is not None and (verify.__doc__ or rules):
