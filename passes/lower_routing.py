@@ -321,12 +321,13 @@ class LowerRoutingPattern(RewritePattern):
 @dataclass(frozen=True)
 class LowerRoutingPass(ModulePass):
     """moe.scatter -> ve ops computing scatter_idx [T, K] and expert_ids [G], then moe.route
-    and moe.dispatch. `scan_rows`: the rows the vector engine scans in one round, which the
-    cumsum's chunks are chosen for (0, the default: the target's, `scan_rows_of`)."""
+    and moe.dispatch."""
 
     name = "lower-routing"
 
     scan_rows: int = 0
+    """The rows the vector engine scans in one round, which the cumsum's chunks are chosen for
+    (0, the default: the target's, `scan_rows_of`)."""
 
     def __post_init__(self) -> None:
         if self.scan_rows < 0:

@@ -230,6 +230,8 @@ class LowerTopKPass(ModulePass):
 
     name = "lower-topk"
     strategy: str = DEFAULT_STRATEGY
+    """`rank` (the default): all-pairs ranking; `rounds`: K rounds of max-reduce and masking;
+    `auto`: the cost model's choice, which tcpc compile and tcpc run make before the pass runs."""
 
     def __post_init__(self) -> None:
         if self.strategy not in (*STRATEGIES, AUTO_STRATEGY):

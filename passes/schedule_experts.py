@@ -486,14 +486,16 @@ def expert_id_values(block: Block) -> list[SSAValue]:
 
 @dataclass(frozen=True)
 class ScheduleExpertsPass(ModulePass):
-    """`sram_bytes`: the SRAM the F tile is chosen for (0, the default: one cluster's of the
-    module's target, target/target_spec.py); `f_tile`: the F tile when positive (a multiple of
-    512 keeps it exact), chosen from `sram_bytes` when 0."""
+    """Expert work -> static loops over the blocks (the module docstring says how)."""
 
     name = "schedule-experts"
 
     sram_bytes: int = 0
+    """The SRAM the F tile is chosen for (0, the default: one cluster's of the module's target,
+    target/target_spec.py)."""
     f_tile: int = 0
+    """The F tile when positive (a multiple of 512 keeps it exact), chosen from `sram_bytes`
+    when 0."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         machine = machine_of(op)

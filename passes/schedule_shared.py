@@ -314,11 +314,13 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
 
 @dataclass(frozen=True)
 class ScheduleSharedPass(ModulePass):
-    """`rows`: the row block when positive and dividing T (else chosen, see `choose_rows`)."""
+    """A shared expert's dense MLP -> the one-expert blocked form over row blocks (the module
+    docstring says how)."""
 
     name = "schedule-shared"
 
     rows: int = 0
+    """The row block when positive and dividing T (else chosen, see `choose_rows`)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in op.ops:

@@ -226,9 +226,16 @@ class ShardExpertsPass(ModulePass):
     name = "shard-experts"
 
     ep: int = 1
+    """Chips of the expert-parallel axis: each holds E / ep of the experts."""
     dp: int = 1
+    """Chips of the data-parallel axis: the tokens are split over all dp * ep chips, the experts
+    over the ep chips of each group only."""
     tp: int = 1
+    """Chips of the tensor-parallel axis: each holds F / tp of every expert's hidden columns,
+    the partial sums all-reduced over them."""
     strategy: str = "a2a"
+    """How tokens reach their experts' chips: `a2a`, `a2a_sum` or `allgather` (the module
+    docstring compares them)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
