@@ -38,7 +38,7 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
-from dialects.quant import check_pair, check_scales, k_block
+from dialects.lowp import check_pair, check_scales, k_block
 from dialects.tensor_types import expect, format_type, is_float_type, is_int_type, promote, shape_of
 
 TOPK_ORDERS = ("score", "index")
@@ -263,7 +263,7 @@ class GroupedMatmulOp(IRDLOperation):
 @irdl_op_definition
 class ScaledGroupedMatmulOp(IRDLOperation):
     """`grouped_matmul` of block-scaled low-precision operands: blocks [G, B, D] with scales
-    [G, B, D / kx] (per row and K-group, as `quant.quantize` gives them) times each block's
+    [G, B, D / kx] (per row and K-group, as `lowp.quantize` gives them) times each block's
     expert weight [D, F] with scales [E, D / kw, F / nb].
 
     As the chip does it: the contraction engine multiplies matched low-precision pairs

@@ -27,7 +27,7 @@ from xdsl.irdl import (
 )
 from xdsl.traits import Pure
 
-from dialects.quant import check_pair, check_scales, k_block
+from dialects.lowp import check_pair, check_scales, k_block
 from dialects.tensor_types import (
     broadcast_shapes,
     check_reshape,

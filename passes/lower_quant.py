@@ -1,15 +1,15 @@
-"""`lower-quant`: the graph-level `quant` ops become vector-engine and contraction commands.
+"""`lower-quant`: the graph-level `lowp` ops become vector-engine and contraction commands.
 
-- `quant.quantize %x {group = g}` (x [..., N], bf16 or f32) -> per group of g along the last
+- `lowp.quantize %x {group = g}` (x [..., N], bf16 or f32) -> per group of g along the last
   axis, in f32 lanes: `ve.widen` (bf16), a `tcp.view` as [..., N / g, g], |x| by clearing the
   sign bit (`ve.and` 0x7fffffff on the bits), `ve.reduce_max` over the group (`amax`),
   `ve.max` with eps and `ve.div` by the type's largest finite value (`scales`), then x divided
   by its group's scale (`ve.broadcast` + `ve.div`) and `ve.narrow_low`, the cast engine's
   saturating conversion (`values`).
-- `quant.dequantize %v, %s` -> `ve.widen_low` of the values (and of e8m0 scales), the scales
+- `lowp.dequantize %v, %s` -> `ve.widen_low` of the values (and of e8m0 scales), the scales
   repeated over their blocks (`ve.broadcast` + `tcp.view` per blocked axis, free views), one
   `ve.mul`.
-- `quant.scaled_matmul %x, %w scales %xs, %ws` -> `tcp.scaled_contract` on [1, M, K] and
+- `lowp.scaled_matmul %x, %w scales %xs, %ws` -> `tcp.scaled_contract` on [1, M, K] and
   [1, K, N] views, then `ve.narrow` to bf16.
 
 Each step is the operation `runtime_sim/semantics/quantization.py` performs, in its order, so
@@ -35,7 +35,7 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from dialects import quant, tcp, ve
+from dialects import lowp, tcp, ve
 from dialects.annotations import OTHER, mark, phase_of
 from dialects.tensor_types import block_shape, shape_of
 from passes.lowering_builder import LoweringBuilder, element_of
@@ -74,7 +74,7 @@ class _Emitter(LoweringBuilder):
         return x
 
 
-def lower_quantize(op: quant.QuantizeOp) -> tuple[list[Operation], list[SSAValue]]:
+def lower_quantize(op: lowp.QuantizeOp) -> tuple[list[Operation], list[SSAValue]]:
     shape = shape_of(op.input.type)
     g = op.group_size
     grouped_shape = [*shape[:-1], shape[-1] // g, g]
@@ -91,14 +91,14 @@ def lower_quantize(op: quant.QuantizeOp) -> tuple[list[Operation], list[SSAValue
     return e.ops, [e.view(values, shape, op.values.name_hint or "values"), scales]
 
 
-def lower_dequantize(op: quant.DequantizeOp) -> tuple[list[Operation], list[SSAValue]]:
+def lower_dequantize(op: lowp.DequantizeOp) -> tuple[list[Operation], list[SSAValue]]:
     e = _Emitter()
     values = e.to_f32(op.values, "values_f32")
     scales = e.expand_scales(op.scales, shape_of(op.values.type), "scales_expanded")
     return e.ops, [e.emit(ve.MulOp(values, scales), op.result.name_hint or "dequantized")]
 
 
-def lower_scaled_matmul(op: quant.ScaledMatmulOp) -> tuple[list[Operation], list[SSAValue]]:
+def lower_scaled_matmul(op: lowp.ScaledMatmulOp) -> tuple[list[Operation], list[SSAValue]]:
     (m, _), (_, n) = shape_of(op.input.type), shape_of(op.weight.type)
     e = _Emitter()
 
@@ -113,9 +113,9 @@ def lower_scaled_matmul(op: quant.ScaledMatmulOp) -> tuple[list[Operation], list
 
 
 LOWERINGS = {
-    quant.QuantizeOp: lower_quantize,
-    quant.DequantizeOp: lower_dequantize,
-    quant.ScaledMatmulOp: lower_scaled_matmul,
+    lowp.QuantizeOp: lower_quantize,
+    lowp.DequantizeOp: lower_dequantize,
+    lowp.ScaledMatmulOp: lower_scaled_matmul,
 }
 
 
@@ -133,7 +133,7 @@ class LowerQuantPattern(RewritePattern):
     phases: dict[Operation, str]
 
     @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: quant.QuantizeOp | quant.DequantizeOp | quant.ScaledMatmulOp,
+    def match_and_rewrite(self, op: lowp.QuantizeOp | lowp.DequantizeOp | lowp.ScaledMatmulOp,
                           rewriter: PatternRewriter) -> None:
         ops, results = LOWERINGS[type(op)](op)
         mark(ops, self.phases.get(op, OTHER))
@@ -142,7 +142,7 @@ class LowerQuantPattern(RewritePattern):
 
 @dataclass(frozen=True)
 class LowerQuantPass(ModulePass):
-    """quant.quantize / dequantize / scaled_matmul -> ve and tcp ops (see the module docstring)."""
+    """lowp.quantize / dequantize / scaled_matmul -> ve and tcp ops (see the module docstring)."""
 
     name = "lower-quant"
 

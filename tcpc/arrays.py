@@ -18,7 +18,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import SSAValue
 
-from dialects import moe, quant, tcp, tile
+from dialects import lowp, moe, tcp, tile
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import format_type, shape_of
 from runtime_sim.perf.array_files import ArrayFileError, read_arrays
@@ -26,8 +26,8 @@ from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, RoutingError, s
 from runtime_sim.semantics.numerics import LOW_PRECISION_DTYPES, bfloat16, float8_e8m0, round_to, tensor_dtype
 
 SCALE_OPERANDS: dict[type, tuple[int, ...]] = {
-    quant.DequantizeOp: (1,),
-    quant.ScaledMatmulOp: (2, 3),
+    lowp.DequantizeOp: (1,),
+    lowp.ScaledMatmulOp: (2, 3),
     moe.ScaledGroupedMatmulOp: (3, 4),
     tcp.ScaledContractOp: (2, 3),
 }

@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType, i1
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
-from dialects import moe, quant, tensor_types, tmath
+from dialects import lowp, moe, tensor_types, tmath
 from dialects.tensor_types import format_shape, format_type, shape_of
 from runtime_sim.semantics.numerics import numpy_dtype
 from tcpc import syntax as ast
@@ -782,7 +782,7 @@ class GraphBuilder:
             )
 
     def check_k_blocks(self, kx: int, kw: int, e: ast.Expr) -> None:
-        if quant.k_block(kx, kw) is None:
+        if lowp.k_block(kx, kw) is None:
             raise CompileError(
                 f"the scales' blocks along the reduced axis ({kx} for the input, {kw} for the weight) "
                 "do not nest: one must divide the other",
@@ -805,7 +805,7 @@ class GraphBuilder:
         group = self.static_int(args["group"], "group")
         if not shape or shape[-1] % group:
             raise CompileError(f"quantize: group {group} does not divide the last axis of {format_type(x.type)}", args["group"].loc)
-        op = self.emit(quant.QuantizeOp(x, tensor_types.ELEMENT_TYPES[dtype], group), c.loc)
+        op = self.emit(lowp.QuantizeOp(x, tensor_types.ELEMENT_TYPES[dtype], group), c.loc)
         return op.values, op.scales
 
     def call_dequantize(self, c: ast.Call) -> Value:
@@ -818,7 +818,7 @@ class GraphBuilder:
             raise CompileError(f"block scales must be f32 or e8m0, got {format_type(scales.type)}", args["scales"].loc)
         self.check_scale_shape(scales, [None] * len(shape_of(values.type)), values, args["scales"], "dequantize scales",
                                "of the values' rank")
-        return self.emit(quant.DequantizeOp(values, scales), c.loc).result
+        return self.emit(lowp.DequantizeOp(values, scales), c.loc).result
 
     def call_scaled_matmul(self, c: ast.Call) -> Value:
         args = self.bind(c, ["x", "w"], {"scales": None})
@@ -831,7 +831,7 @@ class GraphBuilder:
         self.check_scale_shape(x_scales, (xs[0], None), x, args["scales"], "scaled_matmul input scales", "[M, K / group]")
         self.check_scale_shape(w_scales, (None, None), w, args["scales"], "scaled_matmul weight scales", "[K / kw, N / nb]")
         self.check_k_blocks(xs[1] // shape_of(x_scales.type)[1], ws[0] // shape_of(w_scales.type)[0], args["scales"])
-        return self.emit(quant.ScaledMatmulOp(x, w, x_scales, w_scales, TensorType(tensor_types.ELEMENT_TYPES["bf16"], [xs[0], ws[1]])), c.loc).result
+        return self.emit(lowp.ScaledMatmulOp(x, w, x_scales, w_scales, TensorType(tensor_types.ELEMENT_TYPES["bf16"], [xs[0], ws[1]])), c.loc).result
 
     def call_combine(self, c: ast.Call) -> Value:
         args = self.bind(c, ["x", "route"], {"weights": None})

@@ -18,8 +18,8 @@ from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind
 from xdsl.utils.exceptions import ArgSpecParseError
 
 from dialects.ccl import CCL
+from dialects.lowp import LowP
 from dialects.moe import MoE
-from dialects.quant import Quant
 from dialects.tcp import TCP
 from dialects.tile import Tile
 from dialects.tmath import TMath
@@ -27,7 +27,7 @@ from dialects.ve import VE
 from target.machine import Machine
 from target.target_spec import attach
 
-DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, Quant, CCL, DLTI]
+DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, LowP, CCL, DLTI]
 
 
 def _lazy(module: str, name: str) -> Callable[[], type[ModulePass]]:

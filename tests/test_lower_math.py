@@ -512,7 +512,7 @@ def compiled(path: Path) -> tcpc.Program:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_lowers_to_func_tcp_ve_and_moe(path: Path) -> None:
-    # lower-quant takes the low-precision examples' quant ops (a no-op elsewhere)
+    # lower-quant takes the low-precision examples' lowp ops (a no-op elsewhere)
     lowered = compiled(path).lower("lower-topk,lower-quant,lower-math")
     assert {op.dialect_name() for op in lowered.walk()} <= LOWERED_DIALECTS
 

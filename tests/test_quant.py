@@ -124,7 +124,7 @@ def special_arrays(shape: tuple[int, ...], dtype: np.dtype, seed: int) -> np.nda
 def before_after(source: str, args: list[np.ndarray]) -> tuple[tuple, tuple]:
     module = tcpc.compile_source(source).module
     lowered = apply_pipeline(module, [LowerQuantPass()])
-    assert not [op for op in lowered.walk() if op.name.startswith("quant.")]
+    assert not [op for op in lowered.walk() if op.name.startswith("lowp.")]
     name = module.ops.first.sym_name.data
     return run_function(module, name, args), run_function(lowered, name, args)
 

@@ -8,7 +8,7 @@ the graph's work instead, worked out from the graph-level function once (`graph_
 routing the run actually had:
 
 - `tmath.matmul` (the router, a shared expert, any dense layer): 2 x the result's elements x
-  the contracted size; `quant.scaled_matmul` the same, at the fp8 rate;
+  the contracted size; `lowp.scaled_matmul` the same, at the fp8 rate;
 - `moe.grouped_matmul`: 2 x D x F per routed pair (+ F bias adds), `moe.scaled_grouped_matmul`
   the same at the fp8 rate (its bias adds not);
 - routed pairs: a routing's [T, K] expert choices as the run had them (the op lower-routing marks
@@ -40,7 +40,7 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.ir import Operation, SSAValue
 
-from dialects import moe, quant, tcp, tile, tmath
+from dialects import lowp, moe, tcp, tile, tmath
 from dialects.annotations import phase_of
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import CostModelError, in_hbm
@@ -119,7 +119,7 @@ def graph_work(fn: func.FuncOp) -> GraphWork | None:
             routes[op.route] = RoutedWork(op.route.type)  # type: ignore[arg-type]
         elif isinstance(op, tmath.MatmulOp):
             dense += 2 * prod(shape_of(op.result.type)) * shape_of(op.lhs.type)[-1]
-        elif isinstance(op, quant.ScaledMatmulOp):
+        elif isinstance(op, lowp.ScaledMatmulOp):
             flops = 2 * prod(shape_of(op.result.type)) * shape_of(op.input.type)[-1]
             dense, dense_fp8 = dense + flops, dense_fp8 + flops
         elif isinstance(op, (moe.GroupedMatmulOp, moe.ScaledGroupedMatmulOp)):

@@ -13,8 +13,8 @@ from xdsl.interpreters.arith import ArithFunctions
 from xdsl.interpreters.func import FuncFunctions
 from xdsl.interpreters.scf import ScfFunctions
 
+from runtime_sim.semantics.lowp_semantics import LowpFunctions
 from runtime_sim.semantics.moe_semantics import MoEFunctions
-from runtime_sim.semantics.quant_semantics import QuantFunctions
 from runtime_sim.semantics.tcp_semantics import TCPFunctions
 from runtime_sim.semantics.tile_semantics import TileFunctions
 from runtime_sim.semantics.tmath_semantics import TMathFunctions
@@ -29,7 +29,7 @@ SEMANTICS: list[type[InterpreterFunctions]] = [
     ScfFunctions,
     ArithFunctions,
     TileFunctions,
-    QuantFunctions,
+    LowpFunctions,
 ]
 """Every dialect's numpy semantics; each lowering level registers its own here."""
 

@@ -12,7 +12,7 @@ uses (docs/architecture.md, Shared semantics).
   added in K order strictly left to right: how the chip applies block scales in the vector
   engine to the contraction engine's partial sums.
 
-The graph-level ops (`quant.*`, `moe.scaled_grouped_matmul`) and the lowered ones
+The graph-level ops (`lowp.*`, `moe.scaled_grouped_matmul`) and the lowered ones
 (`tcp.scaled_contract`, the `ve` ops of a lowered quantize) all compute through here or in the
 same order, so a lowered program gives the reference's bits.
 """

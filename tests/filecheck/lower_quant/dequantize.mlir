@@ -6,7 +6,7 @@
 // multiply gives f32. MXFP4's layout: one scale per 32 values along the reduction axis.
 
 func.func @mxfp4(%w: tensor<2x64x3xf4E2M1FN>, %ws: tensor<2x2x3xf8E8M0FNU>) -> tensor<2x64x3xf32> {
-  %r = quant.dequantize %w, %ws : tensor<2x64x3xf4E2M1FN>, tensor<2x2x3xf8E8M0FNU> -> tensor<2x64x3xf32>
+  %r = lowp.dequantize %w, %ws : tensor<2x64x3xf4E2M1FN>, tensor<2x2x3xf8E8M0FNU> -> tensor<2x64x3xf32>
   func.return %r : tensor<2x64x3xf32>
 }
 
@@ -20,7 +20,7 @@ func.func @mxfp4(%w: tensor<2x64x3xf4E2M1FN>, %ws: tensor<2x2x3xf8E8M0FNU>) -> t
 // DeepSeek-V3's layout: one f32 scale per 128 x 128 block (here 4 x 2): two repeats.
 
 func.func @blocks(%w: tensor<8x4xf8E4M3FN>, %ws: tensor<2x2xf32>) -> tensor<8x4xf32> {
-  %r = quant.dequantize %w, %ws : tensor<8x4xf8E4M3FN>, tensor<2x2xf32> -> tensor<8x4xf32>
+  %r = lowp.dequantize %w, %ws : tensor<8x4xf8E4M3FN>, tensor<2x2xf32> -> tensor<8x4xf32>
   func.return %r : tensor<8x4xf32>
 }
 

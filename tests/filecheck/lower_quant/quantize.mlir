@@ -6,12 +6,12 @@
 // f8e4m3 by the cast engine (saturating, round to nearest even).
 
 func.func @quantize(%x: tensor<2x3x8xbf16>) -> (tensor<2x3x8xf8E4M3FN>, tensor<2x3x2xf32>) {
-  %xq, %xs = quant.quantize %x {group = 4 : i64} : tensor<2x3x8xbf16> -> tensor<2x3x8xf8E4M3FN>, tensor<2x3x2xf32>
+  %xq, %xs = lowp.quantize %x {group = 4 : i64} : tensor<2x3x8xbf16> -> tensor<2x3x8xf8E4M3FN>, tensor<2x3x2xf32>
   func.return %xq, %xs : tensor<2x3x8xf8E4M3FN>, tensor<2x3x2xf32>
 }
 
 // CHECK-LABEL: func.func @quantize
-// CHECK-NOT:   quant.
+// CHECK-NOT:   lowp.
 // CHECK:       %x_f32 = ve.widen %x : tensor<2x3x8xbf16> -> tensor<2x3x8xf32>
 // CHECK-NEXT:  %x_groups = tcp.view %x_f32 : tensor<2x3x8xf32> -> tensor<2x3x2x4xf32>
 // CHECK-NEXT:  %[[BITS:.*]] = ve.bitcast %x_groups : tensor<2x3x2x4xf32> -> tensor<2x3x2x4xi32>

@@ -5,7 +5,7 @@
 // contraction on [1, M, K] x [1, K, N] views, its f32 result rounded once to bf16.
 
 func.func @shared(%x: tensor<4x256xf8E4M3FN>, %w: tensor<256x128xf8E4M3FN>, %xs: tensor<4x2xf32>, %ws: tensor<2x1xf32>) -> tensor<4x128xbf16> {
-  %y = quant.scaled_matmul %x, %w scales %xs, %ws : tensor<4x256xf8E4M3FN>, tensor<256x128xf8E4M3FN>, tensor<4x2xf32>, tensor<2x1xf32> -> tensor<4x128xbf16>
+  %y = lowp.scaled_matmul %x, %w scales %xs, %ws : tensor<4x256xf8E4M3FN>, tensor<256x128xf8E4M3FN>, tensor<4x2xf32>, tensor<2x1xf32> -> tensor<4x128xbf16>
   func.return %y : tensor<4x128xbf16>
 }
 

@@ -1,4 +1,4 @@
-"""`quant`: block-scaled low-precision values at the graph level.
+"""`lowp`: block-scaled low-precision values at the graph level (not upstream MLIR's `quant`).
 
 A quantized tensor is a pair: values in a stored-only type (`f8e4m3`, `f8e5m2`, `f4e2m1`) and
 block scales (f32 or e8m0) of the same rank, each scale covering `values / scales` elements
@@ -6,13 +6,13 @@ along every axis. DeepSeek-V3's fp8 weights [E, D, F] carry scales [E, D / 128, 
 gpt-oss's MXFP4 weights scales [E, D / 32, F] (e8m0); vLLM's dynamically quantized activations
 [T, D] scales [T, D / 128]. `real = f32(value) * scale`, block by block.
 
-- `quant.quantize` makes such a pair from a float tensor, per group of `group` elements along
+- `lowp.quantize` makes such a pair from a float tensor, per group of `group` elements along
   the last axis (vLLM's per-token-group scheme): scale = max(amax, eps) / max_finite, values =
   saturate(x / scale).
-- `quant.dequantize` gives the f32 tensor a pair stands for (for comparison with bf16 layers).
+- `lowp.dequantize` gives the f32 tensor a pair stands for (for comparison with bf16 layers).
 
 The arithmetic of both is `runtime_sim/semantics/quantization.py`, shared by every level.
-Contractions of quantized pairs are `moe.scaled_grouped_matmul` and `quant.scaled_matmul`.
+Contractions of quantized pairs are `moe.scaled_grouped_matmul` and `lowp.scaled_matmul`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class QuantizeOp(IRDLOperation):
     """Per-group quantization along the last axis: for each group of `group` elements,
     scale = max(amax, eps) / max_finite (f32) and values = saturate(x / scale)."""
 
-    name = "quant.quantize"
+    name = "lowp.quantize"
     group = prop_def(IntegerAttr[IntegerType])
     input = operand_def(TensorType)
     values = result_def(TensorType)
@@ -115,7 +115,7 @@ class QuantizeOp(IRDLOperation):
 class DequantizeOp(IRDLOperation):
     """f32(values) * scale of each element's block: the real tensor a quantized pair stands for."""
 
-    name = "quant.dequantize"
+    name = "lowp.dequantize"
     values = operand_def(TensorType)
     scales = operand_def(TensorType)
     result = result_def(TensorType)
@@ -136,7 +136,7 @@ class ScaledMatmulOp(IRDLOperation):
     partial sums over each K-block accumulate in f32, are multiplied by the product of their
     two scales and added in K order (see `moe.scaled_grouped_matmul`); the result is bf16."""
 
-    name = "quant.scaled_matmul"
+    name = "lowp.scaled_matmul"
     input = operand_def(TensorType)
     weight = operand_def(TensorType)
     input_scales = operand_def(TensorType)
@@ -165,4 +165,4 @@ class ScaledMatmulOp(IRDLOperation):
                f"result must be a float [{xs[0]}, {ws[1]}]")
 
 
-Quant = Dialect("quant", [QuantizeOp, DequantizeOp, ScaledMatmulOp], [])
+LowP = Dialect("lowp", [QuantizeOp, DequantizeOp, ScaledMatmulOp], [])
