@@ -64,7 +64,8 @@ gathers each pair's packed chunk offset and adds the rank: the gather of a sum i
 the gathers (one non-zero term per pair), and i32 adds of the same non-negative counts below
 2^31 are exact, so the same values as one group. The pairs' packed ranks are written group by
 group into one [P] buffer (`tile.store`). A target whose SRAM holds the tensors (RNGD) keeps
-one group: the same program as before.
+one group: the same program as before. Groups need the packed gather: without it (a P and G
+too large for one i32) the routing keeps one group, for the memory plan to spill.
 
 Ceiling division. The Fxp ALU adds, shifts and multiplies but does not divide, so
 `ceil(n / B)` is computed as the number of blocks that start before n:
@@ -246,8 +247,8 @@ def packing_shift(pairs: int, blocks: int) -> int | None:
 ROUTING_SHARE = 4
 """The chunked cumsum's [P, E] tensors may take 1 / ROUTING_SHARE of the target's SRAM before
 they run in pair groups (RNGD: 64 MB, which Qwen3-30B-A3B's 36 MB at T = 4096 fit; a 32 MB
-target: 8 MB, so 8 groups of 2 of its 16 chunks, 4.5 MB each). A compiler choice, not a machine number;
-`lower-routing{routing_bytes=...}` overrides it."""
+target: 8 MB, so 8 groups of 2 of its 16 chunks, 4.5 MB each). A compiler choice, not a
+machine number; `lower-routing{routing_bytes=...}` overrides it."""
 
 
 def group_bytes(pairs: int, experts: int) -> int:
@@ -273,10 +274,11 @@ def one_hot_of(b: _RoutingBuilder, pair_expert: SSAValue, experts: int, name: st
 
 
 def grouped_packed_ranks(b: _RoutingBuilder, pair_expert: SSAValue, experts: int, chunks: int, groups: int,
-                         capacity: int | None, route_type: moe.RouteType) -> tuple[SSAValue, SSAValue, SSAValue]:
-    """The chunked cumsum and its packed gather in `groups` groups of chunks (module docstring,
-    "Pair groups"): the pairs' packed ranks [P] (what the one-group gather `pair_packed` holds),
-    the experts' block counts and the block range (`block_counts`)."""
+                         shift: int, route_type: moe.RouteType) -> tuple[SSAValue, SSAValue, SSAValue]:
+    """The chunked cumsum and its packed gather (`shift` from `packing_shift`) in `groups`
+    groups of chunks (module docstring, "Pair groups"): the pairs' packed ranks [P] (what the
+    one-group gather `pair_packed` holds), the experts' block counts and the block range
+    (`block_counts`)."""
     (p,) = shape_of(pair_expert.type)
     pairs, group_chunks = p // groups, chunks // groups
     length = p // chunks
@@ -306,10 +308,9 @@ def grouped_packed_ranks(b: _RoutingBuilder, pair_expert: SSAValue, experts: int
         offsets.append(chunk_offset)
         carry = group_total
     assert carry is not None
+    capacity = route_type.capacity_limit
     counts = carry if capacity is None else b.binary(ve.MinOp, carry, capacity, "kept_counts")
     num_blocks, global_offset, block_range = block_counts(b, counts, route_type)
-    shift = packing_shift(p, route_type.blocks.data)
-    assert shift is not None
     expert_base = b.broadcast(b.binary(ve.ShlOp, global_offset, shift, "expert_base"), 0, group_chunks,
                               "expert_base_tile")
     packed = b.emit(tile.BufferOp("sram", TensorType(i32, [p])), "pair_packed_buffer")
@@ -359,10 +360,9 @@ def lower_routing(op: moe.ScatterOp, scan_rows: int,
     groups = 1
     if shift is not None and routing_bytes is not None:
         groups = pair_groups(p, e, chunks, routing_bytes)
-    if groups > 1:
-        pair_packed, num_blocks, block_range = grouped_packed_ranks(b, pair_expert, e, chunks, groups, capacity,
-                                                               route_type)
-        assert shift is not None
+    if shift is not None and groups > 1:
+        pair_packed, num_blocks, block_range = grouped_packed_ranks(b, pair_expert, e, chunks, groups, shift,
+                                                                    route_type)
         token_rank = b.binary(ve.AndOp, pair_packed, (1 << shift) - 1, "token_rank")
         local_offset = b.binary(ve.SubOp, token_rank, 1, "local_offset")
         pair_offset = b.binary(ve.ShrSOp, pair_packed, shift, "pair_global_offset")
