@@ -244,11 +244,13 @@ def packing_shift(pairs: int, blocks: int) -> int | None:
     return shift if (blocks << shift) + pairs < 2**31 else None
 
 
-ROUTING_SHARE = 4
+ROUTING_SHARE = 2
 """The chunked cumsum's [P, E] tensors may take 1 / ROUTING_SHARE of the target's SRAM before
-they run in pair groups (RNGD: 64 MB, which Qwen3-30B-A3B's 36 MB at T = 4096 fit; a 32 MB
-target: 8 MB, so 8 groups of 2 of its 16 chunks, 4.5 MB each). A compiler choice, not a
-machine number; `lower-routing{routing_bytes=...}` overrides it."""
+they run in pair groups (RNGD: 128 MB, which Qwen3-30B-A3B's 36 MB at T = 4096 and 72 MB at
+T = 8192 fit; a 32 MB target: 16 MB, so 4 groups of 4 of its 16 chunks, 9 MB each, beside the
+rest). A quarter grouped RNGD's T = 8192 for nothing (2 groups, 12,868 cycles slower, no spill
+either way) and a 32 MB target's T = 4096 into 8 groups (9,928 cycles slower than 4). A
+compiler choice, not a machine number; `lower-routing{routing_bytes=...}` overrides it."""
 
 
 def group_bytes(pairs: int, experts: int) -> int:

@@ -407,14 +407,15 @@ def test_pair_groups_are_bit_identical(t: int, k: int, e: int, b: int, c: int | 
 
 def test_pair_groups_only_where_the_target_needs_them() -> None:
     """Qwen3-30B-A3B at T = 4096 (P = 32,768 pairs, E = 128, 16 chunks): 36 MB of [P, E]
-    tensors fit RNGD's routing share (one group: the program as before); a 32 MB target's 8 MB
-    takes 8 groups of 4.5 MB."""
+    tensors fit RNGD's routing share (one group: the program as before), and so do T = 8192's
+    72 MB; a 32 MB target's 16 MB takes 4 groups of 9 MB."""
     from passes.lower_routing import ROUTING_SHARE, group_bytes, pair_groups
     from target.machine import default_machine
 
     assert group_bytes(32768, 128) == 36 << 20
     assert pair_groups(32768, 128, 16, default_machine().sram_bytes // ROUTING_SHARE) == 1
-    assert pair_groups(32768, 128, 16, (32 << 20) // ROUTING_SHARE) == 8
+    assert pair_groups(65536, 128, 16, default_machine().sram_bytes // ROUTING_SHARE) == 1
+    assert pair_groups(32768, 128, 16, (32 << 20) // ROUTING_SHARE) == 4
 
 
 def test_routing_fits_a_tiny_sram(tmp_path: Path) -> None:
