@@ -51,6 +51,22 @@ holds the rank in its low bits (`and`) and the first block above them (`shr_s`);
 non-negative integers below 2^31 are exact, so the same values as two gathers. It applies when
 (G << shift) + P < 2^31 (Qwen3-30B-A3B at T = 2048: shift 15, G = 255).
 
+Pair groups. The chunked cumsum's [P, E] tensors (the one-hot, the i32 mask, each chunk's
+cumsum: 9 bytes per element) take 36 MB for Qwen3-30B-A3B at T = 4096, more than a 32 MB
+target's SRAM can hold beside the rest: the memory plan would spill and stream them. When they
+exceed the routing's share of the target's SRAM (1 / ROUTING_SHARE; `pair_groups`), the chunks
+run in groups of consecutive chunks, one group's [P / groups, E] tensors live at a time, in two
+passes over the groups (`grouped_packed_ranks`). The first scans each group's chunks, gathers
+each pair's rank within its chunk ([P / groups]) and carries the chunk totals' running sum
+over the groups (the carry after the last group is the histogram). The second, once the
+experts' first blocks are known, recomputes each group's one-hot (cheaper than keeping it),
+gathers each pair's packed chunk offset and adds the rank: the gather of a sum is the sum of
+the gathers (one non-zero term per pair), and i32 adds of the same non-negative counts below
+2^31 are exact, so the same values as one group. The pairs' packed ranks are written group by
+group into one [P] buffer (`tile.store`). A target whose SRAM holds the tensors (RNGD) keeps
+one group: the same program as before. Groups need the packed gather: without it (a P and G
+too large for one i32) the routing keeps one group, for the memory plan to spill.
+
 Ceiling division. The Fxp ALU adds, shifts and multiplies but does not divide, so
 `ceil(n / B)` is computed as the number of blocks that start before n:
 `num_blocks[e] = #{g in [0, R) : kept_counts[e] > g * B}`, a tag against a block-range iota
@@ -108,6 +124,7 @@ from dialects.annotations import EXPERT_INDICES_ATTR, PHASE_ATTR, mark
 from dialects.tensor_types import shape_of
 from passes.loop_builder import index_constant
 from passes.lowering_builder import LoweringBuilder
+from runtime_sim.semantics.numerics import numpy_dtype
 from target.machine import Machine
 from target.target_spec import machine_of
 
@@ -227,9 +244,109 @@ def packing_shift(pairs: int, blocks: int) -> int | None:
     return shift if (blocks << shift) + pairs < 2**31 else None
 
 
-def lower_routing(op: moe.ScatterOp, scan_rows: int) -> tuple[list[Operation], SSAValue, SSAValue]:
+ROUTING_SHARE = 2
+"""The chunked cumsum's [P, E] tensors may take 1 / ROUTING_SHARE of the target's SRAM before
+they run in pair groups (RNGD: 128 MB, which Qwen3-30B-A3B's 36 MB at T = 4096 and 72 MB at
+T = 8192 fit; a 32 MB target: 16 MB, so 4 groups of 4 of its 16 chunks, 9 MB each, beside the
+rest). A quarter grouped RNGD's T = 8192 for nothing (2 groups, 12,868 cycles slower, no spill
+either way) and a 32 MB target's T = 4096 into 8 groups (9,928 cycles slower than 4). A
+compiler choice, not a machine number; `lower-routing{routing_bytes=...}` overrides it."""
+
+
+def group_bytes(pairs: int, experts: int) -> int:
+    """SRAM bytes one group's [pairs, E] tensors take at once, as the simulator stores them: the
+    one-hot tag, the i32 mask and its chunks' i32 cumsum (the scan reads the mask while it
+    writes the cumsum)."""
+    per_element = sum(numpy_dtype(t).itemsize for t in (ve.TAG, i32, i32))
+    return pairs * experts * per_element
+
+
+def pair_groups(pairs: int, experts: int, chunks: int, budget: int) -> int:
+    """How many groups of consecutive chunks the chunked cumsum runs in: the fewest (a divisor
+    of `chunks`) whose tensors fit `budget` bytes, or one group per chunk if none does."""
+    return next((g for g in range(1, chunks + 1) if chunks % g == 0 and group_bytes(pairs // g, experts) <= budget),
+                chunks)
+
+
+def one_hot_of(b: _RoutingBuilder, pair_expert: SSAValue, experts: int, name: str) -> SSAValue:
+    """[P, E]: the tag `eq` of each pair's expert against an expert iota."""
+    (p,) = shape_of(pair_expert.type)
+    chosen = b.broadcast(pair_expert, 1, experts, "chosen_expert")
+    return b.tag("eq", chosen, b.iota([p, experts], 1, "expert_index"), name)
+
+
+def grouped_packed_ranks(b: _RoutingBuilder, pair_expert: SSAValue, experts: int, chunks: int, groups: int,
+                         shift: int, route_type: moe.RouteType) -> tuple[SSAValue, SSAValue, SSAValue]:
+    """The chunked cumsum and its packed gather (`shift` from `packing_shift`) in `groups`
+    groups of chunks (module docstring, "Pair groups"): the pairs' packed ranks [P] (what the
+    one-group gather `pair_packed` holds), the experts' block counts and the block range
+    (`block_counts`)."""
+    (p,) = shape_of(pair_expert.type)
+    pairs, group_chunks = p // groups, chunks // groups
+    length = p // chunks
+
+    def group_experts(g: int) -> SSAValue:
+        offset = b.emit(index_constant(g * pairs))
+        return b.emit(tile.SliceOp(pair_expert, offset, TensorType(i32, [pairs])), "group_expert")
+
+    ranks, offsets, carry = [], [], None
+    for g in range(groups):
+        one_hot = one_hot_of(b, group_experts(g), experts, "group_one_hot")
+        mask = b.select(one_hot, 1, 0, "group_mask")
+        chunk_cumsum = b.cumsum(b.view(mask, [group_chunks, length, experts], "group_chunked_mask"), 1,
+                                "chunk_position", "group_chunk_cumsum")
+        ranks.append(b.gather(one_hot, b.view(chunk_cumsum, [pairs, experts]), "chunk_rank"))
+        first = b.emit(index_constant(0))
+        last_rows = b.emit(tile.SliceOp(chunk_cumsum, first, TensorType(i32, [group_chunks, 1, experts]),
+                                        [length - 1, 0]), "chunk_last_rows")
+        totals = b.view(last_rows, [group_chunks, experts], "chunk_totals")
+        totals_cumsum = b.cumsum(totals, 0, "chunk_index", "totals_cumsum")
+        chunk_offset = b.binary(ve.SubOp, totals_cumsum, totals, "chunk_offset")
+        group_total = b.reduce(ve.ReduceSumOp, totals, 0, "group_counts")
+        if carry is not None:
+            chunk_offset = b.binary(ve.AddOp, chunk_offset, b.broadcast(carry, 0, group_chunks, "carry_tile"),
+                                    "carried_offset")
+            group_total = b.binary(ve.AddOp, carry, group_total, "carried_counts")
+        offsets.append(chunk_offset)
+        carry = group_total
+    assert carry is not None
+    capacity = route_type.capacity_limit
+    counts = carry if capacity is None else b.binary(ve.MinOp, carry, capacity, "kept_counts")
+    num_blocks, global_offset, block_range = block_counts(b, counts, route_type)
+    expert_base = b.broadcast(b.binary(ve.ShlOp, global_offset, shift, "expert_base"), 0, group_chunks,
+                              "expert_base_tile")
+    packed = b.emit(tile.BufferOp("sram", TensorType(i32, [p])), "pair_packed_buffer")
+    for g, (rank, chunk_offset) in enumerate(zip(ranks, offsets)):
+        one_hot = one_hot_of(b, group_experts(g), experts, "group_one_hot")
+        offset_tile = b.broadcast(b.binary(ve.AddOp, chunk_offset, expert_base, "packed_offset"), 1, length,
+                                  "chunk_offset_tile")
+        pair_offset = b.gather(one_hot, b.view(offset_tile, [pairs, experts]), "pair_chunk_offset")
+        row = b.emit(index_constant(g * pairs))
+        packed = b.emit(tile.StoreOp(b.binary(ve.AddOp, rank, pair_offset, "group_packed"), packed, row),
+                        "pair_packed")
+    return packed, num_blocks, block_range
+
+
+def block_counts(b: _RoutingBuilder, counts: SSAValue,
+                 route_type: moe.RouteType) -> tuple[SSAValue, SSAValue, SSAValue]:
+    """Steps 3 and 4: each expert's blocks, ceil(counts / B) counted as block starts g * B below
+    the count, g in [0, R), its first block, the exclusive cumsum over experts, and the block
+    range [E, R] (the expert-id expansion of step 7 reuses it)."""
+    (e,) = shape_of(counts.type)
+    r = blocks_per_expert_bound(route_type)
+    block_range = b.iota([e, r], 1, "block_range")
+    block_start = b.binary(ve.MulOp, block_range, route_type.block.data, "block_start")
+    opens = b.tag("gt", b.broadcast(counts, 1, r, "counts_tile"), block_start, "opens_block")
+    num_blocks = b.reduce(ve.ReduceSumOp, b.select(opens, 1, 0, "opened"), 1, "num_blocks")
+    blocks_cumsum = b.cumsum(num_blocks, 0, "expert_position", "blocks_cumsum")
+    return num_blocks, b.binary(ve.SubOp, blocks_cumsum, num_blocks, "global_offset"), block_range
+
+
+def lower_routing(op: moe.ScatterOp, scan_rows: int,
+                  routing_bytes: int | None = None) -> tuple[list[Operation], SSAValue, SSAValue]:
     """The ops that replace `op`, its blocked tokens and its routing plan; `scan_rows` as
-    `scan_chunks` takes it."""
+    `scan_chunks` takes it, `routing_bytes` the SRAM the chunked cumsum's tensors may take
+    before they run in pair groups (None: no limit)."""
     route_type = op.route.type
     assert isinstance(route_type, moe.RouteType)
     t, k, e = route_type.tokens.data, route_type.k.data, route_type.experts.data
@@ -240,49 +357,53 @@ def lower_routing(op: moe.ScatterOp, scan_rows: int) -> tuple[list[Operation], S
     # 1. One-hot of each pair's expert: [P, E].
     pair_expert = b.view(op.expert_idx, [p], "pair_expert")
     pair_expert.owner.attributes[EXPERT_INDICES_ATTR] = IntegerAttr(e, 64)  # out-of-range choices are counted here
-    chosen = b.broadcast(pair_expert, 1, e, "chosen_expert")
-    one_hot = b.tag("eq", chosen, b.iota([p, e], 1, "expert_index"), "one_hot")
-    expert_mask = b.select(one_hot, 1, 0, "expert_mask")
-
-    # 2. Histogram, and the capacity; the cumsum of step 5 with it, when chunked.
     chunks = scan_chunks(p, e, scan_rows)
-    if chunks > 1:
-        chunk_cumsum, chunk_offset, counts = chunked_cumsum(b, expert_mask, chunks)
-    else:
-        counts = b.reduce(ve.ReduceSumOp, expert_mask, 0, "counts")
-    if capacity is not None:
-        counts = b.binary(ve.MinOp, counts, capacity, "kept_counts")
-
-    # 3. num_blocks = ceil(counts / B): the block starts g * B below the count, g in [0, R).
-    block_range = b.iota([e, r], 1, "block_range")
-    block_start = b.binary(ve.MulOp, block_range, block, "block_start")
-    opens = b.tag("gt", b.broadcast(counts, 1, r, "counts_tile"), block_start, "opens_block")
-    num_blocks = b.reduce(ve.ReduceSumOp, b.select(opens, 1, 0, "opened"), 1, "num_blocks")
-
-    # 4. Global offsets: exclusive cumsum over experts.
-    blocks_cumsum = b.cumsum(num_blocks, 0, "expert_position", "blocks_cumsum")
-    global_offset = b.binary(ve.SubOp, blocks_cumsum, num_blocks, "global_offset")
-
-    # 5. Local offsets: cumsum over pairs, gathered at the pair's expert; 6. the expert's first
-    # block gathered too. Chunked, both ride one gather (`packing_shift`): the expert's offset,
-    # shifted above the cumsum's bits, joins the chunks' offsets ([S, E]) before they are added.
     shift = packing_shift(p, blocks) if chunks > 1 else None
-    if shift is not None:
-        expert_base = b.broadcast(b.binary(ve.ShlOp, global_offset, shift, "expert_base"), 0, chunks, "expert_base_tile")
-        packed = add_chunk_offsets(b, chunk_cumsum, b.binary(ve.AddOp, chunk_offset, expert_base, "packed_offset"),
-                                   "packed_cumsum")
-        pair_packed = b.gather(one_hot, packed, "pair_packed")
+    groups = 1
+    if shift is not None and routing_bytes is not None:
+        groups = pair_groups(p, e, chunks, routing_bytes)
+    if shift is not None and groups > 1:
+        pair_packed, num_blocks, block_range = grouped_packed_ranks(b, pair_expert, e, chunks, groups, shift,
+                                                                    route_type)
         token_rank = b.binary(ve.AndOp, pair_packed, (1 << shift) - 1, "token_rank")
         local_offset = b.binary(ve.SubOp, token_rank, 1, "local_offset")
         pair_offset = b.binary(ve.ShrSOp, pair_packed, shift, "pair_global_offset")
     else:
+        one_hot = one_hot_of(b, pair_expert, e, "one_hot")
+        expert_mask = b.select(one_hot, 1, 0, "expert_mask")
+
+        # 2. Histogram, and the capacity; the cumsum of step 5 with it, when chunked.
         if chunks > 1:
-            mask_cumsum = add_chunk_offsets(b, chunk_cumsum, chunk_offset, "mask_cumsum")
+            chunk_cumsum, chunk_offset, counts = chunked_cumsum(b, expert_mask, chunks)
         else:
-            mask_cumsum = b.cumsum(expert_mask, 0, "pair_position", "mask_cumsum")
-        token_rank = b.gather(one_hot, mask_cumsum, "token_rank")
-        local_offset = b.binary(ve.SubOp, token_rank, 1, "local_offset")
-        pair_offset = b.gather(one_hot, b.broadcast(global_offset, 0, p, "offset_tile"), "pair_global_offset")
+            counts = b.reduce(ve.ReduceSumOp, expert_mask, 0, "counts")
+        if capacity is not None:
+            counts = b.binary(ve.MinOp, counts, capacity, "kept_counts")
+
+        # 3. num_blocks = ceil(counts / B); 4. global offsets: exclusive cumsum over experts.
+        num_blocks, global_offset, block_range = block_counts(b, counts, route_type)
+
+        # 5. Local offsets: cumsum over pairs, gathered at the pair's expert; 6. the expert's
+        # first block gathered too. Chunked, both ride one gather (`packing_shift`): the
+        # expert's offset, shifted above the cumsum's bits, joins the chunks' offsets ([S, E])
+        # before they are added.
+        if shift is not None:
+            expert_base = b.broadcast(b.binary(ve.ShlOp, global_offset, shift, "expert_base"), 0, chunks,
+                                      "expert_base_tile")
+            packed = add_chunk_offsets(b, chunk_cumsum, b.binary(ve.AddOp, chunk_offset, expert_base, "packed_offset"),
+                                       "packed_cumsum")
+            pair_packed = b.gather(one_hot, packed, "pair_packed")
+            token_rank = b.binary(ve.AndOp, pair_packed, (1 << shift) - 1, "token_rank")
+            local_offset = b.binary(ve.SubOp, token_rank, 1, "local_offset")
+            pair_offset = b.binary(ve.ShrSOp, pair_packed, shift, "pair_global_offset")
+        else:
+            if chunks > 1:
+                mask_cumsum = add_chunk_offsets(b, chunk_cumsum, chunk_offset, "mask_cumsum")
+            else:
+                mask_cumsum = b.cumsum(expert_mask, 0, "pair_position", "mask_cumsum")
+            token_rank = b.gather(one_hot, mask_cumsum, "token_rank")
+            local_offset = b.binary(ve.SubOp, token_rank, 1, "local_offset")
+            pair_offset = b.gather(one_hot, b.broadcast(global_offset, 0, p, "offset_tile"), "pair_global_offset")
 
     # 6. Address synthesis and capacity drops.
     first_row = b.binary(ve.MulOp, pair_offset, block, "pair_first_row")
@@ -306,13 +427,14 @@ def lower_routing(op: moe.ScatterOp, scan_rows: int) -> tuple[list[Operation], S
 @dataclass
 class LowerRoutingPattern(RewritePattern):
     scan_rows: int
+    routing_bytes: int
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: moe.ScatterOp, rewriter: PatternRewriter) -> None:
-        ops, blocked, route = lower_routing(op, self.scan_rows)
+        ops, blocked, route = lower_routing(op, self.scan_rows, self.routing_bytes)
         mark(ops, "routing")
-        for o in ops:  # the chunk totals' addressing (tile.slice and its offset)
-            if o.name in ("tile.slice", "arith.constant"):
+        for o in ops:  # the chunk totals' and pair groups' addressing and buffer
+            if o.name in ("tile.slice", "arith.constant", "tile.buffer", "tile.store"):
                 o.attributes[PHASE_ATTR] = StringAttr("routing")
         blocked.name_hint, route.name_hint = op.blocked.name_hint, op.route.name_hint
         rewriter.replace(op, ops, [blocked, route])
@@ -329,12 +451,21 @@ class LowerRoutingPass(ModulePass):
     """The rows the vector engine scans in one round, which the cumsum's chunks are chosen for
     (0, the default: the target's, `scan_rows_of`)."""
 
+    routing_bytes: int = 0
+    """The SRAM the chunked cumsum's [P, E] tensors may take before they run in pair groups (0,
+    the default: the target's SRAM / ROUTING_SHARE)."""
+
     def __post_init__(self) -> None:
         if self.scan_rows < 0:
             raise ValueError(f"lower-routing: scan_rows must be positive (or 0: the target's), got {self.scan_rows}")
+        if self.routing_bytes < 0:
+            raise ValueError(f"lower-routing: routing_bytes must be positive (or 0: the target's), "
+                             f"got {self.routing_bytes}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        rows = self.scan_rows or scan_rows_of(machine_of(op))
+        machine = machine_of(op)
+        rows = self.scan_rows or scan_rows_of(machine)
+        budget = self.routing_bytes or machine.sram_bytes // ROUTING_SHARE
         PatternRewriteWalker(
-            GreedyRewritePatternApplier([LowerRoutingPattern(rows)]), apply_recursively=False
+            GreedyRewritePatternApplier([LowerRoutingPattern(rows, budget)]), apply_recursively=False
         ).rewrite_module(op)

@@ -22,12 +22,13 @@ from xdsl.parser import Parser
 from xdsl.utils.exceptions import InterpretationError
 
 import tcpc
-from dialects import moe, tcp, ve
+from dialects import moe, tcp, tile, ve
 from passes.lower_routing import LowerRoutingPass, blocks_per_expert_bound, pair_limit
 from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
 from tcpc.arrays import prepare_inputs
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
+from same_bits import assert_same_bits
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.moe"))
@@ -66,7 +67,8 @@ def route_type(t: int, k: int, e: int, b: int, c: int | None) -> moe.RouteType:
 
 
 @cache
-def modules(t: int, k: int, e: int, b: int, c: int | None) -> tuple[ModuleOp, ModuleOp]:
+def modules(t: int, k: int, e: int, b: int, c: int | None,
+            pipeline: str = "lower-routing") -> tuple[ModuleOp, ModuleOp]:
     """@f(x [T, D] f32, expert_idx [T, K]) -> the blocked tokens, before and after the pass."""
     r = route_type(t, k, e, b, c)
     g = r.blocks.data
@@ -79,17 +81,17 @@ def modules(t: int, k: int, e: int, b: int, c: int | None) -> tuple[ModuleOp, Mo
     )
     before = Parser(make_context(), text).parse_module()
     before.verify()
-    return before, apply_pipeline(before, parse_pipeline("lower-routing"))
+    return before, apply_pipeline(before, parse_pipeline(pipeline))
 
 
 def tokens(t: int) -> np.ndarray:
     return (np.arange(t * D, dtype=np.float32) + 1).reshape(t, D)
 
 
-def check_routing(idx: np.ndarray, e: int, b: int, c: int | None) -> RoutePlan:
+def check_routing(idx: np.ndarray, e: int, b: int, c: int | None, pipeline: str = "lower-routing") -> RoutePlan:
     """The lowered plan and blocked tokens equal the reference's bit for bit; returns the plan."""
     t, k = idx.shape
-    before, after = modules(t, k, e, b, c)
+    before, after = modules(t, k, e, b, c, pipeline)
     assert not ops_named(after, moe.ScatterOp)
     x = tokens(t)
     want_out, want_plans = run_recording(before, "f", [x, idx])
@@ -369,6 +371,73 @@ def test_without_capacity_there_is_no_min() -> None:
     _, after = modules(5, 2, 4, 2, None)
     assert not ops_named(after, ve.MinOp)
     assert [v.type.get_shape() for v in (op.result for op in ops_named(after, tcp.ViewOp))] == [(10,), (5, 2), (12,)]
+
+
+@pytest.mark.parametrize(
+    "t, k, e, b, c, budget, groups",
+    [
+        (128, 2, 8, 16, None, 10000, 2),   # P = 256: 8 chunks in 2 groups of 4 (9,216 B each)
+        (130, 2, 6, 8, 40, 1, 10),         # P = 260: no group fits, one chunk each; a capacity dropping
+        (96, 4, 48, 2, None, 60000, 3),    # P = 384: 12 chunks in 3 groups of 4, E = 48
+    ],
+)
+def test_pair_groups_are_bit_identical(t: int, k: int, e: int, b: int, c: int | None, budget: int, groups: int) -> None:
+    """When the chunked cumsum's [P, E] tensors exceed `routing_bytes`, the chunks run in groups
+    (two passes, a carried histogram, the packed ranks stored group by group): the plan's bits
+    all the same, on valid routings and on any indices (repeats, out of range), and no [P, E]
+    tensor is left, only the groups' [P / groups, E]."""
+    from passes.lower_routing import pair_groups, scan_chunks
+
+    pipeline = f"lower-routing{{routing_bytes={budget}}}"
+    assert pair_groups(t * k, e, scan_chunks(t * k, e, 2048), budget) == groups
+    rng = np.random.default_rng(groups)
+    for idx in (routing(t, k, e, "random", 0), routing(t, k, e, "few", 1),
+                rng.integers(-2, e + 2, size=(t, k)).astype(np.int32)):
+        want = route_plan(idx, route_type(t, k, e, b, c)) if idx.min() >= 0 else None
+        got = check_routing(idx, e, b, c, pipeline) if want is not None else None
+        if want is None:  # indices the reference rejects: the one-group plan's bits
+            _, (got,) = run_recording(modules(t, k, e, b, c, pipeline)[1], "f", [tokens(t), idx])
+            _, (want,) = run_recording(modules(t, k, e, b, c)[1], "f", [tokens(t), idx])
+        assert_same_plan(got, want)
+    _, after = modules(t, k, e, b, c, pipeline)
+    assert len(ops_named(after, tile.StoreOp)) == groups
+    sizes = {int(np.prod(r.type.get_shape())) for op in after.walk() if op.name.startswith("ve.") for r in op.results}
+    assert t * k // groups * e in sizes and max(sizes) < t * k * e
+
+
+def test_pair_groups_only_where_the_target_needs_them() -> None:
+    """Qwen3-30B-A3B at T = 4096 (P = 32,768 pairs, E = 128, 16 chunks): 36 MB of [P, E]
+    tensors fit RNGD's routing share (one group: the program as before), and so do T = 8192's
+    72 MB; a 32 MB target's 16 MB takes 4 groups of 9 MB."""
+    from passes.lower_routing import ROUTING_SHARE, group_bytes, pair_groups
+    from target.machine import default_machine
+
+    assert group_bytes(32768, 128) == 36 << 20
+    assert pair_groups(32768, 128, 16, default_machine().sram_bytes // ROUTING_SHARE) == 1
+    assert pair_groups(65536, 128, 16, default_machine().sram_bytes // ROUTING_SHARE) == 1
+    assert pair_groups(32768, 128, 16, (32 << 20) // ROUTING_SHARE) == 4
+
+
+def test_routing_fits_a_tiny_sram(tmp_path: Path) -> None:
+    """Issue #28 in small: Qwen3 at P = 256 pairs on 64 B per slice (32 KB) needed 2 spills (the
+    one-hot) and a stream (the chunked cumsum) in one group; in groups, none, and the simulated
+    outputs keep the reference's bits."""
+    machine = tmp_path / "tiny.toml"
+    machine.write_text('extends = "rngd"\nname = "tiny"\n[sram]\n'
+                       'bytes_per_slice = { value = 64, assumption = "a routing larger than SRAM" }\n')
+    program = tcpc.compile_file(ROOT / "examples" / "qwen3_moe.moe", {"T": 64, "K": 4, "B": 8})
+    run = program.simulate(seed=3, machine=machine)
+    assert not run.report.spills and not run.report.streams
+    assert run.report.peak_sram_bytes <= run.report.machine.sram_bytes
+    assert_same_bits(run.outputs, program.run(seed=3).outputs)
+    assert [o for o in run.report.ops if o.name == "tile.store" and o.phase == "routing"]
+
+
+def test_routing_bytes_must_be_positive() -> None:
+    from tcpc.pipelines import PipelineError
+
+    with pytest.raises(PipelineError, match=r"lower-routing: routing_bytes must be positive \(or 0: the target's\), got -5"):
+        parse_pipeline("lower-routing{routing_bytes=-5}")
 
 
 def test_pass_is_registered() -> None:
