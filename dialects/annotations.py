@@ -18,7 +18,7 @@ and the simulator reports cycles by phase from it (runtime_sim/perf/report.py). 
 | `other` | everything else: a shared expert before schedule-shared, the sum of routed and shared outputs, casts of the result | lower-math by data flow; ops without the attribute |
 
 lower-math gives graph-level `tmath` ops the phase of their neighbours (see
-`passes/lower_math.py`).
+`passes/lowering/lower_math.py`).
 
 ## Expert choices
 
@@ -47,7 +47,7 @@ PHASE_ATTR = "tcpc.phase"
 PHASES: tuple[str, ...] = ("router", "routing", "dispatch", "experts", "combine", "shared", "other")
 OTHER = "other"
 SHARED = "shared"
-"""The phase of a shared expert rewritten as an expert loop (passes/schedule_shared.py)."""
+"""The phase of a shared expert rewritten as an expert loop (passes/schedule/schedule_shared.py)."""
 
 _MOE_PHASES = {
     "moe.topk": "router",

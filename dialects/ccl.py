@@ -1,7 +1,7 @@
 """`ccl`: collectives between the chips of a mesh, for expert and data parallelism.
 
 A sharded layer is one SPMD function that every chip of the mesh runs on its own shard of the
-tokens and experts (`passes/shard_experts.py`). The function carries its mesh as the attribute
+tokens and experts (`passes/mesh/shard_experts.py`). The function carries its mesh as the attribute
 `ccl.mesh = "dp=2,ep=4"` (axes outer to inner; chip c has coordinates c in row-major order over
 the axes). A collective names the mesh axis it spans (`axis = "ep"`): it exchanges values among
 the `chips` chips that differ only in that coordinate, and every chip of the mesh runs it at

@@ -1,7 +1,7 @@
 """`tile`: the schedule level's buffers and tiles.
 
 After the lowering passes every engine op works on whole tensors. The schedule level
-(passes/schedule_experts.py) rewrites them into static `scf.for` loops whose bodies work on
+(passes/schedule/schedule_experts.py) rewrites them into static `scf.for` loops whose bodies work on
 tiles: rows [offset, offset + n) of a tensor's first axis. These ops say where each tile comes
 from and goes to, so the placement is in the IR, not guessed by the simulator:
 

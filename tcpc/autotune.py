@@ -32,7 +32,7 @@ from pathlib import Path
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from passes.lower_topk import AUTO_STRATEGY, DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
+from passes.lowering.lower_topk import AUTO_STRATEGY, DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.report import BetterBlock, Choice
 from runtime_sim.perf.routing_scenarios import SCENARIOS

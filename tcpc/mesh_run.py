@@ -1,5 +1,5 @@
 """Running a .moe layer on a mesh of chips: `--mesh ep=8` (or `dp=2,ep=4`, `ep=4,tp=2`, with
-`strategy=allgather`) shards the graph (passes/shard_experts.py), lowers the SPMD program with
+`strategy=allgather`) shards the graph (passes/mesh/shard_experts.py), lowers the SPMD program with
 the single-chip pipeline and simulates it on every chip (runtime_sim/perf/mesh_simulate.py).
 Inputs are the whole layer's (all T tokens, all E experts), drawn or read as for one chip, and
 split over the chips as the `ccl.shard` argument attributes say; the outputs are the chips'
@@ -18,10 +18,10 @@ from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation
 
 from dialects import ccl, moe
-from passes.lower_topk import AUTO_STRATEGY as TOPK_AUTO
-from passes.lower_topk import DEFAULT_STRATEGY as TOPK_DEFAULT
-from passes.lower_topk import STRATEGIES as TOPK_STRATEGIES
-from passes.shard_experts import STRATEGIES
+from passes.lowering.lower_topk import AUTO_STRATEGY as TOPK_AUTO
+from passes.lowering.lower_topk import DEFAULT_STRATEGY as TOPK_DEFAULT
+from passes.lowering.lower_topk import STRATEGIES as TOPK_STRATEGIES
+from passes.mesh.shard_experts import STRATEGIES
 from runtime_sim.semantics.tolerance import TP_SCALE, Comparison, combine_scale, compare_outputs
 from tcpc.arrays import prepare_inputs
 from tcpc.diagnostics import CompileError

@@ -40,20 +40,20 @@ def _lazy(module: str, name: str) -> Callable[[], type[ModulePass]]:
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
-    "lower-topk": _lazy("passes.lower_topk", "LowerTopKPass"),
-    "lower-routing": _lazy("passes.lower_routing", "LowerRoutingPass"),
-    "lower-dispatch": _lazy("passes.lower_dispatch", "LowerDispatchPass"),
-    "lower-math": _lazy("passes.lower_math", "LowerMathPass"),
-    "lower-quant": _lazy("passes.lower_quant", "LowerQuantPass"),
-    "load-arguments": _lazy("passes.load_arguments", "LoadArgumentsPass"),
-    "pin-routing": _lazy("passes.pin_routing", "PinRoutingPass"),
-    "schedule-shared": _lazy("passes.schedule_shared", "ScheduleSharedPass"),
-    "schedule-experts": _lazy("passes.schedule_experts", "ScheduleExpertsPass"),
-    "schedule-tokens": _lazy("passes.schedule_tokens", "ScheduleTokensPass"),
-    "split-router-k": _lazy("passes.split_router_k", "SplitRouterKPass"),
-    "split-clusters": _lazy("passes.split_clusters", "SplitClustersPass"),
-    "fuse-ve-chains": _lazy("passes.fuse_ve_chains", "FuseVeChainsPass"),
-    "shard-experts": _lazy("passes.shard_experts", "ShardExpertsPass"),
+    "lower-topk": _lazy("passes.lowering.lower_topk", "LowerTopKPass"),
+    "lower-routing": _lazy("passes.lowering.lower_routing", "LowerRoutingPass"),
+    "lower-dispatch": _lazy("passes.lowering.lower_dispatch", "LowerDispatchPass"),
+    "lower-math": _lazy("passes.lowering.lower_math", "LowerMathPass"),
+    "lower-quant": _lazy("passes.lowering.lower_quant", "LowerQuantPass"),
+    "load-arguments": _lazy("passes.lowering.load_arguments", "LoadArgumentsPass"),
+    "pin-routing": _lazy("passes.lowering.pin_routing", "PinRoutingPass"),
+    "schedule-shared": _lazy("passes.schedule.schedule_shared", "ScheduleSharedPass"),
+    "schedule-experts": _lazy("passes.schedule.schedule_experts", "ScheduleExpertsPass"),
+    "schedule-tokens": _lazy("passes.schedule.schedule_tokens", "ScheduleTokensPass"),
+    "split-router-k": _lazy("passes.schedule.split_router_k", "SplitRouterKPass"),
+    "split-clusters": _lazy("passes.schedule.split_clusters", "SplitClustersPass"),
+    "fuse-ve-chains": _lazy("passes.schedule.fuse_ve_chains", "FuseVeChainsPass"),
+    "shard-experts": _lazy("passes.mesh.shard_experts", "ShardExpertsPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
 

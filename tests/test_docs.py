@@ -212,4 +212,4 @@ def test_a_missing_file_and_a_missing_section_are_reported() -> None:
     assert github_anchor("PEs, clusters and slices") == "pes-clusters-and-slices"
     assert github_anchor("Not public: the assumptions") == "not-public-the-assumptions"
     assert resolves("runtime_sim.semantics.tolerance.ULPS")
-    assert not resolves("passes.lower_math.NO_SUCH_NAME")
+    assert not resolves("passes.lowering.lower_math.NO_SUCH_NAME")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dialects.moe import TopKOp
-from passes import lower_topk
-from passes.split_clusters import SplitClustersPass
+from passes.lowering import lower_topk
+from passes.schedule.split_clusters import SplitClustersPass
 from tcpc import docgen
 
 

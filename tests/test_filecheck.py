@@ -17,10 +17,12 @@ GOLDEN_FILES = sorted(p.relative_to(FILECHECK_DIR).as_posix() for p in FILECHECK
 
 
 def test_every_pass_has_golden_files() -> None:
-    """tests/filecheck/<pass_name>/ holds golden files for every registered pass (so an empty or
-    misplaced tests/filecheck cannot pass by running nothing)."""
-    directories = {Path(golden).parts[0] for golden in GOLDEN_FILES}
-    missing = [name for name in PASSES if name.replace("-", "_") not in directories]
+    """The goldens mirror passes/: tests/filecheck/<level>/<pass_module>/ holds golden files for
+    every registered pass passes.<level>.<pass_module> (so an empty or misplaced tests/filecheck
+    cannot pass by running nothing)."""
+    directories = {Path(golden).parent.as_posix() for golden in GOLDEN_FILES}
+    wanted = {name: "/".join(PASSES[name]().__module__.split(".")[1:]) for name in PASSES}
+    missing = {name: where for name, where in wanted.items() if where not in directories}
     assert not missing, f"no golden files under tests/filecheck/ for {missing}"
 
 

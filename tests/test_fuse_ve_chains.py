@@ -1,4 +1,4 @@
-"""fuse-ve-chains (passes/fuse_ve_chains.py) and `ve.chain`: which runs of ve ops fuse (the
+"""fuse-ve-chains (passes/schedule/fuse_ve_chains.py) and `ve.chain`: which runs of ve ops fuse (the
 stage table of dialects/ve_stages.py), that fusing never changes a value, and that a chain
 costs ONE invocation of the vector engine."""
 
@@ -23,7 +23,7 @@ from dialects.ve_stages import (
     STAGES,
     chain_problem,
 )
-from passes.fuse_ve_chains import FuseVeChainsPass
+from passes.schedule.fuse_ve_chains import FuseVeChainsPass
 from runtime_sim.perf.cost_model import cost_function
 from runtime_sim.perf.cost_only import placeholder
 from runtime_sim.perf.costs import register_cost_models

@@ -4,7 +4,7 @@ same inputs. The routing plans are computed here by the reference's `route_plan`
 valid routings (K distinct experts per token, capacity drops, empty experts, crowded experts), so
 the pass is tested without lower-routing.
 
-Exactness (see passes/lower_dispatch.py):
+Exactness (see passes/lowering/lower_dispatch.py):
 - dispatch and combine are bit-identical to the reference, -0.0 and NaN payloads included;
 - grouped_matmul is bit-identical on padding rows and unused blocks (+0.0) and wherever the f32
   accumulation is exact whatever its order (small integers); elsewhere its valid rows differ from
@@ -32,7 +32,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 import tcpc
 from dialects import moe, tcp, ve
-from passes.lower_dispatch import LowerDispatchPass
+from passes.lowering.lower_dispatch import LowerDispatchPass
 from runtime_sim.semantics.executor import function_named, run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
 from runtime_sim.semantics.tolerance import ULPS
@@ -314,7 +314,7 @@ def test_layer_matches_the_reference(case: tuple) -> None:
 def test_the_dispatch_index_scatter_in_token_shards(t: int, c: int | None, style: str) -> None:
     """From TOKENS_PER_SCATTER tokens the dispatch index is scattered by several DMA commands,
     one per shard of consecutive tokens, and their results added: the layer's bits as before."""
-    from passes.lower_dispatch import scatter_shard
+    from passes.lowering.lower_dispatch import scatter_shard
 
     k, e, b, d, f = 2, 4, 8, 3, 2
     rng = np.random.default_rng(t)

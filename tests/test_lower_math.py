@@ -30,7 +30,7 @@ from xdsl.parser import Parser
 
 import tcpc
 from dialects import tcp, tensor_types, tmath, ve
-from passes.lower_math import LowerMathPass
+from passes.lowering.lower_math import LowerMathPass
 from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.numerics import GRID_K, contract
 from runtime_sim.semantics.tolerance import ULPS

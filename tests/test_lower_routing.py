@@ -23,7 +23,7 @@ from xdsl.utils.exceptions import InterpretationError
 
 import tcpc
 from dialects import moe, tcp, tile, ve
-from passes.lower_routing import LowerRoutingPass, blocks_per_expert_bound, pair_limit
+from passes.lowering.lower_routing import LowerRoutingPass, blocks_per_expert_bound, pair_limit
 from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
 from tcpc.arrays import prepare_inputs
@@ -305,7 +305,7 @@ def test_op_sequence_and_cumsums() -> None:
 def test_chunked_cumsum_is_bit_identical(t: int, k: int, e: int, b: int, c: int | None, style: str) -> None:
     """From MIN_CHUNKED_PAIRS pairs the cumsum over pairs runs in chunks: the plan's bits all
     the same (capacity drops, empty experts, a prime P that keeps one chunk)."""
-    from passes.lower_routing import MIN_CHUNKED_PAIRS, scan_chunks
+    from passes.lowering.lower_routing import MIN_CHUNKED_PAIRS, scan_chunks
 
     assert scan_chunks(t * k, e, 2048) == {256: 8, 260: 10, 257: 1, 384: 12}[t * k]
     assert t * k >= MIN_CHUNKED_PAIRS
@@ -321,7 +321,7 @@ def test_chunked_cumsum_is_bit_identical(t: int, k: int, e: int, b: int, c: int 
 def test_packed_gather_equals_the_two_gathers(c: int | None, spread: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunked, a pair's rank and its expert's first block ride one one-hot gather, packed in
     one i32: the plan is the two gathers' bit for bit, on any indices (repeats, out of range)."""
-    import passes.lower_routing as lower_routing
+    import passes.lowering.lower_routing as lower_routing
 
     t, k, e, b = 130, 3, 6, 4
     rng = np.random.default_rng(spread)
@@ -339,7 +339,7 @@ def test_packed_gather_equals_the_two_gathers(c: int | None, spread: int, monkey
 
 def test_packing_needs_room_above_the_rank() -> None:
     """The rank takes the bits of P; the first block (at most G) must fit above them in an i32."""
-    from passes.lower_routing import packing_shift
+    from passes.lowering.lower_routing import packing_shift
 
     assert packing_shift(16384, 255) == 15  # Qwen3-30B-A3B, T = 2048
     assert packing_shift(256, 100) == 9
@@ -349,7 +349,7 @@ def test_packing_needs_room_above_the_rank() -> None:
 def test_chunks_take_the_fewest_scan_steps() -> None:
     """The divisor of P whose scans take the fewest steps, counting the rounds of the target's
     scan rows (RNGD: 2,048); one chunk below MIN_CHUNKED_PAIRS or for a prime P."""
-    from passes.lower_routing import scan_chunks, scan_rows_of
+    from passes.lowering.lower_routing import scan_chunks, scan_rows_of
     from target.machine import default_machine
 
     SCAN_ROWS = scan_rows_of(default_machine())
@@ -386,7 +386,7 @@ def test_pair_groups_are_bit_identical(t: int, k: int, e: int, b: int, c: int | 
     (two passes, a carried histogram, the packed ranks stored group by group): the plan's bits
     all the same, on valid routings and on any indices (repeats, out of range), and no [P, E]
     tensor is left, only the groups' [P / groups, E]."""
-    from passes.lower_routing import pair_groups, scan_chunks
+    from passes.lowering.lower_routing import pair_groups, scan_chunks
 
     pipeline = f"lower-routing{{routing_bytes={budget}}}"
     assert pair_groups(t * k, e, scan_chunks(t * k, e, 2048), budget) == groups
@@ -409,7 +409,7 @@ def test_pair_groups_only_where_the_target_needs_them() -> None:
     """Qwen3-30B-A3B at T = 4096 (P = 32,768 pairs, E = 128, 16 chunks): 36 MB of [P, E]
     tensors fit RNGD's routing share (one group: the program as before), and so do T = 8192's
     72 MB; a 32 MB target's 16 MB takes 4 groups of 9 MB."""
-    from passes.lower_routing import ROUTING_SHARE, group_bytes, pair_groups
+    from passes.lowering.lower_routing import ROUTING_SHARE, group_bytes, pair_groups
     from target.machine import default_machine
 
     assert group_bytes(32768, 128) == 36 << 20

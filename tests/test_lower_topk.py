@@ -18,7 +18,7 @@ from xdsl.parser import Parser
 
 import tcpc
 from dialects import moe, ve
-from passes.lower_topk import DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
+from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
 from runtime_sim.semantics.executor import run_function
 from tcpc.cli import main as tcpc_main
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline

@@ -149,7 +149,7 @@ def test_load_arguments_keeps_the_values() -> None:
     from runtime_sim.semantics.executor import run_function
     from tcpc.pipelines import apply_pipeline, make_context, parse_pipeline
 
-    text = (Path(__file__).parent / "filecheck" / "load_arguments" / "args.mlir").read_text()
+    text = (Path(__file__).parent / "filecheck" / "lowering" / "load_arguments" / "args.mlir").read_text()
     before = Parser(make_context(), text).parse_module()
     after = apply_pipeline(before, parse_pipeline("load-arguments"))
     assert sum(op.name == "tcp.load" for op in after.walk()) == 2

@@ -22,7 +22,7 @@ from xdsl.printer import Printer
 import tcpc
 from dialects import tcp
 from dialects.moe import RouteType
-from passes.lower_quant import LowerQuantPass
+from passes.lowering.lower_quant import LowerQuantPass
 from runtime_sim.perf import cost_model
 from target.machine import load_machine
 from runtime_sim.perf.tcp_cost import (

@@ -1,4 +1,4 @@
-"""The schedule level (passes/schedule_experts.py, passes/schedule_tokens.py): translation
+"""The schedule level (passes/schedule/schedule_experts.py, passes/schedule/schedule_tokens.py): translation
 validation against the lowered IR and the graph-level reference, and what its loops cost."""
 
 from dataclasses import replace
@@ -156,7 +156,7 @@ def test_two_clusters_streaming_f_tiles_contract_at_once() -> None:
 def test_token_tiles_are_balanced_over_the_clusters() -> None:
     """schedule-tokens shares the tokens evenly among as many tiles as SRAM needs, rounded up
     to a multiple of the clusters (a multiple of 8 rows each)."""
-    from passes.schedule_tokens import balanced_rows
+    from passes.schedule.schedule_tokens import balanced_rows
 
     assert balanced_rows(2048, 1712, 2) == 1024      # 1712 + 336 before
     assert balanced_rows(4096, 1712, 2) == 1024      # 3 tiles -> 4
@@ -167,8 +167,8 @@ def test_token_tiles_are_balanced_over_the_clusters() -> None:
 def test_the_pipeline_writes_no_machine_number() -> None:
     """The passes read the machine from the module's target, so the pipeline is the same for
     every machine; the machine-derived figures the passes compute are RNGD's on RNGD."""
-    from passes.lower_routing import scan_rows_of
-    from passes.split_clusters import own_dma_intensity
+    from passes.lowering.lower_routing import scan_rows_of
+    from passes.schedule.split_clusters import own_dma_intensity
     from target.machine import default_machine
     from tcpc.pipelines import FULL_PIPELINE, pipeline_spec
 

@@ -1,4 +1,4 @@
-"""A shared expert on the schedule level (passes/schedule_shared.py, then schedule-experts and
+"""A shared expert on the schedule level (passes/schedule/schedule_shared.py, then schedule-experts and
 split-clusters): translation validation against the lowered IR and the reference, and what its
 loop costs at Llama-4-Scout's real dims."""
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tcpc
-from passes.schedule_shared import choose_rows
+from passes.schedule.schedule_shared import choose_rows
 from runtime_sim.perf.cost_only import simulate_cost_only
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
 from tests.test_schedule import F_TILE_MODES, assert_same_bits

@@ -1,4 +1,4 @@
-"""split-router-k (passes/split_router_k.py): the router's matmul split along K keeps its bits,
+"""split-router-k (passes/schedule/split_router_k.py): the router's matmul split along K keeps its bits,
 and at decode its weight's load no longer holds one DMA engine in front of the routing."""
 
 from pathlib import Path
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from support import assert_same_bits
 
 import tcpc
-from passes.split_router_k import k_tiles
+from passes.schedule.split_router_k import k_tiles
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.semantics.numerics import GRID_K
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE

@@ -7,7 +7,7 @@ computes exactly those values and nothing else.
 
 How (three parts):
 
-1. **The routing is pinned at the graph level.** The `pin-routing` pass (passes/pin_routing.py)
+1. **The routing is pinned at the graph level.** The `pin-routing` pass (passes/lowering/pin_routing.py)
    replaces the expert indices that each `moe.scatter` consumes by a new function argument, a
    *routing argument* tagged `tcpc.routing_experts = E` (routing_scenarios.py). The lowering
    passes rewrite ops, not function signatures, so the argument survives to the fully lowered

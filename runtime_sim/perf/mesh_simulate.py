@@ -1,4 +1,4 @@
-"""Simulate an SPMD program (passes/shard_experts.py) on every chip of a mesh.
+"""Simulate an SPMD program (passes/mesh/shard_experts.py) on every chip of a mesh.
 
 Every chip runs the function on its own interpreter and thread (ccl_semantics.run_mesh), with
 the single-chip simulator's listener costing its ops (op_trace), so each chip gets its own

@@ -38,7 +38,7 @@ from xdsl.pattern_rewriter import (
 from dialects import lowp, tcp, ve
 from dialects.annotations import OTHER, mark, phase_of
 from dialects.tensor_types import block_shape, shape_of
-from passes.lowering_builder import LoweringBuilder, element_of
+from passes.lowering._builder import LoweringBuilder, element_of
 from runtime_sim.semantics.numerics import numpy_dtype
 from runtime_sim.semantics.quantization import QUANTIZE_EPS
 

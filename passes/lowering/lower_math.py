@@ -62,7 +62,7 @@ from xdsl.utils.exceptions import DiagnosticException
 from dialects import tcp, tensor_types, tmath, ve
 from dialects.annotations import OTHER, mark, phase_of
 from dialects.tensor_types import is_bool_type, is_float_type, is_int_type, shape_of
-from passes.lowering_builder import LoweringBuilder, element_of, lane_type
+from passes.lowering._builder import LoweringBuilder, element_of, lane_type
 from runtime_sim.semantics.tmath_semantics import constant_value
 
 INT_MIN = -(2**31)

@@ -1,6 +1,6 @@
 """What crosses the chip's clusters: reading a value another cluster made (a `tile.copy`, a DMA
 command SRAM -> SRAM) and pinning ops to a cluster, shared by split-clusters' expert loops and
-token tiles (passes/split_clusters.py, passes/cluster_token_tiles.py)."""
+token tiles (passes/schedule/split_clusters.py, passes/schedule/_cluster_token_tiles.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from xdsl.ir import Operation, SSAValue
 
 from dialects import tcp, tile, ve
 from dialects.annotations import place_on_cluster, place_on_own_dma
-from passes.loop_builder import in_hbm
+from passes._loop_builder import in_hbm
 
 
 def is_constant(value: SSAValue) -> bool:

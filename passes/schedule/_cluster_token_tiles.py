@@ -25,8 +25,8 @@ from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR
 from dialects.tensor_types import stored_bytes
-from passes.cluster_copies import pin, reacher, read_in_place
-from passes.loop_builder import constant_index, in_hbm, index_constant
+from passes.schedule._cluster_copies import pin, reacher, read_in_place
+from passes._loop_builder import constant_index, in_hbm, index_constant
 from target.machine import Machine
 from target.target_spec import machine_of
 

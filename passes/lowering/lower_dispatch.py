@@ -14,7 +14,7 @@ sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
   (`row_marks`, [G * B, 1]), minus one; from 64 tokens the scatter is split into shards of
   consecutive tokens, one DMA command each, their results added (`scatter_shard`). The tokens themselves are never written to
   a blocked buffer in HBM: the schedule level gathers each block's rows straight from the
-  tokens, inside its expert loop (passes/schedule_experts.py).
+  tokens, inside its expert loop (passes/schedule/schedule_experts.py).
 - `moe.grouped_matmul %xb, %w, %route (bias %b)?` ->
   - `tcp.dma_gather %w[%expert_ids]` ([G, D, F], `w_gathered`): one weight per block; an unused
     block's id is -1, so nothing is read for it. Blocks of one expert are consecutive, so the
@@ -82,7 +82,7 @@ from xdsl.utils.exceptions import PassFailedException
 from dialects import moe, tcp, tmath, ve
 from dialects.annotations import mark, mark_pair_sum
 from dialects.tensor_types import shape_of
-from passes.lowering_builder import LoweringBuilder, element_of
+from passes.lowering._builder import LoweringBuilder, element_of
 from target.target_spec import machine_of
 
 PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.ScaledGroupedMatmulOp, moe.CombineOp)

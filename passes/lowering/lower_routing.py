@@ -122,8 +122,8 @@ from xdsl.pattern_rewriter import (
 from dialects import moe, tcp, tile, ve
 from dialects.annotations import EXPERT_INDICES_ATTR, PHASE_ATTR, mark
 from dialects.tensor_types import shape_of
-from passes.loop_builder import index_constant
-from passes.lowering_builder import LoweringBuilder
+from passes._loop_builder import index_constant
+from passes.lowering._builder import LoweringBuilder
 from runtime_sim.semantics.numerics import numpy_dtype
 from target.machine import Machine
 from target.target_spec import machine_of

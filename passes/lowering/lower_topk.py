@@ -58,7 +58,7 @@ from xdsl.utils.exceptions import PassFailedException
 from dialects import moe, ve
 from dialects.annotations import mark
 from dialects.tensor_types import shape_of
-from passes.lowering_builder import LoweringBuilder
+from passes.lowering._builder import LoweringBuilder
 
 STRATEGIES = ("rank", "rounds")
 DEFAULT_STRATEGY = "rank"

@@ -18,7 +18,7 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
 
 Contractions stay outside these loops: a matmul split into row tiles is computed by different
 BLAS kernels than the whole one and would not give its bits (the expert loop's contractions
-split along their batch axis, which does; see passes/schedule_experts.py). Every other op's
+split along their batch axis, which does; see passes/schedule/schedule_experts.py). Every other op's
 row-tiled form computes the same numbers in the same order, so the pass is bit-identical.
 """
 
@@ -36,9 +36,9 @@ from xdsl.passes import ModulePass
 from dialects import ccl, tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, is_pair_sum, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
-from passes.cluster_copies import DMA_OPS
-from passes.cluster_token_tiles import worth_splitting
-from passes.loop_builder import (clone_rows, escaping_results, index_constant, is_row_parallel_ve, leading, replace_by_loop,
+from passes.schedule._cluster_copies import DMA_OPS
+from passes.schedule._cluster_token_tiles import worth_splitting
+from passes._loop_builder import (clone_rows, escaping_results, index_constant, is_row_parallel_ve, leading, replace_by_loop,
                                  select_ops, skip_unless, split_shared_constants, tile_type)
 from target.target_spec import machine_of
 

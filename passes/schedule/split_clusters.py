@@ -22,7 +22,7 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
 
-A shared expert's loop (phase `shared`, passes/schedule_shared.py: every block has one
+A shared expert's loop (phase `shared`, passes/schedule/schedule_shared.py: every block has one
 "expert") is split by block instead: with G a multiple of N, an iteration runs N blocks, one
 per cluster (block + N - 1 - c on cluster c), the copies' commands interleaved in program
 order and nothing masked or guarded; with fewer blocks than clusters (decode) the loop runs
@@ -46,7 +46,7 @@ expert's loop with a block per cluster), each copy's ops are marked `tcpc.own_dm
 DMA runs on the cluster's own engines (the simulator's `own_dma_units`).
 
 Token loops of `schedule-tokens` (the router's) run tile i on cluster i mod N
-(passes/cluster_token_tiles.py).
+(passes/schedule/_cluster_token_tiles.py).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
-from passes.cluster_copies import pin, reacher, read_in_place
-from passes.cluster_token_tiles import split_token_loop, token_loops
+from passes.schedule._cluster_copies import pin, reacher, read_in_place
+from passes.schedule._cluster_token_tiles import split_token_loop, token_loops
 from target.machine import Machine
 from target.target_spec import machine_of
 

@@ -48,7 +48,7 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   T = 288 than at T = 280 (benchmarks/monotone.py). The price is the overlap of the first loads
   with the dispatch at decode (Qwen3-30B-A3B, T = 1: 0.6%).
 
-- F tiles (passes/f_tiles.py): when the plan is up-projections, column work and one
+- F tiles (passes/schedule/_f_tiles.py): when the plan is up-projections, column work and one
   down-projection (a SwiGLU or a plain MLP), the block's work runs per tile of F: each tile
   loads its window of every weight (`tile.load_expert ... at`), contracts and activates
   [1, B, tile], and adds its share of the down-projection to the previous tile's f32 sum
@@ -80,9 +80,9 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
 from dialects.tensor_types import shape_of, stored_bytes
-from passes.f_tiles import CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
-from passes.load_arguments import load_into_sram
-from passes.loop_builder import (
+from passes.schedule._f_tiles import CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
+from passes.lowering.load_arguments import load_into_sram
+from passes._loop_builder import (
     ZERO_OPERAND_VE,
     clone_rows,
     escaping_results,
@@ -98,7 +98,7 @@ from target.machine import Machine
 from target.target_spec import machine_of
 
 TILE_AHEAD = TILES_IN_FLIGHT
-"""A streamed F tile's loads wait for the down-projection two tiles earlier (passes/f_tiles.py)."""
+"""A streamed F tile's loads wait for the down-projection two tiles earlier (passes/schedule/_f_tiles.py)."""
 ROWS_AHEAD = 4
 """A block's row tiles are fetched once block g - 4 has contracted: four blocks' row tiles in
 SRAM (B x D each: 64 KB for issue #12's sweep layer, 1 MB for Qwen3-30B-A3B at B = 256, next
@@ -468,7 +468,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
 
 def plan_phase(block: Block, expert_ids: SSAValue) -> str:
     """The phase of the plan `expert_ids` guards: `experts` for a routing's, `shared` for a
-    shared expert's (passes/schedule_shared.py). A plan's loop absorbs the ops of its phase."""
+    shared expert's (passes/schedule/schedule_shared.py). A plan's loop absorbs the ops of its phase."""
     for op in block.ops:
         if isinstance(op, CONTRACTIONS) and op.guard is expert_ids:
             return phase_of(op) or "experts"

@@ -47,7 +47,7 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
-from passes.loop_builder import index_constant
+from passes._loop_builder import index_constant
 from runtime_sim.semantics.numerics import GRID_K
 from target.target_spec import machine_of
 

@@ -1,0 +1,1 @@
+"""Several chips: the graph sharded over a mesh (shard-experts), before the lowering."""
