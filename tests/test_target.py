@@ -86,3 +86,24 @@ def test_a_pass_option_overrides_the_target() -> None:
     assert TARGET_ATTR in lowered.attributes
     tiled = [op for op in lowered.walk() if op.name == "scf.for" and op.attributes.get("tcpc.phase") is not None]
     assert tiled, "a 64 KB token tile budget makes token loops"
+
+
+def test_the_sram_sweeps_points_are_compiled_for_their_own_machines(tmp_path: Path) -> None:
+    """examples/sweeps/sram.toml's prefill points at a quarter and twice the real SRAM per slice:
+    each point's program is tiled for its machine (different tiles), and neither spills or
+    streams (issue #28)."""
+    from tcpc.sweep import load_spec
+    from tcpc.sweep.points import machine_file
+
+    spec = load_spec(Path(__file__).parent.parent / "examples" / "sweeps" / "sram.toml")
+    picked = {p["machine_overrides"]["sram.bytes_per_slice"]: p for p in spec.points
+              if p["dims"]["T"] == 1024 and p["routing"] == "balanced"}
+    loops = {}
+    for size in (131072, 1048576):
+        point = picked[size]
+        machine = machine_file(point["machine"], point["machine_overrides"], tmp_path)
+        program = tcpc.compile_file(point["program"], point["dims"], machine=machine)
+        report = program.simulate(cost_only=True, machine=machine).report
+        assert not report.spills and not report.streams
+        loops[size] = [(loop.phase, loop.tiles) for loop in report.loops]
+    assert loops[131072] != loops[1048576]
