@@ -28,7 +28,7 @@ from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
 from tcpc.arrays import prepare_inputs
 from tcpc.pipelines import PASSES, apply_pipeline, make_context, parse_pipeline
-from same_bits import assert_same_bits
+from support import assert_same_bits
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.moe"))
