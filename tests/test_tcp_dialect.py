@@ -1,12 +1,9 @@
 """The tcp dialect and the moe.route / moe.dispatch ops: parsing, verification, numpy semantics."""
 
-import io
-
 import ml_dtypes
 import numpy as np
 import pytest
 from xdsl.parser import Parser
-from xdsl.printer import Printer
 from xdsl.utils.exceptions import InterpretationError, VerifyException
 
 from runtime_sim.semantics.executor import run_function
@@ -33,15 +30,6 @@ def parse(text: str):
     module = Parser(make_context(), text).parse_module()
     module.verify()
     return module
-
-
-def test_round_trip_custom_and_generic() -> None:
-    module = parse(IR)
-    again = parse(str(module))
-    assert again.is_structurally_equivalent(module)
-    out = io.StringIO()
-    Printer(stream=out, print_generic_format=True).print_op(module)
-    assert parse(out.getvalue()).is_structurally_equivalent(module)
 
 
 def test_semantics_blockwise_pipeline() -> None:
@@ -79,33 +67,6 @@ def test_out_of_range_row_is_an_execution_error() -> None:
         run_function(parse(IR), "f", [x, si, ei, np.ones((3, 8, 6), ml_dtypes.bfloat16), np.ones((5, 1, 6), np.float32)])
 
 
-@pytest.mark.parametrize(
-    "bad, message",
-    [
-        ('tcp.contract "gbd,gdf->gbf" %xb, %wg', None),
-        ('tcp.contract "gbd,gdf->gbd" %xb, %wg', "shape"),
-    ],
-)
-def test_contract_verifier(bad: str, message: str | None) -> None:
-    text = IR.replace('tcp.contract "gbd,gdf->gbf" %xb, %wg', bad)
-    if message is None:
-        parse(text)
-    else:
-        with pytest.raises(VerifyException):
-            parse(text)
-
-
-def test_contract_with_guard_and_no_bias_round_trips() -> None:
-    text = """
-func.func @g(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %ids: tensor<3xi32>) -> tensor<3x2x5xf32> {
-  %y = tcp.contract "gbd,gdf->gbf" %a, %w guard %ids : tensor<3x2x4xbf16>, tensor<3x4x5xbf16> guard tensor<3xi32> -> tensor<3x2x5xf32>
-  func.return %y : tensor<3x2x5xf32>
-}
-"""
-    module = parse(text)
-    assert parse(str(module)).is_structurally_equivalent(module)
-
-
 ACC_IR = """
 func.func @k(%a: tensor<2x2x8xbf16>, %w: tensor<2x8x3xbf16>, %acc: tensor<2x2x3xf32>, %ids: tensor<2xi32>) -> tensor<2x2x3xf32> {
   %lo = tcp.contract "gbd,gdf->gbf" %a, %w acc %acc guard %ids : tensor<2x2x8xbf16>, tensor<2x8x3xbf16> acc tensor<2x2x3xf32> guard tensor<2xi32> -> tensor<2x2x3xf32>
@@ -116,25 +77,11 @@ func.func @k(%a: tensor<2x2x8xbf16>, %w: tensor<2x8x3xbf16>, %acc: tensor<2x2x3x
 
 def test_contract_accumulates_onto_acc_and_a_skipped_block_keeps_it() -> None:
     module = parse(ACC_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     a = np.ones((2, 2, 8), ml_dtypes.bfloat16)
     w = np.ones((2, 8, 3), ml_dtypes.bfloat16)
     acc = np.full((2, 2, 3), 0.5, np.float32)
     (y,) = run_function(module, "k", [a, w, acc, np.array([1, -1], np.int32)])
     assert (y[0] == 8.5).all() and (y[1] == 0.5).all()
-
-
-@pytest.mark.parametrize("acc_type, result_type", [("tensor<2x2x3xbf16>", "tensor<2x2x3xf32>"),
-                                                   ("tensor<2x2x3xf32>", "tensor<2x2x3xbf16>"),
-                                                   ("tensor<2x3x3xf32>", "tensor<2x2x3xf32>")])
-def test_contract_acc_must_be_the_f32_result(acc_type: str, result_type: str) -> None:
-    text = ACC_IR.replace("acc tensor<2x2x3xf32>", f"acc {acc_type}").replace(
-        "-> tensor<2x2x3xf32>\n  func", f"-> {result_type}\n  func").replace(
-        "%acc: tensor<2x2x3xf32>", f"%acc: {acc_type}").replace(
-        "return %lo : tensor<2x2x3xf32>", f"return %lo : {result_type}").replace(
-        ") -> tensor<2x2x3xf32> {", f") -> {result_type} {{")
-    with pytest.raises(VerifyException, match="accumulator"):
-        parse(text)
 
 
 WINDOW_IR = """
@@ -204,7 +151,6 @@ def test_scaled_contract_split_along_d_continues_the_sum_bit_for_bit() -> None:
     from runtime_sim.semantics.quantization import scaled_contract
 
     module = parse(SCALED_ACC_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     rng = np.random.default_rng(0)
     a = rng.normal(size=(2, 2, 8)).astype(ml_dtypes.float8_e4m3fn)
     w = rng.normal(size=(2, 8, 4)).astype(ml_dtypes.float8_e4m3fn)
@@ -217,9 +163,6 @@ def test_scaled_contract_split_along_d_continues_the_sum_bit_for_bit() -> None:
     acc = np.full((2, 2, 4), 0.5, np.float32)
     (y,) = run_function(module, "s", [a, w, a_s, w_s, acc, np.array([0, -1], np.int32)])
     assert np.array_equal(y[0], scaled_contract(a[:1], a_s[:1], w[:1], w_s[:1], acc=acc[:1])[0]) and (y[1] == 0.5).all()
-    with pytest.raises(VerifyException, match="accumulator"):
-        parse(SCALED_ACC_IR.replace("acc tensor<2x2x4xf32>", "acc tensor<2x2x3xf32>").replace(
-            "%acc: tensor<2x2x4xf32>", "%acc: tensor<2x2x3xf32>"))
 
 
 SLICE_WINDOW_IR = """
