@@ -1,10 +1,11 @@
-"""The tcp dialect and the moe.route / moe.dispatch ops: parsing, verification, numpy semantics."""
+"""The tcp dialect, the tile ops and moe.route / moe.dispatch: numpy semantics and costs (their
+assembly round trips and verifier messages are tests/filecheck/dialects/)."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 from xdsl.parser import Parser
-from xdsl.utils.exceptions import InterpretationError, VerifyException
+from xdsl.utils.exceptions import InterpretationError
 
 from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, dispatch
@@ -94,18 +95,11 @@ func.func @w(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>) -> tensor<1x4x3xbf16>
 
 def test_load_expert_window_takes_the_columns_and_id_minus_one_gives_zeros() -> None:
     module = parse(WINDOW_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     w = np.arange(3 * 4 * 10, dtype=np.float32).reshape(3, 4, 10).astype(ml_dtypes.bfloat16)
     (t,) = run_function(module, "w", [w, np.array([2], np.int32)])
     assert np.array_equal(t.astype(np.float32), w[2:3, :, 6:9].astype(np.float32))
     (t,) = run_function(module, "w", [w, np.array([-1], np.int32)])
     assert not t.astype(np.float32).any()
-
-
-@pytest.mark.parametrize("offsets", ["array<i64: 0, 8>", "array<i64: 1, 6>", "array<i64: 6>"])
-def test_load_expert_window_must_lie_in_the_row(offsets: str) -> None:
-    with pytest.raises(VerifyException, match="window"):
-        parse(WINDOW_IR.replace("array<i64: 0, 6>", offsets))
 
 
 def test_the_accumulator_is_fetched_and_a_window_moves_in_pieces() -> None:
@@ -175,21 +169,13 @@ func.func @v(%s: tensor<3x4x10xf32>, %i: index) -> tensor<1x2x3xf32> {
 
 def test_slice_window_addresses_part_of_a_row() -> None:
     module = parse(SLICE_WINDOW_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     s = np.arange(3 * 4 * 10, dtype=np.float32).reshape(3, 4, 10)
     (t,) = run_function(module, "v", [s, 2])
     assert np.array_equal(t, s[2:3, 1:3, 6:9])
-    with pytest.raises(VerifyException, match="window"):
-        parse(SLICE_WINDOW_IR.replace("array<i64: 1, 6>", "array<i64: 3, 6>"))
 
 
-def test_row_gather_round_trips_and_a_wrong_result_shape_is_rejected() -> None:
+def test_row_gather_takes_the_rows_and_row_minus_one_gives_zeros() -> None:
     module = parse(GATHER_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     x = np.arange(15, dtype=np.float32).reshape(5, 3).astype(ml_dtypes.bfloat16)
     (t,) = run_function(module, "r", [x, np.array([[4, -1, 0, 4]], np.int32), np.zeros(1, np.float32)])
     assert np.array_equal(t.astype(np.float32), np.stack([x[4], np.zeros(3), x[0], x[4]]).astype(np.float32)[None])
-    bad = GATHER_IR.replace("-> tensor<1x4x3xbf16> {", "-> tensor<4x3xbf16> {").replace(
-        "-> tensor<1x4x3xbf16>\n", "-> tensor<4x3xbf16>\n").replace("return %t : tensor<1x4x3xbf16>", "return %t : tensor<4x3xbf16>")
-    with pytest.raises(VerifyException, match="tile.gather: rows of"):
-        parse(bad)
