@@ -1,6 +1,6 @@
 // RUN: tcpc-opt %s --split-input-file --verify-diagnostics --parsing-diagnostics | filecheck %s
 
-// The ve verifier's and parser's cases: each split case is rejected with the message checked after it.
+// The ve verifier's and parser's cases, ve.chain's among them: each split case is rejected with the message checked after it.
 
 func.func @f(%x: tensor<4xf32>, %i: tensor<4xi32>, %t: tensor<4xi4>) {
   %r = ve.and %x, %x : tensor<4xf32>
@@ -161,3 +161,41 @@ func.func @f(%x: tensor<4xf32>, %i: tensor<4xi32>, %t: tensor<4xi4>) {
 }
 
 // CHECK: ve.const gives i32 or f32, not i4[4]
+
+// -----
+
+func.func @chain_illegal(%x: tensor<8xf32>) {
+  %r = ve.chain (%a = %x) : (tensor<8xf32>) -> tensor<8xf32> {
+    %s = ve.sigmoid %a : tensor<8xf32>
+    %t = ve.tanh %s : tensor<8xf32>
+    ve.yield %t : tensor<8xf32>
+  }
+  func.return
+}
+
+// CHECK: ve.chain cannot run as one invocation: ve.tanh needs Float (FpFpu), taken or earlier in the chain than the ops before it
+
+// -----
+
+func.func @chain_yield_type(%x: tensor<8xf32>) {
+  %r = ve.chain (%a = %x) : (tensor<8xf32>) -> tensor<8xbf16> {
+    %s = ve.sigmoid %a : tensor<8xf32>
+    ve.yield %s : tensor<8xf32>
+  }
+  func.return
+}
+
+// CHECK: ve.chain yields f32[8] but gives bf16[8]
+
+// -----
+
+func.func @chain_yields_last(%x: tensor<8xf32>) {
+  %r = ve.chain (%a = %x) : (tensor<8xf32>) -> tensor<8xf32> {
+    %s = ve.sigmoid %a : tensor<8xf32>
+    %e = ve.exp %a : tensor<8xf32>
+    ve.yield %s : tensor<8xf32>
+  }
+  func.return
+}
+
+// CHECK: ve.chain yields its last op's result
