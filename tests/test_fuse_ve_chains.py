@@ -12,7 +12,6 @@ import pytest
 from xdsl.dialects import scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
-from xdsl.utils.exceptions import VerifyException
 
 import tcpc
 from dialects import ve
@@ -187,20 +186,6 @@ def test_the_stash_holds_one_value_of_a_stashable_stage_read_once() -> None:
 @pytest.mark.parametrize("op", ["ve.broadcast", "ve.scan"])
 def test_ops_that_never_join_a_chain(op: str) -> None:
     assert op in NOT_IN_A_CHAIN
-
-
-def test_an_illegal_chain_in_handwritten_ir_is_a_verify_error() -> None:
-    text = """
-    func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
-      %r = ve.chain (%a = %x) : (tensor<8xf32>) -> tensor<8xf32> {
-        %s = ve.sigmoid %a : tensor<8xf32>
-        %t = ve.tanh %s : tensor<8xf32>
-        ve.yield %t : tensor<8xf32>
-      }
-      func.return %r : tensor<8xf32>
-    }"""
-    with pytest.raises(VerifyException, match="ve.chain cannot run as one invocation: ve.tanh needs Float"):
-        parse(text)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,13 +1,11 @@
-"""The tcp dialect and the moe.route / moe.dispatch ops: parsing, verification, numpy semantics."""
-
-import io
+"""The tcp dialect, the tile ops and moe.route / moe.dispatch: numpy semantics and costs (their
+assembly round trips and verifier messages are tests/filecheck/dialects/)."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 from xdsl.parser import Parser
-from xdsl.printer import Printer
-from xdsl.utils.exceptions import InterpretationError, VerifyException
+from xdsl.utils.exceptions import InterpretationError
 
 from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, dispatch
@@ -33,15 +31,6 @@ def parse(text: str):
     module = Parser(make_context(), text).parse_module()
     module.verify()
     return module
-
-
-def test_round_trip_custom_and_generic() -> None:
-    module = parse(IR)
-    again = parse(str(module))
-    assert again.is_structurally_equivalent(module)
-    out = io.StringIO()
-    Printer(stream=out, print_generic_format=True).print_op(module)
-    assert parse(out.getvalue()).is_structurally_equivalent(module)
 
 
 def test_semantics_blockwise_pipeline() -> None:
@@ -79,33 +68,6 @@ def test_out_of_range_row_is_an_execution_error() -> None:
         run_function(parse(IR), "f", [x, si, ei, np.ones((3, 8, 6), ml_dtypes.bfloat16), np.ones((5, 1, 6), np.float32)])
 
 
-@pytest.mark.parametrize(
-    "bad, message",
-    [
-        ('tcp.contract "gbd,gdf->gbf" %xb, %wg', None),
-        ('tcp.contract "gbd,gdf->gbd" %xb, %wg', "shape"),
-    ],
-)
-def test_contract_verifier(bad: str, message: str | None) -> None:
-    text = IR.replace('tcp.contract "gbd,gdf->gbf" %xb, %wg', bad)
-    if message is None:
-        parse(text)
-    else:
-        with pytest.raises(VerifyException):
-            parse(text)
-
-
-def test_contract_with_guard_and_no_bias_round_trips() -> None:
-    text = """
-func.func @g(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %ids: tensor<3xi32>) -> tensor<3x2x5xf32> {
-  %y = tcp.contract "gbd,gdf->gbf" %a, %w guard %ids : tensor<3x2x4xbf16>, tensor<3x4x5xbf16> guard tensor<3xi32> -> tensor<3x2x5xf32>
-  func.return %y : tensor<3x2x5xf32>
-}
-"""
-    module = parse(text)
-    assert parse(str(module)).is_structurally_equivalent(module)
-
-
 ACC_IR = """
 func.func @k(%a: tensor<2x2x8xbf16>, %w: tensor<2x8x3xbf16>, %acc: tensor<2x2x3xf32>, %ids: tensor<2xi32>) -> tensor<2x2x3xf32> {
   %lo = tcp.contract "gbd,gdf->gbf" %a, %w acc %acc guard %ids : tensor<2x2x8xbf16>, tensor<2x8x3xbf16> acc tensor<2x2x3xf32> guard tensor<2xi32> -> tensor<2x2x3xf32>
@@ -116,25 +78,11 @@ func.func @k(%a: tensor<2x2x8xbf16>, %w: tensor<2x8x3xbf16>, %acc: tensor<2x2x3x
 
 def test_contract_accumulates_onto_acc_and_a_skipped_block_keeps_it() -> None:
     module = parse(ACC_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     a = np.ones((2, 2, 8), ml_dtypes.bfloat16)
     w = np.ones((2, 8, 3), ml_dtypes.bfloat16)
     acc = np.full((2, 2, 3), 0.5, np.float32)
     (y,) = run_function(module, "k", [a, w, acc, np.array([1, -1], np.int32)])
     assert (y[0] == 8.5).all() and (y[1] == 0.5).all()
-
-
-@pytest.mark.parametrize("acc_type, result_type", [("tensor<2x2x3xbf16>", "tensor<2x2x3xf32>"),
-                                                   ("tensor<2x2x3xf32>", "tensor<2x2x3xbf16>"),
-                                                   ("tensor<2x3x3xf32>", "tensor<2x2x3xf32>")])
-def test_contract_acc_must_be_the_f32_result(acc_type: str, result_type: str) -> None:
-    text = ACC_IR.replace("acc tensor<2x2x3xf32>", f"acc {acc_type}").replace(
-        "-> tensor<2x2x3xf32>\n  func", f"-> {result_type}\n  func").replace(
-        "%acc: tensor<2x2x3xf32>", f"%acc: {acc_type}").replace(
-        "return %lo : tensor<2x2x3xf32>", f"return %lo : {result_type}").replace(
-        ") -> tensor<2x2x3xf32> {", f") -> {result_type} {{")
-    with pytest.raises(VerifyException, match="accumulator"):
-        parse(text)
 
 
 WINDOW_IR = """
@@ -147,18 +95,11 @@ func.func @w(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>) -> tensor<1x4x3xbf16>
 
 def test_load_expert_window_takes_the_columns_and_id_minus_one_gives_zeros() -> None:
     module = parse(WINDOW_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     w = np.arange(3 * 4 * 10, dtype=np.float32).reshape(3, 4, 10).astype(ml_dtypes.bfloat16)
     (t,) = run_function(module, "w", [w, np.array([2], np.int32)])
     assert np.array_equal(t.astype(np.float32), w[2:3, :, 6:9].astype(np.float32))
     (t,) = run_function(module, "w", [w, np.array([-1], np.int32)])
     assert not t.astype(np.float32).any()
-
-
-@pytest.mark.parametrize("offsets", ["array<i64: 0, 8>", "array<i64: 1, 6>", "array<i64: 6>"])
-def test_load_expert_window_must_lie_in_the_row(offsets: str) -> None:
-    with pytest.raises(VerifyException, match="window"):
-        parse(WINDOW_IR.replace("array<i64: 0, 6>", offsets))
 
 
 def test_the_accumulator_is_fetched_and_a_window_moves_in_pieces() -> None:
@@ -204,7 +145,6 @@ def test_scaled_contract_split_along_d_continues_the_sum_bit_for_bit() -> None:
     from runtime_sim.semantics.quantization import scaled_contract
 
     module = parse(SCALED_ACC_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     rng = np.random.default_rng(0)
     a = rng.normal(size=(2, 2, 8)).astype(ml_dtypes.float8_e4m3fn)
     w = rng.normal(size=(2, 8, 4)).astype(ml_dtypes.float8_e4m3fn)
@@ -217,9 +157,6 @@ def test_scaled_contract_split_along_d_continues_the_sum_bit_for_bit() -> None:
     acc = np.full((2, 2, 4), 0.5, np.float32)
     (y,) = run_function(module, "s", [a, w, a_s, w_s, acc, np.array([0, -1], np.int32)])
     assert np.array_equal(y[0], scaled_contract(a[:1], a_s[:1], w[:1], w_s[:1], acc=acc[:1])[0]) and (y[1] == 0.5).all()
-    with pytest.raises(VerifyException, match="accumulator"):
-        parse(SCALED_ACC_IR.replace("acc tensor<2x2x4xf32>", "acc tensor<2x2x3xf32>").replace(
-            "%acc: tensor<2x2x4xf32>", "%acc: tensor<2x2x3xf32>"))
 
 
 SLICE_WINDOW_IR = """
@@ -232,21 +169,13 @@ func.func @v(%s: tensor<3x4x10xf32>, %i: index) -> tensor<1x2x3xf32> {
 
 def test_slice_window_addresses_part_of_a_row() -> None:
     module = parse(SLICE_WINDOW_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     s = np.arange(3 * 4 * 10, dtype=np.float32).reshape(3, 4, 10)
     (t,) = run_function(module, "v", [s, 2])
     assert np.array_equal(t, s[2:3, 1:3, 6:9])
-    with pytest.raises(VerifyException, match="window"):
-        parse(SLICE_WINDOW_IR.replace("array<i64: 1, 6>", "array<i64: 3, 6>"))
 
 
-def test_row_gather_round_trips_and_a_wrong_result_shape_is_rejected() -> None:
+def test_row_gather_takes_the_rows_and_row_minus_one_gives_zeros() -> None:
     module = parse(GATHER_IR)
-    assert parse(str(module)).is_structurally_equivalent(module)
     x = np.arange(15, dtype=np.float32).reshape(5, 3).astype(ml_dtypes.bfloat16)
     (t,) = run_function(module, "r", [x, np.array([[4, -1, 0, 4]], np.int32), np.zeros(1, np.float32)])
     assert np.array_equal(t.astype(np.float32), np.stack([x[4], np.zeros(3), x[0], x[4]]).astype(np.float32)[None])
-    bad = GATHER_IR.replace("-> tensor<1x4x3xbf16> {", "-> tensor<4x3xbf16> {").replace(
-        "-> tensor<1x4x3xbf16>\n", "-> tensor<4x3xbf16>\n").replace("return %t : tensor<1x4x3xbf16>", "return %t : tensor<4x3xbf16>")
-    with pytest.raises(VerifyException, match="tile.gather: rows of"):
-        parse(bad)
