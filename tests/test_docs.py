@@ -41,7 +41,7 @@ IR_ATTRIBUTES = {"tcpc.phase", "tcpc.routing_experts", "tcpc.plan", "tcpc.space"
                  "tcpc.pair_sum"}
 """Attribute names tcpc puts on IR, spelled like dotted references but not Python names."""
 
-PLACEHOLDERS = {"passes/my_pass.py", "tests/filecheck/my_pass/", "benchmarks/NAME.py"}
+PLACEHOLDERS = {"passes/<level>/my_pass.py", "tests/filecheck/<level>/my_pass/", "benchmarks/NAME.py"}
 """Paths that stand for files the reader writes (the "Adding a pass" recipe of docs/passes.md) or for any
 file of a kind (`benchmarks/NAME.py`)."""
 
