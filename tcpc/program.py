@@ -17,14 +17,14 @@ from xdsl.dialects.builtin import ModuleOp, TensorType, UnrankedTensorType
 from xdsl.interpreter import Interpreter
 from xdsl.printer import Printer
 
+from target.target_spec import attach
+from tcpc import syntax
 from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
-from target.target_spec import attach
 from tcpc.host_memory import check_fits
 from tcpc.parser import parse
-from tcpc.pipelines import (COST_ONLY_PASSES, LEVELS, LOWERED_PIPELINE, apply_pipeline, make_context, parse_pipeline,
-                            pipeline_spec)
+from tcpc.pipelines import COST_ONLY_PASSES, LEVELS, apply_pipeline, make_context, parse_pipeline, pipeline_spec
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -32,10 +32,10 @@ if TYPE_CHECKING:
     from xdsl.passes import ModulePass
 
     from runtime_sim.perf.report import BetterBlock, Choice, SimReport
-    from target.machine import Machine
     from runtime_sim.perf.routing_scenarios import Routing
     from runtime_sim.perf.scheduler import Schedule
     from runtime_sim.perf.simulate import SimResult
+    from target.machine import Machine
 
 
 def print_ir(module: ModuleOp, generic: bool = False) -> str:
@@ -90,8 +90,6 @@ def as_machine(machine: Machine | str | Path | None) -> Machine:
     return load_machine(machine)
 
 
-
-
 def choice_routing(cost_only: bool, routing: str | Path) -> str | Path:
     """The routing scenario a simulation's `auto` choices are costed for: a cost-only run's
     own; with values the routing follows the data, unknown before the run, so balanced."""
@@ -130,7 +128,7 @@ class Program:
     def graph_ir(self, generic: bool = False) -> str:
         return print_ir(self.module, generic)
 
-    def full_pipeline(self, machine: Machine | None = None, level: str = "scheduled") -> str:
+    def full_pipeline(self, level: str = "scheduled") -> str:
         """The passes of the full lowering up to `level` (LEVELS; `scheduled`, what `tcpc run`
         simulates), lower-topk's strategy left to the cost model (the same for every machine:
         the passes read it from the module's target). An .mlir file's IR is taken as it is (no
@@ -161,7 +159,7 @@ class Program:
         The one resolution of `auto` that `tcpc compile` (every level, `-p`), `tcpc run`,
         `tcpc sweep` and `simulate`/`planned`/`lower` share, so each prints and costs the
         same program for the same machine and routing."""
-        spec = self.full_pipeline(None if machine is None else as_machine(machine), level) if pipeline is None else pipeline
+        spec = self.full_pipeline(level) if pipeline is None else pipeline
         passes = parse_pipeline(spec)  # PipelineError if malformed
         if not any(getattr(p, "strategy", None) == "auto" and p.name == "lower-topk" for p in passes):
             return passes, list(self.choices)
@@ -184,10 +182,11 @@ class Program:
             return []
         from tcpc.autotune import better_blocks
 
+        target = as_machine(machine)
         with _deep_recursion():
             ast = parse(self.source)
-            return better_blocks(fixed, lambda blocks: build_module(ast, self.dims, {**self.blocks, **blocks}),
-                                 self.filename, as_machine(machine), routing, seed)
+            return better_blocks(fixed, lambda blocks: _built(ast, self.dims, {**self.blocks, **blocks}, target),
+                                 self.filename, target, routing, seed)
 
     def run(
         self,
@@ -278,7 +277,7 @@ class Program:
         # would exceed the commands', so those runs count the commands' FLOPs.
         work = graph_work(self.function(name)) if uncosted == "error" else None
         mach = as_machine(machine)
-        spec = self.full_pipeline(mach) if pipeline is None else pipeline
+        spec = self.full_pipeline() if pipeline is None else pipeline
         if not cost_only:  # before any costing: a strategy=auto costs the lowered program
             check_fits(self.module, name, f"simulating graph '{name}' with values")
         passes, choices = self.passes(spec, graph=name, machine=mach, routing=choice_routing(cost_only, routing), seed=seed)
@@ -302,6 +301,13 @@ class Program:
         result.report.choices = choices
         result.report.loops = tile_loops(module, name)
         return module, spec, args, result
+
+
+def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int], target: Machine) -> ModuleOp:
+    """The program's module with the given blocks, targeting `target`."""
+    module = build_module(ast, dims, blocks)
+    attach(module, target)
+    return module
 
 
 @contextmanager
@@ -339,9 +345,7 @@ def compile_source(source: str, dims: Mapping[str, int | str] | None = None, fil
         from tcpc.autotune import choose_blocks
 
         def build(blocks: Mapping[Loc, int]) -> ModuleOp:
-            built = build_module(ast, values, blocks)
-            attach(built, target)
-            return built
+            return _built(ast, values, blocks, target)
 
         blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
         return Program(filename, source, values, build(blocks), choices=choices, blocks=blocks, fixed=fixed)

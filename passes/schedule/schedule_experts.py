@@ -78,7 +78,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, phase_of, place_in_hbm
+from dialects.annotations import PHASE_ATTR, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
 from passes.schedule._f_tiles import CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
 from passes.lowering.load_arguments import load_into_sram
