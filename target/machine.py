@@ -38,6 +38,11 @@ class _Field:
     """Larger numbers cannot be simulated: cycle counts are summed over thousands of commands
     and must stay exact integers in 64-bit floats (below 2^53)."""
 
+    @property
+    def dotted(self) -> str:
+        """`section.key`: how a sweep overrides the number and the IR's target spec names it."""
+        return f"{self.section}.{self.key}"
+
 
 SCHEMA: dict[str, _Field] = {
     "clock_hz": _Field("chip", "clock_hz", False, 1, 1e15),

@@ -30,23 +30,13 @@ def device_spec(machine: Machine) -> TargetDeviceSpecAttr:
     entries: dict[str, Attribute] = {"name": StringAttr(machine.name)}
     for name, f in SCHEMA.items():
         value = getattr(machine, name)
-        entries[f"{f.section}.{f.key}"] = (IntegerAttr(value, i64) if f.integer
-                                           else FloatAttr(float(value), Float64Type()))
+        entries[f.dotted] = IntegerAttr(value, i64) if f.integer else FloatAttr(float(value), Float64Type())
     return TargetDeviceSpecAttr(entries)
 
 
 def attach(module: ModuleOp, machine: Machine) -> None:
     """Make `machine` the module's target (replacing any target it had)."""
     module.attributes[TARGET_ATTR] = TargetSystemSpecAttr({DEVICE: device_spec(machine)})
-
-
-def with_target(module: ModuleOp, machine: Machine) -> ModuleOp:
-    """`module` itself when its target is `machine` already, else a copy targeting it."""
-    if _key(module.attributes.get(TARGET_ATTR)) == _key(TargetSystemSpecAttr({DEVICE: device_spec(machine)})):
-        return module
-    copy = module.clone()
-    attach(copy, machine)
-    return copy
 
 
 def machine_of(op: Operation) -> Machine:
@@ -68,22 +58,14 @@ def machine_of(op: Operation) -> Machine:
     return _machine(device.entries)
 
 
-def _key(spec: Attribute | None) -> object:
-    """What identifies a target system spec: xDSL 0.74's DLTI attributes compare (and hash)
-    equal whatever their entries, so the entries themselves are compared."""
-    if not isinstance(spec, TargetSystemSpecAttr):
-        return spec
-    return tuple((e.key, e.value.entries if isinstance(e.value, TargetDeviceSpecAttr) else e.value)
-                 for e in spec.entries)
-
-
 @cache
 def _machine(entries: ArrayAttr[DataLayoutEntryAttr]) -> Machine:
-    """The machine of a device spec's entries (an ArrayAttr, which compares by value; see _key)."""
+    """The machine of a device spec's entries, cached by them: an ArrayAttr compares by value,
+    while xDSL 0.74's DLTI attributes compare (and hash) equal whatever their entries."""
     device = TargetDeviceSpecAttr(entries)
     values: dict[str, int | float] = {}
     for name, f in SCHEMA.items():
-        key = f"{f.section}.{f.key}"
+        key = f.dotted
         try:
             entry = device[key]
         except KeyError:

@@ -58,11 +58,11 @@ def _machine_key(where: str, key: str) -> str:
     """A machine file key as `section.key`, given as that or as a Machine field name."""
     from target.machine import SCHEMA
 
-    by_place = {f"{f.section}.{f.key}" for f in SCHEMA.values()}
+    by_place = {f.dotted for f in SCHEMA.values()}
     if key in by_place:
         return key
     if key in SCHEMA:
-        return f"{SCHEMA[key].section}.{SCHEMA[key].key}"
+        return SCHEMA[key].dotted
     raise SweepError(f"{where}: '{key}' is not a machine file key (keys: {', '.join(sorted(by_place))})")
 
 
