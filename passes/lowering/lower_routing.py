@@ -293,16 +293,8 @@ def grouped_packed_ranks(b: _RoutingBuilder, pair_expert: SSAValue, experts: int
     for g in range(groups):
         one_hot = one_hot_of(b, group_experts(g), experts, "group_one_hot")
         mask = b.select(one_hot, 1, 0, "group_mask")
-        chunk_cumsum = b.cumsum(b.view(mask, [group_chunks, length, experts], "group_chunked_mask"), 1,
-                                "chunk_position", "group_chunk_cumsum")
+        chunk_cumsum, chunk_offset, group_total = chunked_cumsum(b, mask, group_chunks)
         ranks.append(b.gather(one_hot, b.view(chunk_cumsum, [pairs, experts]), "chunk_rank"))
-        first = b.emit(index_constant(0))
-        last_rows = b.emit(tile.SliceOp(chunk_cumsum, first, TensorType(i32, [group_chunks, 1, experts]),
-                                        [length - 1, 0]), "chunk_last_rows")
-        totals = b.view(last_rows, [group_chunks, experts], "chunk_totals")
-        totals_cumsum = b.cumsum(totals, 0, "chunk_index", "totals_cumsum")
-        chunk_offset = b.binary(ve.SubOp, totals_cumsum, totals, "chunk_offset")
-        group_total = b.reduce(ve.ReduceSumOp, totals, 0, "group_counts")
         if carry is not None:
             chunk_offset = b.binary(ve.AddOp, chunk_offset, b.broadcast(carry, 0, group_chunks, "carry_tile"),
                                     "carried_offset")
