@@ -30,7 +30,7 @@ from tcpc.pipelines import PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
 from tcpc.progress import Progress
 from tcpc.routing_check import RoutingRangeCheck
-from tcpc.streams import OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
+from tcpc.streams import EXIT_BROKEN_PIPE, OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
 from tcpc.sweep import MAX_POINTS, SweepError
 
 if TYPE_CHECKING:
@@ -47,9 +47,8 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70
 """A bug in tcpc (sysexits' EX_SOFTWARE): `tcpc: internal error: ...`, TCPC_DEBUG=1 for the traceback."""
 EXIT_INTERRUPTED = 130
-"""Ctrl-C (128 + SIGINT, what a shell reports for a process SIGINT ends)."""
-EXIT_BROKEN_PIPE = 141
-"""The reader of stdout went away (`tcpc ... | head`): 128 + SIGPIPE, quietly."""
+"""Ctrl-C (128 + SIGINT, what a shell reports for a process SIGINT ends). A reader of stdout that
+went away ends it with EXIT_BROKEN_PIPE (tcpc/streams.py, shared with tcpc-opt)."""
 
 
 class UsageError(Exception):

@@ -12,11 +12,8 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tcpc.parser import BOM
 from tcpc.pipelines import DIALECTS, PASSES, PipelineError, check_pipeline_syntax
-from tcpc.streams import OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
+from tcpc.streams import EXIT_BROKEN_PIPE, OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
 
-EXIT_BROKEN_PIPE = 141
-"""The reader of stdout went away: 128 + SIGPIPE, as tcpc.cli.EXIT_BROKEN_PIPE (not imported:
-the CLI module loads the simulator)."""
 
 
 class TcpcOptMain(xDSLOptMain):

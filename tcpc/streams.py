@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
+EXIT_BROKEN_PIPE = 141
+"""The reader of stdout went away (`tcpc ... | head`): 128 + SIGPIPE, what `tcpc` and
+`tcpc-opt` end with, quietly."""
+
+
 class OutputError(Exception):
     """The standard output cannot be written; the message says why."""
 
@@ -34,16 +39,15 @@ class StandardOutput:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise OutputError(cannot_write("the standard output", e)) from None
+        return self._checked(self.stream.write, text)
 
     def flush(self) -> None:
+        self._checked(self.stream.flush)
+
+    @staticmethod
+    def _checked(call: Any, *args: Any) -> Any:
         try:
-            self.stream.flush()
+            return call(*args)
         except BrokenPipeError:
             raise
         except OSError as e:
