@@ -153,7 +153,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
             even = balanced_rows(tokens, rows, clusters)
             trial = _tile_loop(ops, escaping, even, tokens)
-            if worth_splitting(trial[1], machine_of(block.parent_op() or trial[1])):
+            if worth_splitting(trial[1], machine_of(chosen[0])):
                 rows = even
             for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
                 op.erase(safe_erase=False)  # only the decision was wanted
