@@ -11,20 +11,28 @@ index -1 as "skip this row": nothing is read, zero is written. Numpy semantics a
 
 from __future__ import annotations
 
+import math
 import re
 
-from xdsl.dialects.builtin import StringAttr, TensorType, f32
-from xdsl.ir import Attribute, Dialect, SSAValue
+from dataclasses import dataclass, replace
+
+from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr, TensorType, f32
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
+    irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_attr_def,
     opt_operand_def,
     prop_def,
     result_def,
     traits_def,
 )
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import VerifyException
 from xdsl.traits import Pure
 
 from dialects.lowp import check_pair, check_scales, k_block
@@ -36,6 +44,7 @@ from dialects.tensor_types import (
     is_float_type,
     is_int_type,
     shape_of,
+    stored_bits,
 )
 
 _EINSUM = re.compile(r"^([a-z]+),([a-z]+)->([a-z]*)$")
@@ -66,6 +75,47 @@ def contracted_size(spec: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> in
     return n
 
 
+@dataclass(frozen=True)
+class ContractionRoles:
+    """A contraction's axes by role, each role's size the product of its axes: batch `g` (both
+    operands and the result), the lhs's free axes `m`, the rhs's free axes `n`, and the summed
+    axes `k`; `letters` names each role by the spec's letters (what a mapping is written in)."""
+
+    g: int
+    m: int
+    n: int
+    k: int
+    letters: dict[str, str]
+    lhs_bits: int = 16
+    rhs_bits: int = 16
+    result_bits: int = 32
+    block_scaled: bool = False
+    """A tcp.scaled_contract: low-precision operand pairs with block scales."""
+    accumulates: bool = False
+    """The command reads an f32 accumulator (`acc`)."""
+
+
+def contraction_roles(spec: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> ContractionRoles:
+    """The roles of a well-formed contraction's axes (see ContractionRoles). An axis of one
+    operand that the result drops is summed, so it counts as contracted."""
+    a, b, out = _EINSUM.match(spec).groups()
+    sizes = dict(zip(a, lhs)) | dict(zip(b, rhs))
+    groups = {"g": [c for c in out if c in a and c in b], "m": [c for c in out if c in a and c not in b],
+              "n": [c for c in out if c in b and c not in a], "k": [c for c in dict.fromkeys(a + b) if c not in out]}
+    size = {role: math.prod(sizes[c] for c in cs) for role, cs in groups.items()}
+    return ContractionRoles(size["g"], size["m"], size["n"], size["k"],
+                            {role: "".join(cs) for role, cs in groups.items() if cs})
+
+
+def _roles_of(op: ContractOp | ScaledContractOp, spec: str) -> ContractionRoles:
+    """The roles of a contraction op with its operands' stored widths."""
+    lt, rt, out = op.lhs.type, op.rhs.type, op.result.type
+    roles = contraction_roles(spec, shape_of(lt), shape_of(rt))
+    return replace(roles, lhs_bits=stored_bits(lt.get_element_type()), rhs_bits=stored_bits(rt.get_element_type()),
+                   result_bits=stored_bits(out.get_element_type()), block_scaled=isinstance(op, ScaledContractOp),
+                   accumulates=op.acc is not None)
+
+
 BATCH_LETTERS = "abcdefghijlopqrstuvwxyz"
 """Letters for batch axes in a matmul's spec: all but k, m and n."""
 
@@ -90,6 +140,106 @@ def matmul_contraction(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[str,
     return f"{ls},{rs}->{letters}mn", lview, rview
 
 
+MAPPING_FIELDS = ("trf", "slices", "lanes", "broadcast", "packet", "k_chunk", "trf_mode")
+
+
+@irdl_attr_definition
+class MappingAttr(ParametrizedAttribute):
+    """How a contraction is placed on one cluster's contraction engine, in the furiosa-opt book's
+    terms (target/contraction_mapping.py states the rules and the cost): the stationary operand
+    (`trf`, held in the TRF), the slices each of the batch, lhs-free and rhs-free roles is split
+    over, the stationary axis' Lane, the Stream Adapter's Time Broadcast, the contracted axis'
+    Packet (elements), the contracted extent one TRF load holds, and the TRF's double-buffering
+    mode. `#tcp.mapping<vector, slices = [g, m, n]>`: an f32 x f32 contraction on the vector
+    engine."""
+
+    name = "tcp.mapping"
+
+    engine: StringAttr
+    trf: StringAttr
+    slices: ArrayAttr[IntAttr]
+    lanes: IntAttr
+    broadcast: IntAttr
+    packet: IntAttr
+    k_chunk: IntAttr
+    trf_mode: StringAttr
+
+    @staticmethod
+    def make(engine: str, trf: str, slices: tuple[int, int, int], lanes: int, broadcast: int, packet: int,
+             k_chunk: int, trf_mode: str) -> MappingAttr:
+        return MappingAttr(StringAttr(engine), StringAttr(trf), ArrayAttr([IntAttr(s) for s in slices]),
+                           IntAttr(lanes), IntAttr(broadcast), IntAttr(packet), IntAttr(k_chunk), StringAttr(trf_mode))
+
+    def fields(self) -> dict[str, object]:
+        """The mapping as plain values, the keyword arguments of target.contraction_mapping.Mapping."""
+        return {"engine": self.engine.data, "trf": self.trf.data, "slices": tuple(s.data for s in self.slices.data),
+                "lanes": self.lanes.data, "broadcast": self.broadcast.data, "packet": self.packet.data,
+                "k_chunk": self.k_chunk.data, "trf_mode": self.trf_mode.data}
+
+    def print_parameters(self, printer: Printer) -> None:
+        f = self.fields()
+        slices = f"slices = [{', '.join(map(str, f['slices']))}]"
+        if f["engine"] == "vector":
+            printer.print_string(f"<vector, {slices}>")
+            return
+        rest = ", ".join(f"{k} = {f[k]}" for k in MAPPING_FIELDS[2:])
+        printer.print_string(f"<trf = {f['trf']}, {slices}, {rest}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        values: dict[str, object] = {}
+
+        def parse_field() -> None:
+            pos = parser.pos
+            key = parser.parse_identifier()
+            if key == "vector" and not values:
+                values["engine"] = "vector"
+                return
+            if key not in MAPPING_FIELDS or key in values:
+                parser.raise_error(f"#tcp.mapping: unknown or repeated field '{key}' (fields: {', '.join(MAPPING_FIELDS)})",
+                                   pos, parser.pos)
+            parser.parse_punctuation("=")
+            if key == "slices":
+                values[key] = tuple(parser.parse_comma_separated_list(
+                    parser.Delimiter.SQUARE, lambda: parser.parse_integer(allow_boolean=False)))
+            elif key in ("trf", "trf_mode"):
+                values[key] = parser.parse_identifier()
+            else:
+                values[key] = parser.parse_integer(allow_boolean=False)
+
+        parser.parse_comma_separated_list(parser.Delimiter.ANGLE, parse_field)
+        engine = values.pop("engine", "contraction")
+        needed = ("slices",) if engine == "vector" else MAPPING_FIELDS
+        missing = [k for k in needed if k not in values]
+        if missing or (engine == "vector" and set(values) != {"slices"}):
+            parser.raise_error(f"#tcp.mapping needs {', '.join(needed)}" + ("" if engine == "contraction" else " only"))
+        if engine == "vector":
+            values |= {"trf": "lhs", "lanes": 1, "broadcast": 1, "packet": 1, "k_chunk": 1, "trf_mode": "full"}
+        return list(MappingAttr.make(engine, **values).parameters)  # type: ignore[arg-type]
+
+    def verify(self) -> None:
+        f = self.fields()
+        if len(f["slices"]) != 3 or min(f["slices"]) < 1:
+            raise VerifyException(f"#tcp.mapping: slices must be three positive counts [g, m, n], got {list(f['slices'])}")
+        if f["engine"] not in ("contraction", "vector") or f["trf"] not in ("lhs", "rhs") \
+                or f["trf_mode"] not in ("half", "full"):
+            raise VerifyException(f"#tcp.mapping: trf must be lhs or rhs and trf_mode half or full, got "
+                                  f"{f['trf']}, {f['trf_mode']}")
+        if f["lanes"] not in (1, 2, 4, 8):
+            raise VerifyException(f"#tcp.mapping: lanes = {f['lanes']}; the Outer stage takes 1, 2, 4 or 8")
+        if min(f["broadcast"], f["packet"], f["k_chunk"]) < 1:
+            raise VerifyException("#tcp.mapping: broadcast, packet and k_chunk must be positive")
+
+
+def check_mapping(op: IRDLOperation, mapping: MappingAttr | None, roles: ContractionRoles) -> None:
+    """The machine-independent rules of a contraction's mapping: every role split over no more
+    slices than it has elements (each slice gets part of it, each element one slice)."""
+    if mapping is None:
+        return
+    for role, s, extent in zip("gmn", mapping.fields()["slices"], (roles.g, roles.m, roles.n)):  # type: ignore[call-overload]
+        expect(s <= extent, f"mapping splits {roles.letters.get(role, role)} (size {extent}) over {s} slices")
+
+
 @irdl_op_definition
 class ContractOp(IRDLOperation):
     """`einsum(spec, lhs, rhs) + bias` on the contraction engine, accumulated in f32 and rounded
@@ -109,6 +259,9 @@ class ContractOp(IRDLOperation):
     guard = opt_operand_def(TensorType)
     acc = opt_operand_def(TensorType)
     result = result_def(TensorType)
+    mapping = opt_attr_def(MappingAttr)
+    """How the command is placed on the contraction engine (the map-contractions pass's choice,
+    or a hand-written one the cost model checks against the target)."""
     traits = traits_def(Pure())
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
@@ -124,6 +277,10 @@ class ContractOp(IRDLOperation):
             properties={"spec": StringAttr(spec)},
         )
 
+    def roles(self) -> ContractionRoles:
+        """The axes by role and the operands' widths: what a mapping is chosen for."""
+        return _roles_of(self, self.spec.data)
+
     def verify_(self) -> None:
         lt, rt = self.lhs.type, self.rhs.type
         for t in (lt, rt):
@@ -138,6 +295,7 @@ class ContractOp(IRDLOperation):
             gt = self.guard.type
             expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
                     f"guard must be i32 [{shape[0] if shape else ''}] (one per block), got {format_type(gt)}")
+        check_mapping(self, self.mapping, self.roles())
         if self.acc is not None:
             want = TensorType(f32, shape)
             expect(self.acc.type == want and self.result.type == want,
@@ -170,6 +328,8 @@ class ScaledContractOp(IRDLOperation):
     guard = opt_operand_def(TensorType)
     acc = opt_operand_def(TensorType)
     result = result_def(TensorType)
+    mapping = opt_attr_def(MappingAttr)
+    """As tcp.contract's: the placement of the contraction on the engine."""
     traits = traits_def(Pure())
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
@@ -184,6 +344,10 @@ class ScaledContractOp(IRDLOperation):
         f = shape_of(rhs.type)[2]
         super().__init__(operands=[lhs, rhs, lhs_scales, rhs_scales, bias, guard, acc],
                          result_types=[TensorType(f32, [g, b, f])])
+
+    def roles(self) -> ContractionRoles:
+        """The axes by role and the operands' widths: what a mapping is chosen for."""
+        return _roles_of(self, "gbd,gdf->gbf")
 
     @property
     def k_block(self) -> int:
@@ -202,6 +366,7 @@ class ScaledContractOp(IRDLOperation):
         expect(k_block(lb[2], rb[1]) is not None, f"the K-blocks of the scales ({lb[2]} and {rb[1]}) do not nest")
         shape = (ls[0], ls[1], rs[2])
         expect(self.result.type == TensorType(f32, shape), f"result must be f32 {list(shape)}")
+        check_mapping(self, self.mapping, self.roles())
         if self.bias is not None:
             expect(broadcast_shapes(shape_of(self.bias.type), shape) == shape,
                    f"bias {format_type(self.bias.type)} does not broadcast to {list(shape)}")
@@ -320,4 +485,4 @@ class ViewOp(IRDLOperation):
         check_reshape(self.input.type, self.result.type, "view")
 
 
-TCP = Dialect("tcp", [ContractOp, ScaledContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp, ViewOp], [])
+TCP = Dialect("tcp", [ContractOp, ScaledContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp, ViewOp], [MappingAttr])

@@ -52,10 +52,15 @@ SCHEMA: dict[str, _Field] = {
     "fetch_bytes_per_cycle": _Field("sram", "fetch_bytes_per_cycle", True, 1),
     "commit_bytes_per_cycle": _Field("sram", "commit_bytes_per_cycle", True, 1),
     "macs_per_cycle_bf16": _Field("contraction", "macs_per_cycle_bf16", True, 1),
-    "f32_rate_divisor": _Field("contraction", "f32_rate_divisor", True, 1),
+    "lanes": _Field("contraction", "lanes", True, 1),
+    "packet_bytes": _Field("contraction", "packet_bytes", True, 1),
+    "accumulator_cells": _Field("contraction", "accumulator_cells", True, 1),
     "tree_depth_cycles": _Field("contraction", "tree_depth_cycles", True, 0),
     "macs_per_cycle_fp8": _Field("contraction", "macs_per_cycle_fp8", True, 1),
     "tree_depth_fp8_cycles": _Field("contraction", "tree_depth_fp8_cycles", True, 0),
+    "trf_banks": _Field("trf", "banks", True, 1),
+    "trf_rows_per_bank": _Field("trf", "rows_per_bank", True, 1),
+    "trf_row_bytes": _Field("trf", "row_bytes", True, 1),
     "flit_bytes": _Field("vector", "flit_bytes", True, 1),
     "int_ways": _Field("vector", "int_ways", True, 1),
     "float_ways": _Field("vector", "float_ways", True, 1),
@@ -91,10 +96,15 @@ class Machine:
     fetch_bytes_per_cycle: int
     commit_bytes_per_cycle: int
     macs_per_cycle_bf16: int
-    f32_rate_divisor: int
+    lanes: int
+    packet_bytes: int
+    accumulator_cells: int
     tree_depth_cycles: int
     macs_per_cycle_fp8: int
     tree_depth_fp8_cycles: int
+    trf_banks: int
+    trf_rows_per_bank: int
+    trf_row_bytes: int
     flit_bytes: int
     int_ways: int
     float_ways: int
@@ -149,6 +159,12 @@ class Machine:
     def chip_peak_flops_per_cycle(self) -> int:
         """Every cluster's peak together: the FLOP side of the roofline."""
         return self.clusters * self.peak_flops_per_cycle
+
+    @property
+    def trf_bytes(self) -> int:
+        """The TRF's payload per slice (book, Register Files: 8 lanes x 2 banks x 128 rows, each
+        320-bit row holding 16 bf16 or 32 f8, 32 bytes): what a stationary operand may fill."""
+        return self.lanes * self.trf_banks * self.trf_rows_per_bank * self.trf_row_bytes
 
     def cycles_to_us(self, cycles: float) -> float:
         return cycles / self.clock_hz * 1e6

@@ -18,6 +18,7 @@ from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
+from target.contraction_mapping import MappingError
 from target.machine import MachineError
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
@@ -647,7 +648,7 @@ def run_command(args: argparse.Namespace) -> int:
         # rules when read, so a given array that fails here came from the file).
         where = f"{args.inputs}: " if e.argument is not None and getattr(args, "inputs", None) else ""
         print(f"tcpc: error: {where}{e}", file=sys.stderr)
-    except (SetError, FileError, MachineError, RoutingError, PipelineError, ResourceError,
+    except (SetError, FileError, MachineError, MappingError, RoutingError, PipelineError, ResourceError,
             CheckpointError, SweepError, MeshSpecError) as e:
         print(f"tcpc: error: {e}", file=sys.stderr)
     except InterpretationError as e:

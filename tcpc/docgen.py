@@ -336,8 +336,11 @@ _UNITS: tuple[tuple[str, str], ...] = (
     ("cycles", "cycles"),
     ("bytes", "bytes"),
     ("ways", "elements/cycle"),
-    ("divisor", "ratio"),
     ("clusters", "count"),
+    ("lanes", "count"),
+    ("cells", "count"),
+    ("banks", "count"),
+    ("rows", "count"),
     ("slices", "count"),
     ("engines", "count"),
 )

@@ -53,6 +53,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "split-router-k": _lazy("passes.schedule.split_router_k", "SplitRouterKPass"),
     "split-clusters": _lazy("passes.schedule.split_clusters", "SplitClustersPass"),
     "fuse-ve-chains": _lazy("passes.schedule.fuse_ve_chains", "FuseVeChainsPass"),
+    "map-contractions": _lazy("passes.schedule.map_contractions", "MapContractionsPass"),
     "shard-experts": _lazy("passes.mesh.shard_experts", "ShardExpertsPass"),
 }
 """Pass name -> factory of the pass class, as xDSL's pipeline parser wants them."""
@@ -64,12 +65,14 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 working on whole tensors."""
 
 SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-router-k", "split-clusters",
-                                      "fuse-ve-chains")
+                                      "fuse-ve-chains", "map-contractions")
 """The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
 own (schedule-shared); static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs/passes.md#the-schedule-level-schedule-shared-schedule-experts-schedule-tokens-split-router-k-split-clusters); a small router weight's load spread over the DMA engines in tiles of its reduction
 axis (split-router-k); the expert loop spread over the chip's clusters (default: RNGD's two); then
-consecutive vector-engine ops, in every block, fused into one chain invocation each (docs/passes.md#fuse-ve-chains)."""
+consecutive vector-engine ops, in every block, fused into one chain invocation each (docs/passes.md#fuse-ve-chains);
+last, every contraction placed on its cluster's Slice, Lane, Time and Packet by the cost of each
+engine stage (map-contractions, docs/passes.md#map-contractions)."""
 
 FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
 """What `tcpc run` simulates and `--emit scheduled` prints."""

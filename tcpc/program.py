@@ -270,7 +270,7 @@ class Program:
         from runtime_sim.perf.graph_work import graph_work
         from runtime_sim.perf.simulate import simulate
 
-        from tcpc.schedule_summary import tile_loops
+        from tcpc.schedule_summary import contraction_mappings, tile_loops
 
         name = self.function(graph).sym_name.data
         # The roofline's useful work, from the graph before lowering; with ops costed as free it
@@ -300,6 +300,7 @@ class Program:
                               uncosted=uncosted, listeners=listeners, work=work)  # type: ignore[arg-type]
         result.report.choices = choices
         result.report.loops = tile_loops(module, name)
+        result.report.contractions = contraction_mappings(module, name)
         return module, spec, args, result
 
 

@@ -1,5 +1,6 @@
-"""The schedule level's loops and the tile sizes they use, read from the simulated IR for the
-report: which tiles the compiler chose is a fact of the IR, not of the cost model."""
+"""The schedule level's loops and the tile sizes they use, and the contraction commands' mappings,
+read from the simulated IR for the report: which tiles and mappings the compiler chose is a fact
+of the IR, not of the cost model."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp
 from xdsl.ir import SSAValue
 
-from dialects import tile
+from dialects import tcp, tile
 from dialects.annotations import phase_of
 from dialects.tensor_types import format_type
-from runtime_sim.perf.report import TileLoop
+from runtime_sim.perf.report import ContractionRecord, TileLoop
+from target.contraction_mapping import ContractionShape, Mapping, choose, cost
+from target.target_spec import machine_of
 
 TILE_OPS = (tile.SliceOp, tile.LoadOp, tile.GatherOp, tile.LoadExpertOp)
 """The ops that bring one iteration's tile into SRAM."""
@@ -42,3 +45,33 @@ def tile_loops(module: ModuleOp, function: str) -> list[TileLoop]:
             variable = body.args[0].name_hint or "i"
             loops.append(TileLoop(phase_of(op) or "other", variable, max(0, -(-(ub - lb) // step)), step, tuple(tiles)))
     return loops
+
+
+def contraction_mappings(module: ModuleOp, function: str) -> list[ContractionRecord]:
+    """Every distinct contraction command of `function` (spec, operand types and mapping), in IR
+    order, with its mapping's cost and the chooser's runner-up; an op without a mapping (IR not
+    through map-contractions) is shown with the one the cost model picks for it."""
+    found: dict[tuple[str, str, str], ContractionRecord] = {}
+    for fn in module.ops:
+        if not (isinstance(fn, func.FuncOp) and fn.sym_name.data == function):
+            continue
+        for op in fn.walk():
+            if not isinstance(op, tcp.ContractOp | tcp.ScaledContractOp):
+                continue
+            roles = op.roles()
+            shape, machine = ContractionShape.of(roles), machine_of(op)
+            choice = choose(shape, machine)
+            mapped = choice.best if op.mapping is None else cost(Mapping(**op.mapping.fields()), shape, machine)  # type: ignore[arg-type]
+            spec = op.spec.data if isinstance(op, tcp.ContractOp) else "gbd,gdf->gbf (block-scaled)"
+            what = f"{spec} {format_type(op.lhs.type)} x {format_type(op.rhs.type)}"
+            key = (phase_of(op), what, str(mapped.mapping))
+            if key in found:
+                record = found[key]
+                found[key] = ContractionRecord(**{**record.__dict__, "commands": record.commands + 1})
+                continue
+            runner = choice.runner_up
+            found[key] = ContractionRecord(
+                phase_of(op), what, 1, mapped.mapping.book_form(roles.letters, shape), mapped.cycles, mapped.utilization,
+                mapped.bound, runner.mapping.book_form(roles.letters, shape) if runner else "",
+                runner.cycles if runner else 0)
+    return list(found.values())

@@ -252,8 +252,7 @@ def test_the_pass_is_idempotent() -> None:
 def test_fusing_never_changes_a_value(path: Path) -> None:
     """The IR before and after the pass, on the same inputs: bit-identical outputs."""
     program = tcpc.compile_file(path)
-    assert FULL_PIPELINE[-1] == "fuse-ve-chains"
-    before = program.lower(",".join(FULL_PIPELINE[:-1]))
+    before = program.lower(",".join(FULL_PIPELINE[:FULL_PIPELINE.index("fuse-ve-chains")]))
     after = fused(before)
     assert chains(after), "every example has runs that fuse"
     name = program.graph_names[0]

@@ -75,7 +75,9 @@ def test_the_phase_prints_at_the_end_of_the_line_and_parses_back() -> None:
     module = tcpc.compile_file(EXAMPLES / "toy.moe").lower()
     text = print_ir(module)
     line = next(line for line in text.splitlines() if "%y_acc = tcp.contract" in line)
-    assert line.endswith('-> tensor<1x2x16xf32> {tcpc.phase = "experts", tcpc.cluster = 0 : i64}')  # one block, cluster 0's copy
+    # one block, cluster 0's copy; the contraction's mapping first, the phase last
+    assert '-> tensor<1x2x16xf32> {mapping = #tcp.mapping<' in line
+    assert line.endswith('>, tcpc.phase = "experts", tcpc.cluster = 0 : i64}')
     const = next(line for line in text.splitlines() if "ve.const" in line)
     assert const.endswith(': tensor<4x4xi32> {tcpc.phase = "router"}')
     again = tcpc.load_ir(text)

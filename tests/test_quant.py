@@ -327,7 +327,7 @@ graph g(x: f8e4m3[G, B, D], xs: f32[G, B, D / 128], w: f8e4m3[G, D, F], ws: f32[
     c4 = cost_scaled_contract(fp4, tuple(z(v) for v in fp4.operands), (out,), machine)
     c16 = cost_contract(bf16, tuple(z(v) for v in bf16.operands), (out,), machine)
     macs = 64 * 64 * 768 * 2048
-    assert c8.bound == "compute" and c16.bound == "compute"
+    assert c8.bound == "outer" and c16.bound == "outer"
     assert c8.cycles - machine.config_overhead_cycles - machine.tree_depth_fp8_cycles - machine.alu_latency_cycles \
         == math.ceil(macs / (512 * machine.slices))
     assert c16.cycles - machine.config_overhead_cycles - machine.tree_depth_cycles == math.ceil(macs / (256 * machine.slices))

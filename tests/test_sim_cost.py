@@ -22,7 +22,8 @@ from runtime_sim.perf.cost_model import (
 from runtime_sim.perf.costs import register_cost_models
 from target.machine import default_machine
 from runtime_sim.perf.simulate import simulate
-from runtime_sim.perf.tcp_cost import contraction_cycles, dma_copy_cost, dma_cycles, gathered_rows
+from runtime_sim.perf.tcp_cost import command_cycles, dma_copy_cost, dma_cycles, gathered_rows
+from target.contraction_mapping import ContractionShape, choose
 from runtime_sim.perf.vector_cost import scan_cycles, vector_chain_cycles
 from tcpc.pipelines import make_context
 
@@ -102,19 +103,17 @@ def test_dma_parts_follow_the_one_split_rule() -> None:
                    OpCost(DMA, 1000, hbm_bytes=8 * 1000 * 1500, parts=8), M)
 
 
-def test_contraction_formula_on_a_known_shape() -> None:
-    # [256, 512] @ [512, 1024] bf16: 2^27 MACs at 256 x 256 per cycle = 2048 cycles.
-    macs = 256 * 512 * 1024
-    fetch = (256 * 512 + 512 * 1024) * 2
-    commit = 256 * 1024 * 4
-    cycles, bound = contraction_cycles(M, macs=macs, fetch_bytes=fetch, commit_bytes=commit, blocks_run=1, guards=0, f32=False)
-    assert (cycles, bound) == (16 + 5 + 2048, "compute")
-    cycles32, _ = contraction_cycles(M, macs=macs, fetch_bytes=2 * fetch, commit_bytes=commit, blocks_run=1, guards=0, f32=True)
-    assert cycles32 == 16 + 5 + 4096  # assumption: f32 at half the bf16 rate
-    skipped, bound = contraction_cycles(M, macs=0, fetch_bytes=0, commit_bytes=0, blocks_run=0, guards=6, f32=False)
+def test_contraction_command_on_a_known_shape() -> None:
+    # [256, 512] @ [512, 1024] bf16: 2^27 MACs at 256 x 256 per cycle = 2048 cycles when the
+    # mapping keeps every multiplier busy; plus configuration (16) and the tree's fill (5).
+    mapped = choose(ContractionShape(1, 256, 1024, 512), M).best
+    assert (mapped.cycles, mapped.bound, mapped.utilization) == (2048, "outer", 1.0)
+    assert command_cycles(M, mapped, blocks=1, blocks_run=1, guards=0, tree_depth=5) == (16 + 5 + 2048, "outer")
+    assert command_cycles(M, mapped, blocks=6, blocks_run=3, guards=6, tree_depth=5)[0] == 16 + 6 * 4 + 5 + 1024
+    skipped, bound = command_cycles(M, mapped, blocks=6, blocks_run=0, guards=6, tree_depth=5)
     assert skipped == 16 + 6 * 4 and bound.startswith("guard")
-    small = contraction_cycles(M, macs=1024, fetch_bytes=4096, commit_bytes=64, blocks_run=1, guards=0, f32=False)
-    assert small == (16 + 5 + 1, "overhead")
+    tiny = choose(ContractionShape(1, 2, 2, 32), M).best
+    assert command_cycles(M, tiny, blocks=1, blocks_run=1, guards=0, tree_depth=5)[1] == "overhead"
 
 
 GATHER = """

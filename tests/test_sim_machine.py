@@ -34,7 +34,7 @@ def test_every_number_is_cited_or_an_assumption() -> None:
     assert set(m.sources) == set(SCHEMA)
     assert all(s.startswith(("source: ", "assumption: ")) for s in m.sources.values())
     assumed = set(m.assumptions())
-    assert {"guard_cycles", "config_overhead_cycles", "filter_cycles", "ring_traversal_cycles", "f32_rate_divisor"} <= assumed
+    assert {"guard_cycles", "config_overhead_cycles", "filter_cycles", "ring_traversal_cycles"} <= assumed
     assert "dma_startup_cycles" not in assumed
 
 

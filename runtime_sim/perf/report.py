@@ -191,6 +191,31 @@ class TileLoop:
         return f"{self.phase} loop %{self.variable}: {self.iterations:,} x step {self.step}; tiles {', '.join(self.tiles) or 'none'}"
 
 
+@dataclass(frozen=True)
+class ContractionRecord:
+    """One distinct contraction command of the simulated IR and how the contraction engine runs
+    it: its mapping in the book's notation, the cycles of its passes (without configuration,
+    guards and the tree's fill), the MAC utilization, the stage that bounds it, and the best
+    mapping with another stationary operand or slice split (the runner-up)."""
+
+    phase: str
+    contraction: str
+    """`gbd,gdf->gbf bf16[1, 256, 4096] x bf16[1, 4096, 1792]`."""
+    commands: int
+    """How many ops of the IR have this contraction and mapping (a loop body's op counts once)."""
+    mapping: str
+    cycles: int
+    utilization: float
+    bound: str
+    runner_up: str
+    runner_up_cycles: int
+
+    def describe(self) -> str:
+        runner = f"; runner-up {self.runner_up_cycles:,} cycles: {self.runner_up}" if self.runner_up else ""
+        return (f"{self.phase} {self.contraction} (x{self.commands}): {self.cycles:,} cycles, {self.utilization:.1%} "
+                f"of the MACs, bound by {self.bound}; {self.mapping}{runner}")
+
+
 def roofline(machine: Machine, flops: int, hbm_bytes: int, fp8_flops: int = 0,
              padding: Padding | None = None) -> Roofline:
     """The whole chip's bound: every cluster's contraction peak, `fp8_flops` of the `flops` at the
@@ -222,6 +247,8 @@ class SimReport:
     looks only for a printed or written report: it costs a block search)."""
     loops: list[TileLoop] = field(default_factory=list)
     """The schedule level's loops and their tile sizes (the driver fills it from the IR)."""
+    contractions: list[ContractionRecord] = field(default_factory=list)
+    """The IR's distinct contraction commands and their mappings (the driver fills it)."""
     critical_cycles: dict[int, int] = field(default_factory=dict)
     """Key -> the cycles the command spends on the critical path (scheduler.Schedule's; a
     command on several DMA engines is on it from its part's start, not its slot's)."""
@@ -284,6 +311,7 @@ class SimReport:
             "choices": [c.to_json() for c in self.choices],
             **({} if self.better_blocks is None else {"better_blocks": [b.to_json() for b in self.better_blocks]}),
             "loops": [asdict(t) for t in self.loops],
+            "contractions": [asdict(c) for c in self.contractions],
             "critical_path": self.critical_path,
             "engines": [asdict(e) for e in self.engines],
             "phases": [asdict(p) for p in self.phases],
@@ -312,6 +340,7 @@ class SimReport:
         lines += [f"chose {c.describe()}" for c in self.choices]
         lines += [f"better block: {b.describe()}" for b in self.better_blocks or ()]
         lines += [f"schedule: {t.describe()}" for t in self.loops]
+        lines += [f"contraction: {c.describe()}" for c in self.contractions]
         lines += [
             "",
             f"{'engine':<8} {'units':>5} {'busy':>12} {'util':>7}",

@@ -36,23 +36,18 @@ DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command ru
   weight already in SRAM). A scatter reads each source row once however many places it goes;
   the zero fill of the rows nobody writes is assumed free (buffers are allocated zeroed).
 
-Contraction (book, "Contraction Engine", "Packet Reducer"; paper;
-docs/hardware.md#contraction-engine; per invocation, all slices in lockstep):
+Contraction (book, Computing Tensors: "Contraction Engine" and its sections; per command, on one
+cluster, all slices in lockstep): the command's mapping onto Slice, Lane, Time and Packet, the
+op's `mapping` attribute (map-contractions' choice, or a hand-written one, checked against the
+machine) or, where none is given, the one `target.contraction_mapping.choose` picks (the same
+choice the pass makes), costed stage by stage by `target.contraction_mapping.cost`:
     cycles = config_overhead + guards * guard_cycles
-             + [tree_depth + max(blocks run, MAC cycles, fetch cycles, commit cycles)]   if a block runs
-    MAC cycles    = MACs of the blocks that run / (MACs per slice per cycle * slices), halved
-                    rate (assumption, f32_rate_divisor) when an operand is f32
-    fetch cycles  = operand bytes the running blocks read / (fetch bytes per cycle * slices)
-    commit cycles = result bytes of the running blocks / (commit bytes per cycle * slices)
-  Fetch and commit are lower bounds (each operand byte enters the chain at least once, each
-  result byte leaves it once); at least one cycle per block that runs. A block whose guard is
-  negative costs only its guard. An accumulator operand (`acc`, f32: a contraction tiled
-  along K continuing the previous tile's sum) is read by the engine like an operand: its bytes
-  count as fetch (assumption: the book describes the accumulation within one invocation, not
-  how a running sum re-enters; reading it through the fetch units is the conservative
-  choice). `bound` names the largest work term, or "overhead" when the
-  fixed cycles (configuration, guards, tree depth) outweigh it. The bias add rides in the
-  chain's vector stage (no cycles; one FLOP per result element).
+             + [tree_depth + the mapping's cycles x blocks run / blocks]   if a block runs
+A block whose guard is negative costs only its guard; the blocks that run share the mapping's
+passes in proportion. An accumulator operand (`acc`, f32: a contraction tiled along K continuing
+the previous tile's sum) is read back through fetch like the partial sums of a K chunk. `bound`
+names the stage whose cycles are largest, or "overhead" when the fixed cycles outweigh it. The
+bias add rides in the chain's vector stage (no cycles; one FLOP per result element).
 """
 
 from __future__ import annotations
@@ -67,6 +62,7 @@ from xdsl.ir import Operation
 from dialects import tcp
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands, register_view
+from target.contraction_mapping import ContractionShape, MappedCost, Mapping, MappingError, check, choose, cost
 from target.machine import Machine
 from runtime_sim.semantics.numerics import float4_e2m1, stored_nbytes
 
@@ -196,26 +192,35 @@ def cost_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...
     return dma_copy_cost(machine, stored_nbytes(operands[0]), in_hbm(op.operands[0]), True)
 
 
-def contraction_cycles(machine: Machine, *, macs: int, fetch_bytes: int, commit_bytes: int,
-                       blocks_run: int, guards: int, f32: bool, adds: int = 0) -> tuple[int, str]:
-    """Cycles of one contraction invocation and its bound (see the module docstring). `adds`
-    (a bias add per result element) are FLOPs the roofline counts at the tensor unit's peak,
-    so the compute term counts them at that rate too (two per MAC cycle slot): the command is
-    never faster than its FLOPs allow."""
+def mapped_cost(op: tcp.ContractOp | tcp.ScaledContractOp, machine: Machine) -> MappedCost:
+    """The cost of `op`'s mapping: its `mapping` attribute checked against `machine`, or the
+    cheapest legal one. A mapping that breaks a rule is a MappingError naming the op."""
+    roles = op.roles()
+    shape = ContractionShape.of(roles)
+    if op.mapping is None:
+        return choose(shape, machine).best
+    mapping = Mapping(**op.mapping.fields())  # type: ignore[arg-type]
+    try:
+        check(mapping, shape, machine)
+    except MappingError as e:
+        raise MappingError(f"{op.name} ({', '.join(f'{v}={getattr(roles, r)}' for r, v in roles.letters.items())}): "
+                           f"{e} (machine {machine.name})") from None
+    return cost(mapping, shape, machine)
+
+
+def command_cycles(machine: Machine, mapped: MappedCost, *, blocks: int, blocks_run: int, guards: int,
+                   tree_depth: int, extra: dict[str, int] | None = None) -> tuple[int, str]:
+    """Cycles of one contraction command and its bound (see the module docstring): the mapped
+    passes of the blocks that run, after the fixed configuration, guards and the tree's fill;
+    `extra` stages (the scales of a scaled contraction) run pipelined with the passes."""
     m = machine
     fixed = m.config_overhead_cycles + guards * m.guard_cycles
     if blocks_run == 0:
         return fixed, "guard (every block skipped)"
-    rate = m.peak_macs_per_cycle / (m.f32_rate_divisor if f32 else 1)
-    terms = {
-        "compute": math.ceil((macs + adds / 2) / rate),
-        "fetch": math.ceil(fetch_bytes / (m.fetch_bytes_per_cycle * m.slices)),
-        "commit": math.ceil(commit_bytes / (m.commit_bytes_per_cycle * m.slices)),
-        "block count": blocks_run,
-    }
-    bound = max(terms, key=lambda k: terms[k])  # first of equals: compute wins ties
+    terms = {mapped.bound: -(-mapped.cycles * blocks_run // blocks)} | (extra or {})
+    bound = max(terms, key=lambda k: terms[k])  # first of equals: the mapping's stage wins ties
     work = terms[bound]
-    fill = fixed + m.tree_depth_cycles
+    fill = fixed + tree_depth
     return fill + work, bound if work > fill else "overhead"
 
 
@@ -243,39 +248,20 @@ def cost_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
     fetch = share(lhs.nbytes, a[:1] == block_letter) + share(rhs.nbytes, b[:1] == block_letter)
     if bias is not None:
         fetch += share(bias.nbytes, bias.ndim == out.ndim and bias.shape[0] == blocks and blocks > 1)
-    if acc is not None:  # the running f32 accumulator enters the chain like an operand
+    if acc is not None:
         fetch += share(acc.nbytes, True)
     commit = share(out.nbytes, True)
     out_elements = out.size * run // blocks
     macs = out_elements * per_element
-    f32 = any(v.dtype == np.float32 for v in (lhs, rhs))
     adds = out_elements if bias is not None else 0
-    cycles, bound = contraction_cycles(machine, macs=macs, fetch_bytes=fetch, commit_bytes=commit,
-                                       blocks_run=run, guards=blocks if guard is not None else 0, f32=f32, adds=adds)
-    flops = 2 * macs + adds
-    return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound)
-
-
-def scaled_contraction_cycles(machine: Machine, *, macs: int, partial_sums: int, fetch_bytes: int,
-                              commit_bytes: int, blocks_run: int, guards: int) -> tuple[int, str]:
-    """Cycles of one block-scaled low-precision contraction and its bound: as
-    `contraction_cycles`, with the fp8 MAC rate and tree depth, and one more work term, the
-    vector stage applying the scales (`vector scales`, see `cost_scaled_contract`)."""
-    m = machine
-    fixed = m.config_overhead_cycles + guards * m.guard_cycles
-    if blocks_run == 0:
-        return fixed, "guard (every block skipped)"
-    terms = {
-        "compute": math.ceil(macs / m.peak_fp8_macs_per_cycle),
-        "fetch": math.ceil(fetch_bytes / (m.fetch_bytes_per_cycle * m.slices)),
-        "commit": math.ceil(commit_bytes / (m.commit_bytes_per_cycle * m.slices)),
-        "vector scales": math.ceil(partial_sums / (m.float_ways * m.slices)),
-        "block count": blocks_run,
-    }
-    bound = max(terms, key=lambda k: terms[k])
-    work = terms[bound]
-    fill = fixed + m.tree_depth_fp8_cycles + m.alu_latency_cycles
-    return fill + work, bound if work > fill else "overhead"
+    mapped = mapped_cost(op, machine)
+    # The roofline counts a bias add as a FLOP at the tensor peak, so the command is never
+    # faster than (MACs + adds / 2) at the peak MAC rate, though the add rides in the chain.
+    floor = {"compute": math.ceil((macs + adds / 2) / machine.peak_macs_per_cycle)} if adds else {}
+    cycles, bound = command_cycles(machine, mapped, blocks=blocks, blocks_run=run,
+                                   guards=blocks if guard is not None else 0, tree_depth=machine.tree_depth_cycles,
+                                   extra=floor)
+    return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=2 * macs + adds, bound=bound)
 
 
 def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...],
@@ -283,18 +269,15 @@ def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tupl
     """A block-scaled fp8 (or f4e2m1-through-the-lookup-table) contraction: one chain
     invocation in which the contraction engine and the vector engine run pipelined.
 
-    - compute: MACs at the fp8 rate (paper: 64 fp8 per lane per cycle, 512 per slice;
-      512 TFLOPS), `macs_per_cycle_fp8`; tree depth 6 (`tree_depth_fp8_cycles`);
-    - fetch: the bytes of the running blocks' operands *at their stored width* (an f4e2m1
-      weight is half a byte per value, widened to f8e4m3 by the fetch stage's lookup table
-      (docs/hardware.md, Precisions) after it is read) and their scales;
+    - the contraction: its mapping at the fp8 width (a 64-byte packet holds 64 fp8; the TRF
+      holds f8, an f4e2m1 weight widened by the fetch stage's lookup table (docs/hardware.md,
+      Precisions) after it is read at half a byte), tree depth 6 (`tree_depth_fp8_cycles`);
     - vector scales: every f32 partial sum (one per K-block of each result element) gets
       lhs scale * rhs scale and is added to the running sum: the Float cluster's multiply
       and fma in one pass (assumption: one pass, 4-way, as every float stage runs; the book
       lists FpMul0/FpMul1 and FpFma as separate ALUs of the cluster), one ALU latency;
-    - commit: the f32 result; an `acc` operand (the previous F tile's running sum) is read
-      as fetch, as for `tcp.contract`.
-    The terms overlap (the engines are pipelined), so the invocation takes the largest.
+    - an `acc` operand (the previous F tile's running sum) is read back as for `tcp.contract`.
+    The stages overlap (the engines are pipelined), so the invocation takes the largest.
     FLOPs: 2 per MAC (at the fp8 peak in the roofline), plus the bias adds; the scale work is
     costed in cycles (the `vector scales` term) but not counted as FLOPs."""
     assert isinstance(op, tcp.ScaledContractOp)
@@ -305,7 +288,6 @@ def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tupl
     g, b, d = lhs.shape
     f = rhs.shape[2]
     run = int(np.count_nonzero(np.asarray(guard) >= 0)) if guard is not None else g
-    # the running f32 accumulator enters the chain like an operand (as for tcp.contract)
     per_block = sum(stored_nbytes(v) for v in (lhs, rhs, lhs_scales, rhs_scales, *([] if acc is None else [acc]))) // g
     fetch = per_block * run
     if bias is not None:
@@ -314,9 +296,12 @@ def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tupl
     commit = out_elements * 4
     macs = out_elements * d
     partial_sums = out_elements * (d // op.k_block)
-    cycles, bound = scaled_contraction_cycles(machine, macs=macs, partial_sums=partial_sums, fetch_bytes=fetch,
-                                              commit_bytes=commit, blocks_run=run,
-                                              guards=g if guard is not None else 0)
+    scales = {"vector scales": math.ceil(partial_sums / (machine.float_ways * machine.slices))}
+    if bias is not None:  # as for tcp.contract: never faster than its FLOPs at the fp8 peak
+        scales["compute"] = math.ceil((macs + out_elements / 2) / machine.peak_fp8_macs_per_cycle)
+    cycles, bound = command_cycles(machine, mapped_cost(op, machine), blocks=g, blocks_run=run,
+                                   guards=g if guard is not None else 0,
+                                   tree_depth=machine.tree_depth_fp8_cycles + machine.alu_latency_cycles, extra=scales)
     flops = 2 * macs + (out_elements if bias is not None else 0)
     return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound, fp8_flops=2 * macs)
 

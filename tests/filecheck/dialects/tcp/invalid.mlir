@@ -80,3 +80,21 @@ func.func @view_elements(%x: tensor<4x8xbf16>) -> tensor<5x8xbf16> {
 }
 
 // CHECK: cannot view bf16[4, 8] to bf16[5, 8]
+
+// -----
+
+func.func @mapping_lanes(%a: tensor<8x64xbf16>, %w: tensor<64x16xbf16>) -> tensor<8x16xf32> {
+  %y = tcp.contract "mk,kn->mn" %a, %w : tensor<8x64xbf16>, tensor<64x16xbf16> -> tensor<8x16xf32> {mapping = #tcp.mapping<trf = rhs, slices = [1, 1, 1], lanes = 16, broadcast = 1, packet = 32, k_chunk = 64, trf_mode = half>}
+  func.return %y : tensor<8x16xf32>
+}
+
+// CHECK: #tcp.mapping: lanes = 16; the Outer stage takes 1, 2, 4 or 8
+
+// -----
+
+func.func @mapping_slices(%a: tensor<8x64xbf16>, %w: tensor<64x16xbf16>) -> tensor<8x16xf32> {
+  %y = tcp.contract "mk,kn->mn" %a, %w : tensor<8x64xbf16>, tensor<64x16xbf16> -> tensor<8x16xf32> {mapping = #tcp.mapping<trf = rhs, slices = [1, 16, 1], lanes = 8, broadcast = 1, packet = 32, k_chunk = 64, trf_mode = half>}
+  func.return %y : tensor<8x16xf32>
+}
+
+// CHECK: mapping splits m (size 8) over 16 slices

@@ -1,0 +1,180 @@
+"""The contraction mapping: the book's rules and stage costs (target/contraction_mapping.py), the
+map-contractions pass, and the simulator costing the mapping an op carries."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from xdsl.parser import Parser
+
+from dialects import tcp
+from passes.schedule.map_contractions import MapContractionsPass
+from runtime_sim.perf.simulate import simulate
+from target.contraction_mapping import ContractionShape, Mapping, MappingError, candidates, check, choose, cost
+from target.machine import default_machine
+import tcpc
+from runtime_sim.semantics.executor import run_function
+from tcpc.pipelines import FULL_PIPELINE, apply_pipeline, make_context, parse_pipeline
+from tcpc.program import prepare_inputs
+from support import assert_same_bits, tcpc_main
+
+M = default_machine()
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+# The book's batched matmul (Contraction Engine, "Example: Batched MatMul"): V = 32, M = 32,
+# N = 8, K = 32 over the chip's two clusters; per cluster V x M / 2 = 512 rows of the streamed
+# operand share one [K, N] weight.
+BMM = ContractionShape(1, 512, 8, 32)
+K_IN_TIME = Mapping("rhs", (1, 256, 1), 8, 1, 1, 32, "half")
+"""Slice [M % 16, V % 16], Lane [N], Time [V / 16, K], Packet [1 # 16]."""
+M_IN_TIME = Mapping("rhs", (1, 16, 1), 8, 1, 32, 32, "half")
+"""Slice [V % 16 # 256], Lane [N], Time [M], Packet [K]: 32 rows streamed per slice."""
+
+
+def test_k_in_time_runs_at_one_32nd_of_the_macs() -> None:
+    # "only 1 of 32 multipliers does useful work per cycle (1/32 MAC utilization for bf16)"
+    check(K_IN_TIME, BMM, M)
+    mapped = cost(K_IN_TIME, BMM, M)
+    assert mapped.utilization == pytest.approx(1 / 32)
+    assert (mapped.cycles, mapped.bound) == (64, "outer")
+
+
+def test_m_in_time_uses_every_lane_of_the_slices_it_uses() -> None:
+    # "It maximizes MAC utilization across lanes": every multiplier of the 16 slices busy in an
+    # Outer cycle; the streamed packet is read at 32 B a cycle, so fetch paces it (book, Outer,
+    # Performance: "Fetch bandwidth bounds the Stream Adapter").
+    check(M_IN_TIME, BMM, M)
+    mapped = cost(M_IN_TIME, BMM, M)
+    assert BMM.macs / (16 * M.macs_per_cycle_bf16 * mapped.stages["outer"]) == 1
+    assert mapped.bound == "fetch" and mapped.stages["fetch"] == 2 * mapped.stages["outer"]
+
+
+def test_the_choice_beats_the_books_examples_and_is_deterministic() -> None:
+    best = choose(BMM, M)
+    assert best.best.cycles < min(cost(M_IN_TIME, BMM, M).cycles, cost(K_IN_TIME, BMM, M).cycles)
+    assert choose.__wrapped__(BMM, M) == best  # the same choice without the cache
+    assert best.runner_up is not None
+    assert (best.runner_up.mapping.trf, best.runner_up.mapping.slices) != (best.best.mapping.trf, best.best.mapping.slices)
+
+
+def test_a_large_contraction_reaches_the_peak_and_a_padded_one_does_not() -> None:
+    assert choose(ContractionShape(1, 256, 1024, 512), M).best.utilization == 1.0
+    padded = choose(ContractionShape(1, 250, 1000, 500), M).best
+    assert padded.utilization < 1.0
+
+
+@pytest.mark.parametrize("mapping, message", [
+    (replace(K_IN_TIME, slices=(1, 256, 2)), "uses 512 slices"),
+    (replace(K_IN_TIME, slices=(1, 16, 16)), "axis n of size 8 is split over 16 slices"),
+    (replace(K_IN_TIME, lanes=16), "Lane = 16"),
+    (replace(K_IN_TIME, lanes=3), "Lane = 3"),
+    (replace(K_IN_TIME, packet=33), "a packet holds 1 to 32"),
+    (replace(K_IN_TIME, broadcast=129), "the Time Reducer has 128 slots"),
+    (replace(K_IN_TIME, k_chunk=48, packet=32), "not a positive multiple of the packet"),
+    (replace(K_IN_TIME, trf_mode="quarter"), "half or full"),
+])
+def test_a_broken_rule_is_named(mapping: Mapping, message: str) -> None:
+    with pytest.raises(MappingError, match=message):
+        check(mapping, BMM, M)
+
+
+def test_the_stationary_operand_must_fit_the_trf() -> None:
+    shape = ContractionShape(1, 256, 1024, 4096)
+    fits = Mapping("rhs", (1, 1, 256), 4, 2, 32, 4096, "full")  # 4 lanes: 8,192 elements each
+    check(fits, shape, M)
+    with pytest.raises(MappingError, match=r"needs 8192 elements per lane .* holds 4096 per lane with 4 lanes in half"):
+        check(replace(fits, trf_mode="half"), shape, M)
+    with pytest.raises(MappingError, match="needs 8192 elements per lane"):
+        check(replace(fits, lanes=8), shape, M)
+
+
+def test_an_f32_pair_runs_on_the_vector_engine() -> None:
+    shape = ContractionShape(1, 64, 128, 2048, 4, 4, vector=True)
+    best = choose(shape, M).best
+    assert best.mapping.engine == "vector" and best.bound == "vector fma"
+    assert best.cycles >= math.ceil(shape.macs / (M.float_ways * M.slices))
+    with pytest.raises(MappingError, match="no multiplier pair"):
+        check(Mapping("rhs", (1, 1, 1), 8, 1, 32, 2048, "full"), shape, M)
+
+
+def test_the_book_form_names_every_class() -> None:
+    shape = ContractionShape(1, 256, 1792, 4096)
+    text = choose(shape, M).best.mapping.book_form({"g": "g", "m": "b", "n": "f", "k": "d"}, shape)
+    for part in ("Slice [", "Lane [", "Time [", "Packet [d % 32]", "TRF "):
+        assert part in text
+    # the book's K in Time: Slice [M % 16, V % 16], Lane [N], Time [V / 16, K], Packet [1 # 16]
+    assert K_IN_TIME.book_form({"m": "vm", "n": "n", "k": "k"}, BMM) == \
+        "Slice [vm / 2] Lane [n % 8] Time [k, vm % 2] Packet [1 # 16] TRF rhs (half)"
+
+
+@given(st.integers(1, 4), st.integers(1, 600), st.integers(1, 600), st.integers(1, 5000), st.booleans())
+def test_no_mapping_beats_the_peak_and_the_choice_is_legal(g: int, m: int, n: int, k: int, fp8: bool) -> None:
+    shape = ContractionShape(g, m, n, k, lhs_bytes=1 if fp8 else 2, rhs_bytes=1 if fp8 else 2, mac_bytes=1 if fp8 else 2)
+    best = choose(shape, M).best
+    check(best.mapping, shape, M)
+    peak = (M.macs_per_cycle_fp8 if fp8 else M.macs_per_cycle_bf16) * M.slices
+    assert best.cycles >= shape.macs / peak and 0 < best.utilization <= 1
+    assert all(cost(c, shape, M).cycles >= best.cycles for c in candidates(shape, M)[:50])
+
+
+IR = """
+func.func @f(%x: tensor<512x32xbf16>, %w: tensor<32x8xbf16>) -> tensor<512x8xf32> {
+  %xs = tcp.load %x : tensor<512x32xbf16> -> tensor<512x32xbf16>
+  %ws = tcp.load %w : tensor<32x8xbf16> -> tensor<32x8xbf16>
+  %y = tcp.contract "mk,kn->mn" %xs, %ws : tensor<512x32xbf16>, tensor<32x8xbf16> -> tensor<512x8xf32> MAPPING
+  func.return %y : tensor<512x8xf32>
+}"""
+K_IN_TIME_ATTR = ("{mapping = #tcp.mapping<trf = rhs, slices = [1, 256, 1], lanes = 8, broadcast = 1, packet = 1, "
+                  "k_chunk = 32, trf_mode = half>}")
+
+
+def _module(mapping: str):
+    module = Parser(make_context(), IR.replace("MAPPING", mapping)).parse_module()
+    module.verify()
+    return module
+
+
+def test_the_pass_changes_only_time_and_the_simulator_costs_the_mapping_given() -> None:
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((512, 32)).astype(ml_dtypes.bfloat16), rng.standard_normal((32, 8)).astype(ml_dtypes.bfloat16)]
+    before = _module("")
+    after = _module("")
+    MapContractionsPass().apply(make_context(), after)
+    contract = next(op for op in after.walk() if isinstance(op, tcp.ContractOp))
+    assert contract.mapping is not None
+    degenerate = _module(K_IN_TIME_ATTR)
+    runs = [simulate(m, "f", args, M) for m in (before, after, degenerate)]
+    assert_same_bits(list(runs[0].outputs), list(runs[1].outputs))
+    assert_same_bits(list(runs[0].outputs), list(runs[2].outputs))
+    cycles = [r.report.ops[2].cycles for r in runs]
+    fill = M.config_overhead_cycles + M.tree_depth_cycles
+    assert cycles[0] == cycles[1] == fill + choose(BMM, M).best.cycles
+    assert cycles[2] == fill + 64  # K in Time, as given
+
+
+def test_a_broken_hand_written_mapping_is_an_error_not_a_traceback(tmp_path, capsys) -> None:
+    bad = K_IN_TIME_ATTR.replace("lanes = 8", "lanes = 4").replace("slices = [1, 256, 1]", "slices = [1, 256, 2]")
+    path = tmp_path / "bad.mlir"
+    path.write_text(IR.replace("MAPPING", bad))
+    code, out, err = tcpc_main(capsys, "run", path)
+    assert code == 1 and "uses 512 slices" in err and "a cluster has 256" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("example", ["toy", "qwen3_moe_fp8"])
+def test_mapping_an_example_never_changes_a_value(example: str) -> None:
+    """The examples' IR before and after map-contractions, on the same inputs: the same bits."""
+    program = tcpc.compile_file(EXAMPLES / f"{example}.moe")
+    before = program.lower(",".join(FULL_PIPELINE[:-1]))
+    after = apply_pipeline(before, parse_pipeline("map-contractions"))
+    mapped = [op for op in after.walk() if isinstance(op, tcp.ContractOp | tcp.ScaledContractOp)]
+    assert mapped and all(op.mapping is not None for op in mapped)
+    name = program.graph_names[0]
+    inputs = prepare_inputs(program.function(), {}, 5)
+    assert_same_bits(list(run_function(before, name, inputs)), list(run_function(after, name, inputs)))
