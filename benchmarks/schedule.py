@@ -3,6 +3,7 @@
     python benchmarks/schedule.py                                  # every family, T = 1, 16, 64, 2048, 4096
     python benchmarks/schedule.py --families qwen3_moe --tokens 1 64   # a subset (real-dim prefill is slow)
     python benchmarks/schedule.py --out DIR                        # also write DIR/schedule.md
+    python benchmarks/schedule.py --tokens 2048 4096 --blocks 16 64 256   # fixed B: the robustness sweep
 
 Every family of benchmarks/run.py's model table (examples/*.moe at the real model's dims) is
 compiled with the full pipeline (the schedule level included) and simulated cost-only with
@@ -26,9 +27,15 @@ the whole RNGD chip's bf16 peak and HBM bandwidth (docs/hardware.md#one-chip), w
 
 Columns: simulated cycles, the limit and their ratio; the cycles each phase spends on the
 critical path (they sum to the simulated time); the overlap of DMA and contraction (cycles in
-which a DMA command and a contraction both run, as a share of the contraction cycles); B and
-the schedule level's loops (`phase: trips x rows`, from the IR); peak SRAM; spills and streams
-(the compiler's placement should need none).
+which a DMA command and a contraction both run, as a share of the contraction cycles); MAC
+utilization (the graph's FLOPs over the chip's bf16 peak for the simulated time); what bounds
+the layer (the engine and the bound of the commands on the critical path that hold the most of
+it, and their share); the experts' mapping (the experts-phase contraction with the most cycles
+in the IR: its mapping onto Slice, Lane, Time and Packet in the book's notation, its MAC
+utilization and bounding stage, target/contraction_mapping.py); B and the schedule level's loops
+(`phase: trips x rows`, from the IR); peak SRAM; spills and streams (the compiler's placement
+should need none). With `--blocks`, every row is run at each fixed B (`--set B`) instead of the
+compiler's choice: the robustness of the schedule to a block size the user fixes.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
 from runtime_sim.perf.report import SimReport  # noqa: E402
 from runtime_sim.perf.routing_scenarios import scenario_choices  # noqa: E402
 from runtime_sim.semantics.numerics import stored_nbytes, tensor_dtype  # noqa: E402
+from tcpc.schedule_summary import contraction_mappings  # noqa: E402
 
 
 if str(ROOT / "benchmarks") not in sys.path:  # run.py, the model table, next to this script
@@ -189,6 +197,8 @@ class Row:
     overlap: int
     contraction_cycles: int
     loops: str
+    bound: str
+    mapping: str
     peak_sram_bytes: int
     spills: int
     streams: int
@@ -202,17 +212,48 @@ class Row:
     def ratio(self) -> float:
         return self.microseconds / self.limit_microseconds if self.limit_microseconds else math.inf
 
+    @property
+    def utilization(self) -> float:
+        """The graph's FLOPs over what the chip's bf16 peak does in the simulated time."""
+        return self.limit.flops / (CHIP_FLOPS_PER_SECOND * self.microseconds * 1e-6) if self.microseconds else 0.0
+
+
+def layer_bound(report: SimReport) -> str:
+    """The engine and bound of the critical path's commands that hold the most of it, and their
+    share: `tensor outer 71%`, `dma hbm 88%`."""
+    held: dict[str, int] = {}
+    for key in report.critical_path:
+        o = report.op(key)
+        what = f"{o.engine} {o.bound}"
+        held[what] = held.get(what, 0) + report.critical_cycles.get(key, o.cycles)
+    if not held or not report.total_cycles:
+        return "-"
+    top = max(held, key=lambda k: held[k])
+    return f"{top} {100 * held[top] / report.total_cycles:.0f}%"
+
+
+def experts_mapping(module: ModuleOp, function: str) -> str:
+    """The experts-phase contraction with the most cycles in the IR (per command x commands):
+    its mapping, MAC utilization and bounding stage."""
+    records = [c for c in contraction_mappings(module, function) if c.phase == "experts"]
+    if not records:
+        return "-"
+    top = max(records, key=lambda c: c.cycles * c.commands)
+    return f"{top.mapping} ({top.utilization:.0%}, {top.bound})"
+
 
 AUTO_BLOCK = 2**31 - 1
 """A block no T fits: the compiler then chooses it (block=auto)."""
 
 
-def schedule_row(model, tokens: int, block: str = "auto") -> Row:  # type: ignore[no-untyped-def]
+def schedule_row(model, tokens: int, block: str | int = "auto") -> Row:  # type: ignore[no-untyped-def]
     """`model` at T = tokens: compiled with the full pipeline, simulated cost-only (balanced);
-    `block` "auto" lets the compiler choose B, "rule" takes run.py's."""
+    `block` "auto" lets the compiler choose B, "rule" takes run.py's, a number fixes it."""
     dims = bench.dims_for(model, tokens)
     if block == "auto":
         dims = {**dims, "B": AUTO_BLOCK}
+    elif isinstance(block, int):
+        dims = {**dims, "B": block}
     start = time.perf_counter()
     program = tcpc.compile_file(model.path, dims=dims)
     if block == "auto":
@@ -226,7 +267,8 @@ def schedule_row(model, tokens: int, block: str = "auto") -> Row:  # type: ignor
     contracting = [(o.start, o.end) for o in report.ops if o.name in CONTRACTIONS]
     return Row(model.title, tokens, dims["B"], report.total_cycles, report.microseconds, limit,
                {p.name: p.critical_cycles for p in report.phases}, overlap_cycles(dma, contracting),
-               sum(e - s for s, e in _union(contracting)), loops_of(module, name), report.peak_sram_bytes,
+               sum(e - s for s, e in _union(contracting)), loops_of(module, name), layer_bound(report),
+               experts_mapping(module, name), report.peak_sram_bytes,
                len(report.spills), len(report.streams), seconds)
 
 
@@ -234,14 +276,16 @@ def table(rows: Sequence[Row]) -> str:
     phases = [p for p in PHASES if any(p in r.critical for r in rows)]
     head = (["model", "T", "B", "simulated cycles", "limit µs", "simulated µs", "ratio"]
             + [f"{p} cycles" for p in phases]
-            + ["DMA ∥ contraction", "loops", "peak SRAM MB", "spills", "streams", "run s"])
+            + ["DMA ∥ contraction", "MAC util.", "bound", "experts' mapping", "loops", "peak SRAM MB", "spills",
+               "streams", "run s"])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
     for r in rows:
         share = f"{r.overlap:,} ({100 * r.overlap / r.contraction_cycles:.0f}%)" if r.contraction_cycles else "-"
         cells = [r.title, str(r.tokens), str(r.block), f"{r.cycles:,}", bench._num(r.limit_microseconds),
                  bench._num(r.microseconds), f"{r.ratio:.2f}"]
         cells += [f"{r.critical.get(p, 0):,}" for p in phases]
-        cells += [share, r.loops, f"{r.peak_sram_bytes / 2**20:.1f}", str(r.spills), str(r.streams), f"{r.seconds:.1f}"]
+        cells += [share, f"{r.utilization:.0%}", r.bound, r.mapping, r.loops, f"{r.peak_sram_bytes / 2**20:.1f}",
+                  str(r.spills), str(r.streams), f"{r.seconds:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -257,23 +301,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the table to DIR/schedule.md")
     parser.add_argument("--block", choices=("auto", "rule"), default="auto",
                         help="the block size: the compiler's choice (default) or run.py's rule")
+    parser.add_argument("--blocks", nargs="+", type=int, default=None, metavar="B",
+                        help="run every row at each of these fixed block sizes instead (--set B)")
     args = parser.parse_args(argv)
     if any(t < 1 for t in args.tokens):
         parser.error("--tokens: every T must be at least 1")
+    if args.blocks is not None and any(b < 1 for b in args.blocks):
+        parser.error("--blocks: every B must be at least 1")
     rows = []
     for model in (m for m in bench.MODELS if m.name in args.families):
         for t in args.tokens:
-            row = schedule_row(model, t, args.block)
-            rows.append(row)
-            print(f"  {model.title} T={t}: {row.cycles:,} cycles, {row.ratio:.2f}x the chip limit "
-                  f"({row.seconds:.1f} s)", file=sys.stderr, flush=True)
+            for block in args.blocks or [args.block]:
+                row = schedule_row(model, t, block)
+                rows.append(row)
+                print(f"  {model.title} T={t} B={row.block}: {row.cycles:,} cycles, {row.ratio:.2f}x the chip limit "
+                      f"({row.seconds:.1f} s)", file=sys.stderr, flush=True)
     text = table(rows)
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         command = "python benchmarks/schedule.py " + " ".join(argv if argv is not None else sys.argv[1:])
         doc = (__doc__ or "").split("\n\n", 2)[2]
-        (args.out / "schedule.md").write_text(
+        (args.out / ("schedule.md" if args.blocks is None else "schedule_blocks.md")).write_text(
             f"# The schedule level against the chip limit\n\nGenerated by `{command.strip()}`. "
             + bench.machine_text(command.strip()) + "\n\n" + doc.strip() + "\n\n" + text, encoding="utf-8")
     return 0

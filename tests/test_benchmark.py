@@ -133,7 +133,10 @@ def test_a_schedule_row_is_above_the_chip_limit() -> None:
     assert row.ratio >= 1 and row.cycles == sum(row.critical.values())
     assert "experts:" in row.loops and row.spills == row.streams == 0
     assert 0 <= row.overlap <= row.contraction_cycles
+    assert 0 < row.utilization < 1 and row.bound.endswith("%") and "Slice [" in row.mapping
     assert "toy Mixtral" in schedule_bench.table([row])
+    fixed = schedule_bench.schedule_row(toy, 16, 4)
+    assert fixed.block == 4
 
 
 @pytest.mark.parametrize("tokens", [1, 2048])
