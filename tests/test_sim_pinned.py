@@ -16,7 +16,8 @@ split along K at decode, split-router-k; split-clusters' masked ids issued as ea
 routing makes them; a reused weight tile passed through and row tiles four blocks ahead; each
 part's start of a command on several DMA engines in the JSON, `part_starts`; the trace's track
 per unit of every engine, each part drawn at its own start; the roofline's useful FLOPs and its
-padding, report JSON only.)
+padding, report JSON only; HBM shared by the DMA commands in flight, a lone engine at its own
+256 B/cycle, and each part's end in the JSON, `part_ends`.)
 """
 
 from __future__ import annotations
@@ -73,11 +74,11 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (738360, 6572, '975628d5a050f039', 'f6bc35cad0f4a033', '23e767bfc883f6cb', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (59390, 6084, '6e29eb1eecfd2e1f', '57029ed6ea1d2fd4', '64cb599bdee8f5c8', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (26492, 2619, 'a1e31c3035283ebd', '704a7021fd232de8', '4c2e7561fa1a1407', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (16915, 1439, 'a638fbcbf1958582', '285969eba0f061e6', 'b8304825e5ba37a0', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (23538, 2725, '7f93d0afa5b04a1c', 'b35cfebfa4bbb788', '25699a7a022b09d4', '778cfe00474e8a2b'),
+    'qwen3 real dims T=64, cost-only, skewed': (744627, 6572, 'c79fe907cb62a0f1', '64a7e2c14bfc5710', 'cfe527945ce6213b', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (59390, 6084, '043cf1ed3ffd05f2', '1bcec4755dab5e46', '97d9cf8a804be860', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (26492, 2619, '49a8b9ea23a80d70', '36a06c5a3f470905', '3223c61d8db40551', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (16915, 1439, 'f44313f6da626583', '4ed4b9f7afa294f5', '39f66825c1465bc0', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (23538, 2725, 'e1e462d0f480dee3', 'ccb53cf5e56c83dc', '6420d26213e507f1', '778cfe00474e8a2b'),
 }
 
 
