@@ -6,7 +6,7 @@ DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command ru
     part cycles = startup + requests of the part * request_bytes / engine bytes-per-cycle
     requests    = max(read requests, write requests)   across tiers (HBM <-> SRAM)
                 = read requests + write requests        within a tier (HBM -> HBM, SRAM -> SRAM)
-  The book's worked figures: an
+  The book's worked figures (tcpc/fidelity.py reproduces them through these functions): an
   HBM -> HBM move serialises its phases (16 KB: 64 read + 64 write 256-byte requests + 500
   cycles ~ 628 cycles, Example 1), as does a same-cluster DM -> DM copy (16 MB: 65,536 +
   65,536 + 500 ~ 131,572, Example 3); an HBM -> DM transfer pipelines them ("Cross-tier
