@@ -36,9 +36,11 @@ the streaming rows per slice:
 
     outer   = R x broadcast x chunk / packet      one packet per lane per cycle ("Outer")
     fetch   = R x chunk x stream bytes / fetch B/cycle, plus the f32 partial sums read back
+    switch  = the broadcast of those rows to the slices that share them ("Switch Engine",
+              Performance: ring_size x Time x flits, the rows spread over a sub-ring of them)
     folder  = R x broadcast                       Interleaved: one 8-lane flit per position
     commit  = R x lanes x broadcast x result bytes / commit B/cycle (f32 for a partial chunk)
-    main    = max(outer, fetch, folder, commit)   the stages are pipelined
+    main    = max(outer, fetch, switch, folder, commit)   the stages are pipelined
     load    = lanes x broadcast x chunk x stationary bytes / fetch B/cycle   (sub context)
     half: sum over passes of max(main, load) (each load overlaps a pass); full: sum of main + load
 
@@ -64,9 +66,10 @@ from functools import lru_cache
 from typing import Protocol
 
 from target.machine import Machine
+from target.switch_engine import switch_cycles
 
 ROLES = ("g", "m", "n", "k")
-STAGES = ("outer", "fetch", "lane folder", "commit", "TRF load")
+STAGES = ("outer", "fetch", "switch", "lane folder", "commit", "TRF load")
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,7 @@ def cost(mapping: Mapping, shape: ContractionShape, machine: Machine) -> MappedC
     full_chunks, last = divmod(k_pad, mapping.k_chunk)
     chunks = [(mapping.k_chunk, full_chunks)] + ([(last, 1)] if last else [])
     fetch_rate, commit_rate = m.fetch_bytes_per_cycle, m.commit_bytes_per_cycle
+    sharing = mapping.slices[2] if mapping.trf == "rhs" else mapping.slices[1]  # slices streaming the same rows
     partial = stream * rows * 4  # one chunk's f32 partial sums in a slice
     totals = dict.fromkeys(STAGES, 0)
     cycles = 0
@@ -284,17 +288,30 @@ def cost(mapping: Mapping, shape: ContractionShape, machine: Machine) -> MappedC
             stage = {
                 "outer": stream * mapping.broadcast * -(-chunk // mapping.packet),
                 "fetch": math.ceil((stream * chunk * stream_bytes + (partial if reads_back else 0)) / fetch_rate),
+                "switch": _broadcast(sharing, stream * chunk * stream_bytes, m),
                 "lane folder": stream * mapping.broadcast,
                 "commit": math.ceil(stream * rows * (shape.result_bytes if final else 4) / commit_rate),
                 "TRF load": math.ceil(rows * chunk * stat_bytes / fetch_rate),
             }
-            main = max(stage[s] for s in STAGES[:4])
+            main = max(stage[s] for s in STAGES[:5])
             per_pass = max(main, stage["TRF load"]) if mapping.trf_mode == "half" else main + stage["TRF load"]
             cycles += per_pass * row_passes
             for s in STAGES:
                 totals[s] += stage[s] * row_passes
     bound = max(STAGES, key=lambda s: totals[s])
     return MappedCost(mapping, cycles, totals, bound, shape.macs / (peak * m.slices * cycles))
+
+
+def _broadcast(sharing: int, nbytes: float, machine: Machine) -> int:
+    """Cycles of the switch delivering `nbytes` of a streamed operand to each of `sharing` slices
+    that need the same rows: the rows are spread over a sub-ring of them (the next power of
+    two) and broadcast around it (book, Switch Engine, Broadcast01 and Performance). One slice
+    alone forwards its own data: free."""
+    if sharing <= 1:
+        return 0
+    ring = min(machine.slices, 1 << (sharing - 1).bit_length())
+    steps = max(1, math.ceil(nbytes / (ring * machine.flit_bytes)))
+    return switch_cycles(ring, steps, machine.flit_bytes, machine)
 
 
 def _slice_choices(extent: int, slices: int) -> list[int]:

@@ -2,7 +2,8 @@
 -gen-pass-doc generate theirs: every op of every tcpc dialect (its IRDL definition, docstring,
 assembly format and the messages its verifier states), every registered pass (docstrings,
 options from the pass class's fields, the ops it removes and introduces on a few examples),
-every machine-file key (unit, allowed values, the default machine's value and its source).
+every machine-file key (unit, allowed values, the default machine's value and its source), and
+the fidelity table (the furiosa-opt book's worked figures against tcpc's, tcpc/fidelity.py).
 
 `python -m tcpc.docgen` rewrites the files; `python -m tcpc.docgen --check` only says whether they
 are stale. tests/test_docs_reference.py fails when the checked-in reference differs from what the
@@ -33,6 +34,7 @@ from xdsl.pattern_rewriter import RewritePattern
 
 from target.machine import DEFAULT_MACHINE, MACHINES_DIR, SCHEMA, _Field, load_machine
 from target.mesh_machine import DEFAULT_MESH_MACHINE, LINK_SCHEMA, load_mesh_machine
+from tcpc import fidelity
 from tcpc.cli import EXIT_ERROR, EXIT_OK
 from tcpc.pipelines import (DIALECTS, FULL_PIPELINE, LOWERED_PIPELINE, PASSES, SCHEDULE_PIPELINE, apply_pipeline,
                             parse_pipeline, pipeline_spec)
@@ -392,9 +394,31 @@ def machine_md() -> str:
     return "".join(out)
 
 
+def _figure(value: float) -> str:
+    """A cycle count with thousands separators; a ratio (a utilization) to four digits."""
+    return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.4g}"
+
+
+def fidelity_md() -> str:
+    """The book's worked figures against tcpc's on the default machine (tcpc/fidelity.py)."""
+    machine = load_machine(None)
+    errors = [f.error(machine) for f in fidelity.FIGURES]
+    worst = max(abs(e) for e in errors)
+    mean = sum(abs(e) for e in errors) / len(errors)
+    out = [HEADER, "# Fidelity: the book's figures\n\n", _doc(fidelity), "\n\n",
+           f"On `{machine.name}` ({machine.description}): {len(errors)} figures, largest error "
+           f"{worst:.1%}, mean absolute error {mean:.1%} (each must be within "
+           f"{fidelity.TOLERANCE:.0%}).\n\n",
+           "| figure | chapter | book | tcpc | error |\n|---|---|---:|---:|---:|\n"]
+    out += [f"| {_cell(f.name)} | {_cell(f.chapter)} | {_figure(f.book)} | {_figure(f.computed(machine))} | {e:+.1%} |\n"
+            for f, e in zip(fidelity.FIGURES, errors)]
+    return "".join(out)
+
+
 @cache
 def _render() -> tuple[tuple[str, str], ...]:
-    return (("dialects.md", dialects_md()), ("passes.md", passes_md()), ("machine.md", machine_md()))
+    return (("dialects.md", dialects_md()), ("passes.md", passes_md()), ("machine.md", machine_md()),
+            ("fidelity.md", fidelity_md()))
 
 
 def render() -> dict[str, str]:

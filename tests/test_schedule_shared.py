@@ -76,7 +76,9 @@ def test_llama4_scout_decode_needs_no_spill_or_stream_and_loads_the_shared_exper
     """Llama-4-Scout at T = 1: 252 MB of shared weights (and as much for the routed expert)
     stream in F tiles with no spill or stream; the shared expert runs on cluster 1 and its
     first weights are on their way before the routing ends, so the layer takes little more
-    than its weight bytes at the DMA engines' rate."""
+    than its weight bytes at HBM bandwidth: its 10 MB weight tiles load over all eight DMA
+    engines one after another, each paying its 500-cycle start-up before its 6,991 cycles of
+    data (7%)."""
     report = cost_only(dict(LLAMA4_SCOUT, T=1, B=1))
     assert not report.spills and not report.streams
     assert report.peak_sram_bytes <= report.machine.sram_bytes
@@ -86,7 +88,7 @@ def test_llama4_scout_decode_needs_no_spill_or_stream_and_loads_the_shared_exper
     assert {o.unit for o in shared if o.engine == "tensor"} == {1}
     routing_end = max(o.end for o in report.ops if o.phase == "routing")
     assert min(o.start for o in fetched) < routing_end
-    assert report.total_cycles < 1.05 * report.roofline.byte_cycles
+    assert report.total_cycles < 1.08 * report.roofline.byte_cycles
 
 
 def test_llama4_scout_prefill_splits_the_shared_expert_over_both_clusters() -> None:

@@ -79,11 +79,12 @@ def test_a_large_gather_is_spread_over_every_dma_engine() -> None:
     gather = report.ops[0]
     nbytes = 2 * 4096 * 4096 * 2
     assert gather.units == tuple(range(M.dma_engines)) and gather.engine_label == "dma0-7"
-    # HBM -> SRAM pipelines reads and writes: the 8 engines at 256 B/cycle each would move it in
-    # 32,768 + 500 cycles, but together they get only the HBM's 1.5 KB/cycle, which binds.
-    engines = nbytes / (M.dma_engines * M.dma_bytes_per_cycle) + M.dma_startup_cycles
-    expect = max(engines, nbytes / M.hbm_bytes_per_cycle)
+    # HBM -> SRAM pipelines reads and writes: after their start-up the 8 engines at 256 B/cycle
+    # each would move it in 32,768 cycles, but together they get only the HBM's 1.5 KB/cycle.
+    engines = nbytes / (M.dma_engines * M.dma_bytes_per_cycle)
+    expect = M.dma_startup_cycles + max(engines, nbytes / M.hbm_bytes_per_cycle)
     assert gather.bound == "hbm" and abs(gather.cycles - expect) <= 2
+    assert gather.part_ends == (gather.end,) * M.dma_engines  # equal shares: the parts end together
     assert gather.cycles < nbytes / M.dma_bytes_per_cycle / 4  # one engine would take 8x as long
     assert gather.cycles >= nbytes / M.hbm_bytes_per_cycle  # the roofline invariant
     assert report.engines[1].busy_cycles >= M.dma_engines * gather.cycles
@@ -98,9 +99,12 @@ def test_dma_parts_follow_the_one_split_rule() -> None:
     assert dma_parts(M, 16 * 1024) == 1 and dma_parts(M, split) == 1
     assert dma_parts(M, 2 * split) == 2 and dma_parts(M, 1 << 40) == M.dma_engines
     check_cost(parse("func.func @f() { func.return }").body.block.ops.first, dma_copy_cost(M, 64 << 20, True, False), M)
-    with pytest.raises(CostModelError, match="share of HBM bandwidth"):
-        check_cost(parse("func.func @f() { func.return }").body.block.ops.first,
-                   OpCost(DMA, 1000, hbm_bytes=8 * 1000 * 1500, parts=8), M)
+    op = parse("func.func @f() { func.return }").body.block.ops.first
+    with pytest.raises(CostModelError, match="exceeds HBM bandwidth"):  # 1,501 B/cycle even alone
+        check_cost(op, OpCost(DMA, 1000, hbm_bytes=1000 * 1500 + 1000, parts=8), M)
+    check_cost(op, OpCost(DMA, 1000, hbm_bytes=1000 * 1500, parts=8), M)
+    with pytest.raises(CostModelError, match=r"part cycles \(900,\) are not a DMA command's on 1 to 2 engines"):
+        check_cost(op, OpCost(DMA, 1000, parts=2, part_cycles=(900,)), M)
 
 
 def test_contraction_command_on_a_known_shape() -> None:

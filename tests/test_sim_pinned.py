@@ -16,8 +16,8 @@ split along K at decode, split-router-k; split-clusters' masked ids issued as ea
 routing makes them; a reused weight tile passed through and row tiles four blocks ahead; each
 part's start of a command on several DMA engines in the JSON, `part_starts`; the trace's track
 per unit of every engine, each part drawn at its own start; the roofline's useful FLOPs and its
-padding, report JSON only; each contraction costed by its mapping onto Slice, Lane, Time and
-Packet, the outputs' digests unchanged.)
+padding, report JSON only; HBM shared by the DMA commands in flight, a lone engine at its own
+256 B/cycle, and each part's end in the JSON, `part_ends`.)
 """
 
 from __future__ import annotations
@@ -74,11 +74,11 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (759238, 6572, 'bf8a2b498c8366c1', '66d655e8afe52b88', 'fcc889323f595448', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (60668, 6084, 'da4375103f5dabd8', 'b4f858ed3b59011f', 'ca90bfe23f1fc6fe', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (26792, 2619, 'b42540a3a4a231a2', '81ed31064161184c', 'ee35b5dbd26c5b34', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (17227, 1439, 'd37faaaba0bcf54c', '8638d185d4190ca8', '27eae9f1bfb894af', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (23634, 2725, 'd0bcf205cfcd5495', 'd12e5958ff8785cd', '92d735348ae3276f', '778cfe00474e8a2b'),
+    'qwen3 real dims T=64, cost-only, skewed': (762511, 6572, '8e3345dcab5daa9c', 'b1c452866359f102', '6b63cdf0917c3a2e', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (61030, 6084, '0eedd41dd87e2b70', '7437082ed1a24781', 'c8cd7c471755cc67', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (27058, 2619, 'cc7aa630fb8040ab', '96bcd06d0a56f942', '9f2b83c716eb91c3', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (17303, 1439, '8ae08bcc224e7c1c', '2293f034f16c07fe', '8d0026ba2a6ec876', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (23812, 2725, 'b575465046826db9', 'b0f9f78a6123e3be', '339f0849399c6a58', '778cfe00474e8a2b'),
 }
 
 

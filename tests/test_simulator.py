@@ -8,12 +8,14 @@ import ml_dtypes
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from xdsl.parser import Parser
 
 from dialects.moe import max_blocks
 from target.machine import Machine, default_machine, load_machine
 from runtime_sim.perf.memory_plan import SramOverflowError
-from runtime_sim.perf.scheduler import Task, schedule
+from runtime_sim.perf.scheduler import SharedBandwidth, Task, schedule
 from runtime_sim.perf.simulate import SimResult, simulate
 from tcpc.pipelines import make_context
 
@@ -384,18 +386,104 @@ def test_a_command_on_its_clusters_own_engines_takes_only_those() -> None:
     assert fixed.slots[0].units == tuple(range(8))
 
 
-def test_dma_costs_on_fewer_engines_are_never_faster() -> None:
+HBM = SharedBandwidth("dma", 1500.0, 1500.0 / 16, 500)
+"""RNGD's HBM as the DMA engines share it (tcp_cost.hbm_sharing): 1,500 B/cycle, a floor of half
+an engine's equal share, data after a 500-cycle start-up."""
+MB = 1 << 20
+
+
+def test_a_lone_part_moves_hbm_data_at_its_engines_own_rate() -> None:
+    """Book, DMA Engine, Example 2: 16 MB on one engine, 65,536 requests + 500 cycles."""
+    s = schedule([Task(0, "alone", "dma", 66_036, traffic_by_units=(16 * MB,))], UNITS, shared=HBM)
+    assert (s.slots[0].end, s.slots[0].shared, s.shared_peak) == (66_036, False, 256.0)
+
+
+def test_eight_loads_at_once_share_hbm_and_none_is_starved() -> None:
+    """Eight 2 MB loads ready at once, 8,692 cycles each alone (256 B/cycle). Issued in order,
+    the first four run at their own rate; the others take what is left, never less than the
+    floor, and speed up as the first ones end. HBM never carries more than 1,500 B/cycle, so
+    the last ends no earlier than all 16 MB at 1,500 B/cycle after the start-up; and a command
+    placed later moves nothing placed before it."""
+    tasks = [Task(k, f"load {k}", "dma", 8_692, traffic_by_units=(2 * MB,)) for k in range(8)]
+    s = schedule(tasks, UNITS, shared=HBM)
+    ends = [s.slots[k].end for k in range(8)]
+    assert ends[:4] == [8_692] * 4 and not any(s.slots[k].shared for k in range(4))
+    assert ends == sorted(ends) and all(s.slots[k].shared for k in range(4, 8))
+    assert s.shared_peak == 1500.0 and s.makespan == 13_884 >= 500 + 8 * 2 * MB / 1500  # docs/hardware.md
+    assert all(end <= 500 + 2 * MB / HBM.floor for end in ends)
+    for n in range(1, 8):
+        assert [schedule(tasks[:n], UNITS, shared=HBM).slots[k] for k in range(n)] == [s.slots[k] for k in range(n)]
+
+
+def test_a_command_over_every_engine_shares_hbm_equally() -> None:
+    """16 MB over eight engines: 2 MB each at an eighth of HBM, 500 + 11,185 cycles, the parts
+    ending together; the cost's own cycles say the same (tcp_cost.dma_copy_cost)."""
     from runtime_sim.perf.tcp_cost import dma_copy_cost
+
+    cost = dma_copy_cost(default_machine(), 16 * MB, True, False)
+    big = Task(0, "big", "dma", cost.part_cycles[-1], units=8, cycles_by_units=cost.part_cycles,
+               traffic_by_units=cost.part_hbm_bytes)
+    slot = schedule([big], UNITS, shared=HBM).slots[0]
+    assert (slot.units, slot.part_ends) == (tuple(range(8)), (11_685,) * 8)
+    assert cost.cycles == 11_685 and cost.bound == "hbm"
+
+
+def test_a_spread_that_hbm_would_slow_is_not_taken() -> None:
+    """A 6 MB load that may run on 1..8 engines, issued while a command on six engines takes all
+    of HBM but the floors of the two others. Alone on those two it would end at 12,788, but HBM
+    leaves them only the floor until the first command ends (at 10,087), so that spread would
+    end at 18,865; on all eight (two parts now, six when the first command's engines free) it
+    ends at 14,183, and the scheduler takes that."""
+    first = Task(0, "first", "dma", 8_692, units=6, traffic_by_units=(2 * MB,) * 6)
+    by_units = tuple(500 + -(-6 * MB // 256 // k) for k in range(1, 9))
+    by_traffic = tuple(-(-6 * MB // k) for k in range(1, 9))
+    load = Task(1, "load", "dma", by_units[-1], units=8, cycles_by_units=by_units, traffic_by_units=by_traffic)
+    s = schedule([first, load], UNITS, shared=HBM)
+    assert (s.slots[0].end, s.slots[1].units, s.slots[1].end) == (10_087, tuple(range(8)), 14_183)
+    two = Task(1, "load", "dma", by_units[1], units=2, cycles_by_units=by_units[:2], traffic_by_units=by_traffic[:2])
+    assert by_units[1] == 12_788 and schedule([first, two], UNITS, shared=HBM).slots[1].end == 18_865
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(0, 3 * MB), st.integers(0, 3), st.integers(0, 2000)),
+                min_size=1, max_size=12))
+def test_hbm_sharing_never_exceeds_hbm_nor_moves_an_earlier_command(
+        commands: list[tuple[int, int, int, int]]) -> None:
+    """Random DMA commands (parts, HBM bytes of the whole, how many commands back the one it
+    waits for, a tensor command's cycles before it): HBM never carries more than its bandwidth,
+    no part ends before its own cycles, and scheduling a prefix places it as the whole does."""
+    tasks: list[Task] = []
+    for parts, nbytes, back, compute in commands:
+        deps = (tasks[-back].key,) if back and len(tasks) >= back else ()
+        tasks.append(Task(len(tasks), "compute", "tensor", compute, deps))
+        by_units = tuple(500 + -(-nbytes // 256 // k) for k in range(1, parts + 1))
+        tasks.append(Task(len(tasks), "load", "dma", by_units[-1], (tasks[-1].key,), (), parts, by_units,
+                          tuple(-(-nbytes // k) for k in range(1, parts + 1))))
+    s = schedule(tasks, UNITS, shared=HBM)
+    assert s.shared_peak <= HBM.bytes_per_cycle + 1e-6
+    for t in tasks[1::2]:
+        slot = s.slots[t.key]
+        own = t.cycles_by_units[len(slot.units) - 1]
+        assert all(e - b >= own for b, e in zip(slot.part_starts or (slot.start,), slot.part_ends or (slot.end,)))
+    half = len(tasks) // 2
+    assert schedule(tasks[:half], UNITS, shared=HBM).slots == {k: s.slots[k] for k in range(half)}
+
+
+def test_dma_costs_on_fewer_engines_are_never_faster() -> None:
+    from runtime_sim.perf.tcp_cost import alone_cycles, dma_copy_cost
 
     machine = default_machine()
     for nbytes in ((3 << 20) + 5, 64 << 20):
         cost = dma_copy_cost(machine, nbytes, True, False)
-        assert len(cost.cycles_by_parts) == cost.parts and cost.cycles_by_parts[-1] == cost.cycles
-        assert all(a >= b for a, b in zip(cost.cycles_by_parts, cost.cycles_by_parts[1:]))
-        # On k engines each part moves its share of HBM at 1/8 of the bandwidth.
-        for k, cycles in enumerate(cost.cycles_by_parts, 1):
-            assert cycles * machine.hbm_bytes_per_cycle * k >= nbytes * machine.dma_engines
-    assert dma_copy_cost(machine, 1 << 20, True, False).cycles_by_parts == ()  # one part
+        assert len(cost.part_cycles) == len(cost.part_hbm_bytes) == cost.parts
+        alone = [alone_cycles(machine, c, b, k)[0]
+                 for k, (c, b) in enumerate(zip(cost.part_cycles, cost.part_hbm_bytes), 1)]
+        assert alone[-1] == cost.cycles and all(a >= b for a, b in zip(alone, alone[1:]))
+        # On k engines the k parts together never move more than HBM's bytes per cycle.
+        for cycles in alone:
+            assert cycles * machine.hbm_bytes_per_cycle >= nbytes
+    one = dma_copy_cost(machine, 1 << 20, True, False)  # one part, at one engine's 256 B/cycle
+    assert (one.parts, one.part_cycles, one.cycles) == (1, (4596,), 4596)
 
 
 def test_dead_buffers_space_is_reused_after_their_last_reader(tmp_path: Path) -> None:

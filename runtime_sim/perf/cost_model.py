@@ -70,11 +70,17 @@ class OpCost:
     bound: str = ""
     result_bytes: int | None = None
     parts: int = 1
-    """Units of its engine the command occupies for `cycles`: a large DMA command is spread
-    over several DMA engines (tcp_cost.dma_parts), its parts running in parallel."""
-    cycles_by_parts: tuple[int, ...] = ()
-    """A DMA command's cycles spread over 1, 2, ..., `parts` engines (the last is `cycles`),
-    for the scheduler to spread it over fewer when not all are free; empty: `parts` only."""
+    """Units of its engine the command occupies: a large DMA command is spread over several
+    DMA engines (tcp_cost.dma_parts), its parts running in parallel. For a DMA command,
+    `cycles` is its time while no other command moves HBM data (the scheduler shares HBM
+    between the commands in flight: tcp_cost.py)."""
+    part_cycles: tuple[int, ...] = ()
+    """A DMA command's parts' cycles, each on its own engine, spread over 1, 2, ..., `parts`
+    engines, for the scheduler to spread it over fewer when not all are free; empty: not a DMA
+    command."""
+    part_hbm_bytes: tuple[int, ...] = ()
+    """The HBM bytes of each of those parts (over 1, 2, ..., `parts` engines): what it asks of
+    the HBM bandwidth the DMA engines share; empty: it moves none."""
     fp8_flops: int = 0
     """The part of `flops` done on fp8 operand pairs, whose peak is the fp8 rate."""
 
@@ -327,8 +333,8 @@ def in_hbm(value: SSAValue) -> bool:
 def check_cost(op: Operation, cost: OpCost, machine: Machine) -> None:
     """Every cost must respect the peaks the roofline uses, so that the simulated time can
     never fall below the roofline: FLOPs only on the tensor unit (one command at a time) and
-    no faster than its peak; HBM bytes only on DMA engines and no faster than the share
-    (parts / engines) of the HBM bandwidth of the engines the command occupies."""
+    no faster than its peak; HBM bytes only on DMA engines, no faster than HBM bandwidth even
+    alone (the scheduler keeps the commands in flight together within it)."""
     units = {**engine_units(machine), LINK: 1}
     if cost.engine not in units:
         raise CostModelError(f"{op.name}: unknown engine '{cost.engine}' (engines: {', '.join(units)})")
@@ -339,11 +345,9 @@ def check_cost(op: Operation, cost: OpCost, machine: Machine) -> None:
         raise CostModelError(f"{op.name}: negative cost {cost}")
     if cost.flops and (cost.engine != TENSOR or flop_cycles(machine, cost.flops, cost.fp8_flops) > cost.cycles):
         raise CostModelError(f"{op.name}: {cost.flops} FLOPs in {cost.cycles} cycles on '{cost.engine}' exceeds the tensor unit's peak")
-    if cost.cycles_by_parts and (len(cost.cycles_by_parts) != cost.parts or cost.cycles_by_parts[-1] != cost.cycles):
-        raise CostModelError(f"{op.name}: cycles by parts {cost.cycles_by_parts} do not end at {cost.parts} parts, "
-                             f"{cost.cycles} cycles")
-    for parts, cycles in enumerate(cost.cycles_by_parts or (cost.cycles,), start=1 if cost.cycles_by_parts else cost.parts):
-        if cost.hbm_bytes and (cost.engine != DMA or cost.hbm_bytes * machine.dma_engines
-                               > cycles * machine.hbm_bytes_per_cycle * parts):
-            raise CostModelError(f"{op.name}: {cost.hbm_bytes} HBM bytes in {cycles} cycles on {parts} "
-                                 f"'{cost.engine}' unit(s) exceeds their share of HBM bandwidth")
+    for name, by_parts in (("part cycles", cost.part_cycles), ("part HBM bytes", cost.part_hbm_bytes)):
+        if by_parts and (cost.engine != DMA or len(by_parts) != cost.parts):
+            raise CostModelError(f"{op.name}: {name} {by_parts} are not a DMA command's on 1 to {cost.parts} engines")
+    if cost.hbm_bytes and (cost.engine != DMA or cost.hbm_bytes > cost.cycles * machine.hbm_bytes_per_cycle):
+        raise CostModelError(f"{op.name}: {cost.hbm_bytes} HBM bytes in {cost.cycles} cycles on '{cost.engine}' "
+                             f"exceeds HBM bandwidth")

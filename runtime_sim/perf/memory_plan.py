@@ -51,7 +51,7 @@ fetched, and every later reader fetches them again (a *refetch*, at the command'
 keeps the command's source alive until then). A function result is not fused: the DMA command
 writes it straight to HBM. A DMA command reads a spilled or streamed operand where it is, in
 HBM, without a reload. Reading or writing HBM in place of SRAM only adds to a DMA command's
-HBM bytes (and to its cycles if its share of HBM bandwidth then binds).
+HBM bytes (and to its cycles if HBM bandwidth then binds it).
 
 **Transfers.** A spill, reload or stream is one DMA copy, and like every DMA command one that
 moves more than the machine's `dma.split_bytes` is cut into pieces over several DMA engines
@@ -72,7 +72,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime_sim.perf.cost_model import DMA, NONE, OpCost
@@ -80,7 +80,7 @@ from runtime_sim.perf.free_space import FreeSpace
 from target.machine import Machine
 from runtime_sim.perf.op_trace import Trace, TracedOp
 from runtime_sim.perf.scheduler import Slot, Task
-from runtime_sim.perf.tcp_cost import dma_copy_cost, hbm_share_cycles, requests
+from runtime_sim.perf.tcp_cost import dma_copy_cost, requests, with_hbm_bytes
 
 SramPolicy = Literal["spill", "error"]
 SRAM_POLICIES: tuple[str, ...] = ("spill", "error")
@@ -165,14 +165,18 @@ class MemoryPlan:
 
 def via_hbm(machine: Machine, cost: OpCost, nbytes: int) -> OpCost:
     """A DMA command's cost when `nbytes` more of its traffic is HBM's rather than SRAM's: the
-    same requests, more HBM bytes, and never faster than its share of HBM bandwidth."""
+    same requests, more HBM bytes, which its parts then ask of the HBM bandwidth."""
     hbm = cost.hbm_bytes + requests(nbytes, machine) * machine.dma_request_bytes
     payload = cost.result_bytes if cost.result_bytes is not None else cost.bytes_moved // 2
-    by_parts = tuple(max(c, hbm_share_cycles(machine, hbm, payload, k)) for k, c in enumerate(cost.cycles_by_parts, 1))
-    share = hbm_share_cycles(machine, hbm, payload)
-    if share > cost.cycles:
-        return replace(cost, cycles=share, hbm_bytes=hbm, bound="hbm", cycles_by_parts=by_parts)
-    return replace(cost, hbm_bytes=hbm, cycles_by_parts=by_parts)
+    return with_hbm_bytes(machine, cost, hbm, payload)
+
+
+def task_of(key: int, label: str, cost: OpCost, deps: tuple[int, ...], after: tuple[int, ...]) -> Task:
+    """The scheduler's task for a command of this cost: a DMA command's parts with their own
+    cycles and the HBM bytes they ask of the shared bandwidth on 1 .. parts engines."""
+    by_parts = cost.part_cycles
+    return Task(key, label, cost.engine, by_parts[-1] if by_parts else cost.cycles, deps, after, cost.parts,
+                by_parts if cost.parts > 1 else (), cost.part_hbm_bytes)
 
 
 class MemoryPlanner:
@@ -410,8 +414,7 @@ class MemoryPlanner:
         """Add a command of the plan's own (a transfer or a refetch) in issue order; its key."""
         key = self.end + len(self.extra)
         self.extra[key] = ExtraOp(label, name, cost, phase)
-        self.tasks.append(Task(key, label, cost.engine, cost.cycles, deps, tuple(a for a in after if a not in deps),
-                               cost.parts, cost.cycles_by_parts))
+        self.tasks.append(task_of(key, label, cost, deps, tuple(a for a in after if a not in deps)))
         return key
 
     def transfer(self, label: str, name: str, nbytes: int, to_hbm: bool, phase: str, deps: tuple[int, ...],
@@ -547,7 +550,7 @@ class MemoryPlanner:
         if wait:
             known = set(data)
             after = tuple(w for w in wait if w not in known and w != t.index)
-        self.tasks.append(Task(t.index, t.label, cost.engine, cost.cycles, data, after, cost.parts, cost.cycles_by_parts))
+        self.tasks.append(task_of(t.index, t.label, cost, data, after))
 
 
 def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRAM_POLICY) -> MemoryPlan:

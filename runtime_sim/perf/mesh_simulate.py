@@ -40,6 +40,7 @@ from target.mesh_machine import MeshMachine
 from runtime_sim.perf.op_trace import Trace
 from runtime_sim.perf.report import SimReport
 from runtime_sim.perf.scheduler import Task, schedule
+from runtime_sim.perf.tcp_cost import hbm_sharing
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import own_dma_units, pinned_units, simulate_trace, trace_recorder
 from runtime_sim.semantics.ccl_semantics import (CCLFunctions, ChipInterpreter, MeshExchange, collective_label,
@@ -337,6 +338,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
     plans = [plan_memory(timed(c), machine.chip, sram_policy) for c in range(n)]
     pinned = [pinned_units(traces[c]) for c in range(n)]
     own_dma = [own_dma_units(traces[c], machine.chip) for c in range(n)]
+    sharing = hbm_sharing(machine.chip)
 
     def timed_tasks(c: int) -> list[Task]:
         cycles = {key: wait[c][i] + duration[c][i] for i, key in enumerate(keys[c])}
@@ -348,7 +350,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             tasks = timed_tasks(c)
             upto = next(i for i, t in enumerate(tasks) if t.key == keys[c][j])
             # In issue order nothing after the collective moves its start.
-            starts[c] = schedule(tasks[:upto + 1], units, pinned[c], own_dma[c]).slots[keys[c][j]].start
+            starts[c] = schedule(tasks[:upto + 1], units, pinned[c], own_dma[c], sharing).slots[keys[c][j]].start
         for group in groups[j]:
             sync = max(starts[c] for c in group)
             for c in group:

@@ -51,10 +51,16 @@ class OpRecord:
     part_starts: tuple[int, ...] = ()
     """For a command on several units, when its part on each of `units` started (each part
     starts when its unit frees; `start` is the last one's); empty for a command on one unit."""
+    part_ends: tuple[int, ...] = ()
+    """For a command on several units, when its part on each of `units` ended (the last at
+    `end`: parts sharing HBM end apart); empty for a command on one unit (or each part took
+    `cycles`)."""
 
     @property
     def engine_cycles(self) -> int:
-        """Engine cycles: `cycles` on each unit it occupies."""
+        """Engine cycles: each part's, on each unit it occupies."""
+        if self.part_ends:
+            return sum(self.part_ends) - sum(self.part_starts)
         return self.cycles * len(self.units)
 
     @property
@@ -402,12 +408,13 @@ class SimReport:
         extra_args = extra_args or {}
         for o in self.ops:
             starts = o.part_starts or (o.start,) * len(o.units)
-            for i, (unit, start) in enumerate(zip(o.units, starts)):  # a command on several units shows on each
+            ends = o.part_ends or tuple(s + o.cycles for s in starts)
+            for i, (unit, start, end) in enumerate(zip(o.units, starts, ends)):  # a command on several units shows on each
                 tid = tids.get((o.engine, unit))
                 if tid is None:  # zero-cost ops run on no engine
                     continue
                 name = o.label if len(o.units) == 1 else f"{o.label} ({i + 1}/{len(o.units)})"
-                ts, dur = self._trace_span(start, o.cycles)
+                ts, dur = self._trace_span(start, end - start)
                 events.append({
                     "ph": "X", "pid": pid, "tid": tid, "name": name, "cat": o.engine, "ts": ts, "dur": dur,
                     "args": {"key": o.key, "cycles": o.cycles, "start_cycle": start, "bytes": o.bytes,

@@ -29,6 +29,17 @@ the second cluster's loads queued behind the first's stores and the clusters ran
 A tensor-unit command pinned to a cluster (`pinned`, from its op's `tcpc.cluster`) takes
 that cluster's unit.
 
+A bandwidth the units of an engine share (`SharedBandwidth`: HBM, shared by the DMA engines)
+is booked in issue order. A part moving bytes through it (`Task.traffic_by_units`) starts its
+transfer `lead` cycles after it starts and moves them at a rate that may change over time: the
+parts of one command share equally what the commands placed before them leave at that moment,
+at most each part's own rate (its bytes over its transfer cycles), always leaving `floor` bytes
+per cycle to every unit not moving data then. A part therefore ends no earlier than its own
+cycles, and later when the bandwidth is short; a command never slows one placed before it (so
+nothing placed earlier moves), the parts together never take more than the bandwidth, and a
+command placed later is never starved (`floor` per part at least). The spread such a command
+takes is the one that ends it first given what the commands before it booked (`_spread`).
+
 The dependency graph is a networkx DiGraph over command keys with `kind="data"` edges
 (producer -> consumer), `kind="memory"` edges (a command reusing SRAM space waits for the
 space's last reader) and `kind="engine"` edges (previous command on the same unit -> next).
@@ -40,6 +51,8 @@ start (recorded as it is placed).
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -64,7 +77,12 @@ class Task:
     """Units of its engine it occupies at once (at most the engine's unit count)."""
     cycles_by_units: tuple[int, ...] = ()
     """Its cycles on 1, 2, ..., `units` units (the last is `cycles`): a DMA command the
-    scheduler may spread over fewer engines than `units` (module docstring); empty: `units` only."""
+    scheduler may spread over fewer engines than `units` (module docstring); empty: `units` only.
+    For a command moving bytes through a shared bandwidth, each part's cycles on its own unit
+    when the bandwidth has room to spare."""
+    traffic_by_units: tuple[int, ...] = ()
+    """The bytes each part moves through the engine's shared bandwidth, on 1, 2, ..., `units`
+    units (module docstring); empty: none."""
 
 
 # Not frozen: one is built per command of a run (hundreds of thousands at prefill), and a frozen
@@ -83,6 +101,11 @@ class Slot:
     """For a command on several units, when its part on each of `units` started (a part
     starts as soon as its unit frees, so only the last one starts at `start`); empty for a
     command on one unit."""
+    part_ends: tuple[int, ...] = ()
+    """For a command on several units, when its part on each of `units` ended (the last one
+    at `end`); empty for a command on one unit."""
+    shared: bool = False
+    """The shared bandwidth ended it later than its own cycles would have (module docstring)."""
 
 
 @dataclass
@@ -99,6 +122,8 @@ class Schedule:
     critical_cycles: dict[int, int] = field(default_factory=dict)
     """Key of a command on the critical path -> the cycles it spends there (its part's, from
     when it started to when the next command on the path did; they add up to the makespan)."""
+    shared_peak: float = 0.0
+    """The most bytes per cycle the shared bandwidth carried at once (never more than it has)."""
 
     def utilisation(self, engine: str) -> float:
         """Busy cycles over (makespan x units); 0 for an empty schedule or unlimited engine."""
@@ -121,16 +146,175 @@ class Schedule:
         return graph
 
 
+@dataclass(frozen=True)
+class SharedBandwidth:
+    """A bandwidth the units of `engine` share, booked in issue order (module docstring): HBM,
+    shared by the DMA engines (tcp_cost.hbm_sharing gives the machine's)."""
+
+    engine: str
+    bytes_per_cycle: float
+    floor: float
+    """Bytes per cycle always left to each unit not moving data: what a part placed later is
+    sure to get."""
+    lead: int
+    """Cycles from a part's start to its first byte (a DMA command's start-up)."""
+
+    def rate(self, used: float, idle: int, parts: int, own: float) -> float:
+        """Bytes per cycle each of `parts` parts moving data together gets while earlier parts
+        take `used` and `idle` other units move none: an equal share of what is left beyond
+        their floors, at most `own`, a part's own rate."""
+        return min(own, (self.bytes_per_cycle - used - self.floor * idle) / parts)
+
+    def alone(self, cycles: int, nbytes: int, parts: int, units: int) -> int:
+        """Cycles of `parts` parts starting together while nothing else moves data, each
+        taking `cycles` on its own unit and moving `nbytes`, on an engine of `units` units."""
+        if not nbytes:
+            return cycles
+        rate = self.rate(0.0, units - parts, parts, _own_rate(cycles - self.lead, nbytes))
+        return max(cycles, self.lead + _ceil(nbytes / rate))
+
+
+def _own_rate(transfer: int, nbytes: int) -> float:
+    """A part's own rate: its bytes over its transfer cycles (unbounded if it has none)."""
+    return nbytes / transfer if transfer > 0 else math.inf
+
+
+def _ceil(cycles: float) -> int:
+    """The whole cycle a transfer ends in (float rates: a hair over a whole cycle is that cycle)."""
+    return math.ceil(cycles - 1e-6)
+
+
+class _Bookings:
+    """What a shared bandwidth carries over time: from `times[i]` to `times[i + 1]` (the last
+    piece lasts forever) `used[i]` bytes per cycle taken by `busy[i]` parts."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = [0]
+        self.used: list[float] = [0.0]
+        self.busy: list[int] = [0]
+        self.peak = 0.0
+        """The most bytes per cycle booked at once."""
+
+    def forget_before(self, horizon: int) -> None:
+        """Drop the pieces that end by `horizon`: no part starts before it any more."""
+        i = bisect_right(self.times, horizon) - 1
+        if i > 0:
+            del self.times[:i], self.used[:i], self.busy[:i]
+
+    def _cut(self, t: int) -> None:
+        i = bisect_right(self.times, t) - 1
+        if self.times[i] != t:
+            self.times.insert(i + 1, t)
+            self.used.insert(i + 1, self.used[i])
+            self.busy.insert(i + 1, self.busy[i])
+
+    def _book(self, start: int, end: int, rate: float, parts: int) -> None:
+        self._cut(start)
+        self._cut(end)
+        for i in range(bisect_right(self.times, start) - 1, bisect_right(self.times, end) - 1):
+            self.used[i] += rate
+            self.busy[i] += parts
+            self.peak = max(self.peak, self.used[i])
+
+    def plan(self, bw: SharedBandwidth, begins: Sequence[int], cycles: int, nbytes: int, units: int) -> _Placement:
+        """When each of one command's parts ends, starting at `begins` and each moving `nbytes`
+        (module docstring): never before its own `cycles`; and the rates to book for it."""
+        if not nbytes:
+            return _Placement([b + cycles for b in begins], [])
+        own = _own_rate(cycles - bw.lead, nbytes)
+        # Parts that start together move alike: one group each, [start, parts, bytes left, end].
+        groups = [[b + bw.lead, begins.count(b), float(nbytes), b + cycles] for b in sorted(set(begins))]
+        times, used, busy = self.times, self.used, self.busy
+        booked: list[tuple[int, int, float, int]] = []
+        active: list[list] = []
+        n = waiting = 0
+        t = groups[0][0]
+        i = bisect_right(times, t) - 1
+        last = len(times) - 1
+        while active or waiting < len(groups):
+            while waiting < len(groups) and groups[waiting][0] <= t:
+                active.append(groups[waiting])
+                n += groups[waiting][1]
+                waiting += 1
+            until = times[i + 1] if i < last else math.inf
+            if waiting < len(groups) and groups[waiting][0] < until:
+                until = groups[waiting][0]
+            if active:
+                rate = bw.rate(used[i], units - busy[i] - n, n, own)
+                # The group that started first has the fewest bytes left.
+                finish = max(t + 1, _ceil(t + active[0][2] / rate))
+                if finish < until:
+                    until = finish
+                booked.append((t, until, rate * n, n))
+                for g in active:
+                    if t + g[2] / rate <= until + 1e-6:
+                        g[3] = max(g[3], until)
+                        g[2] = 0.0
+                        n -= g[1]
+                    else:
+                        g[2] -= rate * (until - t)
+                if active[0][2] == 0.0:
+                    active = [g for g in active if g[2] > 0.0]
+            t = until
+            if i < last and t >= times[i + 1]:
+                i += 1
+        ends = {g[0] - bw.lead: g[3] for g in groups}
+        return _Placement([ends[b] for b in begins], booked)
+
+    def book(self, placement: _Placement) -> None:
+        for start, end, rate, n in placement.booked:
+            self._book(start, end, rate, n)
+
+
+@dataclass
+class _Placement:
+    ends: list[int]
+    """When each part ends, in the order of its units."""
+    booked: list[tuple[int, int, float, int]]
+    """(from, to, bytes per cycle, parts): the rates its parts take."""
+
+
+def _spread(bookings: _Bookings, shared: SharedBandwidth, t: Task, unit_free: Sequence[int],
+            candidates: Sequence[int], ready: int, most: int) -> tuple[int, _Placement]:
+    """How many units (at most `most`) a command moving bytes through `shared` takes, and its
+    placement on them: the spread that ends it first given the bandwidth booked before it, the
+    fewest units on a tie. A spread is tried only if its own cycles could end it no later than
+    the best so far."""
+    first_free = sorted(unit_free[u] for u in candidates)
+    bound = {k: max(ready, first_free[k - 1]) + t.cycles_by_units[k - 1] for k in range(1, most + 1)}
+    best: tuple[int, int, _Placement] | None = None
+    for k in sorted(bound, key=lambda k: (bound[k], k)):
+        if best is not None and (bound[k], k) >= best[:2]:
+            break
+        begins = [max(ready, unit_free[u]) for u in _best_fit(unit_free, candidates, ready, k)]
+        placed = bookings.plan(shared, begins, t.cycles_by_units[k - 1], t.traffic_by_units[k - 1], len(unit_free))
+        if best is None or (max(placed.ends), k) < best[:2]:
+            best = (max(placed.ends), k, placed)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _best_fit(unit_free: Sequence[int], candidates: Sequence[int], ready: int, count: int) -> tuple[int, ...]:
+    """The `count` units a command ready at `ready` takes (module docstring): of the candidates
+    free when the count-th frees (or at `ready`), the ones that became free last, lowest first
+    on a tie; ascending."""
+    start = max(ready, sorted(unit_free[u] for u in candidates)[count - 1])
+    fits = sorted((u for u in candidates if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
+    return tuple(sorted(fits[:count]))
+
+
 def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Mapping[int, int] | None = None,
-             allowed: Mapping[int, tuple[int, ...]] | None = None) -> Schedule:
+             allowed: Mapping[int, tuple[int, ...]] | None = None, shared: SharedBandwidth | None = None) -> Schedule:
     """Place `tasks` (in issue order) on the engines; `units` gives each engine's unit count;
     `pinned` maps a task's key to the one unit it must run on (a tensor command to its cluster;
     modulo the engine's units, so a program split over more clusters than the machine has
     shares them); `allowed` maps a task's key to the units it may take (a DMA command on its
-    cluster's own engines): fewer than its `units` only if it may be spread over fewer."""
+    cluster's own engines): fewer than its `units` only if it may be spread over fewer;
+    `shared`, a bandwidth the units of one engine share (HBM: the module docstring)."""
     pinned = pinned or {}
     allowed = allowed or {}
     free: dict[str, list[int]] = {e: [0] * n for e, n in units.items() if n}
+    bookings = _Bookings()
     last_on_unit: dict[tuple[str, int], int] = {}
     slots: dict[int, Slot] = {}
     preds: dict[int, dict[int, str]] = {}
@@ -163,11 +347,17 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
         taken: tuple[int, ...] = (0,)
         start = ready
         cycles = t.cycles
+        traffic = 0
+        placed: _Placement | None = None
         data_setter: tuple[int, int] | None = None
         unit_free = free.get(t.engine)
+        sharing = shared if shared is not None and shared.engine == t.engine and any(t.traffic_by_units) else None
         if unit_free is not None:
             if not 1 <= t.units <= len(unit_free):
                 raise ValueError(f"{t.label}: needs {t.units} units of '{t.engine}', which has {len(unit_free)}")
+            if sharing is not None:
+                bookings.forget_before(min(unit_free))
+                traffic = t.traffic_by_units[t.units - 1]
             if t.key in pinned and t.units == 1:
                 taken = (pinned[t.key] % len(unit_free),)
                 start = max(ready, unit_free[taken[0]])
@@ -177,48 +367,63 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
                     candidates = range(len(unit_free))
                 first_free = sorted(unit_free[u] for u in candidates)
                 count = min(t.units, len(candidates))
-                start = max(ready, first_free[count - 1])
                 if t.cycles_by_units:
                     # The spread that ends first, the fewest units on a tie.
                     by_units = t.cycles_by_units
-                    count = min(range(1, count + 1), key=lambda k: (max(ready, first_free[k - 1]) + by_units[k - 1], k))
-                    start = max(ready, first_free[count - 1])
+                    if sharing is not None:  # its end given the bandwidth the commands before it took
+                        count, placed = _spread(bookings, sharing, t, unit_free, candidates, ready, count)
+                        traffic = t.traffic_by_units[count - 1]
+                    else:
+                        count = min(range(1, count + 1), key=lambda k: (max(ready, first_free[k - 1]) + by_units[k - 1], k))
                     cycles = by_units[count - 1]
-                fits = sorted((u for u in candidates if unit_free[u] <= start), key=lambda u: (-unit_free[u], u))
-                taken = tuple(sorted(fits[:count]))
+                start = max(ready, first_free[count - 1])
+                taken = _best_fit(unit_free, candidates, ready, count)
         if ready:
             binding = [d for d in into if slots[d].end == ready]
             data_setter = at_end_of(max(binding, key=lambda d: (into[d] == "data", d)))
+        end = start + cycles
+        ends: list[int] = []
         if unit_free is not None:
             main = max(taken, key=lambda u: (unit_free[u], -u))
             if len(taken) > 1:
                 main_unit[t.key] = main
-            for u in taken:
+            # Each part is a command of its own on its unit: it starts when the unit frees (or
+            # the inputs are ready), not when the command's last part can.
+            begins = [max(ready, unit_free[u]) for u in taken]
+            if sharing is not None:
+                placed = placed or bookings.plan(sharing, begins, cycles, traffic, len(unit_free))
+                bookings.book(placed)
+                ends = placed.ends
+            else:
+                ends = [b + cycles for b in begins]
+            for u, b, e in zip(taken, begins, ends):
                 prev = last_on_unit.get((t.engine, u))
                 if prev is not None:
                     into.setdefault(prev, "engine")
-                # Each part is a command of its own on its unit: it starts when the unit frees
-                # (or the inputs are ready), not when the command's last part can.
-                begins = max(ready, unit_free[u])
                 link = (prev, u) if prev is not None and unit_free[u] > ready else data_setter
                 if u == main:
                     if link is not None:
                         setter[t.key] = link
                 else:
-                    part_start[(t.key, u)] = begins
+                    part_start[(t.key, u)] = b
                     if link is not None:
                         part_setter[(t.key, u)] = link
-                unit_free[u] = begins + cycles
+                unit_free[u] = e
                 last_on_unit[(t.engine, u)] = t.key
-        elif data_setter is not None:
-            setter[t.key] = data_setter
+            end = max(ends)
+            busy[t.engine] += sum(ends) - sum(begins)
+        else:
+            if data_setter is not None:
+                setter[t.key] = data_setter
+            busy[t.engine] += cycles
         preds[t.key] = into
-        parts = tuple(part_start.get((t.key, u), start) for u in taken) if len(taken) > 1 else ()
-        slots[t.key] = Slot(t.key, t.engine, taken[0], start, start + cycles, taken, parts)
-        busy[t.engine] += cycles * len(taken)
+        several = len(taken) > 1
+        parts = tuple(part_start.get((t.key, u), start) for u in taken) if several else ()
+        slots[t.key] = Slot(t.key, t.engine, taken[0], start, end, taken, parts, tuple(ends) if several else (),
+                            end > start + cycles)
     makespan = max((s.end for s in slots.values()), default=0)
     path, on_path = _critical_path(setter, main_unit, part_start, part_setter, slots, makespan)
-    return Schedule(slots, tasks, preds, makespan, path, busy, dict(units), on_path)
+    return Schedule(slots, tasks, preds, makespan, path, busy, dict(units), on_path, bookings.peak)
 
 
 def _critical_path(setter: Mapping[int, tuple[int, int]], main_unit: Mapping[int, int],

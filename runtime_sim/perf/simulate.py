@@ -33,6 +33,7 @@ from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, MemoryPlan, SramPo
 from runtime_sim.perf.op_trace import Trace, TraceRecorder
 from runtime_sim.perf.report import EngineRecord, OpRecord, Roofline, SimReport, roofline
 from runtime_sim.perf.scheduler import Schedule, schedule
+from runtime_sim.perf.tcp_cost import hbm_sharing
 from runtime_sim.semantics.executor import function_named, run_function
 
 __all__ = ["annotate_plan", "simulate", "simulate_trace", "uncosted_ops"]
@@ -153,7 +154,7 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
     Returns the report and the schedule (its `graph` is the dependency graph)."""
     plan = plan or plan_memory(trace, machine, sram_policy)
     units = {**engine_units(machine), **(extra_units or {})}
-    sched = schedule(plan.tasks, units, pinned_units(trace), own_dma_units(trace, machine))
+    sched = schedule(plan.tasks, units, pinned_units(trace), own_dma_units(trace, machine), hbm_sharing(machine))
     records: list[OpRecord] = []
     for task in plan.tasks:
         if task.key in plan.extra:
@@ -163,9 +164,10 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
             traced = trace.ops[task.key]
             name, cost, phase = traced.name, plan.cost(trace, task.key), traced.phase
         slot = sched.slots[task.key]
+        bound = "hbm" if slot.shared else cost.bound  # the commands in flight left it too little HBM
         records.append(OpRecord(task.key, task.label, name, cost.engine, slot.unit, slot.start, slot.end,
-                                slot.end - slot.start, cost.bytes_moved, cost.hbm_bytes, cost.flops, cost.bound, phase, slot.units,
-                                slot.part_starts))
+                                slot.end - slot.start, cost.bytes_moved, cost.hbm_bytes, cost.flops, bound, phase, slot.units,
+                                slot.part_starts, slot.part_ends))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
     bound = layer_roofline(machine, trace, work)
     if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it

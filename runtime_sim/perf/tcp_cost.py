@@ -6,11 +6,12 @@ DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command ru
     part cycles = startup + requests of the part * request_bytes / engine bytes-per-cycle
     requests    = max(read requests, write requests)   across tiers (HBM <-> SRAM)
                 = read requests + write requests        within a tier (HBM -> HBM, SRAM -> SRAM)
-  The book's worked figures: an HBM -> HBM move serialises its phases (16 KB: 64 read + 64
-  write 256-byte requests + 500 cycles ~ 628 cycles, Example 1), as does a same-cluster DM -> DM
-  copy (Example 3); an HBM -> DM transfer pipelines them ("Cross-tier transfers like HBM <-> DM
-  pipeline the read and write phases": max(65,536 reads, 65,536 writes) + 500 ~ 66,036 cycles,
-  Example 2).
+  The book's worked figures (tcpc/fidelity.py reproduces them through these functions): an
+  HBM -> HBM move serialises its phases (16 KB: 64 read + 64 write 256-byte requests + 500
+  cycles ~ 628 cycles, Example 1), as does a same-cluster DM -> DM copy (16 MB: 65,536 +
+  65,536 + 500 ~ 131,572, Example 3); an HBM -> DM transfer pipelines them ("Cross-tier
+  transfers like HBM <-> DM pipeline the read and write phases": max(65,536 reads, 65,536
+  writes) + 500 ~ 66,036 cycles on one engine, Example 2).
   A command moving more than the machine's `dma.split_bytes` is cut into several (assumption,
   machines/rngd.toml: a compiler issues a large transfer as several commands): pieces of
   split_bytes, the last one smaller, one engine each, parts = min(engines, ceil(bytes /
@@ -20,16 +21,33 @@ DMA (book, "DMA Engine"; docs/hardware.md#moving-data). One part of a command ru
   never faster (spreading evenly over floor(bytes / split_bytes) parts, the rule before, made a
   2 MB copy twice as fast as a 2 MB - 1 B one). Each part pays its own start-up and the parts
   run in parallel, so the command takes its largest part's cycles and occupies `parts` engines
-  for that long (`dma_parts` is the one rule, used for the tcp ops here and for the memory
-  plan's spills, reloads and streams). The cost also gives the command's cycles on fewer
-  engines, 1 .. parts (`OpCost.cycles_by_parts`, the same rule with fewer engines: fewer,
-  larger parts); the scheduler takes the spread that ends it first given the engines free. A part never moves HBM bytes faster than one engine's
-  share of HBM bandwidth (hbm bytes/cycle / engines), so all engines together never exceed
-  HBM bandwidth:
-    cycles = max(part cycles, hbm_bytes * (largest part / bytes) * engines / hbm bytes-per-cycle)
-  On RNGD the share (187.5 B/cycle) is below what an engine reaches across tiers (256 B/cycle),
-  so HBM bandwidth binds an HBM <-> SRAM command, and eight parts saturate HBM; within a tier an
-  engine reaches 128 B/cycle. Rows are moved in whole requests: a row of r bytes costs
+  (`dma_parts` is the one rule, used for the tcp ops here and for the memory plan's spills,
+  reloads and streams). The cost also gives its parts' cycles on fewer engines, 1 .. parts
+  (`OpCost.part_cycles`, `part_hbm_bytes`: the same rule with fewer engines, fewer, larger
+  parts); the scheduler takes the spread that ends it first given the engines free and the HBM
+  bandwidth the commands before it booked.
+  HBM bandwidth is shared by the DMA commands in flight (book, DMA Engine, "Memory Bandwidth":
+  "Each DMA Engine moves up to 256 B/cycle on its own. HBM bandwidth is shared across all
+  engines transferring HBM data, so an aggregate saturating HBM is bounded by the 1.5 TB/s HBM
+  peak rather than by any per-engine sum"). The scheduler books it in issue order
+  (`hbm_sharing`, scheduler.SharedBandwidth): after its start-up a part moves its HBM bytes at
+  its engine's own rate (its HBM bytes over its transfer cycles: 256 B/cycle on RNGD) or at an
+  equal share, with the other parts of its command, of what the commands issued before it
+  leave, whichever is less, and always leaves every DMA engine not moving HBM data a floor of
+  half its equal share of HBM (hbm bytes-per-cycle / (2 x engines), 94 B/cycle on RNGD; an
+  assumption, docs/hardware.md#not-public-the-assumptions: the book does not say how HBM is
+  arbitrated; the floor keeps a command issued later from starving and leaves a lone engine
+  its full rate).
+  So a lone engine runs at its 256 B/cycle (Example 2, 66,036 cycles; the rule before capped
+  every engine at 1/8 of HBM, 187.5 B/cycle, even alone: 89,479), the engines together never
+  move more than 1,500 B/cycle, and a command spread over all eight runs at 1/8 of HBM each,
+  after its start-up (16 MB: 500 + 11,185 cycles; the rule before, 11,185, overlapped the
+  start-up with the transfer). A command never slows one issued before it (one pass, in issue
+  order: nothing placed earlier moves), so when HBM is short the earlier command goes first
+  where the hardware would share evenly; the total is the same. The cost's `cycles` is the
+  command's time with no other DMA command moving HBM data (`dma_cycles`); the report gives its
+  scheduled time, and names `hbm` the bound of a command the sharing slowed.
+  Rows are moved in whole requests: a row of r bytes costs
   ceil(r / request_bytes) requests to read and as many to write. Gathers and scatters cost by
   their runtime indices: index -1 rows move nothing (but the command still starts); a gather
   row equal to the previous row is not moved again (consecutive blocks of one expert reuse the
@@ -53,7 +71,7 @@ bias add rides in the chain's vector stage (no cycles; one FLOP per result eleme
 from __future__ import annotations
 
 import math
-from fractions import Fraction
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -63,6 +81,7 @@ from dialects import tcp
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands, register_view
 from target.contraction_mapping import ContractionShape, MappedCost, Mapping, MappingError, check, choose, cost
+from runtime_sim.perf.scheduler import SharedBandwidth
 from target.machine import Machine
 from runtime_sim.semantics.numerics import float4_e2m1, stored_nbytes
 
@@ -93,43 +112,81 @@ def dma_parts(machine: Machine, nbytes: int) -> int:
     return max(1, min(machine.dma_engines, pieces))
 
 
-def hbm_share_cycles(machine: Machine, hbm_bytes: int, payload_bytes: int, engines: int | None = None) -> int:
-    """The fewest cycles a DMA command moving `payload_bytes` (`hbm_bytes` of them through
-    HBM) over at most `engines` engines takes: its largest part's HBM bytes at one engine's
-    share, 1 / (the machine's engines), of HBM bandwidth."""
+def hbm_sharing(machine: Machine) -> SharedBandwidth:
+    """How the DMA engines share HBM bandwidth (the module docstring): booked by the scheduler
+    in issue order, a floor of half an engine's equal share kept for every engine not moving
+    HBM data, each part starting its transfer after the command's start-up."""
+    per_cycle = machine.hbm_bytes_per_cycle
+    return SharedBandwidth(DMA, per_cycle, per_cycle / (2 * machine.dma_engines), machine.dma_startup_cycles)
+
+
+def dma_part_cycles(machine: Machine, read_requests: int, write_requests: int, payload_bytes: int,
+                    cross_tier: bool, engines: int | None = None) -> int:
+    """Cycles of the largest part of a DMA command moving `payload_bytes` over at most `engines`
+    engines (default all) on its own engine: its start-up, then its requests at the engine's
+    rate (a cross-tier command pipelines its reads and writes)."""
+    m = machine
+    payload = requests(payload_bytes, m)
+    issued = max(read_requests, write_requests) if cross_tier else read_requests + write_requests
+    per_part = -(-issued * largest_part_requests(m, payload, engines) // payload) if payload else issued
+    return m.dma_startup_cycles + math.ceil(per_part * m.dma_request_bytes / m.dma_bytes_per_cycle)
+
+
+def part_hbm_bytes(machine: Machine, hbm_bytes: int, payload_bytes: int, engines: int | None = None) -> int:
+    """The HBM bytes of the largest part of a DMA command moving `payload_bytes` (`hbm_bytes` of
+    them through HBM) over at most `engines` engines (default all)."""
     payload = requests(payload_bytes, machine)
-    largest = Fraction(largest_part_requests(machine, payload, engines), payload) if payload else Fraction(1)
-    return math.ceil(hbm_bytes * largest * machine.dma_engines / Fraction(machine.hbm_bytes_per_cycle))
+    if not payload:
+        return hbm_bytes
+    return -(-hbm_bytes * largest_part_requests(machine, payload, engines) // payload)
+
+
+def alone_cycles(machine: Machine, part_cycles: int, hbm_bytes: int, parts: int) -> tuple[int, str]:
+    """Cycles of a DMA command of `parts` parts, each taking `part_cycles` on its engine and
+    moving `hbm_bytes` through HBM, while no other command moves HBM data, and the term that
+    bounds it: `hbm` when its parts' share of HBM (the module docstring) makes it slower."""
+    m = machine
+    cycles = hbm_sharing(m).alone(part_cycles, hbm_bytes, parts, m.dma_engines)
+    if cycles > part_cycles:
+        return cycles, "hbm"
+    transfer = part_cycles - m.dma_startup_cycles
+    return cycles, "dma startup" if m.dma_startup_cycles >= transfer else "dma bandwidth"
 
 
 def dma_cycles(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int,
                payload_bytes: int, cross_tier: bool = False, engines: int | None = None) -> tuple[int, str]:
     """Cycles of one DMA command moving `payload_bytes` spread over at most `engines` engines
-    (default `dma_parts` of them), and the term that bounds it (see the module docstring): a
-    cross-tier command pipelines its reads and writes."""
-    m = machine
-    payload = requests(payload_bytes, m)
-    issued = max(read_requests, write_requests) if cross_tier else read_requests + write_requests
-    per_part = -(-issued * largest_part_requests(m, payload, engines) // payload) if payload else issued
-    transfer = math.ceil(per_part * m.dma_request_bytes / m.dma_bytes_per_cycle)
-    engine = m.dma_startup_cycles + transfer
-    share = hbm_share_cycles(m, hbm_bytes, payload_bytes, engines)
-    if share > engine:
-        return share, "hbm"
-    return engine, "dma startup" if m.dma_startup_cycles >= transfer else "dma bandwidth"
+    (default `dma_parts` of them) while no other command moves HBM data, and the term that
+    bounds it (see the module docstring): a cross-tier command pipelines its reads and writes."""
+    parts = min(engines or machine.dma_engines, dma_parts(machine, payload_bytes))
+    return alone_cycles(machine, dma_part_cycles(machine, read_requests, write_requests, payload_bytes, cross_tier,
+                                                 engines),
+                        part_hbm_bytes(machine, hbm_bytes, payload_bytes, engines), parts)
+
+
+def with_hbm_bytes(machine: Machine, cost: OpCost, hbm_bytes: int, payload_bytes: int) -> OpCost:
+    """A DMA command's cost (its parts' engine cycles in `cost.part_cycles`) when it moves
+    `hbm_bytes` through HBM: each part's HBM bytes on 1 .. parts engines, its cycles alone
+    and their bound."""
+    parts = cost.parts
+    by_parts = tuple(part_hbm_bytes(machine, hbm_bytes, payload_bytes, k) for k in range(1, parts + 1))
+    cycles, bound = alone_cycles(machine, cost.part_cycles[-1], by_parts[-1], parts)
+    return replace(cost, cycles=cycles, bound=bound, hbm_bytes=hbm_bytes, part_hbm_bytes=by_parts if hbm_bytes else ())
 
 
 def dma_command_cost(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int,
-                     payload_bytes: int, cross_tier: bool, bytes_moved: int, result_bytes: int) -> OpCost:
-    """The cost of one DMA command over `dma_parts` engines, with its cycles on fewer engines
-    (`OpCost.cycles_by_parts`: the scheduler spreads it over the engines free when it is ready,
-    fewer parts each moving more; see scheduler.py)."""
-    parts = dma_parts(machine, payload_bytes)
-    by_parts = tuple(dma_cycles(machine, read_requests, write_requests, hbm_bytes, payload_bytes, cross_tier, k)
-                     for k in range(1, parts + 1))
-    cycles, bound = by_parts[-1]
-    return OpCost(DMA, cycles, bytes_moved=bytes_moved, hbm_bytes=hbm_bytes, bound=bound, result_bytes=result_bytes,
-                  parts=parts, cycles_by_parts=tuple(c for c, _ in by_parts) if parts > 1 else ())
+                     payload_bytes: int, cross_tier: bool, bytes_moved: int, result_bytes: int,
+                     engines: int | None = None) -> OpCost:
+    """The cost of one DMA command over `dma_parts` engines (at most `engines`), with its parts'
+    cycles and HBM bytes on fewer engines (`OpCost.part_cycles`, `part_hbm_bytes`: the
+    scheduler spreads it over the engines free when it is ready, fewer parts each moving more;
+    see scheduler.py)."""
+    parts = min(engines or machine.dma_engines, dma_parts(machine, payload_bytes))
+    part_cycles = tuple(dma_part_cycles(machine, read_requests, write_requests, payload_bytes, cross_tier, k)
+                        for k in range(1, parts + 1))
+    cost = OpCost(DMA, part_cycles[-1], bytes_moved=bytes_moved, result_bytes=result_bytes, parts=parts,
+                  part_cycles=part_cycles)
+    return with_hbm_bytes(machine, cost, hbm_bytes, payload_bytes)
 
 
 def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes: int,
@@ -145,11 +202,13 @@ def dma_rows_cost(machine: Machine, rows_read: int, rows_written: int, row_bytes
                             (rows_read + rows_written) * row_bytes, rows_written * row_bytes)
 
 
-def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool) -> OpCost:
-    """One contiguous copy of `nbytes` (load, store, spill, reload, stream)."""
+def dma_copy_cost(machine: Machine, nbytes: int, src_hbm: bool, dst_hbm: bool, engines: int | None = None) -> OpCost:
+    """One contiguous copy of `nbytes` (load, store, spill, reload, stream), on at most
+    `engines` engines (default: as many as the split rule gives; the book's worked examples
+    run on one)."""
     n = requests(nbytes, machine)
     hbm_bytes = ((n if src_hbm else 0) + (n if dst_hbm else 0)) * machine.dma_request_bytes
-    return dma_command_cost(machine, n, n, hbm_bytes, nbytes, src_hbm != dst_hbm, 2 * nbytes, nbytes)
+    return dma_command_cost(machine, n, n, hbm_bytes, nbytes, src_hbm != dst_hbm, 2 * nbytes, nbytes, engines)
 
 
 def gathered_rows(indices: np.ndarray) -> int:
