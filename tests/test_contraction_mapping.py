@@ -3,6 +3,7 @@ map-contractions pass, and the simulator costing the mapping an op carries."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -178,3 +179,18 @@ def test_mapping_an_example_never_changes_a_value(example: str) -> None:
     name = program.graph_names[0]
     inputs = prepare_inputs(program.function(), {}, 5)
     assert_same_bits(list(run_function(before, name, inputs)), list(run_function(after, name, inputs)))
+
+
+def test_the_report_names_each_contractions_mapping(capsys, tmp_path) -> None:
+    out_json = tmp_path / "r.json"
+    code, out, err = tcpc_main(capsys, "run", EXAMPLES / "mixtral.moe", "--report", "--report-ops", "0",
+                               "--report-json", out_json)
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("contraction: ")]
+    assert any("router mk,kn->mn f32" in line and "vector engine" in line and "bound by vector fma" in line
+               for line in lines)
+    experts = [line for line in lines if line.startswith("contraction: experts gbd,gdf->gbf")]
+    assert experts and all("Slice [" in line and "Packet [" in line and "runner-up" in line for line in experts)
+    records = json.loads(out_json.read_text())["contractions"]
+    assert {r["phase"] for r in records} == {"router", "experts"}
+    assert all(0 < r["utilization"] <= 1 and r["cycles"] > 0 and r["commands"] >= 1 for r in records)
