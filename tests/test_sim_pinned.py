@@ -17,7 +17,7 @@ routing makes them; a reused weight tile passed through and row tiles four block
 part's start of a command on several DMA engines in the JSON, `part_starts`; the trace's track
 per unit of every engine, each part drawn at its own start; the roofline's useful FLOPs and its
 padding, report JSON only; the layer's output stored to HBM, one command more, 520 to
-1,524 cycles more.)
+1,524 cycles more; each cluster's peak SRAM, report JSON only.)
 """
 
 from __future__ import annotations
@@ -74,11 +74,11 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (739884, 6573, '93d8c3c9cb99d781', '410ffe000ee1bee6', '352d6f5aeb8dae1b', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (60018, 6085, 'f8700d912ab96f9f', '25ae45c101214e73', '4aac102dc4ab8b7c', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (27092, 2620, 'cc592d06256cc98b', '18500a8dd0bef7aa', 'ee0f3261228fc3ab', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (17439, 1440, '91ec84ae2094f70c', 'bf8d0696685bc700', '4dbaa4010ef3f9c7', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (24058, 2726, '58f3d53f90fd34f1', '610654c7da3b1dbf', 'fec7c65d708f4741', '778cfe00474e8a2b'),
+    'qwen3 real dims T=64, cost-only, skewed': (739884, 6573, 'a2b1dc0d1b9365a3', '410ffe000ee1bee6', '352d6f5aeb8dae1b', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (60018, 6085, '7955485fa9315c5a', '25ae45c101214e73', '4aac102dc4ab8b7c', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (27092, 2620, 'b08d185969abf330', '18500a8dd0bef7aa', 'ee0f3261228fc3ab', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (17439, 1440, 'cc906c25a04414f1', 'bf8d0696685bc700', '4dbaa4010ef3f9c7', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (24058, 2726, 'a6c86ecf982c90cd', '610654c7da3b1dbf', 'fec7c65d708f4741', '778cfe00474e8a2b'),
 }
 
 
