@@ -79,10 +79,11 @@ def program_input() -> np.ndarray:
 
 
 def tight_machine() -> Machine:
-    """The default machine with 4 KB of SRAM in all (an assumption of this benchmark: no real
-    machine), so that the programs' live buffers do not fit and the plan spills."""
+    """The default machine with 4 KB of SRAM per cluster (an assumption of this benchmark: no
+    real machine), so that the programs' live buffers, all on cluster 0's engines and so in its
+    SRAM, do not fit and the plan spills."""
     machine = default_machine()
-    return replace(machine, name=f"{machine.name}-4KB", sram_bytes_per_slice=TIGHT_SRAM_BYTES // (machine.clusters * machine.slices))
+    return replace(machine, name=f"{machine.name}-4KB", sram_bytes_per_slice=TIGHT_SRAM_BYTES // machine.slices)
 
 
 def simulate_program(module: ModuleOp, machine: Machine) -> SimResult:

@@ -30,9 +30,9 @@ def works_along_axis_zero(op: Operation) -> bool:
 
 
 def in_hbm(value: SSAValue) -> bool:
-    """Whether `value` lives in HBM: a function argument, an HBM buffer or a command placed in
-    HBM, through views, stores into a buffer and the loops that carry one (the combine's
-    gather reads the expert loop's HBM result buffer through a view)."""
+    """Whether `value` lives in HBM: a function argument, an HBM buffer, a `tcp.store` or a
+    command placed in HBM, through views, stores into a buffer and the loops that carry one
+    (the combine's gather reads the expert loop's HBM result buffer through a view)."""
     while True:
         owner = value.owner
         if isinstance(owner, tcp.ViewOp):
@@ -47,7 +47,7 @@ def in_hbm(value: SSAValue) -> bool:
         return isinstance(owner.parent_op(), func.FuncOp)
     if isinstance(owner, tile.BufferOp):
         return owner.space.data == "hbm"
-    return isinstance(owner, Operation) and placed_in_hbm(owner)
+    return isinstance(owner, tcp.StoreOp) or (isinstance(owner, Operation) and placed_in_hbm(owner))
 
 
 def is_row_parallel_ve(op: Operation, extent: int) -> bool:

@@ -125,14 +125,17 @@ class Machine:
 
     @property
     def sram_bytes(self) -> int:
-        """SRAM of the whole chip, every cluster's: what the memory plan may keep live at once
-        (one pool; the schedule level copies what a cluster reads from another by DMA)."""
+        """SRAM of the whole chip, every cluster's (the memory plan keeps each cluster's
+        buffers in its own `cluster_sram_bytes`; the schedule level copies what a cluster reads
+        from another by DMA)."""
         return self.clusters * self.slices * self.sram_bytes_per_slice
 
     @property
     def cluster_sram_bytes(self) -> int:
         """One cluster's SRAM: what one cluster's share of a schedule (an expert's weight tiles,
-        a token tile) is sized for."""
+        a token tile) is sized for, and what the buffers its engines read must fit in (each
+        slice fetches from and commits to its own DM: furiosa-opt book, Fetch Engine, Commit
+        Engine)."""
         return self.slices * self.sram_bytes_per_slice
 
     @property

@@ -11,9 +11,8 @@ each time checked against the old planner on the same code: schedule-experts ski
 blocks; the scheduler's best-fit unit choice and the DMA split into pieces; the DMA's pipelined
 HBM <-> SRAM transfers; the whole chip, split-clusters; 32 MB token tiles; split-clusters' masked expert ids issued as
 early as the routing makes them; a reused weight tile passed through, row tiles four blocks ahead;
-HBM shared by the DMA commands in flight, a lone engine at its own 256 B/cycle, the tasks'
-HBM bytes per part: every plan's peaks and counts unchanged, Mixtral's cycles 8,247,048 -> 8,794,458, its
-back-to-back 8 MB weight loads now paying their start-up before their data.)
+the layer's output stored to HBM; each cluster's buffers in its own SRAM, residencies naming their
+cluster: same numbers, new digests.)
 
 The cases cover every mechanism: no pressure, Belady spills and reloads, streams in and out,
 DMA results fused into their readers with refetches, the `error` policy, and Mixtral-8x7B's
@@ -78,14 +77,14 @@ CASES: dict[str, Callable[[], SimReport]] = {
 }
 
 PINNED: dict[str, tuple[tuple[int, ...], str]] = {
-    'chain 300, roomy': ((6084, 14336, 11264, 0, 0, 0, 0, 0, 0), '2a8a204be484ee79'),
-    'chain 300, 4 KB': ((79988, 4096, 4096, 84, 0, 0, 0, 165, 0), '5376c2b18cd1a040'),
-    'chain 300, 3 KB, wide window': ((160540, 3072, 3072, 264, 0, 0, 0, 437, 0), '9bf0ef7ebcd1050c'),
-    'chain 300, 2.5 KB (streams)': ((92624, 2048, 2048, 160, 231, 30, 0, 430, 0), '78007a5ceaebdbda'),
-    'chain 300, 1.5 KB (streams)': ((178549, 1024, 1024, 67, 392, 158, 0, 617, 0), '9a99f4a8c0e2234c'),
-    'chain 300, 768 B (fused, refetch)': ((310678, 0, 0, 0, 539, 294, 6, 846, 13), '2090243c007c589e'),
-    'chain 1500, 4 KB': ((423024, 4096, 4096, 447, 0, 0, 0, 871, 0), '1fc07709a2492ed7'),
-    'mixtral T=64': ((8796338, 16952056, 50449140, 0, 0, 0, 0, 0, 0), '22f468f2e4974d23'),
+    'chain 300, roomy': ((6084, 14336, 11264, 0, 0, 0, 0, 0, 0), 'd5de00db99d5c4bb'),
+    'chain 300, 4 KB': ((79988, 4096, 4096, 84, 0, 0, 0, 165, 0), '4a78faaf27293b5f'),
+    'chain 300, 3 KB, wide window': ((160540, 3072, 3072, 264, 0, 0, 0, 437, 0), 'ac53c9b67032adce'),
+    'chain 300, 2.5 KB (streams)': ((92624, 2048, 2048, 160, 231, 30, 0, 430, 0), '20aa849334599279'),
+    'chain 300, 1.5 KB (streams)': ((178549, 1024, 1024, 67, 392, 158, 0, 617, 0), 'f7189de049c99aff'),
+    'chain 300, 768 B (fused, refetch)': ((310678, 0, 0, 0, 539, 294, 6, 846, 13), '78b186e57184f218'),
+    'chain 1500, 4 KB': ((423024, 4096, 4096, 447, 0, 0, 0, 871, 0), 'e62ca0a131d3b7aa'),
+    'mixtral T=64': ((8798886, 16952056, 50449140, 0, 0, 0, 0, 0, 0), '71338209b7a296e6'),
 }
 """Case -> ((total cycles, scheduled peak SRAM, peak in issue order, spills, streams in, out and
 fused, commands the plan added, refetches), the digest of the whole plan and report)."""
@@ -165,6 +164,59 @@ def test_a_computing_engine_reads_hbm_through_a_stream() -> None:
     assert loaded.streams == []
 
 
+CROSSING = """
+builtin.module {
+  func.func @f(%x: tensor<64x128xf32>) -> tensor<64x128xf32> {
+    %a = tcp.load %x : tensor<64x128xf32> -> tensor<64x128xf32>
+    %b = ve.exp %a : tensor<64x128xf32>
+    %c = ve.exp %b : tensor<64x128xf32> {tcpc.cluster = 1 : i64}
+    %d = tile.copy %b : tensor<64x128xf32> -> tensor<64x128xf32> {tcpc.cluster = 1 : i64}
+    %e = ve.add %c, %d : tensor<64x128xf32> {tcpc.cluster = 1 : i64}
+    func.return %e : tensor<64x128xf32>
+  }
+}
+"""
+
+
+def test_a_computing_engine_reads_another_clusters_sram_through_a_copy() -> None:
+    """A cluster's engines read its own SRAM only (the book, Fetch Engine): %c, on cluster 1,
+    reads %b, made on cluster 0, so the plan copies %b over first (a DMA copy costed as the
+    `tile.copy` %d of the same bytes), listed with the streams; %e reads cluster 1's own %c and
+    %d and needs none. Each cluster's buffers sit in its own SRAM."""
+    report = tcpc.load_ir(CROSSING).simulate().report
+    assert [(s.buffer, s.bytes, s.op, s.direction) for s in report.streams] == [("%b", 32768, "%c = ve.exp", "cluster")]
+    by_label = {o.label: o for o in report.ops}
+    copy = by_label["copy %b from cluster 0"]
+    assert copy.engine == "dma" and copy.cycles == by_label["%d = tile.copy"].cycles
+    assert by_label["%b = ve.exp"].end <= copy.start and copy.end <= by_label["%c = ve.exp"].start
+    assert report.cluster_peak_sram_bytes == [2 * 32768, 3 * 32768]  # %a, %b; %c, %d, %e
+    assert "streamed %b (32,768 B) from another cluster's SRAM for %c = ve.exp, which reads its own cluster's" in report.to_text()
+
+
+DMA_ONLY = """
+builtin.module {
+  func.func @f(%x: tensor<64x128xf32>, %y: tensor<96x128xf32>) -> (tensor<64x128xf32>, tensor<96x128xf32>) {
+    %a = tcp.load %x : tensor<64x128xf32> -> tensor<64x128xf32>
+    %c = ve.exp %a : tensor<64x128xf32>
+    %b = tcp.load %y : tensor<96x128xf32> -> tensor<96x128xf32>
+    %s = tcp.store %b : tensor<96x128xf32> -> tensor<96x128xf32>
+    %e = ve.add %a, %c : tensor<64x128xf32>
+    func.return %e, %s : tensor<64x128xf32>, tensor<96x128xf32>
+  }
+}
+"""
+
+
+def test_a_buffer_only_dma_touches_may_live_in_the_other_cluster() -> None:
+    """Two clusters of 96 KB: %b (48 KB), loaded and stored by DMA only, does not fit beside
+    cluster 0's %a and %c, and a DMA engine reaches every cluster's SRAM, so it goes to
+    cluster 1's rather than overflowing (the `error` policy would stop) or spilling; %e, on
+    cluster 0's engines, fits there once %b is elsewhere."""
+    machine = replace(default_machine(), name="two-small", slices=1, sram_bytes_per_slice=96 * 1024)
+    report = tcpc.load_ir(DMA_ONLY).simulate(machine=machine, sram_policy="error").report
+    assert report.cluster_peak_sram_bytes == [3 * 32768, 49152] and not report.spills and not report.streams
+
+
 # --- free space ---------------------------------------------------------------------------------
 
 
@@ -180,17 +232,20 @@ def test_free_space_is_claimed_never_used_first_then_freed_earliest() -> None:
     assert free.bytes == 5
 
 
-def test_a_cluster_claims_its_own_memory_before_another_clusters() -> None:
+def test_a_cluster_claims_its_own_memory_only() -> None:
     """Two clusters of 50 bytes each: cluster 1 takes its never-used space, then its own freed
-    piece (though cluster 0's was freed earlier in issue order), and only then cluster 0's."""
+    piece (though cluster 0's was freed earlier in issue order), and never cluster 0's: its
+    engines read and write their own cluster's SRAM only (the book, Fetch Engine)."""
     free = FreeSpace(100, clusters=2)
     assert free.take(50, cluster=0) == [] and free.take(40, cluster=1) == []
     free.add(30, (3,), cluster=0)
     free.add(20, (8,), cluster=1)
+    assert free.free == [30, 30] and free.bytes == 60
     assert free.take(10, cluster=1) == []  # the last never-used bytes of cluster 1
-    assert free.take(15, cluster=1) == [8]  # its own piece freed after 8, before 0's after 3
-    assert free.take(20, cluster=1) == [8, 3]  # the rest of its own, then cluster 0's
-    assert free.take(5, cluster=0) == [3] and free.bytes == 10
+    assert free.take(15, cluster=1) == [8]  # its own piece freed after 8, not 0's after 3
+    with pytest.raises(AssertionError, match="claiming 20 of 5 free bytes"):
+        free.take(20, cluster=1)  # cluster 0's 30 free bytes are not cluster 1's
+    assert free.take(30, cluster=0) == [3] and free.free == [0, 5]
 
 
 def test_free_space_merges_pieces_with_the_same_commands_to_wait_for() -> None:
@@ -217,7 +272,7 @@ def test_an_empty_piece_in_the_way_is_used_up_with_its_commands() -> None:
 
 
 def test_a_program_of_thousands_of_ops_simulates_under_pressure() -> None:
-    """2,000 ops on 4 KB of SRAM: the planner spills hundreds of buffers, and the run
+    """2,000 ops on cluster 0's 4 KB of SRAM: the planner spills hundreds of buffers, and the run
     computes what the unconstrained run does, never holds more than SRAM, and its critical
     path is a tight chain of commands."""
     module = scale.parse_program(scale.long_program(2000))
@@ -227,7 +282,7 @@ def test_a_program_of_thousands_of_ops_simulates_under_pressure() -> None:
     r = tight.report
     assert len(r.spills) > 400 and not r.streams
     assert len(r.ops) == 2000 + sum(1 for o in r.ops if o.label.startswith(("spill ", "reload ")))
-    assert r.peak_sram_bytes <= r.sram_capacity == scale.TIGHT_SRAM_BYTES
+    assert r.peak_sram_bytes <= r.machine.cluster_sram_bytes == scale.TIGHT_SRAM_BYTES  # all on cluster 0
     assert r.total_cycles > roomy.report.total_cycles >= roomy.report.roofline.cycles
     assert sum(r.op(k).cycles for k in r.critical_path) == r.total_cycles
     assert r.op(r.critical_path[-1]).end == r.total_cycles

@@ -538,12 +538,12 @@ def test_one_progress_line_follows_every_chip(cost_only: bool) -> None:
 def test_mesh_report_from_each_chips_one_memory_plan(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """schedule_mesh plans each chip's memory once and reports from that plan with the
     collectives' final cycles: the same reports, spills and streams included, as planning each
-    chip again at the end (chips of 32 KB SRAM: the compiler tiles for it, and the ops too
-    large for it still stream)."""
+    chip again at the end (chips of 16 KB SRAM, 8 KB a cluster: the compiler tiles for it, and
+    the ops too large for a cluster's still stream)."""
     import runtime_sim.perf.mesh_simulate as mesh_simulate
 
     (tmp_path / "chip.toml").write_text('extends = "rngd"\nname = "small-sram"\n[sram]\n'
-                                        'bytes_per_slice = { value = 64, assumption = "tiny, to spill" }\n')
+                                        'bytes_per_slice = { value = 32, assumption = "tiny, to spill" }\n')
     (tmp_path / "mesh.toml").write_text('extends = "rngd_pcie"\nchip = "chip.toml"\n')
     program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 64})
 

@@ -461,7 +461,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     replace_by_loop(block, ops, escaping, list(loop.results[:n_buf]), [*before, loop])
     for stored in loop.results[:n_buf]:
         # Stored in HBM a block at a time: a reader on an engine that computes (a shared
-        # expert's rows added to the routed ones) reads it from SRAM, loaded once after the loop.
+        # expert's rows added to the routed ones) reads it from SRAM, loaded once after the loop
+        # (a tile at a time, where a token loop of schedule-tokens is what reads it).
         load_into_sram(stored)
     return loop
 

@@ -9,12 +9,22 @@ plus one straight-line copy of the body for the remaining T - T_main tokens when
 not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes` of SRAM.
 
 - Inputs with T rows made outside the loop are addressed a tile at a time in SRAM
-  (`tile.slice`); everything else (a gather's source rows in HBM, tables, splats) is used whole.
+  (`tile.slice`), or, when one is a whole copy of an HBM value that only the loop reads (a
+  `tcp.load`: the tokens before the f32 router's widening, a shared expert's rows), loaded a
+  tile at a time from HBM (`tile.load`) and the whole copy dropped (`loaded_whole`);
+  everything else (a gather's source rows in HBM, tables, splats) is used whole.
 - Results used after the loop are written a tile at a time into SRAM buffers (`tile.buffer`,
-  `tile.store`: the producing engine commits each tile at its place).
+  `tile.store`: the producing engine commits each tile at its place), or into HBM ones when
+  the function returns them or they are larger than a cluster's SRAM (`goes_to_hbm`).
+- The combine's loop also takes the row-parallel ops that follow it, the layer's tail (a
+  shared expert's rows added to the routed ones, casts of the result): the layer's output is
+  made a tile at a time (`loop_phase`).
 - The tile height: the largest number of rows whose intermediates (every result of the body,
-  as if none were freed) fit `tile_bytes`, rounded down to a multiple of 8 (one flit of 32-bit
+  as if none were freed, and the tiles it loads) fit `tile_bytes` and, beside the SRAM buffers
+  the loop stores into, one cluster's SRAM; rounded down to a multiple of 8 (one flit of 32-bit
   values per slice lane) when at least 8, and at most T.
+- The function's results end in HBM (`store_results`): one the loops did not store there is
+  stored by a `tcp.store` before the return.
 
 Contractions stay outside these loops: a matmul split into row tiles is computed by different
 BLAS kernels than the whole one and would not give its bits (the expert loop's contractions
@@ -25,6 +35,7 @@ row-tiled form computes the same numbers in the same order, so the pass is bit-i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -34,15 +45,17 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import ccl, tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, is_pair_sum, phase_of
+from dialects.annotations import OTHER, PHASE_ATTR, SHARED, is_pair_sum, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
 from passes.schedule._cluster_copies import DMA_OPS
 from passes.schedule._cluster_token_tiles import worth_splitting
-from passes._loop_builder import (clone_rows, escaping_results, index_constant, is_row_parallel_ve, leading, replace_by_loop,
-                                 select_ops, skip_unless, split_shared_constants, tile_type)
+from passes._loop_builder import (clone_rows, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
+                                 replace_by_loop, select_ops, skip_unless, split_shared_constants, tile_type)
 from target.target_spec import machine_of
 
 TILED_PHASES = ("router", "combine")
+TAIL_AFTER = ("combine", SHARED)
+"""Phases whose results only the layer's tail reads: the combine's rows and a shared expert's."""
 RECEIVING_STRATEGIES = ("a2a", "a2a_sum")
 """shard-experts' strategies whose chips receive into static worst-case buffers."""
 
@@ -72,9 +85,36 @@ def is_row_view(op: tcp.ViewOp, tokens: int) -> bool:
     return not any(isinstance(u.operation, tcp.DmaGatherOp) and u.operation.source is op.result for u in op.result.uses)
 
 
+def layer_tail(block: Block) -> set[Operation]:
+    """The ops of `block` that read, directly or not, the combine's or a shared expert's
+    results: the layer's tail (their sum, casts of the result), whatever phase lower-math gave
+    them by data flow (on a mesh chip the combine is math ops whose inputs reach back to the
+    router's weights, so the tail is labelled `router`)."""
+    tail: set[Operation] = set()
+    for op in block.ops:
+        reads = (v.owner for nested in op.walk() for v in nested.operands)
+        if any(isinstance(o, Operation) and (o in tail or phase_of(o) in TAIL_AFTER) for o in reads):
+            tail.add(op)
+    return tail
+
+
+def loop_phase(op: Operation, tail: set[Operation]) -> str:
+    """The tiled phase whose loop may take `op`: the combine's takes the layer's tail too (the
+    output is then made a tile at a time and written to HBM as it is, never whole in SRAM:
+    DeepSeek-V3 at T = 4096 made its [T, D] sum whole, the routed rows, the shared rows loaded
+    whole and the f32 sum, 235 MB on cluster 0), the router's takes the rest of its phase."""
+    phase = phase_of(op) or OTHER
+    return "combine" if phase == OTHER or (op in tail and phase != "combine") else phase
+
+
 def tile_rows(ops: list[Operation], tokens: int, tile_bytes: int) -> int:
+    """Rows whose intermediates take at most `tile_bytes`: every result of `ops` (a view is no
+    new data) and every input the tile loads from HBM (`loaded_whole`)."""
+    inside = set(ops)
+    loaded = {v for op in ops for v in op.operands
+              if v.owner not in inside and leading(v) == tokens and loaded_whole(v, inside) is not None}
     per_row = sum(math.prod(tile_type(r.type).get_shape()) * _element_bytes(r.type)
-                  for op in ops if not isinstance(op, tcp.ViewOp) for r in op.results)  # a view is no new data
+                  for r in [*(r for op in ops if not isinstance(op, tcp.ViewOp) for r in op.results), *loaded])
     rows = max(1, min(tokens, tile_bytes // max(1, per_row)))
     return rows - rows % 8 if rows >= 8 else rows
 
@@ -86,15 +126,19 @@ def _element_bytes(t: object) -> int:
 
 
 def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, add,
-                mapping: dict[SSAValue, SSAValue]) -> None:
-    """Append `ops` working on `rows` tokens from `offset` (outside inputs sliced on demand)."""
+                mapping: dict[SSAValue, SSAValue], rows_in_hbm: Callable[[SSAValue], SSAValue | None]) -> None:
+    """Append `ops` working on `rows` tokens from `offset` (outside inputs sliced on demand, or
+    loaded from HBM where `rows_in_hbm` gives their rows there)."""
 
     def tile_of(v: SSAValue) -> SSAValue:
         if v not in mapping:
             if leading(v) != tokens:
                 return v
-            name = f"{v.name_hint}_tile" if v.name_hint else None
-            mapping[v] = add(tile.SliceOp(v, offset, tile_type(v.type, rows)), name)
+            source = rows_in_hbm(v)
+            named = v if source is None else source
+            name = f"{named.name_hint}_tile" if named.name_hint else None
+            shape = tile_type(v.type, rows)
+            mapping[v] = add(tile.SliceOp(v, offset, shape) if source is None else tile.LoadOp(source, offset, shape), name)
         return mapping[v]
 
     for op in ops:
@@ -134,7 +178,9 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     that fits whole but makes at least MIN_SPLIT_VECTOR_BYTES is cut into a tile per cluster:
     without it, a router that just fits whole ran on one cluster, and one just too large for
     that ran on two, faster (benchmarks/monotone.py: T = 360 took more cycles than T = 368)."""
-    candidates = [op for op in block.ops if phase_of(op) == phase and is_row_parallel(op, tokens) and op not in whole]
+    tail = layer_tail(block)
+    candidates = [op for op in block.ops
+                  if loop_phase(op, tail) == phase and is_row_parallel(op, tokens) and op not in whole]
     chosen = select_ops(block, candidates)
     if not chosen:
         return False
@@ -143,7 +189,11 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         return True
     ops = split_shared_constants(chosen)
     escaping = escaping_results(ops)
-    rows = tile_rows(ops, tokens, tile_bytes)
+    # A tile's intermediates fit beside the SRAM buffers its results go to, in the one cluster
+    # whose engines run it (DeepSeek-V3's f32 tokens for its router, 117 MB at T = 4096); when
+    # those buffers alone exceed it, no tile size helps, and the memory plan spills.
+    room = machine_of(chosen[0]).cluster_sram_bytes - sum(stored_bytes(r.type) for r in escaping if not goes_to_hbm(r))
+    rows = tile_rows(ops, tokens, min(tile_bytes, room) if room > 0 else tile_bytes)
     if not escaping:
         whole.update(ops)
         return True
@@ -152,7 +202,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         made = sum(stored_bytes(r.type) for op in ops if op.dialect_name() == "ve" for r in op.results)
         if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
             even = balanced_rows(tokens, rows, clusters)
-            trial = _tile_loop(ops, escaping, even, tokens)
+            trial = _tile_loop(ops, escaping, even, tokens, phase)
             if worth_splitting(trial[1], machine_of(chosen[0])):
                 rows = even
             for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
@@ -160,9 +210,13 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     if rows >= tokens:
         whole.update(ops)
         return True
-    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens,
+    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens, phase,
                                               empty_tile_indices(block, ops, escaping, tokens))
+    absorbed = set(ops)
+    inputs = {v for op in ops for v in op.operands if v.owner not in absorbed}  # whole copies the tiles replace go
     replace_by_loop(block, ops, escaping, results, [*before, *after])
+    for v in inputs:
+        _erase_unread_copy(v)
     return True
 
 
@@ -173,13 +227,14 @@ a2a_tokens, which compute on the vector engine)."""
 
 def goes_to_hbm(result: SSAValue) -> bool:
     """Whether a loop's `result` is written tile by tile to HBM rather than kept in SRAM: when
-    it is larger than a cluster's SRAM (the module's target's) and only DMA commands and collectives read it (through
-    views), which read HBM where it is (a mesh chip's rows to return, at prefill). A compute
-    engine reads SRAM, so a result it reads stays there, for the memory plan to place."""
+    only DMA commands, collectives and the function's return read it (through views), which
+    read HBM where it is, and either the function returns it (the layer's output ends in HBM,
+    each tile stored as it is made) or it is larger than a cluster's SRAM (the module's
+    target's: a mesh chip's rows to return, at prefill). A compute engine reads SRAM, so a
+    result it reads stays there, for the memory plan to place."""
     owner = result.owner
     assert isinstance(owner, Operation)
-    if stored_bytes(result.type) <= machine_of(owner).cluster_sram_bytes:
-        return False
+    returned = False
     pending, seen = [result], set()
     while pending:
         value = pending.pop()
@@ -189,9 +244,11 @@ def goes_to_hbm(result: SSAValue) -> bool:
                 if user not in seen:
                     seen.add(user)
                     pending.append(user.result)
+            elif isinstance(user, func.ReturnOp):
+                returned = True
             elif not isinstance(user, (*DMA_OPS, *LINK_OPS)):
                 return False
-    return True
+    return returned or stored_bytes(result.type) > machine_of(owner).cluster_sram_bytes
 
 
 def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAValue], tokens: int) -> SSAValue | None:
@@ -213,14 +270,43 @@ def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAVal
     return gathers[0].indices if len(gathers) == 1 else None
 
 
-def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int,
+def loaded_whole(value: SSAValue, inside: set[Operation]) -> SSAValue | None:
+    """The HBM value that `value`, an SRAM input of a token loop over `inside`, copies whole (a
+    `tcp.load`, through views: the tokens loaded for the router, a shared expert's rows loaded
+    after its loop) when only `inside` reads that copy. The loop then loads each tile's rows
+    from HBM (`tile.load`) and the whole copy goes: it held all T rows in one cluster's SRAM
+    for a loop that reads them a tile at a time. None otherwise."""
+    source = value
+    while isinstance(source.owner, tcp.ViewOp):
+        source = source.owner.input
+    load = source.owner
+    if not isinstance(load, tcp.LoadOp) or not in_hbm(load.input):
+        return None
+
+    def read_inside(v: SSAValue) -> bool:
+        return all(use.operation in inside
+                   or (isinstance(use.operation, tcp.ViewOp) and read_inside(use.operation.result)) for use in v.uses)
+
+    return load.input if read_inside(load.result) else None
+
+
+def _erase_unread_copy(value: SSAValue) -> None:
+    """Erase `value` and the views and load it was made by, as far as nothing else reads them."""
+    while not value.uses and isinstance(owner := value.owner, (tcp.ViewOp, tcp.LoadOp)):
+        value = owner.operands[0]
+        owner.detach()
+        owner.erase()
+
+
+def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
                skip_by: SSAValue | None = None) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
-    """The token-tile loop over `ops` in tiles of `rows` (not yet in the block): the ops before
-    it, the loop, the ops after it (the loop and the remainder) and the escaping results. With
-    `skip_by` (empty_tile_indices), a tile whose indices are all -1 is skipped: its largest
-    index (a vector reduction) decides an `scf.if` (`tile.guard`) around the tile's work."""
+    """The token-tile loop of `phase` over `ops` in tiles of `rows` (not yet in the block): the
+    ops before it, the loop, the ops after it (the loop and the remainder) and the escaping
+    results. With `skip_by` (empty_tile_indices), a tile whose indices are all -1 is skipped:
+    its largest index (a vector reduction) decides an `scf.if` (`tile.guard`) around the tile's
+    work."""
     main = tokens - tokens % rows
-    marker = {PHASE_ATTR: ops[-1].attributes[PHASE_ATTR]}
+    marker = {PHASE_ATTR: StringAttr(phase)}
 
     before: list[Operation] = [c0 := index_constant(0), c_main := index_constant(main), c_rows := index_constant(rows)]
     buffers = [tile.BufferOp("hbm" if goes_to_hbm(r) else "sram", r.type) for r in escaping]
@@ -231,6 +317,21 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     body = Block(arg_types=[IndexType(), *(b.result.type for b in buffers)])
     offset, *buffer_args = body.args
     offset.name_hint = "row"
+
+    inside = set(ops)
+    from_hbm: dict[SSAValue, SSAValue | None] = {}
+
+    def rows_in_hbm(v: SSAValue) -> SSAValue | None:
+        """`v`'s rows in HBM, when the loop loads them a tile at a time (`loaded_whole`)."""
+        if v not in from_hbm:
+            source = loaded_whole(v, inside)
+            if source is not None and source.type != v.type:  # a view of the HBM value, before the loop
+                view = tcp.ViewOp(source, list(shape_of(v.type)))
+                view.result.name_hint = v.name_hint
+                before.append(view)
+                source = view.result
+            from_hbm[v] = source
+        return from_hbm[v]
 
     def add_to(target: Block):
         def add(op: Operation, name: str | None = None) -> SSAValue:
@@ -250,7 +351,7 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
         mapping[skip_by] = indices
         flat = add(tcp.ViewOp(indices, [1, math.prod(shape_of(indices.type))]))
         runs = add(tile.GuardOp(add(ve.ReduceMaxOp(flat, 1), "top_index")), "tile_has_pairs")
-    _clone_rows(ops, rows, offset, tokens, add, mapping)
+    _clone_rows(ops, rows, offset, tokens, add, mapping, rows_in_hbm)
     stored = [add(tile.StoreOp(mapping[r], buf, offset)) for r, buf in zip(escaping, buffer_args)]
     body.add_op(scf.YieldOp(*stored))
     if runs is not None:
@@ -264,7 +365,7 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
         add_rest = add_to(rest)
         c_rest = add_rest(index_constant(main))
         rest_mapping: dict[SSAValue, SSAValue] = {}
-        _clone_rows(ops, tokens - main, c_rest, tokens, add_rest, rest_mapping)
+        _clone_rows(ops, tokens - main, c_rest, tokens, add_rest, rest_mapping, rows_in_hbm)
         results = [add_rest(tile.StoreOp(rest_mapping[r], buf, c_rest)) for r, buf in zip(escaping, results)]
         after += list(rest.ops)
         for op in after[1:]:
@@ -279,9 +380,11 @@ def token_counts(fn: func.FuncOp) -> list[int]:
     indices (a routing plan's scatter_idx; on a mesh chip also the home chip's gather of its
     tokens' returned rows, whose tokens are fewer than the receiver's worst case: untiled,
     DeepSeek-V3's at 4096 tokens per chip on 8 chips was one 470 MB gather (a2a; 940 MB of
-    f32 rows with a2a_sum), which the memory plan streamed). The router's phase is tiled at
-    the first count only: tiling a mesh chip's router at its own tokens as well made
-    DeepSeek-V3's a2a prefill spill four buffers and take 30% longer."""
+    f32 rows with a2a_sum), which the memory plan streamed). Each phase is tiled at every
+    count, so a mesh chip's router is tiled at its own tokens, the second count: whole,
+    DeepSeek-V3's input widened to f32 took 117 MB of one cluster's SRAM at 4096 tokens per
+    chip. (Tiling it there once made DeepSeek-V3's a2a prefill spill and take 30% longer; with
+    the tokens loaded a tile at a time and the tiles sized for a cluster's SRAM it does not.)"""
     found: list[int] = []
     for op in fn.walk():
         if isinstance(op, tcp.DmaGatherOp) and phase_of(op) == "combine":
@@ -289,6 +392,27 @@ def token_counts(fn: func.FuncOp) -> list[int]:
             if rows is not None and rows not in found:
                 found.append(rows)
     return found
+
+
+def store_results(fn: func.FuncOp) -> None:
+    """The layer's results end in HBM, as the next layer's input, written once (the chip limit
+    counts those bytes): a token loop writes a result it makes to HBM tile by tile
+    (`goes_to_hbm`); any other result in SRAM (made whole: at decode, or after the loops) is
+    stored by one `tcp.store` (DMA, SRAM -> HBM) before the return. An argument returned as it
+    is, or a value in HBM, stays where it is."""
+    ret = fn.body.block.last_op
+    if not isinstance(ret, func.ReturnOp):
+        return
+    for i, value in enumerate(ret.operands):
+        if in_hbm(value):
+            continue
+        store = tcp.StoreOp(value)
+        store.result.name_hint = f"{value.name_hint}_hbm" if value.name_hint else None
+        owner = value.owner
+        phase = phase_of(owner) if isinstance(owner, Operation) else None
+        store.attributes[PHASE_ATTR] = StringAttr(phase or OTHER)
+        fn.body.block.insert_op_before(store, ret)
+        ret.operands[i] = store.result
 
 
 @dataclass(frozen=True)
@@ -307,8 +431,9 @@ class ScheduleTokensPass(ModulePass):
         clusters = self.clusters or machine.clusters
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
-                for n, tokens in enumerate(token_counts(fn)):
-                    for phase in TILED_PHASES if n == 0 else ("combine",):
+                for tokens in token_counts(fn):
+                    for phase in TILED_PHASES:
                         whole: set[Operation] = set()
                         while schedule_phase(fn.body.block, phase, tokens, tile_bytes, whole, clusters):
                             pass
+                store_results(fn)

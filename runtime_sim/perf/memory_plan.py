@@ -3,8 +3,16 @@
 Placement: function arguments (the layer's inputs and weights), stored values and what the
 compiler placed in HBM (`tcpc.space = "hbm"`, an HBM `tile.buffer`: cost_model.in_hbm) live in
 HBM; every other value an op produces is an SRAM buffer (views share their input's buffer).
-SRAM is the whole chip's, every cluster's (`Machine.sram_bytes`: clusters x slices x bytes per
-slice) in one pool, counted in bytes (no fragmentation).
+SRAM is the clusters' data memories, counted in bytes (no fragmentation), one pool per
+cluster (`Machine.cluster_sram_bytes`): a buffer lives in the SRAM of the cluster whose
+command it is for (`tcpc.cluster` of its producer, or of the reader it is reloaded for), and a
+cluster's buffers never take another cluster's space. Each slice fetches from and commits to
+its own DM (furiosa-opt book, Fetch Engine, Commit Engine); data between clusters moves by
+DMA (book, DMA Engine). So when a cluster is full, the plan spills or streams as below, within
+that cluster, even if the other has room. The exception is a buffer that only DMA commands and
+links make and read (views aside: a collective's received rows for the combine's gather), which
+any cluster's SRAM may hold, as a DMA engine reaches every DM: when its producer's cluster lacks
+the room, it goes to the other cluster with the most free bytes, before anything is spilled.
 
 Lifetime: in issue order, a buffer is resident from the command that writes it (its producer,
 or a reload) to its last reader; the function's results stay to the end. The plan walks the
@@ -13,20 +21,20 @@ every command that touched it has finished, so the command that takes that space
 `memory` dependencies on them (only on the space it actually takes). Hence the scheduled run
 never holds more than SRAM at any moment, not just in issue order.
 
-When a command's new buffers (its results, and reloads of its spilled operands) do not fit,
-the policy decides:
-- `spill` (default): evict resident buffers the command does not touch, the one needed
-  furthest in the future first (Belady), until they fit. An evicted buffer is stored to HBM
-  once (a DMA store after its producer) and loaded back (a DMA load) before its next reader.
-  Both are costed by the DMA formula and scheduled like any command.
+When a command's new buffers (its results, and reloads of its spilled operands) do not fit
+in its cluster's SRAM, the policy decides:
+- `spill` (default): evict its cluster's resident buffers the command does not touch, the one
+  needed furthest in the future first (Belady), until they fit. An evicted buffer is stored to
+  HBM once (a DMA store after its producer) and loaded back (a DMA load) before its next
+  reader. Both are costed by the DMA formula and scheduled like any command.
 - `error`: stop with SramOverflowError naming the command, the bytes it asks for and the
   bytes available.
 
-**Streaming (the `spill` policy).** A command whose own buffers do not fit in SRAM even with
-every other buffer spilled (the top-k ranking's [T, E, E] at prefill; the gathered expert
-weights of a large model) is assumed to run in tiles streamed through HBM, as a compiler
-would tile it over tokens or blocks. Its largest new buffers (results, reloads) move to HBM,
-one at a time, until the rest fits; for each:
+**Streaming (the `spill` policy).** A command whose own buffers do not fit in its cluster's
+SRAM even with every other buffer there spilled (the top-k ranking's [T, E, E] at prefill; the
+gathered expert weights of a large model) is assumed to run in tiles streamed through HBM, as a
+compiler would tile it over tokens or blocks. Its largest new buffers (results, reloads) move
+to HBM, one at a time, until the rest fits; for each:
 - a result is written out tile by tile: a *stream out* (SRAM -> HBM) after the command, and
   the buffer lives in HBM from then on (its readers reload it if it fits them, or stream it);
 - a spilled or streamed operand is read in tile by tile: a *stream in* (HBM -> SRAM) before
@@ -43,6 +51,13 @@ Where a command of theirs reads a value in HBM (hand-written IR, or a partial pi
 router's matmul on the tokens without load-arguments), the operand is streamed in before the
 command the same way (one stream per reading command, costed, in the report's streams), so
 such a read is never free. The compiler's own output has none (tests/test_schedule.py).
+
+**Another cluster's SRAM.** Likewise, where a command of theirs reads a buffer that lives in
+another cluster's SRAM (hand-written IR: a value made on cluster 0 read by an op pinned to
+cluster 1), the buffer is copied to the reader's cluster before the command, by one DMA copy
+SRAM -> SRAM costed as `tile.copy` is (one per reading command, taking no SRAM, in the
+report's streams as `cluster`). A DMA command reads any cluster's SRAM where it is. The
+compiler's own output has none: split-clusters copies what crosses (`tile.copy`).
 
 DMA commands (gathers, scatters, loads) never stream through SRAM. One whose result does not
 fit delivers the rows straight into its readers' tiles: the result is *fused* into its readers
@@ -75,7 +90,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from runtime_sim.perf.cost_model import DMA, NONE, OpCost
+from runtime_sim.perf.cost_model import DMA, LINK, NONE, OpCost
 from runtime_sim.perf.free_space import FreeSpace
 from target.machine import Machine
 from runtime_sim.perf.op_trace import Trace, TracedOp
@@ -113,10 +128,12 @@ class Stream:
     bytes: int
     """Bytes moved: the buffer, or for `in` the bytes of its HBM copy."""
     op: str
-    direction: Literal["in", "out", "fused", "read"]
+    direction: Literal["in", "out", "fused", "read", "cluster"]
     """`out`: the command writes the buffer to HBM; `in`: it reads the buffer from HBM;
     `fused`: a DMA command's result goes straight into its readers' tiles; `read`: a computing
-    engine's command reads a value in HBM, streamed in before it (not a matter of size)."""
+    engine's command reads a value in HBM, streamed in before it (not a matter of size);
+    `cluster`: a computing engine's command reads a buffer in another cluster's SRAM, copied
+    over before it (not a matter of size either)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +158,8 @@ class Residency:
     bytes: int
     start: int
     until: tuple[int, ...] | None
+    cluster: int = 0
+    """Whose SRAM holds it."""
 
 
 @dataclass
@@ -194,7 +213,13 @@ class MemoryPlanner:
         self.size, self.labels = trace.buffer_bytes, trace.buffer_labels
         self.end = len(trace.ops)
         self.capacity = machine.sram_bytes
+        self.clusters = machine.clusters
+        self.cluster_capacity = machine.cluster_sram_bytes
+        """What each cluster's SRAM holds: a buffer lives in one cluster's."""
         self.uses, self.last = self._lifetimes()
+        self.movable = self._moved_by_dma() if self.clusters > 1 else set()
+        """Buffers that only DMA engines and links write and read (views aside): any cluster's
+        SRAM may hold them."""
         # The plan so far.
         self.tasks: list[Task] = []
         self.extra: dict[int, ExtraOp] = {}
@@ -207,12 +232,14 @@ class MemoryPlanner:
         self.free = FreeSpace(self.capacity, machine.clusters)
         self.live: dict[int, int] = {}
         """Buffer -> bytes, resident and still to be read, in the order their stays began."""
-        self.live_bytes = 0
+        self.live_bytes = [0] * self.clusters
+        """Cluster -> the bytes resident in its SRAM."""
+        self.live_total = 0
         self.home: dict[int, int] = {}
         """Buffer -> the command that wrote its current stay (its producer or a reload)."""
         self.cluster: dict[int, int] = {}
-        """Buffer -> the cluster of the command its current stay is for (its producer, or the
-        reader it was reloaded for)."""
+        """Buffer -> the cluster whose SRAM holds its current stay: that of the command the
+        stay is for (its producer, or the reader it was reloaded for)."""
         self.readers: dict[int, list[int]] = {}
         """Buffer -> the commands that read its current stay."""
         self.stay: dict[int, int] = {}
@@ -220,8 +247,9 @@ class MemoryPlanner:
         self.stays = 0
         self.deaths: list[tuple[int, int, int]] = []
         """Heap of (last reader, stay, buffer): stale once the stay ended or the buffer lives longer."""
-        self.ranks: list[tuple[int, int, int]] = []
-        """Heap of (-next reader, buffer, version): the buffer needed furthest in the future first."""
+        self.ranks: list[list[tuple[int, int, int]]] = [[] for _ in range(self.clusters)]
+        """Cluster -> heap of (-next reader, buffer, version) of its buffers: the buffer needed
+        furthest in the future first."""
         self.rank_version: dict[int, int] = {}
         # HBM.
         self.stored: dict[int, tuple[int, ...]] = {}
@@ -251,12 +279,21 @@ class MemoryPlanner:
         last = {b: max([first.get(b, 0), *uses[b], self.end if b in outputs else 0]) for b in self.size}
         return uses, last
 
+    def _moved_by_dma(self) -> set[int]:
+        """The buffers a DMA command or a link makes and only DMA commands, links and views
+        read: a DMA engine reaches every cluster's SRAM (the book, DMA Engine), so such a
+        buffer need not live in its producer's cluster."""
+        ops, movers = self.trace.ops, (DMA, LINK)
+        made = {b: t.cost.engine for t in ops for b in t.writes}
+        return {b for b, engine in made.items()
+                if engine in movers and all(ops[u].cost.engine in (*movers, NONE) for u in self.uses[b])}
+
     def plan(self) -> MemoryPlan:
         for t in self.trace.ops:
             self.release_dead(t.index)
             self.place(t)
         for b in self.live:
-            self.residencies.append(Residency(self.labels[b], self.size[b], self.home[b], None))
+            self.residencies.append(Residency(self.labels[b], self.size[b], self.home[b], None, self.cluster[b]))
         return MemoryPlan(self.tasks, self.extra, self.peak, self.capacity, self.spills, self.residencies,
                           self.streams, self.costs)
 
@@ -266,47 +303,62 @@ class MemoryPlanner:
         the common case, and a long program has hundreds of thousands of commands.)"""
         index, size = t.index, self.size
         engine = t.cost.engine
+        cluster = t.cluster % self.clusters
         deps = list(t.deps)
         if self.fused:
             deps += self.refetch_fused(t)
         missing = [b for b in dict.fromkeys(t.reads) if b in self.evicted] if self.evicted else []
-        # Free commands move no data; DMA commands read an HBM copy where it is.
-        reloads = missing if engine not in (NONE, DMA) else []
+        # Free commands move no data; DMA commands read an HBM copy where it is, and any
+        # cluster's SRAM; a computing engine reads its own cluster's SRAM only.
+        computes = engine not in (NONE, DMA)
+        reloads = missing if computes else []
         direct = missing if engine == DMA else []
+        far = [b for b in dict.fromkeys(t.reads) if self.cluster.get(b, cluster) != cluster and b in self.live] \
+            if computes and self.clusters > 1 else []
         writes = list(t.writes)
         need = sum(size[b] for b in reloads) + sum(size[b] for b in writes)
-        if need > self.free.bytes and self.policy == "error":
-            raise SramOverflowError(t.label, need, self.free.bytes, self.capacity)
+        free = self.free.free
+        elsewhere = self.place_elsewhere(cluster, writes, need) if need > free[cluster] and self.movable else {}
+        if elsewhere:
+            need -= sum(size[b] for b in elsewhere)
+            writes = [b for b in writes if b not in elsewhere]
+        if need > free[cluster] and self.policy == "error":
+            raise SramOverflowError(t.label, need, free[cluster], self.cluster_capacity,
+                                    f" in cluster {cluster}'s SRAM" if self.clusters > 1 else "")
         stream_in: list[int] = []
         stream_out: list[int] = []
-        if self.live_bytes + need > self.capacity:  # else it fits beside every resident buffer
-            stream_in, stream_out = self.choose_streams(t, reloads + writes, need)
+        if self.live_bytes[cluster] + need > self.cluster_capacity:  # else it fits beside every resident buffer
+            stream_in, stream_out = self.choose_streams(t, cluster, reloads + writes, need)
             reloads = [b for b in reloads if b not in stream_in]
             writes = [b for b in writes if b not in stream_out]
             need -= sum(size[b] for b in stream_in) + sum(size[b] for b in stream_out)
         if self.refetched_at:
             self.rank(self.refetched_at.pop(index, ()), index)  # sources `t` reads again by a refetch
-        if need > self.free.bytes:
-            self.spill_for(t, need)
-        wait = tuple(dict.fromkeys(self.free.take(need, t.cluster))) if need else ()
+        if need > free[cluster]:
+            self.spill_for(t, cluster, need)
+        wait = tuple(dict.fromkeys(self.free.take(need, cluster))) if need else ()
+        if elsewhere:
+            wait = tuple(dict.fromkeys([*wait, *(w for b, c in elsewhere.items() for w in self.free.take(size[b], c))]))
         if stream_in:
             deps += self.stream_in(t, stream_in)
         if t.hbm_reads:
             deps += self.stream_hbm_operands(t)
+        if far:
+            deps += self.copy_across(t, far)
         if reloads:
             deps += self.reload(t, reloads, wait)
         if direct or stream_out:
             deps += self.read_from_hbm(t, direct, stream_out)
         for b in writes:
-            self.hold(b, index)
-        for b in (*writes, *reloads):
-            self.cluster[b] = t.cluster
+            self.hold(b, index, cluster)
+        for b, c in elsewhere.items():
+            self.hold(b, index, c)
         live, readers = self.live, self.readers
         for b in t.reads:
             if b in live:
                 readers[b].append(index)
-        if self.live_bytes > self.peak:
-            self.peak = self.live_bytes
+        if self.live_total > self.peak:
+            self.peak = self.live_total
         self.schedule(t, deps, wait)
         if stream_out:
             self.stream_out(t, stream_out)
@@ -314,10 +366,12 @@ class MemoryPlanner:
 
     # --- SRAM stays -------------------------------------------------------------------------
 
-    def hold(self, b: int, home: int) -> None:
-        """Begin a stay of `b` in SRAM, written by command `home`."""
+    def hold(self, b: int, home: int, cluster: int) -> None:
+        """Begin a stay of `b` in `cluster`'s SRAM, written by command `home`."""
         self.live[b] = self.size[b]
-        self.live_bytes += self.size[b]
+        self.cluster[b] = cluster
+        self.live_bytes[cluster] += self.size[b]
+        self.live_total += self.size[b]
         self.home[b], self.readers[b] = home, []
         self.stay[b] = stay = self.stays
         self.stays += 1
@@ -326,10 +380,12 @@ class MemoryPlanner:
     def release(self, b: int) -> None:
         """End `b`'s stay: its space is free once its writer and every reader have ended."""
         wait = tuple(dict.fromkeys([self.home[b], *self.readers[b]]))
-        self.residencies.append(Residency(self.labels[b], self.size[b], self.home[b], wait))
-        self.free.add(self.size[b], wait, self.cluster.get(b, 0))
+        cluster = self.cluster[b]
+        self.residencies.append(Residency(self.labels[b], self.size[b], self.home[b], wait, cluster))
+        self.free.add(self.size[b], wait, cluster)
         del self.live[b]
-        self.live_bytes -= self.size[b]
+        self.live_bytes[cluster] -= self.size[b]
+        self.live_total -= self.size[b]
 
     def release_dead(self, index: int) -> None:
         """Release every buffer whose last reader comes before command `index`, in the order
@@ -359,41 +415,58 @@ class MemoryPlanner:
                 uses = self.uses[b]
                 i = bisect.bisect_right(uses, index)
                 version = versions[b] = versions.get(b, 0) + 1
-                heapq.heappush(ranks, (-(uses[i] if i < len(uses) else self.end), b, version))
+                heapq.heappush(ranks[self.cluster[b]], (-(uses[i] if i < len(uses) else self.end), b, version))
 
     # --- making room --------------------------------------------------------------------------
 
-    def choose_streams(self, t: TracedOp, new: list[int], need: int) -> tuple[list[int], list[int]]:
+    def place_elsewhere(self, cluster: int, writes: list[int], need: int) -> dict[int, int]:
+        """Results only DMA engines touch (`movable`) that go to another cluster's SRAM because
+        `cluster`'s lacks the room for `need` bytes: the largest first, each to the cluster
+        with the most free bytes that holds it (the lowest on a tie), until the rest fits."""
+        moved: dict[int, int] = {}
+        free = list(self.free.free)
+        for b in sorted((b for b in writes if b in self.movable), key=lambda b: (-self.size[b], b)):
+            if need <= free[cluster]:
+                break
+            other = max((c for c in range(self.clusters) if c != cluster), key=lambda c: (free[c], -c))
+            if free[other] >= self.size[b]:
+                moved[b] = other
+                free[other] -= self.size[b]
+                need -= self.size[b]
+        return moved
+
+    def choose_streams(self, t: TracedOp, cluster: int, new: list[int], need: int) -> tuple[list[int], list[int]]:
         """The new buffers (`new`: reloads and results) `t` streams through HBM, largest first,
-        until the rest fits beside its resident operands even with everything else spilled:
-        (operands streamed in, results streamed out)."""
+        until the rest fits in `cluster`'s SRAM beside its resident operands there, even with
+        everything else spilled: (operands streamed in, results streamed out)."""
         stream_in: list[int] = []
         stream_out: list[int] = []
-        resident = sum(self.size[b] for b in dict.fromkeys(t.reads) if b in self.live)
+        resident = sum(self.size[b] for b in dict.fromkeys(t.reads) if self.cluster.get(b) == cluster and b in self.live)
         for b in sorted(new, key=lambda b: (-self.size[b], b)):
-            if resident + need <= self.capacity:
+            if resident + need <= self.cluster_capacity:
                 break
             need -= self.size[b]
             (stream_out if b in t.writes else stream_in).append(b)
         return stream_in, stream_out
 
-    def spill_for(self, t: TracedOp, need: int) -> None:
-        """Spill resident buffers `t` does not touch, the one needed furthest in the future
-        first (Belady), until `need` bytes are free."""
+    def spill_for(self, t: TracedOp, cluster: int, need: int) -> None:
+        """Spill resident buffers of `cluster` that `t` does not touch, the one needed furthest
+        in the future first (Belady), until `need` bytes of its SRAM are free."""
         touched = set(t.reads) | set(t.writes)
         kept: list[tuple[int, int, int]] = []
-        while need > self.free.bytes:
-            assert self.ranks, "streaming leaves a command only buffers that fit"
-            entry = heapq.heappop(self.ranks)
+        ranks = self.ranks[cluster]
+        while need > self.free.free[cluster]:
+            assert ranks, "streaming leaves a command only buffers that fit"
+            entry = heapq.heappop(ranks)
             _, b, version = entry
-            if b not in self.live or self.rank_version[b] != version:
+            if b not in self.live or self.rank_version[b] != version or self.cluster[b] != cluster:
                 continue
             if b in touched:
                 kept.append(entry)
                 continue
             self.spill(t, b)
         for entry in kept:
-            heapq.heappush(self.ranks, entry)
+            heapq.heappush(ranks, entry)
 
     def spill(self, t: TracedOp, b: int) -> None:
         """Evict `b` to make room for `t`: stored to HBM once (after its writer), then released."""
@@ -431,7 +504,7 @@ class MemoryPlanner:
             key = self.transfer(f"reload {self.labels[b]}", "tcp.load", self.size[b], False, t.phase,
                                 self.stored[b], wait)
             self.evicted.discard(b)
-            self.hold(b, key)
+            self.hold(b, key, t.cluster % self.clusters)
             keys.append(key)
         return keys
 
@@ -453,6 +526,23 @@ class MemoryPlanner:
         for name, nbytes, ready in t.hbm_reads:
             keys.append(self.transfer(f"stream in {name}", "tcp.load", nbytes, False, t.phase, ready))
             self.streams.append(Stream(name, nbytes, t.label, "read"))
+        return keys
+
+    def copy_across(self, t: TracedOp, buffers: list[int]) -> list[int]:
+        """Copy, before `t`, the buffers it reads from another cluster's SRAM (a computing
+        engine reads its own cluster's only): a DMA copy SRAM -> SRAM each, as `tile.copy`,
+        after what `t` waits for, taking no SRAM (streamed, as a value in HBM is). The
+        compiler's own output has none (split-clusters copies what crosses, tests/test_schedule.py).
+        Returns the commands."""
+        keys: list[int] = []
+        for b in buffers:
+            nbytes = self.size[b]
+            key = self.add_command(f"copy {self.labels[b]} from cluster {self.cluster[b]}", "tile.copy",
+                                   dma_copy_cost(self.machine, nbytes, src_hbm=False, dst_hbm=False), t.phase,
+                                   tuple(dict.fromkeys((self.home[b], *t.deps))))
+            self.readers[b].append(key)
+            self.streams.append(Stream(self.labels[b], nbytes, t.label, "cluster"))
+            keys.append(key)
         return keys
 
     def writes_to_hbm(self, t: TracedOp, b: int) -> bool:
@@ -560,15 +650,20 @@ def plan_memory(trace: Trace, machine: Machine, policy: SramPolicy = DEFAULT_SRA
     return MemoryPlanner(trace, machine, policy).plan()
 
 
-def scheduled_peak(plan: MemoryPlan, slots: Mapping[int, Slot]) -> int:
-    """The most SRAM bytes held at any moment of the scheduled run."""
+def scheduled_peak(plan: MemoryPlan, slots: Mapping[int, Slot], clusters: int = 1) -> tuple[int, list[int]]:
+    """The most SRAM bytes held at any moment of the scheduled run: the chip's, and each of
+    its `clusters` clusters' (each at most its own SRAM: a buffer lives in one cluster's)."""
     makespan = max((s.end for s in slots.values()), default=0)
-    events: list[tuple[int, int]] = []
+    events: list[tuple[int, int, int]] = []
     for r in plan.residencies:
         until = makespan if r.until is None else max(slots[k].end for k in r.until)
-        events += [(slots[r.start].start, r.bytes), (until, -r.bytes)]
+        events += [(slots[r.start].start, r.bytes, r.cluster), (until, -r.bytes, r.cluster)]
     held = peak = 0
-    for _, delta in sorted(events):  # at equal times frees (negative) come first
+    by_cluster = [0] * clusters
+    peaks = [0] * clusters
+    for _, delta, cluster in sorted(events, key=lambda e: (e[0], e[1])):  # at equal times frees come first
         held += delta
+        by_cluster[cluster] += delta
         peak = max(peak, held)
-    return peak
+        peaks[cluster] = max(peaks[cluster], by_cluster[cluster])
+    return peak, peaks

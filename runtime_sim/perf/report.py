@@ -258,6 +258,9 @@ class SimReport:
     critical_cycles: dict[int, int] = field(default_factory=dict)
     """Key -> the cycles the command spends on the critical path (scheduler.Schedule's; a
     command on several DMA engines is on it from its part's start, not its slot's)."""
+    cluster_peak_sram_bytes: list[int] = field(default_factory=list)
+    """Cluster -> the most bytes its SRAM held at once (each at most `machine.cluster_sram_bytes`:
+    a buffer lives in the SRAM of one cluster, whose engines read it)."""
 
     @property
     def clock_hz(self) -> float:
@@ -310,6 +313,7 @@ class SimReport:
                              "flops": r.padding.flops, "hbm_bytes": r.padding.hbm_bytes,
                              "contraction_flops": r.padding.contraction_flops, "share": r.padding.share}},
             "peak_sram_bytes": self.peak_sram_bytes,
+            "cluster_peak_sram_bytes": self.cluster_peak_sram_bytes,
             "sram_capacity_bytes": self.sram_capacity,
             "sram_policy": self.sram_policy,
             "spills": [asdict(s) for s in self.spills],
@@ -324,6 +328,13 @@ class SimReport:
             "ops": [asdict(o) for o in self.ops],
         }
 
+    def _cluster_peaks(self) -> str:
+        """`, by cluster 96.0 MB, 64.0 MB of 128 MB each` on a chip of several clusters."""
+        if len(self.cluster_peak_sram_bytes) < 2:
+            return ""
+        peaks = ", ".join(_size(p) for p in self.cluster_peak_sram_bytes)
+        return f", by cluster {peaks} of {_size(self.machine.cluster_sram_bytes)} each"
+
     def to_text(self, max_ops: int | None = None) -> str:
         """The report as text; `max_ops` bounds the op table (the first ones) and the critical
         path (its first and last ones), None for all, 0 for the summary only (without either)."""
@@ -334,14 +345,14 @@ class SimReport:
             f"roofline {r.cycles:,.0f} cycles ({r.bound}: {r.flops:,} {'FLOPs' if r.padding is None else 'useful FLOPs'} "
             f"/ {m.chip_peak_flops_per_cycle:,} per cycle, {r.hbm_bytes:,} HBM bytes / {m.hbm_bytes_per_cycle:,.0f} per cycle)",
             _padding_line(r.padding),
-            f"peak SRAM {_size(self.peak_sram_bytes)} of {_size(self.sram_capacity)} "
+            f"peak SRAM {_size(self.peak_sram_bytes)} of {_size(self.sram_capacity)}{self._cluster_peaks()} "
             f"(policy {self.sram_policy}; {len(self.spills)} spill(s), {len(self.streams)} stream(s))",
         ]
         lines += [f"  spilled {s.buffer} ({s.bytes:,} B) to make room for {s.evicted_at}" for s in self.spills]
         how = {"out": "out to HBM by", "in": "in from HBM by", "fused": "by its DMA command into its readers' tiles:",
-               "read": "in from HBM for"}
-        lines += [f"  streamed {s.buffer} ({s.bytes:,} B) {how[s.direction]} {s.op}, "
-                  + ("which reads SRAM only (a value in HBM)" if s.direction == "read" else "too large for SRAM")
+               "read": "in from HBM for", "cluster": "from another cluster's SRAM for"}
+        why = {"read": "which reads SRAM only (a value in HBM)", "cluster": "which reads its own cluster's SRAM only"}
+        lines += [f"  streamed {s.buffer} ({s.bytes:,} B) {how[s.direction]} {s.op}, {why.get(s.direction, 'too large for SRAM')}"
                   for s in self.streams]
         lines += [f"chose {c.describe()}" for c in self.choices]
         lines += [f"better block: {b.describe()}" for b in self.better_blocks or ()]

@@ -172,9 +172,10 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
     bound = layer_roofline(machine, trace, work)
     if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
         raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
+    peak, cluster_peaks = scheduled_peak(plan, sched.slots, machine.clusters)
     report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
-                       scheduled_peak(plan, sched.slots), plan.sram_capacity, sram_policy, plan.spills, plan.streams,
-                       critical_cycles=sched.critical_cycles)
+                       peak, plan.sram_capacity, sram_policy, plan.spills, plan.streams,
+                       critical_cycles=sched.critical_cycles, cluster_peak_sram_bytes=cluster_peaks)
     return report, sched
 
 
