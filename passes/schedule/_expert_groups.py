@@ -9,29 +9,32 @@ block's rows too, [B, D] x [D, F tile]: at B = 16 a slice's share of the station
 streamed operand is too small to keep the multipliers busy (target/contraction_mapping.py:
 Qwen3-30B-A3B's [16, 2048] x [2048, 512] runs at 25% of the MACs, bound by fetch).
 
-A group is R consecutive blocks (`rows`: R x B rows). Its body:
+A group is R consecutive blocks (`group=N`, else `group_blocks`: the most, a power of two, whose
+rows and what the blocks' ops make of them fit a quarter of a cluster's SRAM). Before the loop,
+vector ops on the expert ids find each group's distinct experts, its *slots* (`slot_tables`: at
+most min(R, E), by comparing ids, so any layout of the ids works), and which chunks (blocks, or
+128-row parts of blocks of a multiple of 128 rows) each slot computes: a chunk of another
+expert, or one holding only padding rows, is guarded off. Made before the loop, they hold up no
+weight load behind the previous group's work. The body:
 
 - gathers the group's rows at once (`tile.gather %x[%block_tokens_tile]`, [R, B, D]);
-- finds the distinct experts among the group's blocks (`slot_tables`: vector ops on the group's
-  ids, whatever the layout; at most min(R, E) of them, the group's *slots*), and which chunks
-  (blocks, or 128-row parts of a block) each slot's contractions compute: a chunk of another
-  expert, or one holding only padding rows, is skipped by the contraction's guard;
 - for each slot, in order, runs the F tiles as a block does: loads the tile of the slot's
   expert (`tile.load_expert` by the slot's id), contracts the group's rows with it
   (`tcp.contract "gbd,df->gbf"`: one weight for every chunk, so the mapping streams the
   group's rows past a stationary weight, or the weight past them; each chunk gets the bits
   of its own block's product, numerics.contract), runs the column work on the group's rows,
   and adds its share of the down-projection to the group's f32 sum (`acc`). The slots share
-  that sum: a skipped chunk keeps it. A slot no expert fills (`tile.guard` of its id) is an
-  `scf.if` that yields its carried values unchanged;
-- stores each block's rows, guarded by the block's id (so split-clusters' copies store only
-  the blocks of the experts they own).
+  that sum: a guarded-off chunk keeps it. A slot after the first is an `scf.if` on its id, so
+  a group of fewer experts skips the rest;
+- stores the group's rows in one command guarded chunk by chunk (`tile.store ... guard`, one
+  id per chunk): split-clusters' copies write only the blocks of the experts they own, and no
+  copy writes an unused block or a chunk of padding.
 
-So a weight tile crosses HBM once per expert and group, and contracts R x B rows (a slot's
-share of them) instead of B. More than one slot sum into one accumulator: it starts at -0.0, the
-additive identity (+0.0 + -0.0 is +0.0), so a chunk's sum has the bits it would have without
-one. With one slot (one block, or one expert) the sum starts from the first tile's product as
-in block order.
+So a weight tile crosses HBM once per expert and group, and a contraction takes all the rows
+an expert has in the group instead of a block's. More than one slot add into one accumulator:
+it starts at -0.0, the additive identity (-0.0 + x is x for every x, where +0.0 + -0.0 is
++0.0), so each chunk's sum has the bits it has alone. With one slot (one block, or one expert)
+the sum starts from the first tile's product as in block order.
 
 The loop runs over the groups of R blocks; when R does not divide G the remaining blocks run in
 a second loop of one group. The row gather of a group waits for the last contraction of the
@@ -225,13 +228,18 @@ class GroupLoop:
     """The loop over groups of `group` blocks from block `first` to `last` (see the module
     docstring); `build` makes it and the ops it needs before it."""
 
-    def __init__(self, plan: GroupPlan, group: int, first: int, last: int, dispatched: list[SSAValue]):
+    index: SSAValue
+    """The first block of the iteration's group."""
+    group_wait: SSAValue
+    """What the group's row gather waits for: the last contraction GROUPS_AHEAD groups before."""
+
+    def __init__(self, plan: GroupPlan, group: int, first: int, last: int):
         self.plan, self.group, self.first, self.last = plan, group, first, last
         self.chunk = chunk_rows(plan.rows)
         self.parts = plan.rows // self.chunk
         self.chunks = group * self.parts
         self.slots = min(group, plan.experts)
-        self.dispatched = dispatched
+        self.dispatched = [plan.tokens]  # a weight load also waits for the row index: the loop starts from the dispatch
         self.per_expert = per_expert_values(plan.ops, plan.gathers)
         self.before: list[Operation] = []
         self.mapping: dict[SSAValue, SSAValue] = {}
@@ -241,11 +249,12 @@ class GroupLoop:
 
     def add(self, op: Operation, name: str | None = None) -> SSAValue:
         """Append `op` to the block being built (its phase the plan's); its first result."""
+        assert op.results, "every op the loop builds has a result"
         op.attributes.setdefault(PHASE_ATTR, self.plan.phase)
         self.target.add_op(op)
-        if name is not None and op.results:
+        if name is not None:
             op.results[0].name_hint = name
-        return op.results[0] if op.results else None  # type: ignore[return-value]
+        return op.results[0]
 
     def hoist(self, op: Operation) -> SSAValue:
         """A constant made once before the loop."""
@@ -254,6 +263,7 @@ class GroupLoop:
         return op.results[0]
 
     def view(self, value: SSAValue, shape: list[int]) -> SSAValue:
+        """`value` seen as `shape` (a free view; itself when it has that shape)."""
         if list(shape_of(value.type)) == shape:
             return value
         return self.add(tcp.ViewOp(value, shape))
@@ -548,7 +558,6 @@ def build_group_loops(block: Block, plan: GroupPlan, group: int) -> list[scf.For
     """Replace the plan's ops in `block` by the loop over its groups of `group` blocks (and one
     more for the blocks left over); their HBM result buffers are what the ops' readers read."""
     blocks = plan.blocks
-    dispatched = [plan.tokens]
     full = blocks - blocks % group
     buffers = [tile.BufferOp("hbm", r.type) for r in plan.escaping]
     for b, r in zip(buffers, plan.escaping):
@@ -560,7 +569,7 @@ def build_group_loops(block: Block, plan: GroupPlan, group: int) -> list[scf.For
     for first, last, size in ((0, full, group), (full, blocks, blocks - full)):
         if last <= first:
             continue
-        builder = GroupLoop(plan, size, first, last, dispatched)
+        builder = GroupLoop(plan, size, first, last)
         loop = builder.build(current)
         new_ops += [*builder.before, loop]
         loops.append(loop)
