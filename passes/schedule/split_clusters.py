@@ -310,7 +310,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
         copy: list[Operation] = []
         copies.append(copy)
         mapping: dict[SSAValue, SSAValue] = {index: new_index}
-        own = made.own.setdefault(c, {})
+        own: dict[SSAValue, SSAValue | None] = made.own.setdefault(c, {}) if grouped else {}
         if grouped:  # the ids, and a group's rows, as this cluster owns them
             own[expert_ids] = owned[c]
             for tokens in group_rows:
