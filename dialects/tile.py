@@ -25,7 +25,10 @@ from and goes to, so the placement is in the IR, not guessed by the simulator:
   condition of the `scf.if` that skips an unused block's whole body.
 
 A `guard` (one i32, a block's expert id) skips a load or store when negative: a skipped load
-gives zeros, a skipped store leaves the buffer as it is; the guard itself costs a little. The
+gives zeros, a skipped store leaves the buffer as it is; the guard itself costs a little. A
+store's guard may also hold n ids for n equal parts of its tile (its elements in order: a
+group's blocks, or their 128-row parts): the parts whose id is negative are not written, as a
+DMA scatter skips an index of -1, and the command moves only the others. The
 expert loop guards each cluster's copy of a block's work by the block's expert id masked to
 the experts that cluster owns. `tile.copy` moves a tensor between clusters' SRAM by DMA.
 
@@ -39,6 +42,8 @@ semantics: runtime_sim/semantics/tile_semantics.py; costs: runtime_sim/perf/tile
 """
 
 from __future__ import annotations
+
+import math
 
 from xdsl.dialects.builtin import DenseArrayBase, IndexType, StringAttr, TensorType, i1, i64
 from xdsl.ir import Attribute, Dialect, SSAValue
@@ -212,6 +217,17 @@ class StoreOp(IRDLOperation):
     def verify_(self) -> None:
         _rows_match(self.tile.type, self.dest.type, self.name)
         expect(self.result.type == self.dest.type, "tile.store: the result is the destination buffer")
+        if self.guard is not None:
+            parts = shape_of(self.guard.type)
+            expect(is_int_type(self.guard.type.get_element_type()) and len(parts) == 1  # type: ignore[attr-defined]
+                   and math.prod(shape_of(self.tile.type)) % parts[0] == 0,
+                   f"tile.store: the guard must be i32 [n], n parts of {format_type(self.tile.type)}, "
+                   f"got {format_type(self.guard.type)}")
+
+
+def guards_parts(op: StoreOp) -> bool:
+    """Whether a store's guard holds one id per part of its tile (rather than one for all)."""
+    return op.guard is not None and shape_of(op.guard.type)[0] > 1
 
 
 @irdl_op_definition

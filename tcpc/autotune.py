@@ -1,11 +1,13 @@
 """Choices by the cost model: a scatter's block size (`block=auto`, and the default when the
-program's block cannot fit) and lower-topk's strategy (`strategy=auto`).
+program's block cannot fit), lower-topk's strategy (`strategy=auto`) and the expert loop's
+order (`schedule-experts{order=auto}`: a block at a time, or groups of blocks sharing each
+weight tile, passes/schedule/_expert_groups.py).
 
 Each alternative is compiled through the full pipeline and simulated cost-only (no values:
 pin-routing, then runtime_sim.perf.cost_only) on the run's machine with the run's routing
 scenario (balanced unless the run names another); the alternative with the fewest total
 cycles wins, ties going to the first one tried (the smaller block; `rank`, the default
-strategy). The choice lives here, in the driver: passes never import the performance model
+strategy; `block`, the default order). The choice lives here, in the driver: passes never import the performance model
 (the layering rule), so a pass given `strategy=auto` without the driver refuses to run.
 
 Block candidates are kept few, so that a decode compile stays fast: the powers of two from a
@@ -32,14 +34,15 @@ from pathlib import Path
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from passes.lowering.lower_topk import AUTO_STRATEGY, DEFAULT_STRATEGY, STRATEGIES, LowerTopKPass
+from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES
+from passes.schedule.schedule_experts import ORDERS
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.report import BetterBlock, Choice
 from runtime_sim.perf.routing_scenarios import SCENARIOS
 from target.machine import Machine
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, parse_pipeline, pipeline_spec
+from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, is_auto, parse_pipeline, pipeline_spec
 from tcpc.program import print_ir
 
 BLOCK_SPREAD = 4
@@ -113,14 +116,15 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
 
 
 def block_cycles(auto: AutoBlock, blocks: Mapping[Loc, int], build: Callable[[Mapping[Loc, int]], ModuleOp],
-                 machine: Machine, routing: str | Path, seed: int) -> Callable[[int], int]:
+                 machine: Machine, routing: str | Path, seed: int) -> Callable[..., int]:
     """The cycles of `auto`'s graph with its scatter at a given block and the others at `blocks`
-    (as built where not given), each block costed once."""
+    (as built where not given), in the expert loop `order` given (default: the pass's), each
+    block and order costed once."""
     @functools.cache
-    def cycles_of(block: int) -> int:
+    def cycles_of(block: int, order: str = ORDERS[0]) -> int:
         module = build({**blocks, auto.loc: block})
-        # top-k at the pass's default: the strategy is chosen after the block, at the block chosen
-        pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY)
+        # top-k and the loop order at the passes' defaults: they are chosen after the block, at the block chosen
+        pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=order)
         return cost_cycles(module, [auto.graph], parse_pipeline(pipeline), machine, routing, seed)
     return cycles_of
 
@@ -147,13 +151,16 @@ def better_blocks(fixed: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]
                   machine: Machine, routing: str | Path = "balanced", seed: int = 0) -> list[BetterBlock]:
     """The scatters whose fixed block takes more than BETTER_BLOCK_RATIO times the cycles of
     the block `choose_block` picks in its place (the other scatters as built), with both blocks'
-    cycles: what block=auto would have given. `build` compiles the program with the given blocks."""
+    cycles: what block=auto would have given. The fixed block is costed in the expert loop
+    order the run would choose for it (groups of blocks make a small block cheap where a
+    block at a time refetches its expert's weights), the search's blocks as block=auto costs
+    them. `build` compiles the program with the given blocks."""
     better: list[BetterBlock] = []
     for scatter in fixed:
         assert scatter.given is not None, "a fixed block is given"
         cycles_of = block_cycles(scatter, {}, build, machine, routing, seed)
         best, tried = choose_block(scatter, cycles_of)
-        given, fewest = cycles_of(scatter.given), dict(tried)[best]
+        given, fewest = min(cycles_of(scatter.given, order) for order in ORDERS), dict(tried)[best]
         if given > BETTER_BLOCK_RATIO * fewest:
             better.append(BetterBlock(_where(filename, scatter.loc), scatter.given, given, best, fewest, str(routing),
                                       scatter.dim))
@@ -164,35 +171,46 @@ def _where(filename: str, loc: Loc) -> str:
     return f"{filename}:{loc.line}:{loc.col}"
 
 
-def resolve_strategies(module: ModuleOp, passes: Sequence[ModulePass], functions: Sequence[str], machine: Machine,
-                       routing: str | Path = "balanced", seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
-    """`passes` with every `lower-topk{strategy=auto}` replaced by the strategy of fewest
-    cycles. Each strategy is costed fully lowered: the given passes, then the passes of the
-    full pipeline that they do not name, in its order, so a pipeline that stops
-    early (`--emit lowered`) chooses as the full one does."""
+AUTO_CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "lower-topk": ("strategy", STRATEGIES),
+    "schedule-experts": ("order", ORDERS),
+}
+"""Pass -> the option the driver chooses when it is `auto` and its alternatives, the pass's
+default first (a tie keeps it): lower-topk's strategy, schedule-experts' loop order."""
+
+
+def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Sequence[str], machine: Machine,
+                  routing: str | Path = "balanced", seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
+    """`passes` with every `auto` option (`AUTO_CHOICES`) replaced by the alternative of fewest
+    cycles, in pipeline order (an `auto` later in the pipeline costs as its pass's default
+    while an earlier one is chosen). Each alternative is costed fully lowered: the given
+    passes, then the passes of the full pipeline that they do not name, in its order, so a
+    pipeline that stops early (`--emit lowered`) chooses as the full one does."""
     resolved = list(passes)
     choices: list[Choice] = []
     full = parse_pipeline(pipeline_spec(topk_strategy=None))
     for i, p in enumerate(resolved):
-        if not (isinstance(p, LowerTopKPass) and p.strategy == AUTO_STRATEGY):
+        if not is_auto(p):
             continue
+        option, alternatives = AUTO_CHOICES[p.name]
         named = {q.name for q in resolved}
         rest = [q for q in full if q.name not in named]
 
-        def cycles_of(strategy: str, i: int = i, p: LowerTopKPass = p) -> int:
-            trial = [replace(p, strategy=strategy) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]
+        def cycles_of(value: str, i: int = i, p: ModulePass = p, option: str = option) -> int:
+            trial = [replace(p, **{option: value}) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]  # type: ignore[type-var]
             return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed)
 
-        tried = tuple((s, cycles_of(s)) for s in STRATEGIES)
-        best = min(tried, key=lambda t: (t[1], STRATEGIES.index(t[0])))[0]  # ties: rank, the default
-        resolved[i] = replace(p, strategy=best)
-        choices.append(Choice("lower-topk strategy", f"pass {i + 1} of the pipeline", "strategy=auto", best, tried,
+        tried = tuple((v, cycles_of(v)) for v in alternatives)
+        best = min(tried, key=lambda t: (t[1], alternatives.index(t[0])))[0]  # ties: the pass's default
+        resolved[i] = replace(p, **{option: best})  # type: ignore[type-var]
+        choices.append(Choice(f"{p.name} {option}", f"pass {i + 1} of the pipeline", f"{option}=auto", best, tried,
                               str(routing)))
     return resolved, choices
 
 
 def _default_if_auto(p: ModulePass) -> ModulePass:
-    """A later `strategy=auto` costs as the default while an earlier one is chosen."""
-    if isinstance(p, LowerTopKPass) and p.strategy == AUTO_STRATEGY:
-        return LowerTopKPass()
+    """A later `auto` costs as its pass's default while an earlier one is chosen."""
+    if is_auto(p):
+        option, alternatives = AUTO_CHOICES[p.name]
+        return replace(p, **{option: alternatives[0]})  # type: ignore[type-var]
     return p

@@ -24,7 +24,7 @@ from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
 from tcpc.host_memory import check_fits
 from tcpc.parser import parse
-from tcpc.pipelines import COST_ONLY_PASSES, LEVELS, apply_pipeline, make_context, parse_pipeline, pipeline_spec
+from tcpc.pipelines import COST_ONLY_PASSES, LEVELS, apply_pipeline, is_auto, make_context, parse_pipeline, pipeline_spec
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -130,14 +130,14 @@ class Program:
 
     def full_pipeline(self, level: str = "scheduled") -> str:
         """The passes of the full lowering up to `level` (LEVELS; `scheduled`, what `tcpc run`
-        simulates), lower-topk's strategy left to the cost model (the same for every machine:
-        the passes read it from the module's target). An .mlir file's IR is taken as it is (no
-        passes) unless a pipeline is given."""
+        simulates), lower-topk's strategy and the expert loop's order left to the cost model
+        (the same for every machine: the passes read it from the module's target). An .mlir
+        file's IR is taken as it is (no passes) unless a pipeline is given."""
         if level not in LEVELS:
             raise ValueError(f"level {level!r}: expected {' or '.join(LEVELS)}")
         if self.is_ir:
             return ""
-        return pipeline_spec(LEVELS[level])
+        return pipeline_spec(LEVELS[level], expert_order="auto")
 
     def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
               machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
@@ -152,23 +152,24 @@ class Program:
                seed: int = 0) -> tuple[list[ModulePass], list[Choice]]:
         """The passes of `pipeline` (default: the full pipeline up to `level`), each
         `lower-topk{strategy=auto}` replaced by the strategy of fewer cycles for `graph`
-        (default: every graph) on `machine` with the routing scenario `routing`
-        (tcpc/autotune.py); and every choice the cost model made for that IR: the program's
-        block sizes (made when it was compiled), then the strategies.
+        (default: every graph) on `machine` with the routing scenario `routing`, then each
+        `schedule-experts{order=auto}` by the loop order of fewer cycles (tcpc/autotune.py);
+        and every choice the cost model made for that IR: the program's block sizes (made when
+        it was compiled), then the strategies and the orders.
 
         The one resolution of `auto` that `tcpc compile` (every level, `-p`), `tcpc run`,
         `tcpc sweep` and `simulate`/`planned`/`lower` share, so each prints and costs the
         same program for the same machine and routing."""
         spec = self.full_pipeline(level) if pipeline is None else pipeline
         passes = parse_pipeline(spec)  # PipelineError if malformed
-        if not any(getattr(p, "strategy", None) == "auto" and p.name == "lower-topk" for p in passes):
+        if not any(is_auto(p) for p in passes):
             return passes, list(self.choices)
         key = (spec, graph, repr(as_machine(machine)), str(routing), seed)
         if key not in self._resolved:
-            from tcpc.autotune import resolve_strategies
+            from tcpc.autotune import resolve_autos
 
             functions = [self.function(graph).sym_name.data] if graph else self.graph_names
-            self._resolved[key] = resolve_strategies(self.module, passes, functions, as_machine(machine), routing, seed)
+            self._resolved[key] = resolve_autos(self.module, passes, functions, as_machine(machine), routing, seed)
         resolved, choices = self._resolved[key]
         return list(resolved), [*self.choices, *choices]
 
@@ -284,6 +285,8 @@ class Program:
         for choice in choices:  # the pipeline as run, for the report's first line
             if choice.what == "lower-topk strategy":
                 spec = spec.replace("strategy=auto", f"strategy={choice.chosen}", 1)
+            elif choice.what == "schedule-experts order":
+                spec = spec.replace("order=auto", f"order={choice.chosen}", 1)
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")

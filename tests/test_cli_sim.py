@@ -176,7 +176,8 @@ def test_default_run_of_a_moe_program(capsys: pytest.CaptureFixture[str]) -> Non
     """A .moe program runs through the full pipeline by default, and simulates."""
     code, out, err = tcpc_main(capsys, "run", EXAMPLE, "--set", "T=4", "--cost-only")
     assert code == 0 and "not computed (cost-only)" in out, err
-    chosen = ",".join(FULL_PIPELINE).replace("lower-topk", "lower-topk{strategy=rank}")  # rank wins at E = 8
+    chosen = (",".join(FULL_PIPELINE).replace("lower-topk", "lower-topk{strategy=rank}")  # rank wins at E = 8
+              .replace("schedule-experts", "schedule-experts{order=block}"))  # a block at a time, at T = 4
     assert f"after pin-routing,{chosen}, cost-only" in out
 
 

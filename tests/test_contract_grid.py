@@ -74,6 +74,31 @@ def test_acc_is_the_starting_value_of_the_sum() -> None:
     assert np.array_equal(contract("mk,kn->nm", a[0], b[0], acc=acc[0].T), np.full((4, 2), 13.0, np.float32))
 
 
+@settings(max_examples=25, deadline=None)
+@given(blocks=st.integers(1, 4), rows=st.sampled_from([1, 3, 16, 40, 128, 200]), k=st.sampled_from([8, 300, 600]),
+       n=st.sampled_from([4, 64, 520]), dtype=st.sampled_from([np.float32, bfloat16]), with_acc=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_blocks_sharing_one_weight_keep_each_blocks_bits(blocks: int, rows: int, k: int, n: int, dtype: type,
+                                                         with_acc: bool, seed: int) -> None:
+    """`gbd,df->gbf` (a group of blocks by one expert's weight, schedule-experts' groups) gives
+    each block the bits of its own contraction, `bd,df->bf` or the block's `gbd,gdf->gbf`, though
+    numpy's products change their last bits with the rows one call holds; and an accumulator of
+    -0.0 (the additive identity) changes no bit, signed zeros included."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((blocks, rows, k)).astype(np.float32).astype(dtype)
+    x[0, 0] = 0.0  # a zero row: its sums are signed zeros
+    w = rng.standard_normal((k, n)).astype(np.float32).astype(dtype)
+    acc = rng.standard_normal((blocks, rows, n)).astype(np.float32) if with_acc else None
+    shared = contract("gbd,df->gbf", x, w, acc)
+    for g in range(blocks):
+        own = contract("bd,df->bf", np.asarray(x[g], np.float32), np.asarray(w, np.float32), None if acc is None else acc[g])
+        batched = contract("gbd,gdf->gbf", x[g:g + 1], w[None], None if acc is None else acc[g:g + 1])[0]
+        assert np.array_equal(bits(shared[g]), bits(own)) and np.array_equal(bits(shared[g]), bits(batched))
+    if acc is None:
+        minus_zero = np.full(shared.shape, -0.0, np.float32)
+        assert np.array_equal(bits(contract("gbd,df->gbf", x, w, minus_zero)), bits(shared))
+
+
 def blas_threads() -> int:
     """The thread limit of the BLAS numpy uses, as threadpoolctl reads it now."""
     return max(info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas")

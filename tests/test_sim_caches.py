@@ -42,9 +42,11 @@ def counting_costs(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> C
 
 def test_an_op_in_a_loop_is_costed_once_per_value_of_its_data_operands(monkeypatch: pytest.MonkeyPatch) -> None:
     program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 256, "B": 4})
-    program.passes(graph="qwen3_moe", routing="skewed")  # strategy=auto costs whole runs: before counting
+    # the expert loop a block at a time: many iterations of few ops (groups of blocks are the reverse)
+    pipeline = program.full_pipeline().replace("schedule-experts{order=auto}", "schedule-experts{order=block}")
+    program.passes(pipeline, graph="qwen3_moe", routing="skewed")  # strategy=auto costs whole runs: before counting
     calls = counting_costs(monkeypatch, ("tcp.contract", "tile.gather", "ve.chain"))
-    result = program.simulate(cost_only=True, routing="skewed")
+    result = program.simulate(cost_only=True, routing="skewed", pipeline=pipeline)
     executed = Counter(r.name for r in result.report.ops)
     module = program.lower(result.pipeline)  # as simulated: pin-routing, the strategy chosen
     static = Counter(op.name for op in module.walk())

@@ -74,11 +74,11 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 
 
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
-    'qwen3 real dims T=64, cost-only, skewed': (764035, 6573, '9d4e3e3c20d83538', '5bcf088fc920e3f1', 'bab5e218091d5d1e', '4f53cda18c2baa0c'),
-    'qwen3 T=256, cost-only, balanced': (61658, 6085, '2df31a98916b2876', '7e741492b974d922', '4738229a1a1f4698', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (27658, 2620, '021689f8ce23542c', 'd55cb8dcc55b6c0e', '651330408baffce5', 'ab6ace93d3c51875'),
-    'deepseek_v3 T=48, values': (17827, 1440, '11cc7688ff09a90b', '048a1918ba815c5d', 'daa388bae5b12456', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (24332, 2726, '1bc45eebbae40966', '2682a03269c720b0', '26dc59b5f3a284e9', '778cfe00474e8a2b'),
+    'qwen3 real dims T=64, cost-only, skewed': (696526, 5642, '6a94f43dfd1d160e', 'ce8e3d97beb9ea28', 'e18b4abd8b882d34', '4f53cda18c2baa0c'),
+    'qwen3 T=256, cost-only, balanced': (35962, 622, '0e6d8d85f804150b', 'a01cd424885d47c1', '8d1bc86933a87af7', '4f53cda18c2baa0c'),
+    'qwen3 T=200 B=8, values': (20481, 623, '55d5782f94424d57', '20b160dc647c185e', '03e74b288ffda669', 'ab6ace93d3c51875'),
+    'deepseek_v3 T=48, values': (12202, 584, 'e6e09af410bcfbe7', '05be5aa44944fe01', 'ffead1a93253157c', '82a5f6f1023632f3'),
+    'gpt_oss_mxfp4 T=40, values': (24332, 2726, '3f433d52aafec1a0', '2682a03269c720b0', '26dc59b5f3a284e9', '778cfe00474e8a2b'),
 }
 
 

@@ -104,8 +104,8 @@ def test_sweep_runs_records_failures_and_resumes(tmp_path: Path) -> None:
     # the override took effect: a slow HBM makes the layer slower
     by = {(r["routing"], r["dim.T"], r["machine.hbm.bytes_per_second"]): r for r in ok}
     fast, slow = by[("balanced", 8, 1_500_000_000_000)], by[("balanced", 8, 1_000_000_000)]
-    assert slow["hbm_bytes_per_s"] == 1e9 and fast["hbm_bytes"] == slow["hbm_bytes"] > 0
-    assert slow["total_cycles"] > fast["total_cycles"]
+    assert slow["hbm_bytes_per_s"] == 1e9 and fast["hbm_bytes"] > 0 and slow["hbm_bytes"] > 0
+    assert slow["total_cycles"] > fast["total_cycles"]  # (each machine's loop order is its own cost model's)
     # one point is exactly `tcpc run --cost-only` (the same code path)
     sim = compile_file(TOY, {"T": 8}).simulate(cost_only=True, routing="balanced")
     assert fast["total_cycles"] == sim.report.total_cycles

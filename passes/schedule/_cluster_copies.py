@@ -19,11 +19,12 @@ def is_constant(value: SSAValue) -> bool:
     return isinstance(value.owner, (ve.ConstOp, arith.ConstantOp))
 
 
-def reacher(before: list[Operation]) -> Callable[[SSAValue, int], SSAValue]:
+def reacher(before: list[Operation], copies: dict[tuple[int, SSAValue], SSAValue] | None = None
+            ) -> Callable[[SSAValue, int], SSAValue]:
     """`reach(value, cluster)`: `value`, defined before a loop, as `cluster` reads it: itself
     on cluster 0, in HBM or a constant, else its DMA copy (`tile.copy`, appended to `before`
-    once per cluster and value)."""
-    copies: dict[tuple[int, SSAValue], SSAValue] = {}
+    once per cluster and value; `copies` keeps them for the next loop)."""
+    copies = {} if copies is None else copies
 
     def reach(value: SSAValue, cluster: int) -> SSAValue:
         if cluster == 0 or in_hbm(value) or is_constant(value):

@@ -60,6 +60,12 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
 - weight scales small enough (`gathered_ahead`: fp8's, a few hundred bytes per expert and
   matrix) stay gathered for all blocks before the loop, one DMA command each; the loop
   addresses its block's rows, and each F tile its window, in place (`tile.slice ... at`).
+- the loop's order (`order`): `block`, the above, one block at a time; `tile`, groups of
+  consecutive blocks, each group's distinct experts (its slots) running their F tiles as a
+  block does, on all of the group's rows at once (passes/schedule/_expert_groups.py): a weight
+  tile crosses HBM once per expert of a group rather than once per block, and a contraction
+  takes a group's rows of one expert rather than one block's. `auto`, what the full pipeline
+  writes, is the driver's choice between them by the cost model (tcpc/autotune.py).
 
 Ops that are not block-parallel, or that depend on an op after the loop's place, stay where
 they are. The loop goes right after the last op it absorbs; outside ops that read its results
@@ -76,10 +82,12 @@ from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import PassFailedException
 
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
+from passes.schedule._expert_groups import GroupPlan, build_group_loops, group_blocks, groupable
 from passes.schedule._f_tiles import CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
 from passes.lowering.load_arguments import load_into_sram
 from passes._loop_builder import (
@@ -122,6 +130,12 @@ WEIGHT_AHEAD = 4
 """An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
 every few blocks) has the time of up to three blocks' contractions to arrive."""
 assert ROWS_AHEAD <= WEIGHT_AHEAD
+ORDER_BLOCK, ORDER_TILE, ORDER_AUTO = "block", "tile", "auto"
+ORDERS = (ORDER_BLOCK, ORDER_TILE)
+"""The expert loop's orders: a block at a time, each loading its expert's weights (`block`, the
+pass's default), or groups of blocks, each weight tile loaded once per expert of a group and
+contracted with all its rows there (`tile`, passes/schedule/_expert_groups.py). `auto` is the
+driver's to resolve by the cost model (tcpc/autotune.py), as lower-topk's strategy is."""
 
 
 def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: str = "experts") -> bool:
@@ -215,9 +229,11 @@ class _Slot:
 
 
 def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_bytes: int = 0,
-                  f_tile: int = 0) -> scf.ForOp | None:
+                  f_tile: int = 0, order: str = "block", group: int = 0) -> scf.ForOp | None:
     """Build the expert loop over `expert_ids`'s blocks in `block` for `machine`, its F tiles
-    chosen for `sram_bytes` of SRAM (0: one cluster's); None if nothing moves."""
+    chosen for `sram_bytes` of SRAM (0: one cluster's), in `order` (`tile`: groups of `group`
+    blocks, 0 as many as fit SRAM, passes/schedule/_expert_groups.py); the (first) loop, or
+    None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
     phase = plan_phase(block, expert_ids)
     ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
@@ -244,6 +260,16 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         if width < region.f:
             tiles = [(f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
     tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g in region.down_loads)]
+    skippable = all(read_by_combine(r, set(ops)) for r in escaping)
+    dispatches = [op for op in ops if is_dispatch_gather(op, blocks)]
+    if order == ORDER_TILE and phase == "experts" and skippable and dispatches and groupable(ops, region, gathers):
+        assert region is not None
+        plan = GroupPlan(ops, escaping, region, tiles or [(0, region.f)], resident, expert_ids, dispatches[0].indices,
+                         last.attributes[PHASE_ATTR], shape_of(gathers[0].source.type)[0],
+                         shape_of(dispatches[0].indices.type)[1], gathers)
+        width = max(f1 - f0 for f0, f1 in plan.tiles)
+        size = group or group_blocks(plan, width, sram_bytes or machine.cluster_sram_bytes)
+        return build_group_loops(block, plan, min(size, blocks))[0]
 
     slots: list[_Slot] = []
     for g in gathers:
@@ -306,7 +332,6 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
 
     ids_tile = add(tile.SliceOp(expert_ids, index, tile_type(expert_ids.type)), "expert_of_block")
     mapping[expert_ids] = ids_tile
-    skippable = all(read_by_combine(r, set(ops)) for r in escaping)
     runs = add(tile.GuardOp(ids_tile), "block_runs") if skippable else None
 
     def tile_of(v: SSAValue) -> SSAValue:
@@ -497,11 +522,25 @@ class ScheduleExpertsPass(ModulePass):
     f_tile: int = 0
     """The F tile when positive (a multiple of 512 keeps it exact), chosen from `sram_bytes`
     when 0."""
+    order: str = ORDER_BLOCK
+    """The expert loop's order: `block` (one block at a time), `tile` (groups of blocks, each
+    weight tile loaded once per expert of a group: passes/schedule/_expert_groups.py), or
+    `auto`, which the driver resolves by the cost model (tcpc/autotune.py)."""
+    group: int = 0
+    """Blocks per group in `tile` order when positive; 0: as many as fit the SRAM."""
+
+    def __post_init__(self) -> None:
+        if self.order not in (*ORDERS, ORDER_AUTO):
+            raise ValueError(f"schedule-experts: unknown order '{self.order}' (choose {', '.join(ORDERS)} or {ORDER_AUTO})")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.order == ORDER_AUTO:
+            raise PassFailedException(
+                "schedule-experts{order=auto} is chosen by the cost model, which tcpc compile and tcpc run apply "
+                f"before the pass runs; here give order={' or order='.join(ORDERS)}")
         machine = machine_of(op)
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 body = fn.body.block
                 for expert_ids in expert_id_values(body):
-                    schedule_plan(body, expert_ids, machine, self.sram_bytes, self.f_tile)
+                    schedule_plan(body, expert_ids, machine, self.sram_bytes, self.f_tile, self.order, self.group)

@@ -52,7 +52,7 @@ Token loops of `schedule-tokens` (the router's) run tile i on cluster i mod N
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
@@ -117,6 +117,56 @@ def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operatio
     return owned.result, blocks
 
 
+def _root(value: SSAValue) -> SSAValue:
+    """The value `value` addresses, through slices and views."""
+    while isinstance(value.owner, (tile.SliceOp, tcp.ViewOp)):
+        value = value.owner.operands[0]
+    return value
+
+
+def derived(value: SSAValue, own: dict[SSAValue, SSAValue | None], cluster: int, before: list[Operation]) -> SSAValue | None:
+    """`value`, made before the loop from the values `own` maps (a group's tables from the
+    expert ids and row index) by vector ops, views and slices, made again on `cluster` from
+    its own (appended to `before`); None if it is not made from them. `own` memoises both."""
+    if not own:
+        return None
+    if value in own:
+        return own[value]
+    owner = value.owner
+    own[value] = None
+    if not isinstance(owner, Operation) or not (owner.dialect_name() == "ve" or isinstance(owner, (tcp.ViewOp, tile.SliceOp))):
+        return None
+    operands = [derived(v, own, cluster, before) for v in owner.operands]
+    if all(v is None for v in operands):
+        return None
+    new = owner.clone()
+    new.operands = [v if d is None else d for v, d in zip(owner.operands, operands)]
+    pin(new, cluster)
+    before.append(new)
+    for old, r in zip(owner.results, new.results):
+        r.name_hint = f"{old.name_hint}_cluster{cluster}" if old.name_hint else None
+        own[old] = r
+    return own[value]
+
+
+def _owned_rows(tokens: SSAValue, owned: SSAValue, cluster: int, before: list[Operation], name: str | None) -> SSAValue:
+    """`tokens` (each block's row -> token index, [G, B]) with the rows of the blocks `cluster`
+    does not own (`owned`: its masked expert ids, -1 elsewhere) set to -1: a gather of a
+    group's rows then moves only the cluster's own, on `cluster`."""
+    blocks, rows = shape_of(tokens.type)
+    ids = ve.BroadcastOp(owned, 1, rows)
+    zero = ve.ConstOp(0, ids.result.type)
+    mine = ve.TagOp("ge", ids.result, zero.result)
+    none = ve.ConstOp(-1, tokens.type)  # type: ignore[arg-type]
+    masked = ve.SelectOp(mine.result, [1], tokens, none.result)
+    masked.result.name_hint = f"{name or 'rows'}_cluster{cluster}"
+    ops: list[Operation] = [ids, zero, mine, none, masked]
+    for op in ops:
+        place_on_cluster(op, cluster)
+    before.extend(ops)
+    return masked.result
+
+
 def insert_early(ops: list[Operation], block: Block, user: Operation) -> None:
     """Insert `ops` (in dependency order, all needed before `user`) into `block`, each as early
     as its operands allow: right after the last op of the block defining one of them (an op
@@ -161,29 +211,48 @@ def _trip_count(loop: scf.ForOp) -> int | None:
 
 
 def flops_per_weight_byte(body: Block) -> float:
-    """FLOPs a block's contraction does per byte of the weight it reads: 2 x its rows over the
-    weight's bytes per element (the first contraction of the loop body with a weight operand)."""
+    """FLOPs a block's contraction does per byte of the weight it reads: 2 x the rows that weight
+    meets (a block's, or a group's of several blocks sharing it) over the weight's bytes per
+    element (the first contraction of the loop body with a weight operand)."""
     for op in body.walk():
         if isinstance(op, tcp.ContractOp):
-            rows, weight = shape_of(op.lhs.type)[-2], op.rhs.type
+            rows, weight = op.roles().m, op.rhs.type
             return 2 * rows * 8 / stored_bits(weight.element_type)  # type: ignore[attr-defined]
     return 0.0
 
 
-def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> scf.ForOp:
+@dataclass
+class Made:
+    """What split_loop made before a loop, for the next loop of the same plan to read (a group
+    loop and the loop of the blocks left over): copies to other clusters, each cluster's masked
+    expert ids and row index, and the values made again from them."""
+
+    copies: dict[tuple[int, SSAValue], SSAValue] = field(default_factory=dict)
+    owned: dict[tuple[SSAValue, int], SSAValue] = field(default_factory=dict)
+    own: dict[int, dict[SSAValue, SSAValue | None]] = field(default_factory=dict)
+
+
+def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made: Made | None = None) -> scf.ForOp:
     """Rebuild `loop` with one guarded copy of its body per cluster (see the docstring); its
     DMA on each cluster's own engines if a block does at least `own_dma_intensity` FLOPs per
-    weight byte (0: never)."""
+    weight byte (0: never); a group loop reuses what an earlier loop `made`."""
+    made = Made() if made is None else made
     body = loop.body.block
     own_dma = 0 < own_dma_intensity <= flops_per_weight_byte(body)
     yielded = body.last_op
     assert isinstance(yielded, scf.YieldOp)
     loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp)]
-    ids_tile = loads[0].ids
+    # The body's slice of the loop's expert ids: what its skip guard reads (a group's blocks, whose
+    # weight loads read the group's distinct experts), else what its weight loads are indexed by.
+    guards = [op for op in body.ops if isinstance(op, tile.GuardOp)]
+    ids_tile = guards[0].ids if guards else loads[0].ids
     slice_op = ids_tile.owner
-    if not isinstance(slice_op, tile.SliceOp) or slice_op.parent_block() is not body:
+    expert_ids = _root(ids_tile)
+    # A group's loop (schedule-experts{order=tile}) reads its ids through tables made from them
+    # before the loop: each cluster makes its own from its masked ids (`derived`).
+    grouped = not (isinstance(slice_op, tile.SliceOp) and slice_op.source is expert_ids)
+    if not grouped and slice_op.parent_block() is not body:
         raise ValueError("split-clusters: the expert loop's weight loads are not indexed by the block's expert id")
-    expert_ids = slice_op.source
     index, *old_args = body.args
     # A carried value is a result buffer (shared by every cluster) when the body yields a store into it.
     shared = [i for i, v in enumerate(yielded.operands) if _is_stored(v)]
@@ -202,7 +271,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
     own_dma = own_dma and (by_block or blocks is None or min(experts, blocks) >= clusters)
 
     before: list[Operation] = []
-    reach = reacher(before)
+    reach = reacher(before, made.copies)
 
     unrolled = by_block and blocks is not None and blocks % clusters == 0
     if unrolled:  # each copy has a block of its own: no masks, no guards
@@ -213,8 +282,15 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
     else:
         # Row loads and stores outside an scf.if need a guard of their own: whether c owns the block.
         guarded = any(isinstance(op, (tile.LoadOp, tile.GatherOp, tile.StoreOp)) for op in body.ops)
-        owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before, guarded, by_block)
-                                    for c in range(clusters)))
+        if grouped and all((expert_ids, c) in made.owned for c in range(clusters)):
+            owned = tuple(made.owned[(expert_ids, c)] for c in range(clusters))
+        else:
+            owned, block_guards = zip(*(_owned_ids(reach(expert_ids, c), c, clusters, before, guarded, by_block)
+                                        for c in range(clusters)))
+            made.owned.update(((expert_ids, c), v) for c, v in enumerate(owned))
+    # A group's row index (a gather of several blocks' rows at once): each cluster's own rows only.
+    group_rows = [] if not grouped else list(dict.fromkeys(
+        _root(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)))
     inits = list(loop.iter_args)
     new_inits = [inits[i] for i in shared] + [inits[i] for _ in range(clusters) for i in private]
     new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
@@ -234,6 +310,12 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
         copy: list[Operation] = []
         copies.append(copy)
         mapping: dict[SSAValue, SSAValue] = {index: new_index}
+        own: dict[SSAValue, SSAValue | None] = made.own.setdefault(c, {}) if grouped else {}
+        if grouped:  # the ids, and a group's rows, as this cluster owns them
+            own[expert_ids] = owned[c]
+            for tokens in group_rows:
+                if own.get(tokens) is None:
+                    own[tokens] = _owned_rows(reach(tokens, c), owned[c], c, before, tokens.name_hint)
         if unrolled:  # copy c runs block index + N - 1 - c: the last cluster takes the first
             offset = arith.ConstantOp.from_int_and_width(clusters - 1 - c, IndexType())
             block_index = arith.AddiOp(new_index, offset.result)
@@ -265,8 +347,8 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0) -> sc
                     if read_in_place(inner, operand):
                         continue
                     if operand not in defined_in_body and operand not in mapping:
-                        mapping[operand] = reach(operand, c)
-            if op is slice_op:
+                        mapping[operand] = derived(operand, own, c, before) or reach(operand, c)
+            if op is slice_op and not grouped:
                 new: Operation = tile.SliceOp(owned[c], mapping[index], ids_tile.type)
             elif isinstance(op, tile.LoadOp):
                 new = tile.LoadOp(mapping[op.source], mapping[op.offset], op.result.type,
@@ -344,7 +426,8 @@ class SplitClustersPass(ModulePass):
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 tokens = token_loops(fn.body.block)
+                made = Made()
                 for loop in expert_loops(fn.body.block):
-                    split_loop(loop, clusters, intensity)
+                    split_loop(loop, clusters, intensity, made)
                 for loop in tokens:
                     split_token_loop(loop, clusters)

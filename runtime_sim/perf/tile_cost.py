@@ -9,7 +9,9 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
 - `tile.store`: into an HBM buffer, one DMA copy SRAM -> HBM; into an SRAM buffer, free: the
   engine that produced the tile commits it at the buffer's address (an assumption: the
   compiler gives the producer that destination).
-- a guarded load or store whose guard is negative: the guard only (`guard_cycles`, on DMA).
+- a guarded load or store whose guard is negative: the guard only (`guard_cycles`, on DMA); a
+  store guarded part by part (a group's blocks or their 128-row parts) moves the parts whose
+  guard is not negative, in one command.
 - `tile.copy`: one DMA copy SRAM -> SRAM (between clusters), its reads and writes serialised:
   the book says so of a same-cluster DM -> DM copy; for one between clusters it gives no
   figure, and the same is assumed.
@@ -89,11 +91,18 @@ def cost_tile_gather(op: Operation, operands: tuple[Any, ...], results: tuple[An
 
 
 def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
-    if _guarded_off(op, operands):
+    assert isinstance(op, tile.StoreOp)
+    nbytes = stored_nbytes(operands[0])
+    if tile.guards_parts(op):  # only the parts whose guard is not negative move
+        written = np.asarray(operands[3]) >= 0
+        if not written.any():
+            return _guard_only(machine)
+        nbytes = nbytes * int(written.sum()) // written.size
+    elif _guarded_off(op, operands):
         return _guard_only(machine)
     if not in_hbm(op.results[0]):
         return OpCost("none", 0, bound="committed in place")
-    return dma_copy_cost(machine, stored_nbytes(operands[0]), False, True)
+    return dma_copy_cost(machine, nbytes, False, True)
 
 
 def cost_tile_copy(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:

@@ -225,6 +225,14 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None
     in GRID_K chunks strictly in order into an f32 accumulator), then arranged as `spec` says.
     A letter of one operand only that the result drops is summed first, left to right.
 
+    Every lhs-only letter of the result but the last is evaluated like a batch letter, the rhs
+    shared by each of its indices (`gbd,df->gbf`: one [b, d] x [d, f] product per g, the rows
+    of different g never in one tile): a contraction of several blocks' rows by one shared
+    weight gives each block the bits of its own `gbd,gdf->gbf` product (the schedule level's
+    expert groups, passes/schedule/schedule_experts.py). numpy's products differ in the last
+    bits with the number of rows a tile holds, where the chip's accumulation order per result
+    element does not; the blocks' own tiles keep the bits the reference gives.
+
     `acc` (f32, the result's shape) is the accumulator's initial value: the K chunks are added
     to it in order. A contraction split along K at multiples of GRID_K, each piece passing the
     previous piece's f32 result as `acc`, gives the bits of the whole contraction; one split
@@ -260,6 +268,7 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None
     left = [c for c in out if c in a and c not in b]
     right = [c for c in out if c in b and c not in a]
     summed = [c for c in a if c in b and c not in out]
+    shared, left = left[:-1], left[-1:]  # lhs-only letters but the last: batch items sharing the rhs
 
     def arranged(v: np.ndarray, letters: str, order: list[str], groups: list[list[str]]) -> np.ndarray:
         shape = tuple(math.prod(size[c] for c in g) for g in groups)
@@ -270,15 +279,18 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None
         v = np.transpose(v, [letters.index(c) for c in order])
         return np.ascontiguousarray(v.reshape([math.prod(size[c] for c in g) for g in groups]))
 
-    result = batch + left + right
+    result = shared + batch + left + right
     start = None
     if acc is not None:
         acc = np.asarray(acc, np.float32)
         start = np.transpose(acc, [out.index(c) for c in result]).reshape(
-            [math.prod(size[c] for c in g) for g in (batch, left, right)])
+            [math.prod(size[c] for c in g) for g in (shared + batch, left, right)])
+    rhs_items = arranged(y, b, batch + summed + right, [batch, summed, right])
+    if shared:
+        rhs_items = _Shared(rhs_items, math.prod(size[c] for c in shared))  # type: ignore[assignment]
     with one_blas_thread():
-        product = _matmul_f32(arranged(x, a, batch + left + summed, [batch, left, summed]),
-                              arranged(y, b, batch + summed + right, [batch, summed, right]), start)
+        product = _matmul_f32(arranged(x, a, shared + batch + left + summed, [shared + batch, left, summed]),
+                              rhs_items, start)
     product = product.reshape([size[c] for c in result])
     return np.transpose(product, [result.index(c) for c in out])
 
@@ -357,7 +369,7 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
     if k == 0:
         return np.zeros((batch, m, n), np.float32) if acc is None else np.array(acc, np.float32)
     one_chunk = m <= GRID_M and n <= GRID_N and k <= GRID_K
-    lazy = isinstance(a, _Batches) or isinstance(b, _Batches)
+    lazy = isinstance(a, (_Batches, _Shared)) or isinstance(b, (_Batches, _Shared))
     if one_chunk and acc is None and a.dtype == np.float32 and b.dtype == np.float32 and not lazy:
         return np.matmul(a, b)
     out = np.empty((batch, m, n), np.float32)
@@ -402,11 +414,27 @@ def _blas_tile(v: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(v)
 
 
-def _items(v: np.ndarray | _Batches, i: int, j: int) -> np.ndarray:
+def _items(v: np.ndarray | _Batches | _Shared, i: int, j: int) -> np.ndarray:
     """Batch items i..j-1 of an arranged operand, in f32 (a view when it is f32 already)."""
-    if isinstance(v, _Batches):
+    if isinstance(v, (_Batches, _Shared)):
         return v.items(i, j)
     return v[i:j].astype(np.float32, copy=False)
+
+
+class _Shared:
+    """An arranged rhs [batch, K, N] shared by `copies` indices of lhs-only letters: item i is
+    the rhs's batch item i mod batch (every index of the shared letters, outermost, meets
+    every batch item), never copied as a whole."""
+
+    def __init__(self, base: np.ndarray | _Batches, copies: int):
+        self.base, self.batch = base, base.shape[0]
+        self.shape: tuple[int, ...] = (copies * self.batch, *base.shape[1:])
+        self.dtype = base.dtype
+
+    def items(self, i: int, j: int) -> np.ndarray:
+        if self.batch == 1:  # one rhs for every item: a broadcast view of it
+            return np.broadcast_to(_items(self.base, 0, 1), (j - i, *self.shape[1:]))
+        return np.concatenate([_items(self.base, t % self.batch, t % self.batch + 1) for t in range(i, j)])
 
 
 class GatheredRows:

@@ -68,7 +68,13 @@ class TileFunctions(InterpreterFunctions):
     def run_store(self, interpreter: Interpreter, op: tile.StoreOp, args: tuple[Any, ...]):
         value, dest, offset = args[:3]
         rows = _rows(op.name, dest, offset, value.shape[0])
-        if op.guard is None or not _skipped(args[3]):
+        if op.guard is None:
+            dest[rows] = value
+        elif tile.guards_parts(op):  # one guard per part of the tile: only the parts whose guard is not negative
+            written = np.asarray(args[3]) >= 0
+            parts = dest[rows].reshape(written.size, -1)  # a view: the rows are contiguous
+            parts[written] = np.asarray(value).reshape(written.size, -1)[written]
+        elif not _skipped(args[3]):
             dest[rows] = value
         return (dest,)
 

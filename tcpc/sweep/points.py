@@ -96,7 +96,7 @@ def run_point(point: Point) -> dict[str, Any]:
                                    seed=point["seed"])
             # `tcpc run --cost-only`'s pipeline (strategy=auto resolved by Program.simulate) unless
             # the point's pass options name other values
-            pipeline = pipeline_spec(options=point["pass_options"])
+            pipeline = pipeline_spec(options=point["pass_options"], expert_order="auto")
             sim = program.simulate(cost_only=True, pipeline=pipeline, machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),

@@ -110,6 +110,15 @@ func.func @store_result(%t: tensor<2x4xf32>, %d: tensor<8x4xf32>, %i: index) {
 
 // -----
 
+func.func @store_parts(%t: tensor<3x4xf32>, %d: tensor<8x4xf32>, %i: index, %g: tensor<5xi32>) {
+  %r = tile.store %t, %d[%i] guard %g : tensor<3x4xf32>, tensor<8x4xf32> guard tensor<5xi32> -> tensor<8x4xf32>
+  func.return
+}
+
+// CHECK: tile.store: the guard must be i32 [n], n parts of f32[3, 4], got i32[5]
+
+// -----
+
 func.func @guard_ids(%ids: tensor<2x1xi32>) {
   %g = tile.guard %ids : tensor<2x1xi32>
   func.return

@@ -14,6 +14,10 @@ func.func @tiles(%x: tensor<16x8xbf16>, %rows: tensor<1x4xi32>, %ids: tensor<1xi
   %out = tile.store %c, %buf[%i] guard %ids : tensor<4x8xbf16>, tensor<16x8xbf16> guard tensor<1xi32> -> tensor<16x8xbf16>
   func.return %out : tensor<16x8xbf16>
 }
+func.func @parts(%c: tensor<4x8xbf16>, %buf: tensor<16x8xbf16>, %i: index, %blocks: tensor<2xi32>) -> tensor<16x8xbf16> {
+  %out = tile.store %c, %buf[%i] guard %blocks : tensor<4x8xbf16>, tensor<16x8xbf16> guard tensor<2xi32> -> tensor<16x8xbf16>
+  func.return %out : tensor<16x8xbf16>
+}
 func.func @experts(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>, %prev_ids: tensor<1xi32>, %prev: tensor<1x4x3xbf16>) -> (tensor<1x4x3xbf16>, tensor<1x4x10xbf16>) {
   %window = tile.load_expert %w[%ids] at array<i64: 0, 6> : tensor<3x4x10xbf16>, tensor<1xi32> -> tensor<1x4x3xbf16>
   %reused = tile.load_expert %w[%ids] reuse %prev_ids, %window after %prev : tensor<3x4x10xbf16>, tensor<1xi32>, tensor<1xi32>, tensor<1x4x3xbf16> after tensor<1x4x3xbf16> -> tensor<1x4x3xbf16>
@@ -30,6 +34,10 @@ func.func @experts(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>, %prev_ids: tens
 // CHECK-NEXT:   %g = tile.gather %x[%rows] after %wait : tensor<16x8xbf16>, tensor<1x4xi32> after tensor<1xf32> -> tensor<1x4x8xbf16>
 // CHECK-NEXT:   %c = tile.copy %t : tensor<4x8xbf16> -> tensor<4x8xbf16>
 // CHECK-NEXT:   %out = tile.store %c, %buf[%i] guard %ids : tensor<4x8xbf16>, tensor<16x8xbf16> guard tensor<1xi32> -> tensor<16x8xbf16>
+// CHECK-NEXT:   func.return %out : tensor<16x8xbf16>
+// CHECK-NEXT: }
+// CHECK:      func.func @parts(%c: tensor<4x8xbf16>, %buf: tensor<16x8xbf16>, %i: index, %blocks: tensor<2xi32>) -> tensor<16x8xbf16> {
+// CHECK-NEXT:   %out = tile.store %c, %buf[%i] guard %blocks : tensor<4x8xbf16>, tensor<16x8xbf16> guard tensor<2xi32> -> tensor<16x8xbf16>
 // CHECK-NEXT:   func.return %out : tensor<16x8xbf16>
 // CHECK-NEXT: }
 // CHECK:      func.func @experts(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>, %prev_ids: tensor<1xi32>, %prev: tensor<1x4x3xbf16>) -> (tensor<1x4x3xbf16>, tensor<1x4x10xbf16>) {
