@@ -231,7 +231,7 @@ class MappingAttr(ParametrizedAttribute):
             raise VerifyException("#tcp.mapping: broadcast, packet and k_chunk must be positive")
 
 
-def check_mapping(op: IRDLOperation, mapping: MappingAttr | None, roles: ContractionRoles) -> None:
+def check_mapping(mapping: MappingAttr | None, roles: ContractionRoles) -> None:
     """The machine-independent rules of a contraction's mapping: every role split over no more
     slices than it has elements (each slice gets part of it, each element one slice)."""
     if mapping is None:
@@ -295,7 +295,7 @@ class ContractOp(IRDLOperation):
             gt = self.guard.type
             expect(is_int_type(gt.get_element_type()) and shape_of(gt) == shape[:1],
                     f"guard must be i32 [{shape[0] if shape else ''}] (one per block), got {format_type(gt)}")
-        check_mapping(self, self.mapping, self.roles())
+        check_mapping(self.mapping, self.roles())
         if self.acc is not None:
             want = TensorType(f32, shape)
             expect(self.acc.type == want and self.result.type == want,
@@ -366,7 +366,7 @@ class ScaledContractOp(IRDLOperation):
         expect(k_block(lb[2], rb[1]) is not None, f"the K-blocks of the scales ({lb[2]} and {rb[1]}) do not nest")
         shape = (ls[0], ls[1], rs[2])
         expect(self.result.type == TensorType(f32, shape), f"result must be f32 {list(shape)}")
-        check_mapping(self, self.mapping, self.roles())
+        check_mapping(self.mapping, self.roles())
         if self.bias is not None:
             expect(broadcast_shapes(shape_of(self.bias.type), shape) == shape,
                    f"bias {format_type(self.bias.type)} does not broadcast to {list(shape)}")

@@ -211,11 +211,18 @@ def packet_choices(shape: ContractionShape, machine: Machine) -> list[int]:
     return [full, full // 2]
 
 
-def trf_elements_per_lane(mapping: Mapping, shape: ContractionShape, machine: Machine) -> int:
-    """Elements one active lane may hold: the TRF's payload over the active lanes ("With fewer
-    than 8 active lanes, each active lane sees more rows"), half of it in `half` mode."""
+def trf_elements_per_lane(lanes: int, trf_mode: str, shape: ContractionShape, machine: Machine) -> int:
+    """Elements one of `lanes` active lanes may hold: the TRF's payload over the active lanes
+    ("With fewer than 8 active lanes, each active lane sees more rows"), half of it in `half`
+    mode."""
     total = machine.trf_bytes // shape.mac_bytes
-    return total // mapping.lanes // (2 if mapping.trf_mode == "half" else 1)
+    return total // lanes // (2 if trf_mode == "half" else 1)
+
+
+def broadcast_slots(machine: Machine) -> int:
+    """The Time Reducer's slots in Interleaved mode with the contracted axis reduced: its cells
+    over [Lane # 8, Packet 1] chunks, the most Time Broadcast rows one pass may keep."""
+    return machine.accumulator_cells // machine.lanes
 
 
 def check(mapping: Mapping, shape: ContractionShape, machine: Machine) -> None:
@@ -242,13 +249,13 @@ def check(mapping: Mapping, shape: ContractionShape, machine: Machine) -> None:
     if not 1 <= mapping.packet <= full:
         raise MappingError(f"Packet = {mapping.packet} elements of {shape.mac_bytes} B: a packet holds 1 to {full} "
                            f"({machine.packet_bytes} bytes)")
-    if mapping.broadcast < 1 or mapping.broadcast > machine.accumulator_cells // 8:
+    if mapping.broadcast < 1 or mapping.broadcast > broadcast_slots(machine):
         raise MappingError(f"Time Broadcast = {mapping.broadcast}: the Time Reducer has "
-                           f"{machine.accumulator_cells // 8} slots of [Lane # 8, Packet 1]")
+                           f"{broadcast_slots(machine)} slots of [Lane # 8, Packet 1]")
     if mapping.k_chunk < mapping.packet or mapping.k_chunk % mapping.packet:
         raise MappingError(f"k_chunk = {mapping.k_chunk} is not a positive multiple of the packet ({mapping.packet})")
     held = mapping.broadcast * min(mapping.k_chunk, _padded(shape.k, mapping.packet))
-    room = trf_elements_per_lane(mapping, shape, machine)
+    room = trf_elements_per_lane(mapping.lanes, mapping.trf_mode, shape, machine)
     if held > room:
         raise MappingError(f"the stationary operand needs {held} elements per lane (broadcast {mapping.broadcast} x "
                            f"k_chunk {mapping.k_chunk}); the TRF holds {room} per lane with {mapping.lanes} lanes "
@@ -353,9 +360,9 @@ def candidates(shape: ContractionShape, machine: Machine) -> list[Mapping]:
                 k_pad = _padded(shape.k, packet)
                 for mode in ("half", "full"):
                     for broadcast in broadcasts:
-                        room = m.trf_bytes // shape.mac_bytes // lanes // (2 if mode == "half" else 1)
+                        room = trf_elements_per_lane(lanes, mode, shape, m)
                         k_chunk = min(k_pad, room // broadcast // packet * packet)
-                        if k_chunk < packet or broadcast > m.accumulator_cells // 8:
+                        if k_chunk < packet or broadcast > broadcast_slots(m):
                             continue
                         found.append(Mapping(trf, split, lanes, broadcast, packet, k_chunk, mode))
     return found
@@ -364,11 +371,10 @@ def candidates(shape: ContractionShape, machine: Machine) -> list[Mapping]:
 @dataclass(frozen=True)
 class Choice:
     """The cheapest mapping and the best one that differs from it in stationary operand or slice
-    split (the runner-up a report names), with how many candidates were costed."""
+    split (the runner-up a report names)."""
 
     best: MappedCost
     runner_up: MappedCost | None
-    considered: int
 
 
 def _order(c: MappedCost) -> tuple:
@@ -388,4 +394,4 @@ def choose(shape: ContractionShape, machine: Machine) -> Choice:
     best = costed[0]
     key = (best.mapping.trf, best.mapping.slices)
     runner = next((c for c in costed[1:] if (c.mapping.trf, c.mapping.slices) != key), None)
-    return Choice(best, runner, len(costed))
+    return Choice(best, runner)

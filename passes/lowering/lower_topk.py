@@ -53,17 +53,17 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
-from xdsl.utils.exceptions import PassFailedException
 
 from dialects import moe, ve
 from dialects.annotations import mark
 from dialects.tensor_types import shape_of
+from passes._auto_option import AUTO, check_choice, refuse_auto
 from passes.lowering._builder import LoweringBuilder
 
 STRATEGIES = ("rank", "rounds")
 DEFAULT_STRATEGY = "rank"
 """All-pairs ranking: the TCP design's plan, constant depth in K (see the module docstring)."""
-AUTO_STRATEGY = "auto"
+AUTO_STRATEGY = AUTO
 """`strategy=auto`: the tcpc driver costs both strategies and passes the cheaper one
 (tcpc/autotune.py); the pass itself has no cost model (layering), so it refuses to run with it."""
 
@@ -234,14 +234,10 @@ class LowerTopKPass(ModulePass):
     `auto`: the cost model's choice, which tcpc compile and tcpc run make before the pass runs."""
 
     def __post_init__(self) -> None:
-        if self.strategy not in (*STRATEGIES, AUTO_STRATEGY):
-            raise ValueError(f"lower-topk: unknown strategy '{self.strategy}' (choose {', '.join(STRATEGIES)} or {AUTO_STRATEGY})")
+        check_choice(self.name, "strategy", self.strategy, STRATEGIES)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.strategy == AUTO_STRATEGY:
-            raise PassFailedException(
-                "lower-topk{strategy=auto} is chosen by the cost model, which tcpc compile and tcpc run apply "
-                f"before the pass runs; here give strategy={' or strategy='.join(STRATEGIES)}")
+        refuse_auto(self.name, "strategy", self.strategy, STRATEGIES)
         PatternRewriteWalker(
             GreedyRewritePatternApplier([LowerTopKPattern(self.strategy)]), apply_recursively=False
         ).rewrite_module(op)

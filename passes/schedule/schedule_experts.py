@@ -82,11 +82,11 @@ from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.utils.exceptions import PassFailedException
 
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
+from passes._auto_option import AUTO, check_choice, refuse_auto
 from passes.schedule._expert_groups import GroupPlan, build_group_loops, group_blocks, groupable
 from passes.schedule._f_tiles import CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
 from passes.lowering.load_arguments import load_into_sram
@@ -130,7 +130,7 @@ WEIGHT_AHEAD = 4
 """An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
 every few blocks) has the time of up to three blocks' contractions to arrive."""
 assert ROWS_AHEAD <= WEIGHT_AHEAD
-ORDER_BLOCK, ORDER_TILE, ORDER_AUTO = "block", "tile", "auto"
+ORDER_BLOCK, ORDER_TILE, ORDER_AUTO = "block", "tile", AUTO
 ORDERS = (ORDER_BLOCK, ORDER_TILE)
 """The expert loop's orders: a block at a time, each loading its expert's weights (`block`, the
 pass's default), or groups of blocks, each weight tile loaded once per expert of a group and
@@ -530,14 +530,10 @@ class ScheduleExpertsPass(ModulePass):
     """Blocks per group in `tile` order when positive; 0: as many as fit the SRAM."""
 
     def __post_init__(self) -> None:
-        if self.order not in (*ORDERS, ORDER_AUTO):
-            raise ValueError(f"schedule-experts: unknown order '{self.order}' (choose {', '.join(ORDERS)} or {ORDER_AUTO})")
+        check_choice(self.name, "order", self.order, ORDERS)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.order == ORDER_AUTO:
-            raise PassFailedException(
-                "schedule-experts{order=auto} is chosen by the cost model, which tcpc compile and tcpc run apply "
-                f"before the pass runs; here give order={' or order='.join(ORDERS)}")
+        refuse_auto(self.name, "order", self.order, ORDERS)
         machine = machine_of(op)
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
