@@ -12,10 +12,11 @@ from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.dialects.dlti import DLTI
-from xdsl.ir import Dialect
+from xdsl.ir import Dialect, ErasedSSAValue, Operation
 from xdsl.passes import ModulePass, PassPipeline
+from xdsl.traits import HasParent, NoTerminator, OpTrait
 from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind
-from xdsl.utils.exceptions import ArgSpecParseError
+from xdsl.utils.exceptions import ArgSpecParseError, VerifyException
 
 from dialects.ccl import CCL
 from dialects.lowp import LowP
@@ -234,9 +235,63 @@ def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
     lowered = module.clone()
     if machine is not None:
         attach(lowered, machine)
+    verified: set[tuple[object, ...]] = set()
     for p in passes:
         p.apply(ctx, lowered)
-        lowered.verify()
+        verify_changed(lowered, verified)
         if after_each is not None:
             after_each(p, lowered)
     return lowered
+
+
+def verify_changed(op: Operation, verified: set[tuple[object, ...]]) -> None:
+    """`op.verify()`, skipping the ops whose content (`_content`) is in `verified`, and adding
+    the content of those it verifies: a pass leaves most ops as they were, and a loop's body
+    repeats the same ops, so after each pass of a pipeline only the ops it made or changed are
+    verified again. The checks are xDSL's Operation.verify's: an op's regions (parent
+    pointers, a block that lacks its terminator, every op in them), then the op itself."""
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.ops:
+                if child.parent is not block:
+                    raise ValueError("Parent pointer of operation does not refer to containing region")
+                content = _content(child)
+                if content is None or content not in verified:
+                    verify_changed(child, verified)
+                    if content is not None:
+                        verified.add(content)
+            if block.first_op is None and len(region.blocks) == 1 and not op.has_trait(NoTerminator):
+                raise VerifyException(f"Operation {op.name} contains empty block in single-block region that "
+                                      "expects at least a terminator")
+            if block.parent is not region:
+                raise ValueError("Parent pointer of block does not refer to containing region")
+    op.verify(verify_nested_ops=False)
+
+
+def _content(op: Operation) -> tuple[object, ...] | None:
+    """Everything verifying `op` reads, when that is the op alone (its operand and result
+    types, attributes, properties, and its parent's kind); None when verifying it reads more:
+    an op with regions or successors, the last op of a block (terminator rules), one with a
+    trait that checks other ops (a symbol user, an isolated region) or an erased operand."""
+    block = op.parent
+    if op.regions or op.successors or block is None or block.last_op is op or not _self_contained(type(op)):
+        return None
+    operands = op.operands
+    if any(isinstance(v, ErasedSSAValue) for v in operands):
+        return None
+    parent = block.parent_op()
+    return (type(op), tuple(v.type for v in operands), tuple(r.type for r in op.results),
+            tuple(op.attributes.items()), tuple(op.properties.items()), type(parent))
+
+
+_SELF_CONTAINED: dict[type[Operation], bool] = {}
+
+
+def _self_contained(cls: type[Operation]) -> bool:
+    """Whether every trait of `cls` checks nothing (OpTrait's own verify) or only its parent's
+    kind (HasParent, which `_content` keys on)."""
+    known = _SELF_CONTAINED.get(cls)
+    if known is None:
+        known = _SELF_CONTAINED[cls] = all(isinstance(t, HasParent) or type(t).verify is OpTrait.verify
+                                           for t in cls.traits)
+    return known

@@ -10,6 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import VerifyException
 
 import tcpc
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, SCHEDULE_PIPELINE
@@ -158,3 +162,50 @@ def test_load_arguments_keeps_the_values() -> None:
             np.array([2, 0, -1], np.int32), rng.standard_normal(8).astype(np.float32)]
     (want,), (got,) = run_function(before, "f", args), run_function(after, "f", args)
     np.testing.assert_array_equal(got, want)
+
+
+class _BreakOneContraction(ModulePass):
+    """Gives the first tcp.contract a spec its operands do not fit (a pass with a bug)."""
+
+    name = "break-one-contraction"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        contract = next(o for o in op.walk() if o.name == "tcp.contract")
+        contract.properties["spec"] = StringAttr("zmk,kn->mn")
+
+
+class _ChangeNothing(ModulePass):
+    name = "change-nothing"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        pass
+
+
+def test_each_pass_is_verified_where_it_changed_the_ir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """apply_pipeline verifies after every pass only the ops the pass made or changed (and the
+    ones whose checks read other ops: regions, terminators), and still catches a broken op."""
+    from xdsl.ir import Operation
+
+    from tcpc.pipelines import apply_pipeline, parse_pipeline
+
+    lowered = tcpc.compile_file(EXAMPLES[0]).lower()
+    verified: list[Operation] = []
+    verify = Operation.verify
+
+    def counting(self: Operation, verify_nested_ops: bool = True) -> None:
+        verified.append(self)
+        verify(self, verify_nested_ops)
+
+    monkeypatch.setattr(Operation, "verify", counting)
+    by_pass: list[list[Operation]] = []
+    apply_pipeline(lowered, [_ChangeNothing(), _ChangeNothing()], after_each=lambda p, m: by_pass.append(verified[:]))
+    first, second = by_pass[0], by_pass[1][len(by_pass[0]):]
+    assert len(first) > 300  # every op of the lowered mixtral (but repeated ones)
+    # after a pass that changed nothing: ops with regions, the blocks' last ops (and upstream
+    # ops whose traits verify something), never an engine op again
+    assert 0 < len(second) < len(first) / 4
+    assert not [o.name for o in second if o.dialect_name() in ("tcp", "ve", "tile") and not o.regions
+                and o is not o.parent.last_op]
+    with pytest.raises(VerifyException, match="does not match operand ranks"):
+        apply_pipeline(lowered, [_ChangeNothing(), _BreakOneContraction()])
+    assert apply_pipeline(lowered, parse_pipeline("map-contractions")).is_structurally_equivalent(lowered)
