@@ -68,6 +68,10 @@ class Progress:
         else:
             self._draw(f"simulating: {done:,} / {total:,} ops ({done / total:.0%})")
 
+    def did_skip_ops(self, count: int) -> None:
+        """`count` ops ran without being interpreted (a cost-only loop's copied iterations)."""
+        self.done += count
+
     def close(self) -> None:
         """Erase the progress line (call when the simulation ends, however it ends)."""
         if self.shown:

@@ -11,15 +11,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import pytest
 from benchmark_scripts import load_script
+from xdsl.interpreter import Interpreter
+from xdsl.ir import Operation
 
 import tcpc
 from runtime_sim.perf import cost_model
 from runtime_sim.perf.costs import register_cost_models
 from runtime_sim.semantics.numerics import bfloat16
 from runtime_sim.semantics.tcp_semantics import WidenedOperands
+from tcpc.pipelines import pipeline_spec
 
 speed = load_script("sim_speed")
 TOY = speed.bench.Model("toy", "toy", dict(D=8, F=16, E=4, K=2))
@@ -119,3 +123,41 @@ def test_the_speed_benchmark_rows_and_table() -> None:
     lines = speed.table(rows).splitlines()
     assert lines[0] == "| family | T | B | mode | ops simulated | wall s | CPU s | note |"
     assert [line.split("|")[4].strip() for line in lines[2:]] == ["cost-only", "values"]
+
+
+class _EveryOp(Interpreter.Listener):
+    """A listener that sees every op run: a cost-only run then interprets every iteration."""
+
+    def __init__(self) -> None:
+        self.ops = 0
+
+    def did_interpret_op(self, op: Operation, results: Any) -> None:
+        self.ops += 1
+
+
+class _Counting(_EveryOp):
+    """One that takes a count of the ops run without it: loops may then copy iterations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped = 0
+
+    def did_skip_ops(self, count: int) -> None:
+        self.skipped += count
+
+
+@pytest.mark.parametrize("routing", ["balanced", "skewed"])
+def test_loop_iterations_that_read_no_values_are_copied_not_interpreted(routing: str) -> None:
+    """The rank top-k's loop over token tiles reads no values for its costs: a cost-only run
+    interprets a few of its iterations and records the rest as copies of the last, moved on
+    (runtime_sim/perf/cost_only.py LoopReplay); the report is that of a run interpreting all."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"D": 2048, "F": 768, "E": 128, "K": 8, "T": 1024, "B": 128})
+    pipeline = pipeline_spec(topk_strategy="rank", expert_order="block")  # ten tiles of 96 tokens
+    copying, interpreting = _Counting(), _EveryOp()
+    copied = program.simulate(cost_only=True, routing=routing, pipeline=pipeline, listeners=[copying])
+    interpreted = program.simulate(cost_only=True, routing=routing, pipeline=pipeline, listeners=[interpreting])
+    assert copying.skipped > 0
+    assert copying.ops + copying.skipped == interpreting.ops
+    assert copied.report.to_json() == interpreted.report.to_json()
+    assert copied.report.chrome_trace() == interpreted.report.chrome_trace()
+    assert nx.utils.graphs_equal(copied.graph, interpreted.graph)

@@ -57,10 +57,11 @@ from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.cost_model import data_operands
+from runtime_sim.perf.cost_model import UNTRACED, data_operands, forwarded_operand, is_fused, unread_operands
 from runtime_sim.perf.graph_work import GraphWork
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
+from runtime_sim.perf.op_trace import TraceRecorder
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder, without_gc_pauses
 from runtime_sim.semantics.executor import function_named, make_interpreter
@@ -171,10 +172,22 @@ class ShapeOnlyFunctions(InterpreterFunctions):
     docstring), registered over the real semantics with `override=True`; `semantics` is a
     plain interpreter of the same module whose public `run_op` computes a thunk."""
 
-    def __init__(self, semantics: Interpreter):
+    def __init__(self, semantics: Interpreter, replay: LoopReplay | None = None):
         self.semantics = semantics
+        self.replay = replay
         self._shaped: dict[tuple[Operation, frozenset[str]], tuple[Any, ...]] = {}
         """(op, sources) -> its placeholder results: the same every iteration of a loop."""
+
+    @impl(scf.ForOp)
+    def run_for(self, interpreter: Interpreter, op: scf.ForOp, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """xDSL's loop, or with `replay`, as few iterations as show the rest (LoopReplay)."""
+        lb, ub, step, *carried = args
+        if self.replay is not None:
+            return self.replay.run(interpreter, op, range(lb, ub, step), tuple(carried))
+        loop_args = tuple(carried)
+        for i in range(lb, ub, step):
+            loop_args = interpreter.run_ssacfg_region(op.body, (i, *loop_args), "for_loop")
+        return loop_args
 
     @impl(scf.IfOp)
     def run_if(self, interpreter: Interpreter, op: scf.IfOp, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -198,14 +211,86 @@ class ShapeOnlyFunctions(InterpreterFunctions):
         return tuple(Lazy(thunk, i) for i in range(len(op.results)))
 
 
-def shape_only_functions(semantics: Interpreter) -> ShapeOnlyFunctions:
+def shape_only_functions(semantics: Interpreter, replay: LoopReplay | None = None) -> ShapeOnlyFunctions:
     """`ShapeOnlyFunctions` with `run_symbolic` registered for every op of the symbolic
     dialects: one implementation for all of them, so it is registered in a loop. An op with a
     region (`ve.chain`) is one symbolic op too: its body runs only inside a thunk, on the
     semantics, when a value of it is needed; its terminator (`ve.yield`) never runs here."""
     methods = {f"run_{op.name.replace('.', '_')}": impl(op)(ShapeOnlyFunctions.run_symbolic)
                for dialect in SYMBOLIC_DIALECTS for op in dialect.operations if not op.has_trait(IsTerminator)}
-    return register_impls(type("ShapeOnlyDialectFunctions", (ShapeOnlyFunctions,), methods))(semantics)
+    return register_impls(type("ShapeOnlyDialectFunctions", (ShapeOnlyFunctions,), methods))(semantics, replay)
+
+
+REPLAY_TRIES = 5
+"""The most iterations a loop runs before its recorded iterations are copied, if they can be:
+three at least (the last is checked against the one before, and the first may differ, as it
+starts from values made before the loop), one more for a loop that passes buffers round
+(double buffering)."""
+
+
+class LoopReplay:
+    """Cost-only runs of a loop whose body's costs read no values: every iteration records the
+    same commands, moved on by one iteration, once its iteration arguments are (the first may
+    not be). Such a loop runs until the recorder sees two iterations that do this
+    (TraceRecorder.repeat), up to REPLAY_TRIES, and the recorder copies the last one for the
+    iterations left; the interpreter skips them, as nothing it would compute there is read:
+    no op of the body reads a value for its cost, and the loop yields the same placeholders
+    each iteration. Listeners other than the recorder see no op of the copied iterations, so
+    a run replays only when each of them takes a count instead (`did_skip_ops(count)`, as
+    tcpc.progress.Progress does)."""
+
+    def __init__(self, recorder: TraceRecorder, listeners: Sequence[Interpreter.Listener] = ()):
+        self.recorder = recorder
+        self.listeners = tuple(listeners)
+        self._replayable: dict[scf.ForOp, bool] = {}
+
+    @staticmethod
+    def allowed(listeners: Sequence[Interpreter.Listener]) -> bool:
+        """Whether every listener can be told of ops run without it (`did_skip_ops`)."""
+        return all(callable(getattr(listener, "did_skip_ops", None)) for listener in listeners)
+
+    def replayable(self, loop: scf.ForOp) -> bool:
+        """Whether each op of `loop`'s body is costed alike every iteration: a symbolic op
+        whose cost reads no value (no data operands, no operand it may skip or pass through,
+        no routing it records), a fused chain, the loop's index arithmetic and yield; no
+        branch, call or inner loop."""
+        known = self._replayable.get(loop)
+        if known is None:
+            known = self._replayable[loop] = all(_same_every_iteration(o) for o in loop.body.block.ops)
+        return known
+
+    def run(self, interpreter: Interpreter, loop: scf.ForOp, iterations: range,
+            loop_args: tuple[Any, ...]) -> tuple[Any, ...]:
+        recorder = self.recorder
+        replayable = len(iterations) > 3 and self.replayable(loop)
+        start = recorder.mark()
+        marks, carried, yielded = [start], [recorder.carried(loop)], [loop_args]
+        for n, i in enumerate(iterations):
+            if replayable and 3 <= n <= REPLAY_TRIES and _same_placeholders(yielded[-2], yielded[-1]):
+                if recorder.repeat(loop, start, tuple(marks[-3:]), tuple(carried[-3:]), len(iterations) - n):
+                    ops = (len(iterations) - n) * len(loop.body.block.ops)
+                    for listener in self.listeners:
+                        listener.did_skip_ops(ops)  # type: ignore[attr-defined]
+                    return loop_args
+            loop_args = interpreter.run_ssacfg_region(loop.body, (i, *loop_args), "for_loop")
+            if replayable and n < REPLAY_TRIES:
+                marks.append(recorder.mark())
+                carried.append(recorder.carried(loop))
+                yielded.append(loop_args)
+        return loop_args
+
+
+def _same_every_iteration(op: Operation) -> bool:
+    if op.name in UNTRACED and not op.regions and not isinstance(op, func.CallOp):
+        return True  # the index arithmetic and the yield
+    if not _is_symbolic(op) or (op.regions and not is_fused(op)):
+        return False
+    return not data_operands(op) and unread_operands(op) is None and forwarded_operand(op) is None
+
+
+def _same_placeholders(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two iterations yielded the same placeholders (so every later one does too)."""
+    return len(a) == len(b) and all(x is y and is_placeholder(x) for x, y in zip(a, b))
 
 
 @dataclass(frozen=True)
@@ -269,11 +354,13 @@ def _forced(op: Operation, views: _SymbolicViews, inputs: tuple[Any, ...]) -> tu
     return tuple(forced)
 
 
-def shape_only_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = ()) -> Interpreter:
+def shape_only_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = (),
+                           replay: LoopReplay | None = None) -> Interpreter:
     """xDSL's interpreter with the symbolic dialects' ops run shape-only (public API only:
-    the real semantics registered first, the symbolic ones over them with override=True)."""
+    the real semantics registered first, the symbolic ones over them with override=True);
+    with `replay`, its loops as LoopReplay runs them."""
     interpreter = make_interpreter(module, [ShapeOnlyListener(listeners)])
-    interpreter.register_implementations(shape_only_functions(make_interpreter(module)), override=True)
+    interpreter.register_implementations(shape_only_functions(make_interpreter(module), replay), override=True)
     return interpreter
 
 
@@ -318,7 +405,8 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     names = arg_names(entry)
     args = [chosen[i].choices if i in chosen else placeholder(t, frozenset([names[i]]))
             for i, t in enumerate(entry.function_type.inputs.data)]
-    interpreter = shape_only_interpreter(module, [recorder, *listeners])
+    replay = LoopReplay(recorder, listeners) if LoopReplay.allowed(listeners) else None
+    interpreter = shape_only_interpreter(module, [recorder, *listeners], replay)
     with without_gc_pauses():
         interpreter.call_op(function, tuple(args))
         report, sched = simulate_trace(recorder.trace, machine, sram_policy, work=work)

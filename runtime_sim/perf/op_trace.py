@@ -324,3 +324,93 @@ class TraceRecorder(Interpreter.Listener):
                                stored_nbytes(args[i]), ins[i].ready_after()) for i in statics.in_hbm if i not in unread)
         trace.ops.append(TracedOp(index, statics.name, statics.label, cost, deps, reads, tuple(writes),
                                   statics.phase, op, statics.cluster, statics.own_dma, hbm_reads))
+
+    # --- loop iterations recorded as copies -------------------------------------------------
+
+    def mark(self) -> tuple[int, int]:
+        """Where the trace is: the commands and the buffers recorded so far."""
+        return len(self.trace.ops), len(self.trace.buffer_bytes)
+
+    def carried(self, loop: scf.ForOp) -> list[_Value]:
+        """What `loop`'s next iteration starts from: its iteration arguments as followed here."""
+        return list(self._loop_results.get(loop, ()))
+
+    def repeat(self, loop: scf.ForOp, start: tuple[int, int], marks: tuple[tuple[int, int], ...],
+               carried: tuple[list[_Value], ...], times: int) -> bool:
+        """Record `times` more iterations of `loop` as copies of its last one, if that is what
+        they would record. `marks` are where the last two iterations began and where the last
+        one ended, `carried` the iteration arguments each of those three points started from;
+        `start` marks where the loop began.
+
+        The recorder works an iteration out from its iteration arguments and from values made
+        before the loop alone (its ops read no values: cost_only.LoopReplay). So when the last
+        iteration's arguments are the previous one's moved on by one iteration (every command
+        and buffer made in the loop one iteration later, everything made before it the same),
+        it records the previous iteration moved on, and so does every later one, by
+        induction. One part of an argument may grow instead: the stores of a chain of disjoint
+        stores into one buffer (a tile written at a new offset each iteration) add one
+        iteration's stores each time; they are read only by a reader of the whole chain, which
+        would wait for more commands each iteration, so the last iteration must also be the
+        previous one moved on. Returns False, recording nothing, when any of this fails."""
+        (first, first_buffer), (a, a_buffers), (b, b_buffers), (c, c_buffers) = start, *marks
+        step, buffer_step = c - b, c_buffers - b_buffers
+        if b - a != step or b_buffers - a_buffers != buffer_step:
+            return False
+
+        def moved(v: _Value, n: int, stores: tuple[int, ...]) -> _Value:
+            by, by_buffers = n * step, n * buffer_step
+            return _Value(v.producer + by if v.producer is not None and v.producer >= first else v.producer,
+                          v.buffer + by_buffers if v.buffer is not None and v.buffer >= first_buffer else v.buffer,
+                          stores, v.base + by if v.base is not None and v.base >= first else v.base, v.chained,
+                          v.forwarded)
+
+        def later(indices: tuple[int, ...], n: int) -> tuple[int, ...]:
+            return tuple(i + n * step if i >= first else i for i in indices)
+
+        def growth(v: _Value, w: _Value) -> tuple[int, ...] | None:
+            """What `w` (an iteration later) adds to `v`'s stores, if `w` is `v` moved on."""
+            if w.stores == later(v.stores, 1):
+                return ()
+            if w.stores[:len(v.stores)] != v.stores:
+                return None
+            return w.stores[len(v.stores):]
+
+        previous, before, after = carried
+        if not len(previous) == len(before) == len(after):
+            return False
+        grown: list[tuple[int, ...]] = []
+        for u, v, w in zip(previous, before, after):
+            added, earlier = growth(v, w), growth(u, v)
+            if (added is None or earlier is None or moved(v, 1, w.stores) != w
+                    or (added != () and added != later(earlier, 1))):
+                return False
+            grown.append(added)
+        trace = self.trace
+        ops, labels, sizes = trace.ops, trace.buffer_labels, trace.buffer_bytes
+        iteration = ops[b:c]
+
+        def copy(t: TracedOp, n: int) -> TracedOp:
+            by, by_buffers = n * step, n * buffer_step
+            return TracedOp(t.index + by, t.name, t.label, t.cost, later(t.deps, n),
+                            tuple(r + by_buffers if r >= first_buffer else r for r in t.reads),
+                            tuple(w + by_buffers for w in t.writes), t.phase, t.op, t.cluster, t.own_dma,
+                            tuple((name, nbytes, later(ready, n)) for name, nbytes, ready in t.hbm_reads))
+
+        if ops[a:b] and [copy(t, 1) for t in ops[a:b]] != iteration:
+            return False
+        # A buffer without a value name is labelled by the command that made it (`_statics`).
+        unnamed = {buffer: t for t in iteration for buffer in t.writes if labels[buffer] == f"{t.name}#{t.index}"}
+        for n in range(1, times + 1):
+            ops.extend(copy(t, n) for t in iteration)
+            by, by_buffers = n * step, n * buffer_step
+            for buffer in range(b_buffers, c_buffers):
+                maker = unnamed.get(buffer)
+                sizes[buffer + by_buffers] = sizes[buffer]
+                labels[buffer + by_buffers] = labels[buffer] if maker is None else f"{maker.name}#{maker.index + by}"
+        last = [moved(w, times, w.stores + tuple(i for n in range(1, times + 1) for i in later(added, n))
+                      if added else later(w.stores, times))
+                for w, added in zip(after, grown)]
+        for arg, value in zip(loop.body.block.args[1:], last):
+            self._values[arg] = value
+        self._loop_results[loop] = last
+        return True
