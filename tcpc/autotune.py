@@ -36,7 +36,7 @@ from xdsl.passes import ModulePass
 
 from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES
 from passes.schedule.schedule_experts import ORDERS
-from runtime_sim.perf.cost_only import simulate_cost_only
+from runtime_sim.perf.cost_only import cost_only_cycles
 from runtime_sim.perf.report import BetterBlock, Choice
 from runtime_sim.perf.routing_scenarios import SCENARIOS
 from target.machine import Machine
@@ -106,8 +106,7 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
     if key in _costs:
         return _costs[key]  # type: ignore[index]
     lowered = apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
-    cycles = sum(simulate_cost_only(lowered, name, machine, routing=routing, seed=seed).report.total_cycles
-                 for name in functions)
+    cycles = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
     if key is not None:
         if len(_costs) >= COSTS_KEPT:
             del _costs[next(iter(_costs))]

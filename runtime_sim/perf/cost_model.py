@@ -26,10 +26,12 @@ exactly those operands and hands every other value over as a shape-only placehol
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from xdsl.dialects import func, scf
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
@@ -235,6 +237,30 @@ def data_operands(op: Operation) -> tuple[SSAValue, ...]:
     if expert_indices(op) is not None:
         operands = (*operands, op.operands[0])
     return operands
+
+
+_T = TypeVar("_T")
+
+
+def per_op(fn: Callable[[Operation, Machine], _T]) -> Callable[[Operation, Machine], _T]:
+    """`fn(op, machine)` worked out once per op and machine (and again if the op changed: its
+    operand and result types, properties or attributes), for the part of a cost that reads no
+    values: a cost function that reads values runs again for each value its op meets (a
+    guarded contraction in a loop, for each block's guard), and this part need not."""
+    known: weakref.WeakKeyDictionary[Operation, tuple[tuple[object, ...], _T]] = weakref.WeakKeyDictionary()
+
+    @functools.wraps(fn)
+    def once(op: Operation, machine: Machine) -> _T:
+        key = (machine, tuple(op.properties.items()), tuple(op.attributes.items()),
+               tuple(v.type for v in op.operands), tuple(r.type for r in op.results))
+        kept = known.get(op)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        value = fn(op, machine)
+        known[op] = (key, value)
+        return value
+
+    return once
 
 
 def free_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:

@@ -61,9 +61,17 @@ from runtime_sim.perf.cost_model import UNTRACED, data_operands, forwarded_opera
 from runtime_sim.perf.graph_work import GraphWork
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
-from runtime_sim.perf.op_trace import TraceRecorder
+from runtime_sim.perf.op_trace import Trace, TraceRecorder
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
-from runtime_sim.perf.simulate import SimResult, UncostedPolicy, simulate_trace, trace_recorder, without_gc_pauses
+from runtime_sim.perf.simulate import (
+    SimResult,
+    UncostedPolicy,
+    checked_roofline,
+    plan_and_schedule,
+    simulate_trace,
+    trace_recorder,
+    without_gc_pauses,
+)
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
 
@@ -399,6 +407,35 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     `routing` maps each routing argument's name to the Routing used. `work` is the graph-level
     program's (graph_work.py), for the roofline's useful FLOPs."""
     machine = machine or default_machine()
+    with without_gc_pauses():
+        trace, routings = _record(module, function, machine, routing, seed, uncosted, listeners)
+        report, sched = simulate_trace(trace, machine, sram_policy, work=work)
+    return SimResult((), report, sched, cost_only=True, routing=routings, trace=trace)
+
+
+def cost_only_cycles(module: ModuleOp, function: str, machine: Machine | None = None, *,
+                     routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
+                     sram_policy: SramPolicy = DEFAULT_SRAM_POLICY) -> int:
+    """The total cycles `simulate_cost_only` reports (and the same errors), without the
+    report: what the cost model's choices compare (tcpc/autotune.py). Everything the run
+    made is dropped before Python's cycle collector runs again, which would otherwise scan
+    it all once."""
+    machine = machine or default_machine()
+
+    def cycles() -> int:
+        trace, _ = _record(module, function, machine, routing, seed, "error", ())
+        _, sched = plan_and_schedule(trace, machine, sram_policy)
+        checked_roofline(machine, trace, None, sched.makespan)
+        return sched.makespan
+
+    with without_gc_pauses():
+        return cycles()
+
+
+def _record(module: ModuleOp, function: str, machine: Machine, routing: str | Path, seed: int,
+            uncosted: UncostedPolicy, listeners: Sequence[Interpreter.Listener]) -> tuple[Trace, dict[str, Routing]]:
+    """Run `function` shape-only with the routing scenario: its trace, and the routing used
+    by each routing argument's name."""
     recorder = trace_recorder(module, function, machine, uncosted)
     entry = function_named(module, function)
     chosen = routing_inputs(entry, routing, seed)
@@ -406,9 +443,5 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     args = [chosen[i].choices if i in chosen else placeholder(t, frozenset([names[i]]))
             for i, t in enumerate(entry.function_type.inputs.data)]
     replay = LoopReplay(recorder, listeners) if LoopReplay.allowed(listeners) else None
-    interpreter = shape_only_interpreter(module, [recorder, *listeners], replay)
-    with without_gc_pauses():
-        interpreter.call_op(function, tuple(args))
-        report, sched = simulate_trace(recorder.trace, machine, sram_policy, work=work)
-    return SimResult((), report, sched, cost_only=True,
-                     routing={names[i].lstrip("%"): c for i, c in chosen.items()}, trace=recorder.trace)
+    shape_only_interpreter(module, [recorder, *listeners], replay).call_op(function, tuple(args))
+    return recorder.trace, {names[i].lstrip("%"): c for i, c in chosen.items()}

@@ -36,7 +36,7 @@ from runtime_sim.perf.scheduler import Schedule, schedule
 from runtime_sim.perf.tcp_cost import hbm_sharing
 from runtime_sim.semantics.executor import function_named, run_function
 
-__all__ = ["annotate_plan", "simulate", "simulate_trace", "uncosted_ops"]
+__all__ = ["annotate_plan", "plan_and_schedule", "simulate", "simulate_trace", "uncosted_ops"]
 
 UncostedPolicy = Literal["error", "free"]
 
@@ -152,9 +152,8 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
     mesh's, made once per chip: its tasks must carry the trace's cycles); `work`, the
     graph-level program's (the roofline then counts useful FLOPs, see `layer_roofline`).
     Returns the report and the schedule (its `graph` is the dependency graph)."""
-    plan = plan or plan_memory(trace, machine, sram_policy)
-    units = {**engine_units(machine), **(extra_units or {})}
-    sched = schedule(plan.tasks, units, pinned_units(trace), own_dma_units(trace, machine), hbm_sharing(machine))
+    plan, sched = plan_and_schedule(trace, machine, sram_policy, extra_units, plan)
+    units = sched.units
     records: list[OpRecord] = []
     for task in plan.tasks:
         if task.key in plan.extra:
@@ -169,15 +168,33 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
                                 slot.end - slot.start, cost.bytes_moved, cost.hbm_bytes, cost.flops, bound, phase, slot.units,
                                 slot.part_starts, slot.part_ends))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
-    bound = layer_roofline(machine, trace, work)
-    if sched.makespan < bound.cycles:  # check_cost makes this impossible; never report it
-        raise CostModelError(f"simulated {sched.makespan} cycles is below the roofline {bound.cycles:.1f}")
+    bound = checked_roofline(machine, trace, work, sched.makespan)
     peak, cluster_peaks = scheduled_peak(plan, sched.slots, machine.clusters)
     report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
                        peak, plan.sram_capacity, sram_policy, plan.spills, plan.streams,
                        critical_cycles=sched.critical_cycles, cluster_peak_sram_bytes=cluster_peaks)
     return report, sched
 
+
+
+def plan_and_schedule(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
+                      extra_units: Mapping[str, int] | None = None,
+                      plan: MemoryPlan | None = None) -> tuple[MemoryPlan, Schedule]:
+    """The memory plan (`plan` if given) and the schedule of a recorded trace, as
+    `simulate_trace` makes them, without the report: the total cycles are the schedule's
+    makespan. `extra_units` adds engines the machine does not have."""
+    plan = plan or plan_memory(trace, machine, sram_policy)
+    units = {**engine_units(machine), **(extra_units or {})}
+    sched = schedule(plan.tasks, units, pinned_units(trace), own_dma_units(trace, machine), hbm_sharing(machine))
+    return plan, sched
+
+
+def checked_roofline(machine: Machine, trace: Trace, work: GraphWork | None, cycles: int) -> Roofline:
+    """The layer's roofline (`layer_roofline`), which `cycles` simulated must not be below."""
+    bound = layer_roofline(machine, trace, work)
+    if cycles < bound.cycles:  # check_cost makes this impossible; never report it
+        raise CostModelError(f"simulated {cycles} cycles is below the roofline {bound.cycles:.1f}")
+    return bound
 
 
 def layer_roofline(machine: Machine, trace: Trace, work: GraphWork | None) -> Roofline:

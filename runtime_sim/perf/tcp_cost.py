@@ -80,6 +80,7 @@ from xdsl.ir import Operation
 from dialects import tcp
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands, register_view
+from runtime_sim.perf.cost_model import per_op
 from target.contraction_mapping import ContractionShape, MappedCost, Mapping, MappingError, check, choose, cost
 from runtime_sim.perf.scheduler import SharedBandwidth
 from target.machine import Machine
@@ -251,6 +252,7 @@ def cost_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...
     return dma_copy_cost(machine, stored_nbytes(operands[0]), in_hbm(op.operands[0]), True)
 
 
+@per_op
 def mapped_cost(op: tcp.ContractOp | tcp.ScaledContractOp, machine: Machine) -> MappedCost:
     """The cost of `op`'s mapping: its `mapping` attribute checked against `machine`, or the
     cheapest legal one. A mapping that breaks a rule is a MappingError naming the op."""
