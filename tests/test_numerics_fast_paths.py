@@ -2,7 +2,7 @@
 a fold along an outer axis done slice by slice equals numpy's accumulate along it, NaN, signed
 zeros and i32 wrap-around included; a select by bit masks equals np.where; rows moved as raw bits
 are the rows; a contraction whose tiles BLAS reads in place gives the bits of the grid of
-contiguous copies."""
+contiguous copies; branch tags matched by a table are np.isin's matches."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from hypothesis.extra import numpy as hnp
 from threadpoolctl import threadpool_limits
 
 from runtime_sim.semantics.numerics import (
+    TAG_DTYPE,
     _SELECT_BY_MASKS,
     GRID_K,
     GRID_M,
@@ -27,6 +28,7 @@ from runtime_sim.semantics.numerics import (
     sequential_min,
     sequential_sum,
 )
+from runtime_sim.semantics.ve_semantics import tagged
 
 FOLDS = {sequential_sum: np.add, sequential_max: np.maximum, sequential_min: np.minimum}
 
@@ -172,3 +174,12 @@ def test_a_large_select_moves_bits_by_masks() -> None:
         on_true = rng.integers(0, np.iinfo(raw).max, shape, dtype=raw, endpoint=True).view(dtype)
         on_false = np.broadcast_to(np.array(7, raw).view(dtype), shape)
         assert same_bits(select(hit, on_true, on_false), np.where(hit, on_true, on_false))
+
+
+@given(hnp.arrays(st.sampled_from([TAG_DTYPE, np.dtype(np.int32)]), hnp.array_shapes(max_dims=3, max_side=9),
+                  elements=st.integers(0, 15)),
+       st.sets(st.integers(-3, 300), max_size=6))
+def test_tags_matched_by_a_table_are_isin(tags: np.ndarray, values: set[int]) -> None:
+    got = tagged(tags, values)
+    assert got.dtype == np.bool_ and got.shape == tags.shape
+    assert np.array_equal(got, np.isin(tags, list(values)))

@@ -123,13 +123,23 @@ def position_tags(shape: tuple[int, ...], axis: int, pattern: tuple[int, int, in
     return np.broadcast_to(line.reshape(view), shape).copy()
 
 
+def tagged(tags: np.ndarray, values: set[int]) -> np.ndarray:
+    """`np.isin(tags, values)`: a branch tag is a byte, so a table of 256 answers it for each
+    tag at once (np.isin sorts them; a top-k's routing tags are [T*K, E] at prefill)."""
+    if tags.dtype != TAG_DTYPE:
+        return np.isin(tags, list(values))
+    table = np.zeros(256, dtype=bool)
+    table[[v for v in values if 0 <= v < 256]] = True
+    return table[tags]
+
+
 def scan(kind: str, x: np.ndarray, tags: np.ndarray, axis: int, read: set[int], write: set[int]) -> np.ndarray:
     """The carried accumulator: one step per element along `axis`, all other indices at once."""
     fn = SCAN[kind]
     xs, ts = np.moveaxis(x, axis, 0), np.moveaxis(tags, axis, 0)
     out = np.empty_like(xs)
     acc = np.zeros(xs.shape[1:], dtype=x.dtype)
-    reads, writes = np.isin(ts, list(read)), np.isin(ts, list(write))
+    reads, writes = tagged(ts, read), tagged(ts, write)
     with np.errstate(all="ignore"):
         for i in range(xs.shape[0]):
             result = np.where(reads[i], fn(xs[i], acc), xs[i]).astype(x.dtype)
@@ -142,7 +152,7 @@ def filter_compact(x: np.ndarray, tags: np.ndarray, keep: set[int], axis: int, s
     """Kept elements in order at the front of each line along `axis`, `pad` bits after them;
     elements beyond `size` are dropped."""
     xs, ts = np.moveaxis(x, axis, -1), np.moveaxis(tags, axis, -1)
-    kept = np.isin(ts, list(keep))
+    kept = tagged(ts, keep)
     position = np.cumsum(kept, axis=-1) - 1
     fits = kept & (position < size)
     pad_value = np.array(pad, dtype=np.int64).astype(np.int32).view(x.dtype) if x.dtype == np.float32 \
@@ -222,7 +232,7 @@ class VEFunctions(InterpreterFunctions):
     def run_select(self, interpreter: Interpreter, op: ve.SelectOp, args: tuple[Any, ...]):
         tags, on_true, on_false = args
         when = list(op.when.get_values())
-        hit = tags == when[0] if len(when) == 1 else np.isin(tags, when)  # isin is slow on large arrays
+        hit = tags == when[0] if len(when) == 1 else tagged(np.asarray(tags), set(when))
         return _out(op, select(hit, on_true, on_false))
 
     @impl(ve.ScanOp)
