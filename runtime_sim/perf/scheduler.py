@@ -112,8 +112,6 @@ class Slot:
 class Schedule:
     slots: dict[int, Slot]
     tasks: Sequence[Task]
-    preds: dict[int, dict[int, str]]
-    """Key -> the keys it waits for, each with its edge's kind (the first found), in the order found."""
     makespan: int
     critical_path: list[int]
     busy: dict[str, int]
@@ -131,6 +129,28 @@ class Schedule:
         if not n or not self.makespan:
             return 0.0
         return self.busy.get(engine, 0) / (self.makespan * n)
+
+    @cached_property
+    def preds(self) -> dict[int, dict[int, str]]:
+        """Key -> the keys it waits for, each with its edge's kind (the first found), in the
+        order found: its data inputs, the memory it reuses, then on each of its units in turn
+        the command before it there. Worked out when first asked for (by `graph`)."""
+        preds: dict[int, dict[int, str]] = {}
+        last_on_unit: dict[tuple[str, int], int] = {}
+        for t in self.tasks:
+            into: dict[int, str] = {}
+            for d in t.deps:
+                into.setdefault(d, "data")
+            for d in t.after:
+                into.setdefault(d, "memory")
+            if self.units.get(t.engine):
+                for u in self.slots[t.key].units:
+                    prev = last_on_unit.get((t.engine, u))
+                    if prev is not None:
+                        into.setdefault(prev, "engine")
+                    last_on_unit[(t.engine, u)] = t.key
+            preds[t.key] = into
+        return preds
 
     @cached_property
     def graph(self) -> nx.DiGraph:
@@ -315,9 +335,9 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
     allowed = allowed or {}
     free: dict[str, list[int]] = {e: [0] * n for e, n in units.items() if n}
     bookings = _Bookings()
-    last_on_unit: dict[tuple[str, int], int] = {}
+    last_on_unit: dict[str, list[int | None]] = {e: [None] * n for e, n in units.items() if n}
+    """Engine -> the last command on each of its units."""
     slots: dict[int, Slot] = {}
-    preds: dict[int, dict[int, str]] = {}
     busy: dict[str, int] = {e: 0 for e in units}
     setter: dict[int, tuple[int, int]] = {}
     """Key -> (the command, its unit) whose end set its start (none for a start at 0); for a
@@ -327,103 +347,122 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
     part_setter: dict[tuple[int, int], tuple[int, int]] = {}
     """(key, unit) -> as `setter`, for the other parts of a command on several units."""
 
-    def at_end_of(d: int) -> tuple[int, int]:
+    def data_setter(t: Task, ready: int) -> tuple[int, int]:
+        """The input whose end is `ready` (a data input rather than a memory one, then the
+        latest issued), with the unit it ended on."""
+        d = max((d for d in t.deps if slots[d].end == ready), default=None)
+        if d is None:
+            d = max(d for d in t.after if slots[d].end == ready)
         return d, main_unit.get(d, slots[d].unit)
+
     for t in tasks:
-        if t.engine not in units:
-            raise ValueError(f"{t.label}: unknown engine '{t.engine}' (engines: {', '.join(units)})")
-        if t.cycles < 0:
-            raise ValueError(f"{t.label}: negative cycles {t.cycles}")
-        into: dict[int, str] = {}
+        key, engine, cycles = t.key, t.engine, t.cycles
+        if engine not in units:
+            raise ValueError(f"{t.label}: unknown engine '{engine}' (engines: {', '.join(units)})")
+        if cycles < 0:
+            raise ValueError(f"{t.label}: negative cycles {cycles}")
         ready = 0
-        for kind, keys in (("data", t.deps), ("memory", t.after)):
+        for keys in (t.deps, t.after):
             for d in keys:
                 slot = slots.get(d)
                 if slot is None:
                     raise ValueError(f"{t.label}: depends on {d}, which is not scheduled before it")
-                into.setdefault(d, kind)
                 if slot.end > ready:
                     ready = slot.end
+        unit_free = free.get(engine)
+        if unit_free is None:  # an engine without units: it never waits for one
+            if ready:
+                setter[key] = data_setter(t, ready)
+            busy[engine] += cycles
+            slots[key] = Slot(key, engine, 0, ready, ready + cycles)
+            continue
+        last = last_on_unit[engine]
+        sharing = shared if shared is not None and shared.engine == engine and any(t.traffic_by_units) else None
+        if key in pinned and t.units == 1 and sharing is None:
+            # One unit, known: the common case (a tensor command on its cluster's unit).
+            if not 1 <= t.units <= len(unit_free):
+                raise ValueError(f"{t.label}: needs {t.units} units of '{engine}', which has {len(unit_free)}")
+            u = pinned[key] % len(unit_free)
+            prev = last[u]
+            start = ready if ready >= unit_free[u] else unit_free[u]
+            end = start + cycles
+            if prev is not None and unit_free[u] > ready:
+                setter[key] = (prev, u)
+            elif ready:
+                setter[key] = data_setter(t, ready)
+            unit_free[u] = end
+            last[u] = key
+            busy[engine] += cycles
+            slots[key] = Slot(key, engine, u, start, end, (u,))
+            continue
         taken: tuple[int, ...] = (0,)
         start = ready
-        cycles = t.cycles
         traffic = 0
         placed: _Placement | None = None
-        data_setter: tuple[int, int] | None = None
-        unit_free = free.get(t.engine)
-        sharing = shared if shared is not None and shared.engine == t.engine and any(t.traffic_by_units) else None
-        if unit_free is not None:
-            if not 1 <= t.units <= len(unit_free):
-                raise ValueError(f"{t.label}: needs {t.units} units of '{t.engine}', which has {len(unit_free)}")
-            if sharing is not None:
-                bookings.forget_before(min(unit_free))
-                traffic = t.traffic_by_units[t.units - 1]
-            if t.key in pinned and t.units == 1:
-                taken = (pinned[t.key] % len(unit_free),)
-                start = max(ready, unit_free[taken[0]])
-            else:
-                candidates: Sequence[int] = allowed.get(t.key, ())
-                if not candidates or (len(candidates) < t.units and not t.cycles_by_units):
-                    candidates = range(len(unit_free))
-                first_free = sorted(unit_free[u] for u in candidates)
-                count = min(t.units, len(candidates))
-                if t.cycles_by_units:
-                    # The spread that ends first, the fewest units on a tie.
-                    by_units = t.cycles_by_units
-                    if sharing is not None:  # its end given the bandwidth the commands before it took
-                        count, placed = _spread(bookings, sharing, t, unit_free, candidates, ready, count)
-                        traffic = t.traffic_by_units[count - 1]
-                    else:
-                        count = min(range(1, count + 1), key=lambda k: (max(ready, first_free[k - 1]) + by_units[k - 1], k))
-                    cycles = by_units[count - 1]
-                start = max(ready, first_free[count - 1])
-                taken = _best_fit(unit_free, candidates, ready, count)
-        if ready:
-            binding = [d for d in into if slots[d].end == ready]
-            data_setter = at_end_of(max(binding, key=lambda d: (into[d] == "data", d)))
-        end = start + cycles
-        ends: list[int] = []
-        if unit_free is not None:
-            main = max(taken, key=lambda u: (unit_free[u], -u))
-            if len(taken) > 1:
-                main_unit[t.key] = main
-            # Each part is a command of its own on its unit: it starts when the unit frees (or
-            # the inputs are ready), not when the command's last part can.
-            begins = [max(ready, unit_free[u]) for u in taken]
-            if sharing is not None:
-                placed = placed or bookings.plan(sharing, begins, cycles, traffic, len(unit_free))
-                bookings.book(placed)
-                ends = placed.ends
-            else:
-                ends = [b + cycles for b in begins]
-            for u, b, e in zip(taken, begins, ends):
-                prev = last_on_unit.get((t.engine, u))
-                if prev is not None:
-                    into.setdefault(prev, "engine")
-                link = (prev, u) if prev is not None and unit_free[u] > ready else data_setter
-                if u == main:
-                    if link is not None:
-                        setter[t.key] = link
-                else:
-                    part_start[(t.key, u)] = b
-                    if link is not None:
-                        part_setter[(t.key, u)] = link
-                unit_free[u] = e
-                last_on_unit[(t.engine, u)] = t.key
-            end = max(ends)
-            busy[t.engine] += sum(ends) - sum(begins)
+        if not 1 <= t.units <= len(unit_free):
+            raise ValueError(f"{t.label}: needs {t.units} units of '{engine}', which has {len(unit_free)}")
+        if sharing is not None:
+            bookings.forget_before(min(unit_free))
+            traffic = t.traffic_by_units[t.units - 1]
+        if key in pinned and t.units == 1:
+            taken = (pinned[key] % len(unit_free),)
+            start = max(ready, unit_free[taken[0]])
         else:
-            if data_setter is not None:
-                setter[t.key] = data_setter
-            busy[t.engine] += cycles
-        preds[t.key] = into
+            candidates: Sequence[int] = allowed.get(key, ())
+            if not candidates or (len(candidates) < t.units and not t.cycles_by_units):
+                candidates = range(len(unit_free))
+            first_free = sorted(unit_free[u] for u in candidates)
+            count = min(t.units, len(candidates))
+            if t.cycles_by_units:
+                # The spread that ends first, the fewest units on a tie.
+                by_units = t.cycles_by_units
+                if sharing is not None:  # its end given the bandwidth the commands before it took
+                    count, placed = _spread(bookings, sharing, t, unit_free, candidates, ready, count)
+                    traffic = t.traffic_by_units[count - 1]
+                else:
+                    count = min(range(1, count + 1), key=lambda k: (max(ready, first_free[k - 1]) + by_units[k - 1], k))
+                cycles = by_units[count - 1]
+            start = max(ready, first_free[count - 1])
+            taken = _best_fit(unit_free, candidates, ready, count)
         several = len(taken) > 1
-        parts = tuple(part_start.get((t.key, u), start) for u in taken) if several else ()
-        slots[t.key] = Slot(t.key, t.engine, taken[0], start, end, taken, parts, tuple(ends) if several else (),
-                            end > start + cycles)
+        main = max(taken, key=lambda u: (unit_free[u], -u)) if several else taken[0]
+        if several:
+            main_unit[key] = main
+        # Each part is a command of its own on its unit: it starts when the unit frees (or
+        # the inputs are ready), not when the command's last part can.
+        begins = [max(ready, unit_free[u]) for u in taken]
+        if sharing is not None:
+            placed = placed or bookings.plan(sharing, begins, cycles, traffic, len(unit_free))
+            bookings.book(placed)
+            ends = placed.ends
+        else:
+            ends = [b + cycles for b in begins]
+        found: tuple[int, int] | None = None
+        for u, b, e in zip(taken, begins, ends):
+            prev = last[u]
+            if prev is not None and unit_free[u] > ready:
+                link: tuple[int, int] | None = (prev, u)
+            else:
+                if found is None and ready:
+                    found = data_setter(t, ready)
+                link = found
+            if u == main:
+                if link is not None:
+                    setter[key] = link
+            else:
+                part_start[(key, u)] = b
+                if link is not None:
+                    part_setter[(key, u)] = link
+            unit_free[u] = e
+            last[u] = key
+        end = max(ends)
+        busy[engine] += sum(ends) - sum(begins)
+        parts = tuple(part_start.get((key, u), start) for u in taken) if several else ()
+        slots[key] = Slot(key, engine, taken[0], start, end, taken, parts, tuple(ends) if several else (),
+                          end > start + cycles)
     makespan = max((s.end for s in slots.values()), default=0)
     path, on_path = _critical_path(setter, main_unit, part_start, part_setter, slots, makespan)
-    return Schedule(slots, tasks, preds, makespan, path, busy, dict(units), on_path, bookings.peak)
+    return Schedule(slots, tasks, makespan, path, busy, dict(units), on_path, bookings.peak)
 
 
 def _critical_path(setter: Mapping[int, tuple[int, int]], main_unit: Mapping[int, int],
