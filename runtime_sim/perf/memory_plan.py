@@ -251,6 +251,8 @@ class MemoryPlanner:
         """Cluster -> heap of (-next reader, buffer, version) of its buffers: the buffer needed
         furthest in the future first."""
         self.rank_version: dict[int, int] = {}
+        self.ranking = False
+        """Whether `ranks` are kept: from the first spill on (`spill_for` makes them then)."""
         # HBM.
         self.stored: dict[int, tuple[int, ...]] = {}
         """Buffer -> the commands that put its copy in HBM."""
@@ -313,10 +315,12 @@ class MemoryPlanner:
         computes = engine not in (NONE, DMA)
         reloads = missing if computes else []
         direct = missing if engine == DMA else []
-        far = [b for b in dict.fromkeys(t.reads) if self.cluster.get(b, cluster) != cluster and b in self.live] \
+        far = [b for b in t.reads if self.cluster.get(b, cluster) != cluster and b in self.live] \
             if computes and self.clusters > 1 else []
+        if far:
+            far = list(dict.fromkeys(far))
         writes = list(t.writes)
-        need = sum(size[b] for b in reloads) + sum(size[b] for b in writes)
+        need = sum(size[b] for b in reloads) + sum(size[b] for b in writes) if reloads else sum(size[b] for b in writes)
         free = self.free.free
         elsewhere = self.place_elsewhere(cluster, writes, need) if need > free[cluster] and self.movable else {}
         if elsewhere:
@@ -408,7 +412,10 @@ class MemoryPlanner:
     def rank(self, buffers: Iterable[int], index: int) -> None:
         """Re-rank the live `buffers` by their next reader after command `index`. A buffer's next
         reader changes only when one of its readers comes: a command that reads it, or (for the
-        source of a fused result) a reader of the result, which refetches it."""
+        source of a fused result) a reader of the result, which refetches it. Before the first
+        spill nothing is ranked: `spill_for` ranks every live buffer then."""
+        if not self.ranking:
+            return
         live, versions, ranks = self.live, self.rank_version, self.ranks
         for b in dict.fromkeys(buffers):
             if b in live:
@@ -454,6 +461,12 @@ class MemoryPlanner:
         in the future first (Belady), until `need` bytes of its SRAM are free."""
         touched = set(t.reads) | set(t.writes)
         kept: list[tuple[int, int, int]] = []
+        if not self.ranking:
+            # Every live buffer's next reader after `t`: what ranking it at each of its
+            # readers would have left (a buffer `t` reads is kept whatever its rank, and ranked
+            # again after `t`).
+            self.ranking = True
+            self.rank(list(self.live), t.index)
         ranks = self.ranks[cluster]
         while need > self.free.free[cluster]:
             assert ranks, "streaming leaves a command only buffers that fit"
@@ -634,7 +647,7 @@ class MemoryPlanner:
     def schedule(self, t: TracedOp, deps: list[int], wait: tuple[int, ...]) -> None:
         """Add `t`'s task: data dependencies on its producers and transfers, memory ones on the
         previous holders of the space it claimed."""
-        data = tuple(dict.fromkeys(deps))
+        data = t.deps if len(deps) == len(t.deps) else tuple(dict.fromkeys(deps))  # t.deps: sorted, distinct
         cost = self.costs.get(t.index, t.cost)
         after: tuple[int, ...] = ()
         if wait:
