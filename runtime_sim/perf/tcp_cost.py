@@ -70,6 +70,7 @@ bias add rides in the chain's vector stage (no cycles; one FLOP per result eleme
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from typing import Any
@@ -175,6 +176,7 @@ def with_hbm_bytes(machine: Machine, cost: OpCost, hbm_bytes: int, payload_bytes
     return replace(cost, cycles=cycles, bound=bound, hbm_bytes=hbm_bytes, part_hbm_bytes=by_parts if hbm_bytes else ())
 
 
+@functools.lru_cache(maxsize=4096)  # a loop's commands ask for the same few again and again
 def dma_command_cost(machine: Machine, read_requests: int, write_requests: int, hbm_bytes: int,
                      payload_bytes: int, cross_tier: bool, bytes_moved: int, result_bytes: int,
                      engines: int | None = None) -> OpCost:
