@@ -14,8 +14,9 @@ command counts in the phase of the command it serves) are given two ways:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -74,6 +75,11 @@ class OpRecord:
         if list(u) == list(range(u[0], u[-1] + 1)):
             return f"dma{u[0]}-{u[-1]}"
         return "dma" + ",".join(map(str, u))
+
+
+_OP_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(OpRecord))
+_op_values = operator.attrgetter(*_OP_FIELDS)
+"""An OpRecord's fields, in order: its JSON (fields of ints, strings and tuples of ints)."""
 
 
 @dataclass(frozen=True)
@@ -325,7 +331,7 @@ class SimReport:
             "critical_path": self.critical_path,
             "engines": [asdict(e) for e in self.engines],
             "phases": [asdict(p) for p in self.phases],
-            "ops": [asdict(o) for o in self.ops],
+            "ops": [dict(zip(_OP_FIELDS, _op_values(o))) for o in self.ops],  # asdict's, without its deep copy
         }
 
     def _cluster_peaks(self) -> str:
