@@ -61,7 +61,6 @@ from dialects.annotations import PHASES, phase_of  # noqa: E402
 from dialects.moe import GroupedMatmulOp  # noqa: E402
 from dialects.tensor_types import shape_of  # noqa: E402
 from dialects.tmath import MatmulOp  # noqa: E402
-from runtime_sim.perf.cost_only import simulate_cost_only  # noqa: E402
 from runtime_sim.perf.report import SimReport  # noqa: E402
 from runtime_sim.perf.routing_scenarios import scenario_choices  # noqa: E402
 from runtime_sim.semantics.numerics import stored_nbytes, tensor_dtype  # noqa: E402
@@ -260,8 +259,10 @@ def schedule_row(model, tokens: int, block: str | int = "auto") -> Row:  # type:
         dims["B"] = int(program.choices[0].chosen) if program.choices else program.dims["B"]
     name = program.function().sym_name.data
     limit = chip_limit(program.function(), tokens, dims["K"], dims["E"])
-    module = program.lower("pin-routing," + program.full_pipeline())
-    report: SimReport = simulate_cost_only(module, name, routing="balanced").report
+    simulated = program.simulate(cost_only=True, routing="balanced")  # `tcpc run --cost-only`'s choices and run
+    report: SimReport = simulated.report
+    module = simulated.module
+    assert module is not None
     seconds = time.perf_counter() - start
     dma = [(o.start, o.end) for o in report.ops if o.engine == "dma"]
     contracting = [(o.start, o.end) for o in report.ops if o.name in CONTRACTIONS]

@@ -3,6 +3,8 @@
     python benchmarks/sim_speed.py                  # every family at T = 4096 cost-only, Qwen3 with values
     python benchmarks/sim_speed.py --tokens 2048    # other token counts
     python benchmarks/sim_speed.py --values-tokens 0  # cost-only rows only
+    python benchmarks/sim_speed.py --schedule       # benchmarks/schedule.md's rows: seconds, peak memory, where the time goes
+    python benchmarks/sim_speed.py --schedule --families deepseek_v3 --tokens 4096   # some of them
 
 Rows:
 - `cost-only`: every family of benchmarks/run.py at its real dims and T, block size by
@@ -23,16 +25,30 @@ of the simulation (interpretation, costing, memory plan, scheduling and report; 
 drawing inputs excluded), and CPU seconds of this process over the same span (torch's threads
 add up in the `transformers` row; on a machine shared with other jobs the CPU column is the
 steadier one; docs/simulator.md's table is one such run).
+
+`--schedule` times the rows of benchmarks/schedule.md instead (every family, T = 1, 16, 64,
+2048, 4096 unless told), each as schedule.py makes it (`schedule_row`: compile with block=auto,
+the cost model's strategy and loop order, the cost-only run and the row's summaries), each in a
+process of its own: its wall and CPU seconds, the process's peak resident memory, the cost-only
+simulations it ran (the candidates of every choice, and the row's own), and the seconds by
+stage: compiling (every apply_pipeline), interpreting (recording the trace), planning memory
+and scheduling, the report, and the rest (parsing, building, summaries). The stages are
+timed by wrapping those functions in the child process (exclusive times, no profiler
+overhead). A row above TARGET_SECONDS wall says where its time goes from those columns.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import multiprocessing
+import resource
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
@@ -128,6 +144,112 @@ def transformers_row(model, tokens: int, repeats: int = 3) -> Row | None:  # typ
                f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {repeats}")
 
 
+TARGET_SECONDS = 2.0
+"""Issue #32's target for a row of benchmarks/schedule.md: wall seconds, compile and choices included."""
+SCHEDULE_TOKENS: tuple[int, ...] = (1, 16, 64, 2048, 4096)
+STAGES: tuple[str, ...] = ("compile", "interpret", "plan+schedule", "report", "other")
+
+
+@dataclass
+class ScheduleSpeed:
+    """One row of benchmarks/schedule.md, timed (`--schedule`)."""
+
+    title: str
+    tokens: int
+    block: int
+    cycles: int
+    wall_seconds: float
+    cpu_seconds: float
+    peak_rss_mb: float
+    simulations: int
+    """Cost-only runs recorded: every candidate of every choice, and the row's own."""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Stage -> CPU seconds spent in it and not in a stage nested in it (STAGES)."""
+
+
+class _StageClock:
+    """Exclusive CPU seconds per stage, by wrapping the functions that are the stages (put
+    back when the clock is closed)."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.calls = dict.fromkeys(STAGES, 0)
+        self._stack: list[list[Any]] = []
+        self._wrapped: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, module: Any, name: str, stage: str) -> None:
+        fn: Callable[..., Any] = getattr(module, name)
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            frame = [stage, time.process_time(), 0.0]  # stage, start, seconds in nested stages
+            self._stack.append(frame)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._stack.pop()
+                spent = time.process_time() - frame[1]
+                self.seconds[stage] += spent - frame[2]
+                self.calls[stage] += 1
+                if self._stack:
+                    self._stack[-1][2] += spent
+
+        self._wrapped.append((module, name, fn))
+        setattr(module, name, timed)
+
+    def close(self) -> None:
+        for module, name, fn in reversed(self._wrapped):
+            setattr(module, name, fn)
+        self._wrapped.clear()
+
+
+def schedule_speed(model, tokens: int) -> ScheduleSpeed:  # type: ignore[no-untyped-def]
+    """benchmarks/schedule.py's row of `model` at T = tokens (block=auto), timed; run it in a
+    process of its own (`--schedule` does), whose peak memory is then the row's."""
+    import schedule
+
+    import tcpc.autotune
+    import tcpc.program
+    from runtime_sim.perf import cost_only, simulate
+
+    clock = _StageClock()
+    try:
+        for module in (tcpc.autotune, tcpc.program):
+            clock.wrap(module, "apply_pipeline", "compile")
+        clock.wrap(cost_only, "_record", "interpret")
+        clock.wrap(cost_only, "plan_and_schedule", "plan+schedule")  # the candidates' (no report)
+        clock.wrap(simulate, "plan_and_schedule", "plan+schedule")  # the row's own, inside simulate_trace
+        clock.wrap(cost_only, "simulate_trace", "report")
+        wall, cpu = _clocks()
+        row = schedule.schedule_row(model, tokens)
+        wall_end, cpu_end = _clocks()
+    finally:
+        clock.close()
+    clock.seconds["other"] = (cpu_end - cpu) - sum(clock.seconds.values())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    return ScheduleSpeed(row.title, tokens, row.block, row.cycles, wall_end - wall, cpu_end - cpu, peak,
+                         clock.calls["interpret"], clock.seconds)
+
+
+def schedule_table(rows: Sequence[ScheduleSpeed]) -> str:
+    head = ["model", "T", "B", "simulated cycles", "run s", "CPU s", "peak RSS MB", "simulations",
+            *(f"{s} s" for s in STAGES)]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in rows:
+        cells = [r.title, str(r.tokens), str(r.block), f"{r.cycles:,}", f"{r.wall_seconds:.2f}", f"{r.cpu_seconds:.2f}",
+                 f"{r.peak_rss_mb:.0f}", str(r.simulations), *(f"{r.stages[s]:.2f}" for s in STAGES)]
+        lines.append("| " + " | ".join(cells) + " |")
+    over = [r for r in rows if r.wall_seconds > TARGET_SECONDS]
+    lines.append("")
+    lines.append(f"{len(rows) - len(over)} of {len(rows)} rows within {TARGET_SECONDS:g} s wall; the largest peak "
+                 f"RSS {max((r.peak_rss_mb for r in rows), default=0):.0f} MB.")
+    for r in over:
+        top = max(STAGES, key=lambda s: r.stages[s])
+        lines.append(f"- {r.title} T={r.tokens}: {r.wall_seconds:.1f} s wall, {r.simulations} simulations; "
+                     f"most in {top} ({r.stages[top]:.1f} of {r.cpu_seconds:.1f} CPU s)")
+    return "\n".join(lines) + "\n"
+
+
 def table(rows: Sequence[Row]) -> str:
     head = ["family", "T", "B", "mode", "ops simulated", "wall s", "CPU s", "note"]
     lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---|---:|---:|---:|---|"]
@@ -145,12 +267,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="T of the Qwen3-30B-A3B run with values (and of transformers'); 0: none")
     parser.add_argument("--families", nargs="+", default=[m.name for m in bench.MODELS],
                         help="families of the cost-only rows (example names)")
+    parser.add_argument("--schedule", action="store_true",
+                        help="time benchmarks/schedule.md's rows instead (T = 1 16 64 2048 4096 unless --tokens)")
     args = parser.parse_args(argv)
     models = {m.name: m for m in bench.MODELS}
     unknown = [f for f in args.families if f not in models]
     if unknown:
         parser.error(f"unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)} "
                      f"(families: {', '.join(models)})")
+    if args.schedule:
+        tokens = SCHEDULE_TOKENS if args.tokens == list(TOKENS) else args.tokens
+        speeds = []
+        context = multiprocessing.get_context("spawn")  # a fresh process per row: its peak memory is the row's
+        for name in args.families:
+            for t in tokens:
+                with context.Pool(1) as pool:
+                    speeds.append(pool.apply(schedule_speed, (models[name], t)))
+                r = speeds[-1]
+                print(f"  {r.title} T={t} B={r.block}: {r.wall_seconds:.1f} s wall, {r.cpu_seconds:.1f} CPU s, "
+                      f"{r.peak_rss_mb:.0f} MB", file=sys.stderr, flush=True)
+        print(schedule_table(speeds))
+        return 0
     rows: list[Row] = []
     for name in args.families:
         for t in args.tokens:

@@ -65,6 +65,8 @@ class SimulationResult:
     cost_only: bool = False
     routing: dict[str, Routing] = field(default_factory=dict)
     """Cost-only mode: routing argument name -> the scenario and [T, K] expert choices used."""
+    module: ModuleOp | None = None
+    """The simulated IR: the program after `pipeline`."""
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -242,9 +244,10 @@ class Program:
                                                      machine=machine, sram_policy=sram_policy, uncosted=uncosted,
                                                      cost_only=cost_only, routing=routing, listeners=listeners)
         if cost_only:
-            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing)
+            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing, module)
         fn = function_in(module, self.function(graph).sym_name.data)
-        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.schedule, spec)
+        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.schedule, spec,
+                                module=module)
 
     def planned(self, inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0, graph: str | None = None,
                 machine: Machine | str | Path | None = None, sram_policy: str = "spill",

@@ -125,6 +125,22 @@ def test_the_speed_benchmark_rows_and_table() -> None:
     assert [line.split("|")[4].strip() for line in lines[2:]] == ["cost-only", "values"]
 
 
+def test_the_schedule_speed_rows_and_table() -> None:
+    """`sim_speed.py --schedule`'s row: a schedule.md row timed by stage (the stages add up to
+    its CPU seconds), with the simulations of every choice counted."""
+    toy = speed.bench.Model("mixtral", "toy Mixtral", dict(D=64, F=128, E=8, K=2))
+    row = speed.schedule_speed(toy, 16)
+    assert row.cycles > 0 and row.block > 0 and row.peak_rss_mb > 0
+    assert row.simulations >= 1  # the row's own run, and the choices' candidates not costed before
+    assert all(row.stages[s] >= 0 for s in speed.STAGES[:-1]) and row.stages["compile"] > 0
+    assert abs(sum(row.stages.values()) - row.cpu_seconds) < 1e-6
+    lines = speed.schedule_table([row]).splitlines()
+    assert lines[0].startswith("| model | T | B | simulated cycles | run s | CPU s | peak RSS MB | simulations |")
+    assert "toy Mixtral" in lines[2]
+    from tcpc import autotune
+    assert autotune.apply_pipeline.__module__ == "tcpc.pipelines"  # the stage clock put it back
+
+
 class _EveryOp(Interpreter.Listener):
     """A listener that sees every op run: a cost-only run then interprets every iteration."""
 
