@@ -90,6 +90,33 @@ def _past_the_end(best: int, tried: Mapping[int, int], most: int) -> int | None:
 COSTS_KEPT = 1024
 """How many costings `cost_cycles` remembers (the oldest are forgotten first)."""
 _costs: dict[tuple[object, ...], int] = {}
+COMPILED_KEPT = 2
+"""How many programs `cost_cycles` keeps a compiled form of for `compiled` (the latest)."""
+_compiled: dict[tuple[str, str], tuple[int, tuple[str, ...], ModuleOp]] = {}
+"""(program, machine) -> the cycles, passes and IR of its cheapest compiled form costed."""
+
+
+def compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine) -> ModuleOp:
+    """`module` after the cost-only passes and `passes`, compiled for `machine`
+    (apply_pipeline). A run simulates the program its choices found cheapest, which they
+    compiled to cost it: `cost_cycles` keeps the cheapest compiled form of each of the latest
+    programs it costed, and this hands it over if it is the one asked for (forgetting it, so
+    whoever runs it may annotate it); else it compiles."""
+    program = (print_ir(module), repr(machine))
+    kept = _compiled.get(program)
+    if kept is not None and kept[1] == tuple(map(repr, passes)):
+        del _compiled[program]
+        return kept[2]
+    return apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
+
+
+def _keep(program: tuple[str, str], cycles: int, passes: tuple[str, ...], lowered: ModuleOp) -> None:
+    """Keep `lowered` for `compiled` if it is the cheapest form of `program` costed (the first
+    of equals: a choice's tie goes to the alternative tried first)."""
+    kept = _compiled.pop(program, None)
+    _compiled[program] = (cycles, passes, lowered) if kept is None or cycles < kept[0] else kept  # the latest last
+    while len(_compiled) > COMPILED_KEPT:
+        del _compiled[next(iter(_compiled))]
 
 
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
@@ -101,12 +128,14 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
     better-block search costs the run's own block again, and a program compiled again (the
     Python API, tests) is not simulated again. A routing read from a file is not remembered (the
     file may change)."""
-    key = ((print_ir(module), tuple(functions), tuple(map(repr, passes)), repr(machine), str(routing), seed)
-           if str(routing) in SCENARIOS else None)
+    text = print_ir(module)
+    key = (text, tuple(functions), tuple(map(repr, passes)), repr(machine), str(routing), seed) \
+        if str(routing) in SCENARIOS else None
     if key in _costs:
         return _costs[key]  # type: ignore[index]
     lowered = apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
     cycles = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
+    _keep((text, repr(machine)), cycles, tuple(map(repr, passes)), lowered)
     if key is not None:
         if len(_costs) >= COSTS_KEPT:
             del _costs[next(iter(_costs))]

@@ -294,7 +294,9 @@ class Program:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")
             spec = ",".join(p for p in (*COST_ONLY_PASSES, spec) if p)
-            module = apply_pipeline(self.module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=mach)
+            from tcpc.autotune import compiled
+
+            module = compiled(self.module, passes, mach)  # the cost model's choices may have compiled it
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
                                         uncosted=uncosted, listeners=listeners, work=work)  # type: ignore[arg-type]
             args: list[np.ndarray] = []

@@ -137,7 +137,7 @@ def test_a_costing_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch, tmp
     def no_simulation(*args: object, **kwargs: object) -> None:
         raise AssertionError("simulated again")
 
-    monkeypatch.setattr(tcpc.autotune, "simulate_cost_only", no_simulation)
+    monkeypatch.setattr(tcpc.autotune, "cost_only_cycles", no_simulation)
     assert tcpc.compile_source(MIXTRAL_AUTO).choices == first.choices
     for other in ({"dims": {"T": 8}}, {"routing": "skewed"}, {"seed": 1}):
         with pytest.raises(AssertionError, match="simulated again"):
@@ -146,6 +146,29 @@ def test_a_costing_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch, tmp
     np.save(routing, np.tile(np.arange(2, dtype=np.int32), (16, 1)))
     with pytest.raises(AssertionError, match="simulated again"):
         tcpc.compile_source(MIXTRAL_AUTO, routing=routing)
+
+
+def test_a_run_simulates_the_program_its_choices_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run that follows the strategy and loop order choices simulates the cheapest of the
+    programs they compiled to cost them, rather than compiling it again; with the same result."""
+    program = tcpc.compile_source(MIXTRAL_AUTO)
+    apply = tcpc.autotune.apply_pipeline
+    compiles: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        compiles.append("compile")
+        return apply(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tcpc.autotune, "_costs", {})  # every candidate costed (and compiled) here
+    monkeypatch.setattr(tcpc.autotune, "_compiled", {})
+    monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
+    taken = program.simulate(cost_only=True)
+    candidates = {(c.what, alternative) for c in taken.report.choices if c.what != "block" for alternative, _ in c.alternatives}
+    assert len(compiles) == len(candidates) - 1  # the second choice's default is the first's winner, costed once
+    monkeypatch.setattr(tcpc.autotune, "_compiled", {})  # nothing kept: compiled for the run
+    again = program.simulate(cost_only=True)
+    assert len(compiles) == len(candidates)
+    assert taken.report.to_json() == again.report.to_json()
 
 
 def test_block_auto_for_the_runs_routing() -> None:
