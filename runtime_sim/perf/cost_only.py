@@ -50,7 +50,7 @@ from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_i
 from xdsl.ir import Attribute, Dialect, Operation
 from xdsl.traits import IsTerminator
 
-from dialects.annotations import routing_arguments
+from dialects.annotations import expert_indices, routing_arguments
 from dialects.moe import MoE
 from dialects.tcp import TCP
 from dialects.tile import Tile
@@ -61,7 +61,7 @@ from runtime_sim.perf.cost_model import UNTRACED, data_operands, forwarded_opera
 from runtime_sim.perf.graph_work import GraphWork
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
-from runtime_sim.perf.op_trace import Trace, TraceRecorder
+from runtime_sim.perf.op_trace import LoopTemplate, Trace, TraceRecorder
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import (
     SimResult,
@@ -230,62 +230,145 @@ def shape_only_functions(semantics: Interpreter, replay: LoopReplay | None = Non
 
 
 REPLAY_TRIES = 5
-"""The most iterations a loop runs before its recorded iterations are copied, if they can be:
-three at least (the last is checked against the one before, and the first may differ, as it
-starts from values made before the loop), one more for a loop that passes buffers round
-(double buffering)."""
+"""The most iterations a loop whose costs read no values runs before its recorded iterations
+are copied, if they can be: three at least (the last is checked against the one before, and
+the first may differ, as it starts from values made before the loop), one more for a loop that
+passes buffers round (double buffering)."""
+
+
+LOOP_PERIOD = 8
+"""The longest run of iterations a loop whose costs read values may repeat as a whole (two F
+tiles alternating, one expert's blocks in a row)."""
 
 
 class LoopReplay:
-    """Cost-only runs of a loop whose body's costs read no values: every iteration records the
-    same commands, moved on by one iteration, once its iteration arguments are (the first may
-    not be). Such a loop runs until the recorder sees two iterations that do this
-    (TraceRecorder.repeat), up to REPLAY_TRIES, and the recorder copies the last one for the
-    iterations left; the interpreter skips them, as nothing it would compute there is read:
-    no op of the body reads a value for its cost, and the loop yields the same placeholders
-    each iteration. Listeners other than the recorder see no op of the copied iterations, so
-    a run replays only when each of them takes a count instead (`did_skip_ops(count)`, as
-    tcpc.progress.Progress does)."""
+    """Cost-only runs of loops whose iterations record the same commands, moved on by one
+    iteration (TraceRecorder.template says when an iteration is such a template).
+
+    - A loop whose body's costs read no values: every iteration is the template's copy once
+      its iteration arguments are (the first may not be). It runs until the recorder finds a
+      template, up to REPLAY_TRIES iterations, and the recorder copies it for the iterations
+      left; the interpreter skips them, as nothing it would compute there is read (no op of
+      the body reads a value for its cost, and the loop yields the same placeholders each
+      iteration). Listeners other than the recorder see no op of the copied iterations, so a
+      run replays only when each of them takes a count instead (`did_skip_ops(count)`, as
+      tcpc.progress.Progress does).
+    - A loop whose costs read values (an expert loop: a block's expert ids, its guard): every
+      iteration runs on the interpreter, which computes those values, but the recorder keeps
+      its ops (TraceRecorder.defer) and, if what they read (their `signature`) is the
+      template's, records the template's copy instead of working each command out. The
+      template may be a run of up to LOOP_PERIOD iterations, copied as a whole when as many
+      iterations read what its iterations read, in turn. An iteration that reads otherwise is
+      recorded as it ran (with the run's iterations before it), and a later run may become the
+      next template.
+    """
 
     def __init__(self, recorder: TraceRecorder, listeners: Sequence[Interpreter.Listener] = ()):
         self.recorder = recorder
         self.listeners = tuple(listeners)
-        self._replayable: dict[scf.ForOp, bool] = {}
+        self._kinds: dict[scf.ForOp, str] = {}
 
     @staticmethod
     def allowed(listeners: Sequence[Interpreter.Listener]) -> bool:
         """Whether every listener can be told of ops run without it (`did_skip_ops`)."""
         return all(callable(getattr(listener, "did_skip_ops", None)) for listener in listeners)
 
-    def replayable(self, loop: scf.ForOp) -> bool:
-        """Whether each op of `loop`'s body is costed alike every iteration: a symbolic op
-        whose cost reads no value (no data operands, no operand it may skip or pass through,
-        no routing it records), a fused chain, the loop's index arithmetic and yield; no
-        branch, call or inner loop."""
-        known = self._replayable.get(loop)
+    def kind(self, loop: scf.ForOp) -> str:
+        """`static` when each op of `loop`'s body is costed alike every iteration (a symbolic
+        op whose cost reads no value: no data operands, no operand it may skip or pass
+        through; a fused chain; the loop's index arithmetic and yield); `values` when its
+        costs may read values but an iteration is still worked out from its iteration
+        arguments, values made before the loop and what its ops read (no routing recorded,
+        no inner loop or call; branches allowed); else `none`."""
+        known = self._kinds.get(loop)
         if known is None:
-            known = self._replayable[loop] = all(_same_every_iteration(o) for o in loop.body.block.ops)
+            ops = list(loop.body.block.ops)
+            if all(_same_every_iteration(o) for o in ops):
+                known = "static"
+            elif all(_worked_out_per_iteration(o) for o in ops):
+                known = "values"
+            else:
+                known = "none"
+            self._kinds[loop] = known
         return known
 
     def run(self, interpreter: Interpreter, loop: scf.ForOp, iterations: range,
             loop_args: tuple[Any, ...]) -> tuple[Any, ...]:
+        kind = self.kind(loop) if len(iterations) > 3 else "none"
+        if kind == "values":
+            return self._run_values(interpreter, loop, iterations, loop_args)
         recorder = self.recorder
-        replayable = len(iterations) > 3 and self.replayable(loop)
         start = recorder.mark()
         marks, carried, yielded = [start], [recorder.carried(loop)], [loop_args]
         for n, i in enumerate(iterations):
-            if replayable and 3 <= n <= REPLAY_TRIES and _same_placeholders(yielded[-2], yielded[-1]):
+            if kind == "static" and 3 <= n <= REPLAY_TRIES and _same_placeholders(yielded[-2], yielded[-1]):
                 if recorder.repeat(loop, start, tuple(marks[-3:]), tuple(carried[-3:]), len(iterations) - n):
                     ops = (len(iterations) - n) * len(loop.body.block.ops)
                     for listener in self.listeners:
                         listener.did_skip_ops(ops)  # type: ignore[attr-defined]
                     return loop_args
             loop_args = interpreter.run_ssacfg_region(loop.body, (i, *loop_args), "for_loop")
-            if replayable and n < REPLAY_TRIES:
+            if kind == "static" and n < REPLAY_TRIES:
                 marks.append(recorder.mark())
                 carried.append(recorder.carried(loop))
                 yielded.append(loop_args)
         return loop_args
+
+    def _run_values(self, interpreter: Interpreter, loop: scf.ForOp, iterations: range,
+                    loop_args: tuple[Any, ...]) -> tuple[Any, ...]:
+        recorder = self.recorder
+        start = recorder.mark()
+        # Where each iteration recorded began, what it started from and read; the latest ones.
+        marks, carried, signatures = [start], [recorder.carried(loop)], [()]
+        template: LoopTemplate | None = None
+        period = copies = 0
+        pending: list[list[tuple[bool, Operation, tuple[Any, ...]]]] = []
+        """The iterations since the last copy, whose signatures match the template's so far."""
+        for i in iterations:
+            recorder.defer()
+            loop_args = interpreter.run_ssacfg_region(loop.body, (i, *loop_args), "for_loop")
+            events = recorder.deferred()
+            signature = recorder.signature(events)
+            if template is not None:
+                if signature == template.signature[len(pending)]:
+                    pending.append(events)
+                    if len(pending) == period:
+                        copies += 1
+                        template.append(copies)
+                        pending = []
+                    continue
+                template.finish(copies)  # where the copies left the recorder, to record the rest from
+                template, copies = None, 0
+                marks, carried, signatures = [recorder.mark()], [recorder.carried(loop)], [()]
+                for kept in pending:
+                    self._record(loop, kept, recorder.signature(kept), marks, carried, signatures)
+                pending = []
+            self._record(loop, events, signature, marks, carried, signatures)
+            for p in range(1, LOOP_PERIOD + 1):  # the shortest run of iterations that repeats
+                if len(marks) > 2 * p and signatures[-p:] == signatures[-2 * p:-p]:
+                    template = recorder.template(loop, start, (marks[-2 * p - 1], marks[-p - 1], marks[-1]),
+                                                 (carried[-2 * p - 1], carried[-p - 1], carried[-1]))
+                    if template is not None:
+                        template.signature = tuple(signatures[-p:])
+                        period = p
+                        break
+        if template is not None:
+            template.finish(copies)
+            for kept in pending:  # a run cut short by the loop's end
+                recorder.record(kept)
+        return loop_args
+
+    def _record(self, loop: scf.ForOp, events: list[tuple[bool, Operation, tuple[Any, ...]]],
+                signature: tuple[tuple[object, ...], ...], marks: list[tuple[int, int]],
+                carried: list[list[Any]], signatures: list[tuple[tuple[object, ...], ...]]) -> None:
+        """Record one iteration's ops as they ran, and note where it ended and what it read
+        (the latest 2 * LOOP_PERIOD + 1 such notes)."""
+        self.recorder.record(events)
+        marks.append(self.recorder.mark())
+        carried.append(self.recorder.carried(loop))
+        signatures.append(signature)
+        if len(marks) > 2 * LOOP_PERIOD + 1:
+            del marks[0], carried[0], signatures[0]
 
 
 def _same_every_iteration(op: Operation) -> bool:
@@ -294,6 +377,16 @@ def _same_every_iteration(op: Operation) -> bool:
     if not _is_symbolic(op) or (op.regions and not is_fused(op)):
         return False
     return not data_operands(op) and unread_operands(op) is None and forwarded_operand(op) is None
+
+
+def _worked_out_per_iteration(op: Operation) -> bool:
+    if isinstance(op, scf.IfOp):
+        return all(_worked_out_per_iteration(o) for region in op.regions for block in region.blocks for o in block.ops)
+    if op.name in UNTRACED and not op.regions and not isinstance(op, func.CallOp):
+        return True
+    if not _is_symbolic(op) or (op.regions and not is_fused(op)):
+        return False
+    return expert_indices(op) is None
 
 
 def _same_placeholders(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:

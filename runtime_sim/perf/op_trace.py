@@ -181,6 +181,8 @@ class TraceRecorder(Interpreter.Listener):
         self._returned: list[_Value] = []
         self._fused: Operation | None = None
         """The fused op running now (a `ve.chain`): the ops inside it are its cost, not traced."""
+        self._deferred: list[tuple[bool, Operation, tuple[Any, ...]]] | None = None
+        """The ops seen since `defer`, not recorded yet."""
 
     def _value(self, v: SSAValue) -> _Value:
         return self._values.get(v, _ENTRY)
@@ -225,6 +227,9 @@ class TraceRecorder(Interpreter.Listener):
         return cost
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        if self._deferred is not None:
+            self._deferred.append((True, op, args))
+            return
         if self._fused is not None:
             return
         if is_fused(op):
@@ -254,6 +259,9 @@ class TraceRecorder(Interpreter.Listener):
                 self.trace.outputs.update(v.buffer for v in self._returned if v.buffer is not None)
 
     def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
+        if self._deferred is not None:
+            self._deferred.append((False, op, results))
+            return
         if self._fused is not None:
             if op is not self._fused:
                 return
@@ -335,41 +343,80 @@ class TraceRecorder(Interpreter.Listener):
         """What `loop`'s next iteration starts from: its iteration arguments as followed here."""
         return list(self._loop_results.get(loop, ()))
 
-    def repeat(self, loop: scf.ForOp, start: tuple[int, int], marks: tuple[tuple[int, int], ...],
-               carried: tuple[list[_Value], ...], times: int) -> bool:
-        """Record `times` more iterations of `loop` as copies of its last one, if that is what
-        they would record. `marks` are where the last two iterations began and where the last
-        one ended, `carried` the iteration arguments each of those three points started from;
-        `start` marks where the loop began.
+    def defer(self) -> None:
+        """Keep the ops seen from now on for `deferred` instead of recording them."""
+        self._deferred = []
 
-        The recorder works an iteration out from its iteration arguments and from values made
-        before the loop alone (its ops read no values: cost_only.LoopReplay). So when the last
+    def deferred(self) -> list[tuple[bool, Operation, tuple[Any, ...]]]:
+        """The ops seen since `defer`, as (will run, op, its operands or results), and record
+        again from now on (`record` records the ones kept, if they are to be)."""
+        events, self._deferred = self._deferred, None
+        assert events is not None
+        return events
+
+    def record(self, events: list[tuple[bool, Operation, tuple[Any, ...]]]) -> None:
+        """Record ops kept by `defer`, as if they had just run."""
+        for will, op, values in events:
+            (self.will_interpret_op if will else self.did_interpret_op)(op, values)
+
+    def signature(self, events: list[tuple[bool, Operation, tuple[Any, ...]]]) -> tuple[tuple[object, ...], ...]:
+        """What recording these ops reads besides the values made before them: the ops in
+        order (a branch shows in the ops it ran), and for each op whose cost reads values its
+        cost and the operands it skips or passes through (`_statics`)."""
+        out: list[tuple[object, ...]] = []
+        args: list[tuple[Any, ...]] = []
+        fused: Operation | None = None
+        for will, op, values in events:
+            if fused is not None and op is not fused:
+                continue
+            if will:
+                fused = op if is_fused(op) else None
+                args.append(values)
+                continue
+            fused = None
+            operands = args.pop()
+            if op.name in UNTRACED:
+                out.append((op,))
+                continue
+            statics = self._statics(op)
+            if not (statics.data or statics.unread or statics.forward):
+                out.append((op,))
+                continue
+            out.append((op, self._cost(op, statics, operands, values),
+                        statics.unread(op, operands) if statics.unread is not None else (),
+                        statics.forward(op, operands) if statics.forward is not None else None))
+        return tuple(out)
+
+    def template(self, loop: scf.ForOp, start: tuple[int, int], marks: tuple[tuple[int, int], ...],
+                 carried: tuple[list[_Value], ...]) -> LoopTemplate | None:
+        """`loop`'s last iteration as a template for the ones after it, if it is one. `marks`
+        are where the last two iterations began and where the last one ended, `carried` the
+        iteration arguments each of those three points started from; `start` marks where the
+        loop began. An "iteration" here may be a run of several (a loop whose iterations
+        alternate, as two F tiles do): the template is then that run, copied as a whole.
+
+        The recorder works an iteration out from its iteration arguments, values made before
+        the loop and what its ops read of their values (`signature`). So when the last
         iteration's arguments are the previous one's moved on by one iteration (every command
         and buffer made in the loop one iteration later, everything made before it the same),
-        it records the previous iteration moved on, and so does every later one, by
-        induction. One part of an argument may grow instead: the stores of a chain of disjoint
-        stores into one buffer (a tile written at a new offset each iteration) add one
-        iteration's stores each time; they are read only by a reader of the whole chain, which
+        an iteration after it whose ops read what the last one's read records the last one
+        moved on, and leaves its arguments moved on again: by induction, as long as the
+        signatures agree. One part of an argument may grow instead: the stores of a chain of
+        disjoint stores into one buffer (a tile written at a new offset each iteration) add one
+        iteration's stores each time; only a reader of the whole chain reads them, and it
         would wait for more commands each iteration, so the last iteration must also be the
-        previous one moved on. Returns False, recording nothing, when any of this fails."""
+        previous one moved on. An argument passed on unchanged (every block the guard skips
+        yields it again) stays unchanged: no command reads it, or the last iteration would
+        not be the previous one moved on. None when any of this fails."""
         (first, first_buffer), (a, a_buffers), (b, b_buffers), (c, c_buffers) = start, *marks
         step, buffer_step = c - b, c_buffers - b_buffers
         if b - a != step or b_buffers - a_buffers != buffer_step:
-            return False
-
-        def moved(v: _Value, n: int, stores: tuple[int, ...]) -> _Value:
-            by, by_buffers = n * step, n * buffer_step
-            return _Value(v.producer + by if v.producer is not None and v.producer >= first else v.producer,
-                          v.buffer + by_buffers if v.buffer is not None and v.buffer >= first_buffer else v.buffer,
-                          stores, v.base + by if v.base is not None and v.base >= first else v.base, v.chained,
-                          v.forwarded)
-
-        def later(indices: tuple[int, ...], n: int) -> tuple[int, ...]:
-            return tuple(i + n * step if i >= first else i for i in indices)
+            return None
+        template = LoopTemplate(self, loop, first, first_buffer, b, c, b_buffers, c_buffers, carried[2])
 
         def growth(v: _Value, w: _Value) -> tuple[int, ...] | None:
             """What `w` (an iteration later) adds to `v`'s stores, if `w` is `v` moved on."""
-            if w.stores == later(v.stores, 1):
+            if w.stores == template.later(v.stores, 1):
                 return ()
             if w.stores[:len(v.stores)] != v.stores:
                 return None
@@ -377,40 +424,96 @@ class TraceRecorder(Interpreter.Listener):
 
         previous, before, after = carried
         if not len(previous) == len(before) == len(after):
-            return False
-        grown: list[tuple[int, ...]] = []
+            return None
         for u, v, w in zip(previous, before, after):
+            if u == v == w:  # passed on unchanged (a block the guard skips): it stays
+                template.grown.append(None)
+                continue
             added, earlier = growth(v, w), growth(u, v)
-            if (added is None or earlier is None or moved(v, 1, w.stores) != w
-                    or (added != () and added != later(earlier, 1))):
-                return False
-            grown.append(added)
-        trace = self.trace
-        ops, labels, sizes = trace.ops, trace.buffer_labels, trace.buffer_bytes
-        iteration = ops[b:c]
+            if (added is None or earlier is None or template.moved(v, 1, w.stores) != w
+                    or (added != () and added != template.later(earlier, 1))):
+                return None
+            template.grown.append(added)
+        ops = self.trace.ops
+        if ops[a:b] and [template.copy(t, 1) for t in ops[a:b]] != ops[b:c]:
+            return None
+        return template
 
-        def copy(t: TracedOp, n: int) -> TracedOp:
-            by, by_buffers = n * step, n * buffer_step
-            return TracedOp(t.index + by, t.name, t.label, t.cost, later(t.deps, n),
-                            tuple(r + by_buffers if r >= first_buffer else r for r in t.reads),
-                            tuple(w + by_buffers for w in t.writes), t.phase, t.op, t.cluster, t.own_dma,
-                            tuple((name, nbytes, later(ready, n)) for name, nbytes, ready in t.hbm_reads))
-
-        if ops[a:b] and [copy(t, 1) for t in ops[a:b]] != iteration:
+    def repeat(self, loop: scf.ForOp, start: tuple[int, int], marks: tuple[tuple[int, int], ...],
+               carried: tuple[list[_Value], ...], times: int) -> bool:
+        """Record `times` more iterations of `loop` as copies of its last one, if that is what
+        they record: its ops read no values (cost_only.LoopReplay checks), so each iteration's
+        signature is the last one's, and the last one is a `template`. False, recording
+        nothing, when it is not."""
+        template = self.template(loop, start, marks, carried)
+        if template is None:
             return False
-        # A buffer without a value name is labelled by the command that made it (`_statics`).
-        unnamed = {buffer: t for t in iteration for buffer in t.writes if labels[buffer] == f"{t.name}#{t.index}"}
         for n in range(1, times + 1):
-            ops.extend(copy(t, n) for t in iteration)
-            by, by_buffers = n * step, n * buffer_step
-            for buffer in range(b_buffers, c_buffers):
-                maker = unnamed.get(buffer)
-                sizes[buffer + by_buffers] = sizes[buffer]
-                labels[buffer + by_buffers] = labels[buffer] if maker is None else f"{maker.name}#{maker.index + by}"
-        last = [moved(w, times, w.stores + tuple(i for n in range(1, times + 1) for i in later(added, n))
-                      if added else later(w.stores, times))
-                for w, added in zip(after, grown)]
-        for arg, value in zip(loop.body.block.args[1:], last):
-            self._values[arg] = value
-        self._loop_results[loop] = last
+            template.append(n)
+        template.finish(times)
         return True
+
+
+class LoopTemplate:
+    """An iteration of a loop that the iterations after it copy, moved on by one iteration each
+    (TraceRecorder.template says when): what the copies need of it."""
+
+    def __init__(self, recorder: TraceRecorder, loop: scf.ForOp, first: int, first_buffer: int, begin: int, end: int,
+                 begin_buffers: int, end_buffers: int, after: list[_Value]):
+        self.recorder, self.loop = recorder, loop
+        self.first, self.first_buffer = first, first_buffer
+        """The first command and buffer the loop made: only those move on."""
+        self.step, self.buffer_step = end - begin, end_buffers - begin_buffers
+        self.iteration = recorder.trace.ops[begin:end]
+        self.buffers = range(begin_buffers, end_buffers)
+        self.after = after
+        """The iteration arguments it left."""
+        self.grown: list[tuple[int, ...] | None] = []
+        """Per argument, what one iteration adds to its stores (empty: they move on instead;
+        None: the argument is passed on unchanged)."""
+        labels = recorder.trace.buffer_labels
+        # A buffer without a value name is labelled by the command that made it (`_statics`).
+        self.unnamed = {buffer: t for t in self.iteration for buffer in t.writes
+                        if labels[buffer] == f"{t.name}#{t.index}"}
+        self.signature: tuple[tuple[object, ...], ...] | None = None
+        """What its ops read of values (TraceRecorder.signature), when a copy must match it."""
+
+    def later(self, indices: tuple[int, ...], n: int) -> tuple[int, ...]:
+        first, by = self.first, n * self.step
+        return tuple(i + by if i >= first else i for i in indices)
+
+    def moved(self, v: _Value, n: int, stores: tuple[int, ...]) -> _Value:
+        """`v` as `n` iterations later, with `stores`."""
+        first, by, by_buffers = self.first, n * self.step, n * self.buffer_step
+        return _Value(v.producer + by if v.producer is not None and v.producer >= first else v.producer,
+                      v.buffer + by_buffers if v.buffer is not None and v.buffer >= self.first_buffer else v.buffer,
+                      stores, v.base + by if v.base is not None and v.base >= first else v.base, v.chained, v.forwarded)
+
+    def copy(self, t: TracedOp, n: int) -> TracedOp:
+        """Command `t` as `n` iterations later."""
+        first_buffer, by_buffers = self.first_buffer, n * self.buffer_step
+        return TracedOp(t.index + n * self.step, t.name, t.label, t.cost, self.later(t.deps, n),
+                        tuple(r + by_buffers if r >= first_buffer else r for r in t.reads),
+                        tuple(w + by_buffers for w in t.writes), t.phase, t.op, t.cluster, t.own_dma,
+                        tuple((name, nbytes, self.later(ready, n)) for name, nbytes, ready in t.hbm_reads))
+
+    def append(self, n: int) -> None:
+        """Record the iteration `n` after the template, a copy of it."""
+        trace = self.recorder.trace
+        trace.ops.extend(self.copy(t, n) for t in self.iteration)
+        labels, sizes = trace.buffer_labels, trace.buffer_bytes
+        by, by_buffers = n * self.step, n * self.buffer_step
+        for buffer in self.buffers:
+            maker = self.unnamed.get(buffer)
+            sizes[buffer + by_buffers] = sizes[buffer]
+            labels[buffer + by_buffers] = labels[buffer] if maker is None else f"{maker.name}#{maker.index + by}"
+
+    def finish(self, times: int) -> None:
+        """Leave the recorder where `times` copies leave it: the loop's iteration arguments."""
+        last = [w if added is None else
+                self.moved(w, times, w.stores + tuple(i for n in range(1, times + 1) for i in self.later(added, n))
+                           if added else self.later(w.stores, times))
+                for w, added in zip(self.after, self.grown)]
+        for arg, value in zip(self.loop.body.block.args[1:], last):
+            self.recorder._values[arg] = value
+        self.recorder._loop_results[self.loop] = last
