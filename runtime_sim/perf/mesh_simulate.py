@@ -33,11 +33,11 @@ from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.ccl_cost import Traffic, link_cycles, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
-from runtime_sim.perf.cost_only import Lazy, is_placeholder, placeholder, shape_only_interpreter
+from runtime_sim.perf.cost_only import LoopReplay, Lazy, is_placeholder, placeholder, shape_only_interpreter
 from runtime_sim.perf.graph_work import GraphWork
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
 from target.mesh_machine import MeshMachine
-from runtime_sim.perf.op_trace import Trace
+from runtime_sim.perf.op_trace import Trace, TraceRecorder
 from runtime_sim.perf.report import SimReport
 from runtime_sim.perf.scheduler import Task, schedule
 from runtime_sim.perf.tcp_cost import hbm_sharing
@@ -75,6 +75,9 @@ class TrafficRecorder(Interpreter.Listener):
             group = self.mesh.group(self.chip, op.axis_name)  # type: ignore[attr-defined]
             self.traffic.append(traffic(op, args, len(group), group.index(self.chip)))
             self.axes.append(op.axis_name)  # type: ignore[attr-defined]
+
+    def did_skip_ops(self, count: int) -> None:
+        """Ops a cost-only loop copied (cost_only.LoopReplay): never a collective."""
 
 
 class ShapeOnlyCCLFunctions(CCLFunctions):
@@ -118,11 +121,19 @@ class _ForcedValues(Interpreter.Listener):
         self.listener.did_interpret_op(op, results)
 
 
-def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]]) -> ChipInterpreter:
-    """Cost-only mode's interpreter of one chip (cost_only.shape_only_interpreter) with its ccl ops."""
+def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
+                    recorders: Sequence[TraceRecorder] = ()) -> ChipInterpreter:
+    """Cost-only mode's interpreter of one chip (cost_only.shape_only_interpreter) with its ccl
+    ops; with the chips' `recorders` (among each chip's listeners), its loops copy iterations
+    where they can (cost_only.LoopReplay)."""
 
     def build(module: ModuleOp, exchange: MeshExchange, chip: int) -> Interpreter:
-        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in listeners(chip)])
+        chip_listeners = listeners(chip)
+        replay = None
+        if recorders:
+            others = [x for x in chip_listeners if x is not recorders[chip]]
+            replay = LoopReplay(recorders[chip], others) if LoopReplay.allowed(others) else None
+        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in chip_listeners], replay)
         interpreter.register_implementations(ShapeOnlyCCL(exchange, chip), override=True)
         return interpreter
 
@@ -286,7 +297,8 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
                 else:
                     row.append(placeholder(t, frozenset([names[i]])))
             per_chip.append(row)
-        run_mesh(module, function, mesh, per_chip, shape_only_chip(lambda c: (recorders[c], traffics[c], *listeners)))
+        run_mesh(module, function, mesh, per_chip,
+                 shape_only_chip(lambda c: (recorders[c], traffics[c], *listeners), recorders))
         outputs: list[tuple[Any, ...]] = []
     else:
         if args is None or len(args) != mesh.chips:
