@@ -511,6 +511,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"sweep {args.spec}{about}: {len(spec.points):,} point(s) on {where}", flush=True)
     outcome = run_sweep(spec, out, scheduler=args.scheduler, workers=args.workers)
     print(f"  ran {outcome.ran}, skipped {outcome.skipped} already done, {len(outcome.failed)} failed")
+    if outcome.ran:
+        print(f"  {outcome.points_per_second:.2f} points per second ({outcome.ran} in {outcome.seconds:.1f} s)")
     for row in outcome.failed[:10]:
         print(f"  failed {row['key']}: {row['error']}")
     if len(outcome.failed) > 10:

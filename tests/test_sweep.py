@@ -3,6 +3,7 @@ failing point, resumption, the Parquet schema, an existing scheduler and the cha
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,7 @@ def test_sweep_runs_records_failures_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = run_sweep(spec, out, workers=1, processes=False)
     assert first.ran == 16 and first.skipped == 0
+    assert first.seconds > 0 and first.points_per_second == 16 / first.seconds
     rows = pq.read_table(out / "results.parquet").to_pylist()
     assert len(rows) == 16
     ok = [r for r in rows if r["status"] == "ok"]
@@ -148,6 +150,8 @@ def test_cli_on_an_existing_scheduler_with_charts(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert code == 0, out
     assert "4 point(s) on the Dask scheduler at" in out and "ran 4, skipped 0 already done, 0 failed" in out
+    rate = re.search(r"([0-9.]+) points per second \(4 in ([0-9.]+) s\)", out)
+    assert rate is not None and float(rate.group(1)) > 0, out
     for name in ("roofline.png", "cycles_vs_routing.png", "cycles_vs_dim_T.png"):
         data = (tmp_path / "o" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name

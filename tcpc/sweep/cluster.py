@@ -49,6 +49,14 @@ class SweepOutcome:
     """The rows of this run's points that failed."""
     succeeded: int = 0
     """How many of the spec's points have a row with status ok (from this run or an earlier one)."""
+    seconds: float = 0.0
+    """Wall seconds from handing this run's points to the cluster to the last result (the
+    cluster's start-up apart)."""
+
+    @property
+    def points_per_second(self) -> float:
+        """This run's points over `seconds`: the sweep's rate on its cluster."""
+        return self.ran / self.seconds if self.seconds > 0 else 0.0
 
 
 def check_out(out: Path, named: str) -> None:
@@ -99,7 +107,7 @@ def run_sweep(spec: Spec, out: Path, *, scheduler: str | None = None, workers: i
         from dask.distributed import as_completed
 
         bar = SweepProgress(len(todo), progress)
-        saved = time.monotonic()
+        saved = started = time.monotonic()
         try:
             futures = client.map(run_point, todo, pure=False)
             points = {f.key: p for f, p in zip(futures, todo)}
@@ -117,6 +125,7 @@ def run_sweep(spec: Spec, out: Path, *, scheduler: str | None = None, workers: i
                 if time.monotonic() - saved > save_every:
                     write_results(list(rows.values()), out)
                     saved = time.monotonic()
+            outcome.seconds = time.monotonic() - started
         finally:
             bar.close()
             write_results(list(rows.values()), out)  # whatever finished, even when interrupted
