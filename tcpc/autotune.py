@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xdsl.dialects.builtin import ModuleOp
@@ -36,7 +36,7 @@ from xdsl.passes import ModulePass
 
 from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES
 from passes.schedule.schedule_experts import ORDERS
-from runtime_sim.perf.cost_only import cost_only_cycles
+from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_cycles, cost_only_run
 from runtime_sim.perf.report import BetterBlock, Choice
 from runtime_sim.perf.routing_scenarios import SCENARIOS
 from target.machine import Machine
@@ -91,51 +91,75 @@ COSTS_KEPT = 1024
 """How many costings `cost_cycles` remembers (the oldest are forgotten first)."""
 _costs: dict[tuple[object, ...], int] = {}
 COMPILED_KEPT = 2
-"""How many programs `cost_cycles` keeps a compiled form of for `compiled` (the latest)."""
-_compiled: dict[tuple[str, str], tuple[int, tuple[str, ...], ModuleOp]] = {}
-"""(program, machine) -> the cycles, passes and IR of its cheapest compiled form costed."""
+"""How many programs `cost_cycles` keeps a compiled form (and run) of for `take_compiled`."""
 
 
-def compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine) -> ModuleOp:
+@dataclass
+class _Compiled:
+    """A program's cheapest compiled form costed, and its cost-only run when one was kept."""
+
+    cycles: int
+    passes: tuple[str, ...]
+    module: ModuleOp
+    run: CostOnlyRun | None = None
+    run_of: tuple[object, ...] = ()
+    """(function, routing scenario, seed) of `run`."""
+
+
+_compiled: dict[tuple[str, str], _Compiled] = {}
+"""(program, machine) -> its cheapest compiled form costed: the latest COMPILED_KEPT programs."""
+
+
+def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine,
+                  run_of: tuple[object, ...] = ()) -> tuple[ModuleOp, CostOnlyRun | None]:
     """`module` after the cost-only passes and `passes`, compiled for `machine`
-    (apply_pipeline). A run simulates the program its choices found cheapest, which they
-    compiled to cost it: `cost_cycles` keeps the cheapest compiled form of each of the latest
-    programs it costed, and this hands it over if it is the one asked for (forgetting it, so
-    whoever runs it may annotate it); else it compiles."""
+    (apply_pipeline), and its cost-only run of `run_of` = (function, routing scenario, seed)
+    if one is kept. A run simulates the program its choices found cheapest, which they
+    compiled and simulated to cost it: `cost_cycles` keeps the cheapest compiled form of each
+    of the latest programs it costed, with its run (trace, plan and schedule) when it costed
+    one function; this hands them over if they are the ones asked for (forgetting them, so
+    whoever runs the IR may annotate it); else it compiles, and there is no run."""
     program = (print_ir(module), repr(machine))
     kept = _compiled.get(program)
-    if kept is not None and kept[1] == tuple(map(repr, passes)):
+    if kept is not None and kept.passes == tuple(map(repr, passes)):
         del _compiled[program]
-        return kept[2]
-    return apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
-
-
-def _keep(program: tuple[str, str], cycles: int, passes: tuple[str, ...], lowered: ModuleOp) -> None:
-    """Keep `lowered` for `compiled` if it is the cheapest form of `program` costed (the first
-    of equals: a choice's tie goes to the alternative tried first)."""
-    kept = _compiled.pop(program, None)
-    _compiled[program] = (cycles, passes, lowered) if kept is None or cycles < kept[0] else kept  # the latest last
-    while len(_compiled) > COMPILED_KEPT:
-        del _compiled[next(iter(_compiled))]
+        return kept.module, kept.run if kept.run_of == run_of else None
+    return apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine), None
 
 
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
-                routing: str | Path, seed: int) -> int:
+                routing: str | Path, seed: int, keep_run: bool = False) -> int:
     """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario.
 
     Remembered for the process, by the module's text and everything else the cycles depend on:
     the block search and the strategy choice cost the chosen block's program alike, a report's
     better-block search costs the run's own block again, and a program compiled again (the
     Python API, tests) is not simulated again. A routing read from a file is not remembered (the
-    file may change)."""
+    file may change). With `keep_run`, the run of the program's cheapest form costed is kept
+    for `take_compiled` (the latest program's only: a run is large)."""
     text = print_ir(module)
     key = (text, tuple(functions), tuple(map(repr, passes)), repr(machine), str(routing), seed) \
         if str(routing) in SCENARIOS else None
     if key in _costs:
         return _costs[key]  # type: ignore[index]
     lowered = apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
-    cycles = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
-    _keep((text, repr(machine)), cycles, tuple(map(repr, passes)), lowered)
+    program = (text, repr(machine))
+    kept = _compiled.pop(program, None)
+    if keep_run and len(functions) == 1 and key is not None:  # a scenario's run, kept if the cheapest yet
+        run = cost_only_run(lowered, functions[0], machine, routing=routing, seed=seed,
+                            keep_below=math.inf if kept is None else kept.cycles)
+        cycles = run.cycles
+    else:
+        run = None
+        cycles = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
+    if kept is None or cycles < kept.cycles:  # the first of equals: a choice's tie goes to its first alternative
+        kept = _Compiled(cycles, tuple(map(repr, passes)), lowered, run if run is not None and run.trace else None,
+                         (functions[0], str(routing), seed))
+    for other in _compiled.values():
+        other.run = None  # runs of the latest program only
+    _compiled[program] = kept  # the latest last
+    while len(_compiled) > COMPILED_KEPT:
+        del _compiled[next(iter(_compiled))]
     if key is not None:
         if len(_costs) >= COSTS_KEPT:
             del _costs[next(iter(_costs))]
@@ -226,7 +250,7 @@ def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Seq
 
         def cycles_of(value: str, i: int = i, p: ModulePass = p, option: str = option) -> int:
             trial = [replace(p, **{option: value}) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]  # type: ignore[type-var]
-            return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed)
+            return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed, keep_run=True)
 
         tried = tuple((v, cycles_of(v)) for v in alternatives)
         best = min(tried, key=lambda t: (t[1], alternatives.index(t[0])))[0]  # ties: the pass's default

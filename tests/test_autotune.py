@@ -20,6 +20,7 @@ import pytest
 
 import tcpc
 import tcpc.autotune
+from runtime_sim.perf import cost_only
 from runtime_sim.perf.report import Choice
 from tcpc.autotune import BETTER_BLOCK_RATIO, block_candidates, choose_block
 from tcpc.builder import AutoBlock
@@ -138,6 +139,7 @@ def test_a_costing_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch, tmp
         raise AssertionError("simulated again")
 
     monkeypatch.setattr(tcpc.autotune, "cost_only_cycles", no_simulation)
+    monkeypatch.setattr(tcpc.autotune, "cost_only_run", no_simulation)
     assert tcpc.compile_source(MIXTRAL_AUTO).choices == first.choices
     for other in ({"dims": {"T": 8}}, {"routing": "skewed"}, {"seed": 1}):
         with pytest.raises(AssertionError, match="simulated again"):
@@ -148,9 +150,10 @@ def test_a_costing_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch, tmp
         tcpc.compile_source(MIXTRAL_AUTO, routing=routing)
 
 
-def test_a_run_simulates_the_program_its_choices_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run that follows the strategy and loop order choices simulates the cheapest of the
-    programs they compiled to cost them, rather than compiling it again; with the same result."""
+def test_a_run_reports_the_program_its_choices_compiled_and_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run that follows the strategy and loop order choices reports the cheapest of the
+    programs they compiled and simulated to cost them, rather than compiling and simulating it
+    again; with the same report."""
     program = tcpc.compile_source(MIXTRAL_AUTO)
     apply = tcpc.autotune.apply_pipeline
     compiles: list[str] = []
@@ -159,16 +162,26 @@ def test_a_run_simulates_the_program_its_choices_compiled(monkeypatch: pytest.Mo
         compiles.append("compile")
         return apply(*args, **kwargs)  # type: ignore[arg-type]
 
+    simulate = cost_only.simulate_cost_only
+    simulations: list[str] = []
+
+    def counted_simulation(*args: object, **kwargs: object) -> object:
+        simulations.append("simulate")
+        return simulate(*args, **kwargs)  # type: ignore[arg-type]
+
     monkeypatch.setattr(tcpc.autotune, "_costs", {})  # every candidate costed (and compiled) here
     monkeypatch.setattr(tcpc.autotune, "_compiled", {})
     monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
+    monkeypatch.setattr(cost_only, "simulate_cost_only", counted_simulation)
     taken = program.simulate(cost_only=True)
     candidates = {(c.what, alternative) for c in taken.report.choices if c.what != "block" for alternative, _ in c.alternatives}
     assert len(compiles) == len(candidates) - 1  # the second choice's default is the first's winner, costed once
-    monkeypatch.setattr(tcpc.autotune, "_compiled", {})  # nothing kept: compiled for the run
+    assert not simulations  # the cheapest candidate's run, reported
+    monkeypatch.setattr(tcpc.autotune, "_compiled", {})  # nothing kept: compiled and simulated for the run
     again = program.simulate(cost_only=True)
-    assert len(compiles) == len(candidates)
+    assert len(compiles) == len(candidates) and len(simulations) == 1
     assert taken.report.to_json() == again.report.to_json()
+    assert taken.report.chrome_trace() == again.report.chrome_trace()
 
 
 def test_block_auto_for_the_runs_routing() -> None:

@@ -39,7 +39,7 @@ cycles as that simulation (tests/test_cost_only.py checks this).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_model import UNTRACED, data_operands, forwarded_operand, is_fused, unread_operands
 from runtime_sim.perf.graph_work import GraphWork
 from target.machine import Machine, default_machine
-from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy
+from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, MemoryPlan, SramPolicy
 from runtime_sim.perf.op_trace import LoopTemplate, Trace, TraceRecorder
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import (
@@ -70,8 +70,10 @@ from runtime_sim.perf.simulate import (
     plan_and_schedule,
     simulate_trace,
     trace_recorder,
+    trace_report,
     without_gc_pauses,
 )
+from runtime_sim.perf.scheduler import Schedule
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
 
@@ -506,23 +508,54 @@ def simulate_cost_only(module: ModuleOp, function: str, machine: Machine | None 
     return SimResult((), report, sched, cost_only=True, routing=routings, trace=trace)
 
 
+@dataclass
+class CostOnlyRun:
+    """A cost-only run without its report (`cost_only_run`): its cycles, and its trace, memory
+    plan and schedule if they were kept."""
+
+    cycles: int
+    trace: Trace | None = None
+    plan: MemoryPlan | None = None
+    schedule: Schedule | None = None
+    routing: dict[str, Routing] = field(default_factory=dict)
+    """Routing argument name -> the Routing used."""
+
+    def result(self, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
+               work: GraphWork | None = None) -> SimResult:
+        """What `simulate_cost_only` gives for the same run (simulated with `sram_policy`);
+        `work` as there."""
+        assert self.trace is not None and self.plan is not None and self.schedule is not None, "a run kept"
+        report = trace_report(self.trace, machine, sram_policy, self.plan, self.schedule, work)
+        return SimResult((), report, self.schedule, cost_only=True, routing=self.routing, trace=self.trace)
+
+
+def cost_only_run(module: ModuleOp, function: str, machine: Machine | None = None, *,
+                  routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
+                  sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, keep_below: float = 0) -> CostOnlyRun:
+    """The total cycles `simulate_cost_only` reports (and the same errors), without the
+    report: what the cost model's choices compare (tcpc/autotune.py). The trace, plan and
+    schedule are kept when the run takes fewer cycles than `keep_below` (a report can then be
+    made of them: CostOnlyRun.result); else everything the run made is dropped before
+    Python's cycle collector runs again, which would otherwise scan it all once."""
+    machine = machine or default_machine()
+
+    def run() -> CostOnlyRun:
+        trace, routings = _record(module, function, machine, routing, seed, "error", ())
+        plan, sched = plan_and_schedule(trace, machine, sram_policy)
+        checked_roofline(machine, trace, None, sched.makespan)
+        if sched.makespan < keep_below:
+            return CostOnlyRun(sched.makespan, trace, plan, sched, routings)
+        return CostOnlyRun(sched.makespan)
+
+    with without_gc_pauses():
+        return run()
+
+
 def cost_only_cycles(module: ModuleOp, function: str, machine: Machine | None = None, *,
                      routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
                      sram_policy: SramPolicy = DEFAULT_SRAM_POLICY) -> int:
-    """The total cycles `simulate_cost_only` reports (and the same errors), without the
-    report: what the cost model's choices compare (tcpc/autotune.py). Everything the run
-    made is dropped before Python's cycle collector runs again, which would otherwise scan
-    it all once."""
-    machine = machine or default_machine()
-
-    def cycles() -> int:
-        trace, _ = _record(module, function, machine, routing, seed, "error", ())
-        _, sched = plan_and_schedule(trace, machine, sram_policy)
-        checked_roofline(machine, trace, None, sched.makespan)
-        return sched.makespan
-
-    with without_gc_pauses():
-        return cycles()
+    """`cost_only_run`'s cycles, nothing kept."""
+    return cost_only_run(module, function, machine, routing=routing, seed=seed, sram_policy=sram_policy).cycles
 
 
 def _record(module: ModuleOp, function: str, machine: Machine, routing: str | Path, seed: int,

@@ -36,7 +36,7 @@ from runtime_sim.perf.scheduler import Schedule, schedule
 from runtime_sim.perf.tcp_cost import hbm_sharing
 from runtime_sim.semantics.executor import function_named, run_function
 
-__all__ = ["annotate_plan", "plan_and_schedule", "simulate", "simulate_trace", "uncosted_ops"]
+__all__ = ["annotate_plan", "plan_and_schedule", "simulate", "simulate_trace", "trace_report", "uncosted_ops"]
 
 UncostedPolicy = Literal["error", "free"]
 
@@ -153,6 +153,13 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
     graph-level program's (the roofline then counts useful FLOPs, see `layer_roofline`).
     Returns the report and the schedule (its `graph` is the dependency graph)."""
     plan, sched = plan_and_schedule(trace, machine, sram_policy, extra_units, plan)
+    return trace_report(trace, machine, sram_policy, plan, sched, work), sched
+
+
+def trace_report(trace: Trace, machine: Machine, sram_policy: SramPolicy, plan: MemoryPlan, sched: Schedule,
+                 work: GraphWork | None = None) -> SimReport:
+    """The report of a trace planned and scheduled (`plan_and_schedule`), as `simulate_trace`
+    gives it."""
     units = sched.units
     records: list[OpRecord] = []
     for task in plan.tasks:
@@ -170,10 +177,9 @@ def simulate_trace(trace: Trace, machine: Machine, sram_policy: SramPolicy = DEF
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
     bound = checked_roofline(machine, trace, work, sched.makespan)
     peak, cluster_peaks = scheduled_peak(plan, sched.slots, machine.clusters)
-    report = SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
-                       peak, plan.sram_capacity, sram_policy, plan.spills, plan.streams,
-                       critical_cycles=sched.critical_cycles, cluster_peak_sram_bytes=cluster_peaks)
-    return report, sched
+    return SimReport(machine, sched.makespan, bound, records, engines, sched.critical_path,
+                     peak, plan.sram_capacity, sram_policy, plan.spills, plan.streams,
+                     critical_cycles=sched.critical_cycles, cluster_peak_sram_bytes=cluster_peaks)
 
 
 
