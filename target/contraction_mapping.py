@@ -288,9 +288,8 @@ def cost(mapping: Mapping, shape: ContractionShape, machine: Machine) -> MappedC
     totals = dict.fromkeys(STAGES, 0)
     cycles = 0
     for index, (chunk, count) in enumerate(chunks):
-        for position in range(count):
-            first = index == 0 and position == 0
-            final = index == len(chunks) - 1 and position == count - 1
+        last_group = index == len(chunks) - 1
+        for (first, final), times in _positions(index == 0, last_group, count):  # each kind of position once
             reads_back = (not first) or shape.accumulates
             stage = {
                 "outer": stream * mapping.broadcast * -(-chunk // mapping.packet),
@@ -302,11 +301,24 @@ def cost(mapping: Mapping, shape: ContractionShape, machine: Machine) -> MappedC
             }
             main = max(stage[s] for s in STAGES[:5])
             per_pass = max(main, stage["TRF load"]) if mapping.trf_mode == "half" else main + stage["TRF load"]
-            cycles += per_pass * row_passes
+            cycles += per_pass * row_passes * times
             for s in STAGES:
-                totals[s] += stage[s] * row_passes
+                totals[s] += stage[s] * row_passes * times
     bound = max(STAGES, key=lambda s: totals[s])
     return MappedCost(mapping, cycles, totals, bound, shape.macs / (peak * m.slices * cycles))
+
+
+def _positions(first_group: bool, last_group: bool, count: int) -> list[tuple[tuple[bool, bool], int]]:
+    """The `count` positions of one group of equal k-chunks, as (first, final) kinds with how
+    many positions are of each: the first position of the first group is the first, the last
+    of the last group the final, and every other position costs alike (so `cost` works each
+    kind out once, not each of D / k_chunk positions)."""
+    if count == 0:
+        return []
+    if count == 1:
+        return [((first_group, last_group), 1)]
+    kinds = [((first_group, False), 1), ((False, False), count - 2), ((False, last_group), 1)]
+    return [(kind, times) for kind, times in kinds if times]
 
 
 def _broadcast(sharing: int, nbytes: float, machine: Machine) -> int:
