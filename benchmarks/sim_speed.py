@@ -220,6 +220,7 @@ def schedule_speed(model, tokens: int) -> ScheduleSpeed:  # type: ignore[no-unty
         clock.wrap(cost_only, "plan_and_schedule", "plan+schedule")  # the candidates' (no report)
         clock.wrap(simulate, "plan_and_schedule", "plan+schedule")  # the row's own, inside simulate_trace
         clock.wrap(cost_only, "simulate_trace", "report")
+        clock.wrap(cost_only, "trace_report", "report")  # the report of a run the choices kept
         wall, cpu = _clocks()
         row = schedule.schedule_row(model, tokens)
         wall_end, cpu_end = _clocks()
