@@ -157,7 +157,8 @@ def find_family(checkpoint: Checkpoint, graph: str, families: Sequence[Family] =
     family = next((f for f in families if model_type in f.model_types), None)
     if family is None:
         raise CheckpointError(f"{checkpoint.config_path}: model_type {model_type!r} has no tensor mapping "
-                              f"(known: {', '.join(t for f in families for t in f.model_types)})")
+                              f"(known: {', '.join(t for f in families for t in f.model_types)}; declare it "
+                              "in a TOML file given with --family, see docs/checkpoints.md)")
     if graph not in family.programs:
         raise CheckpointError(f"{checkpoint.config_path}: a {model_type} checkpoint; its programs are "
                               f"{family.graphs}, not graph '{graph}'")

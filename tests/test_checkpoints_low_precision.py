@@ -235,7 +235,7 @@ def test_low_precision_checkpoint_errors(tmp_path: Path, capsys: pytest.CaptureF
     err = error(capsys, write(tmp_path / "mxfp4", mx), "gpt_oss_mxfp4", 0, *SETS)
     assert f"tensor '{gu}' is I32 [4, 64, 2], expected U8 [4, 64, 2]" in err
     # the flags go with --weights
-    for flag, value in (("--convert-weights", "quantize"),):
+    for flag, value in (("--convert-weights", "quantize"), ("--family", "f.toml")):
         code, _, err = tcpc(capsys, "run", EXAMPLES / "qwen3_moe.moe", flag, value)
         assert code == 2 and f"{flag} applies to --weights PATH --layer N" in err
     # blocks of 96 along D = 256 (ragged), declared by quantization_config: the scales checked by them
