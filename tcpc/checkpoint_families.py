@@ -165,7 +165,7 @@ class Family:
     """config.json `model_type` values of this family."""
     programs: dict[str, str]
     """Graph name -> the program declaring it, whose graph arguments the layouts name (the
-    examples: examples/NAME.moe, bf16 first, then the low-precision ones)."""
+    examples, bf16 first, then the low-precision ones)."""
     prefixes: tuple[str, ...]
     """Where layer `{layer}`'s MoE block lives; the first that the checkpoint holds is used."""
     layouts: tuple[Layout, ...]
