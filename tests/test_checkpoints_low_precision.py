@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ml_dtypes import bfloat16, float8_e4m3fn
+from ml_dtypes import bfloat16, float4_e2m1fn, float8_e4m3fn, float8_e8m0fnu
 from test_checkpoints import EXAMPLES, LAYERS, Tiny, error, gpt_oss, qwen3_moe, tcpc, write
 
 from runtime_sim.semantics.quantization import quantize_blocks
@@ -84,7 +84,8 @@ def deepseek_v3_fp8(rng: np.random.Generator, f: int = F8) -> Tiny:
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)))
 
 
 @pytest.mark.parametrize("build, program", [(deepseek_v3_fp8, "deepseek_v3_fp8"),
@@ -133,6 +134,32 @@ def test_low_precision_checkpoint_runs_checked_and_near_its_bf16_layer(build, pr
     assert np.linalg.norm(low - ref) < 0.1 * np.linalg.norm(ref)
 
 
+def test_qwen3_fp8_checkpoint(tmp_path: Path) -> None:
+    """Qwen/Qwen3-30B-A3B-FP8's layout: each expert's projections in f8e4m3 with
+    weight_scale_inv, the router in bf16; here in blocks of 64 (its config says so)."""
+    rng = np.random.default_rng(10)
+    t: dict[str, np.ndarray] = {}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}.mlp"
+        t[f"{p}.gate.weight"] = (rng.standard_normal((E8, D8)) / 16).astype(bfloat16)
+        for e in range(E8):
+            for name, shape in (("gate_proj", (F8, D8)), ("up_proj", (F8, D8)), ("down_proj", (D8, F8))):
+                t[f"{p}.experts.{e}.{name}.weight"], t[f"{p}.experts.{e}.{name}.weight_scale_inv"] = fp8_weight(
+                    rng, *shape, block=64)
+    config = {"model_type": "qwen3_moe", "hidden_size": D8, "moe_intermediate_size": F8, "num_experts": E8,
+              "num_experts_per_tok": 2, "norm_topk_prob": True, "num_hidden_layers": LAYERS,
+              "quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}}
+    ckpt = open_checkpoint(write(tmp_path, Tiny(t, config, lambda i: {}, {})))
+    loaded = compile_with_weights(EXAMPLES / "qwen3_moe_fp8.moe", ckpt, 1, FAST)
+    assert {k: loaded.dims[k] for k in ("QN", "QK", "QG")} == {"QN": 64, "QK": 64, "QG": 64}
+    p = "model.layers.1.mlp"
+    for arg, name in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
+        for k, suffix in ((arg, "weight"), (f"{arg}_scale", "weight_scale_inv")):
+            want = np.stack([t[f"{p}.experts.{e}.{name}.{suffix}"].T for e in range(E8)])
+            assert same_bits(loaded.weights[k], want), k
+    assert np.array_equal(loaded.weights["router"], t[f"{p}.gate.weight"].T)
+
+
 def test_a_precision_the_program_does_not_declare_is_an_explicit_conversion(tmp_path: Path,
                                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """fp8 or MXFP4 weights into a bf16 program, or bf16 ones into an fp8 program: refused,
@@ -178,6 +205,15 @@ def test_a_precision_the_program_does_not_declare_is_an_explicit_conversion(tmp_
         values, scales = quantize_blocks(qwen.expected(1)[name], np.dtype(float8_e4m3fn), (1, 32, 32))
         assert same_bits(loaded.weights[name], values) and same_bits(loaded.weights[f"{name}_scale"], scales), name
     assert loaded.conversions == {"w_gate": "quantize", "w_up": "quantize", "w_down": "quantize"}
+    # bf16 gpt-oss into the MXFP4 program: e8m0 scales per 32 along the reduction axis (OCP MX)
+    oss = gpt_oss(rng)
+    loaded = compile_with_weights(EXAMPLES / "gpt_oss_mxfp4.moe", open_checkpoint(write(tmp_path / "oss", oss)), 1, FAST,
+                                  convert="quantize")
+    for name in ("w_gate", "w_up", "w_down"):
+        values, scales = quantize_blocks(oss.expected(1)[name], np.dtype(float4_e2m1fn), (1, 32, 1),
+                                         np.dtype(float8_e8m0fnu))
+        assert same_bits(loaded.weights[name], values) and same_bits(loaded.weights[f"{name}_scale"], scales), name
+    assert same_bits(loaded.weights["b_gate"], oss.expected(1)["b_gate"])  # the bf16 biases as they are
     code, out, err = tcpc(capsys, "run", EXAMPLES / "qwen3_moe_fp8.moe", "--weights", ckpt, "--layer", 1, *sets, *SETS,
                           "--convert-weights", "quantize", "--reference")
     assert code == 0, err
