@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import string
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ class _Table:
         at = f"{self.where}.{key}" if self.where and key else key or self.where
         return CheckpointError(f"{self.path}: {at}: {message}" if at else f"{self.path}: {message}")
 
-    def get(self, key: str, what: str, ok: Any, default: Any = _MISSING) -> Any:
+    def get(self, key: str, what: str, ok: Callable[[Any], bool], default: Any = _MISSING) -> Any:
         """The value of `key` if `ok(value)`, else an error saying it should be `what`."""
         self.taken.add(key)
         if key not in self.data:
