@@ -23,7 +23,7 @@ from target.machine import MachineError
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
-from tcpc.checkpoints import CheckpointError
+from tcpc.checkpoints import CONVERSIONS, CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, simulate_on_mesh
@@ -145,6 +145,13 @@ def make_parser() -> argparse.ArgumentParser:
                    help="real weights: a .safetensors file, a directory of shards with model.safetensors.index.json, "
                         "or a snapshot directory with config.json (dims come from it)")
     r.add_argument("--layer", type=int, default=None, metavar="N", help="--weights: which layer's MoE block to read")
+    r.add_argument("--family", default=None, metavar="FILE",
+                   help="--weights: a checkpoint family tcpc has no table for, declared in TOML (tensor names, "
+                        "layouts, config keys; see docs/checkpoints.md)")
+    r.add_argument("--convert-weights", choices=CONVERSIONS, default=None,
+                   help="--weights: convert a checkpoint's precision to the program's, which otherwise must match: "
+                        "quantize (e.g. bf16 weights into an fp8 program) or dequantize (fp8 or MXFP4 weights into a "
+                        "bf16 program)")
 
     s = sub.add_parser("sweep", help="cost-only simulations over a grid of programs, dims, machines, routings "
                                      "and pass options, on Dask (results as Parquet and CSV)")
@@ -296,6 +303,9 @@ def check_flags(args: argparse.Namespace) -> None:
             raise UsageError("--sram-policy needs a simulation; --reference runs the IR without one")
     if (args.weights is None) != (args.layer is None):
         raise UsageError("--weights and --layer go together: --weights PATH --layer N")
+    for flag in ("family", "convert_weights"):
+        if given(flag) and args.weights is None:
+            raise UsageError(f"{name(flag)} applies to --weights PATH --layer N")
     if args.cost_only:
         for flag in ("inputs", "out", "check", "weights"):
             if given(flag):
@@ -363,10 +373,12 @@ def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray],
     """The program with a checkpoint's dims, its layer's weights added to `given`; `choose_for`
     is what block=auto is chosen for (compile_file's machine, routing, seed)."""
     from tcpc import checkpoints
+    from tcpc.family_file import load_family
 
+    families = (load_family(args.family), *checkpoints.FAMILIES) if args.family else checkpoints.FAMILIES
     checkpoint = checkpoints.open_checkpoint(args.weights)
     layer = checkpoints.compile_with_weights(args.file, checkpoint, args.layer, parse_set(args.set), args.graph,
-                                             **choose_for)
+                                             convert=args.convert_weights, families=families, **choose_for)
     both = sorted(set(given) & set(layer.weights))
     if both:
         raise UsageError(f"argument '{both[0]}' is given by both --inputs and --weights")
