@@ -27,6 +27,7 @@ from tcpc.checkpoints import CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, simulate_on_mesh
+from tcpc.pass_instruments import IRDump, IRPrinter, PassInstruments, PassStatistics, PassTimer
 from tcpc.pipelines import PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
 from tcpc.progress import Progress
@@ -36,6 +37,7 @@ from tcpc.sweep import MAX_POINTS, SweepError
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
+    from target.machine import Machine
 
 
 EXIT_OK = 0
@@ -106,6 +108,12 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"--emit planned --cost-only: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
+    c.add_argument("--dump-ir", default=None, metavar="DIR",
+                   help="write the IR before the passes and after each one to DIR: 00-input.mlir, 01-lower-topk.mlir, ...")
+    c.add_argument("--time-passes", action="store_true", help="print each pass's wall time (on stderr)")
+    c.add_argument("--pass-stats", action="store_true",
+                   help="print, for each pass that changed the IR, its op counts by dialect before -> after and "
+                        "the cycles after it (cost-only, balanced routing) (on stderr)")
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
@@ -168,8 +176,12 @@ def check_compile_flags(args: argparse.Namespace) -> None:
         for flag, value in (("--seed", args.seed), ("--cost-only", args.cost_only), ("--routing", args.routing)):
             if value not in (None, False):
                 raise UsageError(f"{flag} applies to --emit planned (the plan depends on it); nothing else reads it")
-    elif args.print_ir_after_all:
-        raise UsageError("--print-ir-after-all prints the IR between passes; --emit planned prints the planned IR once")
+    elif instrument_flags(args):
+        raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; --emit planned prints "
+                         "the planned IR once")
+    if args.pipeline is None and args.mesh is None and args.emit in (None, "graph") and instrument_flags(args):
+        raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; the graph-level IR goes "
+                         "through none (add --emit lowered, --emit scheduled or -p PASSES)")
     if args.pipeline is not None and args.emit in ("graph", "lowered", "scheduled"):
         level = {"graph": "the IR before any pass", "lowered": "the IR after the lowering passes",
                  "scheduled": "the IR after the full pipeline"}[args.emit]
@@ -178,9 +190,44 @@ def check_compile_flags(args: argparse.Namespace) -> None:
         raise UsageError("--routing sets the routing of a cost-only plan; add --cost-only")
 
 
+def instrument_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that watch the pipeline pass by pass."""
+    given = {"--print-ir-after-all": args.print_ir_after_all, "--dump-ir": args.dump_ir is not None,
+             "--time-passes": args.time_passes, "--pass-stats": args.pass_stats}
+    return [flag for flag, on in given.items() if on]
+
+
+def dump_directory(path: str) -> Path:
+    """--dump-ir's directory, made (with its parents) if missing; checked before any work."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise FileError(f"--dump-ir {path}: is a file; name a directory")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FileError(f"--dump-ir {path}: cannot create the directory: {(e.strerror or str(e)).lower()}") from None
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise FileError(f"--dump-ir {path}: permission denied")
+    return target
+
+
+def instruments(args: argparse.Namespace, dump: Path | None, graph: str, machine: Machine) -> PassInstruments:
+    """The watchers of the pipeline that --print-ir-after-all, --dump-ir, --time-passes and
+    --pass-stats ask for (cost-only cycles for balanced routing, as the autos were chosen)."""
+    def write(path: Path, text: str) -> None:
+        write_file(path, lambda f: f.write(text.encode()))
+
+    return PassInstruments(
+        printer=IRPrinter(args.generic) if args.print_ir_after_all else None,
+        dump=IRDump(dump, args.generic, write) if dump is not None else None,
+        timer=PassTimer() if args.time_passes else None,
+        stats=PassStatistics(graph, machine) if args.pass_stats else None)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     check_compile_flags(args)
     out = writable(args.output, "-o", [args.file]) if args.output else None
+    dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     machine = as_machine(args.machine)
     routing = args.routing or "balanced"
     program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
@@ -212,14 +259,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:  # as `tcpc run` resolves every auto: on --machine (default RNGD), for balanced routing
         passes, choices = program.passes(spec, level=args.emit or "scheduled", machine=machine, routing=routing)
         chunks += [f"// chose {c.describe()}\n" for c in choices]
-        if args.print_ir_after_all:
-            chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic)}")
-        def after(p, module):
-            if args.print_ir_after_all:
-                chunks.append(f"// -----// IR after {p.name} //----- //\n{print_ir(module, args.generic)}")
-        lowered = apply_pipeline(program.module, passes, after, machine=machine)
-        if not args.print_ir_after_all:
-            chunks.append(print_ir(lowered, args.generic))
+        watch = instruments(args, dump, program.graph_names[0], machine)
+        lowered = apply_pipeline(program.module, passes, watch, machine=machine)
+        chunks += watch.printer.chunks if watch.printer is not None else [print_ir(lowered, args.generic)]
+        sys.stderr.write(watch.report())
     text = "".join(chunks)
     if out is not None:
         write_file(out, lambda f: f.write(text.encode()))
