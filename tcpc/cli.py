@@ -89,6 +89,16 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--pipeline", default=None, help="passes to apply, e.g. 'lower-topk{strategy=rounds}'")
 
 
+def add_instrument_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that report on the pipeline pass by pass (tcpc/pass_instruments.py)."""
+    p.add_argument("--dump-ir", default=None, metavar="DIR",
+                   help="write the IR before the passes and after each one to DIR: 00-input.mlir, 01-lower-topk.mlir, ...")
+    p.add_argument("--time-passes", action="store_true", help="print each pass's wall time (on stderr)")
+    p.add_argument("--pass-stats", action="store_true",
+                   help="print, for each pass, whether it changed the IR, its op counts by dialect before -> after and "
+                        "the cycles after it, cost-only (on stderr)")
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = TcpcArgumentParser(prog="tcpc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,12 +118,7 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"--emit planned --cost-only: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
-    c.add_argument("--dump-ir", default=None, metavar="DIR",
-                   help="write the IR before the passes and after each one to DIR: 00-input.mlir, 01-lower-topk.mlir, ...")
-    c.add_argument("--time-passes", action="store_true", help="print each pass's wall time (on stderr)")
-    c.add_argument("--pass-stats", action="store_true",
-                   help="print, for each pass that changed the IR, its op counts by dialect before -> after and "
-                        "the cycles after it (cost-only, balanced routing) (on stderr)")
+    add_instrument_flags(c)
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
@@ -153,6 +158,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="real weights: a .safetensors file, a directory of shards with model.safetensors.index.json, "
                         "or a snapshot directory with config.json (dims come from it)")
     r.add_argument("--layer", type=int, default=None, metavar="N", help="--weights: which layer's MoE block to read")
+    add_instrument_flags(r)
 
     s = sub.add_parser("sweep", help="cost-only simulations over a grid of programs, dims, machines, routings "
                                      "and pass options, on Dask (results as Parquet and CSV)")
@@ -192,7 +198,7 @@ def check_compile_flags(args: argparse.Namespace) -> None:
 
 def instrument_flags(args: argparse.Namespace) -> list[str]:
     """The flags given that watch the pipeline pass by pass."""
-    given = {"--print-ir-after-all": args.print_ir_after_all, "--dump-ir": args.dump_ir is not None,
+    given = {"--print-ir-after-all": getattr(args, "print_ir_after_all", False), "--dump-ir": args.dump_ir is not None,
              "--time-passes": args.time_passes, "--pass-stats": args.pass_stats}
     return [flag for flag, on in given.items() if on]
 
@@ -211,17 +217,19 @@ def dump_directory(path: str) -> Path:
     return target
 
 
-def instruments(args: argparse.Namespace, dump: Path | None, graph: str, machine: Machine) -> PassInstruments:
+def instruments(args: argparse.Namespace, dump: Path | None, graph: str, machine: Machine,
+                routing: str = "balanced", seed: int = 0) -> PassInstruments:
     """The watchers of the pipeline that --print-ir-after-all, --dump-ir, --time-passes and
-    --pass-stats ask for (cost-only cycles for balanced routing, as the autos were chosen)."""
+    --pass-stats ask for (cost-only cycles of `graph` for the routing scenario `routing`)."""
     def write(path: Path, text: str) -> None:
         write_file(path, lambda f: f.write(text.encode()))
 
+    generic = getattr(args, "generic", False)  # compile's flags, like --print-ir-after-all
     return PassInstruments(
-        printer=IRPrinter(args.generic) if args.print_ir_after_all else None,
-        dump=IRDump(dump, args.generic, write) if dump is not None else None,
+        printer=IRPrinter(generic) if getattr(args, "print_ir_after_all", False) else None,
+        dump=IRDump(dump, generic, write) if dump is not None else None,
         timer=PassTimer() if args.time_passes else None,
-        stats=PassStatistics(graph, machine) if args.pass_stats else None)
+        stats=PassStatistics(graph, machine, routing, seed) if args.pass_stats else None)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -337,6 +345,9 @@ def check_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"{name(flag)} needs a simulation; --reference runs the IR without one")
         if args.sram_policy != "spill":
             raise UsageError("--sram-policy needs a simulation; --reference runs the IR without one")
+        if args.pipeline is None and instrument_flags(args):
+            raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; --reference runs the "
+                             "graph-level IR, which goes through none (add -p PASSES)")
     if (args.weights is None) != (args.layer is None):
         raise UsageError("--weights and --layer go together: --weights PATH --layer N")
     if args.cost_only:
@@ -356,14 +367,15 @@ def cycle_summary(r: SimReport) -> str:
 
 
 def simulate_with_progress(program: Program, fn_name: str, args: argparse.Namespace,
-                           given: dict[str, np.ndarray], routing_check: RoutingRangeCheck) -> SimulationResult:
+                           given: dict[str, np.ndarray], routing_check: RoutingRangeCheck,
+                           watch: PassInstruments) -> SimulationResult:
     machine = as_machine(args.machine)
     progress = Progress()
     listeners = [progress] if args.cost_only else [progress, routing_check]
     try:
         return program.simulate(given, seed=args.seed, graph=fn_name, pipeline=args.pipeline, machine=machine,
                                 sram_policy=args.sram_policy, cost_only=args.cost_only,
-                                routing=args.routing or "balanced", listeners=listeners)
+                                routing=args.routing or "balanced", listeners=listeners, after_each=watch)
     finally:
         progress.close()
 
@@ -429,6 +441,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if Path(args.file).suffix == ".mlir" and args.set:
         raise UsageError("--set applies to .moe programs, not to .mlir IR")
     paths = output_paths(args)
+    dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     if args.check and args.pipeline and "pin-routing" in (p.name for p in parse_pipeline(args.pipeline)):
         raise UsageError("--check compares with the reference, whose routing comes from the router; after "
                          "pin-routing the routing argument takes the balanced scenario instead, so they differ")
@@ -444,9 +457,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     why = "" if args.reference else partly_lowered(program, args)
     not_simulated = f"not simulated: {why}" if why else ""
     routing_check = RoutingRangeCheck()
+    # --pass-stats costs each level for the routing the run's autos were chosen for
+    watch = instruments(args, dump, name, as_machine(args.machine), str(choose_for["routing"]) if args.cost_only
+                        else "balanced", args.seed)
     if args.reference or not_simulated:  # the interpreter: the graph-level IR, or the IR after -p
         result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline,
-                             listeners=[routing_check])
+                             listeners=[routing_check], after_each=watch)
+        sys.stderr.write(watch.report())  # before the run's lines, as compile's come before the IR
         if args.pipeline is not None:
             level = f"after {args.pipeline}, {not_simulated or 'not simulated'}"
         else:
@@ -457,7 +474,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  chose {choice.describe()}")
         outputs, report = result.outputs, None
     else:
-        sim = simulate_with_progress(program, name, args, given, routing_check)
+        sim = simulate_with_progress(program, name, args, given, routing_check, watch)
+        sys.stderr.write(watch.report())
         report = sim.report
         if args.report or args.report_json:  # a block search per fixed block: only for a report
             report.better_blocks = program.better_blocks(graph=name, **choose_for)
@@ -572,10 +590,12 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
     """`tcpc run --mesh`: every chip simulated, the outputs put back together and checked."""
     why = {"reference": "a mesh run simulates every chip; --check compares with the reference",
            "pipeline": "the mesh runs shard-experts and then the full pipeline",
-           "machine": "the mesh file names the chip machine: --mesh-machine"}
+           "machine": "the mesh file names the chip machine: --mesh-machine",
+           **dict.fromkeys(("dump_ir", "time_passes", "pass_stats"),
+                           "tcpc compile --mesh SPEC --emit scheduled reports on a chip's passes")}
     for flag, reason in why.items():
         if getattr(args, flag) not in (None, False):
-            raise UsageError(f"--{flag} does not apply to --mesh ({reason})")
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply to --mesh ({reason})")
     spec = MeshSpec.parse(args.mesh)
     check_chips(spec, args)
     paths = output_paths(args)
