@@ -73,6 +73,12 @@ class PassTimer:
         return "".join(lines)
 
 
+def same_ir(a: ModuleOp, b: ModuleOp) -> bool:
+    """The same ops, operands, attributes, properties and types (SSA names aside): xDSL's
+    structural equivalence, which leaves result types out, and the result types."""
+    return a.is_structurally_equivalent(b) and all(x.result_types == y.result_types for x, y in zip(a.walk(), b.walk()))
+
+
 def ops_by_dialect(module: ModuleOp) -> Counter[str]:
     """How many ops of each dialect the module holds (the module itself not counted)."""
     return Counter(op.name.split(".", 1)[0] for op in module.walk() if op is not module)
@@ -93,7 +99,8 @@ class StatsRow:
 
 @dataclass
 class PassStatistics:
-    """`--pass-stats`: for every pass, whether it changed the IR (its printed text), the op
+    """`--pass-stats`: for every pass, whether it changed the IR (structurally: ops, operands,
+    attributes, properties, types; not SSA names), the op
     counts by dialect before and after, and the cycles of `graph` after it, cost-only on
     `machine` for the routing scenario `routing`, wherever every op has a cost.
 
@@ -109,12 +116,11 @@ class PassStatistics:
     rows: list[StatsRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """Why the simulator could not run a level whose ops all have a cost."""
-    _text: str = field(default="", repr=False)
-    """The previous step's IR, printed: a pass changed the IR when its text differs."""
+    _previous: ModuleOp | None = field(default=None, repr=False)
+    """A copy of the previous step's IR, which the pipeline's own is rewritten from in place."""
     _twin: ModuleOp | None = field(default=None, repr=False)
 
     def __call__(self, step: PassStep) -> None:
-        text = print_ir(step.module)
         counts = ops_by_dialect(step.module)
         if step.pass_ is None:
             self._twin = apply_pipeline(step.module, parse_pipeline(",".join(COST_ONLY_PASSES)))
@@ -122,11 +128,11 @@ class PassStatistics:
         else:
             assert self._twin is not None, "step 0 comes first"
             step.pass_.apply(make_context(), self._twin)
-            changed = text != self._text
+            changed = self._previous is None or not same_ir(step.module, self._previous)
             before = self.rows[-1].after
             self.rows.append(StatsRow(step.index, step.name, changed, before, counts,
                                       self._cycles() if changed else None))
-        self._text = text
+        self._previous = step.module.clone()
 
     def _cycles(self) -> int | None:
         """The twin's cycles, or None when an op has no cost model (graph-level IR)."""
