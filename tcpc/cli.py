@@ -441,10 +441,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if Path(args.file).suffix == ".mlir" and args.set:
         raise UsageError("--set applies to .moe programs, not to .mlir IR")
     paths = output_paths(args)
-    dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     if args.check and args.pipeline and "pin-routing" in (p.name for p in parse_pipeline(args.pipeline)):
         raise UsageError("--check compares with the reference, whose routing comes from the router; after "
                          "pin-routing the routing argument takes the balanced scenario instead, so they differ")
+    dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     given = load_npz(args.inputs) if args.inputs else {}
     # block=auto is chosen for the run's machine and, cost-only, its routing scenario
     choose_for = {"machine": as_machine(args.machine), "routing": args.routing or "balanced", "seed": args.seed}
@@ -457,9 +457,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     why = "" if args.reference else partly_lowered(program, args)
     not_simulated = f"not simulated: {why}" if why else ""
     routing_check = RoutingRangeCheck()
-    # --pass-stats costs each level for the routing the run's autos were chosen for
-    watch = instruments(args, dump, name, as_machine(args.machine), str(choose_for["routing"]) if args.cost_only
-                        else "balanced", args.seed)
+    watch = instruments(args, dump, name, as_machine(args.machine), args.routing or "balanced", args.seed)
     if args.reference or not_simulated:  # the interpreter: the graph-level IR, or the IR after -p
         result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline,
                              listeners=[routing_check], after_each=watch)

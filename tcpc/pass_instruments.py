@@ -99,10 +99,9 @@ class StatsRow:
 
 @dataclass
 class PassStatistics:
-    """`--pass-stats`: for every pass, whether it changed the IR (structurally: ops, operands,
-    attributes, properties, types; not SSA names), the op
-    counts by dialect before and after, and the cycles of `graph` after it, cost-only on
-    `machine` for the routing scenario `routing`, wherever every op has a cost.
+    """`--pass-stats`: for every pass, whether it changed the IR (`same_ir`), the op counts by
+    dialect before and after, and the cycles of `graph` after it, cost-only on `machine` for the
+    routing scenario `routing`, wherever every op has a cost.
 
     Cost-only needs the routing pinned before any lowering (pin-routing, runtime_sim/perf/cost_only.py),
     which would change the IR the user gets; so a twin of the input is pinned, and each pass
@@ -126,9 +125,9 @@ class PassStatistics:
             self._twin = apply_pipeline(step.module, parse_pipeline(",".join(COST_ONLY_PASSES)))
             self.rows.append(StatsRow(0, step.name, True, Counter(), counts, self._cycles()))
         else:
-            assert self._twin is not None, "step 0 comes first"
+            assert self._twin is not None and self._previous is not None, "step 0 comes first"
             step.pass_.apply(make_context(), self._twin)
-            changed = self._previous is None or not same_ir(step.module, self._previous)
+            changed = not same_ir(step.module, self._previous)
             before = self.rows[-1].after
             self.rows.append(StatsRow(step.index, step.name, changed, before, counts,
                                       self._cycles() if changed else None))
