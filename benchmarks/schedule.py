@@ -27,7 +27,7 @@ the whole RNGD chip's bf16 peak and HBM bandwidth (docs/hardware.md#one-chip), w
 
 The limit prices every FLOP at the bf16 peak. An f32 x f32 matmul (DeepSeek-V3's router) has
 no multiplier pair on the contraction engine and runs on the vector engines' float fma, four
-MACs per slice per cycle (docs/hardware.md#contraction-mapping), and the experts wait for its
+MACs per slice per cycle (docs/hardware.md#the-contraction-mapping), and the experts wait for its
 result; so the table also gives a bound that sees that route (`Limit.route_seconds`): the f32
 FLOPs on every slice's fma, then the rest of the work, of whose HBM bytes only the chip's SRAM
 can be brought in meanwhile. It is a lower bound for any program that computes the router in
@@ -105,7 +105,7 @@ class Limit:
     @property
     def route_seconds(self) -> float:
         """A lower bound that sees the f32 matmuls' route (0 when there are none): they run on
-        the vector engines' float fma (docs/hardware.md#contraction-mapping: `float_ways` MACs
+        the vector engines' float fma (docs/hardware.md#the-contraction-mapping: `float_ways` MACs
         per slice per cycle, every slice of the chip), and the layer's other work waits for
         their result (the router's logits decide the experts) except HBM traffic into the SRAM
         it can fill meanwhile: f32 time + max(other FLOPs at the peak, (bytes - SRAM) at the

@@ -27,6 +27,7 @@ from tcpc.checkpoints import CONVERSIONS, CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
 from tcpc.mesh_run import MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, simulate_on_mesh
+from tcpc.pass_instruments import IRDump, IRPrinter, PassInstruments, PassStatistics, PassTimer
 from tcpc.pipelines import PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
 from tcpc.progress import Progress
@@ -36,6 +37,7 @@ from tcpc.sweep import MAX_POINTS, SweepError
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
+    from target.machine import Machine
 
 
 EXIT_OK = 0
@@ -87,6 +89,16 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--pipeline", default=None, help="passes to apply, e.g. 'lower-topk{strategy=rounds}'")
 
 
+def add_instrument_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that report on the pipeline pass by pass (tcpc/pass_instruments.py)."""
+    p.add_argument("--dump-ir", default=None, metavar="DIR",
+                   help="write the IR before the passes and after each one to DIR: 00-input.mlir, 01-lower-topk.mlir, ...")
+    p.add_argument("--time-passes", action="store_true", help="print each pass's wall time (on stderr)")
+    p.add_argument("--pass-stats", action="store_true",
+                   help="print, for each pass, whether it changed the IR, its op counts by dialect before -> after and "
+                        "the cycles after it, cost-only (on stderr)")
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = TcpcArgumentParser(prog="tcpc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +118,7 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"--emit planned --cost-only: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
+    add_instrument_flags(c)
     c.add_argument("--generic", action="store_true", help="print the generic op format")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
@@ -152,6 +165,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="--weights: convert a checkpoint's precision to the program's, which otherwise must match: "
                         "quantize (e.g. bf16 weights into an fp8 program) or dequantize (fp8 or MXFP4 weights into a "
                         "bf16 program)")
+    add_instrument_flags(r)
 
     s = sub.add_parser("sweep", help="cost-only simulations over a grid of programs, dims, machines, routings "
                                      "and pass options, on Dask (results as Parquet and CSV)")
@@ -175,8 +189,12 @@ def check_compile_flags(args: argparse.Namespace) -> None:
         for flag, value in (("--seed", args.seed), ("--cost-only", args.cost_only), ("--routing", args.routing)):
             if value not in (None, False):
                 raise UsageError(f"{flag} applies to --emit planned (the plan depends on it); nothing else reads it")
-    elif args.print_ir_after_all:
-        raise UsageError("--print-ir-after-all prints the IR between passes; --emit planned prints the planned IR once")
+    elif instrument_flags(args):
+        raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; --emit planned prints "
+                         "the planned IR once")
+    if args.pipeline is None and args.mesh is None and args.emit in (None, "graph") and instrument_flags(args):
+        raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; the graph-level IR goes "
+                         "through none (add --emit lowered, --emit scheduled or -p PASSES)")
     if args.pipeline is not None and args.emit in ("graph", "lowered", "scheduled"):
         level = {"graph": "the IR before any pass", "lowered": "the IR after the lowering passes",
                  "scheduled": "the IR after the full pipeline"}[args.emit]
@@ -185,9 +203,46 @@ def check_compile_flags(args: argparse.Namespace) -> None:
         raise UsageError("--routing sets the routing of a cost-only plan; add --cost-only")
 
 
+def instrument_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that watch the pipeline pass by pass."""
+    given = {"--print-ir-after-all": getattr(args, "print_ir_after_all", False), "--dump-ir": args.dump_ir is not None,
+             "--time-passes": args.time_passes, "--pass-stats": args.pass_stats}
+    return [flag for flag, on in given.items() if on]
+
+
+def dump_directory(path: str) -> Path:
+    """--dump-ir's directory, made (with its parents) if missing; checked before any work."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise FileError(f"--dump-ir {path}: is a file; name a directory")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FileError(f"--dump-ir {path}: cannot create the directory: {(e.strerror or str(e)).lower()}") from None
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise FileError(f"--dump-ir {path}: permission denied")
+    return target
+
+
+def instruments(args: argparse.Namespace, dump: Path | None, graph: str, machine: Machine,
+                routing: str = "balanced", seed: int = 0) -> PassInstruments:
+    """The watchers of the pipeline that --print-ir-after-all, --dump-ir, --time-passes and
+    --pass-stats ask for (cost-only cycles of `graph` for the routing scenario `routing`)."""
+    def write(path: Path, text: str) -> None:
+        write_file(path, lambda f: f.write(text.encode()))
+
+    generic = getattr(args, "generic", False)  # compile's flags, like --print-ir-after-all
+    return PassInstruments(
+        printer=IRPrinter(generic) if getattr(args, "print_ir_after_all", False) else None,
+        dump=IRDump(dump, generic, write) if dump is not None else None,
+        timer=PassTimer() if args.time_passes else None,
+        stats=PassStatistics(graph, machine, routing, seed) if args.pass_stats else None)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     check_compile_flags(args)
     out = writable(args.output, "-o", [args.file]) if args.output else None
+    dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     machine = as_machine(args.machine)
     routing = args.routing or "balanced"
     program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
@@ -219,14 +274,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:  # as `tcpc run` resolves every auto: on --machine (default RNGD), for balanced routing
         passes, choices = program.passes(spec, level=args.emit or "scheduled", machine=machine, routing=routing)
         chunks += [f"// chose {c.describe()}\n" for c in choices]
-        if args.print_ir_after_all:
-            chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic)}")
-        def after(p, module):
-            if args.print_ir_after_all:
-                chunks.append(f"// -----// IR after {p.name} //----- //\n{print_ir(module, args.generic)}")
-        lowered = apply_pipeline(program.module, passes, after, machine=machine)
-        if not args.print_ir_after_all:
-            chunks.append(print_ir(lowered, args.generic))
+        watch = instruments(args, dump, program.graph_names[0], machine)
+        lowered = apply_pipeline(program.module, passes, watch, machine=machine)
+        chunks += watch.printer.chunks if watch.printer is not None else [print_ir(lowered, args.generic)]
+        sys.stderr.write(watch.report())
     text = "".join(chunks)
     if out is not None:
         write_file(out, lambda f: f.write(text.encode()))
@@ -301,6 +352,9 @@ def check_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"{name(flag)} needs a simulation; --reference runs the IR without one")
         if args.sram_policy != "spill":
             raise UsageError("--sram-policy needs a simulation; --reference runs the IR without one")
+        if args.pipeline is None and instrument_flags(args):
+            raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; --reference runs the "
+                             "graph-level IR, which goes through none (add -p PASSES)")
     if (args.weights is None) != (args.layer is None):
         raise UsageError("--weights and --layer go together: --weights PATH --layer N")
     for flag in ("family", "convert_weights"):
@@ -323,14 +377,15 @@ def cycle_summary(r: SimReport) -> str:
 
 
 def simulate_with_progress(program: Program, fn_name: str, args: argparse.Namespace,
-                           given: dict[str, np.ndarray], routing_check: RoutingRangeCheck) -> SimulationResult:
+                           given: dict[str, np.ndarray], routing_check: RoutingRangeCheck,
+                           watch: PassInstruments) -> SimulationResult:
     machine = as_machine(args.machine)
     progress = Progress()
     listeners = [progress] if args.cost_only else [progress, routing_check]
     try:
         return program.simulate(given, seed=args.seed, graph=fn_name, pipeline=args.pipeline, machine=machine,
                                 sram_policy=args.sram_policy, cost_only=args.cost_only,
-                                routing=args.routing or "balanced", listeners=listeners)
+                                routing=args.routing or "balanced", listeners=listeners, after_each=watch)
     finally:
         progress.close()
 
@@ -401,6 +456,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check and args.pipeline and "pin-routing" in (p.name for p in parse_pipeline(args.pipeline)):
         raise UsageError("--check compares with the reference, whose routing comes from the router; after "
                          "pin-routing the routing argument takes the balanced scenario instead, so they differ")
+    dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     given = load_npz(args.inputs) if args.inputs else {}
     # block=auto is chosen for the run's machine and, cost-only, its routing scenario
     choose_for = {"machine": as_machine(args.machine), "routing": args.routing or "balanced", "seed": args.seed}
@@ -413,9 +469,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     why = "" if args.reference else partly_lowered(program, args)
     not_simulated = f"not simulated: {why}" if why else ""
     routing_check = RoutingRangeCheck()
+    watch = instruments(args, dump, name, as_machine(args.machine), args.routing or "balanced", args.seed)
     if args.reference or not_simulated:  # the interpreter: the graph-level IR, or the IR after -p
         result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline,
-                             listeners=[routing_check])
+                             listeners=[routing_check], after_each=watch)
+        sys.stderr.write(watch.report())  # before the run's lines, as compile's come before the IR
         if args.pipeline is not None:
             level = f"after {args.pipeline}, {not_simulated or 'not simulated'}"
         else:
@@ -426,7 +484,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  chose {choice.describe()}")
         outputs, report = result.outputs, None
     else:
-        sim = simulate_with_progress(program, name, args, given, routing_check)
+        sim = simulate_with_progress(program, name, args, given, routing_check, watch)
+        sys.stderr.write(watch.report())
         report = sim.report
         if args.report or args.report_json:  # a block search per fixed block: only for a report
             report.better_blocks = program.better_blocks(graph=name, **choose_for)
@@ -541,10 +600,12 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
     """`tcpc run --mesh`: every chip simulated, the outputs put back together and checked."""
     why = {"reference": "a mesh run simulates every chip; --check compares with the reference",
            "pipeline": "the mesh runs shard-experts and then the full pipeline",
-           "machine": "the mesh file names the chip machine: --mesh-machine"}
+           "machine": "the mesh file names the chip machine: --mesh-machine",
+           **dict.fromkeys(("dump_ir", "time_passes", "pass_stats"),
+                           "tcpc compile --mesh SPEC --emit scheduled reports on a chip's passes")}
     for flag, reason in why.items():
         if getattr(args, flag) not in (None, False):
-            raise UsageError(f"--{flag} does not apply to --mesh ({reason})")
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply to --mesh ({reason})")
     spec = MeshSpec.parse(args.mesh)
     check_chips(spec, args)
     paths = output_paths(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,8 @@ from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
 from tcpc.host_memory import check_fits
 from tcpc.parser import parse
-from tcpc.pipelines import COST_ONLY_PASSES, LEVELS, apply_pipeline, is_auto, make_context, parse_pipeline, pipeline_spec
+from tcpc.pipelines import (COST_ONLY_PASSES, LEVELS, PassStep, apply_pipeline, is_auto, make_context, parse_pipeline,
+                            pipeline_spec)
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -140,12 +141,14 @@ class Program:
         return pipeline_spec(LEVELS[level], expert_order="auto")
 
     def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
-              machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
+              machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0,
+              after_each: Callable[[PassStep], None] | None = None) -> ModuleOp:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering
         up to `level`: what `tcpc compile --emit LEVEL` prints. Every `auto` is resolved first
-        by the cost model (see `passes`); with `machine`, the IR is compiled for it."""
+        by the cost model (see `passes`); with `machine`, the IR is compiled for it. `after_each`
+        watches the pipeline step by step (apply_pipeline), not the compiles that resolve an auto."""
         passes, _ = self.passes(pipeline, level=level, graph=graph, machine=machine, routing=routing, seed=seed)
-        return apply_pipeline(self.module, passes, machine=None if machine is None else as_machine(machine))
+        return apply_pipeline(self.module, passes, after_each, machine=None if machine is None else as_machine(machine))
 
     def passes(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
                machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
@@ -198,13 +201,14 @@ class Program:
         reference: bool = True,
         pipeline: str | None = None,
         listeners: Sequence[Interpreter.Listener] = (),
+        after_each: Callable[[PassStep], None] | None = None,
     ) -> RunResult:
         """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`;
-        `listeners` see every op as it runs."""
+        `listeners` see every op as it runs, `after_each` every step of the pipeline (`lower`)."""
         from runtime_sim.semantics.executor import run_function  # xDSL's interpreters are slow to import
 
         name = self.function(graph).sym_name.data
-        module = self.module if reference and pipeline is None else self.lower(pipeline)
+        module = self.module if reference and pipeline is None else self.lower(pipeline, after_each=after_each)
         fn = function_in(module, name)  # after pin-routing it has one more argument
         check_fits(module, name, f"running graph '{name}'")
         args = prepare_inputs(fn, inputs or {}, seed)
@@ -224,6 +228,7 @@ class Program:
         cost_only: bool = False,
         routing: str | Path = "balanced",
         listeners: Sequence[Interpreter.Listener] = (),
+        after_each: Callable[[PassStep], None] | None = None,
     ) -> SimulationResult:
         """Lower one graph (the full pipeline, or `pipeline`) and simulate it on `machine`
         (a Machine, a machine file, or None for RNGD).
@@ -237,10 +242,14 @@ class Program:
         the pin-routing pass runs first, the routing comes from the scenario `routing`
         (`balanced`, `skewed`, `one-expert`, or an .npz / .npy of [T, K] expert indices;
         `seed` draws `skewed`), and the result has no outputs.
+
+        `after_each` watches the pipeline step by step (apply_pipeline; cost-only, pin-routing is
+        its first pass), not the compiles that resolve an auto.
         """
         module, spec, args, result = self._simulated(inputs, seed=seed, graph=graph, pipeline=pipeline,
                                                      machine=machine, sram_policy=sram_policy, uncosted=uncosted,
-                                                     cost_only=cost_only, routing=routing, listeners=listeners)
+                                                     cost_only=cost_only, routing=routing, listeners=listeners,
+                                                     after_each=after_each)
         if cost_only:
             return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing)
         fn = function_in(module, self.function(graph).sym_name.data)
@@ -264,7 +273,8 @@ class Program:
     def _simulated(self, inputs: Mapping[str, np.ndarray] | None, *, seed: int, graph: str | None,
                    pipeline: str | None, machine: Machine | str | Path | None, sram_policy: str,
                    uncosted: str = "error", cost_only: bool = False, routing: str | Path = "balanced",
-                   listeners: Sequence[Interpreter.Listener] = ()) -> tuple[ModuleOp, str, list[np.ndarray], SimResult]:
+                   listeners: Sequence[Interpreter.Listener] = (),
+                   after_each: Callable[[PassStep], None] | None = None) -> tuple[ModuleOp, str, list[np.ndarray], SimResult]:
         """The simulated IR (its ops are the trace's), the passes it went through, the
         arguments it ran on (none in cost-only mode) and the simulator's result."""
         from runtime_sim.perf.cost_only import simulate_cost_only
@@ -291,12 +301,13 @@ class Program:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")
             spec = ",".join(p for p in (*COST_ONLY_PASSES, spec) if p)
-            module = apply_pipeline(self.module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=mach)
+            module = apply_pipeline(self.module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], after_each,
+                                    machine=mach)
             result = simulate_cost_only(module, name, mach, routing=routing, seed=seed, sram_policy=sram_policy,  # type: ignore[arg-type]
                                         uncosted=uncosted, listeners=listeners, work=work)  # type: ignore[arg-type]
             args: list[np.ndarray] = []
         else:
-            module = apply_pipeline(self.module, passes, machine=mach)
+            module = apply_pipeline(self.module, passes, after_each, machine=mach)
             check_fits(module, name, f"simulating graph '{name}' with values")
             args = prepare_inputs(function_in(module, name), inputs or {}, seed)
             result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
