@@ -107,6 +107,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help=f"--emit planned --cost-only: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
     c.add_argument("--generic", action="store_true", help="print the generic op format")
+    c.add_argument("--debug-locations", action="store_true",
+                   help="print each op's source location, loc(\"FILE\":LINE:COL), inside the passes that made it")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
                    help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
@@ -205,21 +207,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
         chunks += [f"// chose {c.describe()}\n" for c in choices]
         chunks.append(f"// planned: {given}, each op with the slot the simulator scheduled it in\n"
                       f"// (tcpc.plan), {values}\n")
-        chunks.append(print_ir(planned, args.generic))
+        chunks.append(print_ir(planned, args.generic, args.debug_locations))
     elif spec is None and args.emit in (None, "graph"):
         chunks += [f"// chose {c.describe()}\n" for c in program.choices]
-        chunks.append(print_ir(program.module, args.generic))
+        chunks.append(print_ir(program.module, args.generic, args.debug_locations))
     else:  # as `tcpc run` resolves every auto: on --machine (default RNGD), for balanced routing
         passes, choices = program.passes(spec, level=args.emit or "scheduled", machine=machine, routing=routing)
         chunks += [f"// chose {c.describe()}\n" for c in choices]
         if args.print_ir_after_all:
-            chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic)}")
+            chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic, args.debug_locations)}")
         def after(p, module):
             if args.print_ir_after_all:
-                chunks.append(f"// -----// IR after {p.name} //----- //\n{print_ir(module, args.generic)}")
+                chunks.append(f"// -----// IR after {p.name} //----- //\n{print_ir(module, args.generic, args.debug_locations)}")
         lowered = apply_pipeline(program.module, passes, after, machine=machine)
         if not args.print_ir_after_all:
-            chunks.append(print_ir(lowered, args.generic))
+            chunks.append(print_ir(lowered, args.generic, args.debug_locations))
     text = "".join(chunks)
     if out is not None:
         write_file(out, lambda f: f.write(text.encode()))

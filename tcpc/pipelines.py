@@ -26,6 +26,7 @@ from dialects.tmath import TMath
 from dialects.ve import VE
 from target.machine import Machine
 from target.target_spec import attach
+from tcpc.provenance import locations_inherited
 
 DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, LowP, CCL, DLTI]
 
@@ -227,7 +228,8 @@ def parse_pipeline(spec: str) -> list[ModulePass]:
 def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
                    after_each: Callable[[ModulePass, ModuleOp], None] | None = None,
                    machine: Machine | None = None) -> ModuleOp:
-    """Apply passes to a clone of `module`, verifying after each one; with `machine`, the
+    """Apply passes to a clone of `module`, verifying after each one, the ops each creates
+    located where the ops they lower were (tcpc/provenance.py); with `machine`, the
     clone targets it (its `dlti.target_system_spec`, which every pass reads), whatever target
     `module` had; without, the passes compile for `module`'s target (or the default machine)."""
     ctx = make_context()
@@ -235,7 +237,8 @@ def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
     if machine is not None:
         attach(lowered, machine)
     for p in passes:
-        p.apply(ctx, lowered)
+        with locations_inherited(lowered, p.name):
+            p.apply(ctx, lowered)
         lowered.verify()
         if after_each is not None:
             after_each(p, lowered)

@@ -38,9 +38,11 @@ if TYPE_CHECKING:
     from target.machine import Machine
 
 
-def print_ir(module: ModuleOp, generic: bool = False) -> str:
+def print_ir(module: ModuleOp, generic: bool = False, locations: bool = False) -> str:
+    """The module's text; with `locations`, every op's and argument's `loc(...)` too
+    (dialects/locations.py)."""
     out = io.StringIO()
-    Printer(stream=out, print_generic_format=generic).print_op(module)
+    Printer(stream=out, print_generic_format=generic, print_debuginfo=locations).print_op(module)
     return out.getvalue() + "\n"
 
 
@@ -186,7 +188,8 @@ class Program:
         target = as_machine(machine)
         with _deep_recursion():
             ast = parse(self.source)
-            return better_blocks(fixed, lambda blocks: _built(ast, self.dims, {**self.blocks, **blocks}, target),
+            return better_blocks(fixed, lambda blocks: _built(ast, self.dims, {**self.blocks, **blocks}, target,
+                                                              self.filename),
                                  self.filename, target, routing, seed)
 
     def run(
@@ -307,9 +310,10 @@ class Program:
         return module, spec, args, result
 
 
-def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int], target: Machine) -> ModuleOp:
-    """The program's module with the given blocks, targeting `target`."""
-    module = build_module(ast, dims, blocks)
+def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int], target: Machine,
+           filename: str) -> ModuleOp:
+    """The program's module with the given blocks, targeting `target`, located in `filename`."""
+    module = build_module(ast, dims, blocks, filename=filename)
     attach(module, target)
     return module
 
@@ -342,14 +346,14 @@ def compile_source(source: str, dims: Mapping[str, int | str] | None = None, fil
         values = evaluate_dims(ast.dims, dims or {})
         autos: list[AutoBlock] = []
         fixed: list[AutoBlock] = []
-        module = build_module(ast, values, autos=autos, fixed=fixed)
+        module = build_module(ast, values, autos=autos, fixed=fixed, filename=filename)
         attach(module, target)
         if not autos:
             return Program(filename, source, values, module, fixed=fixed)
         from tcpc.autotune import choose_blocks
 
         def build(blocks: Mapping[Loc, int]) -> ModuleOp:
-            return _built(ast, values, blocks, target)
+            return _built(ast, values, blocks, target, filename)
 
         blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
         return Program(filename, source, values, build(blocks), choices=choices, blocks=blocks, fixed=fixed)
