@@ -23,7 +23,7 @@ from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
 from tcpc.host_memory import check_fits
-from tcpc.parser import parse
+from tcpc.parser import BOM, parse
 from tcpc.pipelines import COST_ONLY_PASSES, LEVELS, apply_pipeline, is_auto, make_context, parse_pipeline, pipeline_spec
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from xdsl.passes import ModulePass
 
+    from runtime_sim.perf.op_trace import Trace
     from runtime_sim.perf.report import BetterBlock, Choice, SimReport
     from runtime_sim.perf.routing_scenarios import Routing
     from runtime_sim.perf.scheduler import Schedule
@@ -67,6 +68,8 @@ class SimulationResult:
     cost_only: bool = False
     routing: dict[str, Routing] = field(default_factory=dict)
     """Cost-only mode: routing argument name -> the scenario and [T, K] expert choices used."""
+    trace: Trace | None = None
+    """The executed commands, each with the IR op that ran (a Chrome trace prints their IR)."""
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -245,9 +248,10 @@ class Program:
                                                      machine=machine, sram_policy=sram_policy, uncosted=uncosted,
                                                      cost_only=cost_only, routing=routing, listeners=listeners)
         if cost_only:
-            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing)
+            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing, result.trace)
         fn = function_in(module, self.function(graph).sym_name.data)
-        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.schedule, spec)
+        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.schedule, spec,
+                                trace=result.trace)
 
     def planned(self, inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0, graph: str | None = None,
                 machine: Machine | str | Path | None = None, sram_policy: str = "spill",
@@ -307,7 +311,23 @@ class Program:
         result.report.choices = choices
         result.report.loops = tile_loops(module, name)
         result.report.contractions = contraction_mappings(module, name)
+        result.report.sources = self.source_lines(result.report)
         return module, spec, args, result
+
+    def source_lines(self, report: SimReport) -> dict[str, list[str]]:
+        """The lines of every source file the report's ops are located in, for its by-line
+        table: the program's own text, and (for IR that names them) the files that can be read."""
+        files = {place.rsplit(":", 2)[0] for places in {o.locations for o in report.ops} for place in places}
+        lines: dict[str, list[str]] = {}
+        for file in sorted(files):
+            if file == self.filename and not self.is_ir:
+                lines[file] = self.source.removeprefix(BOM).split("\n")
+                continue
+            try:
+                lines[file] = Path(file).read_text(encoding="utf-8-sig").split("\n")
+            except (OSError, UnicodeDecodeError):
+                continue  # the table shows the line numbers alone
+        return lines
 
 
 def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int], target: Machine,
