@@ -20,6 +20,8 @@ from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
 from target.contraction_mapping import MappingError
 from target.machine import MachineError
+from runtime_sim.perf.op_trace import ir_forms
+from runtime_sim.perf.report import REPORT_TABLES
 from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
@@ -120,6 +122,8 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
     add_instrument_flags(c)
     c.add_argument("--generic", action="store_true", help="print the generic op format")
+    c.add_argument("--debug-locations", action="store_true",
+                   help="print each op's source location, loc(\"FILE\":LINE:COL), inside the passes that made it")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
                    help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
@@ -137,6 +141,9 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--report", action="store_true", help="print the simulation report (per op and per engine)")
     r.add_argument("--report-ops", default="200", metavar="N",
                    help="ops listed in --report's table and at each end of its critical path (default 200; 0: the summary only; all: every op)")
+    r.add_argument("--report-by", action="append", default=None, metavar="TABLES",
+                   help=f"--report's tables, comma-separated or repeated: {', '.join(REPORT_TABLES)} (cycles by "
+                        f"phase, by source line, every op and the critical path; default all three)")
     r.add_argument("--report-json", default=None, metavar="FILE", help="write the report as JSON")
     r.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (open it in Perfetto)")
     r.add_argument("--machine", default=None, metavar="FILE", help="machine file (TOML; default: RNGD)")
@@ -232,9 +239,10 @@ def instruments(args: argparse.Namespace, dump: Path | None, graph: str, machine
         write_file(path, lambda f: f.write(text.encode()))
 
     generic = getattr(args, "generic", False)  # compile's flags, like --print-ir-after-all
+    locations = getattr(args, "debug_locations", False)
     return PassInstruments(
-        printer=IRPrinter(generic) if getattr(args, "print_ir_after_all", False) else None,
-        dump=IRDump(dump, generic, write) if dump is not None else None,
+        printer=IRPrinter(generic, locations) if getattr(args, "print_ir_after_all", False) else None,
+        dump=IRDump(dump, generic, write, locations) if dump is not None else None,
         timer=PassTimer() if args.time_passes else None,
         stats=PassStatistics(graph, machine, routing, seed) if args.pass_stats else None)
 
@@ -267,16 +275,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
         chunks += [f"// chose {c.describe()}\n" for c in choices]
         chunks.append(f"// planned: {given}, each op with the slot the simulator scheduled it in\n"
                       f"// (tcpc.plan), {values}\n")
-        chunks.append(print_ir(planned, args.generic))
+        chunks.append(print_ir(planned, args.generic, args.debug_locations))
     elif spec is None and args.emit in (None, "graph"):
         chunks += [f"// chose {c.describe()}\n" for c in program.choices]
-        chunks.append(print_ir(program.module, args.generic))
+        chunks.append(print_ir(program.module, args.generic, args.debug_locations))
     else:  # as `tcpc run` resolves every auto: on --machine (default RNGD), for balanced routing
         passes, choices = program.passes(spec, level=args.emit or "scheduled", machine=machine, routing=routing)
         chunks += [f"// chose {c.describe()}\n" for c in choices]
         watch = instruments(args, dump, program.graph_names[0], machine)
         lowered = apply_pipeline(program.module, passes, watch, machine=machine)
-        chunks += watch.printer.chunks if watch.printer is not None else [print_ir(lowered, args.generic)]
+        chunks += watch.printer.chunks if watch.printer is not None else [print_ir(lowered, args.generic, args.debug_locations)]
         sys.stderr.write(watch.report())
     text = "".join(chunks)
     if out is not None:
@@ -332,6 +340,22 @@ def describe(name: str, value: np.ndarray) -> str:
 
 
 SIMULATION_FLAGS = ("report", "report_json", "trace", "machine", "cost_only", "routing")
+
+
+def report_by(args: argparse.Namespace) -> tuple[str, ...]:
+    """--report-by: the tables --report prints (REPORT_TABLES, in that order)."""
+    if args.report_by is None:
+        return REPORT_TABLES
+    if not args.report:
+        raise UsageError("--report-by chooses --report's tables; add --report")
+    if args.mesh is not None:
+        raise UsageError("--report-by chooses the tables of a chip's report; a --mesh report has its own")
+    asked = [t.strip() for given in args.report_by for t in given.split(",")]
+    for t in asked:
+        if t not in REPORT_TABLES:
+            raise UsageError(f"--report-by {t or repr(t)}: expected {', '.join(REPORT_TABLES[:-1])} or "
+                             f"{REPORT_TABLES[-1]} (comma-separated or repeated)")
+    return tuple(t for t in REPORT_TABLES if t in asked)
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -445,6 +469,7 @@ def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray],
 def cmd_run(args: argparse.Namespace) -> int:
     check_flags(args)
     max_ops = report_ops(args.report_ops)  # checked before a long simulation
+    tables = report_by(args)
     if args.mesh is not None:
         return cmd_run_mesh(args)
     for flag, value in (("--mesh-machine", args.mesh_machine), ("--max-chips", args.max_chips)):
@@ -511,13 +536,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if report is not None:
         if args.report:
             print()
-            sys.stdout.write(report.to_text(max_ops=max_ops))
+            sys.stdout.write(report.to_text(max_ops=max_ops, tables=tables))
         print(cycle_summary(report))
         if args.report_json:
             write_json(paths["--report-json"], report.to_json())
             print(f"wrote {args.report_json}")
         if args.trace:
-            write_json(paths["--trace"], report.chrome_trace())
+            write_json(paths["--trace"], report.chrome_trace(None if sim.trace is None else ir_forms(sim.trace)))
             print(f"wrote {args.trace}")
     if args.out:
         write_file(paths["--out"], lambda f: save_outputs(f, outputs))

@@ -25,13 +25,14 @@ if TYPE_CHECKING:
 class IRPrinter:
     """`--print-ir-after-all`: the IR at every step, each under an MLIR-style comment line."""
 
-    def __init__(self, generic: bool) -> None:
+    def __init__(self, generic: bool, locations: bool = False) -> None:
         self.generic = generic
+        self.locations = locations
         self.chunks: list[str] = []
 
     def __call__(self, step: PassStep) -> None:
         after = "parsing" if step.pass_ is None else step.name
-        self.chunks.append(f"// -----// IR after {after} //----- //\n{print_ir(step.module, self.generic)}")
+        self.chunks.append(f"// -----// IR after {after} //----- //\n{print_ir(step.module, self.generic, self.locations)}")
 
 
 class IRDump:
@@ -39,13 +40,16 @@ class IRDump:
     `NN-<pass>.mlir`, printed as `--emit` prints it, so each file parses with `tcpc-opt`;
     `write` writes a file whole or not at all."""
 
-    def __init__(self, directory: Path, generic: bool, write: Callable[[Path, str], None]) -> None:
+    def __init__(self, directory: Path, generic: bool, write: Callable[[Path, str], None],
+                 locations: bool = False) -> None:
         self.directory = directory
         self.generic = generic
         self.write = write
+        self.locations = locations
 
     def __call__(self, step: PassStep) -> None:
-        self.write(self.directory / f"{step.index:02d}-{step.name}.mlir", print_ir(step.module, self.generic))
+        self.write(self.directory / f"{step.index:02d}-{step.name}.mlir",
+                   print_ir(step.module, self.generic, self.locations))
 
 
 class PassTimer:

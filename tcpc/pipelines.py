@@ -28,6 +28,7 @@ from dialects.tmath import TMath
 from dialects.ve import VE
 from target.machine import Machine
 from target.target_spec import attach
+from tcpc.provenance import locations_inherited
 
 DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, LowP, CCL, DLTI]
 
@@ -251,7 +252,8 @@ class PassStep:
 def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
                    after_each: Callable[[PassStep], None] | None = None,
                    machine: Machine | None = None) -> ModuleOp:
-    """Apply passes to a clone of `module`, verifying after each one; with `machine`, the
+    """Apply passes to a clone of `module`, verifying after each one, the ops each creates
+    located where the ops they lower were (tcpc/provenance.py); with `machine`, the
     clone targets it (its `dlti.target_system_spec`, which every pass reads), whatever target
     `module` had; without, the passes compile for `module`'s target (or the default machine).
     `after_each` sees every step: the clone before the first pass, then the IR after each
@@ -263,9 +265,10 @@ def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
     if after_each is not None:
         after_each(PassStep(0, lowered))
     for index, p in enumerate(passes, 1):
-        start = time.perf_counter()
-        p.apply(ctx, lowered)
-        applied = time.perf_counter()
+        with locations_inherited(lowered, p.name):
+            start = time.perf_counter()
+            p.apply(ctx, lowered)
+            applied = time.perf_counter()
         lowered.verify()
         if after_each is not None:
             after_each(PassStep(index, lowered, p, applied - start, time.perf_counter() - applied))

@@ -23,7 +23,7 @@ from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
 from tcpc.host_memory import check_fits
-from tcpc.parser import parse
+from tcpc.parser import BOM, parse
 from tcpc.pipelines import (COST_ONLY_PASSES, LEVELS, PassStep, apply_pipeline, is_auto, make_context, parse_pipeline,
                             pipeline_spec)
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from xdsl.passes import ModulePass
 
+    from runtime_sim.perf.op_trace import Trace
     from runtime_sim.perf.report import BetterBlock, Choice, SimReport
     from runtime_sim.perf.routing_scenarios import Routing
     from runtime_sim.perf.scheduler import Schedule
@@ -39,9 +40,11 @@ if TYPE_CHECKING:
     from target.machine import Machine
 
 
-def print_ir(module: ModuleOp, generic: bool = False) -> str:
+def print_ir(module: ModuleOp, generic: bool = False, locations: bool = False) -> str:
+    """The module's text; with `locations`, every op's and argument's `loc(...)` too
+    (dialects/locations.py)."""
     out = io.StringIO()
-    Printer(stream=out, print_generic_format=generic).print_op(module)
+    Printer(stream=out, print_generic_format=generic, print_debuginfo=locations).print_op(module)
     return out.getvalue() + "\n"
 
 
@@ -66,6 +69,8 @@ class SimulationResult:
     cost_only: bool = False
     routing: dict[str, Routing] = field(default_factory=dict)
     """Cost-only mode: routing argument name -> the scenario and [T, K] expert choices used."""
+    trace: Trace | None = None
+    """The executed commands, each with the IR op that ran (a Chrome trace prints their IR)."""
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -189,7 +194,8 @@ class Program:
         target = as_machine(machine)
         with _deep_recursion():
             ast = parse(self.source)
-            return better_blocks(fixed, lambda blocks: _built(ast, self.dims, {**self.blocks, **blocks}, target),
+            return better_blocks(fixed, lambda blocks: _built(ast, self.dims, {**self.blocks, **blocks}, target,
+                                                              self.filename),
                                  self.filename, target, routing, seed)
 
     def run(
@@ -251,9 +257,10 @@ class Program:
                                                      cost_only=cost_only, routing=routing, listeners=listeners,
                                                      after_each=after_each)
         if cost_only:
-            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing)
+            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing, result.trace)
         fn = function_in(module, self.function(graph).sym_name.data)
-        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.schedule, spec)
+        return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.schedule, spec,
+                                trace=result.trace)
 
     def planned(self, inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0, graph: str | None = None,
                 machine: Machine | str | Path | None = None, sram_policy: str = "spill",
@@ -315,12 +322,29 @@ class Program:
         result.report.choices = choices
         result.report.loops = tile_loops(module, name)
         result.report.contractions = contraction_mappings(module, name)
+        result.report.sources = self.source_lines(result.report)
         return module, spec, args, result
 
+    def source_lines(self, report: SimReport) -> dict[str, list[str]]:
+        """The lines of every source file the report's ops are located in, for its by-line
+        table: the program's own text, and (for IR that names them) the files that can be read."""
+        files = {place.rsplit(":", 2)[0] for places in {o.locations for o in report.ops} for place in places}
+        lines: dict[str, list[str]] = {}
+        for file in sorted(files):
+            if file == self.filename and not self.is_ir:
+                lines[file] = self.source.removeprefix(BOM).split("\n")
+                continue
+            try:
+                lines[file] = Path(file).read_text(encoding="utf-8-sig").split("\n")
+            except (OSError, UnicodeDecodeError):
+                continue  # the table shows the line numbers alone
+        return lines
 
-def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int], target: Machine) -> ModuleOp:
-    """The program's module with the given blocks, targeting `target`."""
-    module = build_module(ast, dims, blocks)
+
+def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int], target: Machine,
+           filename: str) -> ModuleOp:
+    """The program's module with the given blocks, targeting `target`, located in `filename`."""
+    module = build_module(ast, dims, blocks, filename=filename)
     attach(module, target)
     return module
 
@@ -353,14 +377,14 @@ def compile_source(source: str, dims: Mapping[str, int | str] | None = None, fil
         values = evaluate_dims(ast.dims, dims or {})
         autos: list[AutoBlock] = []
         fixed: list[AutoBlock] = []
-        module = build_module(ast, values, autos=autos, fixed=fixed)
+        module = build_module(ast, values, autos=autos, fixed=fixed, filename=filename)
         attach(module, target)
         if not autos:
             return Program(filename, source, values, module, fixed=fixed)
         from tcpc.autotune import choose_blocks
 
         def build(blocks: Mapping[Loc, int]) -> ModuleOp:
-            return _built(ast, values, blocks, target)
+            return _built(ast, values, blocks, target, filename)
 
         blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
         return Program(filename, source, values, build(blocks), choices=choices, blocks=blocks, fixed=fixed)

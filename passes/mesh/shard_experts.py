@@ -154,7 +154,7 @@ class _Builder:
             types = [_with_axis(t, -1, split[1]) if isinstance(t, TensorType) and shape_of(t)[-1:] == (split[0],) else t
                      for t in types]
         new_op = type(op).create(operands=operands, result_types=types, properties=dict(op.properties),
-                                 attributes=dict(op.attributes))
+                                 attributes=dict(op.attributes), location=op.location)
         self.add(new_op)
         for old_r, new_r in zip(op.results, new_op.results):
             new_r.name_hint = old_r.name_hint
