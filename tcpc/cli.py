@@ -20,7 +20,7 @@ from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
 from target.contraction_mapping import MappingError
 from target.machine import MachineError
-from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
+from runtime_sim.perf.routing_scenarios import SCENARIOS, Routing, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.checkpoints import CONVERSIONS, CheckpointError
@@ -625,7 +625,7 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
     if sim.cost_only:
         print(f"graph {name} from {args.file}, sharded over {how}, cost-only (no values computed)")
         for arg, routing in sim.routing.items():
-            print(f"  routing %{arg}: {routing.describe()}")
+            print(f"  routing %{arg}: {routing.describe()}; {received_by_chip(routing, spec)}")
     else:
         print(f"graph {name} from {args.file}, sharded over {how}, seed {args.seed}")
     if sim.topk_cycles:
@@ -657,6 +657,16 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
     return 0
+
+
+def received_by_chip(routing: Routing, spec: MeshSpec) -> str:
+    """How evenly a cost-only routing loads the chips: the pairs each one receives."""
+    from runtime_sim.perf.mesh_simulate import pairs_received
+
+    counts = pairs_received(routing, spec.mesh)
+    if len(set(counts)) == 1:
+        return f"{counts[0]:,} pairs to each chip"
+    return f"pairs by chip: {', '.join(f'{c:,}' for c in counts)}"
 
 
 def check_chips(spec: MeshSpec, args: argparse.Namespace) -> None:

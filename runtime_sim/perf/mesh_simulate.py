@@ -41,7 +41,7 @@ from runtime_sim.perf.op_trace import Trace
 from runtime_sim.perf.report import SimReport
 from runtime_sim.perf.scheduler import Task, schedule
 from runtime_sim.perf.tcp_cost import hbm_sharing
-from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
+from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, RoutingError, scenario_choices
 from runtime_sim.perf.simulate import own_dma_units, pinned_units, simulate_trace, trace_recorder
 from runtime_sim.semantics.ccl_semantics import (CCLFunctions, ChipInterpreter, MeshExchange, collective_label,
                                                    plain_chip, run_mesh)
@@ -245,14 +245,34 @@ class MeshResult:
 
 
 def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int) -> dict[int, Routing]:
-    """Argument index -> the scenario's expert choices for all T tokens of the mesh."""
+    """Argument index -> the scenario's expert choices for all T tokens of the mesh (`balanced`
+    dealt over the ep chips as well as the experts)."""
     found: dict[int, Routing] = {}
     for index, experts in routing_arguments(fn).items():
         t = fn.function_type.inputs.data[index]
         assert isinstance(t, TensorType)
         tl, k = shape_of(t)
-        found[index] = Routing(str(routing), experts, scenario_choices(routing, tl * mesh.token_shards, k, experts, seed))
+        try:
+            choices = scenario_choices(routing, tl * mesh.token_shards, k, experts, seed, chips=mesh.size("ep"))
+        except RoutingError as e:
+            raise RoutingError(f"{e} (the mesh's T = {tl * mesh.token_shards} tokens in token order, split over "
+                               f"its {mesh.token_shards} token shards as the tokens are: {tl} each)") from None
+        found[index] = Routing(str(routing), experts, choices)
     return found
+
+
+def pairs_received(routing: Routing, mesh: ccl.Mesh) -> list[int]:
+    """The (token, expert) pairs of `routing` each chip of `mesh` receives: its dp group's
+    tokens' pairs on its E/ep experts (the tp chips of a group receive the same)."""
+    t, _ = routing.choices.shape
+    per_group = t // mesh.size("dp")
+    owner = routing.choices // (routing.experts // mesh.size("ep"))
+    counts = []
+    for c in range(mesh.chips):
+        coords = mesh.coordinates(c)
+        group = owner[coords.get("dp", 0) * per_group:(coords.get("dp", 0) + 1) * per_group]
+        counts.append(int((group == coords.get("ep", 0)).sum()))
+    return counts
 
 
 def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
