@@ -101,9 +101,8 @@ def test_one_token_per_chip_is_the_single_chip_layer(mesh: str, capsys: pytest.C
     tokens, one on each chip (its own batch), and gives one chip's outputs bit for bit."""
     assert main(["run", "examples/deepseek_v3.moe", "--set", "T=1", "--mesh", f"{mesh},tokens=per-chip", "--check"]) == 0
     out = capsys.readouterr().out
-    chips = 8 if "tp" not in mesh else 8
-    shards = 8 if "tp" not in mesh else 4
-    assert f"{chips} chips of rngd on rngd-pcie, T = {shards} tokens (1 per chip)" in out
+    shards = 4 if "tp" in mesh else 8  # the tp chips of a group share their token
+    assert f"8 chips of rngd on rngd-pcie, T = {shards} tokens (1 per chip)" in out
     assert f"out0 bf16[{shards}, 64]" in out and "check: outputs equal the reference" in out
 
 
