@@ -5,6 +5,7 @@ values (`--cost-only`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,15 +21,17 @@ from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
 from target.contraction_mapping import MappingError
 from target.machine import MachineError
+from target.mesh_machine import load_mesh_machine
 from runtime_sim.perf.op_trace import ir_forms
 from runtime_sim.perf.report import REPORT_TABLES
-from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
+from runtime_sim.perf.routing_scenarios import SCENARIOS, Routing, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.checkpoints import CONVERSIONS, CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
-from tcpc.mesh_run import MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, simulate_on_mesh
+from tcpc.mesh_run import (MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, compile_for_mesh, scattered_tokens,
+                           simulate_on_mesh)
 from tcpc.pass_instruments import IRDump, IRPrinter, PassInstruments, PassStatistics, PassTimer
 from tcpc.pipelines import PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
@@ -126,7 +129,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="print each op's source location, loc(\"FILE\":LINE:COL), inside the passes that made it")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
+                   help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, "
+                        "topk=rank|rounds|auto, tokens=global|per-chip (the program's T: the whole mesh's tokens, "
+                        "the default, or each chip's)")
 
     r = sub.add_parser("run", help="simulate a graph (or run its reference) and print its outputs")
     add_common(r)
@@ -152,7 +157,10 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-only", action="store_true",
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
+                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally "
+                        "strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto, tokens=global|per-chip (the program's "
+                        "T: the whole mesh's tokens, split over the dp*ep chips, the default; or each chip's own "
+                        "batch: --set T=1 --mesh ep=8,tokens=per-chip is one token per chip)")
     r.add_argument("--max-chips", type=int, default=None, metavar="N",
                    help=f"--mesh: simulate meshes of up to N chips (default {MAX_SIMULATED_CHIPS}; every chip is "
                         "simulated, and the time grows faster than the chip count)")
@@ -253,14 +261,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
     dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     machine = as_machine(args.machine)
     routing = args.routing or "balanced"
-    program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
     spec = args.pipeline
     if args.mesh is not None:
         if args.emit == "planned" or args.pipeline is not None:
             raise UsageError("--mesh prints the sharded graph, or with --emit lowered or scheduled a chip's program at "
                              "that level; not with -p or --emit planned")
-        spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit in ("lowered", "scheduled"),
-                                                  scheduled=args.emit == "scheduled")
+        mesh = MeshSpec.parse(args.mesh)
+        spec = mesh.pipeline(lowered=args.emit in ("lowered", "scheduled"), scheduled=args.emit == "scheduled")
+        # as `tcpc run --mesh` compiles it: block=auto chosen on the default mesh's links, --machine's chips
+        program = compile_for_mesh(args.file, parse_set(args.set), mesh,
+                                   machine=dataclasses.replace(load_mesh_machine(), chip=machine))
+    else:
+        program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
     chunks: list[str] = []
     if args.emit == "planned":
         seed = args.seed or 0
@@ -634,28 +646,34 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
     spec = MeshSpec.parse(args.mesh)
     check_chips(spec, args)
     paths = output_paths(args)
-    program: Program = compile_file(args.file, parse_set(args.set))
+    routing = args.routing or "balanced"
     given = load_npz(args.inputs) if args.inputs else {}
+    # block=auto is chosen on the mesh, for a cost-only run's routing (balanced with values)
+    program = compile_for_mesh(args.file, parse_set(args.set), spec, graph=args.graph, machine=args.mesh_machine,
+                               routing=choice_routing(args.cost_only, routing), seed=args.seed)
     fn = program.function(args.graph)
     name = fn.sym_name.data
     progress = Progress(runs=spec.mesh.chips * spec.simulations(args.cost_only))
     try:
         sim = simulate_on_mesh(program, spec, given, seed=args.seed, graph=name, machine=args.mesh_machine,
-                               sram_policy=args.sram_policy, cost_only=args.cost_only,
-                               routing=args.routing or "balanced", listeners=[progress])
+                               sram_policy=args.sram_policy, cost_only=args.cost_only, routing=routing,
+                               listeners=[progress])
     finally:
         progress.close()
     report = sim.report
-    how = f"{spec.mesh} ({spec.strategy}), {len(report.chips)} chips of {report.machine.chip.name} on {report.machine.name}"
+    tokens = scattered_tokens(fn)
+    per_chip = f", T = {tokens:,} tokens ({tokens // spec.mesh.token_shards:,} per chip)" if tokens else ""
+    how = (f"{spec.mesh} ({spec.strategy}), {len(report.chips)} chips of {report.machine.chip.name} on "
+           f"{report.machine.name}{per_chip}")
     if sim.cost_only:
         print(f"graph {name} from {args.file}, sharded over {how}, cost-only (no values computed)")
-        for arg, routing in sim.routing.items():
-            print(f"  routing %{arg}: {routing.describe()}")
+        for arg, used in sim.routing.items():
+            print(f"  routing %{arg}: {used.describe()}; {received_by_chip(used, spec)}")
     else:
         print(f"graph {name} from {args.file}, sharded over {how}, seed {args.seed}")
-    if sim.topk_cycles:
-        tried = ", ".join(f"{s} {c:,} cycles" for s, c in sim.topk_cycles.items())
-        print(f"  lower-topk strategy=auto: {min(sim.topk_cycles, key=sim.topk_cycles.__getitem__)} ({tried})")
+    if not args.report:  # --report's text carries them
+        for choice in report.choices:
+            print(f"  chose {choice.describe()}")
     for i, (value, t) in enumerate(zip(sim.outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))
     if args.report:
@@ -682,6 +700,16 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
     return 0
+
+
+def received_by_chip(routing: Routing, spec: MeshSpec) -> str:
+    """How evenly a cost-only routing loads the chips: the pairs each one receives."""
+    from runtime_sim.perf.mesh_simulate import pairs_received
+
+    counts = pairs_received(routing, spec.mesh)
+    if len(set(counts)) == 1:
+        return f"{counts[0]:,} pairs to each chip"
+    return f"pairs by chip: {', '.join(f'{c:,}' for c in counts)}"
 
 
 def check_chips(spec: MeshSpec, args: argparse.Namespace) -> None:

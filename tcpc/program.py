@@ -192,7 +192,7 @@ class Program:
         from tcpc.autotune import better_blocks
 
         target = as_machine(machine)
-        with _deep_recursion():
+        with deep_recursion():
             ast = parse(self.source)
             return better_blocks(fixed, lambda blocks: _built(ast, self.dims, {**self.blocks, **blocks}, target,
                                                               self.filename),
@@ -350,7 +350,7 @@ def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, in
 
 
 @contextmanager
-def _deep_recursion() -> Iterator[None]:
+def deep_recursion() -> Iterator[None]:
     """The AST transformer and the builder recurse a few frames per operator of an expression;
     Python's default limit (1000) would stop a sum of ~200 terms."""
     limit = sys.getrecursionlimit()
@@ -363,16 +363,22 @@ def _deep_recursion() -> Iterator[None]:
         sys.setrecursionlimit(limit)
 
 
+BlockCost = Callable[[ModuleOp, str], int]
+"""The cycles of one graph of a candidate module, by which block=auto is chosen (the default:
+one chip's, tcpc/autotune.py; a mesh's, tcpc/mesh_run.py)."""
+
+
 def compile_source(source: str, dims: Mapping[str, int | str] | None = None, filename: str = "<string>", *,
                    machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
-                   seed: int = 0) -> Program:
+                   seed: int = 0, block_cost: BlockCost | None = None, cost_scope: str = "") -> Program:
     """Parse and build a .moe program; `dims` overrides dim definitions like `--set`. Block
     sizes left to the compiler (`block=auto` or a dim that is auto, or a block that cannot fit)
     are chosen by the cost model on `machine` with the routing scenario `routing`
-    (tcpc/autotune.py). The module targets `machine` (target/target_spec.py): the passes tile
-    it for that machine."""
+    (tcpc/autotune.py), or by `block_cost` (what `cost_scope` names in the choice, such as a
+    mesh). The module targets `machine` (target/target_spec.py): the passes tile it for that
+    machine."""
     target = as_machine(machine)
-    with _deep_recursion():
+    with deep_recursion():
         ast = parse(source)
         values = evaluate_dims(ast.dims, dims or {})
         autos: list[AutoBlock] = []
@@ -386,7 +392,7 @@ def compile_source(source: str, dims: Mapping[str, int | str] | None = None, fil
         def build(blocks: Mapping[Loc, int]) -> ModuleOp:
             return _built(ast, values, blocks, target, filename)
 
-        blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
+        blocks, choices = choose_blocks(autos, build, filename, target, routing, seed, block_cost, cost_scope)
         return Program(filename, source, values, build(blocks), choices=choices, blocks=blocks, fixed=fixed)
 
 
@@ -437,16 +443,21 @@ def unsupported_value(module: ModuleOp) -> str | None:
     return None
 
 
+def read_source(path: Path) -> str:
+    """A program's text, without a byte-order mark (for .mlir too); not UTF-8 is a CompileError."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise CompileError(f"not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
+
+
 def compile_file(path: str | Path, dims: Mapping[str, int | str] | None = None, *,
                  machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
                  seed: int = 0) -> Program:
     """A .moe program, or an .mlir file's IR (no dims then); `machine`, `routing` and `seed`
     are those block=auto is chosen for (see compile_source)."""
     path = Path(path)
-    try:
-        source = path.read_text(encoding="utf-8-sig")  # without a byte-order mark, for .mlir too
-    except UnicodeDecodeError as e:
-        raise CompileError(f"not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
+    source = read_source(path)
     if path.suffix == ".mlir":
         if dims:
             raise CompileError("--set / dims apply to .moe programs, not to IR")

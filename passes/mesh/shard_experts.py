@@ -181,6 +181,32 @@ class _Builder:
 
 
 
+def token_sources(scatter: moe.ScatterOp) -> set[int]:
+    """The indices of the function arguments the scattered tokens are computed from (the tokens
+    themselves, or per-token values such as Llama-4's router score scaling them): every value
+    on the way has the T tokens as its first axis (a matmul's tokens are its left operand; an
+    elementwise operand of lower rank broadcasts along other axes), so each chip computes its
+    own tokens' rows."""
+    t = scatter.route.type.tokens.data
+    found: set[int] = set()
+    todo, seen = [scatter.input], set()
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if isinstance(v, BlockArgument):
+            found.add(v.index)
+            continue
+        op = v.owner
+        assert isinstance(op, Operation)
+        rank = len(shape_of(v.type))
+        operands = [op.operands[0]] if isinstance(op, tmath.MatmulOp) else list(op.operands)
+        todo += [u for u in operands if isinstance(u.type, TensorType) and shape_of(u.type)[:1] == (t,)
+                 and (len(operands) == 1 or len(shape_of(u.type)) == rank)]
+    return found
+
+
 def in_hbm_if_oversize(op: Operation, cluster_sram_bytes: int) -> Operation:
     """`op` placed in HBM when its result is larger than a cluster's SRAM: a2a's worst-case
     send and receive buffers (T x min(K, E/N) rows for every chip) and the gather of the
@@ -282,28 +308,10 @@ class ShardExpertsPass(ModulePass):
         return f
 
     def _token_arguments(self, fn: func.FuncOp, layer: _Layer) -> set[int]:
-        """The arguments the scattered tokens are computed from (the tokens themselves, or
-        per-token values such as Llama-4's router score scaling them), and the routing
-        arguments: every value on the way has the T tokens as its first axis (a matmul's
-        tokens are its left operand; an elementwise operand of lower rank broadcasts along
-        other axes), so each chip computes its own tokens' rows."""
+        """The arguments the scattered tokens are computed from (`token_sources`) and the
+        routing arguments."""
         t = layer.route.tokens.data
-        found: set[int] = set()
-        todo, seen = [layer.scatter.input], set()
-        while todo:
-            v = todo.pop()
-            if v in seen:
-                continue
-            seen.add(v)
-            if isinstance(v, BlockArgument):
-                found.add(v.index)
-                continue
-            op = v.owner
-            assert isinstance(op, Operation)
-            rank = len(shape_of(v.type))
-            operands = [op.operands[0]] if isinstance(op, tmath.MatmulOp) else list(op.operands)
-            todo += [u for u in operands if isinstance(u.type, TensorType) and shape_of(u.type)[:1] == (t,)
-                     and (len(operands) == 1 or len(shape_of(u.type)) == rank)]
+        found = token_sources(layer.scatter)
         if not found:
             raise _fail("the tokens scattered to the experts must be computed from a function argument "
                         f"with the T = {t} tokens as its first axis")

@@ -179,14 +179,18 @@ class Choice:
     """(value, total cycles) of every alternative considered, in the order tried."""
     routing: str = "balanced"
     """The routing scenario the alternatives were simulated with."""
+    on: str = ""
+    """Where they were simulated when not on one chip: `the mesh ep=8 (a2a)`."""
 
     def describe(self) -> str:
         tried = ", ".join(f"{v}: {c:,}" for v, c in self.alternatives)
-        return f"{self.what} {self.chosen} at {self.where} ({self.reason}); cycles by {self.what} ({self.routing} routing): {tried}"
+        on = f" on {self.on}" if self.on else ""
+        return (f"{self.what} {self.chosen} at {self.where} ({self.reason}); cycles by {self.what}{on} "
+                f"({self.routing} routing): {tried}")
 
     def to_json(self) -> dict[str, Any]:
         return {"what": self.what, "where": self.where, "reason": self.reason, "chosen": self.chosen,
-                "routing": self.routing,
+                "routing": self.routing, **({"on": self.on} if self.on else {}),
                 "alternatives": [{"value": v, "cycles": c} for v, c in self.alternatives]}
 
 
