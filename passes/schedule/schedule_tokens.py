@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func, scf
-from xdsl.dialects.builtin import IndexType, ModuleOp, StringAttr, TensorType
+from xdsl.dialects.builtin import Float32Type, IndexType, ModuleOp, StringAttr, TensorType
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -92,6 +92,17 @@ def is_row_contraction(op: tcp.ContractOp, tokens: int) -> bool:
     copies cost more than they share (Qwen3-30B-A3B's at T = 200: 765 cycles more)."""
     return (op.spec.data == ROW_MATMUL and op.guard is None and op.acc is None
             and leading(op.lhs) == tokens and leading(op.result) == tokens)
+
+
+def shared_from(contractions: list[tcp.ContractOp], clusters: int) -> int:
+    """The tokens from which a token loop takes `contractions` in: more than one GRID_M tile
+    when one multiplies f32 by f32 (the vector engine's fma, `contraction_mapping`: 1.6% of
+    the MACs, so a second cluster's share pays for its copies at once; issue #12's Mixtral-style
+    layer, benchmarks/monotone.py, took 6% fewer cycles at T = 256 than at 248 when this waited
+    for two tiles), else a whole tile per cluster."""
+    f32 = any(all(isinstance(v.type, TensorType) and isinstance(v.type.get_element_type(), Float32Type)
+                  for v in (op.lhs, op.rhs)) for op in contractions)
+    return GRID_M + 1 if f32 else clusters * GRID_M
 
 
 def row_operands(op: Operation) -> set[SSAValue]:
@@ -230,7 +241,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     room = machine_of(chosen[0]).cluster_sram_bytes - sum(stored_bytes(r.type) for r in escaping if not goes_to_hbm(r))
     rows = tile_rows(ops, tokens, min(tile_bytes, room) if room > 0 else tile_bytes)
     contractions = [op for op in ops if isinstance(op, tcp.ContractOp)]
-    if contractions and (rows < min(tokens, GRID_M) or tokens < clusters * GRID_M):
+    if contractions and (rows < min(tokens, GRID_M) or tokens < shared_from(contractions, clusters)):
         whole.update(contractions)  # tiles too small for its bits, or too few to share it out
         return True
     if not escaping:
