@@ -412,7 +412,10 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path: Path) -> None:
     program.write_text(SLOW)
     # 'ready' is printed from inside the run (the reference run, seconds long), so the signal
     # arrives while tcpc computes, however loaded the machine: no sleep to guess with.
-    script = ("import sys, tcpc.cli, tcpc.program\n"
+    # SIGINT gets Python's own handler even where the parent ignores it (a job started with `&`
+    # by a non-interactive shell inherits SIG_IGN, and Python then installs none).
+    script = ("import signal, sys, tcpc.cli, tcpc.program\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "run = tcpc.program.Program.run\n"
               "def announced(*a, **k):\n    print('ready', flush=True)\n    return run(*a, **k)\n"
               "tcpc.program.Program.run = announced\n"
