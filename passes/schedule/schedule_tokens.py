@@ -26,9 +26,10 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
 - The function's results end in HBM (`store_results`): one the loops did not store there is
   stored by a `tcp.store` before the return.
 
-The router's matmul joins its loop when the tokens give every cluster a whole tile of GRID_M
-rows (`is_row_contraction`): tiles are then cut at multiples of GRID_M, the whole contraction's
-own output chunks (`numerics.contract`), so they give its bits. Other contractions stay
+The router's matmul joins its loop when its tiles give a second cluster a share (`shared_from`:
+an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster;
+`is_row_contraction`): tiles are then cut at multiples of GRID_M, the whole contraction's own
+output chunks (`numerics.contract`), so they give its bits. Other contractions stay
 outside. Every other op's row-tiled form computes the same numbers in the same order, so the
 pass is bit-identical.
 """
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func, scf
-from xdsl.dialects.builtin import Float32Type, IndexType, ModuleOp, StringAttr, TensorType
+from xdsl.dialects.builtin import IndexType, ModuleOp, StringAttr, TensorType
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -53,6 +54,7 @@ from passes.schedule._cluster_token_tiles import worth_splitting
 from passes._loop_builder import (clone_rows, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
                                  replace_by_loop, select_ops, skip_unless, split_shared_constants, tile_type)
 from runtime_sim.semantics.numerics import GRID_M
+from target.contraction_mapping import ContractionShape
 from target.target_spec import machine_of
 
 ROW_MATMUL = "mk,kn->mn"
@@ -86,23 +88,22 @@ def is_row_contraction(op: tcp.ContractOp, tokens: int) -> bool:
     W): row t of the result is row t of lhs times the whole rhs. Tiles of rows starting at
     multiples of GRID_M are the whole contraction's output chunks, so they give its bits
     (`numerics.contract`); `tile_rows` keeps a loop holding one to such tiles. It joins a
-    loop only when the tokens give every cluster a whole GRID_M tile (`schedule_phase`): the
-    gain is the clusters sharing it (DeepSeek-V3's f32 router at T = 4096, on the vector
-    engine: 7.5 M cycles on one cluster, 3.8 M on two); below that the tiles' start-ups and
-    copies cost more than they share (Qwen3-30B-A3B's at T = 200: 765 cycles more)."""
+    loop only from `shared_from` tokens: the gain is the clusters sharing it (DeepSeek-V3's
+    f32 router at T = 4096, on the vector engine: 7.5 M cycles on one cluster, 3.8 M on two);
+    with fewer, a bf16 one's tiles cost more in start-ups and copies than they share
+    (Qwen3-30B-A3B's at T = 200: 765 cycles more)."""
     return (op.spec.data == ROW_MATMUL and op.guard is None and op.acc is None
             and leading(op.lhs) == tokens and leading(op.result) == tokens)
 
 
 def shared_from(contractions: list[tcp.ContractOp], clusters: int) -> int:
     """The tokens from which a token loop takes `contractions` in: more than one GRID_M tile
-    when one multiplies f32 by f32 (the vector engine's fma, `contraction_mapping`: 1.6% of
-    the MACs, so a second cluster's share pays for its copies at once; issue #12's Mixtral-style
-    layer, benchmarks/monotone.py, took 6% fewer cycles at T = 256 than at 248 when this waited
-    for two tiles), else a whole tile per cluster."""
-    f32 = any(all(isinstance(v.type, TensorType) and isinstance(v.type.get_element_type(), Float32Type)
-                  for v in (op.lhs, op.rhs)) for op in contractions)
-    return GRID_M + 1 if f32 else clusters * GRID_M
+    when one runs on the vector engine's fma (an f32 operand, `ContractionShape.vector`: 1.6%
+    of the MACs, so a second cluster's share pays for its copies at once; issue #12's
+    Mixtral-style layer, benchmarks/monotone.py, took 6% fewer cycles at T = 256 than at 248
+    when this waited for two tiles), else a whole tile per cluster."""
+    vector = any(ContractionShape.of(op.roles()).vector for op in contractions)
+    return GRID_M + 1 if vector else clusters * GRID_M
 
 
 def row_operands(op: Operation) -> set[SSAValue]:
