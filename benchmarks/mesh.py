@@ -11,8 +11,8 @@ default mesh machine (target/machines/rngd_pcie.toml: RNGD chips, a 30 B/cycle P
 link each). T is tokens per chip: decode 1, 16, 128, prefill 4096; the default plan takes
 25 of these combinations (`runs`), `--full` all of them. A row may split every expert over
 tp chips as well (`--mesh ep=N/tp,tp=...`: the tp chips of a group share their T tokens). The
-block size B is chosen by the cost model as `block=auto` chooses it on one chip, but on the
-mesh (`choose_mesh_block`: tcpc/autotune.py's candidates around the rows an expert receives
+block size B is chosen by the cost model as `tcpc run --mesh` chooses block=auto, on the mesh
+(`tcpc.mesh_run.compile_for_mesh`: tcpc/autotune.py's candidates around the rows an expert receives
 under balanced routing, each simulated on every chip with the row's routing, the fewest
 cycles kept; every candidate's cycles are listed under the table); lower-topk's strategy is
 chosen by cost as well (`topk=auto`: each strategy simulated on the mesh, the cheaper kept).
@@ -52,14 +52,11 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 import tcpc  # noqa: E402
-from tcpc.autotune import choose_block  # noqa: E402
-from tcpc.builder import AutoBlock  # noqa: E402
-from tcpc.diagnostics import Loc  # noqa: E402
 from tcpc.program import function_in  # noqa: E402
 from target.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
 from runtime_sim.perf.mesh_simulate import MeshReport  # noqa: E402
 from dialects.annotations import PHASES  # noqa: E402
-from tcpc.mesh_run import MeshSpec, simulate_on_mesh  # noqa: E402
+from tcpc.mesh_run import MeshSpec, compile_for_mesh, simulate_on_mesh  # noqa: E402
 
 if str(ROOT / "benchmarks") not in sys.path:  # schedule.py, the chip limit, next to this script
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -152,28 +149,12 @@ class Row:
         return self.total_cycles / self.bound if self.bound else math.inf
 
 
-def choose_mesh_block(model: Model, d: dict[str, int], spec: str, routing: str,
-                      machine: MeshMachine) -> tuple[int, tuple[tuple[int, int], ...]]:
-    """The scatter's block size by the cost model, as `block=auto` chooses it on one chip
-    (tcpc/autotune.py's candidates and search) but simulated on the mesh: each candidate
-    compiled, sharded and simulated cost-only on every chip with the row's routing (lower-topk's
-    default strategy), the fewest cycles kept; and every (block, cycles) tried."""
-    auto = AutoBlock(model.name, Loc(0, 0), d["T"], d["K"], d["E"], None)
-
-    def cycles_of(block: int) -> int:
-        program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": block})
-        return simulate_on_mesh(program, MeshSpec.parse(spec), cost_only=True, routing=routing, seed=1,
-                                machine=machine).report.total_cycles
-
-    return choose_block(auto, cycles_of)
-
-
 def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
              dims: dict[str, int] | None = None, machine: MeshMachine | None = None, tp: int = 1,
              block: int | None = None) -> Row:
     """One cost-only run of `model` with `tokens` per token shard on `chips` chips
     (ep = chips / tp; the tp chips of a group share their tokens); the block size `block`, or
-    chosen by the cost model (`choose_mesh_block`)."""
+    chosen by the cost model on the mesh (`tcpc.mesh_run.compile_for_mesh`)."""
     machine = machine or load_mesh_machine()
     ep = chips // tp
     d = dict(dims or model.dims)
@@ -181,10 +162,14 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     start = time.perf_counter()
     spec = f"ep={ep}" + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}"
     tried: tuple[tuple[int, int], ...] = ()
-    if block is None:
-        block, tried = choose_mesh_block(model, d, spec, routing, machine)
+    if block is None:  # as `tcpc run --mesh` chooses block=auto: on the mesh, for the row's routing
+        program = compile_for_mesh(EXAMPLES / f"{model.name}.moe", d, MeshSpec.parse(spec), machine=machine,
+                                   routing=routing, seed=1)
+        choice = next(c for c in program.choices if c.what == "block")
+        block, tried = int(choice.chosen), choice.alternatives  # type: ignore[assignment]
+    else:
+        program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": block})
     d["B"] = block
-    program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims=d)
     sim = simulate_on_mesh(program, MeshSpec.parse(spec + ",topk=auto"), cost_only=True, routing=routing, seed=1,
                            machine=machine)
     report: MeshReport = sim.report

@@ -1,6 +1,6 @@
 """bf16 vs fp8 vs MXFP4 expert weights, at real dims, decode and prefill, cost-only.
 
-    python benchmarks/precisions.py            # the table (about 2 minutes on 2 cores): precisions.md
+    python benchmarks/precisions.py            # the table (about 15 minutes on 2 cores): precisions.md
     python benchmarks/precisions.py --quick    # T = 1 only; writes the file only with --out
     python benchmarks/precisions.py --out DIR
     python benchmarks/precisions.py --tokens 1 64   # chosen token counts
@@ -19,7 +19,7 @@ For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
   scales, `variant` below). The shared expert of DeepSeek-V3 takes its routed experts' format.
 
 Each is compiled with the full pipeline and simulated cost-only with balanced routing, at
-T = 1 and 64 (decode) and 2048 (prefill), the block size B chosen by the compiler (`block=auto`,
+T = 1 and 64 (decode) and 2048 and 4096 (prefill), the block size B chosen by the compiler (`block=auto`,
 tcpc/autotune.py: the candidate of fewest simulated cycles with balanced routing; column `B`;
 `--block rule` takes benchmarks/run.py's rule instead), lower-topk's strategy chosen by the
 cost model (`strategy=auto`: each strategy simulated, the fewer cycles kept; column `top-k`),
@@ -58,7 +58,7 @@ if str(ROOT / "benchmarks") not in sys.path:  # run.py, the model table, next to
 import run as bench  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
-TOKENS: tuple[int, ...] = (1, 64, 2048)
+TOKENS: tuple[int, ...] = (1, 64, 2048, 4096)
 QUICK_TOKENS: tuple[int, ...] = (1,)
 FORMATS: tuple[str, ...] = ("bf16", "fp8", "mxfp4")
 TARGETS = {"fp8": 0.55, "mxfp4": 0.30}
@@ -210,7 +210,7 @@ def table(rows: Sequence[Row], machine: Machine) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T = 1 only")
-    parser.add_argument("--tokens", type=int, nargs="+", help="the token counts (default 1 64 2048)")
+    parser.add_argument("--tokens", type=int, nargs="+", help="the token counts (default 1 64 2048 4096)")
     parser.add_argument("--out", type=Path, help="directory for precisions.md (default: benchmarks/, not with --quick)")
     parser.add_argument("--block", choices=("auto", "rule"), default="auto",
                         help="the block size: the compiler's choice (default) or run.py's rule")

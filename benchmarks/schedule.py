@@ -25,7 +25,15 @@ the whole RNGD chip's bf16 peak and HBM bandwidth (docs/hardware.md#one-chip), w
   except the per-expert tensors (the weights, biases and scales the grouped matmuls read),
   of which only the experts the routing uses count, once each; plus the outputs, written once.
 
-Columns: simulated cycles, the limit and their ratio; the cycles each phase spends on the
+The limit prices every FLOP at the bf16 peak. An f32 x f32 matmul (DeepSeek-V3's router) has
+no multiplier pair on the contraction engine and runs on the vector engines' float fma, four
+MACs per slice per cycle (docs/hardware.md#the-contraction-mapping), and the experts wait for its
+result; so the table also gives a bound that sees that route (`Limit.route_seconds`): the f32
+FLOPs on every slice's fma, then the rest of the work, of whose HBM bytes only the chip's SRAM
+can be brought in meanwhile. It is a lower bound for any program that computes the router in
+f32, computed from the graph like the limit; "-" for layers with no f32 matmul.
+
+Columns: simulated cycles, the limit and their ratio, the f32-route bound and the ratio to it; the cycles each phase spends on the
 critical path (they sum to the simulated time); the overlap of DMA and contraction (cycles in
 which a DMA command and a contraction both run, as a share of the contraction cycles); MAC
 utilization (the graph's FLOPs over the chip's bf16 peak for the simulated time); what bounds
@@ -54,7 +62,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 import numpy as np  # noqa: E402
 from xdsl.dialects import func, scf  # noqa: E402
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType  # noqa: E402
+from xdsl.dialects.builtin import Float32Type, IntegerAttr, ModuleOp, TensorType  # noqa: E402
 
 import tcpc  # noqa: E402
 from dialects.annotations import PHASES, phase_of  # noqa: E402
@@ -65,6 +73,7 @@ from runtime_sim.perf.report import SimReport  # noqa: E402
 from runtime_sim.perf.routing_scenarios import scenario_choices  # noqa: E402
 from runtime_sim.semantics.numerics import stored_nbytes, tensor_dtype  # noqa: E402
 from tcpc.schedule_summary import contraction_mappings  # noqa: E402
+from target.machine import default_machine  # noqa: E402
 
 
 if str(ROOT / "benchmarks") not in sys.path:  # run.py, the model table, next to this script
@@ -84,10 +93,29 @@ CONTRACTIONS = ("tcp.contract", "tcp.scaled_contract")
 class Limit:
     flops: int
     hbm_bytes: int
+    f32_flops: int = 0
+    """Of `flops`, those of f32 x f32 matmuls (DeepSeek-V3's router), which the contraction
+    engine's multipliers do not take: `route_seconds`."""
 
     @property
     def seconds(self) -> float:
         return max(self.flops / CHIP_FLOPS_PER_SECOND, self.hbm_bytes / CHIP_HBM_BYTES_PER_SECOND)
+
+    @property
+    def route_seconds(self) -> float:
+        """A lower bound that sees the f32 matmuls' route (0 when there are none): they run on
+        the vector engines' float fma (docs/hardware.md#the-contraction-mapping: `float_ways` MACs
+        per slice per cycle, every slice of the chip), and the layer's other work waits for
+        their result (the router's logits decide the experts) except HBM traffic into the SRAM
+        it can fill meanwhile: f32 time + max(other FLOPs at the peak, (bytes - SRAM) at the
+        HBM rate), and never below `seconds`."""
+        if not self.f32_flops:
+            return 0.0
+        m = default_machine()
+        vector = self.f32_flops / 2 / (m.float_ways * m.slices * m.clusters * m.clock_hz)
+        rest = max((self.flops - self.f32_flops) / CHIP_FLOPS_PER_SECOND,
+                   max(0, self.hbm_bytes - m.sram_bytes) / CHIP_HBM_BYTES_PER_SECOND)
+        return max(self.seconds, vector + rest)
 
     @property
     def bound(self) -> str:
@@ -114,11 +142,15 @@ def work_limit(graph: func.FuncOp, pairs: int, used: int, experts: int) -> Limit
     the grouped matmuls read) only the used experts' share; the outputs written once."""
     args = list(graph.body.block.args)
     per_expert: set[int] = set()
-    flops = 0
+    flops = f32_flops = 0
     for op in graph.walk():
         if isinstance(op, MatmulOp):
             out = shape_of(op.results[0].type)
-            flops += 2 * math.prod(out) * shape_of(op.operands[0].type)[-1]
+            work = 2 * math.prod(out) * shape_of(op.operands[0].type)[-1]
+            flops += work
+            if all(isinstance(v.type, TensorType) and isinstance(v.type.get_element_type(), Float32Type)
+                   for v in op.operands[:2]):
+                f32_flops += work
         elif isinstance(op, GroupedMatmulOp):
             w = shape_of(op.operands[1].type)
             flops += 2 * pairs * w[-2] * w[-1]
@@ -131,7 +163,7 @@ def work_limit(graph: func.FuncOp, pairs: int, used: int, experts: int) -> Limit
         size = stored_bytes(t)
         hbm += size * used // experts if i in per_expert else size
     hbm += sum(stored_bytes(t) for t in graph.function_type.outputs.data if isinstance(t, TensorType))
-    return Limit(flops, hbm)
+    return Limit(flops, hbm, f32_flops)
 
 
 def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -275,7 +307,8 @@ def schedule_row(model, tokens: int, block: str | int = "auto") -> Row:  # type:
 
 def table(rows: Sequence[Row]) -> str:
     phases = [p for p in PHASES if any(p in r.critical for r in rows)]
-    head = (["model", "T", "B", "simulated cycles", "limit µs", "simulated µs", "ratio"]
+    head = (["model", "T", "B", "simulated cycles", "limit µs", "simulated µs", "ratio", "f32-route bound µs",
+             "ratio to it"]
             + [f"{p} cycles" for p in phases]
             + ["DMA ∥ contraction", "MAC util.", "bound", "experts' mapping", "loops", "peak SRAM MB", "spills",
                "streams", "run s"])
@@ -284,6 +317,8 @@ def table(rows: Sequence[Row]) -> str:
         share = f"{r.overlap:,} ({100 * r.overlap / r.contraction_cycles:.0f}%)" if r.contraction_cycles else "-"
         cells = [r.title, str(r.tokens), str(r.block), f"{r.cycles:,}", bench._num(r.limit_microseconds),
                  bench._num(r.microseconds), f"{r.ratio:.2f}"]
+        route = r.limit.route_seconds * 1e6
+        cells += [bench._num(route), f"{r.microseconds / route:.2f}"] if route else ["-", "-"]
         cells += [f"{r.critical.get(p, 0):,}" for p in phases]
         cells += [share, f"{r.utilization:.0%}", r.bound, r.mapping, r.loops, f"{r.peak_sram_bytes / 2**20:.1f}",
                   str(r.spills), str(r.streams), f"{r.seconds:.1f}"]

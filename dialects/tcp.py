@@ -93,6 +93,9 @@ class ContractionRoles:
     """A tcp.scaled_contract: low-precision operand pairs with block scales."""
     accumulates: bool = False
     """The command reads an f32 accumulator (`acc`)."""
+    scale_blocks: int = 0
+    """A block-scaled contraction's K-blocks per result element (k / k_block): the partial sums
+    the vector engine scales and adds, each in the slice that computed it; 0 otherwise."""
 
 
 def contraction_roles(spec: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> ContractionRoles:
@@ -346,8 +349,9 @@ class ScaledContractOp(IRDLOperation):
                          result_types=[TensorType(f32, [g, b, f])])
 
     def roles(self) -> ContractionRoles:
-        """The axes by role and the operands' widths: what a mapping is chosen for."""
-        return _roles_of(self, "gbd,gdf->gbf")
+        """The axes by role, the operands' widths and the K-blocks of each result element:
+        what a mapping is chosen for."""
+        return replace(_roles_of(self, "gbd,gdf->gbf"), scale_blocks=shape_of(self.lhs.type)[2] // self.k_block)
 
     @property
     def k_block(self) -> int:

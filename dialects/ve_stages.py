@@ -23,10 +23,10 @@ cycle of latency. The book's stage table, with what tcpc adds at either end:
 | 10 | FpToFxp | the stage | `fp_to_fxp` | book |
 | 11 | Clip | ClipAdd, ClipMax, ClipMin | `max min`; `add` (i32 or f32) after the Fxp/Float stage | book, Clip Cluster |
 | 12 | Filter | the stage | `filter` | book: the last stage |
-| 13 | Cast | the Cast Engine | `narrow` (f32 -> bf16) | book, Cast Engine: after the vector engine, before commit (ve_cost.py) |
+| 13 | Cast | the Cast Engine | `narrow` (f32 -> bf16), `narrow_low` (f32 -> f8e4m3, f8e5m2) | book, Cast Engine (its supported casts: f32 -> f8e5m2, f8e4m3, bf16): after the vector engine, before commit (ve_cost.py) |
 
 The book's Narrow and Widen stages switch the lane width (8 -> 4 values per cycle and back);
-tcpc's `ve.narrow` and `ve.widen` are the bf16 casts around the chain (rows 13 and 0).
+tcpc's `ve.narrow`, `ve.narrow_low` and `ve.widen` are the casts around the chain (rows 13 and 0).
 `bitcast` is the book's Reinterpret: no stage, no ALU, allowed anywhere in a chain.
 
 Never in a chain (they stay outside; members read them as operands):
@@ -121,6 +121,7 @@ CHAIN_SLOTS: dict[str, tuple[Slot, ...] | dict[str, tuple[Slot, ...]]] = {
     "ve.min": (_slot("Clip", "ClipMin"),),
     "ve.filter": (_slot("Filter"),),
     "ve.narrow": (_slot("Cast"),),
+    "ve.narrow_low": (_slot("Cast"),),
 }
 """Op name -> its homes in the chain, in order of preference (by element type where it matters)."""
 
@@ -131,7 +132,6 @@ NOT_IN_A_CHAIN: dict[str, str] = {
     "ve.broadcast": "a view the operand reader makes; inside a chain it would change the stream's shape",
     "ve.scan": "its carried accumulator needs the scanned axis on Time, a layout of its own",
     "ve.widen_low": "an fp8 or fp4 value widened by the fetch stage's lookup table, outside the 32-bit chain",
-    "ve.narrow_low": "a cast to fp8 or fp4 by the Cast Engine, after the chain; not modelled as a member yet",
     "ve.chain": "already a chain",
     "ve.yield": "the end of a chain",
 }

@@ -177,9 +177,9 @@ def escaping_results(ops: list[Operation]) -> list[SSAValue]:
 
 def clone_rows(op: Operation, operands: list[SSAValue], rows: int) -> Operation:
     """`op` on `operands`, its results with `rows` rows on their first axis (one block, or a
-    tile of tokens), keeping its properties, attributes and result names."""
+    tile of tokens), keeping its properties, attributes, location and result names."""
     new = type(op).create(operands=operands, result_types=[tile_type(r.type, rows) for r in op.results],
-                          properties=dict(op.properties), attributes=dict(op.attributes))
+                          properties=dict(op.properties), attributes=dict(op.attributes), location=op.location)
     for old, r in zip(op.results, new.results):
         r.name_hint = old.name_hint
     return new

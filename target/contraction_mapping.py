@@ -44,6 +44,18 @@ the streaming rows per slice:
     load    = lanes x broadcast x chunk x stationary bytes / fetch B/cycle   (sub context)
     half: sum over passes of max(main, load) (each load overlaps a pass); full: sum of main + load
 
+A block-scaled contraction (fp8, MXFP4: `tcp.scaled_contract`) also runs its scales in the same
+invocation: each K-block's f32 partial sum of each result element is multiplied by its two
+scales and added to the running sum in the vector engine, next in the chain, of the slice that
+computed it (book, Intra-Slice Chain: the vector engine is a stage of every slice's pipeline;
+the Float cluster runs 4-way). Per slice:
+
+    vector scales = g_s x m_s x n_s x (k / k_block) / float_ways
+                                                (assumption: one Float pass per partial sum)
+
+pipelined with the passes, so the command takes the larger of the two: a mapping that leaves
+slices idle leaves their vector engines idle too, and the chooser weighs that.
+
 The Time Reducer keeps one slot per surviving position inside the reduction: [Lane # 8, Packet 1]
 chunks, accumulator_cells / 8 = 128 slots ("Time Reducer", Interleaved), so broadcast <= 128 (the
 streaming rows beyond the slots form an outer Time loop, which costs nothing). The TRF holds
@@ -70,6 +82,8 @@ from target.switch_engine import switch_cycles
 
 ROLES = ("g", "m", "n", "k")
 STAGES = ("outer", "fetch", "switch", "lane folder", "commit", "TRF load")
+SCALES_STAGE = "vector scales"
+"""A block-scaled contraction's stage in the vector engine (the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,9 @@ class ContractionShape:
     accumulates: bool = False
     vector: bool = False
     """f32 x f32: no multiplier pair, the vector engine's route."""
+    scale_blocks: int = 0
+    """Block-scaled: the K-blocks of each result element, whose partial sums the vector engine
+    of the computing slice scales and adds (the module docstring); 0: not block-scaled."""
 
     @property
     def macs(self) -> int:
@@ -103,7 +120,8 @@ class ContractionShape:
         lb, rb = roles.lhs_bits / 8, roles.rhs_bits / 8
         return ContractionShape(roles.g, roles.m, roles.n, roles.k, lhs_bytes=lb, rhs_bytes=rb,
                                 mac_bytes=1 if roles.block_scaled else 2, result_bytes=roles.result_bits // 8,
-                                accumulates=roles.accumulates, vector=not roles.block_scaled and max(lb, rb) == 4)
+                                accumulates=roles.accumulates, vector=not roles.block_scaled and max(lb, rb) == 4,
+                                scale_blocks=roles.scale_blocks)
 
 
 class ContractionRoles(Protocol):
@@ -118,6 +136,7 @@ class ContractionRoles(Protocol):
     result_bits: int
     block_scaled: bool
     accumulates: bool
+    scale_blocks: int
 
 
 @dataclass(frozen=True)
@@ -304,7 +323,10 @@ def cost(mapping: Mapping, shape: ContractionShape, machine: Machine) -> MappedC
             cycles += per_pass * row_passes * times
             for s in STAGES:
                 totals[s] += stage[s] * row_passes * times
-    bound = max(STAGES, key=lambda s: totals[s])
+    if shape.scale_blocks:  # the partial sums' scales, pipelined with the passes (module docstring)
+        totals[SCALES_STAGE] = -(-g_s * m_s * n_s * shape.scale_blocks // m.float_ways)
+        cycles = max(cycles, totals[SCALES_STAGE])
+    bound = max(totals, key=lambda s: totals[s])
     return MappedCost(mapping, cycles, totals, bound, shape.macs / (peak * m.slices * cycles))
 
 

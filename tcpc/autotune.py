@@ -138,43 +138,59 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
     file may change). With `keep_run`, the run of the program's cheapest form costed is kept
     for `take_compiled` (the latest program's only: a run is large)."""
     text = print_ir(module)
-    key = (text, tuple(functions), tuple(map(repr, passes)), repr(machine), str(routing), seed) \
-        if str(routing) in SCENARIOS else None
-    if key in _costs:
-        return _costs[key]  # type: ignore[index]
-    lowered = apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
-    program = (text, repr(machine))
-    kept = _compiled.pop(program, None)
-    if keep_run and len(functions) == 1 and key is not None:  # a scenario's run, kept if the cheapest yet
-        run = cost_only_run(lowered, functions[0], machine, routing=routing, seed=seed,
-                            keep_below=math.inf if kept is None else kept.cycles)
-        cycles = run.cycles
-    else:
-        run = None
-        cycles = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
-    if kept is None or cycles < kept.cycles:  # the first of equals: a choice's tie goes to its first alternative
-        kept = _Compiled(cycles, tuple(map(repr, passes)), lowered, run if run is not None and run.trace else None,
-                         (functions[0], str(routing), seed))
-    for other in _compiled.values():
-        other.run = None  # runs of the latest program only
-    _compiled[program] = kept  # the latest last
-    while len(_compiled) > COMPILED_KEPT:
-        del _compiled[next(iter(_compiled))]
-    if key is not None:
+
+    def cycles() -> int:
+        lowered = apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
+        program = (text, repr(machine))
+        kept = _compiled.pop(program, None)
+        if keep_run and len(functions) == 1 and str(routing) in SCENARIOS:  # a scenario's run, kept if the cheapest yet
+            run = cost_only_run(lowered, functions[0], machine, routing=routing, seed=seed,
+                                keep_below=math.inf if kept is None else kept.cycles)
+            total = run.cycles
+        else:
+            run = None
+            total = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
+        if kept is None or total < kept.cycles:  # the first of equals: a choice's tie goes to its first alternative
+            kept = _Compiled(total, tuple(map(repr, passes)), lowered, run if run is not None and run.trace else None,
+                             (functions[0], str(routing), seed))
+        for other in _compiled.values():
+            other.run = None  # runs of the latest program only
+        _compiled[program] = kept  # the latest last
+        while len(_compiled) > COMPILED_KEPT:
+            del _compiled[next(iter(_compiled))]
+        return total
+
+    return remembered((text, tuple(functions), tuple(map(repr, passes)), repr(machine)), routing, seed, cycles)
+
+
+def remembered(key: tuple[object, ...], routing: str | Path, seed: int, cycles: Callable[[], int]) -> int:
+    """`cycles()`, remembered for the process by `key` (everything but the routing that the
+    cycles depend on), the routing scenario and the seed; a routing read from a file is not
+    remembered (the file may change). The oldest of COSTS_KEPT are forgotten first."""
+    full = (*key, str(routing), seed) if str(routing) in SCENARIOS else None
+    if full in _costs:
+        return _costs[full]  # type: ignore[index]
+    value = cycles()
+    if full is not None:
         if len(_costs) >= COSTS_KEPT:
             del _costs[next(iter(_costs))]
-        _costs[key] = cycles
-    return cycles
+        _costs[full] = value
+    return value
 
 
 def block_cycles(auto: AutoBlock, blocks: Mapping[Loc, int], build: Callable[[Mapping[Loc, int]], ModuleOp],
-                 machine: Machine, routing: str | Path, seed: int) -> Callable[..., int]:
+                 machine: Machine, routing: str | Path, seed: int,
+                 cost: Callable[[ModuleOp, str], int] | None = None) -> Callable[..., int]:
     """The cycles of `auto`'s graph with its scatter at a given block and the others at `blocks`
     (as built where not given), in the expert loop `order` given (default: the pass's), each
-    block and order costed once."""
+    block and order costed once; `cost` (a module and its graph -> cycles, such as a mesh's)
+    replaces one chip's, in its own pipeline's loop order."""
     @functools.cache
     def cycles_of(block: int, order: str = ORDERS[0]) -> int:
         module = build({**blocks, auto.loc: block})
+        if cost is not None:
+            assert order == ORDERS[0], "a given cost has its own loop order"
+            return cost(module, auto.graph)
         # top-k and the loop order at the passes' defaults: they are chosen after the block, at the block chosen
         pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=order)
         return cost_cycles(module, [auto.graph], parse_pipeline(pipeline), machine, routing, seed)
@@ -182,16 +198,19 @@ def block_cycles(auto: AutoBlock, blocks: Mapping[Loc, int], build: Callable[[Ma
 
 
 def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]], ModuleOp], filename: str,
-                  machine: Machine, routing: str | Path = "balanced", seed: int = 0) -> tuple[dict[Loc, int], list[Choice]]:
+                  machine: Machine, routing: str | Path = "balanced", seed: int = 0,
+                  cost: Callable[[ModuleOp, str], int] | None = None,
+                  on: str = "") -> tuple[dict[Loc, int], list[Choice]]:
     """A block size for every auto scatter, in source order: each one's candidates are costed
     with the earlier ones at their choice and the later ones at the largest block that fits.
-    `build` compiles the program with the given blocks."""
+    `build` compiles the program with the given blocks; `cost` costs a candidate in place of
+    one chip's simulation (`on` names where, for the choice's report)."""
     chosen: dict[Loc, int] = {}
     choices: list[Choice] = []
     for auto in autos:
-        best, tried = choose_block(auto, block_cycles(auto, chosen, build, machine, routing, seed))
+        best, tried = choose_block(auto, block_cycles(auto, chosen, build, machine, routing, seed, cost))
         chosen[auto.loc] = best
-        choices.append(Choice("block", _where(filename, auto.loc), auto.reason, best, tuple(tried), str(routing)))
+        choices.append(Choice("block", _where(filename, auto.loc), auto.reason, best, tuple(tried), str(routing), on))
     return chosen, choices
 
 

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, TensorType, i1
+from xdsl.dialects.builtin import FileLineColLoc, ModuleOp, TensorType, i1
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from dialects import lowp, moe, tensor_types, tmath
+from dialects.locations import file_location
 from dialects.tensor_types import format_shape, format_type, shape_of
 from runtime_sim.semantics.numerics import numpy_dtype
 from tcpc import syntax as ast
@@ -210,17 +211,19 @@ class AutoBlock:
 
 
 class GraphBuilder:
-    """Emits the ops of one graph into a block. `blocks` gives the block size of each auto
+    """Emits the ops of one graph into a block, each located at its expression in `filename`
+    (dialects/locations.py). `blocks` gives the block size of each auto
     scatter, by the location of its block= argument (the largest that fits where not given),
     and of a scatter with a fixed block that the driver costs at other sizes; every auto
     scatter met is appended to `autos`, every one whose given block fits to `fixed`."""
 
     def __init__(self, dims: Mapping[str, int], block: Block, graph: str = "",
                  blocks: Mapping[Loc, int] | None = None, autos: list[AutoBlock] | None = None,
-                 fixed: list[AutoBlock] | None = None):
+                 fixed: list[AutoBlock] | None = None, filename: str = "<string>"):
         self.dims = dict(dims)
         self.block = block
         self.graph = graph
+        self.filename = filename
         self.blocks = blocks or {}
         self.autos = autos if autos is not None else []
         self.fixed = fixed if fixed is not None else []
@@ -236,8 +239,13 @@ class GraphBuilder:
             op.verify()
         except VerifyException as e:  # a rule the frontend did not check first
             raise CompileError(f"{op.name}: {e}", loc) from None
+        op.location = self.location(loc)
         self.block.add_op(op)
         return op
+
+    def location(self, loc: Loc) -> FileLineColLoc:
+        """`loc` in the IR: `loc("file":line:col)`."""
+        return file_location(self.filename, loc.line, loc.col)
 
     def single(self, e: ast.Expr) -> Value:
         v = self.expr(e)
@@ -879,8 +887,9 @@ class GraphBuilder:
 
 
 def build_graph(graph: ast.Graph, dims: Mapping[str, int], blocks: Mapping[Loc, int] | None = None,
-                autos: list[AutoBlock] | None = None, fixed: list[AutoBlock] | None = None) -> func.FuncOp:
-    gb = GraphBuilder(dims, Block(), graph.name, blocks, autos, fixed)
+                autos: list[AutoBlock] | None = None, fixed: list[AutoBlock] | None = None,
+                filename: str = "<string>") -> func.FuncOp:
+    gb = GraphBuilder(dims, Block(), graph.name, blocks, autos, fixed, filename)
     arg_types = []
     for p in graph.params:
         if p.name in dims:
@@ -888,7 +897,7 @@ def build_graph(graph: ast.Graph, dims: Mapping[str, int], blocks: Mapping[Loc, 
         if p.name in gb.env:
             raise CompileError(f"parameter '{p.name}' is declared twice", p.loc)
         t = gb.tensor_type(p.type)
-        arg = gb.block.insert_arg(t, len(arg_types))
+        arg = gb.block.insert_arg(t, len(arg_types), gb.location(p.loc))
         arg.name_hint = p.name
         arg_types.append(t)
         gb.env[p.name] = arg
@@ -909,17 +918,22 @@ def build_graph(graph: ast.Graph, dims: Mapping[str, int], blocks: Mapping[Loc, 
             for v, want, e in zip(values, result_types, s.values):
                 if v.type != want:
                     raise CompileError(f"returned {format_type(v.type)}, but the graph declares {format_type(want)}", e.loc)
-            gb.block.add_op(func.ReturnOp(*values))
+            ret = func.ReturnOp(*values)
+            ret.location = gb.location(s.loc)
+            gb.block.add_op(ret)
         else:
             gb.assign(s)
-    return func.FuncOp(graph.name, (arg_types, result_types), Region(gb.block))
+    fn = func.FuncOp(graph.name, (arg_types, result_types), Region(gb.block))
+    fn.location = gb.location(graph.loc)
+    return fn
 
 
 def build_module(program: ast.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int] | None = None,
-                 autos: list[AutoBlock] | None = None, fixed: list[AutoBlock] | None = None) -> ModuleOp:
-    """One func.func per graph, with dims already evaluated by `evaluate_dims`; auto scatters
-    take their block from `blocks` (see GraphBuilder) and are listed in `autos`, the others in
-    `fixed`."""
+                 autos: list[AutoBlock] | None = None, fixed: list[AutoBlock] | None = None,
+                 filename: str = "<string>") -> ModuleOp:
+    """One func.func per graph, with dims already evaluated by `evaluate_dims`, every op located
+    in `filename`; auto scatters take their block from `blocks` (see GraphBuilder) and are
+    listed in `autos`, the others in `fixed`."""
     if not program.graphs:
         raise CompileError("the file defines no graph", Loc(1, 1))
     seen: dict[str, ast.Graph] = {}
@@ -927,7 +941,7 @@ def build_module(program: ast.Program, dims: Mapping[str, int], blocks: Mapping[
         if g.name in seen:
             raise CompileError(f"graph '{g.name}' is defined twice", g.loc)
         seen[g.name] = g
-    module = ModuleOp([build_graph(g, dims, blocks, autos, fixed) for g in program.graphs])
+    module = ModuleOp([build_graph(g, dims, blocks, autos, fixed, filename) for g in program.graphs])
     module.verify()
     return module
 

@@ -1,19 +1,22 @@
 """Where each example family's weights live in a HuggingFace checkpoint: one declarative table
-per family, read by tcpc/checkpoints.py (and documented in docs/checkpoints.md).
+per family, read by tcpc/checkpoints.py (and documented in docs/checkpoints.md). A family a
+user declares in a TOML file (tcpc/family_file.py) becomes the same table.
 
-A table maps the graph arguments of an examples/*.moe program to tensor names under the
+A table maps the graph arguments of a family's programs (examples/*.moe: a bf16 one and the
+low-precision ones, whose weight arguments have the same names) to tensor names under the
 chosen layer's prefix, with the layout transform that turns the stored tensor into the shape
 the program declares; the program's dims come from config.json. Names and layouts follow the
 HuggingFace checkpoints of each model (the per-expert `nn.Linear` weights are [out, in], the
 programs take [in, out]) and transformers' fused expert tensors, which some checkpoints store
 instead. The activations (the first argument) are not weights: they come from `--inputs` or
-the seed.
+the seed. A low-precision argument `w`'s block scales are the argument `w_scale`; they come
+from the same source (`Source.scale`, or an MXFP4 tensor's `_scales`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 Config = Mapping[str, Any]
@@ -36,12 +39,13 @@ class Source:
     being two halves (the gate half first)."""
     mxfp4: bool = False
     """Stored as MXFP4 (gpt-oss's released checkpoints): `{tensor}_blocks`, uint8 [..., N / 32, 16]
-    holding two e2m1 values a byte (low nibble first), and `{tensor}_scales`, uint8 e8m0 [..., N / 32],
-    one power of two per 32 values along the last stored axis (N); dequantized exactly to bf16."""
+    holding two e2m1 values a byte (value 2j in the low nibble, 2j + 1 in the high one), and
+    `{tensor}_scales`, uint8 e8m0 [..., N / 32] (2^(s - 127)), one per 32 values along the last
+    stored axis (N)."""
     scale: str | None = None
-    """fp8 slot: the block-scale tensor stored beside an f8e4m3 weight (`weight_scale_inv`,
-    one f32 per 128 x 128 block). Named here so a loader for low-precision weights knows
-    where to find it; today an fp8 weight stops with an error saying so."""
+    """The block scales stored beside an fp8 weight when the checkpoint holds it in fp8
+    (`weight_scale_inv`: one f32 per block of quantization_config's `weight_block_size`
+    [out, in], 128 x 128 by default; ceil-divided at ragged edges). `{e}` as in `tensor`."""
 
     @property
     def per_expert(self) -> bool:
@@ -59,7 +63,8 @@ class Source:
 
 
 def linear(tensor: str, scale: bool = False) -> Source:
-    """An nn.Linear weight (or one per expert): stored [out, in], transposed."""
+    """An nn.Linear weight (or one per expert): stored [out, in], transposed; `scale`: an fp8
+    checkpoint stores it with `weight_scale_inv` beside it."""
     return Source(tensor, transpose=True, scale=tensor.removesuffix("weight") + "weight_scale_inv" if scale else None)
 
 
@@ -111,8 +116,46 @@ class Requirement:
     why: str
 
 
-ConfigValue = str | Callable[[Config], int]
-"""A dim from config.json: a ConfigKey's name, or a function of the config (by those names)."""
+@dataclass(frozen=True)
+class Product:
+    """A dim that is the product of config values (DeepSeek's shared experts' width)."""
+
+    keys: tuple[str, ...]
+
+    def __call__(self, config: Config) -> int:
+        value = 1
+        for key in self.keys:
+            value *= config[key]
+        return value
+
+
+ConfigValue = str | Product
+"""A dim from config.json: a ConfigKey's name, or a product of them."""
+
+
+@dataclass(frozen=True)
+class MoeLayers:
+    """Which layers hold an MoE block: those in the list under `listed` when config.json has
+    one; else every layer L >= `first` with (L + `offset`) % `step` == 0 that is not in the
+    list under `dense`. `first` and `step` are integers or ConfigKey names."""
+
+    first: int | str = 0
+    step: int | str = 1
+    offset: int = 0
+    dense: str | None = None
+    listed: str | None = None
+
+    def keys(self) -> list[str]:
+        return [k for k in (self.first, self.step, self.dense, self.listed) if isinstance(k, str)]
+
+    def __call__(self, config: Config, layer: int) -> bool:
+        def value(v: int | str) -> Any:
+            return config[v] if isinstance(v, str) else v
+
+        if self.listed is not None and config[self.listed] is not None:
+            return layer in config[self.listed]
+        dense = (config[self.dense] or []) if self.dense is not None else []
+        return layer >= value(self.first) and (layer + self.offset) % value(self.step) == 0 and layer not in dense
 
 
 @dataclass(frozen=True)
@@ -120,31 +163,43 @@ class Family:
     name: str
     model_types: tuple[str, ...]
     """config.json `model_type` values of this family."""
-    program: str
-    """The example program (under examples/) whose graph arguments the layouts name."""
-    graph: str
+    programs: dict[str, str]
+    """Graph name -> the program declaring it, whose graph arguments the layouts name (the
+    examples, bf16 first, then the low-precision ones)."""
     prefixes: tuple[str, ...]
     """Where layer `{layer}`'s MoE block lives; the first that the checkpoint holds is used."""
     layouts: tuple[Layout, ...]
     """Alternative layouts, the first the checkpoint holds completely wins."""
     keys: tuple[ConfigKey, ...]
-    """Every config.json value tcpc reads for this family; the functions below see only these
-    (moe_layer only those with defaults)."""
+    """Every config.json value tcpc reads for this family; dims, moe_layer and requirements see
+    only these (moe_layer only those with defaults)."""
     dims: dict[str, ConfigValue]
-    moe_layer: Callable[[Config, int], bool] = lambda config, layer: True
+    moe_layer: MoeLayers = field(default_factory=MoeLayers)
     requirements: tuple[Requirement, ...] = ()
     config_section: str | None = None
     """A nested config holding the text model's values (Llama-4's `text_config`)."""
     layers_key: str = "num_hidden_layers"
 
     def __post_init__(self) -> None:
+        """A table that names a key it does not declare is refused (a ValueError naming it)."""
         keys = {k.name: k for k in self.keys}
-        named = [v for v in self.dims.values() if isinstance(v, str)] + [r.key for r in self.requirements]
-        assert all(n in keys for n in [*named, self.layers_key]), f"{self.name}: an undeclared key"
-        assert all(keys[r.key].default is not REQUIRED for r in self.requirements), self.name
+        named = [("dims." + dim, k) for dim, v in self.dims.items() for k in ([v] if isinstance(v, str) else v.keys)]
+        named += [("requirements", r.key) for r in self.requirements] + [("layers_key", self.layers_key)]
+        named += [("moe_layer", k) for k in self.moe_layer.keys()]
+        for where, key in named:
+            if key not in keys:
+                raise ValueError(f"{where}: config key '{key}' is not declared under keys")
+        for where, key in named:
+            if where in ("requirements", "moe_layer") and keys[key].default is REQUIRED:
+                raise ValueError(f"{where}: config key '{key}' needs a default (the one transformers assumes)")
 
     def key(self, name: str) -> ConfigKey:
         return next(k for k in self.keys if k.name == name)
+
+    @property
+    def graphs(self) -> str:
+        """The programs and graphs, for messages."""
+        return ", ".join(f"{program} (graph '{graph}')" for graph, program in self.programs.items())
 
 
 def _swiglu_experts(gate: str, up: str, down: str, scale: bool = False) -> dict[str, Source]:
@@ -159,28 +214,19 @@ _FUSED_EXPERTS = {  # transformers' fused experts: gate_up_proj [E, 2F, D] (gate
 }
 
 
-def _qwen3_moe_layer(config: Config, layer: int) -> bool:
-    """Qwen3MoeDecoderLayer's test (mlp_only_layers null is [], as its config class makes it);
-    its `num_experts > 0` holds, as every dim is positive."""
-    return layer not in (config["mlp_only_layers"] or []) and (layer + 1) % config["decoder_sparse_step"] == 0
+_QWEN3_MOE_LAYERS = MoeLayers(step="decoder_sparse_step", offset=1, dense="mlp_only_layers")
+"""Qwen3MoeDecoderLayer's test (mlp_only_layers null is [], as its config class makes it); its
+`num_experts > 0` holds, as every dim is positive."""
 
+_DEEPSEEK_MOE_LAYERS = MoeLayers(first="first_k_dense_replace", step="moe_layer_freq")
+"""DeepseekV3DecoderLayer's test, and the model's own code's `moe_layer_freq`."""
 
-def _deepseek_moe_layer(config: Config, layer: int) -> bool:
-    """DeepseekV3DecoderLayer's test, and the model's own code's `moe_layer_freq`."""
-    return layer >= config["first_k_dense_replace"] and layer % config["moe_layer_freq"] == 0
-
-
-def _llama4_moe_layer(config: Config, layer: int) -> bool:
-    """Llama4TextConfig's `moe_layers`, by default every `interleave_moe_layer_step`-th layer."""
-    layers = config["moe_layers"]
-    if layers is None:
-        step = config["interleave_moe_layer_step"]
-        layers = range(step - 1, config["num_hidden_layers"], step)
-    return layer in layers
+_LLAMA4_MOE_LAYERS = MoeLayers(listed="moe_layers", step="interleave_moe_layer_step", offset=1)
+"""Llama4TextConfig's `moe_layers`, by default every `interleave_moe_layer_step`-th layer."""
 
 
 MIXTRAL = Family(
-    name="mixtral", model_types=("mixtral",), program="mixtral.moe", graph="mixtral",
+    name="mixtral", model_types=("mixtral",), programs={"mixtral": "examples/mixtral.moe"},
     prefixes=("model.layers.{layer}.block_sparse_moe",),
     layouts=(Layout("per expert (w1 gate, w3 up, w2 down)",
                     {"router": linear("gate.weight"), **_swiglu_experts("w1", "w3", "w2")}),),
@@ -191,16 +237,18 @@ MIXTRAL = Family(
 )
 
 QWEN3_MOE = Family(
-    name="qwen3_moe", model_types=("qwen3_moe",), program="qwen3_moe.moe", graph="qwen3_moe",
+    name="qwen3_moe", model_types=("qwen3_moe",),
+    programs={"qwen3_moe": "examples/qwen3_moe.moe", "qwen3_moe_fp8": "examples/qwen3_moe_fp8.moe"},
     prefixes=("model.layers.{layer}.mlp",),
-    layouts=(Layout("per expert", {"router": linear("gate.weight"), **_swiglu_experts("gate_proj", "up_proj", "down_proj")}),
+    layouts=(Layout("per expert", {"router": linear("gate.weight"),
+                                   **_swiglu_experts("gate_proj", "up_proj", "down_proj", True)}),
              Layout("fused gate_up_proj", {"router": linear("gate.weight"), **_FUSED_EXPERTS})),
     keys=(ConfigKey("hidden_size"), ConfigKey("moe_intermediate_size"),
           ConfigKey("num_experts", aliases=("num_local_experts",)), ConfigKey("num_experts_per_tok"),
           ConfigKey("norm_topk_prob", False), ConfigKey("decoder_sparse_step", 1), ConfigKey("mlp_only_layers", None),
           ConfigKey("num_hidden_layers", 24)),
     dims={"D": "hidden_size", "F": "moe_intermediate_size", "E": "num_experts", "K": "num_experts_per_tok"},
-    moe_layer=_qwen3_moe_layer,
+    moe_layer=_QWEN3_MOE_LAYERS,
     requirements=(Requirement("norm_topk_prob", True, "the program renormalises the top-K probabilities"),),
 )
 
@@ -210,7 +258,8 @@ _DEEPSEEK_SHARED = {"ws_gate": linear("shared_experts.gate_proj.weight", True),
 _DEEPSEEK_ROUTER = {"router": linear("gate.weight"), "bias": Source("gate.e_score_correction_bias")}
 
 DEEPSEEK_V3 = Family(
-    name="deepseek_v3", model_types=("deepseek_v3",), program="deepseek_v3.moe", graph="deepseek_v3",
+    name="deepseek_v3", model_types=("deepseek_v3",),
+    programs={"deepseek_v3": "examples/deepseek_v3.moe", "deepseek_v3_fp8": "examples/deepseek_v3_fp8.moe"},
     prefixes=("model.layers.{layer}.mlp",),
     layouts=(Layout("per expert", {**_DEEPSEEK_ROUTER, **_swiglu_experts("gate_proj", "up_proj", "down_proj", True),
                                    **_DEEPSEEK_SHARED}),
@@ -224,8 +273,8 @@ DEEPSEEK_V3 = Family(
           ConfigKey("scoring_func", "sigmoid"), ConfigKey("topk_method", "noaux_tc"), ConfigKey("moe_layer_freq", 1)),
     dims={"D": "hidden_size", "F": "moe_intermediate_size", "E": "n_routed_experts", "K": "num_experts_per_tok",
           "NG": "n_group", "TG": "topk_group",
-          "FS": lambda c: c["moe_intermediate_size"] * c["n_shared_experts"]},
-    moe_layer=_deepseek_moe_layer,
+          "FS": Product(("moe_intermediate_size", "n_shared_experts"))},
+    moe_layer=_DEEPSEEK_MOE_LAYERS,
     requirements=(Requirement("routed_scaling_factor", 2.5, "the program scales the weights by 2.5"),
                   Requirement("norm_topk_prob", True, "the program renormalises the chosen scores"),
                   Requirement("scoring_func", "sigmoid", "the program scores experts with a sigmoid"),
@@ -241,7 +290,8 @@ _GPT_OSS_ROUTER_AND_BIASES = {
 }
 
 GPT_OSS = Family(
-    name="gpt_oss", model_types=("gpt_oss",), program="gpt_oss.moe", graph="gpt_oss",
+    name="gpt_oss", model_types=("gpt_oss",),
+    programs={"gpt_oss": "examples/gpt_oss.moe", "gpt_oss_mxfp4": "examples/gpt_oss_mxfp4.moe"},
     prefixes=("model.layers.{layer}.mlp",),
     layouts=(Layout("bf16, interleaved gate_up_proj [E, D, 2F]", {
                  **_GPT_OSS_ROUTER_AND_BIASES,
@@ -274,7 +324,7 @@ _LLAMA4_LAYOUT = {
 }
 
 LLAMA4 = Family(
-    name="llama4", model_types=("llama4", "llama4_text"), program="llama4.moe", graph="llama4",
+    name="llama4", model_types=("llama4", "llama4_text"), programs={"llama4": "examples/llama4.moe"},
     prefixes=("language_model.model.layers.{layer}.feed_forward", "model.layers.{layer}.feed_forward"),
     layouts=(Layout("fused gate_up_proj [E, D, 2F]", _LLAMA4_LAYOUT),),
     keys=(ConfigKey("hidden_size"), ConfigKey("intermediate_size"), ConfigKey("num_local_experts"),
@@ -282,7 +332,7 @@ LLAMA4 = Family(
           ConfigKey("num_hidden_layers", 48)),
     dims={"D": "hidden_size", "F": "intermediate_size", "FS": "intermediate_size", "E": "num_local_experts",
           "K": "num_experts_per_tok"},
-    moe_layer=_llama4_moe_layer,
+    moe_layer=_LLAMA4_MOE_LAYERS,
     requirements=(Requirement("num_experts_per_tok", 1, "the program routes top-1 (it scales the expert input)"),),
     config_section="text_config",
 )

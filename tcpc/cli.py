@@ -5,6 +5,7 @@ values (`--cost-only`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,13 +21,18 @@ from dialects.ccl import MeshSpecError
 from dialects.tensor_types import format_type
 from target.contraction_mapping import MappingError
 from target.machine import MachineError
-from runtime_sim.perf.routing_scenarios import SCENARIOS, RoutingError
+from target.mesh_machine import load_mesh_machine
+from runtime_sim.perf.op_trace import ir_forms
+from runtime_sim.perf.report import REPORT_TABLES
+from runtime_sim.perf.routing_scenarios import SCENARIOS, Routing, RoutingError
 from runtime_sim.semantics.tolerance import ULPS, compare_outputs
 from tcpc.arrays import InputError, load_npz, save_outputs
-from tcpc.checkpoints import CheckpointError
+from tcpc.checkpoints import CONVERSIONS, CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
-from tcpc.mesh_run import MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, simulate_on_mesh
+from tcpc.mesh_run import (MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, compile_for_mesh, scattered_tokens,
+                           simulate_on_mesh)
+from tcpc.pass_instruments import IRDump, IRPrinter, PassInstruments, PassStatistics, PassTimer
 from tcpc.pipelines import PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
 from tcpc.progress import Progress
@@ -36,6 +42,7 @@ from tcpc.sweep import MAX_POINTS, SweepError
 
 if TYPE_CHECKING:
     from runtime_sim.perf.report import SimReport
+    from target.machine import Machine
 
 
 EXIT_OK = 0
@@ -87,6 +94,16 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--pipeline", default=None, help="passes to apply, e.g. 'lower-topk{strategy=rounds}'")
 
 
+def add_instrument_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that report on the pipeline pass by pass (tcpc/pass_instruments.py)."""
+    p.add_argument("--dump-ir", default=None, metavar="DIR",
+                   help="write the IR before the passes and after each one to DIR: 00-input.mlir, 01-lower-topk.mlir, ...")
+    p.add_argument("--time-passes", action="store_true", help="print each pass's wall time (on stderr)")
+    p.add_argument("--pass-stats", action="store_true",
+                   help="print, for each pass, whether it changed the IR, its op counts by dialect before -> after and "
+                        "the cycles after it, cost-only (on stderr)")
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = TcpcArgumentParser(prog="tcpc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,10 +123,15 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--routing", default=None, metavar="SCENARIO",
                    help=f"--emit planned --cost-only: {', '.join(SCENARIOS)} (default balanced) or an .npz of [T, K] expert indices")
     c.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
+    add_instrument_flags(c)
     c.add_argument("--generic", action="store_true", help="print the generic op format")
+    c.add_argument("--debug-locations", action="store_true",
+                   help="print each op's source location, loc(\"FILE\":LINE:COL), inside the passes that made it")
     c.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
     c.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
+                   help="shard over a mesh first: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, "
+                        "topk=rank|rounds|auto, tokens=global|per-chip (the program's T: the whole mesh's tokens, "
+                        "the default, or each chip's)")
 
     r = sub.add_parser("run", help="simulate a graph (or run its reference) and print its outputs")
     add_common(r)
@@ -124,6 +146,9 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--report", action="store_true", help="print the simulation report (per op and per engine)")
     r.add_argument("--report-ops", default="200", metavar="N",
                    help="ops listed in --report's table and at each end of its critical path (default 200; 0: the summary only; all: every op)")
+    r.add_argument("--report-by", action="append", default=None, metavar="TABLES",
+                   help=f"--report's tables, comma-separated or repeated: {', '.join(REPORT_TABLES)} (cycles by "
+                        f"phase, by source line, every op and the critical path; default all three)")
     r.add_argument("--report-json", default=None, metavar="FILE", help="write the report as JSON")
     r.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (open it in Perfetto)")
     r.add_argument("--machine", default=None, metavar="FILE", help="machine file (TOML; default: RNGD)")
@@ -132,7 +157,10 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-only", action="store_true",
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto")
+                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally "
+                        "strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto, tokens=global|per-chip (the program's "
+                        "T: the whole mesh's tokens, split over the dp*ep chips, the default; or each chip's own "
+                        "batch: --set T=1 --mesh ep=8,tokens=per-chip is one token per chip)")
     r.add_argument("--max-chips", type=int, default=None, metavar="N",
                    help=f"--mesh: simulate meshes of up to N chips (default {MAX_SIMULATED_CHIPS}; every chip is "
                         "simulated, and the time grows faster than the chip count)")
@@ -145,6 +173,14 @@ def make_parser() -> argparse.ArgumentParser:
                    help="real weights: a .safetensors file, a directory of shards with model.safetensors.index.json, "
                         "or a snapshot directory with config.json (dims come from it)")
     r.add_argument("--layer", type=int, default=None, metavar="N", help="--weights: which layer's MoE block to read")
+    r.add_argument("--family", default=None, metavar="FILE",
+                   help="--weights: a checkpoint family tcpc has no table for, declared in TOML (tensor names, "
+                        "layouts, config keys; see docs/checkpoints.md)")
+    r.add_argument("--convert-weights", choices=CONVERSIONS, default=None,
+                   help="--weights: convert a checkpoint's precision to the program's, which otherwise must match: "
+                        "quantize (e.g. bf16 weights into an fp8 program) or dequantize (fp8 or MXFP4 weights into a "
+                        "bf16 program)")
+    add_instrument_flags(r)
 
     s = sub.add_parser("sweep", help="cost-only simulations over a grid of programs, dims, machines, routings "
                                      "and pass options, on Dask (results as Parquet and CSV)")
@@ -168,8 +204,12 @@ def check_compile_flags(args: argparse.Namespace) -> None:
         for flag, value in (("--seed", args.seed), ("--cost-only", args.cost_only), ("--routing", args.routing)):
             if value not in (None, False):
                 raise UsageError(f"{flag} applies to --emit planned (the plan depends on it); nothing else reads it")
-    elif args.print_ir_after_all:
-        raise UsageError("--print-ir-after-all prints the IR between passes; --emit planned prints the planned IR once")
+    elif instrument_flags(args):
+        raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; --emit planned prints "
+                         "the planned IR once")
+    if args.pipeline is None and args.mesh is None and args.emit in (None, "graph") and instrument_flags(args):
+        raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; the graph-level IR goes "
+                         "through none (add --emit lowered, --emit scheduled or -p PASSES)")
     if args.pipeline is not None and args.emit in ("graph", "lowered", "scheduled"):
         level = {"graph": "the IR before any pass", "lowered": "the IR after the lowering passes",
                  "scheduled": "the IR after the full pipeline"}[args.emit]
@@ -178,19 +218,61 @@ def check_compile_flags(args: argparse.Namespace) -> None:
         raise UsageError("--routing sets the routing of a cost-only plan; add --cost-only")
 
 
+def instrument_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that watch the pipeline pass by pass."""
+    given = {"--print-ir-after-all": getattr(args, "print_ir_after_all", False), "--dump-ir": args.dump_ir is not None,
+             "--time-passes": args.time_passes, "--pass-stats": args.pass_stats}
+    return [flag for flag, on in given.items() if on]
+
+
+def dump_directory(path: str) -> Path:
+    """--dump-ir's directory, made (with its parents) if missing; checked before any work."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise FileError(f"--dump-ir {path}: is a file; name a directory")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FileError(f"--dump-ir {path}: cannot create the directory: {(e.strerror or str(e)).lower()}") from None
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise FileError(f"--dump-ir {path}: permission denied")
+    return target
+
+
+def instruments(args: argparse.Namespace, dump: Path | None, graph: str, machine: Machine,
+                routing: str = "balanced", seed: int = 0) -> PassInstruments:
+    """The watchers of the pipeline that --print-ir-after-all, --dump-ir, --time-passes and
+    --pass-stats ask for (cost-only cycles of `graph` for the routing scenario `routing`)."""
+    def write(path: Path, text: str) -> None:
+        write_file(path, lambda f: f.write(text.encode()))
+
+    generic = getattr(args, "generic", False)  # compile's flags, like --print-ir-after-all
+    locations = getattr(args, "debug_locations", False)
+    return PassInstruments(
+        printer=IRPrinter(generic, locations) if getattr(args, "print_ir_after_all", False) else None,
+        dump=IRDump(dump, generic, write, locations) if dump is not None else None,
+        timer=PassTimer() if args.time_passes else None,
+        stats=PassStatistics(graph, machine, routing, seed) if args.pass_stats else None)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     check_compile_flags(args)
     out = writable(args.output, "-o", [args.file]) if args.output else None
+    dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     machine = as_machine(args.machine)
     routing = args.routing or "balanced"
-    program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
     spec = args.pipeline
     if args.mesh is not None:
         if args.emit == "planned" or args.pipeline is not None:
             raise UsageError("--mesh prints the sharded graph, or with --emit lowered or scheduled a chip's program at "
                              "that level; not with -p or --emit planned")
-        spec = MeshSpec.parse(args.mesh).pipeline(lowered=args.emit in ("lowered", "scheduled"),
-                                                  scheduled=args.emit == "scheduled")
+        mesh = MeshSpec.parse(args.mesh)
+        spec = mesh.pipeline(lowered=args.emit in ("lowered", "scheduled"), scheduled=args.emit == "scheduled")
+        # as `tcpc run --mesh` compiles it: block=auto chosen on the default mesh's links, --machine's chips
+        program = compile_for_mesh(args.file, parse_set(args.set), mesh,
+                                   machine=dataclasses.replace(load_mesh_machine(), chip=machine))
+    else:
+        program = compile_file(args.file, parse_set(args.set), machine=machine, routing=routing, seed=args.seed or 0)
     chunks: list[str] = []
     if args.emit == "planned":
         seed = args.seed or 0
@@ -205,21 +287,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
         chunks += [f"// chose {c.describe()}\n" for c in choices]
         chunks.append(f"// planned: {given}, each op with the slot the simulator scheduled it in\n"
                       f"// (tcpc.plan), {values}\n")
-        chunks.append(print_ir(planned, args.generic))
+        chunks.append(print_ir(planned, args.generic, args.debug_locations))
     elif spec is None and args.emit in (None, "graph"):
         chunks += [f"// chose {c.describe()}\n" for c in program.choices]
-        chunks.append(print_ir(program.module, args.generic))
+        chunks.append(print_ir(program.module, args.generic, args.debug_locations))
     else:  # as `tcpc run` resolves every auto: on --machine (default RNGD), for balanced routing
         passes, choices = program.passes(spec, level=args.emit or "scheduled", machine=machine, routing=routing)
         chunks += [f"// chose {c.describe()}\n" for c in choices]
-        if args.print_ir_after_all:
-            chunks.append(f"// -----// IR after parsing //----- //\n{print_ir(program.module, args.generic)}")
-        def after(p, module):
-            if args.print_ir_after_all:
-                chunks.append(f"// -----// IR after {p.name} //----- //\n{print_ir(module, args.generic)}")
-        lowered = apply_pipeline(program.module, passes, after, machine=machine)
-        if not args.print_ir_after_all:
-            chunks.append(print_ir(lowered, args.generic))
+        watch = instruments(args, dump, program.graph_names[0], machine)
+        lowered = apply_pipeline(program.module, passes, watch, machine=machine)
+        chunks += watch.printer.chunks if watch.printer is not None else [print_ir(lowered, args.generic, args.debug_locations)]
+        sys.stderr.write(watch.report())
     text = "".join(chunks)
     if out is not None:
         write_file(out, lambda f: f.write(text.encode()))
@@ -276,6 +354,22 @@ def describe(name: str, value: np.ndarray) -> str:
 SIMULATION_FLAGS = ("report", "report_json", "trace", "machine", "cost_only", "routing")
 
 
+def report_by(args: argparse.Namespace) -> tuple[str, ...]:
+    """--report-by: the tables --report prints (REPORT_TABLES, in that order)."""
+    if args.report_by is None:
+        return REPORT_TABLES
+    if not args.report:
+        raise UsageError("--report-by chooses --report's tables; add --report")
+    if args.mesh is not None:
+        raise UsageError("--report-by chooses the tables of a chip's report; a --mesh report has its own")
+    asked = [t.strip() for given in args.report_by for t in given.split(",")]
+    for t in asked:
+        if t not in REPORT_TABLES:
+            raise UsageError(f"--report-by {t or repr(t)}: expected {', '.join(REPORT_TABLES[:-1])} or "
+                             f"{REPORT_TABLES[-1]} (comma-separated or repeated)")
+    return tuple(t for t in REPORT_TABLES if t in asked)
+
+
 def check_flags(args: argparse.Namespace) -> None:
     def given(flag: str) -> bool:
         value = getattr(args, flag)
@@ -294,8 +388,14 @@ def check_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"{name(flag)} needs a simulation; --reference runs the IR without one")
         if args.sram_policy != "spill":
             raise UsageError("--sram-policy needs a simulation; --reference runs the IR without one")
+        if args.pipeline is None and instrument_flags(args):
+            raise UsageError(f"{instrument_flags(args)[0]} reports on the passes one by one; --reference runs the "
+                             "graph-level IR, which goes through none (add -p PASSES)")
     if (args.weights is None) != (args.layer is None):
         raise UsageError("--weights and --layer go together: --weights PATH --layer N")
+    for flag in ("family", "convert_weights"):
+        if given(flag) and args.weights is None:
+            raise UsageError(f"{name(flag)} applies to --weights PATH --layer N")
     if args.cost_only:
         for flag in ("inputs", "out", "check", "weights"):
             if given(flag):
@@ -313,14 +413,15 @@ def cycle_summary(r: SimReport) -> str:
 
 
 def simulate_with_progress(program: Program, fn_name: str, args: argparse.Namespace,
-                           given: dict[str, np.ndarray], routing_check: RoutingRangeCheck) -> SimulationResult:
+                           given: dict[str, np.ndarray], routing_check: RoutingRangeCheck,
+                           watch: PassInstruments) -> SimulationResult:
     machine = as_machine(args.machine)
     progress = Progress()
     listeners = [progress] if args.cost_only else [progress, routing_check]
     try:
         return program.simulate(given, seed=args.seed, graph=fn_name, pipeline=args.pipeline, machine=machine,
                                 sram_policy=args.sram_policy, cost_only=args.cost_only,
-                                routing=args.routing or "balanced", listeners=listeners)
+                                routing=args.routing or "balanced", listeners=listeners, after_each=watch)
     finally:
         progress.close()
 
@@ -363,10 +464,12 @@ def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray],
     """The program with a checkpoint's dims, its layer's weights added to `given`; `choose_for`
     is what block=auto is chosen for (compile_file's machine, routing, seed)."""
     from tcpc import checkpoints
+    from tcpc.family_file import load_family
 
+    families = (load_family(args.family), *checkpoints.FAMILIES) if args.family else checkpoints.FAMILIES
     checkpoint = checkpoints.open_checkpoint(args.weights)
     layer = checkpoints.compile_with_weights(args.file, checkpoint, args.layer, parse_set(args.set), args.graph,
-                                             **choose_for)
+                                             convert=args.convert_weights, families=families, **choose_for)
     both = sorted(set(given) & set(layer.weights))
     if both:
         raise UsageError(f"argument '{both[0]}' is given by both --inputs and --weights")
@@ -378,6 +481,7 @@ def compile_with_weights(args: argparse.Namespace, given: dict[str, np.ndarray],
 def cmd_run(args: argparse.Namespace) -> int:
     check_flags(args)
     max_ops = report_ops(args.report_ops)  # checked before a long simulation
+    tables = report_by(args)
     if args.mesh is not None:
         return cmd_run_mesh(args)
     for flag, value in (("--mesh-machine", args.mesh_machine), ("--max-chips", args.max_chips)):
@@ -389,6 +493,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check and args.pipeline and "pin-routing" in (p.name for p in parse_pipeline(args.pipeline)):
         raise UsageError("--check compares with the reference, whose routing comes from the router; after "
                          "pin-routing the routing argument takes the balanced scenario instead, so they differ")
+    dump = dump_directory(args.dump_ir) if args.dump_ir is not None else None
     given = load_npz(args.inputs) if args.inputs else {}
     # block=auto is chosen for the run's machine and, cost-only, its routing scenario
     choose_for = {"machine": as_machine(args.machine), "routing": args.routing or "balanced", "seed": args.seed}
@@ -401,9 +506,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     why = "" if args.reference else partly_lowered(program, args)
     not_simulated = f"not simulated: {why}" if why else ""
     routing_check = RoutingRangeCheck()
+    watch = instruments(args, dump, name, as_machine(args.machine), args.routing or "balanced", args.seed)
     if args.reference or not_simulated:  # the interpreter: the graph-level IR, or the IR after -p
         result = program.run(given, seed=args.seed, graph=name, reference=True, pipeline=args.pipeline,
-                             listeners=[routing_check])
+                             listeners=[routing_check], after_each=watch)
+        sys.stderr.write(watch.report())  # before the run's lines, as compile's come before the IR
         if args.pipeline is not None:
             level = f"after {args.pipeline}, {not_simulated or 'not simulated'}"
         else:
@@ -414,7 +521,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  chose {choice.describe()}")
         outputs, report = result.outputs, None
     else:
-        sim = simulate_with_progress(program, name, args, given, routing_check)
+        sim = simulate_with_progress(program, name, args, given, routing_check, watch)
+        sys.stderr.write(watch.report())
         report = sim.report
         if args.report or args.report_json:  # a block search per fixed block: only for a report
             report.better_blocks = program.better_blocks(graph=name, **choose_for)
@@ -440,13 +548,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if report is not None:
         if args.report:
             print()
-            sys.stdout.write(report.to_text(max_ops=max_ops))
+            sys.stdout.write(report.to_text(max_ops=max_ops, tables=tables))
         print(cycle_summary(report))
         if args.report_json:
             write_json(paths["--report-json"], report.to_json())
             print(f"wrote {args.report_json}")
         if args.trace:
-            write_json(paths["--trace"], report.chrome_trace())
+            write_json(paths["--trace"], report.chrome_trace(None if sim.trace is None else ir_forms(sim.trace)))
             print(f"wrote {args.trace}")
     if args.out:
         write_file(paths["--out"], lambda f: save_outputs(f, outputs))
@@ -531,35 +639,43 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
     """`tcpc run --mesh`: every chip simulated, the outputs put back together and checked."""
     why = {"reference": "a mesh run simulates every chip; --check compares with the reference",
            "pipeline": "the mesh runs shard-experts and then the full pipeline",
-           "machine": "the mesh file names the chip machine: --mesh-machine"}
+           "machine": "the mesh file names the chip machine: --mesh-machine",
+           **dict.fromkeys(("dump_ir", "time_passes", "pass_stats"),
+                           "tcpc compile --mesh SPEC --emit scheduled reports on a chip's passes")}
     for flag, reason in why.items():
         if getattr(args, flag) not in (None, False):
-            raise UsageError(f"--{flag} does not apply to --mesh ({reason})")
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply to --mesh ({reason})")
     spec = MeshSpec.parse(args.mesh)
     check_chips(spec, args)
     paths = output_paths(args)
-    program: Program = compile_file(args.file, parse_set(args.set))
+    routing = args.routing or "balanced"
     given = load_npz(args.inputs) if args.inputs else {}
+    # block=auto is chosen on the mesh, for a cost-only run's routing (balanced with values)
+    program = compile_for_mesh(args.file, parse_set(args.set), spec, graph=args.graph, machine=args.mesh_machine,
+                               routing=choice_routing(args.cost_only, routing), seed=args.seed)
     fn = program.function(args.graph)
     name = fn.sym_name.data
     progress = Progress(runs=spec.mesh.chips * spec.simulations(args.cost_only))
     try:
         sim = simulate_on_mesh(program, spec, given, seed=args.seed, graph=name, machine=args.mesh_machine,
-                               sram_policy=args.sram_policy, cost_only=args.cost_only,
-                               routing=args.routing or "balanced", listeners=[progress])
+                               sram_policy=args.sram_policy, cost_only=args.cost_only, routing=routing,
+                               listeners=[progress])
     finally:
         progress.close()
     report = sim.report
-    how = f"{spec.mesh} ({spec.strategy}), {len(report.chips)} chips of {report.machine.chip.name} on {report.machine.name}"
+    tokens = scattered_tokens(fn)
+    per_chip = f", T = {tokens:,} tokens ({tokens // spec.mesh.token_shards:,} per chip)" if tokens else ""
+    how = (f"{spec.mesh} ({spec.strategy}), {len(report.chips)} chips of {report.machine.chip.name} on "
+           f"{report.machine.name}{per_chip}")
     if sim.cost_only:
         print(f"graph {name} from {args.file}, sharded over {how}, cost-only (no values computed)")
-        for arg, routing in sim.routing.items():
-            print(f"  routing %{arg}: {routing.describe()}")
+        for arg, used in sim.routing.items():
+            print(f"  routing %{arg}: {used.describe()}; {received_by_chip(used, spec)}")
     else:
         print(f"graph {name} from {args.file}, sharded over {how}, seed {args.seed}")
-    if sim.topk_cycles:
-        tried = ", ".join(f"{s} {c:,} cycles" for s, c in sim.topk_cycles.items())
-        print(f"  lower-topk strategy=auto: {min(sim.topk_cycles, key=sim.topk_cycles.__getitem__)} ({tried})")
+    if not args.report:  # --report's text carries them
+        for choice in report.choices:
+            print(f"  chose {choice.describe()}")
     for i, (value, t) in enumerate(zip(sim.outputs, fn.function_type.outputs.data)):
         print("  " + describe(f"out{i} {format_type(t)}", value))
     if args.report:
@@ -586,6 +702,16 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
     return 0
+
+
+def received_by_chip(routing: Routing, spec: MeshSpec) -> str:
+    """How evenly a cost-only routing loads the chips: the pairs each one receives."""
+    from runtime_sim.perf.mesh_simulate import pairs_received
+
+    counts = pairs_received(routing, spec.mesh)
+    if len(set(counts)) == 1:
+        return f"{counts[0]:,} pairs to each chip"
+    return f"pairs by chip: {', '.join(f'{c:,}' for c in counts)}"
 
 
 def check_chips(spec: MeshSpec, args: argparse.Namespace) -> None:

@@ -24,7 +24,6 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Dialect, Operation, ParametrizedAttribute
 from xdsl.irdl import (AnyAttr, AnyOf, BaseAttr, EqAttrConstraint, OptOperandDef, OptPropertyDef, OptRegionDef,
                        OptResultDef, ParamAttrConstraint, RangeLengthConstraint, RangeOf, VarConstraint, VarOperandDef,
@@ -36,8 +35,8 @@ from target.machine import DEFAULT_MACHINE, MACHINES_DIR, SCHEMA, _Field, load_m
 from target.mesh_machine import DEFAULT_MESH_MACHINE, LINK_SCHEMA, load_mesh_machine
 from tcpc import fidelity
 from tcpc.cli import EXIT_ERROR, EXIT_OK
-from tcpc.pipelines import (DIALECTS, FULL_PIPELINE, LOWERED_PIPELINE, PASSES, SCHEDULE_PIPELINE, apply_pipeline,
-                            parse_pipeline, pipeline_spec)
+from tcpc.pipelines import (DIALECTS, FULL_PIPELINE, LOWERED_PIPELINE, PASSES, SCHEDULE_PIPELINE, PassStep,
+                            apply_pipeline, parse_pipeline, pipeline_spec)
 from tcpc.program import compile_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,13 +266,14 @@ def observed_rewrites() -> dict[str, tuple[frozenset[str], frozenset[str]]]:
     introduced: dict[str, set[str]] = {}
     for path, dims, spec in OBSERVED_ON:
         module = compile_file(REPO / path, dims).module
-        before = {op.name for op in module.walk()}
+        before: set[str] = set()
 
-        def after_each(p: ModulePass, lowered: ModuleOp) -> None:
+        def after_each(step: PassStep) -> None:
             nonlocal before
-            now = {op.name for op in lowered.walk()}
-            removed.setdefault(p.name, set()).update(before - now)
-            introduced.setdefault(p.name, set()).update(now - before)
+            now = {op.name for op in step.module.walk()}
+            if step.pass_ is not None:
+                removed.setdefault(step.name, set()).update(before - now)
+                introduced.setdefault(step.name, set()).update(now - before)
             before = now
 
         apply_pipeline(module, parse_pipeline(spec), after_each=after_each)

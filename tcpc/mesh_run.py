@@ -3,7 +3,12 @@
 the single-chip pipeline and simulates it on every chip (runtime_sim/perf/mesh_simulate.py).
 Inputs are the whole layer's (all T tokens, all E experts), drawn or read as for one chip, and
 split over the chips as the `ccl.shard` argument attributes say; the outputs are the chips'
-token rows put back together, so they compare with the single-chip reference directly."""
+token rows put back together, so they compare with the single-chip reference directly.
+
+A program's T is the layer's tokens over the whole mesh, each of the dp * ep token shards
+holding T / (dp * ep), its own batch (data-parallel attention: the served decode step, down to
+one token per chip); `compile_for_mesh` reads T per chip with `tokens=per-chip`, and chooses
+block=auto by simulating the mesh, not one chip at the global T."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from xdsl.dialects import func
 from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr
 from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation
@@ -21,12 +27,15 @@ from dialects import ccl, moe
 from passes.lowering.lower_topk import AUTO_STRATEGY as TOPK_AUTO
 from passes.lowering.lower_topk import DEFAULT_STRATEGY as TOPK_DEFAULT
 from passes.lowering.lower_topk import STRATEGIES as TOPK_STRATEGIES
-from passes.mesh.shard_experts import STRATEGIES
+from passes.mesh.shard_experts import STRATEGIES, token_sources
 from runtime_sim.semantics.tolerance import TP_SCALE, Comparison, combine_scale, compare_outputs
+from tcpc import syntax
 from tcpc.arrays import prepare_inputs
+from tcpc.builder import build_module, evaluate_dims
 from tcpc.diagnostics import CompileError
-from tcpc.pipelines import mesh_pipeline_spec
-from tcpc.program import Program, function_in
+from tcpc.parser import parse
+from tcpc.pipelines import mesh_pipeline_spec, parse_pipeline
+from tcpc.program import Program, compile_source, deep_recursion, function_in, print_ir, read_source
 
 if TYPE_CHECKING:  # the simulator is slow to import
     from target.mesh_machine import MeshMachine
@@ -41,21 +50,29 @@ faster than the chip count (examples/mixtral.moe with E = 2T = ep chips: 6 s at 
 30 s at 128 on one core)."""
 
 
+TOKENS = ("global", "per-chip")
+"""How `--mesh ...,tokens=` reads the program's T: over the whole mesh (the default), or per chip."""
+
+
 @dataclass(frozen=True)
 class MeshSpec:
-    """`--mesh`: the mesh, the expert-parallel strategy and lower-topk's strategy (`topk=auto`:
-    the one of fewer simulated cycles on the mesh, `simulate_on_mesh`); bad specs raise
-    ccl.MeshSpecError."""
+    """`--mesh`: the mesh, the expert-parallel strategy, lower-topk's strategy (`topk=auto`:
+    the one of fewer simulated cycles on the mesh, `simulate_on_mesh`) and how the program's
+    T reads (`tokens`); bad specs raise ccl.MeshSpecError."""
 
     mesh: ccl.Mesh
     strategy: str = "a2a"
     topk: str = TOPK_DEFAULT
+    tokens: str = "global"
+    """`global`: T is the layer's tokens over the whole mesh, each token shard holding
+    T / (dp * ep); `per-chip`: T is each chip's own batch, and `compile_for_mesh` compiles the
+    program with dp * ep times its T. A compiled Program's T is always global."""
 
     @staticmethod
     def parse(spec: str) -> MeshSpec:
         items = [i.strip() for i in spec.split(",") if i.strip()]
-        options = {"strategy": "a2a", "topk": TOPK_DEFAULT}
-        choices = {"strategy": STRATEGIES, "topk": (*TOPK_STRATEGIES, TOPK_AUTO)}
+        options = {"strategy": "a2a", "topk": TOPK_DEFAULT, "tokens": "global"}
+        choices = {"strategy": STRATEGIES, "topk": (*TOPK_STRATEGIES, TOPK_AUTO), "tokens": TOKENS}
         axes = []
         for item in items:
             name, _, value = item.partition("=")
@@ -72,7 +89,12 @@ class MeshSpec:
                                         f"{', '.join(f'{o}=' for o in options)})"
                                         + ("; a capacity is the program's: scatter(..., capacity=C)"
                                            if name.strip() == "capacity" else ""))
-        return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"])
+        return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"], options["tokens"])
+
+    @property
+    def scope(self) -> str:
+        """Where a choice made on this mesh was simulated, for its report."""
+        return f"the mesh {self.mesh} ({self.strategy})"
 
     def simulations(self, cost_only: bool = False) -> int:
         """How many times `simulate_on_mesh` simulates the mesh: once, or with topk=auto once
@@ -91,6 +113,99 @@ class MeshSpec:
         level = None if not lowered else "scheduled" if scheduled else "lowered"
         return mesh_pipeline_spec(m.size("ep"), m.size("dp"), m.size("tp"), self.strategy,
                                   None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level)
+
+
+def _scatter(fn: func.FuncOp) -> moe.ScatterOp | None:
+    """The graph's one scatter, the layer shard-experts shards (None: it refuses the graph)."""
+    scatters = [o for o in fn.walk() if isinstance(o, moe.ScatterOp)]
+    return scatters[0] if len(scatters) == 1 else None
+
+
+def scattered_tokens(fn: func.FuncOp, mesh: ccl.Mesh | None = None) -> int | None:
+    """The T of the graph's one scatter; None without exactly one, or when its experts do not
+    divide over `mesh`'s ep chips (shard-experts says so, before it looks at T)."""
+    scatter = _scatter(fn)
+    if scatter is None:
+        return None
+    route = scatter.route.type
+    return None if mesh is not None and route.experts.data % mesh.size("ep") else route.tokens.data
+
+
+def check_token_split(tokens: int, mesh: ccl.Mesh, dim: str | None = None, per_chip_hint: bool = False) -> None:
+    """T must divide over the token shards; otherwise a MeshSpecError that says T is the whole
+    mesh's and which T would do (with `dim`, how to --set it; `per_chip_hint`: that --mesh
+    can take T per chip)."""
+    n = mesh.token_shards
+    if tokens % n == 0:
+        return
+    fits = [m for m in (tokens // n * n, (tokens // n + 1) * n) if m]
+    ways = ", ".join(f"T = {m} is {m // n} per chip" + (f" (--set {dim}={m})" if dim else "") for m in fits)
+    hint = ", or add tokens=per-chip to --mesh to give T per chip" if per_chip_hint else ""
+    raise ccl.MeshSpecError(f"T = {tokens} tokens do not divide over dp * ep = {n} chips: T counts the tokens of the "
+                            f"whole mesh, each chip holding T / {n} (its own batch); {ways}{hint}")
+
+
+def _token_dim(tree: syntax.Program, fn: func.FuncOp) -> str | None:
+    """The dim that counts the scattered tokens: the one name that the first axis of every
+    argument they come from (shard-experts' `token_sources`) is declared with; None when one
+    is an expression, or they name several."""
+    scatter = _scatter(fn)
+    params = next(g.params for g in tree.graphs if g.name == fn.sym_name.data)
+    first = [params[i].type.dims[0] for i in sorted(token_sources(scatter))] if scatter is not None else []
+    names = {d.id if isinstance(d, syntax.Name) else None for d in first}
+    return names.pop() if len(names) == 1 else None
+
+
+def mesh_dims(source: str, dims: Mapping[str, int | str], spec: MeshSpec, graph: str | None = None) -> dict[str, int | str]:
+    """The dims to compile `source` with for the mesh of `spec`: `dims` (`--set`), the token dim
+    times dp * ep with `tokens=per-chip`; the global T checked to divide over the token shards
+    (check_token_split). The graph is built once for this, with the largest blocks."""
+    with deep_recursion():
+        tree = parse(source)
+        values = evaluate_dims(tree.dims, dims)
+        module = build_module(tree, values)
+    fn = function_in(module, graph or next(o.sym_name.data for o in module.ops if isinstance(o, func.FuncOp)))
+    tokens = scattered_tokens(fn, spec.mesh)
+    if tokens is None:
+        return dict(dims)
+    dim = _token_dim(tree, fn)
+    n = spec.mesh.token_shards
+    if spec.tokens == "per-chip":
+        if dim is None:
+            raise ccl.MeshSpecError(f"tokens=per-chip multiplies the dim that counts the T = {tokens} scattered "
+                                    f"tokens by the {n} token shards, but no one dim of @{fn.sym_name.data}'s "
+                                    "arguments is T; give T over the whole mesh instead (without tokens=per-chip)")
+        return {**dims, dim: values[dim] * n}
+    check_token_split(tokens, spec.mesh, dim, per_chip_hint=True)
+    return dict(dims)
+
+
+def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spec: MeshSpec, *,
+                     graph: str | None = None, machine: MeshMachine | str | Path | None = None,
+                     routing: str | Path = "balanced", seed: int = 0) -> Program:
+    """The .moe program at `path` as `tcpc run --mesh` and `tcpc compile --mesh` compile it: T
+    read as `spec.tokens` says (`mesh_dims`), and every block=auto chosen by the cost model on
+    the mesh: tcpc/autotune.py's candidates and search, each candidate sharded and simulated
+    cost-only on every chip of `machine` (lower-topk's default strategy, the routing scenario
+    `routing`), where compile_file simulates one chip at the global T."""
+    from target.mesh_machine import MeshMachine, load_mesh_machine
+    from tcpc.autotune import remembered
+
+    path = Path(path)
+    if path.suffix == ".mlir":
+        raise CompileError("--mesh shards a .moe program's graph; it does not apply to .mlir IR")
+    source = read_source(path)
+    mach = machine if isinstance(machine, MeshMachine) else load_mesh_machine(machine)
+    trial = replace(spec, topk=TOPK_DEFAULT)
+
+    def cycles(module: ModuleOp, name: str) -> int:
+        return remembered((print_ir(module), name, str(trial.mesh), trial.strategy, repr(mach)), routing, seed,
+                          lambda: simulate_on_mesh(Program(str(path), source, {}, module), trial, graph=name,
+                                                   machine=mach, cost_only=True, routing=routing,
+                                                   seed=seed).report.total_cycles)
+
+    return compile_source(source, mesh_dims(source, dims or {}, spec, graph), str(path), machine=mach.chip,
+                          routing=routing, seed=seed, block_cost=cycles, cost_scope=spec.scope)
 
 
 def shard_kind(attrs: DictionaryAttr | None) -> str:
@@ -153,15 +268,22 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                      routing: str | Path = "balanced",
                      listeners: Sequence[Interpreter.Listener] = ()) -> MeshSimulation:
     """Shard, lower and simulate one graph of `program` on the mesh of `spec`; `listeners` see
-    every op of every chip, in each of the `spec.simulations(cost_only)` simulations."""
+    every op of every chip, in each of the `spec.simulations(cost_only)` simulations. The
+    program's T is the whole mesh's (check_token_split). The report carries the choices (the
+    program's blocks, and with topk=auto the strategy) and each chip's loops and contractions."""
     from runtime_sim.perf.graph_work import graph_work
+    from runtime_sim.perf.report import Choice
     from target.mesh_machine import MeshMachine, load_mesh_machine
     from runtime_sim.perf.mesh_simulate import simulate_mesh
+    from tcpc.schedule_summary import contraction_mappings, tile_loops
 
     if program.is_ir:
         raise CompileError("--mesh shards a .moe program's graph; it does not apply to .mlir IR")
     fn = program.function(graph)
     name = fn.sym_name.data
+    tokens = scattered_tokens(fn, spec.mesh)
+    if tokens is not None:
+        check_token_split(tokens, spec.mesh)
     mach = machine if isinstance(machine, MeshMachine) else load_mesh_machine(machine)
     if spec.topk == TOPK_AUTO:
         trials = {s: simulate_on_mesh(program, replace(spec, topk=s), seed=seed, graph=graph, machine=mach,
@@ -169,10 +291,15 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                   for s in TOPK_STRATEGIES}
         cycles = {s: t.report.total_cycles for s, t in trials.items()}
         best = min(TOPK_STRATEGIES, key=lambda s: (cycles[s], TOPK_STRATEGIES.index(s)))
-        if cost_only:
-            return replace(trials[best], topk_cycles=cycles)
-        return replace(simulate_on_mesh(program, replace(spec, topk=best), inputs, seed=seed, graph=graph,
-                                        machine=mach, sram_policy=sram_policy, listeners=listeners), topk_cycles=cycles)
+        chosen = trials[best] if cost_only else simulate_on_mesh(
+            program, replace(spec, topk=best), inputs, seed=seed, graph=graph, machine=mach, sram_policy=sram_policy,
+            listeners=listeners)
+        where = [p.name for p in parse_pipeline(chosen.pipeline)].index("lower-topk") + 1
+        choice = Choice("lower-topk strategy", f"pass {where} of the pipeline", "topk=auto", best,
+                        tuple(cycles.items()), str(routing), spec.scope)
+        for report in (chosen.report, *chosen.report.chips):
+            report.choices = [*report.choices, choice]
+        return replace(chosen, topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
     module = program.lower(pipeline, machine=mach.chip)
     # A chip's useful work: its program after shard-experts, before lowering.
@@ -182,13 +309,20 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
             raise CompileError("cost-only simulation takes no inputs")
         result = simulate_mesh(module, name, mach, cost_only=True, routing=routing, seed=seed,
                                sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
-        return MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
-    args = prepare_inputs(fn, inputs or {}, seed)
-    result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
-                           sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
-    outputs = token_outputs(spec.mesh, result.outputs)
-    names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
-    return MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)
+        sim = MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
+    else:
+        args = prepare_inputs(fn, inputs or {}, seed)
+        result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
+                               sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
+        outputs = token_outputs(spec.mesh, result.outputs)
+        names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
+        sim = MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)
+    # Every chip runs the one SPMD program: the same choices, loops and contraction mappings.
+    loops, contractions = tile_loops(module, name), contraction_mappings(module, name)
+    sim.report.choices, sim.report.loops = list(program.choices), loops
+    for report in sim.report.chips:
+        report.choices, report.loops, report.contractions = list(program.choices), loops, contractions
+    return sim
 
 
 class _CombineScale(Interpreter.Listener):

@@ -7,11 +7,14 @@ from collections.abc import Sequence
 from io import BytesIO
 from typing import IO, NoReturn
 
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass, PassPipeline, PassPipelineCallbackType
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tcpc.parser import BOM
 from tcpc.pipelines import DIALECTS, PASSES, PipelineError, check_pipeline_syntax
+from tcpc.provenance import Snapshot, inherit_locations, snapshot
 from tcpc.streams import EXIT_BROKEN_PIPE, OutputError, cannot_write, checked_stdout, discard_stdout, remove_partial
 
 
@@ -42,10 +45,28 @@ class TcpcOptMain(xDSLOptMain):
 
     def setup_pipeline(self) -> None:
         """tcpc's syntax checks first: one-line errors for an unclosed brace, an empty pass, an
-        option given twice, which xDSL accepts or reports with a BaseException."""
+        option given twice, which xDSL accepts or reports with a BaseException. Each pass's new
+        ops inherit source locations, as in `tcpc compile` (tcpc/provenance.py)."""
         if self.args.passes:
             check_pipeline_syntax(self.args.passes)
         super().setup_pipeline()
+        self.pipeline = PassPipeline(self.pipeline.passes, locating(self.pipeline.callback))
+
+
+def locating(callback: PassPipelineCallbackType | None) -> PassPipelineCallbackType:
+    """`callback` (xDSL's, which prints the IR after a pass), with each pass's new ops located
+    before it runs."""
+    before: list[Snapshot] = []
+
+    def between(previous: ModulePass | None, module: ModuleOp, next_pass: ModulePass | None) -> None:
+        if previous is not None and before:
+            inherit_locations(module, before.pop(), previous.name)
+        if callback is not None:
+            callback(previous, module, next_pass)
+        if next_pass is not None:
+            before.append(snapshot(module))
+
+    return between
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -6,7 +6,9 @@ Every pass registers here once; `tcpc`, `tcpc-opt` and the Python API all read t
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
@@ -27,6 +29,7 @@ from dialects.tmath import TMath
 from dialects.ve import VE
 from target.machine import Machine
 from target.target_spec import attach
+from tcpc.provenance import locations_inherited
 
 DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, LowP, CCL, DLTI]
 
@@ -225,22 +228,52 @@ def parse_pipeline(spec: str) -> list[ModulePass]:
         raise PipelineError(spec, str(e)) from None
 
 
+@dataclass(frozen=True)
+class PassStep:
+    """One step of a pipeline as `apply_pipeline` ran it, for whatever watches it
+    (`--print-ir-after-all`, `--dump-ir`, `--time-passes`, `--pass-stats`, tcpc/pass_instruments.py):
+    step 0 is the IR the first pass is given, step i the IR after the i-th pass."""
+
+    index: int
+    module: ModuleOp
+    """The pipeline's own copy of the IR, which the next pass rewrites in place: read it or clone it."""
+    pass_: ModulePass | None = None
+    """The pass of this step; None for step 0."""
+    seconds: float = 0.0
+    """The pass's wall time (its `apply`)."""
+    verify_seconds: float = 0.0
+    """The wall time of verifying the IR after it."""
+
+    @property
+    def name(self) -> str:
+        """The pass's name; `input` for step 0."""
+        return "input" if self.pass_ is None else self.pass_.name
+
+
 def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
-                   after_each: Callable[[ModulePass, ModuleOp], None] | None = None,
+                   after_each: Callable[[PassStep], None] | None = None,
                    machine: Machine | None = None) -> ModuleOp:
-    """Apply passes to a clone of `module`, verifying after each one; with `machine`, the
+    """Apply passes to a clone of `module`, verifying after each one, the ops each creates
+    located where the ops they lower were (tcpc/provenance.py); with `machine`, the
     clone targets it (its `dlti.target_system_spec`, which every pass reads), whatever target
-    `module` had; without, the passes compile for `module`'s target (or the default machine)."""
+    `module` had; without, the passes compile for `module`'s target (or the default machine).
+    `after_each` sees every step: the clone before the first pass, then the IR after each
+    pass, with the pass's time (outside the timed region, so what it does costs no pass time)."""
     ctx = make_context()
     lowered = module.clone()
     if machine is not None:
         attach(lowered, machine)
     verified: set[tuple[object, ...]] = set()
-    for p in passes:
-        p.apply(ctx, lowered)
+    if after_each is not None:
+        after_each(PassStep(0, lowered))
+    for index, p in enumerate(passes, 1):
+        with locations_inherited(lowered, p.name):
+            start = time.perf_counter()
+            p.apply(ctx, lowered)
+            applied = time.perf_counter()
         verify_changed(lowered, verified)
         if after_each is not None:
-            after_each(p, lowered)
+            after_each(PassStep(index, lowered, p, applied - start, time.perf_counter() - applied))
     return lowered
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +23,16 @@ from tcpc.arrays import arg_names, prepare_inputs
 from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
 from tcpc.host_memory import check_fits
-from tcpc.parser import parse
-from tcpc.pipelines import COST_ONLY_PASSES, LEVELS, apply_pipeline, is_auto, make_context, parse_pipeline, pipeline_spec
+from tcpc.parser import BOM, parse
+from tcpc.pipelines import (COST_ONLY_PASSES, LEVELS, PassStep, apply_pipeline, is_auto, make_context, parse_pipeline,
+                            pipeline_spec)
 
 if TYPE_CHECKING:
     import networkx as nx
 
     from xdsl.passes import ModulePass
 
+    from runtime_sim.perf.op_trace import Trace
     from runtime_sim.perf.report import BetterBlock, Choice, SimReport
     from runtime_sim.perf.routing_scenarios import Routing
     from runtime_sim.perf.scheduler import Schedule
@@ -38,9 +40,11 @@ if TYPE_CHECKING:
     from target.machine import Machine
 
 
-def print_ir(module: ModuleOp, generic: bool = False) -> str:
+def print_ir(module: ModuleOp, generic: bool = False, locations: bool = False) -> str:
+    """The module's text; with `locations`, every op's and argument's `loc(...)` too
+    (dialects/locations.py)."""
     out = io.StringIO()
-    Printer(stream=out, print_generic_format=generic).print_op(module)
+    Printer(stream=out, print_generic_format=generic, print_debuginfo=locations).print_op(module)
     return out.getvalue() + "\n"
 
 
@@ -67,6 +71,8 @@ class SimulationResult:
     """Cost-only mode: routing argument name -> the scenario and [T, K] expert choices used."""
     module: ModuleOp | None = None
     """The simulated IR: the program after `pipeline`."""
+    trace: Trace | None = None
+    """The executed commands, each with the IR op that ran (a Chrome trace prints their IR)."""
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -142,12 +148,14 @@ class Program:
         return pipeline_spec(LEVELS[level], expert_order="auto")
 
     def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
-              machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0) -> ModuleOp:
+              machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0,
+              after_each: Callable[[PassStep], None] | None = None) -> ModuleOp:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering
         up to `level`: what `tcpc compile --emit LEVEL` prints. Every `auto` is resolved first
-        by the cost model (see `passes`); with `machine`, the IR is compiled for it."""
+        by the cost model (see `passes`); with `machine`, the IR is compiled for it. `after_each`
+        watches the pipeline step by step (apply_pipeline), not the compiles that resolve an auto."""
         passes, _ = self.passes(pipeline, level=level, graph=graph, machine=machine, routing=routing, seed=seed)
-        return apply_pipeline(self.module, passes, machine=None if machine is None else as_machine(machine))
+        return apply_pipeline(self.module, passes, after_each, machine=None if machine is None else as_machine(machine))
 
     def passes(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
                machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
@@ -186,9 +194,10 @@ class Program:
         from tcpc.autotune import better_blocks
 
         target = as_machine(machine)
-        with _deep_recursion():
+        with deep_recursion():
             ast = parse(self.source)
-            return better_blocks(fixed, lambda blocks: _built(ast, self.dims, {**self.blocks, **blocks}, target),
+            return better_blocks(fixed, lambda blocks: _built(ast, self.dims, {**self.blocks, **blocks}, target,
+                                                              self.filename),
                                  self.filename, target, routing, seed)
 
     def run(
@@ -200,13 +209,14 @@ class Program:
         reference: bool = True,
         pipeline: str | None = None,
         listeners: Sequence[Interpreter.Listener] = (),
+        after_each: Callable[[PassStep], None] | None = None,
     ) -> RunResult:
         """Run one graph: the graph-level IR (`reference=True`), or the IR after `pipeline`;
-        `listeners` see every op as it runs."""
+        `listeners` see every op as it runs, `after_each` every step of the pipeline (`lower`)."""
         from runtime_sim.semantics.executor import run_function  # xDSL's interpreters are slow to import
 
         name = self.function(graph).sym_name.data
-        module = self.module if reference and pipeline is None else self.lower(pipeline)
+        module = self.module if reference and pipeline is None else self.lower(pipeline, after_each=after_each)
         fn = function_in(module, name)  # after pin-routing it has one more argument
         check_fits(module, name, f"running graph '{name}'")
         args = prepare_inputs(fn, inputs or {}, seed)
@@ -226,6 +236,7 @@ class Program:
         cost_only: bool = False,
         routing: str | Path = "balanced",
         listeners: Sequence[Interpreter.Listener] = (),
+        after_each: Callable[[PassStep], None] | None = None,
     ) -> SimulationResult:
         """Lower one graph (the full pipeline, or `pipeline`) and simulate it on `machine`
         (a Machine, a machine file, or None for RNGD).
@@ -239,15 +250,20 @@ class Program:
         the pin-routing pass runs first, the routing comes from the scenario `routing`
         (`balanced`, `skewed`, `one-expert`, or an .npz / .npy of [T, K] expert indices;
         `seed` draws `skewed`), and the result has no outputs.
+
+        `after_each` watches the pipeline step by step (apply_pipeline; cost-only, pin-routing is
+        its first pass), not the compiles that resolve an auto.
         """
         module, spec, args, result = self._simulated(inputs, seed=seed, graph=graph, pipeline=pipeline,
                                                      machine=machine, sram_policy=sram_policy, uncosted=uncosted,
-                                                     cost_only=cost_only, routing=routing, listeners=listeners)
+                                                     cost_only=cost_only, routing=routing, listeners=listeners,
+                                                     after_each=after_each)
         if cost_only:
-            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing, module)
+            return SimulationResult([], {}, result.report, result.schedule, spec, True, result.routing, module,
+                                    result.trace)
         fn = function_in(module, self.function(graph).sym_name.data)
         return SimulationResult(list(result.outputs), dict(zip(arg_names(fn), args)), result.report, result.schedule, spec,
-                                module=module)
+                                module=module, trace=result.trace)
 
     def planned(self, inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0, graph: str | None = None,
                 machine: Machine | str | Path | None = None, sram_policy: str = "spill",
@@ -267,7 +283,8 @@ class Program:
     def _simulated(self, inputs: Mapping[str, np.ndarray] | None, *, seed: int, graph: str | None,
                    pipeline: str | None, machine: Machine | str | Path | None, sram_policy: str,
                    uncosted: str = "error", cost_only: bool = False, routing: str | Path = "balanced",
-                   listeners: Sequence[Interpreter.Listener] = ()) -> tuple[ModuleOp, str, list[np.ndarray], SimResult]:
+                   listeners: Sequence[Interpreter.Listener] = (),
+                   after_each: Callable[[PassStep], None] | None = None) -> tuple[ModuleOp, str, list[np.ndarray], SimResult]:
         """The simulated IR (its ops are the trace's), the passes it went through, the
         arguments it ran on (none in cost-only mode) and the simulator's result."""
         from runtime_sim.perf.cost_only import simulate_cost_only
@@ -298,8 +315,14 @@ class Program:
             from tcpc.autotune import take_compiled
 
             # The cost model's choices may have compiled and simulated this program already;
-            # the run is taken when it ran as this one would and no listener must see its ops.
-            module, run = take_compiled(self.module, passes, mach, (name, str(routing), seed))
+            # the run is taken when it ran as this one would and no listener must see its ops
+            # (a hook on each pass compiles it afresh, to see each pass).
+            if after_each is None:
+                module, run = take_compiled(self.module, passes, mach, (name, str(routing), seed))
+            else:
+                module = apply_pipeline(self.module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes],
+                                        after_each, machine=mach)
+                run = None
             if run is not None and sram_policy == DEFAULT_SRAM_POLICY and uncosted == "error" \
                     and LoopReplay.allowed(listeners):
                 result = run.result(mach, sram_policy, work)  # type: ignore[arg-type]
@@ -309,7 +332,7 @@ class Program:
                                             listeners=listeners, work=work)
             args: list[np.ndarray] = []
         else:
-            module = apply_pipeline(self.module, passes, machine=mach)
+            module = apply_pipeline(self.module, passes, after_each, machine=mach)
             check_fits(module, name, f"simulating graph '{name}' with values")
             args = prepare_inputs(function_in(module, name), inputs or {}, seed)
             result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
@@ -317,18 +340,35 @@ class Program:
         result.report.choices = choices
         result.report.loops = tile_loops(module, name)
         result.report.contractions = contraction_mappings(module, name)
+        result.report.sources = self.source_lines(result.report)
         return module, spec, args, result
 
+    def source_lines(self, report: SimReport) -> dict[str, list[str]]:
+        """The lines of every source file the report's ops are located in, for its by-line
+        table: the program's own text, and (for IR that names them) the files that can be read."""
+        files = {place.rsplit(":", 2)[0] for places in {o.locations for o in report.ops} for place in places}
+        lines: dict[str, list[str]] = {}
+        for file in sorted(files):
+            if file == self.filename and not self.is_ir:
+                lines[file] = self.source.removeprefix(BOM).split("\n")
+                continue
+            try:
+                lines[file] = Path(file).read_text(encoding="utf-8-sig").split("\n")
+            except (OSError, UnicodeDecodeError):
+                continue  # the table shows the line numbers alone
+        return lines
 
-def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int], target: Machine) -> ModuleOp:
-    """The program's module with the given blocks, targeting `target`."""
-    module = build_module(ast, dims, blocks)
+
+def _built(ast: syntax.Program, dims: Mapping[str, int], blocks: Mapping[Loc, int], target: Machine,
+           filename: str) -> ModuleOp:
+    """The program's module with the given blocks, targeting `target`, located in `filename`."""
+    module = build_module(ast, dims, blocks, filename=filename)
     attach(module, target)
     return module
 
 
 @contextmanager
-def _deep_recursion() -> Iterator[None]:
+def deep_recursion() -> Iterator[None]:
     """The AST transformer and the builder recurse a few frames per operator of an expression;
     Python's default limit (1000) would stop a sum of ~200 terms."""
     limit = sys.getrecursionlimit()
@@ -341,30 +381,36 @@ def _deep_recursion() -> Iterator[None]:
         sys.setrecursionlimit(limit)
 
 
+BlockCost = Callable[[ModuleOp, str], int]
+"""The cycles of one graph of a candidate module, by which block=auto is chosen (the default:
+one chip's, tcpc/autotune.py; a mesh's, tcpc/mesh_run.py)."""
+
+
 def compile_source(source: str, dims: Mapping[str, int | str] | None = None, filename: str = "<string>", *,
                    machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
-                   seed: int = 0) -> Program:
+                   seed: int = 0, block_cost: BlockCost | None = None, cost_scope: str = "") -> Program:
     """Parse and build a .moe program; `dims` overrides dim definitions like `--set`. Block
     sizes left to the compiler (`block=auto` or a dim that is auto, or a block that cannot fit)
     are chosen by the cost model on `machine` with the routing scenario `routing`
-    (tcpc/autotune.py). The module targets `machine` (target/target_spec.py): the passes tile
-    it for that machine."""
+    (tcpc/autotune.py), or by `block_cost` (what `cost_scope` names in the choice, such as a
+    mesh). The module targets `machine` (target/target_spec.py): the passes tile it for that
+    machine."""
     target = as_machine(machine)
-    with _deep_recursion():
+    with deep_recursion():
         ast = parse(source)
         values = evaluate_dims(ast.dims, dims or {})
         autos: list[AutoBlock] = []
         fixed: list[AutoBlock] = []
-        module = build_module(ast, values, autos=autos, fixed=fixed)
+        module = build_module(ast, values, autos=autos, fixed=fixed, filename=filename)
         attach(module, target)
         if not autos:
             return Program(filename, source, values, module, fixed=fixed)
         from tcpc.autotune import choose_blocks
 
         def build(blocks: Mapping[Loc, int]) -> ModuleOp:
-            return _built(ast, values, blocks, target)
+            return _built(ast, values, blocks, target, filename)
 
-        blocks, choices = choose_blocks(autos, build, filename, target, routing, seed)
+        blocks, choices = choose_blocks(autos, build, filename, target, routing, seed, block_cost, cost_scope)
         return Program(filename, source, values, build(blocks), choices=choices, blocks=blocks, fixed=fixed)
 
 
@@ -415,16 +461,21 @@ def unsupported_value(module: ModuleOp) -> str | None:
     return None
 
 
+def read_source(path: Path) -> str:
+    """A program's text, without a byte-order mark (for .mlir too); not UTF-8 is a CompileError."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise CompileError(f"not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
+
+
 def compile_file(path: str | Path, dims: Mapping[str, int | str] | None = None, *,
                  machine: Machine | str | Path | None = None, routing: str | Path = "balanced",
                  seed: int = 0) -> Program:
     """A .moe program, or an .mlir file's IR (no dims then); `machine`, `routing` and `seed`
     are those block=auto is chosen for (see compile_source)."""
     path = Path(path)
-    try:
-        source = path.read_text(encoding="utf-8-sig")  # without a byte-order mark, for .mlir too
-    except UnicodeDecodeError as e:
-        raise CompileError(f"not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
+    source = read_source(path)
     if path.suffix == ".mlir":
         if dims:
             raise CompileError("--set / dims apply to .moe programs, not to IR")

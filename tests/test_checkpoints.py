@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ml_dtypes import bfloat16
+from ml_dtypes import bfloat16, float4_e2m1fn, float8_e8m0fnu
 from safetensors.numpy import save_file
 
 from tcpc.checkpoints import CheckpointError, compile_with_weights, open_checkpoint
@@ -36,6 +36,9 @@ class Tiny:
     config: dict[str, object]
     expected: Callable[[int], dict[str, np.ndarray]]
     dims: dict[str, int]
+    stored: Callable[[int], dict[str, np.ndarray]] | None = None
+    """A low-precision checkpoint's arguments of the low-precision program: the stored codes
+    and scales in its layout."""
 
 
 def per_expert(rng: np.random.Generator, prefix: str, names: tuple[str, str, str], f: int = F) -> dict[str, np.ndarray]:
@@ -126,15 +129,16 @@ def deepseek_v3(rng: np.random.Generator) -> Tiny:
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
-def mxfp4(rng: np.random.Generator, *shape: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def mxfp4(rng: np.random.Generator, *shape: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Random MXFP4 codes for a [..., N] weight: the packed blocks [..., N/32, 16], the e8m0
-    scales [..., N/32], and the values they stand for (built from the codes, not unpacked)."""
+    scales [..., N/32], the values they stand for (built from the codes, not unpacked), and
+    the codes as f4e2m1 (one a byte)."""
     codes = rng.integers(0, 16, size=shape)
     scales = rng.integers(120, 130, size=(*shape[:-1], shape[-1] // 32)).astype(np.uint8)
     sign = np.where(codes >= 8, -1.0, 1.0)
     values = sign * np.array(E2M1)[codes % 8] * 2.0 ** (np.repeat(scales, 32, axis=-1).astype(np.int64) - 127)
     packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
-    return packed.reshape(*shape[:-1], shape[-1] // 32, 16), scales, values
+    return packed.reshape(*shape[:-1], shape[-1] // 32, 16), scales, values, codes.astype(np.uint8).view(float4_e2m1fn)
 
 
 def gpt_oss(rng: np.random.Generator, quantized: bool = False) -> Tiny:
@@ -142,14 +146,18 @@ def gpt_oss(rng: np.random.Generator, quantized: bool = False) -> Tiny:
     and [E, D, F], blocks along the input axis)."""
     t: dict[str, np.ndarray] = {}
     dense: dict[str, np.ndarray] = {}  # the MXFP4 weights' values, in the bf16 layout
+    codes: dict[str, np.ndarray] = {}  # their codes and scales, in the bf16 layout
     for i in range(LAYERS):
         p = f"model.layers.{i}.mlp"
         t[f"{p}.router.weight"] = bf16(rng, E, D)
         t[f"{p}.router.bias"] = bf16(rng, E)
         if quantized:
             for name, shape in (("gate_up_proj", (E, 2 * F, D)), ("down_proj", (E, D, F))):
-                t[f"{p}.experts.{name}_blocks"], t[f"{p}.experts.{name}_scales"], values = mxfp4(rng, *shape)
+                t[f"{p}.experts.{name}_blocks"], scales, values, f4 = mxfp4(rng, *shape)
+                t[f"{p}.experts.{name}_scales"] = scales
                 dense[f"{p}.experts.{name}"] = values.transpose(0, 2, 1)
+                codes[f"{p}.experts.{name}"] = f4.transpose(0, 2, 1)
+                codes[f"{p}.experts.{name}_scale"] = scales.view(float8_e8m0fnu).transpose(0, 2, 1)
         else:
             t[f"{p}.experts.gate_up_proj"] = bf16(rng, E, D, 2 * F)
             t[f"{p}.experts.down_proj"] = bf16(rng, E, F, D)
@@ -164,9 +172,18 @@ def gpt_oss(rng: np.random.Generator, quantized: bool = False) -> Tiny:
                 "w_gate": gu[..., 0::2], "b_gate": gub[..., 0::2], "w_up": gu[..., 1::2], "b_up": gub[..., 1::2],
                 "w_down": weights[f"{p}.experts.down_proj"], "b_down": t[f"{p}.experts.down_proj_bias"]}
 
+    def stored(i: int) -> dict[str, np.ndarray]:
+        p = f"model.layers.{i}.mlp.experts"
+        gu, gus = codes[f"{p}.gate_up_proj"], codes[f"{p}.gate_up_proj_scale"]
+        return {"w_gate": gu[..., 0::2], "w_gate_scale": gus[..., 0::2], "w_up": gu[..., 1::2],
+                "w_up_scale": gus[..., 1::2], "w_down": codes[f"{p}.down_proj"], "w_down_scale": codes[f"{p}.down_proj_scale"]}
+
     config = {"model_type": "gpt_oss", "hidden_size": D, "intermediate_size": F, "num_local_experts": E,
               "num_experts_per_tok": 2, "num_hidden_layers": LAYERS, "swiglu_limit": 7.0}
-    return Tiny(t, config, expected, {"D": D, "F": F, "E": E, "K": 2})
+    if quantized:
+        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                                            "model.layers.*.mlp.router"]}
+    return Tiny(t, config, expected, {"D": D, "F": F, "E": E, "K": 2}, stored if quantized else None)
 
 
 def llama4(rng: np.random.Generator) -> Tiny:
@@ -315,7 +332,8 @@ def test_errors_name_the_tensor_shapes_and_file(tmp_path: Path, capsys: pytest.C
     assert "layer 5 is out of range" in err and "num_hidden_layers = 2 (layers 0..1)" in err
     # a program of another family
     err = error(capsys, tmp_path / "ok", "mixtral")
-    assert "a qwen3_moe checkpoint; its program is examples/qwen3_moe.moe" in err
+    assert ("a qwen3_moe checkpoint; its programs are examples/qwen3_moe.moe (graph 'qwen3_moe'), "
+            "examples/qwen3_moe_fp8.moe (graph 'qwen3_moe_fp8'), not graph 'mixtral'") in err
     # a model with no mapping
     other = qwen3_moe(rng)
     other.config["model_type"] = "llama"
@@ -338,35 +356,6 @@ def test_errors_name_the_tensor_shapes_and_file(tmp_path: Path, capsys: pytest.C
     assert code == 2 and "--weights and --layer go together" in err
     err = error(capsys, tmp_path / "nowhere")
     assert "nowhere: no such file or directory" in err
-
-
-def test_low_precision_checkpoints_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ml_dtypes import float8_e4m3fn
-
-    rng = np.random.default_rng(0)
-    tiny = deepseek_v3(rng)
-    p = "model.layers.0.mlp.experts.0.gate_proj"
-    tiny.tensors[f"{p}.weight"] = tiny.tensors[f"{p}.weight"].astype(float8_e4m3fn)
-    tiny.tensors[f"{p}.weight_scale_inv"] = np.ones((1, 1), np.float32)
-    err = error(capsys, write(tmp_path / "fp8", tiny), "deepseek_v3")
-    assert f"tensor '{p}.weight' is F8_E4M3 with block scales '{p}.weight_scale_inv'" in err
-    assert "fp8 checkpoints are not supported yet" in err
-    mx = gpt_oss(rng, quantized=True)
-    gu = "model.layers.0.mlp.experts.gate_up_proj_scales"
-    mx.tensors[gu] = mx.tensors[gu].astype(np.int32)
-    err = error(capsys, write(tmp_path / "mxfp4", mx), "gpt_oss")
-    assert f"tensor '{gu}' is I32 [{E}, {2 * F}, {D // 32}], expected U8 [{E}, {2 * F}, {D // 32}]" in err
-
-
-def test_gpt_oss_mxfp4_checkpoint_dequantizes_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    tiny = gpt_oss(np.random.default_rng(11), quantized=True)
-    ckpt = write(tmp_path / "ckpt", tiny)
-    loaded = compile_with_weights(EXAMPLES / "gpt_oss.moe", open_checkpoint(ckpt), 1, {})
-    for name, value in tiny.expected(1).items():
-        assert np.array_equal(loaded.weights[name].astype(np.float64), value.astype(np.float64)), name
-    code, out, err = tcpc(capsys, "run", EXAMPLES / "gpt_oss.moe", "--weights", ckpt, "--layer", 0, "--check")
-    assert code == 0, err
-    assert "check: outputs" in out
 
 
 def test_only_the_chosen_layer_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

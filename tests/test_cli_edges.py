@@ -283,6 +283,15 @@ EDGES: dict[str, Edge] = {
                             out="on the critical path (listed by --report-ops N or all, and in --report-json)\ncycles:"),
     "report-ops-not-a-count": Edge(("run", "{toy}", "--report", "--report-ops", "some"), EXIT_USAGE,
                                    "--report-ops some: expected a count (0 for the summary only) or all"),
+    "report-by-unknown": Edge(("run", "{toy}", "--report", "--report-by", "line,lines"), EXIT_USAGE,
+                              "--report-by lines: expected phase, line or op (comma-separated or repeated)"),
+    "report-by-without-report": Edge(("run", "{toy}", "--report-by", "line"), EXIT_USAGE,
+                                     "--report-by chooses --report's tables; add --report"),
+    "report-by-mesh": Edge(("run", "{toy}", "--mesh", "ep=2", "--report", "--report-by", "op"), EXIT_USAGE,
+                           "--report-by chooses the tables of a chip's report; a --mesh report has its own"),
+    "report-by-phase-and-op": Edge(("run", "{toy}", "--report", "--report-by", "op", "--report-by", "phase",
+                                    "--report-ops", "0"), EXIT_OK, "",
+                                   out="on the critical path (listed by --report-ops N or all, and in --report-json)\ncycles:"),
     # --- usage errors: argparse's status, kept for tcpc's own -------------------------------------
     "no-command": Edge((), EXIT_USAGE, "tcpc: error: the following arguments are required: command", one_line=False),
     "unknown-option": Edge(("run", "{toy}", "--bogus"), EXIT_USAGE, "tcpc: error: unrecognized arguments: --bogus",
@@ -403,7 +412,10 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path: Path) -> None:
     program.write_text(SLOW)
     # 'ready' is printed from inside the run (the reference run, seconds long), so the signal
     # arrives while tcpc computes, however loaded the machine: no sleep to guess with.
-    script = ("import sys, tcpc.cli, tcpc.program\n"
+    # SIGINT gets Python's own handler even where the parent ignores it (a job started with `&`
+    # by a non-interactive shell inherits SIG_IGN, and Python then installs none).
+    script = ("import signal, sys, tcpc.cli, tcpc.program\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "run = tcpc.program.Program.run\n"
               "def announced(*a, **k):\n    print('ready', flush=True)\n    return run(*a, **k)\n"
               "tcpc.program.Program.run = announced\n"

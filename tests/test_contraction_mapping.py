@@ -105,6 +105,25 @@ def test_an_f32_pair_runs_on_the_vector_engine() -> None:
         check(Mapping("rhs", (1, 1, 1), 8, 1, 32, 2048, "full"), shape, M)
 
 
+def test_block_scales_run_in_the_vector_engine_of_each_slice() -> None:
+    """A block-scaled contraction's partial sums are scaled in the slice that computed them: a
+    mapping that leaves slices idle pays their share of the scales on the slices it uses, and
+    the chooser weighs it. MXFP4's K-blocks of 32 ([128, 2048] x [2048, 256], an F tile of
+    Qwen3-30B-A3B's up-projection at B = 128): 64 partial sums per result, 4 a cycle per slice."""
+    shape = ContractionShape(1, 128, 256, 2048, lhs_bytes=1, rhs_bytes=0.5, mac_bytes=1, scale_blocks=2048 // 32)
+    per_result = shape.scale_blocks / M.float_ways
+    half = Mapping("rhs", (1, 8, 16), 8, 2, 64, 2048, "half")  # 128 slices: 16 x 16 results each
+    check(half, shape, M)
+    assert cost(half, shape, M).stages["vector scales"] == 16 * 16 * per_result
+    assert cost(half, shape, M).cycles >= 16 * 16 * per_result
+    best = choose(shape, M).best
+    assert math.prod(best.mapping.slices) == M.slices  # every slice's vector engine takes its share
+    assert best.cycles >= best.stages["vector scales"] >= shape.m * shape.n * per_result / M.slices
+    assert best.cycles < cost(half, shape, M).cycles
+    # without block scales the same shape has no such stage
+    assert "vector scales" not in choose(replace(shape, scale_blocks=0), M).best.stages
+
+
 def test_the_book_form_names_every_class() -> None:
     shape = ContractionShape(1, 256, 1792, 4096)
     text = choose(shape, M).best.mapping.book_form({"g": "g", "m": "b", "n": "f", "k": "d"}, shape)

@@ -40,7 +40,7 @@ from runtime_sim.semantics.numerics import (
     round_to,
     tensor_dtype,
 )
-from runtime_sim.semantics.quantization import QUANTIZE_EPS, dequantize, quantize
+from runtime_sim.semantics.quantization import QUANTIZE_EPS, dequantize, quantize, quantize_blocks
 from tcpc.diagnostics import CompileError
 from tcpc.pipelines import apply_pipeline, make_context
 from support import bits
@@ -105,6 +105,53 @@ def test_dequantize_is_value_times_block_scale(dtype: np.dtype) -> None:
         want = np.float32(values[e, k, n]) * np.float32(scales[e, k // 32, n // 2])
         assert got[e, k, n] == want
 
+
+
+def test_dequantize_with_ragged_blocks() -> None:
+    """A checkpoint's ceil-divided blocks: the last block along an axis overhangs the values."""
+    values = np.arange(15, dtype=np.float32).reshape(3, 5).astype(float8_e4m3)
+    scales = np.array([[1, 2], [3, 4]], np.float32)
+    got = dequantize(values, scales, (2, 3))
+    for i, j in np.ndindex(3, 5):
+        assert got[i, j] == np.float32(values[i, j]) * scales[i // 2, j // 3]
+
+
+@pytest.mark.parametrize("dtype", [float8_e4m3, float4_e2m1])
+def test_quantize_blocks_e8m0_is_the_ocp_mx_rule(dtype: np.dtype) -> None:
+    """OCP Microscaling v1.0, 6.3: scale = 2^(floor(log2(amax)) - emax), emax the exponent of
+    the type's largest value (f4e2m1: 6 = 1.5 * 2^2; f8e4m3: 448 = 1.75 * 2^8), each value
+    x / scale saturated; a block of zeros takes e8m0's smallest scale, 2^-127."""
+    emax = {float8_e4m3: 8, float4_e2m1: 2}[dtype]
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((3, 64, 4)) * np.exp2(rng.integers(-6, 6, size=(3, 1, 4)))).astype(np.float32)
+    x[1, :32, 2] = 0
+    q, s = quantize_blocks(x, dtype, (1, 32, 1), float8_e8m0)
+    assert q.dtype == dtype and s.dtype == float8_e8m0 and s.shape == (3, 2, 4)
+    top = np.float32(ml_dtypes.finfo(dtype).max)
+    for e, k, n in np.ndindex(3, 2, 4):
+        block = x[e, 32 * k:32 * (k + 1), n]
+        amax = np.abs(block).max()
+        scale = 2.0 ** (math.floor(math.log2(amax)) - emax) if amax else 2.0 ** -127
+        assert float(s[e, k, n]) == scale
+        want = np.clip(block / np.float32(scale), -top, top).astype(dtype)
+        assert np.array_equal(bits(q[e, 32 * k:32 * (k + 1), n]), bits(want))
+
+
+def test_quantize_blocks_f32_is_per_block_amax() -> None:
+    """A weight's 2-D blocks (DeepSeek-V3's 128 x 128, here 4 x 2): scale = max(amax, eps) /
+    max_finite over the whole block; groups along the last axis are `quantize`'s."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    q, s = quantize_blocks(x, float8_e4m3, (4, 2))
+    assert s.shape == (2, 3) and s.dtype == np.float32
+    for i, j in np.ndindex(2, 3):
+        block = x[4 * i:4 * (i + 1), 2 * j:2 * (j + 1)]
+        scale = np.float32(np.abs(block).max() / np.float32(448))
+        assert s[i, j] == scale
+        assert np.array_equal(bits(q[4 * i:4 * (i + 1), 2 * j:2 * (j + 1)]), bits((block / scale).astype(float8_e4m3)))
+    qg, sg = quantize(x, float8_e4m3, 3)
+    qb, sb = quantize_blocks(x, float8_e4m3, (1, 3))
+    assert np.array_equal(bits(qg), bits(qb)) and np.array_equal(sg, sb)
 
 # --- the lowering is exact ---------------------------------------------------------------------
 

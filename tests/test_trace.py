@@ -1,6 +1,8 @@
 """The Chrome trace (`--trace`) against the report: every unit of every engine, and every chip
 of a mesh, has its own named track, and the trace's events are the report's commands, unit by
-unit, at the times the report gives, as Perfetto reads them."""
+unit, at the times the report gives, as Perfetto reads them; each says where its op came from
+(source location and line, the passes that made it, its IR), and flows join each DMA command
+to the tensor-unit commands that wait for it."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def check_process(events: list[dict[str, Any]], pid: int, process: str, report: 
     spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
     args: dict[int, dict[str, Any]] = {}
     for e in mine:
-        if e["ph"] == "M":
+        if e["ph"] in ("M", "s", "f"):  # flows: check_flows
             continue
         assert e["ph"] == "X"
         op = ops[e["args"]["key"]]
@@ -75,6 +77,56 @@ def check_process(events: list[dict[str, Any]], pid: int, process: str, report: 
     return args
 
 
+def check_flows(events: list[dict[str, Any]], pid: int, report: dict[str, Any]) -> int:
+    """Process `pid`'s flows are one per DMA command and tensor-unit command that waits for it
+    (a dependency in the report), from the DMA command's first event to the other's, as
+    Perfetto binds them (the finish to its enclosing slice). Returns how many."""
+    mine = [e for e in events if e["pid"] == pid]
+    ops = {o["key"]: o for o in report["ops"]}
+    first = {}
+    for e in mine:
+        if e["ph"] == "X":
+            first.setdefault(e["args"]["key"], (e["tid"], e["ts"]))
+    starts = {e["id"]: e for e in mine if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in mine if e["ph"] == "f"}
+    assert set(starts) == set(finishes) and len(starts) == sum(1 for e in mine if e["ph"] == "s")
+    joined = set()
+    for flow, s in starts.items():
+        f = finishes[flow]
+        assert f["bp"] == "e" and s["name"] == f["name"] == "waits for"
+        dma = next(k for k, place in first.items() if place == (s["tid"], s["ts"]) and ops[k]["engine"] == "dma")
+        waiting = next(k for k, place in first.items() if place == (f["tid"], f["ts"]) and dma in ops[k]["deps"])
+        assert ops[waiting]["engine"] == "tensor"
+        joined.add((dma, waiting))
+    expected = {(d, o["key"]) for o in report["ops"] if o["engine"] == "tensor" for d in o["deps"]
+                if ops[d]["engine"] == "dma"}
+    assert joined == expected
+    return len(joined)
+
+
+def test_a_slice_says_where_its_op_came_from_and_what_it_waited_for(tmp_path: Path) -> None:
+    """Mixtral's trace: every command's event names its op's `.moe` location and line as written,
+    the passes that made it, and its IR as `tcpc compile --emit scheduled` names its values;
+    every contraction of the expert loop waits for a weight load, and the trace draws it."""
+    trace, report = tmp_path / "t.json", tmp_path / "r.json"
+    assert main(["run", "examples/mixtral.moe", "--trace", str(trace), "--report-json", str(report)]) == 0
+    data, events = json.loads(report.read_text()), json.loads(trace.read_text())["traceEvents"]
+    source = Path("examples/mixtral.moe").read_text().splitlines()
+    args = check_process(events, 1, f"tcpc on {data['machine']}", data, RNGD_TRACKS)
+    ops = {o["key"]: o for o in data["ops"]}
+    for key, a in args.items():
+        op = ops[key]
+        assert op["locations"] and a["location"] == ", ".join(op["locations"])
+        lines = dict.fromkeys(int(p.split(":")[1]) for p in op["locations"])
+        assert a["source"] == " | ".join(source[n - 1].strip() for n in lines)
+        assert a["created_by"] == ", ".join(op["created_by"]) and op["created_by"]
+        assert op["name"] in a["ir"] and all(name in a["ir"] for name in op["label"].split(" = ")[0].split(", ")
+                                             if name.startswith("%"))
+    contractions = [k for k, o in ops.items() if o["name"] == "tcp.contract" and "lower-dispatch" in o["created_by"]]
+    assert contractions and all(any(ops[d]["name"] == "tile.load_expert" for d in ops[k]["deps"]) for k in contractions)
+    assert check_flows(events, 1, data) >= len(contractions)
+
+
 @pytest.mark.parametrize("example", ["mixtral", "llama4"])
 def test_the_trace_has_every_op_of_the_report_unit_by_unit(example: str, tmp_path: Path) -> None:
     """The issue's run: mixtral's report has commands on both tensor units, and so has its trace."""
@@ -84,6 +136,7 @@ def test_the_trace_has_every_op_of_the_report_unit_by_unit(example: str, tmp_pat
     assert written["displayTimeUnit"] == "ns" and written["otherData"]["clock_hz"] == data["clock_hz"]
     assert {o["unit"] for o in data["ops"] if o["engine"] == "tensor"} == {0, 1}
     check_process(written["traceEvents"], 1, f"tcpc on {data['machine']}", data, RNGD_TRACKS)
+    check_flows(written["traceEvents"], 1, data)
 
 
 def test_a_mesh_trace_has_every_op_of_every_chip(tmp_path: Path) -> None:
@@ -96,6 +149,7 @@ def test_a_mesh_trace_has_every_op_of_every_chip(tmp_path: Path) -> None:
     assert {e["pid"] for e in events} == {1, 2}
     for c, chip in enumerate(data["chips"]):
         args = check_process(events, c + 1, f"chip {c}", chip, RNGD_TRACKS | {"link"})
+        check_flows(events, c + 1, chip)
         links = [x for x in data["links"] if x["chip"] == c]
         assert links
         for x in links:

@@ -19,12 +19,10 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
 
 import tcpc
 from target.target_spec import TARGET_ATTR
-from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, apply_pipeline, parse_pipeline, pipeline_spec
+from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE, PassStep, apply_pipeline, parse_pipeline, pipeline_spec
 from tcpc.program import print_ir
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.moe"))
@@ -94,9 +92,9 @@ def generic_ir(example: Path) -> dict[str, str]:
     program = tcpc.compile_file(example, {"B": 4})
     texts = {"graph": print_ir(program.module, generic=True)}
 
-    def after(p: ModulePass, module: ModuleOp) -> None:
-        if p.name == LOWERED_PIPELINE[-1]:
-            texts["lowered"] = print_ir(module, generic=True)
+    def after(step: PassStep) -> None:
+        if step.name == LOWERED_PIPELINE[-1]:
+            texts["lowered"] = print_ir(step.module, generic=True)
     scheduled = apply_pipeline(program.module, parse_pipeline(pipeline_spec(FULL_PIPELINE, topk_strategy=None)), after)
     texts["scheduled"] = print_ir(scheduled, generic=True)
     return texts

@@ -1,11 +1,13 @@
 """`lower-quant`: the graph-level `lowp` ops become vector-engine and contraction commands.
 
 - `lowp.quantize %x {group = g}` (x [..., N], bf16 or f32) -> per group of g along the last
-  axis, in f32 lanes: `ve.widen` (bf16), a `tcp.view` as [..., N / g, g], |x| by clearing the
+  axis, in f32 lanes: a `tcp.view` as [..., N / g, g], `ve.widen` (bf16), |x| by clearing the
   sign bit (`ve.and` 0x7fffffff on the bits), `ve.reduce_max` over the group (`amax`),
-  `ve.max` with eps and `ve.div` by the type's largest finite value (`scales`), then x divided
-  by its group's scale (`ve.broadcast` + `ve.div`) and `ve.narrow_low`, the cast engine's
-  saturating conversion (`values`).
+  `ve.max` with eps and `ve.div` by the type's largest finite value (`scales`), then x
+  (widened again) divided by its group's scale (`ve.broadcast` + `ve.div`) and
+  `ve.narrow_low`, the cast engine's saturating conversion (`values`). One widen per stream
+  that reads x: each is the fetch cast of its own chain (fuse-ve-chains), so no f32 copy of x
+  is written to SRAM and read back.
 - `lowp.dequantize %v, %s` -> `ve.widen_low` of the values (and of e8m0 scales), the scales
   repeated over their blocks (`ve.broadcast` + `tcp.view` per blocked axis, free views), one
   `ve.mul`.
@@ -81,12 +83,14 @@ def lower_quantize(op: lowp.QuantizeOp) -> tuple[list[Operation], list[SSAValue]
     last = len(grouped_shape) - 1
     dtype = numpy_dtype(op.values.type.get_element_type())
     e = _Emitter()
-    x = e.view(e.to_f32(op.input, "x_f32"), grouped_shape, "x_groups")
+    groups = e.view(op.input, grouped_shape, "x_groups")
+    x = e.to_f32(groups, "x_f32")
     magnitude = e.bitcast(e.binary(ve.AndOp, e.bitcast(x, i32), 0x7FFFFFFF), f32, "x_abs")
     amax = e.reduce(ve.ReduceMaxOp, magnitude, last, "amax")
     floor = e.binary(ve.MaxOp, amax, float(QUANTIZE_EPS), "amax_floor")
     scales = e.binary(ve.DivOp, floor, float(ml_dtypes.finfo(dtype).max), op.scales.name_hint or "scales")
-    scaled = e.binary(ve.DivOp, x, e.broadcast(scales, last, g), "x_scaled")
+    again = e.to_f32(groups, "x_f32_again")
+    scaled = e.binary(ve.DivOp, again, e.broadcast(scales, last, g), "x_scaled")
     values = e.emit(ve.NarrowLowOp(scaled, TensorType(op.values.type.get_element_type(), grouped_shape)), "values_groups")
     return e.ops, [e.view(values, shape, op.values.name_hint or "values"), scales]
 

@@ -154,7 +154,7 @@ class _Builder:
             types = [_with_axis(t, -1, split[1]) if isinstance(t, TensorType) and shape_of(t)[-1:] == (split[0],) else t
                      for t in types]
         new_op = type(op).create(operands=operands, result_types=types, properties=dict(op.properties),
-                                 attributes=dict(op.attributes))
+                                 attributes=dict(op.attributes), location=op.location)
         self.add(new_op)
         for old_r, new_r in zip(op.results, new_op.results):
             new_r.name_hint = old_r.name_hint
@@ -179,6 +179,32 @@ class _Builder:
             raise _fail(f"{op.name} " + lost.format(old=change[0], new=change[1]))
         return change
 
+
+
+def token_sources(scatter: moe.ScatterOp) -> set[int]:
+    """The indices of the function arguments the scattered tokens are computed from (the tokens
+    themselves, or per-token values such as Llama-4's router score scaling them): every value
+    on the way has the T tokens as its first axis (a matmul's tokens are its left operand; an
+    elementwise operand of lower rank broadcasts along other axes), so each chip computes its
+    own tokens' rows."""
+    t = scatter.route.type.tokens.data
+    found: set[int] = set()
+    todo, seen = [scatter.input], set()
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if isinstance(v, BlockArgument):
+            found.add(v.index)
+            continue
+        op = v.owner
+        assert isinstance(op, Operation)
+        rank = len(shape_of(v.type))
+        operands = [op.operands[0]] if isinstance(op, tmath.MatmulOp) else list(op.operands)
+        todo += [u for u in operands if isinstance(u.type, TensorType) and shape_of(u.type)[:1] == (t,)
+                 and (len(operands) == 1 or len(shape_of(u.type)) == rank)]
+    return found
 
 
 def in_hbm_if_oversize(op: Operation, cluster_sram_bytes: int) -> Operation:
@@ -282,28 +308,10 @@ class ShardExpertsPass(ModulePass):
         return f
 
     def _token_arguments(self, fn: func.FuncOp, layer: _Layer) -> set[int]:
-        """The arguments the scattered tokens are computed from (the tokens themselves, or
-        per-token values such as Llama-4's router score scaling them), and the routing
-        arguments: every value on the way has the T tokens as its first axis (a matmul's
-        tokens are its left operand; an elementwise operand of lower rank broadcasts along
-        other axes), so each chip computes its own tokens' rows."""
+        """The arguments the scattered tokens are computed from (`token_sources`) and the
+        routing arguments."""
         t = layer.route.tokens.data
-        found: set[int] = set()
-        todo, seen = [layer.scatter.input], set()
-        while todo:
-            v = todo.pop()
-            if v in seen:
-                continue
-            seen.add(v)
-            if isinstance(v, BlockArgument):
-                found.add(v.index)
-                continue
-            op = v.owner
-            assert isinstance(op, Operation)
-            rank = len(shape_of(v.type))
-            operands = [op.operands[0]] if isinstance(op, tmath.MatmulOp) else list(op.operands)
-            todo += [u for u in operands if isinstance(u.type, TensorType) and shape_of(u.type)[:1] == (t,)
-                     and (len(operands) == 1 or len(shape_of(u.type)) == rank)]
+        found = token_sources(layer.scatter)
         if not found:
             raise _fail("the tokens scattered to the experts must be computed from a function argument "
                         f"with the T = {t} tokens as its first axis")

@@ -298,6 +298,7 @@ class GroupLoop:
         window = None if whole else self.plan.region.window(gather.result, columns)
         new = tile.LoadExpertOp(gather.source, slot, prev[0], prev[1], [wait, *self.dispatched], window)
         new.attributes.update(gather.attributes)
+        new.location = gather.location
         result = self.add(new, gather.result.name_hint)
         if key in state.reuse:
             state.reuse[key] = (slot, result)
@@ -312,6 +313,7 @@ class GroupLoop:
         result = TensorType(op.result.type.get_element_type(), [self.chunks, self.chunk, n])  # type: ignore[attr-defined]
         new = tcp.ContractOp(GROUP_SPEC, rows, self.view(weight, [k, n]), result, bias=bias, guard=guard, acc=acc)
         new.attributes.update(op.attributes)
+        new.location = op.location
         return self.add(new, op.result.name_hint)
 
     def expert_value(self, v: SSAValue, slot: SSAValue, state: _State, local: dict[SSAValue, SSAValue]) -> SSAValue:
@@ -381,7 +383,8 @@ class GroupLoop:
                     one = bool(op.operands) and all(o in self.per_expert for o in op.operands)
                     types = [region.tile_type(r, width) if one else self.rows_type(r, width) for r in op.results]
                     new = type(op).create(operands=[operand(v) for v in op.operands], result_types=types,
-                                          properties=dict(op.properties), attributes=dict(op.attributes))
+                                          properties=dict(op.properties), attributes=dict(op.attributes),
+                                          location=op.location)
                     new.attributes.setdefault(PHASE_ATTR, plan.phase)
                     for old, r in zip(op.results, new.results):
                         r.name_hint = old.name_hint
@@ -499,6 +502,7 @@ class GroupLoop:
             if isinstance(op, tcp.DmaGatherOp) and op.indices is plan.tokens:  # the dispatch: the group's rows
                 rows = tile.GatherOp(op.source, self.tile_of(op.indices), [self.group_wait])
                 rows.attributes.update(op.attributes)
+                rows.location = op.location
                 self.mapping[op.result] = self.add(rows, f"{op.result.name_hint}_tile" if op.result.name_hint else None)
                 continue
             new = clone_rows(op, [self.tile_of(v) for v in op.operands], self.group)

@@ -358,6 +358,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         window = None if columns is None or region is None else region.window(gather.result, columns)
         new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait, *dispatched], window)
         new.attributes.update(gather.attributes)
+        new.location = gather.location
         new.attributes.setdefault(PHASE_ATTR, last.attributes[PHASE_ATTR])
         new.results[0].name_hint = gather.result.name_hint
         if k is not None:
@@ -409,7 +410,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
                 new: Operation = type(op).create(
                     operands=[operand(v) for v in op.operands],
                     result_types=[region.tile_type(r, width) for r in op.results],
-                    properties=dict(op.properties), attributes=dict(op.attributes))
+                    properties=dict(op.properties), attributes=dict(op.attributes), location=op.location)
                 work[t].append(new)
                 if not streamed:
                     body.add_op(new)
@@ -449,6 +450,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
             new = tcp.ContractOp(down.spec.data, operand(down.lhs), operand(down.rhs), tile_type(down.result.type),
                                  bias=bias, guard=guard, acc=acc)
         new.attributes.update(down.attributes)
+        new.location = down.location
         new.results[0].name_hint = down.result.name_hint
         return new
 
@@ -463,6 +465,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         if is_dispatch_gather(op, blocks):  # the block's rows, fetched like a row tile
             rows = tile.GatherOp(op.source, tile_of(op.indices), [tile_wait])
             rows.attributes.update(op.attributes)
+            rows.location = op.location
             mapping[op.result] = add(rows, f"{op.result.name_hint}_tile" if op.result.name_hint else None)
             continue
         if isinstance(op, tcp.DmaGatherOp):

@@ -273,9 +273,13 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
     def contraction(op: tcp.ContractOp | tcp.ScaledContractOp, result: TensorType) -> Operation:
         """`op` as the block contraction of the one-expert weights, guarded by `ids`."""
         if isinstance(op, tcp.ScaledContractOp):
-            return tcp.ScaledContractOp(as_batch(mapping[op.lhs]), gathered(op.rhs), as_batch(mapping[op.lhs_scales]),
-                                        gathered(op.rhs_scales), guard=ids)
-        return tcp.ContractOp(BLOCK_SPEC, mapping[op.lhs], gathered(op.rhs), result, guard=ids)
+            scaled = tcp.ScaledContractOp(as_batch(mapping[op.lhs]), gathered(op.rhs), as_batch(mapping[op.lhs_scales]),
+                                          gathered(op.rhs_scales), guard=ids)
+            scaled.location = op.location
+            return scaled
+        made = tcp.ContractOp(BLOCK_SPEC, mapping[op.lhs], gathered(op.rhs), result, guard=ids)
+        made.location = op.location
+        return made
 
     mapping: dict[SSAValue, SSAValue] = {mlp.x: x_blocks}
     for op in mlp.ops:
@@ -288,7 +292,7 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
                 properties["axis"] = IntegerAttr(axis.value.data + 1, axis.type)
             made = type(op).create(operands=[mapping[v] for v in op.operands],
                                    result_types=[blocked(r) for r in op.results],
-                                   properties=properties, attributes=dict(op.attributes))
+                                   properties=properties, attributes=dict(op.attributes), location=op.location)
         add(made)
         for old, r in zip(op.results, made.results):
             r.name_hint = old.name_hint

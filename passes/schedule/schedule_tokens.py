@@ -26,10 +26,12 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
 - The function's results end in HBM (`store_results`): one the loops did not store there is
   stored by a `tcp.store` before the return.
 
-Contractions stay outside these loops: a matmul split into row tiles is computed by different
-BLAS kernels than the whole one and would not give its bits (the expert loop's contractions
-split along their batch axis, which does; see passes/schedule/schedule_experts.py). Every other op's
-row-tiled form computes the same numbers in the same order, so the pass is bit-identical.
+The router's matmul joins its loop when its tiles give a second cluster a share (`shared_from`:
+an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster;
+`is_row_contraction`): tiles are then cut at multiples of GRID_M, the whole contraction's own
+output chunks (`numerics.contract`), so they give its bits. Other contractions stay
+outside. Every other op's row-tiled form computes the same numbers in the same order, so the
+pass is bit-identical.
 """
 
 from __future__ import annotations
@@ -51,8 +53,11 @@ from passes.schedule._cluster_copies import DMA_OPS
 from passes.schedule._cluster_token_tiles import worth_splitting
 from passes._loop_builder import (clone_rows, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
                                  replace_by_loop, select_ops, skip_unless, split_shared_constants, tile_type)
+from runtime_sim.semantics.numerics import GRID_M
+from target.contraction_mapping import ContractionShape
 from target.target_spec import machine_of
 
+ROW_MATMUL = "mk,kn->mn"
 TILED_PHASES = ("router", "combine")
 TAIL_AFTER = ("combine", SHARED)
 """Phases whose results only the layer's tail reads: the combine's rows and a shared expert's."""
@@ -69,11 +74,46 @@ faster: Qwen3-30B-A3B's router at T = 4096 takes 698,547 cycles in 8 MB tiles an
 
 
 def is_row_parallel(op: Operation, tokens: int) -> bool:
+    if isinstance(op, tcp.ContractOp):
+        return is_row_contraction(op, tokens)
     if isinstance(op, tcp.DmaGatherOp):
         return leading(op.indices) == tokens and leading(op.result) == tokens
     if isinstance(op, tcp.ViewOp):
         return is_row_view(op, tokens)
     return is_row_parallel_ve(op, tokens)
+
+
+def is_row_contraction(op: tcp.ContractOp, tokens: int) -> bool:
+    """A matmul whose lhs rows are the tokens and whose rhs is not (the router's logits, x @
+    W): row t of the result is row t of lhs times the whole rhs. Tiles of rows starting at
+    multiples of GRID_M are the whole contraction's output chunks, so they give its bits
+    (`numerics.contract`); `tile_rows` keeps a loop holding one to such tiles. It joins a
+    loop only from `shared_from` tokens: the gain is the clusters sharing it (DeepSeek-V3's
+    f32 router at T = 4096, on the vector engine: 7.5 M cycles on one cluster, 3.8 M on two);
+    with fewer, a bf16 one's tiles cost more in start-ups and copies than they share
+    (Qwen3-30B-A3B's at T = 200: 765 cycles more)."""
+    return (op.spec.data == ROW_MATMUL and op.guard is None and op.acc is None
+            and leading(op.lhs) == tokens and leading(op.result) == tokens)
+
+
+def shared_from(contractions: list[tcp.ContractOp], clusters: int) -> int:
+    """The tokens from which a token loop takes `contractions` in: more than one GRID_M tile
+    when one runs on the vector engine's fma (an f32 operand, `ContractionShape.vector`: 1.6%
+    of the MACs, so a second cluster's share pays for its copies at once; issue #12's
+    Mixtral-style layer, benchmarks/monotone.py, took 6% fewer cycles at T = 256 than at 248
+    when this waited for two tiles), else a whole tile per cluster."""
+    vector = any(ContractionShape.of(op.roles()).vector for op in contractions)
+    return GRID_M + 1 if vector else clusters * GRID_M
+
+
+def row_operands(op: Operation) -> set[SSAValue]:
+    """The operands of a token-loop op read whole, not a tile at a time, whatever their rows: a
+    gather's source (its indices name rows of all of it), a contraction's rhs and bias."""
+    if isinstance(op, tcp.DmaGatherOp):
+        return {op.source}
+    if isinstance(op, tcp.ContractOp):
+        return {v for v in (op.rhs, op.bias) if v is not None}
+    return set()
 
 
 def is_row_view(op: tcp.ViewOp, tokens: int) -> bool:
@@ -116,7 +156,14 @@ def tile_rows(ops: list[Operation], tokens: int, tile_bytes: int) -> int:
     per_row = sum(math.prod(tile_type(r.type).get_shape()) * _element_bytes(r.type)
                   for r in [*(r for op in ops if not isinstance(op, tcp.ViewOp) for r in op.results), *loaded])
     rows = max(1, min(tokens, tile_bytes // max(1, per_row)))
-    return rows - rows % 8 if rows >= 8 else rows
+    granule = row_granule(ops)
+    return rows - rows % granule if rows >= granule else rows
+
+
+def row_granule(ops: list[Operation]) -> int:
+    """The multiple a token tile's rows are rounded down to: GRID_M with a contraction inside
+    (its bits: `is_row_contraction`), else 8 (one flit of 32-bit values per slice lane)."""
+    return GRID_M if any(isinstance(op, tcp.ContractOp) for op in ops) else 8
 
 
 def _element_bytes(t: object) -> int:
@@ -142,8 +189,7 @@ def _clone_rows(ops: list[Operation], rows: int, offset: SSAValue, tokens: int, 
         return mapping[v]
 
     for op in ops:
-        # A gather's source is read whole: its indices name rows of all of it.
-        whole = {op.source} if isinstance(op, tcp.DmaGatherOp) else set()
+        whole = row_operands(op)
         new = clone_rows(op, [v if v in whole else tile_of(v) for v in op.operands], rows)
         add(new)
         mapping.update(zip(op.results, new.results))
@@ -156,14 +202,15 @@ cluster (a rule of thumb, not a cost: a cluster's vector engine makes about 8 KB
 the clusters that the second tile needs)."""
 
 
-def balanced_rows(tokens: int, rows: int, clusters: int) -> int:
+def balanced_rows(tokens: int, rows: int, clusters: int, granule: int = 8) -> int:
     """Tile rows for a loop whose tiles take turns on `clusters` clusters: as many tiles as
     `rows` needs, rounded up to a multiple of the clusters, the rows shared evenly (a multiple
-    of 8), so that no cluster gets a remainder's scraps while the other runs a whole tile."""
+    of `granule`, `row_granule`), so that no cluster gets a remainder's scraps while the other
+    runs a whole tile."""
     tiles = -(-tokens // rows)
     tiles = -(-tiles // clusters) * clusters
     even = -(-tokens // tiles)
-    return min(rows, -(-even // 8) * 8 if even >= 8 else even)
+    return min(rows, -(-even // granule) * granule if even >= granule else even)
 
 
 def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole: set[Operation],
@@ -194,6 +241,10 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     # those buffers alone exceed it, no tile size helps, and the memory plan spills.
     room = machine_of(chosen[0]).cluster_sram_bytes - sum(stored_bytes(r.type) for r in escaping if not goes_to_hbm(r))
     rows = tile_rows(ops, tokens, min(tile_bytes, room) if room > 0 else tile_bytes)
+    contractions = [op for op in ops if isinstance(op, tcp.ContractOp)]
+    if contractions and (rows < min(tokens, GRID_M) or tokens < shared_from(contractions, clusters)):
+        whole.update(contractions)  # tiles too small for its bits, or too few to share it out
+        return True
     if not escaping:
         whole.update(ops)
         return True
@@ -201,7 +252,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         fits = rows >= tokens
         made = sum(stored_bytes(r.type) for op in ops if op.dialect_name() == "ve" for r in op.results)
         if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
-            even = balanced_rows(tokens, rows, clusters)
+            even = balanced_rows(tokens, rows, clusters, row_granule(ops))
             trial = _tile_loop(ops, escaping, even, tokens, phase)
             if worth_splitting(trial[1], machine_of(chosen[0])):
                 rows = even

@@ -1,13 +1,15 @@
 """Costs of the `ccl` ops: the local plan on the vector engine, the collectives on the link.
 
 A collective's time depends on what every chip of its group sends, which one chip's trace does
-not know, so its cost here is provisional (zero cycles on the chip's `link`) and `link_cycles`
+not know, so its cost here is provisional (zero cycles on the chip's `link`) and `link_parts`
 gives the real one once the mesh simulation (mesh_simulate.py) has every chip's traffic. The
 link model (mesh_machine.py; numbers in machines/rngd_pcie.toml):
 
     a step of a collective takes  latency + max(bytes sent, bytes received) / bytes_per_cycle
     on a chip's link (full duplex: sends and receives use the two directions of its one
-    link, and all of a chip's messages of a step share them);
+    link, and all of a chip's messages of a step share them); below latency x bytes_per_cycle
+    bytes (60 KB on rngd_pcie) the latency is the larger part: the latency-bound regime of a
+    decode step's all-to-alls, which the report marks;
 - all_to_all: one step, each chip sending its rows for every other chip directly (through the
   switch); only the rows that hold data cross (the `rows` operand), a chip's own slice stays
   on chip;
@@ -128,8 +130,11 @@ def traffic(op: Operation, operands: tuple[Any, ...], group: int, me: int) -> Tr
     return Traffic(op.name, tuple(sent), me, steps)
 
 
-def link_cycles(mesh: MeshMachine, group: list[Traffic], me: int) -> int:
-    """Cycles of chip `me`'s link (its place in `group`) for one collective."""
+def link_parts(mesh: MeshMachine, group: list[Traffic], me: int) -> tuple[int, int]:
+    """Chip `me`'s link (its place in `group`) in one collective: the steps' latency and the
+    transfer of its bytes, in cycles. Every step pays the latency however few bytes it moves
+    (an all-to-all's messages to the other chips start together: one step), so a small
+    collective is latency-bound."""
     t = group[me]
     if t.op == "ccl.all_to_all":
         received = sum(g.sent[me] for g in group)
@@ -137,8 +142,8 @@ def link_cycles(mesh: MeshMachine, group: list[Traffic], me: int) -> int:
         received = sum(t.sent)  # a ring receives what it sends
     volume = max(sum(t.sent), received)
     if len(group) == 1:
-        return 0
-    return int(t.steps * mesh.link_latency_cycles + np.ceil(volume / mesh.link_bytes_per_cycle))
+        return 0, 0
+    return t.steps * mesh.link_latency_cycles, int(np.ceil(volume / mesh.link_bytes_per_cycle))
 
 
 def provisional_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:

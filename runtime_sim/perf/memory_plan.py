@@ -145,6 +145,8 @@ class ExtraOp:
     cost: OpCost
     phase: str
     """The phase of the command it makes room for or feeds."""
+    serves: int
+    """That command's index in the trace (its op's source locations are this one's)."""
 
 
 # Not frozen: one is built per stay of a buffer (hundreds of thousands at prefill), and a frozen
@@ -485,7 +487,7 @@ class MemoryPlanner:
         """Evict `b` to make room for `t`: stored to HBM once (after its writer), then released."""
         new_store = b not in self.stored
         if new_store:
-            self.stored[b] = (self.transfer(f"spill {self.labels[b]}", "tcp.store", self.size[b], True, t.phase,
+            self.stored[b] = (self.transfer(f"spill {self.labels[b]}", "tcp.store", self.size[b], True, t,
                                             (self.home[b],)),)
             self.copy_bytes[b] = self.size[b]
             self.readers[b].extend(self.stored[b])
@@ -495,26 +497,27 @@ class MemoryPlanner:
 
     # --- transfers ------------------------------------------------------------------------------
 
-    def add_command(self, label: str, name: str, cost: OpCost, phase: str, deps: tuple[int, ...],
+    def add_command(self, label: str, name: str, cost: OpCost, serves: TracedOp, deps: tuple[int, ...],
                     after: Iterable[int] = ()) -> int:
-        """Add a command of the plan's own (a transfer or a refetch) in issue order; its key."""
+        """Add a command of the plan's own (a transfer or a refetch) for command `serves`, in
+        issue order; its key."""
         key = self.end + len(self.extra)
-        self.extra[key] = ExtraOp(label, name, cost, phase)
+        self.extra[key] = ExtraOp(label, name, cost, serves.phase, serves.index)
         self.tasks.append(task_of(key, label, cost, deps, tuple(a for a in after if a not in deps)))
         return key
 
-    def transfer(self, label: str, name: str, nbytes: int, to_hbm: bool, phase: str, deps: tuple[int, ...],
+    def transfer(self, label: str, name: str, nbytes: int, to_hbm: bool, serves: TracedOp, deps: tuple[int, ...],
                  after: Iterable[int] = ()) -> int:
-        """Add a DMA copy of `nbytes` between SRAM and HBM (a spill, reload or stream)."""
+        """Add a DMA copy of `nbytes` between SRAM and HBM (a spill, reload or stream) for `serves`."""
         cost = dma_copy_cost(self.machine, nbytes, src_hbm=not to_hbm, dst_hbm=to_hbm)
-        return self.add_command(label, name, cost, phase, deps, after)
+        return self.add_command(label, name, cost, serves, deps, after)
 
     def reload(self, t: TracedOp, reloads: list[int], wait: tuple[int, ...]) -> list[int]:
         """Load spilled operands back before `t`; the reloads are the first to write the space
         `t` claimed, so they wait for its previous holders. Returns the reload commands."""
         keys: list[int] = []
         for b in reloads:
-            key = self.transfer(f"reload {self.labels[b]}", "tcp.load", self.size[b], False, t.phase,
+            key = self.transfer(f"reload {self.labels[b]}", "tcp.load", self.size[b], False, t,
                                 self.stored[b], wait)
             self.evicted.discard(b)
             self.hold(b, key, t.cluster % self.clusters)
@@ -526,7 +529,7 @@ class MemoryPlanner:
         keys: list[int] = []
         for b in buffers:
             nbytes = self.copy_bytes[b]
-            keys.append(self.transfer(f"stream in {self.labels[b]}", "tcp.load", nbytes, False, t.phase,
+            keys.append(self.transfer(f"stream in {self.labels[b]}", "tcp.load", nbytes, False, t,
                                       self.stored[b]))
             self.streams.append(Stream(self.labels[b], nbytes, t.label, "in"))
         return keys
@@ -537,7 +540,7 @@ class MemoryPlanner:
         level. Each read is a stream of its own, taking no SRAM. Returns the commands."""
         keys: list[int] = []
         for name, nbytes, ready in t.hbm_reads:
-            keys.append(self.transfer(f"stream in {name}", "tcp.load", nbytes, False, t.phase, ready))
+            keys.append(self.transfer(f"stream in {name}", "tcp.load", nbytes, False, t, ready))
             self.streams.append(Stream(name, nbytes, t.label, "read"))
         return keys
 
@@ -551,7 +554,7 @@ class MemoryPlanner:
         for b in buffers:
             nbytes = self.size[b]
             key = self.add_command(f"copy {self.labels[b]} from cluster {self.cluster[b]}", "tile.copy",
-                                   dma_copy_cost(self.machine, nbytes, src_hbm=False, dst_hbm=False), t.phase,
+                                   dma_copy_cost(self.machine, nbytes, src_hbm=False, dst_hbm=False), t,
                                    tuple(dict.fromkeys((self.home[b], *t.deps))))
             self.readers[b].append(key)
             self.streams.append(Stream(self.labels[b], nbytes, t.label, "cluster"))
@@ -592,7 +595,7 @@ class MemoryPlanner:
                 self.copy_bytes[b] = min(self.size[b], result if result is not None else self.size[b])
             else:
                 self.stored[b] = (self.transfer(f"stream out {self.labels[b]}", "tcp.store", self.size[b], True,
-                                                t.phase, (t.index,)),)
+                                                t, (t.index,)),)
                 self.copy_bytes[b] = self.size[b]
             self.evicted.add(b)
             self.streams.append(Stream(self.labels[b], self.copy_bytes[b], t.label, "out"))
@@ -631,7 +634,7 @@ class MemoryPlanner:
                         deps += self.stored[s]
                         cost = via_hbm(self.machine, cost,
                                        min(self.copy_bytes[s], cost.bytes_moved - (cost.result_bytes or 0)))
-                key = self.add_command(f"refetch {self.labels[b]}", src.name, cost, t.phase, tuple(dict.fromkeys(deps)))
+                key = self.add_command(f"refetch {self.labels[b]}", src.name, cost, t, tuple(dict.fromkeys(deps)))
                 for s in src.reads:
                     if s in self.live:
                         self.readers[s].append(key)

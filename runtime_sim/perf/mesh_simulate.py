@@ -31,17 +31,17 @@ from xdsl.ir import Operation
 from dialects import ccl
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.ccl_cost import Traffic, link_cycles, traffic
+from runtime_sim.perf.ccl_cost import Traffic, link_parts, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
 from runtime_sim.perf.cost_only import LoopReplay, Lazy, is_placeholder, placeholder, shape_only_interpreter
 from runtime_sim.perf.graph_work import GraphWork
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
 from target.mesh_machine import MeshMachine
 from runtime_sim.perf.op_trace import Trace, TraceRecorder
-from runtime_sim.perf.report import SimReport
+from runtime_sim.perf.report import Choice, SimReport, TileLoop
 from runtime_sim.perf.scheduler import Task, schedule
 from runtime_sim.perf.tcp_cost import hbm_sharing
-from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
+from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, RoutingError, scenario_choices
 from runtime_sim.perf.simulate import own_dma_units, pinned_units, simulate_trace, trace_recorder
 from runtime_sim.semantics.ccl_semantics import (CCLFunctions, ChipInterpreter, MeshExchange, collective_label,
                                                    plain_chip, run_mesh)
@@ -151,13 +151,24 @@ class LinkRecord:
     sent_bytes: int
     received_bytes: int
     busy_cycles: int
-    """The chip's own transfer time."""
+    """The chip's own transfer time: the steps' latency and its bytes over the link."""
+    latency_cycles: int
+    """The steps' latency within `busy_cycles`."""
     wait_cycles: int
     """Cycles the chip waited for the last chip of its group to reach the collective."""
     start: int
     end: int
     key: int
     """The collective's command in the chip's report (its op record and trace event)."""
+
+    @property
+    def bound(self) -> str:
+        """`latency` when the steps' latency is at least the transfer (a small collective, as a
+        decode step's), else `bandwidth`."""
+        return "latency" if self.latency_cycles >= self.busy_cycles - self.latency_cycles else "bandwidth"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "bound": self.bound}
 
 
 @dataclass
@@ -167,6 +178,10 @@ class MeshReport:
     chips: list[SimReport]
     links: list[LinkRecord]
     routing: dict[str, Routing] = field(default_factory=dict)
+    choices: list[Choice] = field(default_factory=list)
+    """The cost model's choices for the program every chip runs (the driver fills them)."""
+    loops: list[TileLoop] = field(default_factory=list)
+    """The schedule level's loops of that program, the same on every chip (the driver fills them)."""
 
     @property
     def total_cycles(self) -> int:
@@ -203,6 +218,8 @@ class MeshReport:
             f"mesh {self.mesh} on {m.name}: {len(self.chips)} x {m.chip.name}, link {m.link_bytes_per_cycle:g} B/cycle "
             f"per direction, {m.link_latency_cycles:,} cycles per step",
             f"total {self.total_cycles:,} cycles = {self.microseconds:.3f} us (the slowest chip)",
+            *(f"chose {c.describe()}" for c in self.choices),
+            *(f"schedule (every chip): {t.describe()}" for t in self.loops),
             "",
             f"{'chip':>4} {'cycles':>12} {'tensor+dma busy':>16} {'link busy':>10} {'link wait':>10} "
             f"{'sent B':>12} {'received B':>12}",
@@ -217,10 +234,11 @@ class MeshReport:
         lines += ["", f"load imbalance (max / mean): tensor+dma busy {self.imbalance(busy):.2f}, "
                       f"received bytes {self.imbalance(received):.2f}; hottest chip {max(range(len(busy)), key=busy.__getitem__)}",
                   "", f"{'#':>3} {'collective':<36} {'chip':>4} {'start':>10} {'end':>10} {'busy':>9} {'wait':>9} "
-                      f"{'sent B':>11} {'received B':>11}"]
+                      f"{'sent B':>11} {'received B':>11} bound"]
         for x in self.links:
             lines.append(f"{x.collective:>3} {x.label[:36]:<36} {x.chip:>4} {x.start:>10,} {x.end:>10,} "
-                         f"{x.busy_cycles:>9,} {x.wait_cycles:>9,} {x.sent_bytes:>11,} {x.received_bytes:>11,}")
+                         f"{x.busy_cycles:>9,} {x.wait_cycles:>9,} {x.sent_bytes:>11,} {x.received_bytes:>11,} "
+                         f"{x.bound}")
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
@@ -232,7 +250,8 @@ class MeshReport:
             "total_cycles": self.total_cycles,
             "microseconds": self.microseconds,
             "communication_cycles": self.communication_cycles,
-            "links": [dataclasses.asdict(x) for x in self.links],
+            "choices": [c.to_json() for c in self.choices],
+            "links": [x.to_json() for x in self.links],
             "chips": [r.to_json() for r in self.chips],
         }
 
@@ -256,14 +275,34 @@ class MeshResult:
 
 
 def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int) -> dict[int, Routing]:
-    """Argument index -> the scenario's expert choices for all T tokens of the mesh."""
+    """Argument index -> the scenario's expert choices for all T tokens of the mesh (`balanced`
+    dealt over the ep chips as well as the experts)."""
     found: dict[int, Routing] = {}
     for index, experts in routing_arguments(fn).items():
         t = fn.function_type.inputs.data[index]
         assert isinstance(t, TensorType)
         tl, k = shape_of(t)
-        found[index] = Routing(str(routing), experts, scenario_choices(routing, tl * mesh.token_shards, k, experts, seed))
+        try:
+            choices = scenario_choices(routing, tl * mesh.token_shards, k, experts, seed, chips=mesh.size("ep"))
+        except RoutingError as e:
+            raise RoutingError(f"{e} (the mesh's T = {tl * mesh.token_shards} tokens in token order, split over "
+                               f"its {mesh.token_shards} token shards as the tokens are: {tl} each)") from None
+        found[index] = Routing(str(routing), experts, choices)
     return found
+
+
+def pairs_received(routing: Routing, mesh: ccl.Mesh) -> list[int]:
+    """The (token, expert) pairs of `routing` each chip of `mesh` receives: its dp group's
+    tokens' pairs on its E/ep experts (the tp chips of a group receive the same)."""
+    t, _ = routing.choices.shape
+    per_group = t // mesh.size("dp")
+    owner = routing.choices // (routing.experts // mesh.size("ep"))
+    counts = []
+    for c in range(mesh.chips):
+        coords = mesh.coordinates(c)
+        group = owner[coords.get("dp", 0) * per_group:(coords.get("dp", 0) + 1) * per_group]
+        counts.append(int((group == coords.get("ep", 0)).sum()))
+    return counts
 
 
 def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
@@ -319,6 +358,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
     if any(len(k) != count or len(t.traffic) != count for k, t in zip(keys, traffics)):
         raise MeshError("the chips ran different numbers of collectives")
     busy = [[0] * count for _ in range(n)]
+    latency = [[0] * count for _ in range(n)]
     duration = [[0] * count for _ in range(n)]
     groups: list[list[list[int]]] = []
     for j in range(count):
@@ -329,9 +369,10 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             if group not in seen:
                 seen.append(group)
                 flows = [traffics[g].traffic[j] for g in group]
-                own = [link_cycles(machine, flows, i) for i in range(len(group))]
+                parts = [link_parts(machine, flows, i) for i in range(len(group))]
+                own = [sum(p) for p in parts]
                 for i, g in enumerate(group):
-                    busy[g][j] = own[i]
+                    busy[g][j], latency[g][j] = own[i], parts[i][0]
                     duration[g][j] = max(own)
         groups.append(seen)
     wait = [[0] * count for _ in range(n)]
@@ -377,6 +418,6 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             group = mesh.group(c, traffics[c].axes[j])
             flows = [traffics[g].traffic[j] for g in group]
             received = (sum(f.sent[t.me] for f in flows) if t.op == "ccl.all_to_all" else sum(t.sent))
-            links.append(LinkRecord(c, j, t.op, record.label, sum(t.sent), received, busy[c][j], wait[c][j],
-                                    record.start, record.end, key))
+            links.append(LinkRecord(c, j, t.op, record.label, sum(t.sent), received, busy[c][j], latency[c][j],
+                                    wait[c][j], record.start, record.end, key))
     return MeshReport(machine, mesh, reports, links)

@@ -9,6 +9,7 @@ that makes up routing later) can be planned, scheduled and reported the same way
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ import numpy as np
 from xdsl.dialects import func, scf
 from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, SSAValue
+from xdsl.printer import Printer
 from xdsl.traits import SymbolTable
 
 from dialects import ve
@@ -162,6 +164,27 @@ def op_label(op: Operation) -> str:
         name = f"{op.name}[{len(members)}]({','.join(m.name.removeprefix('ve.') for m in members)})"
     names = [f"%{r.name_hint}" for r in op.results if r.name_hint]
     return f"{', '.join(names)} = {name}" if names else name
+
+
+IR_FORM_CHARACTERS = 400
+"""The longest IR form of an op that `ir_forms` gives (a chain prints its members too)."""
+
+
+def ir_forms(trace: Trace) -> dict[int, dict[str, str]]:
+    """Command index -> {"ir": its op as the IR prints it, on one line}: the values named as in
+    the whole module's printout (`tcpc compile`'s), which is printed first to name them."""
+    ops = list(dict.fromkeys(t.op for t in trace.ops if t.op is not None))
+    if not ops:
+        return {}
+    printer = Printer(stream=io.StringIO())
+    printer.print_op(ops[0].get_toplevel_object())  # type: ignore[arg-type]
+    forms: dict[Operation, str] = {}
+    for op in ops:
+        printer.stream = io.StringIO()
+        printer.print_op(op)
+        text = " ".join(printer.stream.getvalue().split())
+        forms[op] = text if len(text) <= IR_FORM_CHARACTERS else text[:IR_FORM_CHARACTERS - 3] + "..."
+    return {t.index: {"ir": forms[t.op]} for t in trace.ops if t.op is not None}
 
 
 class TraceRecorder(Interpreter.Listener):

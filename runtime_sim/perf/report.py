@@ -10,18 +10,25 @@ command counts in the phase of the command it serves) are given two ways:
 - `critical_cycles`: the cycles of the phase's commands on the critical path. The critical
   path runs back to back from cycle 0 to the end, so these sum exactly to the total cycles:
   the share of the simulated time each phase is responsible for.
+
+Cycles, bytes and FLOPs by source line (`lines`) add up the same way, by the `.moe` line of
+each command's op (its source locations, dialects/locations.py; a plan's command, the line of
+the command it serves). An op made for several lines (a `ve.chain` of ops from two lines, a
+value several lines read) shares its figures equally among them, the remainder going to the
+first lines, so the lines too sum exactly to the totals; commands without a location are one
+row of their own.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
 from dialects.annotations import PHASES
-from runtime_sim.perf.cost_model import TENSOR, flop_cycles
+from runtime_sim.perf.cost_model import DMA, TENSOR, flop_cycles
 from runtime_sim.perf.graph_work import Padding
 from target.machine import Machine
 from runtime_sim.perf.memory_plan import Spill, Stream
@@ -56,6 +63,13 @@ class OpRecord:
     """For a command on several units, when its part on each of `units` ended (the last at
     `end`: parts sharing HBM end apart); empty for a command on one unit (or each part took
     `cycles`)."""
+    locations: tuple[str, ...] = ()
+    """`file:line:col` of each source location of its op (dialects/locations.py), a plan
+    command's those of the command it serves; empty without one."""
+    created_by: tuple[str, ...] = ()
+    """The passes that made its op, first to last (dialects.locations.created_by)."""
+    deps: tuple[int, ...] = ()
+    """Keys of the commands whose results it waits for."""
 
     @property
     def engine_cycles(self) -> int:
@@ -91,6 +105,30 @@ class PhaseRecord:
     """Cycles of the phase's commands on the critical path (the phases' sum is the total)."""
     commands: int
     """Commands that ran on an engine (zero-cost ops are not counted)."""
+
+
+@dataclass(frozen=True)
+class LineRecord:
+    """One source line's share of the run (the module docstring says how it is counted)."""
+
+    file: str
+    """The source file; "" for commands without a source location."""
+    line: int
+    """1-based; 0 for commands without a source location."""
+    text: str | None
+    """The line as written (None when the source is not known)."""
+    commands: int
+    """Commands with a share in the line (zero-cost ops are not counted)."""
+    busy_cycles: int
+    critical_cycles: int
+    bytes: int
+    hbm_bytes: int
+    flops: int
+
+
+REPORT_TABLES: tuple[str, ...] = ("phase", "line", "op")
+"""The tables of `SimReport.to_text`, in the order it prints them: cycles by phase, by source
+line, and every op with the critical path."""
 
 
 @dataclass(frozen=True)
@@ -147,14 +185,18 @@ class Choice:
     """(value, total cycles) of every alternative considered, in the order tried."""
     routing: str = "balanced"
     """The routing scenario the alternatives were simulated with."""
+    on: str = ""
+    """Where they were simulated when not on one chip: `the mesh ep=8 (a2a)`."""
 
     def describe(self) -> str:
         tried = ", ".join(f"{v}: {c:,}" for v, c in self.alternatives)
-        return f"{self.what} {self.chosen} at {self.where} ({self.reason}); cycles by {self.what} ({self.routing} routing): {tried}"
+        on = f" on {self.on}" if self.on else ""
+        return (f"{self.what} {self.chosen} at {self.where} ({self.reason}); cycles by {self.what}{on} "
+                f"({self.routing} routing): {tried}")
 
     def to_json(self) -> dict[str, Any]:
         return {"what": self.what, "where": self.where, "reason": self.reason, "chosen": self.chosen,
-                "routing": self.routing,
+                "routing": self.routing, **({"on": self.on} if self.on else {}),
                 "alternatives": [{"value": v, "cycles": c} for v, c in self.alternatives]}
 
 
@@ -267,6 +309,8 @@ class SimReport:
     cluster_peak_sram_bytes: list[int] = field(default_factory=list)
     """Cluster -> the most bytes its SRAM held at once (each at most `machine.cluster_sram_bytes`:
     a buffer lives in the SRAM of one cluster, whose engines read it)."""
+    sources: dict[str, list[str]] = field(default_factory=dict)
+    """Source file -> its lines, for the text of `lines` (the driver fills it)."""
 
     @property
     def clock_hz(self) -> float:
@@ -289,18 +333,71 @@ class SimReport:
     def phases(self) -> list[PhaseRecord]:
         """Cycles by phase, in the order of dialects.annotations.PHASES (then any other phase names,
         sorted); phases without a costed command are left out."""
-        critical = set(self.critical_path)
         busy: dict[str, int] = {}
         crit: dict[str, int] = {}
         count: dict[str, int] = {}
-        for o in self.ops:
-            if o.cycles == 0 and o.engine == "none":
-                continue
+        for o, on_path in self._costed():
             busy[o.phase] = busy.get(o.phase, 0) + o.engine_cycles
-            crit[o.phase] = crit.get(o.phase, 0) + (self.critical_cycles.get(o.key, o.cycles) if o.key in critical else 0)
+            crit[o.phase] = crit.get(o.phase, 0) + on_path
             count[o.phase] = count.get(o.phase, 0) + 1
         names = [p for p in PHASES if p in busy] + sorted(set(busy) - set(PHASES))
         return [PhaseRecord(p, busy[p], crit[p], count[p]) for p in names]
+
+    def _costed(self) -> Iterator[tuple[OpRecord, int]]:
+        """Every command that ran on an engine (not a zero-cost op), with its cycles on the
+        critical path (0 off it)."""
+        critical = set(self.critical_path)
+        for o in self.ops:
+            if not (o.cycles == 0 and o.engine == "none"):
+                yield o, self.critical_cycles.get(o.key, o.cycles) if o.key in critical else 0
+
+    @property
+    def lines(self) -> list[LineRecord]:
+        """Cycles, bytes and FLOPs by source line (the module docstring), in file and line
+        order, commands without a location last; lines without a costed command are left out."""
+        totals: dict[tuple[str, int], list[int]] = {}
+        places: dict[tuple[str, ...], list[tuple[str, int]]] = {}
+        for o, on_path in self._costed():
+            where = places.get(o.locations)
+            if where is None:
+                where = places[o.locations] = list(dict.fromkeys(_file_line(p) for p in o.locations)) or [("", 0)]
+            figures = (o.engine_cycles, on_path, o.bytes, o.hbm_bytes, o.flops)
+            shares = [_shares(f, len(where)) for f in figures]
+            for i, place in enumerate(where):
+                row = totals.setdefault(place, [0] * 6)
+                row[0] += 1
+                for j, share in enumerate(shares):
+                    row[j + 1] += share[i]
+        order = sorted(totals, key=lambda p: (p == ("", 0), p))
+        return [LineRecord(f, n, self._line_text(f, n), *totals[(f, n)]) for f, n in order]
+
+    def _line_text(self, file: str, line: int) -> str | None:
+        lines = self.sources.get(file)
+        return lines[line - 1].rstrip() if lines is not None and 1 <= line <= len(lines) else None
+
+    def _lines_text(self) -> list[str]:
+        """The by-line table: each file's lines from the first to the last with a cost, as an
+        annotated listing (a line without cost shows its text alone)."""
+        records = self.lines
+        if all(r.line == 0 for r in records):
+            return ["", "cycles by source line: no op has a source location (IR without loc(...))"]
+        out: list[str] = []
+        for file in dict.fromkeys(r.file for r in records):
+            mine = {r.line: r for r in records if r.file == file}
+            out += ["", f"{'line':>5} {'commands':>8} {'busy':>12} {'critical path':>14} {'share':>7} "
+                        f"{'bytes':>12} {'FLOPs':>14}  {file or '(no source location)'}"]
+            numbers = range(min(mine), max(mine) + 1) if file in self.sources else sorted(mine)
+            for n in numbers:
+                text = self._line_text(file, n) or ""
+                r = mine.get(n)
+                if r is None:
+                    out.append(f"{n:>5} {'':>8} {'':>12} {'':>14} {'':>7} {'':>12} {'':>14}  {text}".rstrip())
+                    continue
+                share = r.critical_cycles / self.total_cycles if self.total_cycles else 0.0
+                shown = f"{n:>5}" if n else f"{'-':>5}"
+                out.append(f"{shown} {r.commands:>8,} {r.busy_cycles:>12,} {r.critical_cycles:>14,} {share:>7.1%} "
+                           f"{r.bytes:>12,} {r.flops:>14,}  {text}".rstrip())
+        return out
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; field names are the contract with tools reading --report-json."""
@@ -331,6 +428,7 @@ class SimReport:
             "critical_path": self.critical_path,
             "engines": [asdict(e) for e in self.engines],
             "phases": [asdict(p) for p in self.phases],
+            "lines": [asdict(line) for line in self.lines],
             "ops": [dict(zip(_OP_FIELDS, _op_values(o))) for o in self.ops],  # asdict's, without its deep copy
         }
 
@@ -341,9 +439,10 @@ class SimReport:
         peaks = ", ".join(_size(p) for p in self.cluster_peak_sram_bytes)
         return f", by cluster {peaks} of {_size(self.machine.cluster_sram_bytes)} each"
 
-    def to_text(self, max_ops: int | None = None) -> str:
-        """The report as text; `max_ops` bounds the op table (the first ones) and the critical
-        path (its first and last ones), None for all, 0 for the summary only (without either)."""
+    def to_text(self, max_ops: int | None = None, tables: Collection[str] = REPORT_TABLES) -> str:
+        """The report as text: the summary, then the `tables` of REPORT_TABLES asked for;
+        `max_ops` bounds the op table (the first ones) and the critical path (its first and last
+        ones), None for all, 0 for neither (a count of the ops instead)."""
         m, r = self.machine, self.roofline
         lines = [
             f"machine {m.name}: {m.clock_hz / 1e9:g} GHz, {m.clusters} x {m.slices} slices, SRAM {_size(self.sram_capacity)}",
@@ -373,10 +472,15 @@ class SimReport:
                 continue
             units = "-" if e.units is None else str(e.units)
             lines.append(f"{e.name:<8} {units:>5} {e.busy_cycles:>12,} {e.utilisation:>6.1%}")
-        lines += ["", f"{'phase':<9} {'commands':>8} {'busy':>12} {'critical path':>14} {'share':>7}"]
-        for p in self.phases:
-            share = p.critical_cycles / self.total_cycles if self.total_cycles else 0.0
-            lines.append(f"{p.name:<9} {p.commands:>8,} {p.busy_cycles:>12,} {p.critical_cycles:>14,} {share:>6.1%}")
+        if "phase" in tables:
+            lines += ["", f"{'phase':<9} {'commands':>8} {'busy':>12} {'critical path':>14} {'share':>7}"]
+            for p in self.phases:
+                share = p.critical_cycles / self.total_cycles if self.total_cycles else 0.0
+                lines.append(f"{p.name:<9} {p.commands:>8,} {p.busy_cycles:>12,} {p.critical_cycles:>14,} {share:>6.1%}")
+        if "line" in tables:
+            lines += self._lines_text()
+        if "op" not in tables:
+            return "\n".join(lines) + "\n"
         if max_ops == 0:
             lines += ["", f"{len(self.ops):,} ops, {len(self.critical_path):,} on the critical path "
                           "(listed by --report-ops N or all, and in --report-json)"]
@@ -398,9 +502,9 @@ class SimReport:
         lines += ["", f"critical path (*, {len(self.critical_path):,} ops): " + " -> ".join(path)]
         return "\n".join(lines) + "\n"
 
-    def chrome_trace(self) -> dict[str, Any]:
+    def chrome_trace(self, extra_args: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
         """Chrome trace JSON (Perfetto opens it): this run as one process, `trace_events`."""
-        return {"traceEvents": self.trace_events(1, f"tcpc on {self.machine.name}"), "displayTimeUnit": "ns",
+        return {"traceEvents": self.trace_events(1, f"tcpc on {self.machine.name}", extra_args), "displayTimeUnit": "ns",
                 "otherData": {"total_cycles": self.total_cycles, "clock_hz": self.clock_hz}}
 
     def trace_events(self, pid: int, process: str,
@@ -408,8 +512,12 @@ class SimReport:
         """The run's trace events as process `pid` named `process`: a named track (thread) per
         unit of every engine that has units, in the engines' order (`track_name`), and a complete
         event per command and unit it occupies, at the time its part ran there; zero-cost ops
-        run on no engine and are left out. `extra_args` adds to the arguments of the command of
-        a key (a mesh chip's link figures)."""
+        run on no engine and are left out. A command's arguments say where it came from: its
+        op's source location (`location`, `file:line:col`), the line as written (`source`) and
+        the passes that made the op (`created_by`, first to last). `extra_args` adds to the
+        arguments of the command of a key (the op's IR, `ir`; a mesh chip's link figures).
+        A flow (an arrow) runs from each DMA command to each tensor-unit command (a contraction,
+        a vector-engine op) that waits for its result (`flow_events`)."""
         events: list[dict[str, Any]] = [
             {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": process}},
             {"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": pid}},
@@ -423,7 +531,10 @@ class SimReport:
                 events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
                                "args": {"sort_index": tid}})
         extra_args = extra_args or {}
+        spans: dict[int, tuple[int, float]] = {}
+        """Key -> (track, ts) of the command's first part: where a flow starts or ends."""
         for o in self.ops:
+            origin = self._origin(o)
             starts = o.part_starts or (o.start,) * len(o.units)
             ends = o.part_ends or tuple(s + o.cycles for s in starts)
             for i, (unit, start, end) in enumerate(zip(o.units, starts, ends)):  # a command on several units shows on each
@@ -432,12 +543,40 @@ class SimReport:
                     continue
                 name = o.label if len(o.units) == 1 else f"{o.label} ({i + 1}/{len(o.units)})"
                 ts, dur = self._trace_span(start, end - start)
+                spans.setdefault(o.key, (tid, ts))
                 events.append({
                     "ph": "X", "pid": pid, "tid": tid, "name": name, "cat": o.engine, "ts": ts, "dur": dur,
                     "args": {"key": o.key, "cycles": o.cycles, "start_cycle": start, "bytes": o.bytes,
                              "hbm_bytes": o.hbm_bytes, "flops": o.flops, "bound": o.bound, "phase": o.phase,
-                             "units": len(o.units), **extra_args.get(o.key, {})},
+                             "units": len(o.units), **origin, **extra_args.get(o.key, {})},
                 })
+        return events + self.flow_events(pid, spans)
+
+    def _origin(self, o: OpRecord) -> dict[str, str]:
+        """A trace event's arguments that say where its command came from (`trace_events`)."""
+        if not o.locations:
+            return {}
+        texts = [t.strip() for t in dict.fromkeys(self._line_text(*_file_line(p)) for p in o.locations) if t]
+        return {"location": ", ".join(o.locations), **({"source": " | ".join(texts)} if texts else {}),
+                "created_by": ", ".join(o.created_by)}
+
+    def flow_events(self, pid: int, spans: Mapping[int, tuple[int, float]]) -> list[dict[str, Any]]:
+        """Chrome flow events, a start (`s`) on each DMA command's slice and a finish (`f`,
+        bound to the enclosing slice) on each tensor-unit command's that waits for it; `spans`
+        gives each command's track and start."""
+        events: list[dict[str, Any]] = []
+        for o in self.ops:
+            if o.engine != TENSOR or o.key not in spans:
+                continue
+            for dep in o.deps:
+                if dep not in spans or self.op(dep).engine != DMA:
+                    continue
+                flow = (pid << 32) + len(events) // 2 + 1  # unique across a mesh's chips
+                (source_tid, source_ts), (tid, ts) = spans[dep], spans[o.key]
+                events.append({"ph": "s", "pid": pid, "tid": source_tid, "ts": source_ts, "id": flow,
+                               "name": "waits for", "cat": "dma"})
+                events.append({"ph": "f", "bp": "e", "pid": pid, "tid": tid, "ts": ts, "id": flow,
+                               "name": "waits for", "cat": "dma"})
         return events
 
     def _trace_span(self, start: int, cycles: int) -> tuple[float, float]:
@@ -454,6 +593,18 @@ def track_name(engine: str, unit: int, units: int) -> str:
     if engine == TENSOR:
         return f"tensor unit {unit}"
     return engine if units == 1 else f"{engine} {unit}"
+
+
+def _file_line(place: str) -> tuple[str, int]:
+    """`file:line:col` -> (file, line)."""
+    file, line, _ = place.rsplit(":", 2)
+    return file, int(line)
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """`total` in `parts` whole shares as equal as can be, the larger first; they sum to it."""
+    q, r = divmod(total, parts)
+    return [q + (i < r) for i in range(parts)]
 
 
 def _padding_line(padding: Padding | None) -> str:

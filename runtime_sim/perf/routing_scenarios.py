@@ -5,7 +5,14 @@ A routing argument is a function argument carrying the arg attribute
 (the `pin-routing` pass makes one of each `moe.scatter`'s expert indices). A scenario fills it:
 
 - `balanced`: round robin, token t takes experts (t*K + k) mod E for k = 0..K-1, so every
-  expert receives T*K/E pairs, give or take one. The best case for the blockwise layout.
+  expert receives T*K/E pairs, give or take one. The best case for the blockwise layout. Over
+  a mesh whose ep chips each hold E/ep consecutive experts (`chips`), the round robin goes
+  over the chips as well: the pairs are dealt in runs of r = gcd(K, E/ep), run q to chip
+  q mod ep (that chip's experts in turn), so every chip receives T*K/ep pairs give or take r
+  even when T*K < E, a token's pairs still sit on K/r consecutive chips (one when K divides
+  E/ep), and each expert still receives T*K/E give or take one (the same counts as on one
+  chip, the experts renamed). Once every chip's tokens cover all E experts (T*K/(dp*ep) a
+  multiple of E), each chip sends as many pairs and tokens to each chip as without the runs.
 - `skewed`: Zipf-like popularity, P(expert e) proportional to 1 / (e + 1)^SKEW_EXPONENT
   (SKEW_EXPONENT = 1.0: expert 0 is the most popular), K distinct experts per token drawn
   without replacement in proportion to it (the Gumbel-top-k trick, which is exactly
@@ -18,6 +25,7 @@ A routing argument is a function argument carrying the arg attribute
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +43,18 @@ class RoutingError(Exception):
     """A routing scenario that cannot be used (unknown name, bad file, wrong shape)."""
 
 
-def balanced(tokens: int, k: int, experts: int) -> np.ndarray:
-    pairs = np.arange(tokens * k, dtype=np.int64).reshape(tokens, k)
-    return (pairs % experts).astype(np.int32)
+def balanced(tokens: int, k: int, experts: int, chips: int = 1) -> np.ndarray:
+    """Round robin over the experts, and over `chips` chips of E/chips experts each (module
+    docstring): on one chip, token t's k-th expert is (t*K + k) mod E."""
+    j = np.arange(tokens * k, dtype=np.int64).reshape(tokens, k) % experts
+    if chips > 1:
+        if experts % chips:
+            raise RoutingError(f"{experts} experts do not divide over {chips} chips")
+        per_chip = experts // chips
+        run = math.gcd(k, per_chip)
+        q = j // run
+        j = (q % chips) * per_chip + (q // chips) * run + j % run
+    return j.astype(np.int32)
 
 
 def skewed(tokens: int, k: int, experts: int, seed: int = 0) -> np.ndarray:
@@ -82,13 +99,15 @@ def check_choices(choices: np.ndarray, tokens: int, k: int, experts: int, where:
     return choices.astype(np.int32)
 
 
-def scenario_choices(scenario: str | Path, tokens: int, k: int, experts: int, seed: int = 0) -> np.ndarray:
-    """The [T, K] i32 expert choices of a named scenario or a file."""
+def scenario_choices(scenario: str | Path, tokens: int, k: int, experts: int, seed: int = 0,
+                     chips: int = 1) -> np.ndarray:
+    """The [T, K] i32 expert choices of a named scenario or a file; `chips` is the mesh's ep
+    chips, over which `balanced` deals its pairs too."""
     if k > experts:
         raise RoutingError(f"a routing of top-{k} over {experts} experts is impossible")
     name = str(scenario)
     if name == "balanced":
-        choices = balanced(tokens, k, experts)
+        choices = balanced(tokens, k, experts, chips)
     elif name == "skewed":
         choices = skewed(tokens, k, experts, seed)
     elif name == "one-expert":

@@ -24,6 +24,7 @@ from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation
 from xdsl.traits import SymbolTable
 
+from dialects.locations import created_by, op_places
 from runtime_sim.perf import cost_model
 from runtime_sim.perf.cost_model import DMA, TENSOR, CostModelError, engine_units, require_lowered
 from runtime_sim.perf.costs import register_cost_models
@@ -162,18 +163,23 @@ def trace_report(trace: Trace, machine: Machine, sram_policy: SramPolicy, plan: 
     gives it."""
     units = sched.units
     records: list[OpRecord] = []
+    sources: dict[Operation | None, tuple[tuple[str, ...], tuple[str, ...]]] = {None: ((), ())}
     for task in plan.tasks:
         if task.key in plan.extra:
             extra = plan.extra[task.key]
             name, cost, phase = extra.name, extra.cost, extra.phase
+            op = trace.ops[extra.serves].op
         else:
             traced = trace.ops[task.key]
-            name, cost, phase = traced.name, plan.cost(trace, task.key), traced.phase
+            name, cost, phase, op = traced.name, plan.cost(trace, task.key), traced.phase, traced.op
+        if op not in sources:  # once per op: a loop's ops run many times
+            sources[op] = (op_places(op), created_by(op))  # type: ignore[arg-type]
+        places, made_by = sources[op]
         slot = sched.slots[task.key]
         bound = "hbm" if slot.shared else cost.bound  # the commands in flight left it too little HBM
         records.append(OpRecord(task.key, task.label, name, cost.engine, slot.unit, slot.start, slot.end,
                                 slot.end - slot.start, cost.bytes_moved, cost.hbm_bytes, cost.flops, bound, phase, slot.units,
-                                slot.part_starts, slot.part_ends))
+                                slot.part_starts, slot.part_ends, places, made_by, task.deps))
     engines = [EngineRecord(e, n, sched.busy.get(e, 0), sched.utilisation(e)) for e, n in units.items()]
     bound = checked_roofline(machine, trace, work, sched.makespan)
     peak, cluster_peaks = scheduled_peak(plan, sched.slots, machine.clusters)

@@ -336,9 +336,13 @@ def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tupl
       holds f8, an f4e2m1 weight widened by the fetch stage's lookup table (docs/hardware.md,
       Precisions) after it is read at half a byte), tree depth 6 (`tree_depth_fp8_cycles`);
     - vector scales: every f32 partial sum (one per K-block of each result element) gets
-      lhs scale * rhs scale and is added to the running sum: the Float cluster's multiply
-      and fma in one pass (assumption: one pass, 4-way, as every float stage runs; the book
-      lists FpMul0/FpMul1 and FpFma as separate ALUs of the cluster), one ALU latency;
+      lhs scale * rhs scale and is added to the running sum, in the vector engine of the slice
+      that computed it: the Float cluster's multiply and fma in one pass (assumption: one pass,
+      4-way, as every float stage runs; the book lists FpMul0/FpMul1 and FpFma as separate ALUs
+      of the cluster), one ALU latency. A stage of the mapping's cost
+      (target/contraction_mapping.py), per slice: a mapping that leaves slices idle leaves
+      their vector engines idle too (before, the partial sums were spread over all the
+      cluster's slices whatever the mapping);
     - an `acc` operand (the previous F tile's running sum) is read back as for `tcp.contract`.
     The stages overlap (the engines are pipelined), so the invocation takes the largest.
     FLOPs: 2 per MAC (at the fp8 peak in the roofline), plus the bias adds; the scale work is
@@ -358,13 +362,12 @@ def cost_scaled_contract(op: Operation, operands: tuple[Any, ...], results: tupl
     out_elements = run * b * f
     commit = out_elements * 4
     macs = out_elements * d
-    partial_sums = out_elements * (d // op.k_block)
-    scales = {"vector scales": math.ceil(partial_sums / (machine.float_ways * machine.slices))}
+    extra = {}
     if bias is not None:  # as for tcp.contract: never faster than its FLOPs at the fp8 peak
-        scales["compute"] = math.ceil((macs + out_elements / 2) / machine.peak_fp8_macs_per_cycle)
+        extra["compute"] = math.ceil((macs + out_elements / 2) / machine.peak_fp8_macs_per_cycle)
     cycles, bound = command_cycles(machine, mapped_cost(op, machine), blocks=g, blocks_run=run,
                                    guards=g if guard is not None else 0,
-                                   tree_depth=machine.tree_depth_fp8_cycles + machine.alu_latency_cycles, extra=scales)
+                                   tree_depth=machine.tree_depth_fp8_cycles + machine.alu_latency_cycles, extra=extra)
     flops = 2 * macs + (out_elements if bias is not None else 0)
     return OpCost(TENSOR, cycles, bytes_moved=fetch + commit, flops=flops, bound=bound, fp8_flops=2 * macs)
 

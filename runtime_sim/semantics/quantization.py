@@ -7,7 +7,13 @@ uses (docs/architecture.md, Shared semantics).
   max_finite in f32 and values = saturate(x / scale): vLLM's `per_token_group_quant_fp8`
   (amax over the group, `eps` = 1e-10, division, clamp, cast), without its optional rounding of
   scales to powers of two.
-- `dequantize`: f32(value) * scale of the value's block, in f32.
+- `quantize_blocks`: the same over blocks of any shape (a weight's 128 x 128 blocks), with f32
+  scales as above or e8m0 scales as the OCP Microscaling spec (v1.0, 6.3) sets them: scale =
+  2^(floor(log2(amax)) - emax), emax the exponent of the type's largest value (2 for f4e2m1),
+  values = saturate(x / scale). `quantize` is its blocks of one row's group.
+- `dequantize`: f32(value) * scale of the value's block, in f32; a block shape given
+  explicitly may leave the last block along an axis ragged (a checkpoint's ceil-divided
+  blocks).
 - `scaled_contract`: partial sums over K-blocks in f32, each times (lhs scale * rhs scale),
   added in K order strictly left to right: how the chip applies block scales in the vector
   engine to the contraction engine's partial sums.
@@ -22,7 +28,14 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from runtime_sim.semantics.numerics import compute, contract, round_to, sequential_max, sequential_sum
+from runtime_sim.semantics.numerics import (
+    compute,
+    contract,
+    float8_e8m0,
+    round_to,
+    sequential_max,
+    sequential_sum,
+)
 
 QUANTIZE_EPS = np.float32(1e-10)
 """The floor on a group's amax, so an all-zero group gets a finite scale (vLLM's eps)."""
@@ -32,37 +45,68 @@ def max_finite(dtype: np.dtype) -> np.float32:
     return np.float32(ml_dtypes.finfo(dtype).max)
 
 
-def group_scales(x: np.ndarray, dtype: np.dtype, group: int) -> np.ndarray:
-    """f32 scales [..., N / group] of x [..., N]: max(amax of the group, eps) / max_finite. The
-    amax folds left to right (`sequential_max`), so a NaN in a group gives that group a NaN
-    scale at every level."""
-    xf = compute(np.asarray(x))
-    grouped = xf.reshape(*xf.shape[:-1], xf.shape[-1] // group, group)
-    amax = sequential_max(np.abs(grouped), axis=-1)
+def _blocked(x: np.ndarray, block: tuple[int, ...]) -> np.ndarray:
+    """x [n0, n1, ...] as [n0 / b0, n1 / b1, ..., b0 * b1 * ...]: each block's elements on the
+    last axis, in row-major order within the block."""
+    shape = [size for n, b in zip(x.shape, block) for size in (n // b, b)]
+    nd = len(block)
+    if all(b == 1 for b in block[:-1]):  # groups along the last axis: no transpose
+        return x.reshape(*x.shape[:-1], x.shape[-1] // block[-1], block[-1])
+    return x.reshape(shape).transpose(*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)).reshape(
+        *shape[0::2], int(np.prod(block, dtype=np.int64)))
+
+
+def block_scales(x: np.ndarray, dtype: np.dtype, block: tuple[int, ...], scale_dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
+    """The scales of x's blocks (`block` divides x's shape): f32 max(amax, eps) / max_finite, or
+    e8m0 2^(floor(log2(amax)) - emax) (OCP MX; the exponent clipped to e8m0's range). The amax
+    folds left to right (`sequential_max`), so a NaN in a block gives it a NaN scale at every
+    level."""
+    amax = sequential_max(np.abs(_blocked(compute(np.asarray(x)), block)), axis=-1)
+    if scale_dtype == float8_e8m0:
+        emax = np.floor(np.log2(max_finite(dtype)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            exponent = np.clip(np.floor(np.log2(amax)) - emax, -127, 127)
+        return np.exp2(exponent).astype(np.float32).astype(float8_e8m0)  # NaN stays NaN (0xff)
     return (np.maximum(amax, QUANTIZE_EPS) / max_finite(dtype)).astype(np.float32)
+
+
+def quantize_blocks(x: np.ndarray, dtype: np.dtype, block: tuple[int, ...],
+                    scale_dtype: np.dtype = np.dtype(np.float32)) -> tuple[np.ndarray, np.ndarray]:
+    """x as values of `dtype` (x / its block's scale, saturated) and the scales of its blocks."""
+    xf = compute(np.asarray(x))
+    scales = block_scales(xf, dtype, block, scale_dtype)
+    split = [size for n, b in zip(xf.shape, block) for size in (n // b, b)]
+    spread = [size for n, b in zip(xf.shape, block) for size in (n // b, 1)]  # each scale over its block
+    values = round_to(xf.reshape(split) / compute(scales).reshape(spread), dtype)
+    return values.reshape(xf.shape), scales
+
+
+def group_scales(x: np.ndarray, dtype: np.dtype, group: int) -> np.ndarray:
+    """f32 scales [..., N / group] of x [..., N]: max(amax of the group, eps) / max_finite."""
+    x = np.asarray(x)
+    return block_scales(x, dtype, (1,) * (x.ndim - 1) + (group,))
 
 
 def quantize(x: np.ndarray, dtype: np.dtype, group: int) -> tuple[np.ndarray, np.ndarray]:
     """x [..., N] as values [..., N] of `dtype` and f32 scales [..., N / group]."""
-    xf = compute(np.asarray(x))
-    scales = group_scales(xf, dtype, group)
-    grouped = xf.reshape(*xf.shape[:-1], xf.shape[-1] // group, group)
-    values = round_to(grouped / scales[..., None], dtype)
-    return values.reshape(xf.shape), scales
+    x = np.asarray(x)
+    return quantize_blocks(x, dtype, (1,) * (x.ndim - 1) + (group,))
 
 
-def expand_scales(scales: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Scales in f32, repeated along every axis to the values' shape (one per element)."""
+def expand_scales(scales: np.ndarray, shape: tuple[int, ...], block: tuple[int, ...] | None = None) -> np.ndarray:
+    """Scales in f32, one per element of the values' shape: each repeated over its block (by
+    default the shape over the scales', exactly; a given `block` may overhang the values at
+    the end of an axis)."""
     out = compute(np.asarray(scales))
     for axis, size in enumerate(shape):
-        out = np.repeat(out, size // out.shape[axis], axis=axis)
-    return out
+        out = np.repeat(out, block[axis] if block else size // out.shape[axis], axis=axis)
+    return out[tuple(slice(0, size) for size in shape)]
 
 
-def dequantize(values: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """f32(value) * its block's scale, in f32."""
+def dequantize(values: np.ndarray, scales: np.ndarray, block: tuple[int, ...] | None = None) -> np.ndarray:
+    """f32(value) * its block's scale, in f32 (`block`: see `expand_scales`)."""
     values = np.asarray(values)
-    return compute(values) * expand_scales(scales, values.shape)
+    return compute(values) * expand_scales(scales, values.shape, block)
 
 
 _CHUNK = 1 << 22

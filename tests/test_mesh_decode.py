@@ -1,0 +1,194 @@
+"""Issue #31, parts 4 to 6: the served decode step on a mesh (T global or per chip, down to one
+token per chip; the all-to-all's latency-bound regime), the mesh report's choices, and cost-only
+routings that load the chips as they load the experts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from runtime_sim.perf.routing_scenarios import balanced
+from tcpc.cli import main
+
+DEEPSEEK_ROUTING = [a for d in ("E=256", "K=8", "NG=8", "TG=4") for a in ("--set", d)]
+"""DeepSeek-V3's routing (top-8 of 256 experts, 4 of 8 groups) at examples/deepseek_v3.moe's small D and F."""
+
+
+@pytest.mark.parametrize("tokens, k, experts, chips", [(8, 8, 256, 8), (3, 4, 16, 2), (5, 2, 8, 8), (16, 6, 48, 4),
+                                                       (7, 3, 12, 4), (40, 8, 128, 8)])
+def test_balanced_deals_pairs_over_chips_and_experts(tokens: int, k: int, experts: int, chips: int) -> None:
+    """On ep chips of E/ep consecutive experts, `balanced` loads every chip within one run of
+    r = gcd(K, E/ep) pairs and every expert within one pair, a token's K experts distinct; on
+    one chip it is (t*K + k) mod E."""
+    one_chip = balanced(tokens, k, experts)
+    assert one_chip.tolist() == [[(t * k + j) % experts for j in range(k)] for t in range(tokens)]
+    choices = balanced(tokens, k, experts, chips)
+    assert all(len(set(row)) == k for row in choices.tolist())
+    per_expert = np.bincount(choices.ravel(), minlength=experts)
+    assert per_expert.max() - per_expert.min() <= 1
+    assert sorted(per_expert) == sorted(np.bincount(one_chip.ravel(), minlength=experts))
+    per_chip = np.bincount(choices.ravel() // (experts // chips), minlength=chips)
+    assert per_chip.max() - per_chip.min() <= math.gcd(k, experts // chips)
+
+
+def test_balanced_routing_loads_every_chip_at_one_token_each(tmp_path) -> None:
+    """DeepSeek-V3's routing on 8 chips at one token per chip: each chip receives a token's 8
+    pairs (round robin over the experts alone put all 64 on chips 0 and 1) and does the same
+    work."""
+    out = tmp_path / "r.json"
+    assert main(["run", "examples/deepseek_v3.moe", *DEEPSEEK_ROUTING, "--set", "T=8", "--set", "B=1",
+                 "--mesh", "ep=8", "--cost-only", "--report-json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    busy = {sum(e["busy_cycles"] for e in chip["engines"] if e["name"] in ("tensor", "dma")) for chip in data["chips"]}
+    assert len(busy) == 1
+
+
+def test_balanced_routing_line_says_how_the_chips_are_loaded(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "examples/deepseek_v3.moe", *DEEPSEEK_ROUTING, "--set", "T=16", "--set", "B=2",
+                 "--mesh", "dp=2,ep=4", "--cost-only"]) == 0
+    assert "balanced: 16 tokens x top-8 of 256 experts, 128 experts used, busiest 1 pairs; 16 pairs to each chip" \
+        in capsys.readouterr().out
+
+
+def test_routing_file_splits_over_chips_as_the_tokens_do(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A routing file's row t is token t of the whole mesh: chip c's tokens [c*T/n, (c+1)*T/n)
+    take rows [c*T/n, (c+1)*T/n), and the rows each chip receives in the dispatch are the
+    tokens of other chips with a pair on its experts, once each (E = 16 over ep = 4: chip c
+    holds experts 4c..4c+3)."""
+    rng = np.random.default_rng(7)
+    choices = np.argsort(rng.random((16, 16)), axis=1)[:, :4].astype(np.int32)  # T = 16, top-4 of 16
+    path = tmp_path / "routing.npy"
+    np.save(path, choices)
+    out = tmp_path / "r.json"
+    assert main(["run", "examples/deepseek_v3.moe", "--set", "T=16", "--set", "B=2", "--mesh", "ep=4", "--cost-only",
+                 "--routing", str(path), "--report-json", str(out)]) == 0
+    owner, home = choices // 4, np.repeat(np.arange(4), 4)
+    pairs = [int((owner == c).sum()) for c in range(4)]
+    assert f"pairs by chip: {', '.join(map(str, pairs))}" in capsys.readouterr().out
+    links = json.loads(out.read_text())["links"]
+    row_bytes = 64 * 2  # D = 64, bf16
+    for c in range(4):
+        rows = int(((owner == c).any(axis=1) & (home != c)).sum())
+        recv_x = next(x for x in links if x["chip"] == c and "recv_x" in x["label"])
+        assert recv_x["received_bytes"] == rows * row_bytes
+    np.save(path, choices[:8])  # the tokens of two chips only
+    assert main(["run", "examples/deepseek_v3.moe", "--set", "T=16", "--set", "B=2", "--mesh", "ep=4", "--cost-only",
+                 "--routing", str(path)]) == 1
+    assert ("expert choices have shape [8, 4], the routing needs [16, 4] (the mesh's T = 16 tokens in token order, "
+            "split over its 4 token shards as the tokens are: 4 each)") in capsys.readouterr().err
+
+
+def test_t_that_does_not_divide_says_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
+    """T is the whole mesh's tokens: T = 1 over 8 chips is refused with the T that would do and
+    how to give T per chip instead."""
+    assert main(["run", "examples/deepseek_v3.moe", "--set", "T=1", "--mesh", "ep=8"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tcpc: error: T = 1 tokens do not divide over dp * ep = 8 chips: T counts the tokens of "
+                          "the whole mesh, each chip holding T / 8 (its own batch); T = 8 is 1 per chip (--set T=8), "
+                          "or add tokens=per-chip to --mesh to give T per chip")
+    assert main(["run", "examples/deepseek_v3.moe", "--set", "T=12", "--mesh", "dp=2,ep=4"]) == 1
+    assert "T = 8 is 1 per chip (--set T=8), T = 16 is 2 per chip (--set T=16)" in capsys.readouterr().err
+    assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=8,tokens=local"]) == 1
+    assert "unknown tokens 'local' (expected global, per-chip)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mesh", ["ep=8", "ep=8,strategy=a2a_sum", "dp=2,ep=2,tp=2"])
+def test_one_token_per_chip_is_the_single_chip_layer(mesh: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The served decode step: `--set T=1 --mesh ...,tokens=per-chip` runs the layer of dp*ep
+    tokens, one on each chip (its own batch), and gives one chip's outputs bit for bit."""
+    assert main(["run", "examples/deepseek_v3.moe", "--set", "T=1", "--mesh", f"{mesh},tokens=per-chip", "--check"]) == 0
+    out = capsys.readouterr().out
+    shards = 4 if "tp" in mesh else 8  # the tp chips of a group share their token
+    assert f"8 chips of rngd on rngd-pcie, T = {shards} tokens (1 per chip)" in out
+    assert f"out0 bf16[{shards}, 64]" in out and "check: outputs equal the reference" in out
+
+
+def test_tokens_per_chip_needs_one_dim_of_tokens(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tokens=per-chip scales the dim that counts the tokens; tokens whose count is an
+    expression name no such dim."""
+    layer = tmp_path / "layer.moe"
+    layer.write_text("""dims S = 4, D = 8, F = 16, E = 4, K = 2, B = 2
+graph g(x: bf16[2 * S, D], router: f32[D, E], w_up: bf16[E, D, F], w_down: bf16[E, F, D]) -> bf16[2 * S, D] {
+    top_p, top_e = topk(softmax(f32(x) @ router), K)
+    xb, route = scatter(x, top_e, experts=E, block=B)
+    return combine(grouped_matmul(silu(grouped_matmul(xb, w_up, route)), w_down, route), route, bf16(top_p))
+}
+""")
+    assert main(["run", str(layer), "--mesh", "ep=2,tokens=per-chip"]) == 1
+    assert ("tokens=per-chip multiplies the dim that counts the T = 8 scattered tokens by the 2 token shards, but no "
+            "one dim of @g's arguments is T; give T over the whole mesh instead") in capsys.readouterr().err
+    assert main(["run", str(layer), "--mesh", "ep=2", "--check"]) == 0
+
+
+def test_decode_all_to_alls_are_latency_bound(tmp_path) -> None:
+    """Every collective step pays the mesh file's latency (2,000 cycles on rngd_pcie) before its
+    bytes: at one token per chip each all-to-all is mostly that latency (the report marks it),
+    and a transfer of more than latency x bandwidth bytes is bandwidth-bound."""
+    out = tmp_path / "r.json"
+    assert main(["run", "examples/deepseek_v3.moe", "--set", "T=1", "--mesh", "ep=8,tokens=per-chip", "--cost-only",
+                 "--routing", "skewed", "--report-json", str(out)]) == 0
+    links = json.loads(out.read_text())["links"]
+    to_all = [x for x in links if x["op"] == "ccl.all_to_all"]
+    assert {x["latency_cycles"] for x in to_all} == {2000}
+    assert all(x["busy_cycles"] == 2000 + math.ceil(max(x["sent_bytes"], x["received_bytes"]) / 30) for x in to_all)
+    assert {x["bound"] for x in to_all} == {"latency"} and max(x["received_bytes"] for x in to_all) > 0
+    assert main(["run", "examples/deepseek_v3.moe", "--set", "T=64", "--set", "D=1024", "--set", "B=16",
+                 "--mesh", "ep=2,tokens=per-chip", "--cost-only", "--report-json", str(out)]) == 0
+    recv_x = [x for x in json.loads(out.read_text())["links"] if "recv_x" in x["label"]]
+    assert all(x["received_bytes"] > 2000 * 30 and x["bound"] == "bandwidth" for x in recv_x)
+
+
+def test_deepep_decode_setting_costs_latency_plus_bytes() -> None:
+    """DeepEP's low-latency benchmark setting (128 tokens per chip, hidden 7168, top-8 of 256
+    on 8 chips) on rngd_pcie's link: a dispatch all-to-all of bf16 rows, 7/8 of the tokens to
+    each other chip, costs one step's latency and its bytes at 30 B/cycle, hundreds of
+    microseconds (bandwidth-bound, as DeepEP's own 77 us at 98 GB/s are); one token per chip
+    sent to the 7 others costs the latency and 3,346 cycles of bytes."""
+    from xdsl.dialects.builtin import TensorType, bf16, i32
+    from xdsl.utils.test_value import create_ssa_value
+
+    from dialects import ccl
+    from runtime_sim.perf.ccl_cost import link_parts, traffic
+    from target.mesh_machine import load_mesh_machine
+
+    machine = load_mesh_machine()
+    x = create_ssa_value(TensorType(bf16, [8, 128, 7168]))
+    op = ccl.AllToAllOp(x, "ep", 8, rows=create_ssa_value(TensorType(i32, [8])))
+    send = np.zeros((8, 128, 7168), dtype=np.uint16)  # bf16 rows: 2 B a value
+
+    def dispatch(rows_to_each: int) -> tuple[int, int]:
+        rows = np.full(8, rows_to_each, dtype=np.int32)
+        return link_parts(machine, [traffic(op, (send, rows), 8, me) for me in range(8)], 0)
+
+    latency, transfer = dispatch(112)
+    assert latency == 2000 and transfer == math.ceil(7 * 112 * 7168 * 2 / 30)
+    assert 300 < (latency + transfer) / 1000 < 500  # microseconds at 1 GHz
+    assert dispatch(1) == (2000, 3346)
+
+
+def test_mesh_report_shows_its_choices_and_loops(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The block and the top-k strategy chosen on the mesh, and the chips' loops, in the text
+    report and in every chip's JSON; the block's cycles are the mesh's (the top-k choice's
+    default strategy at that block costs the same), and `tcpc compile --mesh` chooses it too."""
+    out = tmp_path / "r.json"
+    assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4,topk=auto", "--cost-only", "--report",
+                 "--report-json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(block=auto); cycles by block on the mesh ep=4 (a2a) (balanced routing): " in text
+    assert "(topk=auto); cycles by lower-topk strategy on the mesh ep=4 (a2a) (balanced routing): rank: " in text
+    assert "schedule (every chip): experts loop %block: " in text
+    data = json.loads(out.read_text())
+    block, topk = data["choices"]
+    assert (block["what"], topk["what"], block["on"]) == ("block", "lower-topk strategy", "the mesh ep=4 (a2a)")
+    for chip in data["chips"]:
+        assert chip["choices"] == data["choices"] and chip["loops"] and chip["contractions"]
+        assert any(loop["phase"] == "experts" for loop in chip["loops"])
+    by_block = {a["value"]: a["cycles"] for a in block["alternatives"]}
+    assert by_block[block["chosen"]] == min(by_block.values())
+    assert {a["value"]: a["cycles"] for a in topk["alternatives"]}["rank"] == by_block[block["chosen"]]
+    assert main(["compile", "examples/deepseek_v3.moe", "--mesh", "ep=4", "--emit", "lowered"]) == 0
+    assert capsys.readouterr().out.startswith(f"// chose block {block['chosen']} at examples/deepseek_v3.moe:41:52 "
+                                              "(block=auto); cycles by block on the mesh ep=4 (a2a)")
