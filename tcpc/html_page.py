@@ -161,17 +161,17 @@ def _source(report: SimReport, files: Mapping[str, int], note: str) -> str:
 
 def _passes(steps: Sequence[IRStep], pipeline: str) -> str:
     """Each step's IR in a collapsed `<details>`, the last one open; a pass that changed
-    nothing is one line."""
+    nothing is one line, marked unchanged."""
     changed = sum(s.changed for s in steps if s.index)
     out = [f'<p class="note">Pipeline: <code>{_e(pipeline or "none (the IR as given)")}</code>; '
            f"{changed} of {max(len(steps) - 1, 0)} passes changed the IR (the others are marked unchanged). "
            "Op counts by dialect: the input's, then each pass's changes.</p>"]
     last = max((s.index for s in steps if s.changed), default=-1)
     for s in steps:
-        head = (f'<span class="index">{s.index:02d}</span> <span class="pass">{_e(s.name)}</span> '
-                f'<span class="badge">{"changed" if s.changed else "unchanged"}</span> '
+        badge = "" if s.index == 0 else f'<span class="badge">{"changed" if s.changed else "unchanged"}</span> '
+        head = (f'<span class="index">{s.index:02d}</span> <span class="pass">{_e(s.name)}</span> {badge}'
                 f'<span class="ops">{_e(s.ops)}</span>')
-        if s.text is None:
+        if s.text is None:  # the IR is the previous step's
             out.append(f'<div class="step unchanged" id="step-{s.index}">{head}</div>')
             continue
         is_open = " open" if s.index == last else ""
@@ -314,7 +314,7 @@ def _rect(e: Mapping[str, Any], track: str, span: float, cycles_per_us: float, o
     x, width = _x(e["ts"], span), max(e["dur"] / span * PLOT_WIDTH, MIN_RECT_WIDTH)
     return (f'<rect class="{kind}" x="{x:.2f}" y="0" width="{width:.2f}" height="{ROW_HEIGHT}"'
             f"{_locs_attribute(_locs(a, files))}>"
-            f"<title>{_e(_tooltip(e, track, cycles_per_us))}</title></rect>")
+            f"<title>{_text(_tooltip(e, track, cycles_per_us))}</title></rect>")
 
 
 def _locs_attribute(tokens: Collection[str]) -> str:
@@ -359,7 +359,7 @@ def _binned(track: _Track, bins: int, span: float, cycles_per_us: float, on_path
                  f"{phase}\nlongest: {longest[b][1]}")
         yield (f'<rect class="{kind}" x="{_x(b * width, span):.2f}" y="0" width="{PLOT_WIDTH / bins:.2f}" '
                f'height="{ROW_HEIGHT}" fill-opacity="{max(share, 0.15):.2f}"{_locs_attribute(locs[b])}>'
-               f"<title>{_e(title)}</title></rect>")
+               f"<title>{_text(title)}</title></rect>")
 
 
 STYLE = """

@@ -62,7 +62,8 @@ class IRStep:
     name: str
     text: str | None
     ops: str
-    """Its op counts by dialect (`counted`), or, after a pass, those it changed (`delta`)."""
+    """Its op counts by dialect (`counted`), or, after a pass that changed the IR, those it
+    changed (`delta`)."""
 
     @property
     def changed(self) -> bool:
@@ -81,7 +82,7 @@ class IRHistory:
     def __call__(self, step: PassStep) -> None:
         counts = ops_by_dialect(step.module)
         if self._previous is not None and same_ir(step.module, self._previous):
-            self.steps.append(IRStep(step.index, step.name, None, "unchanged"))
+            self.steps.append(IRStep(step.index, step.name, None, ""))
             return
         ops = counted(counts) if step.pass_ is None else delta(self._counts, counts)
         self.steps.append(IRStep(step.index, step.name, print_ir(step.module), ops))
