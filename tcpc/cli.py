@@ -261,7 +261,7 @@ def instruments(args: argparse.Namespace, dump: Path | None, graph: str, machine
         dump=IRDump(dump, generic, write, locations) if dump is not None else None,
         timer=PassTimer() if args.time_passes else None,
         stats=PassStatistics(graph, machine, routing, seed) if args.pass_stats else None,
-        history=IRHistory() if getattr(args, "html", None) else None)  # run's flag
+        history=IRHistory() if getattr(args, "html", None) else None)  # run's --html
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -765,7 +765,8 @@ def mesh_cycles(report: MeshReport) -> str:
 def mesh_page(program: Program, sim: MeshSimulation, title: str, facts: list[tuple[str, str]]) -> Page:
     """--html of a mesh run: its source figures are the slowest chip's, whose critical path is
     the mesh's total (every chip runs the one program); its IR, a chip's passes, compiled once
-    more as the run compiled it (the run's own compiles resolve `auto`s on every chip)."""
+    more with the pipeline the run simulated (simulate_on_mesh takes no per-pass hook: with
+    topk=auto it compiles the program once per strategy)."""
     report = sim.report
     history = IRHistory()
     program.lower(sim.pipeline, machine=report.machine.chip, after_each=history)
