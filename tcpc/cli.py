@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
@@ -30,9 +30,11 @@ from tcpc.arrays import InputError, load_npz, save_outputs
 from tcpc.checkpoints import CONVERSIONS, CheckpointError
 from tcpc.diagnostics import CompileError
 from tcpc.host_memory import ResourceError
-from tcpc.mesh_run import (MAX_SIMULATED_CHIPS, MeshSpec, check_on_mesh, compile_for_mesh, scattered_tokens,
-                           simulate_on_mesh)
-from tcpc.pass_instruments import IRDump, IRPrinter, PassInstruments, PassStatistics, PassTimer
+from tcpc.html_page import Page
+from tcpc.html_page import render as render_page
+from tcpc.mesh_run import (MAX_SIMULATED_CHIPS, MeshSimulation, MeshSpec, check_on_mesh, compile_for_mesh,
+                           scattered_tokens, simulate_on_mesh)
+from tcpc.pass_instruments import IRDump, IRHistory, IRPrinter, PassInstruments, PassStatistics, PassTimer
 from tcpc.pipelines import PipelineError, apply_pipeline, parse_pipeline
 from tcpc.program import Program, SimulationResult, as_machine, choice_routing, compile_file, print_ir
 from tcpc.progress import Progress
@@ -41,7 +43,10 @@ from tcpc.streams import EXIT_BROKEN_PIPE, OutputError, cannot_write, checked_st
 from tcpc.sweep import MAX_POINTS, SweepError
 
 if TYPE_CHECKING:
-    from runtime_sim.perf.report import SimReport
+    from xdsl.dialects import func
+
+    from runtime_sim.perf.mesh_simulate import MeshReport
+    from runtime_sim.perf.report import BetterBlock, Choice, SimReport
     from target.machine import Machine
 
 
@@ -151,6 +156,9 @@ def make_parser() -> argparse.ArgumentParser:
                         f"phase, by source line, every op and the critical path; default all three)")
     r.add_argument("--report-json", default=None, metavar="FILE", help="write the report as JSON")
     r.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace (open it in Perfetto)")
+    r.add_argument("--html", default=None, metavar="FILE",
+                   help="write the run as one self-contained page that opens offline: the source with each line's "
+                        "cycles, the IR after each pass, the report's tables and a timeline")
     r.add_argument("--machine", default=None, metavar="FILE", help="machine file (TOML; default: RNGD)")
     r.add_argument("--sram-policy", choices=("spill", "error"), default="spill",  # memory_plan.SRAM_POLICIES
                    help="when SRAM is full: spill to HBM, and stream ops too large for SRAM through it (default), or stop with an error")
@@ -252,7 +260,8 @@ def instruments(args: argparse.Namespace, dump: Path | None, graph: str, machine
         printer=IRPrinter(generic, locations) if getattr(args, "print_ir_after_all", False) else None,
         dump=IRDump(dump, generic, write, locations) if dump is not None else None,
         timer=PassTimer() if args.time_passes else None,
-        stats=PassStatistics(graph, machine, routing, seed) if args.pass_stats else None)
+        stats=PassStatistics(graph, machine, routing, seed) if args.pass_stats else None,
+        history=IRHistory() if getattr(args, "html", None) else None)  # run's --html
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -351,7 +360,7 @@ def describe(name: str, value: np.ndarray) -> str:
     return f"{name}: {list(value.shape)} {value.dtype.name}  first {head}{stats}"
 
 
-SIMULATION_FLAGS = ("report", "report_json", "trace", "machine", "cost_only", "routing")
+SIMULATION_FLAGS = ("report", "report_json", "trace", "html", "machine", "cost_only", "routing")
 
 
 def report_by(args: argparse.Namespace) -> tuple[str, ...]:
@@ -429,7 +438,7 @@ def simulate_with_progress(program: Program, fn_name: str, args: argparse.Namesp
 def partly_lowered(program: Program, args: argparse.Namespace) -> str:
     """Why the IR after `-p` cannot be simulated (the ops left without a cost), or "" when it
     can, or when the user asked for something only a simulation gives."""
-    wants_cycles = args.report or args.report_json or args.trace or args.cost_only
+    wants_cycles = args.report or args.report_json or args.trace or args.html or args.cost_only
     if args.pipeline is None or wants_cycles:
         return ""
     from runtime_sim.perf.simulate import uncosted_ops  # the simulator registers every cost model
@@ -448,7 +457,7 @@ def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     would leave only the last."""
     reads = [args.file, args.inputs, args.machine, args.routing]
     paths: dict[str, Path] = {}
-    for flag in ("out", "report_json", "trace"):
+    for flag in ("out", "report_json", "trace", "html"):
         value = getattr(args, flag)
         if value:
             name = "--" + flag.replace("_", "-")
@@ -524,11 +533,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         sim = simulate_with_progress(program, name, args, given, routing_check, watch)
         sys.stderr.write(watch.report())
         report = sim.report
-        if args.report or args.report_json:  # a block search per fixed block: only for a report
+        if args.report or args.report_json or args.html:  # a block search per fixed block: only for a report
             report.better_blocks = program.better_blocks(graph=name, **choose_for)
         level = f"after {sim.pipeline}" if sim.pipeline else "as given"
         if sim.cost_only:
-            print(f"graph {name} from {args.file}, {level}, cost-only on {report.machine.name} (no values computed)")
+            title = f"graph {name} from {args.file}, {level}, cost-only on {report.machine.name} (no values computed)"
+            print(title)
             print_choices(report, args.report)
             for arg, routing in sim.routing.items():
                 print(f"  routing %{arg}: {routing.describe()}")
@@ -537,7 +547,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             for i, t in enumerate(fn.function_type.outputs.data):
                 print(f"  out{i} {format_type(t)}: not computed (cost-only)")
         else:
-            print(f"graph {name} from {args.file}, {level}, simulated on {report.machine.name}, seed {args.seed}")
+            title = f"graph {name} from {args.file}, {level}, simulated on {report.machine.name}, seed {args.seed}"
+            print(title)
             print_choices(report, args.report)
         outputs = sim.outputs
     for i, (value, t) in enumerate(zip(outputs, fn.function_type.outputs.data)):
@@ -553,9 +564,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.report_json:
             write_json(paths["--report-json"], report.to_json())
             print(f"wrote {args.report_json}")
+        trace = report.chrome_trace(None if sim.trace is None else ir_forms(sim.trace)) if args.trace or args.html else {}
         if args.trace:
-            write_json(paths["--trace"], report.chrome_trace(None if sim.trace is None else ir_forms(sim.trace)))
+            write_json(paths["--trace"], trace)
             print(f"wrote {args.trace}")
+        if args.html:
+            assert watch.history is not None, "instruments() watches the pipeline for --html"
+            routing_text = {arg: r.describe() for arg, r in sim.routing.items()}
+            facts = [*run_facts(report.machine.name, cycle_summary(report), report.choices, report.better_blocks or (),
+                                routing_text), *output_facts(fn, outputs, sim.cost_only)]
+            page = Page(title, facts, report, "", watch.history.steps, sim.pipeline,
+                        report.to_text(max_ops=max_ops, tables=[t for t in tables if t != "line"]), trace,
+                        {1: report.critical_path})
+            write_page(paths["--html"], args.html, page)
     if args.out:
         write_file(paths["--out"], lambda f: save_outputs(f, outputs))
         print(f"wrote {args.out}")
@@ -571,6 +592,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
     return EXIT_OK
+
+
+def run_facts(machine: str, cycles: str, choices: Sequence[Choice], better_blocks: Sequence[BetterBlock],
+              routing: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The head of `--html`'s page: the machine, the cycle line, the cost model's choices and
+    the routing, in the words the run prints them."""
+    return [("machine", machine), ("cycles", cycles.removeprefix("cycles: ")),
+            *(("chose", c.describe()) for c in choices), *(("better block", b.describe()) for b in better_blocks),
+            *((f"routing %{arg}", text) for arg, text in routing.items())]
+
+
+def output_facts(fn: func.FuncOp, outputs: Sequence[np.ndarray], cost_only: bool) -> list[tuple[str, str]]:
+    """Each output as the run prints it (`describe`), or that cost-only computes none."""
+    types = fn.function_type.outputs.data
+    if cost_only:
+        return [(f"out{i}", f"{format_type(t)}: not computed (cost-only)") for i, t in enumerate(types)]
+    return [(f"out{i}", describe(format_type(t), value)) for i, (value, t) in enumerate(zip(outputs, types))]
+
+
+def write_page(path: Path, given: str, page: Page) -> None:
+    """--html: the page, written whole or not at all."""
+    text = render_page(page)
+    write_file(path, lambda f: f.write(text.encode()))
+    print(f"wrote {given}")
 
 
 def report_ops(value: str) -> int | None:
@@ -667,12 +712,15 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
     per_chip = f", T = {tokens:,} tokens ({tokens // spec.mesh.token_shards:,} per chip)" if tokens else ""
     how = (f"{spec.mesh} ({spec.strategy}), {len(report.chips)} chips of {report.machine.chip.name} on "
            f"{report.machine.name}{per_chip}")
+    routing_text = {arg: f"{used.describe()}; {received_by_chip(used, spec)}" for arg, used in sim.routing.items()}
     if sim.cost_only:
-        print(f"graph {name} from {args.file}, sharded over {how}, cost-only (no values computed)")
-        for arg, used in sim.routing.items():
-            print(f"  routing %{arg}: {used.describe()}; {received_by_chip(used, spec)}")
+        title = f"graph {name} from {args.file}, sharded over {how}, cost-only (no values computed)"
+        print(title)
+        for arg, text in routing_text.items():
+            print(f"  routing %{arg}: {text}")
     else:
-        print(f"graph {name} from {args.file}, sharded over {how}, seed {args.seed}")
+        title = f"graph {name} from {args.file}, sharded over {how}, seed {args.seed}"
+        print(title)
     if not args.report:  # --report's text carries them
         for choice in report.choices:
             print(f"  chose {choice.describe()}")
@@ -681,15 +729,18 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
     if args.report:
         print()
         sys.stdout.write(report.to_text())
-    comm = report.communication_cycles
-    print(f"cycles: {report.total_cycles:,} = {report.microseconds:,.3f} us on the slowest of {len(report.chips)} chips; "
-          f"{comm:,} in collectives ({comm / report.total_cycles:.0%})" if report.total_cycles else "cycles: 0")
+    print(mesh_cycles(report))
     if args.report_json:
         write_json(paths["--report-json"], report.to_json())
         print(f"wrote {args.report_json}")
     if args.trace:
         write_json(paths["--trace"], report.chrome_trace())
         print(f"wrote {args.trace}")
+    if args.html:
+        machine = f"{report.machine.name}: {len(report.chips)} x {report.machine.chip.name}"
+        facts = [*run_facts(machine, mesh_cycles(report), report.choices, (), routing_text),
+                 *output_facts(fn, sim.outputs, sim.cost_only)]
+        write_page(paths["--html"], args.html, mesh_page(program, sim, title, facts))
     if args.out:
         write_file(paths["--out"], lambda f: save_outputs(f, sim.outputs))
         print(f"wrote {args.out}")
@@ -702,6 +753,32 @@ def cmd_run_mesh(args: argparse.Namespace) -> int:
         print("check: outputs agree with the reference" if any(not c.identical for c in results)
               else "check: outputs equal the reference")
     return 0
+
+
+def mesh_cycles(report: MeshReport) -> str:
+    """One line: the slowest chip's cycles and time, and its share in collectives."""
+    if not report.total_cycles:
+        return "cycles: 0"
+    comm = report.communication_cycles
+    return (f"cycles: {report.total_cycles:,} = {report.microseconds:,.3f} us on the slowest of {len(report.chips)} "
+            f"chips; {comm:,} in collectives ({comm / report.total_cycles:.0%})")
+
+
+def mesh_page(program: Program, sim: MeshSimulation, title: str, facts: list[tuple[str, str]]) -> Page:
+    """--html of a mesh run: its source figures are the slowest chip's, whose critical path is
+    the mesh's total (every chip runs the one program); its IR, a chip's passes, compiled once
+    more with the pipeline the run simulated (simulate_on_mesh takes no per-pass hook: with
+    topk=auto it compiles the program once per strategy)."""
+    report = sim.report
+    history = IRHistory()
+    program.lower(sim.pipeline, machine=report.machine.chip, after_each=history)
+    slowest = max(range(len(report.chips)), key=lambda c: report.chips[c].total_cycles)
+    chip = report.chips[slowest]
+    chip.sources = program.source_lines(chip)
+    note = (f"The figures are chip {slowest}'s, the slowest of the {len(report.chips)}: its critical path is the "
+            "mesh's total cycles.")
+    return Page(title, facts, chip, note, history.steps, sim.pipeline, report.to_text(), report.chrome_trace(),
+                {c + 1: r.critical_path for c, r in enumerate(report.chips)})
 
 
 def received_by_chip(routing: Routing, spec: MeshSpec) -> str:

@@ -1,7 +1,8 @@
 """What each pass did: the watchers of a pipeline run behind `--print-ir-after-all`, `--dump-ir`,
-`--time-passes` and `--pass-stats` (docs/command-line.md). Each is a callback on the one per-pass
-hook, `apply_pipeline`'s `after_each` (tcpc.pipelines.PassStep), so they see the pipeline the
-user gets, after the driver resolved every `auto` option, never its candidate compiles."""
+`--time-passes`, `--pass-stats` and the IR section of `tcpc run --html` (docs/command-line.md).
+Each is a callback on the one per-pass hook, `apply_pipeline`'s `after_each`
+(tcpc.pipelines.PassStep), so they see the pipeline the user gets, after the driver resolved
+every `auto` option, never its candidate compiles."""
 
 from __future__ import annotations
 
@@ -50,6 +51,42 @@ class IRDump:
     def __call__(self, step: PassStep) -> None:
         self.write(self.directory / f"{step.index:02d}-{step.name}.mlir",
                    print_ir(step.module, self.generic, self.locations))
+
+
+@dataclass(frozen=True)
+class IRStep:
+    """One step of `IRHistory`: the IR after it as `--emit` prints it, or None when the pass
+    left the IR as it was (`same_ir`: the previous step's text stands)."""
+
+    index: int
+    name: str
+    text: str | None
+    ops: str
+    """Its op counts by dialect (`counted`), or, after a pass that changed the IR, those it
+    changed (`delta`)."""
+
+    @property
+    def changed(self) -> bool:
+        return self.text is not None
+
+
+class IRHistory:
+    """`tcpc run --html`: the IR at every step, and which passes changed it, as `--pass-stats`
+    decides it (`same_ir`); an unchanged step keeps no copy of the text."""
+
+    def __init__(self) -> None:
+        self.steps: list[IRStep] = []
+        self._previous: ModuleOp | None = None
+        self._counts: Counter[str] = Counter()
+
+    def __call__(self, step: PassStep) -> None:
+        counts = ops_by_dialect(step.module)
+        if self._previous is not None and same_ir(step.module, self._previous):
+            self.steps.append(IRStep(step.index, step.name, None, ""))
+            return
+        ops = counted(counts) if step.pass_ is None else delta(self._counts, counts)
+        self.steps.append(IRStep(step.index, step.name, print_ir(step.module), ops))
+        self._previous, self._counts = step.module.clone(), counts
 
 
 class PassTimer:
@@ -217,9 +254,10 @@ class PassInstruments:
     dump: IRDump | None = None
     timer: PassTimer | None = None
     stats: PassStatistics | None = None
+    history: IRHistory | None = None
 
     def __call__(self, step: PassStep) -> None:
-        for instrument in (self.printer, self.dump, self.timer, self.stats):
+        for instrument in (self.printer, self.dump, self.timer, self.stats, self.history):
             if instrument is not None:
                 instrument(step)
 

@@ -360,7 +360,7 @@ class SimReport:
         for o, on_path in self._costed():
             where = places.get(o.locations)
             if where is None:
-                where = places[o.locations] = list(dict.fromkeys(_file_line(p) for p in o.locations)) or [("", 0)]
+                where = places[o.locations] = list(dict.fromkeys(file_line(p) for p in o.locations)) or [("", 0)]
             figures = (o.engine_cycles, on_path, o.bytes, o.hbm_bytes, o.flops)
             shares = [_shares(f, len(where)) for f in figures]
             for i, place in enumerate(where):
@@ -556,7 +556,7 @@ class SimReport:
         """A trace event's arguments that say where its command came from (`trace_events`)."""
         if not o.locations:
             return {}
-        texts = [t.strip() for t in dict.fromkeys(self._line_text(*_file_line(p)) for p in o.locations) if t]
+        texts = [t.strip() for t in dict.fromkeys(self._line_text(*file_line(p)) for p in o.locations) if t]
         return {"location": ", ".join(o.locations), **({"source": " | ".join(texts)} if texts else {}),
                 "created_by": ", ".join(o.created_by)}
 
@@ -595,7 +595,7 @@ def track_name(engine: str, unit: int, units: int) -> str:
     return engine if units == 1 else f"{engine} {unit}"
 
 
-def _file_line(place: str) -> tuple[str, int]:
+def file_line(place: str) -> tuple[str, int]:
     """`file:line:col` -> (file, line)."""
     file, line, _ = place.rsplit(":", 2)
     return file, int(line)
