@@ -155,6 +155,19 @@ def test_example_checks(example: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert "check: outputs equal the reference" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("example", ["qwen3_moe_fp4_groups", "qwen3_moe_trellis3"])
+@pytest.mark.parametrize("passes", ["lower-topk,lower-routing,lower-dispatch",
+                                    "lower-topk,lower-routing,lower-dispatch,lower-quant,lower-math"])
+def test_changed_passes_keep_the_bits(example: str, passes: str) -> None:
+    """Translation validation of the two passes that changed: the IR after lower-dispatch (the
+    decode moved into the blocks) and after lower-quant (the decode on the vector engine)
+    gives the graph's bits."""
+    program = tcpc.compile_file(ROOT / "examples" / f"{example}.moe", {"T": 4, "E": 4, "K": 2, "B": 2})
+    want = program.run(seed=2).outputs[0]
+    got = program.run(seed=2, reference=False, pipeline=passes).outputs[0]
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
 def test_decode_is_per_block_at_the_stored_width() -> None:
     """The codes move at 3 bits each and only the blocks' experts are decoded: the trellis
     layer's gathers of codes carry no whole-tensor decode before them."""
