@@ -151,7 +151,7 @@ def test_codes_are_costed_in_their_tiles() -> None:
 def test_example_checks(example: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The lowered, scheduled layer gives the reference's bits (ragged groups and tiles)."""
     path = str(ROOT / "examples" / f"{example}.moe")
-    assert main(["run", path, "--set", "T=4", "--set", "E=4", "--set", "K=2", "--check"]) == 0
+    assert main(["run", path, "--set", "T=4", "--set", "E=4", "--set", "K=2", "--set", "B=2", "--check"]) == 0
     assert "check: outputs equal the reference" in capsys.readouterr().out
 
 
