@@ -4,6 +4,7 @@
     python benchmarks/precisions.py --quick    # T = 1 only; writes the file only with --out
     python benchmarks/precisions.py --out DIR
     python benchmarks/precisions.py --tokens 1 64   # chosen token counts
+    python benchmarks/precisions.py --formats fp4_groups trellis3 --tokens 1 2048   # the seed's formats
 
 For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
 
@@ -18,6 +19,15 @@ For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
   Qwen3's MXFP4 variants are their fp8 examples with the weights declared f4e2m1 and e8m0
   scales, `variant` below). The shared expert of DeepSeek-V3 takes its routed experts' format.
 
+Two more formats, the seed document's on quantized MoE kernels, for Qwen3-30B-A3B (their
+examples use Qwen3's routing), with bf16 activations and the weights decoded to bf16 block by
+block: `fp4_groups` (f4e2m1 with a bf16 scale per group of 128 along K,
+examples/qwen3_moe_fp4_groups.moe) and `trellis3` (3-bit codes in 16 x 16 tiles, an 8-entry
+grid, bf16 scales per group of 128 and bf16 sign vectors, examples/qwen3_moe_trellis3.moe).
+`--formats` computes only the formats named (with bf16, their ratio's reference) and, writing,
+replaces that run's own section of precisions.md, so the file says which rows come from which
+run.
+
 Each is compiled with the full pipeline and simulated cost-only with balanced routing, at
 T = 1 and 64 (decode) and 2048 and 4096 (prefill), the block size B chosen by the compiler (`block=auto`,
 tcpc/autotune.py: the candidate of fewest simulated cycles with balanced routing; column `B`;
@@ -27,8 +37,9 @@ as benchmarks/schedule.py does. Columns: simulated
 time; its ratio to the bf16 layer's; the chip limit of the format, computed here from the
 layer's FLOPs at the format's peak (the experts' contractions at the fp8 rate for fp8 and
 MXFP4, the rest at bf16's) and its minimal HBM bytes at HBM bandwidth (the weights of the
-experts balanced routing uses, at their stored width with their scales, the router's, the
-shared expert's, the tokens in and out), on the simulated machine (the whole chip); the simulated time over that limit; the HBM bytes the simulation moved (the layer's own
+experts balanced routing uses, at their stored width with their scales (and the trellis
+format's sign vectors), the router's, the shared expert's, the tokens in and out; the seed's
+formats contract in bf16, so their limit takes bf16's rate), on the simulated machine (the whole chip); the simulated time over that limit; the HBM bytes the simulation moved (the layer's own
 commands); and the critical path split into experts and the rest.
 """
 
@@ -61,6 +72,8 @@ EXAMPLES = ROOT / "examples"
 TOKENS: tuple[int, ...] = (1, 64, 2048, 4096)
 QUICK_TOKENS: tuple[int, ...] = (1,)
 FORMATS: tuple[str, ...] = ("bf16", "fp8", "mxfp4")
+SEED_FORMATS: tuple[str, ...] = ("fp4_groups", "trellis3")
+"""The formats of the seed document on quantized MoE kernels (not in the default table)."""
 TARGETS = {"fp8": 0.55, "mxfp4": 0.30}
 """Decode targets (issue 14): the format's simulated time over bf16's."""
 
@@ -80,19 +93,26 @@ class Family:
 
 FP8_BLOCKS = dict(QK=128, QN=128, QG=128)
 MX_BLOCKS = dict(QK=32, QN=1, QG=32)
+SEED_GROUPS = dict(GS=128)
+"""The seed formats' scale group along K (the dim `GS` of their examples)."""
 FAMILIES: tuple[Family, ...] = (
     Family("DeepSeek-V3", dict(D=7168, F=2048, FS=2048, E=256, K=8, NG=8, TG=4), 2048, 4,
            {"bf16": ("deepseek_v3", {}), "fp8": ("deepseek_v3_fp8", FP8_BLOCKS), "mxfp4": ("deepseek_v3_fp8", MX_BLOCKS)}),
     Family("Qwen3-30B-A3B", dict(D=2048, F=768, E=128, K=8), 0, 2,
-           {"bf16": ("qwen3_moe", {}), "fp8": ("qwen3_moe_fp8", FP8_BLOCKS), "mxfp4": ("qwen3_moe_fp8", MX_BLOCKS)}),
+           {"bf16": ("qwen3_moe", {}), "fp8": ("qwen3_moe_fp8", FP8_BLOCKS), "mxfp4": ("qwen3_moe_fp8", MX_BLOCKS),
+            "fp4_groups": ("qwen3_moe_fp4_groups", SEED_GROUPS), "trellis3": ("qwen3_moe_trellis3", SEED_GROUPS)}),
     Family("gpt-oss-120b", dict(D=2880, F=2880, E=128, K=4), 0, 2,
            {"bf16": ("gpt_oss", {}), "fp8": ("gpt_oss_mxfp4", dict(QK=64, QN=64, QG=64)), "mxfp4": ("gpt_oss_mxfp4", MX_BLOCKS)}),
 )
 
 STORED = {"bf16": "bf16", "fp8": "f8e4m3", "mxfp4": "f4e2m1"}
 SCALE = {"fp8": "f32", "mxfp4": "e8m0"}
-WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "mxfp4": 0.5}
-SCALE_BYTES = {"bf16": 0.0, "fp8": 4.0, "mxfp4": 1.0}
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "mxfp4": 0.5, "fp4_groups": 0.5, "trellis3": 3 / 8}
+SCALE_BYTES = {"bf16": 0.0, "fp8": 4.0, "mxfp4": 1.0, "fp4_groups": 2.0, "trellis3": 2.0}
+SIGN_BYTES = {"trellis3": 2}
+"""Bytes per element of a format's sign vectors (su along K, sv along N, per expert matrix)."""
+FP8_RATE = ("fp8", "mxfp4")
+"""Formats whose experts contract at the fp8 rate."""
 
 
 def variant(source: str, fmt: str) -> str:
@@ -136,13 +156,14 @@ def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: 
     used = min(d["E"], pairs)
     expert_weights = 3 * d["D"] * d["F"]
     shared_weights = 3 * d["D"] * family.shared
-    scale_block = blocks.get("QK", 1) * blocks.get("QN", 1) if fmt != "bf16" else 1
+    scale_block = blocks.get("QK", 1) * blocks.get("QN", 1) * blocks.get("GS", 1) if fmt != "bf16" else 1
     per_weight = WEIGHT_BYTES[fmt] + SCALE_BYTES[fmt] / scale_block
-    nbytes = ((used * expert_weights + shared_weights) * per_weight + d["D"] * d["E"] * family.router_bytes
+    signs = used * 3 * (d["D"] + d["F"]) * SIGN_BYTES.get(fmt, 0)
+    nbytes = ((used * expert_weights + shared_weights) * per_weight + signs + d["D"] * d["E"] * family.router_bytes
               + 2 * tokens * d["D"] * 2)
     expert_flops = 2 * (pairs * expert_weights + tokens * shared_weights)
     router_flops = 2 * tokens * d["D"] * d["E"]
-    fast = 2 * machine.peak_fp8_macs_per_cycle if fmt != "bf16" else machine.peak_flops_per_cycle
+    fast = 2 * machine.peak_fp8_macs_per_cycle if fmt in FP8_RATE else machine.peak_flops_per_cycle
     flop_cycles = (expert_flops / fast + router_flops / machine.peak_flops_per_cycle) / machine.clusters
     return max(flop_cycles, nbytes / machine.hbm_bytes_per_cycle)
 
@@ -153,7 +174,7 @@ def precision_row(family: Family, fmt: str, tokens: int, machine: Machine, block
     stem, blocks = family.sources[fmt]
     path = EXAMPLES / f"{stem}.moe"
     source = path.read_text()
-    if fmt != "bf16":
+    if fmt in FP8_RATE:
         source = variant(source, fmt)
     b: int | str = "auto" if block == "auto" else bench.block_size(tokens, family.dims["K"], family.dims["E"])
     dims = {**family.dims, **blocks, "T": tokens, "B": b}
@@ -178,11 +199,17 @@ def pipeline_with_auto_topk(pipeline: str) -> str:
     return ",".join(["pin-routing", *("lower-topk{strategy=auto}" if p == "lower-topk" else p for p in pipeline.split(","))])
 
 
-def rows_for(tokens: Sequence[int], machine: Machine, block: str = "auto") -> list[Row]:
+def rows_for(tokens: Sequence[int], machine: Machine, block: str = "auto",
+             formats: Sequence[str] = FORMATS) -> list[Row]:
+    """Each family's rows in `formats` (bf16 first, the reference of their ratio; families
+    without a source for a format skip it, and skip the family if it has none)."""
     rows: list[Row] = []
     for family in FAMILIES:
+        mine = [f for f in dict.fromkeys(("bf16", *formats)) if f in family.sources]
+        if mine == ["bf16"] and "bf16" not in formats:
+            continue
         for t in tokens:
-            group = [precision_row(family, fmt, t, machine, block) for fmt in FORMATS]
+            group = [precision_row(family, fmt, t, machine, block) for fmt in mine]
             for row in group:
                 row.bf16_cycles = group[0].total_cycles
             rows.extend(group)
@@ -214,19 +241,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="directory for precisions.md (default: benchmarks/, not with --quick)")
     parser.add_argument("--block", choices=("auto", "rule"), default="auto",
                         help="the block size: the compiler's choice (default) or run.py's rule")
+    parser.add_argument("--formats", nargs="+", choices=(*FORMATS, *SEED_FORMATS),
+                        help="only these formats (with bf16), written as their own section of precisions.md")
     args = parser.parse_args(argv)
     machine = load_machine()
-    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine, args.block)
+    formats = tuple(args.formats or FORMATS)
+    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine, args.block, formats)
     text = table(rows, machine)
     print(text)
     out = args.out or (None if args.quick else Path(__file__).parent)
     if out is not None:
         command = "python benchmarks/precisions.py" + (" --quick" if args.quick else "") + (
             " --tokens " + " ".join(map(str, args.tokens)) if args.tokens else "") + (
-            " --block rule" if args.block == "rule" else "")
-        (out / "precisions.md").write_text(
-            f"# Precisions: bf16, fp8, MXFP4 (`{command}`, machine {machine.name})\n\n{text}\n")
+            " --block rule" if args.block == "rule" else "") + (
+            " --formats " + " ".join(args.formats) if args.formats else "")
+        path = out / "precisions.md"
+        if args.formats:
+            write_section(path, f"## {', '.join(args.formats)} (`{command}`, machine {machine.name})", text)
+        else:
+            sections = path.read_text().split("\n## ", 1) if path.exists() else [""]
+            kept = "\n## " + sections[1] if len(sections) > 1 else ""
+            path.write_text(f"# Precisions: bf16, fp8, MXFP4 (`{command}`, machine {machine.name})\n\n{text}\n{kept}")
     return 0
+
+
+def write_section(path: Path, heading: str, text: str) -> None:
+    """`text` under `heading` in the file at `path`, replacing a section of the same formats
+    (its heading's first words) and keeping every other part of the file."""
+    key = heading.split(" (", 1)[0]
+    head, *sections = path.read_text().split("\n## ") if path.exists() else [""]
+    kept = [s for s in sections if s.split(" (", 1)[0] != key.removeprefix("## ")]
+    body = "\n## ".join([head.rstrip("\n") + "\n", *kept, f"{heading.removeprefix('## ')}\n\n{text}\n"])
+    path.write_text(body)
 
 
 if __name__ == "__main__":

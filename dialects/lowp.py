@@ -9,7 +9,12 @@ gpt-oss's MXFP4 weights scales [E, D / 32, F] (e8m0); vLLM's dynamically quantiz
 - `lowp.quantize` makes such a pair from a float tensor, per group of `group` elements along
   the last axis (vLLM's per-token-group scheme): scale = max(amax, eps) / max_finite, values =
   saturate(x / scale).
-- `lowp.dequantize` gives the f32 tensor a pair stands for (for comparison with bf16 layers).
+- `lowp.dequantize` gives the f32 tensor a pair stands for (for comparison with bf16 layers,
+  or, rounded to bf16, as the weight of a bf16 contraction). Its `block` may leave the last
+  block along an axis ragged (scales [E, ceil(K / g), N]: FP4 with a float scale per group
+  of g along K); u3 codes take their values from a `grid` (8 entries), and the sign vectors
+  `su` [..., K], `sv` [..., N] multiply last: the seed's 3-bit trellis format,
+  `grid[code] * scale * su[k] * sv[n]`.
 
 The arithmetic of both is `runtime_sim/semantics/quantization.py`, shared by every level.
 Contractions of quantized pairs are `moe.scaled_grouped_matmul` and `lowp.scaled_matmul`.
@@ -17,13 +22,18 @@ Contractions of quantized pairs are `moe.scaled_grouped_matmul` and `lowp.scaled
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import IntegerAttr, IntegerType, TensorType, f32, i64
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, IntegerType, TensorType, f32, i64
 from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     IRDLOperation,
     ParsePropInAttrDict,
     irdl_op_definition,
     operand_def,
+    opt_operand_def,
+    opt_prop_def,
     prop_def,
     result_def,
     traits_def,
@@ -36,12 +46,17 @@ from dialects.tensor_types import (
     describe_pairs,
     expect,
     format_type,
+    is_code_type,
     is_float_type,
     is_low_precision_type,
     is_scale_type,
+    scales_shape,
     shape_of,
     type_name,
 )
+
+GRID_SIZE = 8
+"""Entries of a u3 codebook's grid: one per 3-bit code."""
 
 
 def check_scales(values: Attribute, scales: Attribute, what: str) -> tuple[int, ...]:
@@ -49,7 +64,7 @@ def check_scales(values: Attribute, scales: Attribute, what: str) -> tuple[int, 
     assert isinstance(values, TensorType) and isinstance(scales, TensorType)
     expect(is_low_precision_type(values.get_element_type()),
            f"{what} values must be f8e4m3, f8e5m2 or f4e2m1, got {format_type(values)}")
-    expect(is_scale_type(scales.get_element_type()), f"{what} scales must be f32 or e8m0, got {format_type(scales)}")
+    expect(is_scale_type(scales.get_element_type()), f"{what} scales must be f32, bf16 or e8m0, got {format_type(scales)}")
     block = block_shape(shape_of(values), shape_of(scales))
     expect(block is not None,
            f"{what} scales {format_type(scales)} do not divide values {format_type(values)} into blocks "
@@ -113,21 +128,72 @@ class QuantizeOp(IRDLOperation):
 
 @irdl_op_definition
 class DequantizeOp(IRDLOperation):
-    """f32(values) * scale of each element's block: the real tensor a quantized pair stands for."""
+    """The real f32 tensor a quantized tensor stands for: f32(value) * the scale of its block,
+    in f32; u3 codes take their value from `grid` (grid[code]); then times `su` (one per
+    element of the second-to-last axis, the reduction axis K of a weight [..., K, N]) and
+    `sv` (one per element of the last axis), in that order. With `block`, scales are
+    ceil(values / block) along each axis (a ragged last block has its own scale); without,
+    `values / scales` exactly. Semantics: `quantization.dequantize`."""
 
     name = "lowp.dequantize"
     values = operand_def(TensorType)
     scales = operand_def(TensorType)
+    grid = opt_operand_def(TensorType)
+    su = opt_operand_def(TensorType)
+    sv = opt_operand_def(TensorType)
+    block = opt_prop_def(DenseArrayBase.constr(i64))
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = "$values `,` $scales attr-dict `:` type($values) `,` type($scales) `->` type($result)"
+    irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
+    assembly_format = (
+        "$values `,` $scales (`grid` $grid^)? (`su` $su^)? (`sv` $sv^)? attr-dict `:` type($values) `,` type($scales) "
+        "(`grid` type($grid)^)? (`su` type($su)^)? (`sv` type($sv)^)? `->` type($result)"
+    )
 
-    def __init__(self, values: SSAValue, scales: SSAValue):
-        super().__init__(operands=[values, scales], result_types=[TensorType(f32, shape_of(values.type))])
+    def __init__(self, values: SSAValue, scales: SSAValue, block: Sequence[int] | None = None,
+                 grid: SSAValue | None = None, su: SSAValue | None = None, sv: SSAValue | None = None):
+        props = {} if block is None else {"block": DenseArrayBase.from_list(i64, list(block))}
+        super().__init__(operands=[values, scales, grid, su, sv], result_types=[TensorType(f32, shape_of(values.type))],
+                         properties=props)
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """Elements of `values` one scale covers along each axis (the last block may be cut)."""
+        if self.block is not None:
+            return tuple(self.block.get_values())
+        block = block_shape(shape_of(self.values.type), shape_of(self.scales.type))
+        assert block is not None
+        return block
 
     def verify_(self) -> None:
-        check_scales(self.values.type, self.scales.type, "dequantize")
-        expect(self.result.type == TensorType(f32, shape_of(self.values.type)), "result must be f32 of the values' shape")
+        vt, st = self.values.type, self.scales.type
+        vs = shape_of(vt)
+        coded = is_code_type(vt.get_element_type())
+        expect(coded or is_low_precision_type(vt.get_element_type()),
+               f"dequantize values must be f8e4m3, f8e5m2, f4e2m1 or u3, got {format_type(vt)}")
+        expect(is_scale_type(st.get_element_type()), f"dequantize scales must be f32, bf16 or e8m0, got {format_type(st)}")
+        if self.block is None:
+            expect(block_shape(vs, shape_of(st)) is not None,
+                   f"dequantize scales {format_type(st)} do not divide values {format_type(vt)} into blocks "
+                   "(same rank, each axis of the values a multiple of the scales')")
+        else:
+            block = tuple(self.block.get_values())
+            expect(len(block) == len(vs) and all(b >= 1 for b in block),
+                   f"block {list(block)} must have a positive size for each of the {len(vs)} axes of {format_type(vt)}")
+            expect(shape_of(st) == scales_shape(vs, block),
+                   f"scales {format_type(st)} are not {list(scales_shape(vs, block))}: {format_type(vt)} in blocks of {list(block)}")
+        if coded:
+            expect(self.grid is not None, f"u3 codes need their grid: {format_type(vt)}")
+        if self.grid is not None:
+            gt = self.grid.type
+            expect(coded, f"a grid decodes u3 codes, not {format_type(vt)}")
+            expect(is_float_type(gt.get_element_type()) and shape_of(gt) == (GRID_SIZE,),
+                   f"grid must be bf16 or f32 [{GRID_SIZE}], got {format_type(gt)}")
+        for name, sign, want in (("su", self.su, vs[:-1]), ("sv", self.sv, (*vs[:-2], *vs[-1:]))):
+            if sign is not None:
+                expect(len(vs) >= 2 and is_float_type(sign.type.get_element_type()) and shape_of(sign.type) == want,
+                       f"{name} must be bf16 or f32 {list(want)}, got {format_type(sign.type)}")
+        expect(self.result.type == TensorType(f32, vs), "result must be f32 of the values' shape")
 
 
 @irdl_op_definition

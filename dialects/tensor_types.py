@@ -18,6 +18,7 @@ from xdsl.dialects.builtin import (
     Float8E8M0FNUType,
     Float32Type,
     IntegerType,
+    Signedness,
     TensorType,
     bf16,
     f32,
@@ -40,11 +41,21 @@ multiplied by the contraction engine in matched pairs (`contraction_pair`)."""
 E8M0 = Float8E8M0FNUType()
 """A block scale stored as a bare exponent (2^(e - 127), MXFP4's scale): exact in f32."""
 
-SCALE_TYPES: tuple[Attribute, ...] = (f32, E8M0)
+U3 = IntegerType(3, Signedness.UNSIGNED)
+"""A 3-bit codebook index (`u3`, MLIR's ui3): the trellis format's weights, each the index of
+its value in an 8-entry grid that `dequantize(..., grid=...)` supplies. Stored-only, like the
+low-precision types, in 16 x 16 tiles of 96 bytes (`CODE_TILE`)."""
+
+CODE_TILE = 16
+"""u3 codes are stored in CODE_TILE x CODE_TILE tiles of the last two axes, 3 bits each
+(96 bytes a tile), a ragged edge padded to whole tiles: the trellis layout of the seed's MoE
+kernels (`packed_weights: [experts, ceil(K / 16), ceil(N / 16), 96]`)."""
+
+SCALE_TYPES: tuple[Attribute, ...] = (f32, bf16, E8M0)
 """Element types a block scale may have."""
 
 ELEMENT_TYPES: dict[str, Attribute] = {"bf16": bf16, "f32": f32, "i32": i32, "i1": i1,
-                                       **LOW_PRECISION_TYPES, "e8m0": E8M0}
+                                       **LOW_PRECISION_TYPES, "e8m0": E8M0, "u3": U3}
 
 
 def type_name(element_type: Attribute) -> str:
@@ -70,10 +81,22 @@ def is_scale_type(element_type: Attribute) -> bool:
     return element_type in SCALE_TYPES
 
 
+def is_code_type(element_type: Attribute) -> bool:
+    return element_type == U3
+
+
+def is_stored_only(element_type: Attribute) -> bool:
+    """Types that take no arithmetic: low-precision values, e8m0 scales and u3 codes are
+    dequantized (or contracted in matched pairs), never computed with directly."""
+    return is_low_precision_type(element_type) or element_type == E8M0 or is_code_type(element_type)
+
+
 def stored_bits(element_type: Attribute) -> int:
     """Bits one element occupies in memory (f4e2m1 packs two values per byte)."""
     if isinstance(element_type, Float4E2M1FNType):
         return 4
+    if element_type == U3:
+        return 3
     if isinstance(element_type, Float8E4M3FNType | Float8E5M2Type | Float8E8M0FNUType):
         return 8
     if isinstance(element_type, BFloat16Type):
@@ -87,7 +110,18 @@ def stored_bytes(t: Attribute) -> int:
     """Bytes a tensor of type `t` occupies in memory (sub-byte elements packed; 0 if no tensor)."""
     if not isinstance(t, TensorType):
         return 0
+    if t.get_element_type() == U3:
+        return code_tile_bytes(tuple(t.get_shape()))
     return -(-math.prod(t.get_shape()) * stored_bits(t.get_element_type()) // 8)
+
+
+def code_tile_bytes(shape: Sequence[int]) -> int:
+    """Bytes of u3 codes of `shape` in their 16 x 16 tiles of the last two axes (`CODE_TILE`),
+    a ragged edge padded to a whole tile."""
+    if len(shape) < 2:
+        return -(-math.prod(shape) * 3 // 8)
+    tiles = -(-shape[-2] // CODE_TILE) * -(-shape[-1] // CODE_TILE)
+    return math.prod(shape[:-2]) * tiles * CODE_TILE * CODE_TILE * 3 // 8
 
 
 def window_pieces(whole: Sequence[int], window: Sequence[int]) -> int:
@@ -123,6 +157,13 @@ def block_shape(values: Sequence[int], scales: Sequence[int]) -> tuple[int, ...]
     if len(values) != len(scales) or any(s < 1 or v % s for v, s in zip(values, scales)):
         return None
     return tuple(v // s for v, s in zip(values, scales))
+
+
+def scales_shape(values: Sequence[int], block: Sequence[int]) -> tuple[int, ...]:
+    """The shape of the scales of `values` in blocks of `block`: ceil(values[i] / block[i])
+    along each axis, so a last block cut short by the end of an axis has a scale of its own
+    (the seed's `scales: [experts, ceil(K / group_size), N]`)."""
+    return tuple(-(-v // b) for v, b in zip(values, block))
 
 
 def is_int_type(element_type: Attribute) -> bool:

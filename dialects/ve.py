@@ -75,7 +75,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.str_enum import StrEnum
 
-from dialects.tensor_types import E8M0, LOW_PRECISION_TYPES, expect, format_type, shape_of
+from dialects.tensor_types import E8M0, LOW_PRECISION_TYPES, U3, expect, format_type, shape_of
 
 TAG = IntegerType(4)
 """The element type of a tag stream: 4 bits, ids 0..15."""
@@ -319,6 +319,32 @@ class WidenLowOp(ConversionOp):
     name = "ve.widen_low"
     FROM: ClassVar[tuple[Attribute, ...]] = (*LOW_PRECISION_TYPES.values(), E8M0)
     TO: ClassVar[tuple[Attribute, ...]] = (f32,)
+
+
+@irdl_op_definition
+class LookupOp(IRDLOperation):
+    """u3 codes -> f32, each code replaced by its entry of `table` (f32 [8], or [R, 8]: a table
+    per row of codes [R, ...], so that a loop over rows takes its row's table): the fetch
+    stage's table lookup, after the Logic stage has cut the 3-bit fields out of their packed
+    bytes (the lookup takes byte-aligned keys; book, Fetch Adapter, Table Lookup)."""
+
+    name = "ve.lookup"
+    input = operand_def(TensorType)
+    table = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$input `in` $table `:` type($input) `,` type($table) `->` type($result) attr-dict"
+
+    def __init__(self, input: SSAValue, table: SSAValue):
+        super().__init__(operands=[input, table], result_types=[TensorType(f32, list(shape_of(input.type)))])
+
+    def verify_(self) -> None:
+        expect(_element(self.input) == U3, f"ve.lookup takes u3 codes, not {format_type(self.input.type)}")
+        rows = shape_of(self.input.type)[:1]
+        expect(isinstance(_element(self.table), Float32Type) and shape_of(self.table.type) in ((8,), (*rows, 8)),
+               f"ve.lookup's table must be f32 [8] or [{', '.join(map(str, rows))}, 8] (an entry per code, a table "
+               f"per row), got {format_type(self.table.type)}")
+        expect(self.result.type == TensorType(f32, list(shape_of(self.input.type))), "ve.lookup gives f32 of the codes' shape")
 
 
 @irdl_op_definition
@@ -688,6 +714,38 @@ class BroadcastOp(IRDLOperation):
                 f"{format_type(self.result.type)} is not {format_type(self.input.type)} with an axis inserted at {axis}")
 
 
+@irdl_op_definition
+class RepeatOp(IRDLOperation):
+    """Each element along `axis` repeated `times` times, the result cut to its own size along
+    that axis (a last group shorter than `times`): block scales spread over their blocks when
+    the last block is ragged. A view the reader makes, as `broadcast` is (assumption: the
+    fetch sequencer walks the groups with a stride-0 inner axis, the short last group as a
+    second, shorter walk of the same command)."""
+
+    name = "ve.repeat"
+    input = operand_def(TensorType)
+    axis = prop_def(IntegerAttr[I64])
+    times = prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$input `along` $axis `times` $times `:` type($input) `->` type($result) attr-dict"
+
+    def __init__(self, input: SSAValue, axis: int, times: int, size: int):
+        shape = list(shape_of(input.type))
+        shape[axis] = size
+        super().__init__(operands=[input], result_types=[TensorType(_element(input), shape)],
+                         properties={"axis": IntegerAttr(axis, i64), "times": IntegerAttr(times, i64)})
+
+    def verify_(self) -> None:
+        a, r = shape_of(self.input.type), shape_of(self.result.type)
+        axis, times = self.axis.value.data, self.times.value.data
+        expect(is_lane_type(_element(self.input)), f"ve.repeat takes i32 or f32, not {format_type(self.input.type)}")
+        _check_axis(axis, len(a))
+        expect(times >= 1 and _element(self.result) == _element(self.input) and len(r) == len(a)
+               and r[:axis] + r[axis + 1:] == a[:axis] + a[axis + 1:] and -(-r[axis] // times) == a[axis],
+               f"{format_type(self.result.type)} is not {format_type(self.input.type)} repeated {times} times along {axis} and cut")
+
+
 class ReduceOp(IRDLOperation):
     """Intra-slice reduction along `axis`, which the result drops, left to right over the time
     axis: sums accumulate in order (i32 wraps; f32 rounds at every add); f32 max and min
@@ -891,6 +949,7 @@ VE = Dialect(
         WidenOp,
         NarrowOp,
         WidenLowOp,
+        LookupOp,
         NarrowLowOp,
         FxpToFpOp,
         FpToFxpOp,
@@ -916,6 +975,7 @@ VE = Dialect(
         SelectOp,
         ScanOp,
         BroadcastOp,
+        RepeatOp,
         ReduceSumOp,
         ReduceMaxOp,
         ReduceMinOp,

@@ -132,6 +132,8 @@ NOT_IN_A_CHAIN: dict[str, str] = {
     "ve.broadcast": "a view the operand reader makes; inside a chain it would change the stream's shape",
     "ve.scan": "its carried accumulator needs the scanned axis on Time, a layout of its own",
     "ve.widen_low": "an fp8 or fp4 value widened by the fetch stage's lookup table, outside the 32-bit chain",
+    "ve.lookup": "u3 codes looked up by the fetch stage's table, outside the 32-bit chain",
+    "ve.repeat": "a view the operand reader makes, as broadcast; inside a chain it would change the stream's shape",
     "ve.chain": "already a chain",
     "ve.yield": "the end of a chain",
 }

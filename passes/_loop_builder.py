@@ -24,7 +24,9 @@ def leading(value: SSAValue) -> int | None:
 
 
 def works_along_axis_zero(op: Operation) -> bool:
-    attr = op.properties.get("axis") or op.attributes.get("axis")
+    attr = op.properties.get("axis")
+    if attr is None:  # not `or`: an IntegerAttr of 0 is falsy
+        attr = op.attributes.get("axis")
     value = getattr(getattr(attr, "value", None), "data", None)
     return value == 0
 

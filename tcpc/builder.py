@@ -394,8 +394,7 @@ class GraphBuilder:
     def check_stored_only(self, v: SSAValue, loc: Loc) -> None:
         """Low-precision values and e8m0 scales take no arithmetic: they are dequantized or
         multiplied in matched pairs by grouped_matmul / scaled_matmul with their scales."""
-        et = v.type.get_element_type()
-        if tensor_types.is_low_precision_type(et) or et == tensor_types.E8M0:
+        if tensor_types.is_stored_only(v.type.get_element_type()):
             raise CompileError(
                 f"{format_type(v.type)} is stored-only and takes no arithmetic; use dequantize(values, scales), "
                 "or grouped_matmul(..., scales=(xs, ws)) / scaled_matmul(...)",
@@ -405,7 +404,9 @@ class GraphBuilder:
     def check_not_quantized(self, dtype: str, x: SSAValue, loc: Loc) -> None:
         """Conversions between float types only: quantized values need their scales."""
         target = tensor_types.ELEMENT_TYPES[dtype]
-        if tensor_types.is_low_precision_type(target) or target == tensor_types.E8M0:
+        if tensor_types.is_code_type(target):
+            raise CompileError(f"{dtype}(...): codebook indices are stored data, declared as an argument, not a conversion", loc)
+        if tensor_types.is_stored_only(target):
             raise CompileError(f"{dtype}(...) would drop the block scales; use quantize(x, {dtype}, group=...)", loc)
         self.check_stored_only(x, loc)
 
@@ -774,7 +775,7 @@ class GraphBuilder:
             raise CompileError("scales= takes two tensors: scales=(input_scales, weight_scales)", e.loc)
         for s in v:
             if not tensor_types.is_scale_type(s.type.get_element_type()):
-                raise CompileError(f"block scales must be f32 or e8m0, got {format_type(s.type)}", e.loc)
+                raise CompileError(f"block scales must be f32, bf16 or e8m0, got {format_type(s.type)}", e.loc)
         return v[0], v[1]
 
     def check_scale_shape(self, scales: SSAValue, fixed: Sequence[int | None], values: SSAValue,
@@ -817,16 +818,76 @@ class GraphBuilder:
         return op.values, op.scales
 
     def call_dequantize(self, c: ast.Call) -> Value:
-        args = self.bind(c, ["values", "scales"])
+        args = self.bind(c, ["values", "scales"], {"block": None, "grid": None, "signs": None})
         values = self.tensor(args["values"], "the values of dequantize")
         scales = self.tensor(args["scales"], "the scales of dequantize")
-        if not self.quantized(values):
-            raise CompileError(f"dequantize() takes f8e4m3, f8e5m2 or f4e2m1 values, got {format_type(values.type)}", args["values"].loc)
+        vt = values.type
+        coded = tensor_types.is_code_type(vt.get_element_type())
+        if not (self.quantized(values) or coded):
+            raise CompileError(f"dequantize() takes f8e4m3, f8e5m2, f4e2m1 or u3 values, got {format_type(vt)}", args["values"].loc)
         if not tensor_types.is_scale_type(scales.type.get_element_type()):
-            raise CompileError(f"block scales must be f32 or e8m0, got {format_type(scales.type)}", args["scales"].loc)
-        self.check_scale_shape(scales, [None] * len(shape_of(values.type)), values, args["scales"], "dequantize scales",
-                               "of the values' rank")
-        return self.emit(lowp.DequantizeOp(values, scales), c.loc).result
+            raise CompileError(f"block scales must be f32, bf16 or e8m0, got {format_type(scales.type)}", args["scales"].loc)
+        vs = shape_of(vt)
+        block = None if args["block"] is None else self.block_sizes(args["block"], vt)
+        if block is None:
+            self.check_scale_shape(scales, [None] * len(vs), values, args["scales"], "dequantize scales", "of the values' rank")
+        elif shape_of(scales.type) != tensor_types.scales_shape(vs, block):
+            want = format_shape(tensor_types.scales_shape(vs, block))
+            raise CompileError(f"dequantize scales must be {want} ({format_type(vt)} in blocks of {format_shape(block)}, "
+                               f"ceil-divided), got {format_type(scales.type)}", args["scales"].loc)
+        grid = self.grid(c, args["grid"], values)
+        su = sv = None
+        if args["signs"] is not None:
+            su, sv = self.signs(args["signs"], values)
+        return self.emit(lowp.DequantizeOp(values, scales, block, grid, su, sv), c.loc).result
+
+    def block_sizes(self, e: ast.Expr, values: Attribute) -> list[int]:
+        """`block=[b0, b1, ...]`: one positive size per axis of the values."""
+        rank = len(shape_of(values))
+        if not isinstance(e, ast.ListExpr) or len(e.items) != rank:
+            raise CompileError(f"block= takes a list of {rank} sizes, one per axis of {format_type(values)}: "
+                               f"block=[1, g, 1] for a scale per group of g along K", e.loc)
+        return [self.static_int(item, "a block size") for item in e.items]
+
+    def grid(self, c: ast.Call, e: ast.Expr | None, values: SSAValue) -> SSAValue | None:
+        """`grid=g` of u3 codes: bf16 or f32 [8], a value per code; refused for any other values."""
+        if not tensor_types.is_code_type(values.type.get_element_type()):
+            if e is not None:
+                raise CompileError(f"grid= decodes u3 codes; {format_type(values.type)} values decode by their type", e.loc)
+            return None
+        if e is None:
+            raise CompileError(f"dequantize() of u3 codes needs their grid: grid=g, bf16 or f32 [{lowp.GRID_SIZE}]", c.loc)
+        grid = self.tensor(e, "the grid of dequantize")
+        if not (tensor_types.is_float_type(grid.type.get_element_type()) and shape_of(grid.type) == (lowp.GRID_SIZE,)):
+            raise CompileError(f"the grid of u3 codes must be bf16 or f32 [{lowp.GRID_SIZE}] (one value per code), "
+                               f"got {format_type(grid.type)}", e.loc)
+        return grid
+
+    def signs(self, e: ast.Expr, values: SSAValue) -> tuple[SSAValue, SSAValue]:
+        """`signs=(su, sv)` of values [..., K, N]: su [..., K] and sv [..., N], bf16 or f32."""
+        vs = shape_of(values.type)
+        v = self.expr(e)
+        if not (isinstance(v, tuple) and len(v) == 2 and all(isinstance(i, SSAValue) and isinstance(i.type, TensorType) for i in v)):
+            raise CompileError("signs= takes two tensors: signs=(su, sv), one value per row K and per column N", e.loc)
+        if len(vs) < 2:
+            raise CompileError(f"signs= needs values [..., K, N], got {format_type(values.type)}", e.loc)
+        for sign, name, want in zip(v, ("su", "sv"), (vs[:-1], (*vs[:-2], vs[-1]))):
+            if not (tensor_types.is_float_type(sign.type.get_element_type()) and shape_of(sign.type) == want):
+                raise CompileError(f"signs=(su, sv): {name} must be bf16 or f32 {format_shape(want)} for values "
+                                   f"{format_type(values.type)}, got {format_type(sign.type)}", e.loc)
+        return v[0], v[1]
+
+    def call_ceil(self, c: ast.Call) -> Value:
+        """`ceil(D / g)`: the smallest integer at least a static number; exact for a quotient of integers."""
+        e = self.bind(c, ["x"])["x"]
+        if isinstance(e, ast.Binary) and e.op == "/":
+            a, b = self.static(e.lhs, "the argument of ceil").value, self.static(e.rhs, "the argument of ceil").value
+            if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool) and b:
+                return Static(-(-a // b))
+        v = self.static(e, "the argument of ceil").value
+        if not is_number(v) or isinstance(v, float) and not math.isfinite(v):
+            raise CompileError(f"ceil() takes a finite number, got {spell(v)}", e.loc)
+        return Static(math.ceil(v))
 
     def call_scaled_matmul(self, c: ast.Call) -> Value:
         args = self.bind(c, ["x", "w"], {"scales": None})

@@ -19,7 +19,7 @@ from xdsl.printer import Printer
 
 from target.target_spec import attach
 from tcpc import syntax
-from tcpc.arrays import arg_names, prepare_inputs
+from tcpc.arrays import arg_names, drawn_as, prepare_inputs
 from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
 from tcpc.host_memory import check_fits
@@ -219,7 +219,7 @@ class Program:
         module = self.module if reference and pipeline is None else self.lower(pipeline, after_each=after_each)
         fn = function_in(module, name)  # after pin-routing it has one more argument
         check_fits(module, name, f"running graph '{name}'")
-        args = prepare_inputs(fn, inputs or {}, seed)
+        args = prepare_inputs(fn, inputs or {}, seed, drawn_as(self.function(graph)))
         outputs = run_function(module, name, args, listeners=listeners)
         return RunResult(list(outputs), dict(zip(arg_names(fn), args)))
 
@@ -334,7 +334,7 @@ class Program:
         else:
             module = apply_pipeline(self.module, passes, after_each, machine=mach)
             check_fits(module, name, f"simulating graph '{name}' with values")
-            args = prepare_inputs(function_in(module, name), inputs or {}, seed)
+            args = prepare_inputs(function_in(module, name), inputs or {}, seed, drawn_as(self.function(graph)))
             result = simulate(module, name, args, mach, sram_policy=sram_policy,  # type: ignore[arg-type]
                               uncosted=uncosted, listeners=listeners, work=work)  # type: ignore[arg-type]
         result.report.choices = choices

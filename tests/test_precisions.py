@@ -67,3 +67,26 @@ def test_the_benchmark_leaves_the_top_k_strategy_to_the_cost_model() -> None:
     assert precisions.pipeline_with_auto_topk("lower-topk,lower-routing") == "pin-routing,lower-topk{strategy=auto},lower-routing"
     named = "lower-topk{strategy=rounds},lower-routing"
     assert precisions.pipeline_with_auto_topk(named) == "pin-routing," + named
+
+
+def test_seed_formats_have_rows_of_their_own(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """fp4_groups and trellis3 (with bf16, their ratio's reference) at small dims, bytes at the
+    stored width (3 bits < 4 bits < bf16), and their section of precisions.md replaced by a
+    rerun, the rest of the file kept."""
+    machine = load_machine()
+    qwen = precisions.FAMILIES[1]
+    limits = {fmt: precisions.chip_limit(machine, qwen, fmt, 1, qwen.sources[fmt][1]) for fmt in ("bf16", *precisions.SEED_FORMATS)}
+    assert limits["trellis3"] < limits["fp4_groups"] < 0.3 * limits["bf16"]
+    family = precisions.Family("small Qwen3", SMALL["Qwen3-30B-A3B"], 0, 2,
+                               {"bf16": ("qwen3_moe", {}), "fp4_groups": ("qwen3_moe_fp4_groups", dict(GS=32)),
+                                "trellis3": ("qwen3_moe_trellis3", dict(GS=32))})
+    monkeypatch.setattr(precisions, "FAMILIES", (family,))
+    rows = precisions.rows_for((4,), machine, formats=precisions.SEED_FORMATS)
+    assert [r.fmt for r in rows] == ["bf16", *precisions.SEED_FORMATS]
+    assert rows[2].hbm_bytes < rows[1].hbm_bytes < rows[0].hbm_bytes
+    path = tmp_path / "precisions.md"
+    path.write_text("# Precisions (`full run`)\n\n| the main table |\n")
+    precisions.write_section(path, "## fp4_groups, trellis3 (`run a`, machine rngd)", "| first |")
+    precisions.write_section(path, "## fp4_groups, trellis3 (`run b`, machine rngd)", "| second |")
+    text = path.read_text()
+    assert "| the main table |" in text and "| second |" in text and "| first |" not in text and text.count("\n## ") == 1

@@ -309,7 +309,7 @@ ERRORS = {
     "cast to fp8": ("y = f8e4m3(x)\n    return xb", 5, 9, "would drop the block scales"),
     "sum of fp4": ("y = sum(w4)\n    return xb", 5, 9, "is stored-only"),
     "dequantize scale shape": ("y = dequantize(w, reshape(ws, [E, 2]))\n    return xb", 5, 23, "dequantize scales must be of the values' rank dividing"),
-    "dequantize scale type": ("y = dequantize(w, wb)\n    return xb", 5, 23, "block scales must be f32 or e8m0, got bf16[4, 64, 32]"),
+    "dequantize scale type": ("y = dequantize(w, e)\n    return xb", 5, 23, "block scales must be f32, bf16 or e8m0, got i32[4, 2]"),
 }
 
 

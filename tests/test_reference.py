@@ -500,6 +500,43 @@ def model_gpt_oss_mxfp4(o, d, a):
     return [o.combine(fp8_swiglu(d, xb, route, a, bias=True), route, weights)]
 
 
+def e2m1_value(codes: np.ndarray) -> np.ndarray:
+    """f32 values of e2m1 codes from their bits (sign, 2 exponent bits, 1 mantissa bit), by the
+    seed document's formula; a subnormal (exponent 0) is man * 0.5, as OCP MX and ml_dtypes
+    define e2m1 (the seed writes man * 0.25, which would make code 1 a quarter)."""
+    bits = codes.view(np.uint8).astype(np.int64) & 0xF
+    sign, exp, man = bits >> 3, (bits >> 1) & 3, bits & 1
+    magnitude = np.where(exp == 0, man * 0.5, 2.0 ** (exp - 1) * (1.0 + man * 0.5))
+    return np.where(sign == 1, -magnitude, magnitude).astype(F32)
+
+
+def group_scale(scales: np.ndarray, k: int, group: int) -> np.ndarray:
+    """scales [E, ceil(K / group), N] as one f32 per weight [E, K, N]: scale[e, k // group, n]."""
+    return scales.astype(F32)[:, np.arange(k) // group, :]
+
+
+def fp4_group_weight(a, name: str, group: int) -> np.ndarray:
+    """bf16(value * scale) of an FP4 weight with a scale per group along K (the seed's layout)."""
+    w = a[name]
+    return bf16(e2m1_value(w) * group_scale(a[name + "_scale"], w.shape[1], group))
+
+
+def trellis_weight(a, name: str, group: int) -> np.ndarray:
+    """bf16(grid[code] * scale * su[k] * sv[n]) of a 3-bit trellis weight, left to right in f32."""
+    codes = a[name].astype(np.int64)
+    real = a["grid"].astype(F32)[codes] * group_scale(a[name + "_scale"], codes.shape[1], group)
+    real = real * a[name + "_su"].astype(F32)[:, :, None]
+    return bf16(real * a[name + "_sv"].astype(F32)[:, None, :])
+
+
+def model_qwen3_moe_decoded(weight: Callable[[dict[str, np.ndarray], str, int], np.ndarray]):
+    """Qwen3's routing and SwiGLU experts, on weights decoded by `weight` (per name, group GS)."""
+    def model(o, d, a):
+        decoded = {**a, **{n: weight(a, n, d["GS"]) for n in ("w_gate", "w_up", "w_down")}}
+        return model_qwen3_moe(o, d, decoded)
+    return model
+
+
 MODELS: dict[str, Callable[[Oracle, dict[str, int], dict[str, np.ndarray]], list[np.ndarray]]] = {
     "toy": model_toy,
     "mixtral": model_mixtral,
@@ -510,6 +547,8 @@ MODELS: dict[str, Callable[[Oracle, dict[str, int], dict[str, np.ndarray]], list
     "qwen3_moe_fp8": model_qwen3_moe_fp8,
     "deepseek_v3_fp8": model_deepseek_v3_fp8,
     "gpt_oss_mxfp4": model_gpt_oss_mxfp4,
+    "qwen3_moe_fp4_groups": model_qwen3_moe_decoded(fp4_group_weight),
+    "qwen3_moe_trellis3": model_qwen3_moe_decoded(trellis_weight),
 }
 
 

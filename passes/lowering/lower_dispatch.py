@@ -29,6 +29,13 @@ sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
     and broadcast over F;
   - `ve.narrow` to bf16 when the result is bf16: the contraction's f32 result is rounded once,
     as the reference rounds it.
+  A weight decoded for the contraction, `bf16(dequantize(values, scales, ...))` of per-expert
+  operands (FP4 with group scales, the 3-bit trellis codes with their grid and sign vectors),
+  is decoded block by block instead of whole: its per-expert operands are gathered at their
+  stored width (`w_gathered`, `w_scales_gathered`, `su_gathered`, `sv_gathered`; the grid is
+  shared), and the `lowp.dequantize` and `tmath.cast` are made again on the gathered [G, ...]
+  operands, for lower-quant and lower-math to lower (`w_decoded`): only the blocks' experts
+  are decoded, right before their contraction.
 - `moe.scaled_grouped_matmul %xq, %wq, %route scales %xs, %ws (bias %b)?` -> the same, with
   the weight scales gathered too (`w_scales_gathered`; right after the plan's row masks when
   they are a function argument, so that the small scale gathers run early rather than queue
@@ -79,7 +86,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
-from dialects import moe, tcp, tmath, ve
+from dialects import lowp, moe, tcp, tmath, ve
 from dialects.annotations import mark, mark_pair_sum
 from dialects.tensor_types import shape_of
 from passes.lowering._builder import LoweringBuilder, element_of
@@ -247,11 +254,47 @@ def lower_dispatch(op: moe.DispatchOp, block_tokens: SSAValue) -> tuple[list[Ope
     return e.ops, blocked
 
 
+def decoded_weight(weight: SSAValue) -> lowp.DequantizeOp | None:
+    """The dequantization `weight` is the bf16 rounding of, when only that rounding reads it
+    and it decodes each expert's operands on their own (every operand but the grid has the
+    experts as its first axis, one scale per expert): it can be decoded block by block."""
+    cast = weight.owner
+    if not (isinstance(cast, tmath.CastOp) and isinstance(element_of(weight), BFloat16Type)):
+        return None
+    decode = cast.input.owner
+    if not isinstance(decode, lowp.DequantizeOp) or cast.input.uses.get_length() != 1:
+        return None
+    experts = shape_of(weight.type)[0]
+    per_expert = [v for v in (decode.values, decode.scales, decode.su, decode.sv) if v is not None]
+    if decode.block_shape[0] != 1 or any(shape_of(v.type)[0] != experts for v in per_expert):
+        return None
+    return decode
+
+
+def decode_blocks(e: _Emitter, decode: lowp.DequantizeOp, expert_ids: SSAValue) -> SSAValue:
+    """Each block's expert's weight decoded to bf16 [G, K, N]: its per-expert operands gathered
+    (at their stored width), the dequantization and the rounding made on those."""
+    def gathered(v: SSAValue | None, name: str) -> SSAValue | None:
+        return None if v is None else e.emit(tcp.DmaGatherOp(v, expert_ids), name)
+
+    values = gathered(decode.values, "w_gathered")
+    scales = gathered(decode.scales, "w_scales_gathered")
+    assert values is not None and scales is not None
+    block = decode.block_shape if decode.block is not None else None
+    real = e.emit(lowp.DequantizeOp(values, scales, block, decode.grid, gathered(decode.su, "su_gathered"),
+                                    gathered(decode.sv, "sv_gathered")), "w_real")
+    return e.emit(tmath.CastOp(real, TensorType(BFloat16Type(), shape_of(real.type))), "w_decoded")
+
+
 def lower_grouped_matmul(op: moe.GroupedMatmulOp, plan: moe.RouteOp, rows_valid: SSAValue
                          ) -> tuple[list[Operation], SSAValue]:
     g, b, f = shape_of(op.result.type)
     e = _Emitter()
-    weights = e.emit(tcp.DmaGatherOp(op.weight, plan.expert_ids), "w_gathered")
+    decode = decoded_weight(op.weight)
+    if decode is not None:
+        weights = decode_blocks(e, decode, plan.expert_ids)
+    else:
+        weights = e.emit(tcp.DmaGatherOp(op.weight, plan.expert_ids), "w_gathered")
     bias = None
     if op.bias is not None:
         gathered = e.emit(tcp.DmaGatherOp(op.bias, plan.expert_ids), "bias_gathered")
@@ -341,9 +384,15 @@ class LowerDispatchPattern(RewritePattern):
             ops, result = lower_combine(op, plan)
             mark(ops, "combine")
         widening = op.input.owner if isinstance(op, moe.CombineOp) and widened_from(op.input) is not None else None
+        decoding = op.weight.owner if isinstance(op, moe.GroupedMatmulOp) and decoded_weight(op.weight) is not None else None
         rewriter.replace(op, ops, [result])
         if isinstance(widening, Operation) and not widening.results[0].uses:
             rewriter.erase(widening)
+        if isinstance(decoding, tmath.CastOp) and not decoding.result.uses:  # the whole decode, now made per block
+            whole = decoding.input.owner
+            rewriter.erase(decoding)
+            assert isinstance(whole, Operation)
+            rewriter.erase(whole)
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,21 @@
   `ve.narrow_low`, the cast engine's saturating conversion (`values`). One widen per stream
   that reads x: each is the fetch cast of its own chain (fuse-ve-chains), so no f32 copy of x
   is written to SRAM and read back.
-- `lowp.dequantize %v, %s` -> `ve.widen_low` of the values (and of e8m0 scales), the scales
-  repeated over their blocks (`ve.broadcast` + `tcp.view` per blocked axis, free views), one
-  `ve.mul`.
+- `lowp.dequantize %v, %s` -> `ve.widen_low` of the values (and of e8m0 scales; bf16 scales
+  `ve.widen`), the scales repeated over their blocks (`ve.broadcast` + `tcp.view` per blocked
+  axis, free views; `ve.repeat` along an axis whose last block is ragged), one `ve.mul`. u3
+  codes become their grid's values by `ve.lookup` (the grid widened to f32 and broadcast to a
+  table per row of codes, a free view, so that a loop over blocks reads its block's) instead
+  of the widening; sign vectors su [..., K] and sv [..., N] are broadcast over N and K and multiply
+  in that order (`ve.mul` each).
 - `lowp.scaled_matmul %x, %w scales %xs, %ws` -> `tcp.scaled_contract` on [1, M, K] and
   [1, K, N] views, then `ve.narrow` to bf16.
 
 Each step is the operation `runtime_sim/semantics/quantization.py` performs, in its order, so
 the lowered ops give the reference's bits (checked by tests/test_quant.py). Every op
-takes the phase of the quantized value's first user (`experts` for what feeds a grouped
-matmul), else `other`.
+takes the phase of the quantized value's first user that has one, looking through users that
+have none (the bf16 rounding of a decoded weight, before lower-math): `experts` for what feeds
+a grouped matmul, else `other`.
 """
 
 from __future__ import annotations
@@ -65,13 +70,18 @@ class _Emitter(LoweringBuilder):
         tiled = self.broadcast(x, axis + 1, times, "tiled")
         return self.view(tiled, [*shape[:axis], shape[axis] * times, *shape[axis + 1:]], name or "repeated")
 
-    def expand_scales(self, scales: SSAValue, shape: tuple[int, ...], name: str) -> SSAValue:
-        """Scales in f32 lanes, one per element of a tensor of `shape`."""
+    def expand_scales(self, scales: SSAValue, shape: tuple[int, ...], name: str,
+                      block: tuple[int, ...] | None = None) -> SSAValue:
+        """Scales in f32 lanes, one per element of a tensor of `shape` (each over its block:
+        `block`, whose last block along an axis may be cut, or shape / scales exactly)."""
         x = self.to_f32(scales, f"{name}_f32")
-        block = block_shape(shape, shape_of(scales.type))
+        block = block or block_shape(shape, shape_of(scales.type))
         assert block is not None
         for axis, times in enumerate(block):
-            x = self.repeat(x, axis, times)
+            if shape[axis] % times:
+                x = self.emit(ve.RepeatOp(x, axis, times, shape[axis]), "repeated")
+            else:
+                x = self.repeat(x, axis, times)
         x.name_hint = name
         return x
 
@@ -96,10 +106,23 @@ def lower_quantize(op: lowp.QuantizeOp) -> tuple[list[Operation], list[SSAValue]
 
 
 def lower_dequantize(op: lowp.DequantizeOp) -> tuple[list[Operation], list[SSAValue]]:
+    shape = shape_of(op.values.type)
+    name = op.result.name_hint or "dequantized"
     e = _Emitter()
-    values = e.to_f32(op.values, "values_f32")
-    scales = e.expand_scales(op.scales, shape_of(op.values.type), "scales_expanded")
-    return e.ops, [e.emit(ve.MulOp(values, scales), op.result.name_hint or "dequantized")]
+    if op.grid is None:
+        values = e.to_f32(op.values, "values_f32")
+    else:
+        table = e.broadcast(e.to_f32(op.grid, "grid_f32"), 0, shape[0], "grid_rows")  # each row's own: loops take theirs
+        values = e.emit(ve.LookupOp(op.values, table), "values_f32")
+    scales = e.expand_scales(op.scales, shape, "scales_expanded", op.block_shape)
+    real = e.emit(ve.MulOp(values, scales), name if op.su is None and op.sv is None else "scaled")
+    if op.su is not None:
+        su = e.broadcast(e.to_f32(op.su, "su_f32"), len(shape) - 1, shape[-1], "su_spread")
+        real = e.emit(ve.MulOp(real, su), name if op.sv is None else "scaled_su")
+    if op.sv is not None:
+        sv = e.broadcast(e.to_f32(op.sv, "sv_f32"), len(shape) - 2, shape[-2], "sv_spread")
+        real = e.emit(ve.MulOp(real, sv), name)
+    return e.ops, [real]
 
 
 def lower_scaled_matmul(op: lowp.ScaledMatmulOp) -> tuple[list[Operation], list[SSAValue]]:
@@ -124,10 +147,12 @@ LOWERINGS = {
 
 
 def quant_phase(op: Operation) -> str:
-    """The phase of the first user of the op's first result that has one, else `other`."""
+    """The phase of the first user of the op's first result that has one (looking through
+    users without one, in order), else `other`."""
     for use in op.results[0].uses:
-        phase = phase_of(use.operation)
-        if phase is not None:
+        user = use.operation
+        phase = phase_of(user) or (quant_phase(user) if user.results else OTHER)
+        if phase != OTHER:
             return phase
     return OTHER
 

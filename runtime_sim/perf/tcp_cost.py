@@ -79,13 +79,13 @@ import numpy as np
 from xdsl.ir import Operation
 
 from dialects import tcp
-from dialects.tensor_types import shape_of
+from dialects.tensor_types import code_tile_bytes, shape_of
 from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands, register_view
 from runtime_sim.perf.cost_model import per_op
 from target.contraction_mapping import ContractionShape, MappedCost, Mapping, MappingError, check, choose, cost
 from runtime_sim.perf.scheduler import SharedBandwidth
 from target.machine import Machine
-from runtime_sim.semantics.numerics import float4_e2m1, stored_nbytes
+from runtime_sim.semantics.numerics import code3, float4_e2m1, stored_nbytes
 
 
 def requests(nbytes: int, machine: Machine) -> int:
@@ -225,8 +225,11 @@ def gathered_rows(indices: np.ndarray) -> int:
 
 
 def row_bytes(value: np.ndarray) -> int:
-    """Bytes of one row at the stored width (f4e2m1: two values per byte)."""
+    """Bytes of one row at the stored width (f4e2m1: two values per byte; u3 codes: their
+    16 x 16 tiles of 96 bytes)."""
     elements = int(math.prod(value.shape[1:]))
+    if value.dtype == code3:
+        return code_tile_bytes(value.shape[1:])
     if value.dtype == float4_e2m1:
         return -(-elements // 2)
     return elements * value.dtype.itemsize

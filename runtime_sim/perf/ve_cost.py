@@ -27,6 +27,7 @@ chain's inputs and result as SRAM traffic.
 | `widen` (bf16 -> f32) | Fetch Adapter cast (assumption: one flit per cycle, like the Cast Engine) | 8-way | stream |
 | `widen_low` (f8e4m3, f8e5m2, f4e2m1, e8m0 -> f32) | fetch lookup table (f4e2m1 -> f8) and cast path (a `ConversionOp`; assumption: one flit per cycle) | 8-way | stream |
 | `narrow_low` (f32 -> f8e4m3, f8e5m2) | Cast Engine (a `ConversionOp`) | 8-way | stream |
+| `lookup` (u3 codes -> f32 entries of an 8-entry table) | the Logic stage cuts the 3-bit fields out of their bytes (shift, and), the fetch stage's table looks them up (book, Fetch Adapter: byte-aligned keys; assumption: one flit per cycle, the keys not written back) | 8-way | stream |
 | `reduce_sum reduce_max reduce_min` | IntraSliceReduce (accumulator tree) | 4-way | stream + first output after n steps of the reduced axis |
 | `scan` | Fxp add (i32) or Clip add/max/min (f32 add, max, min) with a guarded register-file operand | 8 rows per slice | time-axis scan: n cycles per round of rows |
 | `filter` | Filter | 8-way | stream + the Filter stage's packing latency (machine file, assumption) |
@@ -34,6 +35,7 @@ chain's inputs and result as SRAM traffic.
 | `iota`, `position_tag` | static tables placed in DM by the loader | free | no cycles, no SRAM counted: one line of n values, fetched with zero strides along the other axes |
 | `bitcast` | Reinterpret: no instruction, no ALU | free | a view of its input |
 | `broadcast` | the consumer's fetch sequencer (a stride-0 axis) or VRF operand indexer ("an axis the stream has and the operand does not is a broadcast") | free | a view of its input; the consumer streams the full broadcast shape |
+| `repeat` | the consumer's fetch sequencer: each element read `times` times (a stride-0 inner axis; a ragged last group a second, shorter walk: assumption) | free | a view of its input, as `broadcast` |
 | `chain` | its members' stages (dialects/ve_stages.py), one invocation | slowest member | overhead once + every member's latency + one pass of the data (vector_cost.py) |
 | `yield` | the end of a chain | free | no instruction |
 
@@ -131,6 +133,7 @@ VE_COSTS: dict[str, VeCost] = {
     "ve.fp_to_fxp": VeCost("FpToFxp", "int", "stream"),
     "ve.narrow": VeCost("Cast Engine (f32 -> bf16)", "int", "stream"),
     "ve.widen": VeCost("Fetch Adapter cast (bf16 -> f32)", "int", "stream"),
+    "ve.lookup": VeCost("Logic (3-bit fields) + Fetch Adapter table lookup", "int", "stream"),
     "ve.reduce_sum": VeCost("IntraSliceReduce (add)", "float", "reduce", flops="f32"),
     "ve.reduce_max": VeCost("IntraSliceReduce (max)", "float", "reduce"),
     "ve.reduce_min": VeCost("IntraSliceReduce (min)", "float", "reduce"),
@@ -141,6 +144,7 @@ VE_COSTS: dict[str, VeCost] = {
     "ve.position_tag": VeCost("static branch log in DM", "int", "table"),
     "ve.bitcast": VeCost("Reinterpret (no instruction)", "int", "view"),
     "ve.broadcast": VeCost("fetch sequencer / VRF indexer broadcast", "int", "view"),
+    "ve.repeat": VeCost("fetch sequencer repeat (stride-0 inner axis)", "int", "view"),
     "ve.chain": VeCost("its members' stages, one invocation", "int", "chain"),
     "ve.yield": VeCost("the chain's output (no instruction)", "int", "end"),
 }

@@ -20,7 +20,10 @@ class LowpFunctions(InterpreterFunctions):
 
     @impl(lowp.DequantizeOp)
     def run_dequantize(self, interpreter: Interpreter, op: lowp.DequantizeOp, args: tuple[Any, ...]):
-        return (dequantize(args[0], args[1]),)
+        values, scales, *rest = args
+        optional = iter(rest)
+        grid, su, sv = (None if v is None else next(optional) for v in (op.grid, op.su, op.sv))
+        return (dequantize(values, scales, op.block_shape, grid, su, sv),)
 
     @impl(lowp.ScaledMatmulOp)
     def run_scaled_matmul(self, interpreter: Interpreter, op: lowp.ScaledMatmulOp, args: tuple[Any, ...]):

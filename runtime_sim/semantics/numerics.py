@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute
 
 from dialects import ve
+from dialects.tensor_types import U3, code_tile_bytes
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 TAG_DTYPE = np.dtype(np.uint8)
@@ -47,6 +48,10 @@ float4_e2m1 = np.dtype(ml_dtypes.float4_e2m1fn)
 """f4e2m1: MXFP4's values (no inf, no NaN, max 6); numpy stores one per byte, the chip two."""
 float8_e8m0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 """e8m0: MX block scales, 2^(e - 127) (NaN = 0xff, no zero, no sign)."""
+
+code3 = np.dtype(np.int8)
+"""u3 codes (0..7), one per byte in numpy (no other element type is stored as int8); the chip
+packs them 3 bits each in 16 x 16 tiles (`stored_nbytes`)."""
 
 LOW_PRECISION_DTYPES = (float8_e4m3, float8_e5m2, float4_e2m1)
 """The quantized value types: conversion to them saturates (see `round_to`)."""
@@ -68,6 +73,8 @@ def numpy_dtype(element_type: Attribute) -> np.dtype:
         return float4_e2m1
     if isinstance(element_type, Float8E8M0FNUType):
         return float8_e8m0
+    if element_type == U3:
+        return code3
     if isinstance(element_type, IntegerType):
         width = element_type.width.data
         if width == 1:
@@ -127,11 +134,14 @@ def select(hit: np.ndarray, on_true: np.ndarray, on_false: np.ndarray) -> np.nda
 
 def stored_nbytes(value: object) -> int:
     """Bytes a value occupies in the chip's memory: its elements at their stored width, so
-    f4e2m1 counts half a byte each (numpy keeps one per byte). What every cost counts."""
+    f4e2m1 counts half a byte each (numpy keeps one per byte), u3 codes their 16 x 16 tiles of
+    96 bytes. What every cost counts."""
     dtype = getattr(value, "dtype", None)
     nbytes = int(getattr(value, "nbytes", 0))
     if dtype == float4_e2m1:
         return -(-nbytes // 2)
+    if dtype == code3:
+        return code_tile_bytes(np.shape(value))
     return nbytes
 
 

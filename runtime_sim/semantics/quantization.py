@@ -13,7 +13,10 @@ uses (docs/architecture.md, Shared semantics).
   values = saturate(x / scale). `quantize` is its blocks of one row's group.
 - `dequantize`: f32(value) * scale of the value's block, in f32; a block shape given
   explicitly may leave the last block along an axis ragged (a checkpoint's ceil-divided
-  blocks).
+  blocks, FP4 with a scale per group of g along K). u3 codes are indices into an 8-entry grid,
+  and sign vectors su (along K) and sv (along N) multiply last: the 3-bit trellis format,
+  grid[code] * scale * su[k] * sv[n], left to right in f32. `unpack_code_tiles` /
+  `pack_code_tiles` convert the codes from and to their stored 16 x 16 tiles of 96 bytes.
 - `scaled_contract`: partial sums over K-blocks in f32, each times (lhs scale * rhs scale),
   added in K order strictly left to right: how the chip applies block scales in the vector
   engine to the contraction engine's partial sums.
@@ -103,10 +106,60 @@ def expand_scales(scales: np.ndarray, shape: tuple[int, ...], block: tuple[int, 
     return out[tuple(slice(0, size) for size in shape)]
 
 
-def dequantize(values: np.ndarray, scales: np.ndarray, block: tuple[int, ...] | None = None) -> np.ndarray:
-    """f32(value) * its block's scale, in f32 (`block`: see `expand_scales`)."""
+def dequantize(values: np.ndarray, scales: np.ndarray, block: tuple[int, ...] | None = None,
+               grid: np.ndarray | None = None, su: np.ndarray | None = None, sv: np.ndarray | None = None) -> np.ndarray:
+    """f32(value) (u3 codes: grid[code]) * its block's scale, then * su[..., k] and * sv[..., n]
+    for values [..., K, N], in f32, in that order (`block`: see `expand_scales`)."""
     values = np.asarray(values)
-    return compute(values) * expand_scales(scales, values.shape, block)
+    real = compute(values) if grid is None else compute(np.asarray(grid))[values]
+    real = real * expand_scales(scales, values.shape, block)
+    if su is not None:
+        real = real * compute(np.asarray(su))[..., :, None]
+    if sv is not None:
+        real = real * compute(np.asarray(sv))[..., None, :]
+    return real
+
+
+CODE_BITS = 3
+"""Bits of a u3 code."""
+
+
+def _code_bit_offsets(tile: int) -> np.ndarray:
+    """[tile, tile] (k, n): where code (k, n) of a tile starts in its bit stream. The tile is
+    stored transposed, `idx_in_tile = n_in_tile * 16 + k_in_tile`, `bit_offset = idx * 3`; bits
+    run from the least significant bit of byte 0 up (a code may straddle two bytes)."""
+    k, n = np.meshgrid(np.arange(tile), np.arange(tile), indexing="ij")
+    return (n * tile + k) * CODE_BITS
+
+
+def unpack_code_tiles(packed: np.ndarray, k: int, n: int, tile: int = 16) -> np.ndarray:
+    """u3 codes [..., k, n] (one per int8) from their stored tiles, uint8
+    [..., ceil(k / tile), ceil(n / tile), tile * tile * 3 / 8]: the ragged edge's padding is
+    dropped."""
+    packed = np.asarray(packed, np.uint8)
+    bits = np.unpackbits(packed, axis=-1, bitorder="little")  # [..., tk, tn, tile * tile * 3]
+    offsets = _code_bit_offsets(tile)
+    codes = bits[..., offsets] | bits[..., offsets + 1] << 1 | bits[..., offsets + 2] << 2  # [..., tk, tn, tile, tile]
+    lead = packed.shape[:-3]
+    tk, tn = packed.shape[-3:-1]
+    whole = np.moveaxis(codes, -2, -3).reshape(*lead, tk * tile, tn * tile)  # [..., tk, tile(k), tn, tile(n)]
+    return np.ascontiguousarray(whole[..., :k, :n]).astype(np.int8)
+
+
+def pack_code_tiles(codes: np.ndarray, tile: int = 16) -> np.ndarray:
+    """The inverse of `unpack_code_tiles`: u3 codes [..., k, n] into stored tiles, a ragged
+    edge padded with code 0."""
+    codes = np.asarray(codes)
+    *lead, k, n = codes.shape
+    tk, tn = -(-k // tile), -(-n // tile)
+    whole = np.zeros((*lead, tk * tile, tn * tile), np.uint8)
+    whole[..., :k, :n] = codes
+    tiles = np.moveaxis(whole.reshape(*lead, tk, tile, tn, tile), -3, -2)  # [..., tk, tn, tile(k), tile(n)]
+    bits = np.zeros((*lead, tk, tn, tile * tile * CODE_BITS), np.uint8)
+    offsets = _code_bit_offsets(tile)
+    for bit in range(CODE_BITS):
+        bits[..., offsets + bit] = tiles >> bit & 1
+    return np.packbits(bits, axis=-1, bitorder="little")
 
 
 _CHUNK = 1 << 22

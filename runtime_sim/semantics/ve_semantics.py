@@ -200,6 +200,14 @@ class VEFunctions(InterpreterFunctions):
     def run_widen_low(self, interpreter: Interpreter, op: ve.WidenLowOp, args: tuple[Any, ...]):
         return _out(op, np.asarray(args[0]).astype(np.float32))
 
+    @impl(ve.LookupOp)
+    def run_lookup(self, interpreter: Interpreter, op: ve.LookupOp, args: tuple[Any, ...]):
+        codes, table = np.asarray(args[0]), np.asarray(args[1], np.float32)
+        if table.ndim == 1:
+            return _out(op, table[codes])
+        rows = np.arange(codes.shape[0]).reshape(-1, *([1] * (codes.ndim - 1)))
+        return _out(op, table[rows, codes])
+
     @impl(ve.NarrowLowOp)
     def run_narrow_low(self, interpreter: Interpreter, op: ve.NarrowLowOp, args: tuple[Any, ...]):
         return _out(op, round_to(np.asarray(args[0]), tensor_dtype(op.result.type)))
@@ -245,6 +253,12 @@ class VEFunctions(InterpreterFunctions):
     def run_broadcast(self, interpreter: Interpreter, op: ve.BroadcastOp, args: tuple[Any, ...]):
         shape = tensor_types.shape_of(op.result.type)
         return _out(op, np.broadcast_to(np.expand_dims(args[0], op.axis.value.data), shape))
+
+    @impl(ve.RepeatOp)
+    def run_repeat(self, interpreter: Interpreter, op: ve.RepeatOp, args: tuple[Any, ...]):
+        axis = op.axis.value.data
+        repeated = np.repeat(np.asarray(args[0]), op.times.value.data, axis=axis)
+        return _out(op, repeated[(slice(None),) * axis + (slice(0, tensor_types.shape_of(op.result.type)[axis]),)])
 
     def run_reduce(self, interpreter: Interpreter, op: Any, args: tuple[Any, ...]):
         x = np.asarray(args[0])

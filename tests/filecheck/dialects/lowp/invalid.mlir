@@ -43,16 +43,52 @@ func.func @dequantize_values(%v: tensor<8x4xbf16>, %s: tensor<2x2xf32>) {
   func.return
 }
 
-// CHECK: dequantize values must be f8e4m3, f8e5m2 or f4e2m1, got bf16[8, 4]
+// CHECK: dequantize values must be f8e4m3, f8e5m2, f4e2m1 or u3, got bf16[8, 4]
 
 // -----
 
-func.func @dequantize_scales(%v: tensor<8x4xf8E4M3FN>, %s: tensor<2x2xbf16>) {
-  %r = lowp.dequantize %v, %s : tensor<8x4xf8E4M3FN>, tensor<2x2xbf16> -> tensor<8x4xf32>
+func.func @dequantize_scales(%v: tensor<8x4xf8E4M3FN>, %s: tensor<2x2xi32>) {
+  %r = lowp.dequantize %v, %s : tensor<8x4xf8E4M3FN>, tensor<2x2xi32> -> tensor<8x4xf32>
   func.return
 }
 
-// CHECK: dequantize scales must be f32 or e8m0, got bf16[2, 2]
+// CHECK: dequantize scales must be f32, bf16 or e8m0, got i32[2, 2]
+
+// -----
+
+func.func @dequantize_ragged(%v: tensor<2x80x3xf4E2M1FN>, %s: tensor<2x2x3xbf16>) {
+  %r = lowp.dequantize %v, %s {block = array<i64: 1, 32, 1>} : tensor<2x80x3xf4E2M1FN>, tensor<2x2x3xbf16> -> tensor<2x80x3xf32>
+  func.return
+}
+
+// CHECK: scales bf16[2, 2, 3] are not [2, 3, 3]: f4e2m1[2, 80, 3] in blocks of [1, 32, 1]
+
+// -----
+
+func.func @dequantize_no_grid(%c: tensor<2x16x3xui3>, %s: tensor<2x1x3xf32>) {
+  %r = lowp.dequantize %c, %s : tensor<2x16x3xui3>, tensor<2x1x3xf32> -> tensor<2x16x3xf32>
+  func.return
+}
+
+// CHECK: u3 codes need their grid: u3[2, 16, 3]
+
+// -----
+
+func.func @dequantize_grid_size(%c: tensor<2x16x3xui3>, %s: tensor<2x1x3xf32>, %g: tensor<4xf32>) {
+  %r = lowp.dequantize %c, %s grid %g : tensor<2x16x3xui3>, tensor<2x1x3xf32> grid tensor<4xf32> -> tensor<2x16x3xf32>
+  func.return
+}
+
+// CHECK: grid must be bf16 or f32 [8], got f32[4]
+
+// -----
+
+func.func @dequantize_signs(%c: tensor<2x16x3xui3>, %s: tensor<2x1x3xf32>, %g: tensor<8xf32>, %su: tensor<2x3xf32>) {
+  %r = lowp.dequantize %c, %s grid %g su %su : tensor<2x16x3xui3>, tensor<2x1x3xf32> grid tensor<8xf32> su tensor<2x3xf32> -> tensor<2x16x3xf32>
+  func.return
+}
+
+// CHECK: su must be bf16 or f32 [2, 16], got f32[2, 3]
 
 // -----
 

@@ -199,3 +199,21 @@ func.func @chain_yields_last(%x: tensor<8xf32>) {
 }
 
 // CHECK: ve.chain yields its last op's result
+
+// -----
+
+func.func @lookup_table(%c: tensor<2x5xui3>, %g: tensor<3x8xf32>) {
+  %v = ve.lookup %c in %g : tensor<2x5xui3>, tensor<3x8xf32> -> tensor<2x5xf32>
+  func.return
+}
+
+// CHECK: ve.lookup's table must be f32 [8] or [2, 8] (an entry per code, a table per row), got f32[3, 8]
+
+// -----
+
+func.func @repeat_cut(%s: tensor<2x2xf32>) {
+  %r = ve.repeat %s along 1 times 4 : tensor<2x2xf32> -> tensor<2x9xf32>
+  func.return
+}
+
+// CHECK: f32[2, 9] is not f32[2, 2] repeated 4 times along 1 and cut

@@ -55,6 +55,12 @@ func.func @low(%q: tensor<4xf8E4M3FN>, %v: tensor<4xf32>) -> tensor<4xf8E4M3FN> 
   %n = ve.narrow_low %s : tensor<4xf32> -> tensor<4xf8E4M3FN>
   func.return %n : tensor<4xf8E4M3FN>
 }
+func.func @codes(%c: tensor<2x5x3xui3>, %g: tensor<2x8xf32>, %s: tensor<2x2x3xf32>) -> tensor<2x5x3xf32> {
+  %v = ve.lookup %c in %g : tensor<2x5x3xui3>, tensor<2x8xf32> -> tensor<2x5x3xf32>
+  %r = ve.repeat %s along 1 times 4 : tensor<2x2x3xf32> -> tensor<2x5x3xf32>
+  %m = ve.mul %v, %r : tensor<2x5x3xf32>
+  func.return %m : tensor<2x5x3xf32>
+}
 func.func @chain(%y_bf16: tensor<64xbf16>) -> tensor<64xbf16> {
   %h = ve.chain (%x = %y_bf16) : (tensor<64xbf16>) -> tensor<64xbf16> {
     %y = ve.widen %x : tensor<64xbf16> -> tensor<64xf32>
@@ -116,6 +122,12 @@ func.func @chain(%y_bf16: tensor<64xbf16>) -> tensor<64xbf16> {
 // CHECK-NEXT:   %s = ve.add %w, %v : tensor<4xf32>
 // CHECK-NEXT:   %n = ve.narrow_low %s : tensor<4xf32> -> tensor<4xf8E4M3FN>
 // CHECK-NEXT:   func.return %n : tensor<4xf8E4M3FN>
+// CHECK-NEXT: }
+// CHECK:      func.func @codes(%c: tensor<2x5x3xui3>, %g: tensor<2x8xf32>, %s: tensor<2x2x3xf32>) -> tensor<2x5x3xf32> {
+// CHECK-NEXT:   %v = ve.lookup %c in %g : tensor<2x5x3xui3>, tensor<2x8xf32> -> tensor<2x5x3xf32>
+// CHECK-NEXT:   %r = ve.repeat %s along 1 times 4 : tensor<2x2x3xf32> -> tensor<2x5x3xf32>
+// CHECK-NEXT:   %m = ve.mul %v, %r : tensor<2x5x3xf32>
+// CHECK-NEXT:   func.return %m : tensor<2x5x3xf32>
 // CHECK-NEXT: }
 // CHECK:      func.func @chain(%y_bf16: tensor<64xbf16>) -> tensor<64xbf16> {
 // CHECK-NEXT:   %h = ve.chain (%x = %y_bf16) : (tensor<64xbf16>) -> tensor<64xbf16> {
