@@ -537,6 +537,11 @@ def model_qwen3_moe_decoded(weight: Callable[[dict[str, np.ndarray], str, int], 
     return model
 
 
+def model_gpt_oss_w4a16(o, d, a):
+    """gpt-oss on its MXFP4 weights decoded to bf16: e8m0 scales are powers of two per QK along K."""
+    return model_gpt_oss(o, d, {**a, **{n: fp4_group_weight(a, n, d["QK"]) for n in ("w_gate", "w_up", "w_down")}})
+
+
 MODELS: dict[str, Callable[[Oracle, dict[str, int], dict[str, np.ndarray]], list[np.ndarray]]] = {
     "toy": model_toy,
     "mixtral": model_mixtral,
@@ -547,6 +552,7 @@ MODELS: dict[str, Callable[[Oracle, dict[str, int], dict[str, np.ndarray]], list
     "qwen3_moe_fp8": model_qwen3_moe_fp8,
     "deepseek_v3_fp8": model_deepseek_v3_fp8,
     "gpt_oss_mxfp4": model_gpt_oss_mxfp4,
+    "gpt_oss_w4a16": model_gpt_oss_w4a16,
     "qwen3_moe_fp4_groups": model_qwen3_moe_decoded(fp4_group_weight),
     "qwen3_moe_trellis3": model_qwen3_moe_decoded(trellis_weight),
 }
