@@ -23,12 +23,16 @@ def leading(value: SSAValue) -> int | None:
     return None
 
 
-def works_along_axis_zero(op: Operation) -> bool:
+def axis_of(op: Operation) -> int | None:
+    """The axis a `ve` op works along (a reduce, scan, filter, broadcast), None without one."""
     attr = op.properties.get("axis")
     if attr is None:  # not `or`: an IntegerAttr of 0 is falsy
         attr = op.attributes.get("axis")
-    value = getattr(getattr(attr, "value", None), "data", None)
-    return value == 0
+    return getattr(getattr(attr, "value", None), "data", None)
+
+
+def works_along_axis_zero(op: Operation) -> bool:
+    return axis_of(op) == 0
 
 
 def in_hbm(value: SSAValue) -> bool:

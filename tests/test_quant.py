@@ -12,7 +12,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import Block

@@ -36,6 +36,7 @@ from xdsl.ir import Operation, SSAValue
 
 from dialects import tcp, ve
 from dialects.tensor_types import shape_of, stored_bytes, window_pieces
+from passes._loop_builder import axis_of
 from runtime_sim.semantics.numerics import GRID_K, GRID_N
 from target.machine import Machine
 
@@ -115,11 +116,6 @@ def last_dim(value: SSAValue | None) -> int | None:
     return None
 
 
-def _axis_attr(op: Operation) -> int | None:
-    attr = op.properties.get("axis") or op.attributes.get("axis")
-    return getattr(getattr(attr, "value", None), "data", None)
-
-
 def view_axis(src: tuple[int, ...], dst: tuple[int, ...], a: FAxis) -> FAxis | None:
     """Where F is in a view of shape `dst` of a value of shape `src` holding F at `a`: the
     views the lowering makes around a group-wise step, the last axis split into [n / g, g]
@@ -157,7 +153,7 @@ def operand_axes(op: Operation, a: FAxis) -> list[tuple[SSAValue, FAxis]] | None
     result = shape_of(op.results[0].type)
     if any(shape_of(r.type) != result for r in op.results):
         return None
-    along = _axis_attr(op)
+    along = axis_of(op)
     if isinstance(op, ve.BroadcastOp):  # along F: it creates F from an operand without it
         assert along is not None
         return [] if along == a.axis else [(op.input, FAxis(a.axis - (along < a.axis), a.per))]

@@ -48,7 +48,7 @@ from xdsl.passes import ModulePass
 from dialects import tcp, ve
 from dialects.annotations import PHASE_ATTR, SHARED, phase_of
 from dialects.tensor_types import shape_of
-from passes._loop_builder import ZERO_OPERAND_VE, leading
+from passes._loop_builder import ZERO_OPERAND_VE, leading, works_along_axis_zero
 from runtime_sim.semantics.numerics import GRID_M
 
 DENSE_SPEC = "mk,kn->mn"
@@ -130,8 +130,7 @@ def _elementwise(op: Operation, tokens: int) -> bool:
         return _row_major(op.input, tokens) and _row_major(op.result, tokens)
     if op.dialect_name() != "ve" or not op.results or isinstance(op, (ve.IotaOp, ve.PositionTagOp)):
         return False
-    attr = op.properties.get("axis") or op.attributes.get("axis")
-    if getattr(getattr(attr, "value", None), "data", None) == 0 or any(
+    if works_along_axis_zero(op) or any(
             ve.is_tag_type(r.type.get_element_type()) for r in op.results):
         return False
     values = [*op.operands, *op.results]
