@@ -45,8 +45,10 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   once the dispatch's DMA commands are done, from the same point at every T. Issued as soon as
   the expert ids were known, the first blocks' loads shared the engines with the dispatch's
   scatters in an order that changed with T, and issue #12's layer took 7 cycles less at
-  T = 288 than at T = 280 (benchmarks/monotone.py). The price is the overlap of the first loads
-  with the dispatch at decode (Qwen3-30B-A3B, T = 1: 0.6%).
+  T = 288 than at T = 280 (benchmarks/monotone.py). Decode of one token is the exception: its
+  dispatch is one scatter of K rows, the same commands at every such layer, so nothing in it
+  varies to reorder the loads, and its weight loads start as soon as the expert ids are known
+  (Qwen3-30B-A3B bf16, T = 1, a block at a time: 60,853 -> 60,376 cycles).
 
 - F tiles (passes/schedule/_f_tiles.py): when the plan is up-projections, column work and one
   down-projection (a SwiGLU or a plain MLP), the block's work runs per tile of F: each tile
@@ -208,6 +210,12 @@ def is_dispatch_gather(op: Operation, blocks: int) -> bool:
             and len(shape_of(op.indices.type)) == 2)
 
 
+def starts_from_dispatch(dispatch: tcp.DmaGatherOp) -> bool:
+    """Whether the loop's weight loads wait for `dispatch`'s row indices (the docstring): all
+    but one token's, whose dispatch is one scatter of K rows at every such layer."""
+    return leading(dispatch.source) != 1
+
+
 def read_by_combine(value: SSAValue, inside: set[Operation]) -> bool:
     """Whether every reader of `value` outside `inside` is the combine's DMA gather of its rows
     (through views): its indices name only the rows of routed pairs, which lie in used blocks,
@@ -272,7 +280,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         assert region is not None
         plan = GroupPlan(ops, escaping, region, tiles or [(0, region.f)], resident, expert_ids, dispatches[0].indices,
                          last.attributes[PHASE_ATTR], shape_of(gathers[0].source.type)[0],
-                         shape_of(dispatches[0].indices.type)[1], gathers)
+                         shape_of(dispatches[0].indices.type)[1], gathers, starts_from_dispatch(dispatches[0]))
         width = max(f1 - f0 for f0, f1 in plan.tiles)
         size = group or group_blocks(plan, width, sram_bytes or machine.cluster_sram_bytes)
         return build_group_loops(block, plan, min(size, blocks))[0]
@@ -354,7 +362,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
 
     slot_results: list[SSAValue | None] = [None] * n_slots
     # The loop starts from the dispatch (docstring): a weight load waits for the row indices too.
-    dispatched = [op.indices for op in ops if is_dispatch_gather(op, blocks)]
+    dispatched = [op.indices for op in ops if is_dispatch_gather(op, blocks) and starts_from_dispatch(op)]
 
     def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue) -> Operation:
         """The load of the block's tile of `gather`'s weight (`columns` of F), reusing the
