@@ -4,6 +4,7 @@
     python benchmarks/precisions.py --quick    # T = 1 only; writes the file only with --out
     python benchmarks/precisions.py --out DIR
     python benchmarks/precisions.py --tokens 1 64   # chosen token counts
+    python benchmarks/precisions.py --tokens 1 --family qwen3   # and families
 
 For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
 
@@ -29,7 +30,12 @@ layer's FLOPs at the format's peak (the experts' contractions at the fp8 rate fo
 MXFP4, the rest at bf16's) and its minimal HBM bytes at HBM bandwidth (the weights of the
 experts balanced routing uses, at their stored width with their scales, the router's, the
 shared expert's, the tokens in and out), on the simulated machine (the whole chip); the simulated time over that limit; the HBM bytes the simulation moved (the layer's own
-commands); and the critical path split into experts and the rest.
+commands); the critical path split into experts and the rest; and the weight stream's stages
+(the issue's "show stage by stage why"): when the first expert weight load starts (everything
+before it is the router, top-k and routing, on the critical path before the first weight
+byte), how long the loads take from the first one's start to the last one's end against the
+weights' bytes at HBM bandwidth (`stream` / `HBM`), and what follows the last load (the last
+block's contractions, its store, the combine).
 """
 
 from __future__ import annotations
@@ -117,6 +123,12 @@ class Row:
     seconds: float
     strategy: str = "rank"
     """lower-topk's strategy, chosen by the cost model."""
+    first_load: int = 0
+    """Cycle the first expert weight load (`tile.load_expert`) starts."""
+    last_load: int = 0
+    """Cycle the last one ends."""
+    load_bytes: int = 0
+    """HBM bytes the expert weight loads move."""
     bf16_cycles: int = 0
 
     @property
@@ -168,8 +180,11 @@ def precision_row(family: Family, fmt: str, tokens: int, machine: Machine, block
     seconds = time.perf_counter() - start
     experts = next((p.critical_cycles for p in report.phases if p.name == "experts"), 0)
     limit = chip_limit(machine, family, fmt, tokens, blocks)
+    loads = [o for o in report.ops if o.name == "tile.load_expert" and o.cycles]
     return Row(family.title, fmt, tokens, chosen if chosen is not None else program.dims["B"], report.total_cycles, limit, report.roofline.hbm_bytes, experts,
-               report.microseconds, machine.cycles_to_us(limit), seconds, strategy)
+               report.microseconds, machine.cycles_to_us(limit), seconds, strategy,
+               min((o.start for o in loads), default=0), max((o.end for o in loads), default=0),
+               sum(o.hbm_bytes for o in loads))
 
 
 def pipeline_with_auto_topk(pipeline: str) -> str:
@@ -178,9 +193,13 @@ def pipeline_with_auto_topk(pipeline: str) -> str:
     return ",".join(["pin-routing", *("lower-topk{strategy=auto}" if p == "lower-topk" else p for p in pipeline.split(","))])
 
 
-def rows_for(tokens: Sequence[int], machine: Machine, block: str = "auto") -> list[Row]:
+def rows_for(tokens: Sequence[int], machine: Machine, block: str = "auto", families: Sequence[str] = ()) -> list[Row]:
+    """The table's rows at `tokens`, for the families whose title starts with one of `families`
+    (case-insensitive; all when empty)."""
     rows: list[Row] = []
     for family in FAMILIES:
+        if families and not any(family.title.lower().startswith(f.lower()) for f in families):
+            continue
         for t in tokens:
             group = [precision_row(family, fmt, t, machine, block) for fmt in FORMATS]
             for row in group:
@@ -195,7 +214,7 @@ def _num(x: float) -> str:
 
 def table(rows: Sequence[Row], machine: Machine) -> str:
     head = ["model", "T", "format", "B", "simulated µs", "x bf16", "target", "chip limit µs", "x limit", "HBM MB",
-            "experts µs", "rest µs", "top-k"]
+            "experts µs", "rest µs", "first load µs", "stream µs", "HBM µs", "tail µs", "top-k"]
     lines = ["| " + " | ".join(head) + " |",
              "|" + "|".join("---" if i < 3 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
     for r in rows:
@@ -203,7 +222,10 @@ def table(rows: Sequence[Row], machine: Machine) -> str:
         rest = r.total_cycles - r.experts_cycles
         lines.append(f"| {r.title} | {r.tokens} | {r.fmt} | {r.block} | {_num(r.microseconds)} | {r.ratio:.3f} | {target} | "
                      f"{_num(r.limit_microseconds)} | {r.over_limit:.2f} | {r.hbm_bytes / 1e6:,.1f} | "
-                     f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} | {r.strategy} |")
+                     f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} | "
+                     f"{_num(machine.cycles_to_us(r.first_load))} | {_num(machine.cycles_to_us(r.last_load - r.first_load))} | "
+                     f"{_num(machine.cycles_to_us(r.load_bytes / machine.hbm_bytes_per_cycle))} | "
+                     f"{_num(machine.cycles_to_us(r.total_cycles - r.last_load))} | {r.strategy} |")
     return "\n".join(lines)
 
 
@@ -214,16 +236,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="directory for precisions.md (default: benchmarks/, not with --quick)")
     parser.add_argument("--block", choices=("auto", "rule"), default="auto",
                         help="the block size: the compiler's choice (default) or run.py's rule")
+    parser.add_argument("--family", nargs="+", default=(),
+                        help="only these families (a prefix of the title: deepseek, qwen3, gpt-oss)")
     args = parser.parse_args(argv)
+    known = [f.title.lower() for f in FAMILIES]
+    for name in args.family:
+        if not any(title.startswith(name.lower()) for title in known):
+            parser.error(f"--family {name}: no such family (one of {', '.join(f.title for f in FAMILIES)})")
     machine = load_machine()
-    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine, args.block)
+    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine, args.block, args.family)
     text = table(rows, machine)
     print(text)
     out = args.out or (None if args.quick else Path(__file__).parent)
     if out is not None:
         command = "python benchmarks/precisions.py" + (" --quick" if args.quick else "") + (
             " --tokens " + " ".join(map(str, args.tokens)) if args.tokens else "") + (
-            " --block rule" if args.block == "rule" else "")
+            " --block rule" if args.block == "rule" else "") + (" --family " + " ".join(args.family) if args.family else "")
         (out / "precisions.md").write_text(
             f"# Precisions: bf16, fp8, MXFP4 (`{command}`, machine {machine.name})\n\n{text}\n")
     return 0
