@@ -5,6 +5,7 @@
     python benchmarks/precisions.py --out DIR
     python benchmarks/precisions.py --tokens 1 64   # chosen token counts
     python benchmarks/precisions.py --formats fp4_groups trellis3 --tokens 1 2048   # the seed's formats
+    python benchmarks/precisions.py --tokens 1 --family qwen3   # and families
 
 For DeepSeek-V3, Qwen3-30B-A3B and gpt-oss-120b, each in three formats:
 
@@ -40,7 +41,12 @@ MXFP4, the rest at bf16's) and its minimal HBM bytes at HBM bandwidth (the weigh
 experts balanced routing uses, at their stored width with their scales (and the trellis
 format's sign vectors), the router's, the shared expert's, the tokens in and out; the seed's
 formats contract in bf16, so their limit takes bf16's rate), on the simulated machine (the whole chip); the simulated time over that limit; the HBM bytes the simulation moved (the layer's own
-commands); and the critical path split into experts and the rest.
+commands); the critical path split into experts and the rest; and the weight stream's stages
+(the issue's "show stage by stage why"): when the first expert weight load starts (everything
+before it is the router, top-k and routing, on the critical path before the first weight
+byte), how long the loads take from the first one's start to the last one's end against the
+weights' bytes at HBM bandwidth (`stream` / `HBM`), and what follows the last load (the last
+block's contractions, its store, the combine).
 """
 
 from __future__ import annotations
@@ -137,6 +143,12 @@ class Row:
     seconds: float
     strategy: str = "rank"
     """lower-topk's strategy, chosen by the cost model."""
+    first_load: int = 0
+    """Cycle the first expert weight load (`tile.load_expert`) starts."""
+    last_load: int = 0
+    """Cycle the last one ends."""
+    load_bytes: int = 0
+    """HBM bytes the expert weight loads move."""
     bf16_cycles: int = 0
 
     @property
@@ -189,8 +201,11 @@ def precision_row(family: Family, fmt: str, tokens: int, machine: Machine, block
     seconds = time.perf_counter() - start
     experts = next((p.critical_cycles for p in report.phases if p.name == "experts"), 0)
     limit = chip_limit(machine, family, fmt, tokens, blocks)
+    loads = [o for o in report.ops if o.name == "tile.load_expert" and o.cycles]
     return Row(family.title, fmt, tokens, chosen if chosen is not None else program.dims["B"], report.total_cycles, limit, report.roofline.hbm_bytes, experts,
-               report.microseconds, machine.cycles_to_us(limit), seconds, strategy)
+               report.microseconds, machine.cycles_to_us(limit), seconds, strategy,
+               min((o.start for o in loads), default=0), max((o.end for o in loads), default=0),
+               sum(o.hbm_bytes for o in loads))
 
 
 def pipeline_with_auto_topk(pipeline: str) -> str:
@@ -200,11 +215,14 @@ def pipeline_with_auto_topk(pipeline: str) -> str:
 
 
 def rows_for(tokens: Sequence[int], machine: Machine, block: str = "auto",
-             formats: Sequence[str] = FORMATS) -> list[Row]:
+             formats: Sequence[str] = FORMATS, families: Sequence[str] = ()) -> list[Row]:
     """Each family's rows in `formats` (bf16 first, the reference of their ratio; families
-    without a source for a format skip it, and skip the family if it has none)."""
+    without a source for a format skip it, and skip the family if it has none), for the
+    families whose title starts with one of `families` (case-insensitive; all when empty)."""
     rows: list[Row] = []
     for family in FAMILIES:
+        if families and not any(family.title.lower().startswith(f.lower()) for f in families):
+            continue
         mine = [f for f in dict.fromkeys(("bf16", *formats)) if f in family.sources]
         if mine == ["bf16"] and "bf16" not in formats:
             continue
@@ -222,7 +240,7 @@ def _num(x: float) -> str:
 
 def table(rows: Sequence[Row], machine: Machine) -> str:
     head = ["model", "T", "format", "B", "simulated µs", "x bf16", "target", "chip limit µs", "x limit", "HBM MB",
-            "experts µs", "rest µs", "top-k"]
+            "experts µs", "rest µs", "first load µs", "stream µs", "HBM µs", "tail µs", "top-k"]
     lines = ["| " + " | ".join(head) + " |",
              "|" + "|".join("---" if i < 3 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
     for r in rows:
@@ -230,7 +248,10 @@ def table(rows: Sequence[Row], machine: Machine) -> str:
         rest = r.total_cycles - r.experts_cycles
         lines.append(f"| {r.title} | {r.tokens} | {r.fmt} | {r.block} | {_num(r.microseconds)} | {r.ratio:.3f} | {target} | "
                      f"{_num(r.limit_microseconds)} | {r.over_limit:.2f} | {r.hbm_bytes / 1e6:,.1f} | "
-                     f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} | {r.strategy} |")
+                     f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} | "
+                     f"{_num(machine.cycles_to_us(r.first_load))} | {_num(machine.cycles_to_us(r.last_load - r.first_load))} | "
+                     f"{_num(machine.cycles_to_us(r.load_bytes / machine.hbm_bytes_per_cycle))} | "
+                     f"{_num(machine.cycles_to_us(r.total_cycles - r.last_load))} | {r.strategy} |")
     return "\n".join(lines)
 
 
@@ -243,10 +264,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the block size: the compiler's choice (default) or run.py's rule")
     parser.add_argument("--formats", nargs="+", choices=(*FORMATS, *SEED_FORMATS),
                         help="only these formats (with bf16), written as their own section of precisions.md")
+    parser.add_argument("--family", nargs="+", default=(),
+                        help="only these families (a prefix of the title: deepseek, qwen3, gpt-oss)")
     args = parser.parse_args(argv)
+    known = [f.title.lower() for f in FAMILIES]
+    for name in args.family:
+        if not any(title.startswith(name.lower()) for title in known):
+            parser.error(f"--family {name}: no such family (one of {', '.join(f.title for f in FAMILIES)})")
     machine = load_machine()
     formats = tuple(args.formats or FORMATS)
-    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine, args.block, formats)
+    rows = rows_for(args.tokens or (QUICK_TOKENS if args.quick else TOKENS), machine, args.block, formats, args.family)
     text = table(rows, machine)
     print(text)
     out = args.out or (None if args.quick else Path(__file__).parent)
@@ -254,7 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = "python benchmarks/precisions.py" + (" --quick" if args.quick else "") + (
             " --tokens " + " ".join(map(str, args.tokens)) if args.tokens else "") + (
             " --block rule" if args.block == "rule" else "") + (
-            " --formats " + " ".join(args.formats) if args.formats else "")
+            " --formats " + " ".join(args.formats) if args.formats else "") + (
+            " --family " + " ".join(args.family) if args.family else "")
         path = out / "precisions.md"
         if args.formats:
             write_section(path, f"## {', '.join(args.formats)} (`{command}`, machine {machine.name})", text)

@@ -56,6 +56,7 @@ def test_row_at_small_dims_is_consistent(monkeypatch: pytest.MonkeyPatch) -> Non
     for r in rows:
         assert r.total_cycles >= r.experts_cycles > 0
         assert r.hbm_bytes > 0
+        assert 0 < r.first_load < r.last_load <= r.total_cycles and 0 < r.load_bytes < r.hbm_bytes
     assert rows[1].hbm_bytes < rows[0].hbm_bytes and rows[2].hbm_bytes < rows[1].hbm_bytes
     assert {r.strategy for r in rows} <= {"rank", "rounds"}  # chosen by the cost model (strategy=auto)
     assert all(isinstance(r.block, int) and r.block >= 1 for r in rows)  # chosen by the compiler (block=auto)

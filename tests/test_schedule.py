@@ -351,7 +351,9 @@ def test_block_scaled_tile_remainders_are_exact(tokens: int, block: int, k: int,
 def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
     """fp8's 128 x 128 block scales (a few hundred bytes per expert and matrix) are gathered for
     every block in one DMA command each before the loop, which addresses its block's rows (and
-    each F tile its window) in place; MXFP4's (one per 32 weights) load with their expert."""
+    each F tile its window) in place; so are MXFP4's (one per 32 weights) where an expert's
+    fit in a DMA start-up's worth of transfer (RNGD: 128 KB; D = 2048, F = 1088: 68 KB), and
+    beyond it (D = 4096: 136 KB) they load with their expert."""
     def scale_loads(stem: str, dims: dict[str, int]) -> tuple[int, int]:
         program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / f"{stem}.moe", dims=dims)
         module = program.lower(f"{LOWERED},schedule-experts{{f_tile=512}}")
@@ -360,8 +362,29 @@ def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
         return len(ahead), len(inside)
 
     assert scale_loads("qwen3_moe_fp8", LOW_PRECISION_F_TILES["qwen3_moe_fp8"]) == (3, 0)
-    ahead, inside = scale_loads("gpt_oss_mxfp4", dict(D=2048, F=1088, E=4, K=2))
+    assert scale_loads("gpt_oss_mxfp4", dict(T=4, D=2048, F=1088, E=4, K=2)) == (3, 0)
+    ahead, inside = scale_loads("gpt_oss_mxfp4", dict(T=4, D=4096, F=1088, E=4, K=2))
     assert ahead == 0 and inside == 3 * 3  # three tiles of each of the three weights' scales
+
+
+@pytest.mark.parametrize("mx", [False, True], ids=["fp8", "mxfp4"])
+def test_each_cluster_gathers_its_own_block_scales(mx: bool) -> None:
+    """split-clusters gathers the block scales made ahead of the loop once per cluster, by the
+    cluster's masked expert ids (rows of the other cluster's blocks left zero), instead of
+    copying cluster 0's gather: the layer keeps the reference's bits at decode, where a block
+    per expert is spread over both clusters, and a few tokens more."""
+    source = (Path(__file__).parent.parent / "examples" / "qwen3_moe_fp8.moe").read_text()
+    if mx:
+        source = source.replace("f8e4m3[E", "f4e2m1[E").replace("f32[E", "e8m0[E")
+    for tokens in (1, 3):
+        dims = {"T": tokens, "B": 1, **(dict(QK=32, QN=1, QG=32) if mx else {})}
+        program = tcpc.compile_source(source, dims=dims)
+        full = ",".join(FULL_PIPELINE)
+        module = program.lower(full)
+        gathers = [op for op in module.walk() if op.name == "tcp.dma_gather" and "scale" in op.source.name_hint]
+        assert sorted(cluster_of(op) for op in gathers) == [0, 0, 0, 1, 1, 1]
+        assert all(op.indices.name_hint in ("expert_ids_cluster0", "expert_ids_cluster1") for op in gathers)
+        assert_same_bits(program.run(seed=tokens, pipeline=full).outputs, program.run(seed=tokens).outputs)
 
 
 def test_the_expert_loop_starts_from_the_dispatch() -> None:
@@ -369,13 +392,15 @@ def test_the_expert_loop_starts_from_the_dispatch() -> None:
     loop's commands start once the dispatch's are done, whatever those left running, so its
     schedule does not depend on how they fell (issue #12's T sweep: with the first loads issued
     as soon as the expert ids were known, they shared the engines with the dispatch's scatters
-    in an order that changed with T, and T = 288 took 7 cycles less than T = 280). It costs
-    decode the overlap of the first loads with the dispatch (Qwen3-30B-A3B, T = 1: 57,742 ->
-    58,099 cycles, 1.14x -> 1.15x of the chip's limit)."""
-    report = cost_only("qwen3_moe.moe", {"T": 1, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 1})
-    block_tokens = next(o for o in report.ops if o.label.startswith("%block_tokens = "))
-    loads = [o for o in report.ops if o.name == "tile.load_expert"]
-    assert loads and min(o.start for o in loads) >= block_tokens.end
+    in an order that changed with T, and T = 288 took 7 cycles less than T = 280). One token's
+    dispatch (decode, T = 1: one scatter of K rows, whatever the layer) is the exception: its
+    loads start as soon as the expert ids are known (Qwen3-30B-A3B: 60,853 -> 60,376 cycles)."""
+    qwen3 = {"D": 2048, "F": 768, "E": 128, "K": 8, "B": 1}
+    for tokens in (1, 2):
+        report = cost_only("qwen3_moe.moe", {"T": tokens, **qwen3})
+        block_tokens = next(o for o in report.ops if o.label.startswith("%block_tokens = "))
+        loads = [o for o in report.ops if o.name == "tile.load_expert"]
+        assert loads and (min(o.start for o in loads) >= block_tokens.end) == (tokens > 1)
     program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe")
     module = program.lower(program.full_pipeline())
     row_indices = {op.indices.owner.source for op in module.walk() if op.name == "tile.gather"}  # a cluster's

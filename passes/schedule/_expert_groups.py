@@ -99,6 +99,9 @@ class GroupPlan:
     """Rows of a block (B)."""
     gathers: list[tcp.DmaGatherOp] = field(default_factory=list)
     """The weight gathers by the plan's expert ids."""
+    from_dispatch: bool = True
+    """Whether a weight load also waits for `tokens` (the loop starts from the dispatch; not for
+    one token's, schedule_experts.starts_from_dispatch)."""
 
     @property
     def blocks(self) -> int:
@@ -239,7 +242,7 @@ class GroupLoop:
         self.parts = plan.rows // self.chunk
         self.chunks = group * self.parts
         self.slots = min(group, plan.experts)
-        self.dispatched = [plan.tokens]  # a weight load also waits for the row index: the loop starts from the dispatch
+        self.dispatched = [plan.tokens] if plan.from_dispatch else []  # the loop starts from the dispatch
         self.per_expert = per_expert_values(plan.ops, plan.gathers)
         self.before: list[Operation] = []
         self.mapping: dict[SSAValue, SSAValue] = {}

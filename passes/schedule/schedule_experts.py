@@ -45,8 +45,10 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   once the dispatch's DMA commands are done, from the same point at every T. Issued as soon as
   the expert ids were known, the first blocks' loads shared the engines with the dispatch's
   scatters in an order that changed with T, and issue #12's layer took 7 cycles less at
-  T = 288 than at T = 280 (benchmarks/monotone.py). The price is the overlap of the first loads
-  with the dispatch at decode (Qwen3-30B-A3B, T = 1: 0.6%).
+  T = 288 than at T = 280 (benchmarks/monotone.py). Decode of one token is the exception: its
+  dispatch is one scatter of K rows, the same commands at every such layer, so nothing in it
+  varies to reorder the loads, and its weight loads start as soon as the expert ids are known
+  (Qwen3-30B-A3B bf16, T = 1, a block at a time: 60,853 -> 60,376 cycles).
 
 - F tiles (passes/schedule/_f_tiles.py): when the plan is up-projections, column work and one
   down-projection (a SwiGLU or a plain MLP), the block's work runs per tile of F: each tile
@@ -58,7 +60,8 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   at real dims) are fetched per block, each waiting for the down-projection two tiles earlier.
   Block-scaled (fp8, MXFP4) experts tile the same way, their weights' scales with them.
 - weight scales small enough (`gathered_ahead`: fp8's, a few hundred bytes per expert and
-  matrix) stay gathered for all blocks before the loop, one DMA command each; the loop
+  matrix; MXFP4's where an expert's move in less than a DMA start-up, `scales_ahead_row_bytes`)
+  stay gathered for all blocks before the loop, one DMA command each; the loop
   addresses its block's rows, and each F tile its window, in place (`tile.slice ... at`).
 - the loop's order (`order`): `block`, the above, one block at a time; `tile`, groups of
   consecutive blocks, each group's distinct experts (its slots) running their F tiles as a
@@ -117,13 +120,18 @@ layer (cost-only, balanced) spent a share of its engines' time in the expert loo
 idle (11% at T = 448), and T = 448 took more cycles than T = 456 (198,532 against 195,960).
 With g - 4 the gathers are ready when an engine frees: 185,437 and 186,084 cycles; no cell of
 benchmarks/schedule.py moves. At most `WEIGHT_AHEAD` (the waits the loop carries)."""
-SCALES_AHEAD_ROW_BYTES = 16 * 1024
-"""Weight scales of at most this many bytes per expert are gathered for every block at once,
-before the loop (`gathered_ahead`): a command moving so few takes mostly its start-up (RNGD:
-500 cycles; 16 KB at an engine's 187.5 B/cycle share of HBM is 87), so one command for all
-blocks saves a start-up per expert and matrix (fp8's 128 x 128 blocks: a few hundred bytes or
-KB per matrix). MXFP4's scales (one per 32 weights, 48 KB to 260 KB a matrix) load with their
-expert, spread over the engines, rather than all on one engine before the first block."""
+def scales_ahead_row_bytes(machine: Machine) -> int:
+    """Weight scales of at most this many bytes per expert are gathered for every block at once,
+    before the loop (`gathered_ahead`): a row moved in less time than a DMA command's start-up
+    (RNGD: 500 cycles x 256 B/cycle, 128 KB) would cost mostly start-up as a command of its own,
+    so one command for all blocks saves a start-up per expert and matrix: fp8's 128 x 128 blocks
+    (a few hundred bytes or KB per matrix), and MXFP4's one e8m0 per 32 weights where a matrix
+    is small (Qwen3-30B-A3B: 48 KB; at T = 1, 24 such commands held the engines for 500-1,025
+    cycles each to move 48 KB). Larger MXFP4 scales (gpt-oss-120b's 259 KB, DeepSeek-V3's
+    458 KB a matrix) load with their expert, spread over the engines."""
+    return machine.dma_startup_cycles * machine.dma_bytes_per_cycle
+
+
 SCALES_AHEAD_BYTES = 1 << 20
 """... and at most this many in all (G blocks' rows: one DMA piece, under 1% of a cluster's SRAM)."""
 WEIGHT_AHEAD = 4
@@ -167,7 +175,7 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: s
     return is_row_parallel_ve(op, blocks)
 
 
-def gathered_ahead(op: Operation) -> bool:
+def gathered_ahead(op: Operation, machine: Machine) -> bool:
     """Whether `op` gathers block scales small enough to fetch for every block at once, before
     the loop (one DMA command rather than one per expert: fp8's 128 x 128 weight blocks give an
     expert's matrix a few hundred bytes of scales, each load of which would pay a DMA command's
@@ -175,14 +183,14 @@ def gathered_ahead(op: Operation) -> bool:
     return (isinstance(op, tcp.DmaGatherOp) and bool(op.result.uses)
             and all(isinstance(u.operation, tcp.ScaledContractOp) and u.index == 3 for u in op.result.uses)
             and stored_bytes(op.result.type) <= SCALES_AHEAD_BYTES
-            and stored_bytes(op.result.type) <= SCALES_AHEAD_ROW_BYTES * shape_of(op.result.type)[0])
+            and stored_bytes(op.result.type) <= scales_ahead_row_bytes(machine) * shape_of(op.result.type)[0])
 
 
-def read_only_ahead(op: Operation) -> bool:
+def read_only_ahead(op: Operation, machine: Machine) -> bool:
     """Whether `op` is read only by gathers made ahead of the loop (the one-expert view of a
     shared expert's scales, which has G = 1 rows by coincidence at decode): it stays with them."""
     uses = [u.operation for r in op.results for u in r.uses]
-    return bool(uses) and all(gathered_ahead(u) for u in uses)
+    return bool(uses) and all(gathered_ahead(u, machine) for u in uses)
 
 
 def _root(value: SSAValue) -> Operation | None:
@@ -200,6 +208,12 @@ def is_dispatch_gather(op: Operation, blocks: int) -> bool:
     one index per row) is not one, even with G rows."""
     return (isinstance(op, tcp.DmaGatherOp) and phase_of(op) == "dispatch" and leading(op.indices) == blocks
             and len(shape_of(op.indices.type)) == 2)
+
+
+def starts_from_dispatch(dispatch: tcp.DmaGatherOp) -> bool:
+    """Whether the loop's weight loads wait for `dispatch`'s row indices (the docstring): all
+    but one token's, whose dispatch is one scatter of K rows at every such layer."""
+    return leading(dispatch.source) != 1
 
 
 def read_by_combine(value: SSAValue, inside: set[Operation]) -> bool:
@@ -237,7 +251,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     blocks = shape_of(expert_ids.type)[0]
     phase = plan_phase(block, expert_ids)
     ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
-                             and not gathered_ahead(op) and not read_only_ahead(op)])
+                             and not gathered_ahead(op, machine) and not read_only_ahead(op, machine)])
     if not any(isinstance(op, CONTRACTIONS) for op in ops):
         return None
     last = ops[-1]
@@ -266,7 +280,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         assert region is not None
         plan = GroupPlan(ops, escaping, region, tiles or [(0, region.f)], resident, expert_ids, dispatches[0].indices,
                          last.attributes[PHASE_ATTR], shape_of(gathers[0].source.type)[0],
-                         shape_of(dispatches[0].indices.type)[1], gathers)
+                         shape_of(dispatches[0].indices.type)[1], gathers, starts_from_dispatch(dispatches[0]))
         width = max(f1 - f0 for f0, f1 in plan.tiles)
         size = group or group_blocks(plan, width, sram_bytes or machine.cluster_sram_bytes)
         return build_group_loops(block, plan, min(size, blocks))[0]
@@ -348,7 +362,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
 
     slot_results: list[SSAValue | None] = [None] * n_slots
     # The loop starts from the dispatch (docstring): a weight load waits for the row indices too.
-    dispatched = [op.indices for op in ops if is_dispatch_gather(op, blocks)]
+    dispatched = [op.indices for op in ops if is_dispatch_gather(op, blocks) and starts_from_dispatch(op)]
 
     def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue) -> Operation:
         """The load of the block's tile of `gather`'s weight (`columns` of F), reusing the
