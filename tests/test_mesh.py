@@ -216,6 +216,9 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     assert "E = 16 experts do not divide over ep = 3 chips" in capsys.readouterr().err
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4,xp=2"]) == 1
     assert "unknown 'xp' (expected axes dp, ep, tp as NAME=SIZE" in capsys.readouterr().err
+    # allgather keeps a token's K choices on every chip: E/ep < K cannot route (toy: E = 4, K = 2).
+    assert main(["run", "examples/toy.moe", "--mesh", "ep=4,strategy=allgather"]) == 1
+    assert "leave 1 per chip, fewer than K; use strategy=a2a or a2a_sum" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     for text, message in [
         ('chip = "rngd"\n[link]\nbytes_per_cycle = { value = 0, source = "x" }\nlatency_cycles = { value = 1, assumption = "y" }\n',

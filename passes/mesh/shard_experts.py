@@ -48,6 +48,7 @@ that hold a pair) after the unweighted combine; allgather sums the blocks. The r
 over F may round an expert output to the neighbouring bf16 value: tolerance.py's TP_SCALE.
 
 Errors (PassFailedException): no or several scatters, E, T or F that the mesh does not divide,
+allgather with fewer experts per chip than K (its local routing keeps a token's K choices),
 a token tensor whose first axis is reduced, an expert's hidden values whose F axis is reduced,
 a down projection that does not feed the combine (with tp), expert weights that are not
 function arguments.
@@ -284,6 +285,12 @@ class ShardExpertsPass(ModulePass):
             raise _fail(f"E = {e} experts do not divide over ep = {self.ep} chips")
         if t % chips:
             raise _fail(f"T = {t} tokens do not divide over dp * ep = {chips} chips")
+        k = route.k.data
+        if self.strategy == "allgather" and e // self.ep < k:
+            raise _fail(f"strategy=allgather routes each token's K = {k} choices to the chip's own experts, "
+                        f"but E = {e} experts over ep = {self.ep} chips leave {e // self.ep} per chip, fewer than K; "
+                        "use strategy=a2a or a2a_sum (they send a token's pairs, at most E/ep of them, to each chip), "
+                        "or a smaller ep")
         layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp)
         if self.tp > 1:
             layer.hidden = self._hidden(fn, layer)
