@@ -98,12 +98,16 @@ def test_t_that_does_not_divide_says_what_to_do(capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize("mesh", ["ep=8", "ep=8,strategy=a2a_sum", "dp=2,ep=2,tp=2"])
 def test_one_token_per_chip_is_the_single_chip_layer(mesh: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The served decode step: `--set T=1 --mesh ...,tokens=per-chip` runs the layer of dp*ep
-    tokens, one on each chip (its own batch), and gives one chip's outputs bit for bit."""
+    tokens, one on each chip (its own batch), and gives one chip's outputs bit for bit (a2a_sum:
+    within its tolerance)."""
     assert main(["run", "examples/deepseek_v3.moe", "--set", "T=1", "--mesh", f"{mesh},tokens=per-chip", "--check"]) == 0
     out = capsys.readouterr().out
     shards = 4 if "tp" in mesh else 8  # the tp chips of a group share their token
     assert f"8 chips of rngd on rngd-pcie, T = {shards} tokens (1 per chip)" in out
-    assert f"out0 bf16[{shards}, 64]" in out and "check: outputs equal the reference" in out
+    # a2a_sum rounds each chip's part of a token's sum (tolerance.RECEIVER_SUM_SCALE): these
+    # tokens' pairs sit on several chips; a2a and tp give one chip's bits.
+    same = "check: outputs agree with the reference" if "a2a_sum" in mesh else "check: outputs equal the reference"
+    assert f"out0 bf16[{shards}, 64]" in out and same in out
 
 
 def test_tokens_per_chip_needs_one_dim_of_tokens(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
