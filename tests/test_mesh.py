@@ -655,3 +655,40 @@ def test_prefill_chip_programs_need_no_spill_or_stream(strategy: str) -> None:
     report = simulate_on_mesh(program, spec, cost_only=True, routing="balanced", seed=1,
                               machine=load_mesh_machine()).report
     assert [(len(c.spills), len(c.streams)) for c in report.chips] == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("example, spec", [
+    ("examples/toy.moe", "ep=2,chunks=2"),
+    ("examples/qwen3_moe.moe", "dp=2,ep=2,chunks=2"),
+    ("examples/deepseek_v3.moe", "ep=4,chunks=4"),   # a shared expert after the chunks' output
+    ("examples/gpt_oss.moe", "ep=2,tp=2,chunks=2"),  # tp's partial sums per chunk
+])
+def test_chunked_dispatch_is_bit_identical_to_one_chip(example: str, spec: str) -> None:
+    """The token loop in chunks (shard-experts' `chunks`, software-pipelined): every chunk's
+    pairs reach the same blocks in the same order as one chip's, so a2a stays bit-identical."""
+    results, sim = _checked(tcpc.compile_file(example), spec)
+    assert all(c.identical for c in results), [c.message for c in results]
+    chunks = int(spec.rsplit("chunks=", 1)[1])
+    returns = [x for x in sim.report.links if x.chip == 0 and x.label.startswith("%returned")]
+    assert len(returns) == chunks
+
+
+def test_chunked_a2a_sum_within_tolerance() -> None:
+    program = tcpc.compile_file("examples/deepseek_v3.moe")
+    spec = MeshSpec.parse("ep=4,strategy=a2a_sum,chunks=2")
+    results = check_on_mesh(program, spec, simulate_on_mesh(program, spec, seed=1), seed=1)
+    assert all(c.ok for c in results), [c.message for c in results]
+
+
+def test_chunk_count_is_chosen_by_cycles_and_reported() -> None:
+    """chunks=auto simulates every count that divides the chip's tokens and keeps the fewest
+    cycles; the mesh report and its JSON say so, with every count's cycles."""
+    program = tcpc.compile_file("examples/toy.moe", dims={"T": 8})
+    sim = simulate_on_mesh(program, MeshSpec.parse("ep=2,chunks=auto"), cost_only=True)
+    choice = next(c for c in sim.report.choices if c.what == "chunk count")
+    assert [c for c, _ in choice.alternatives] == [1, 2, 4]  # 4 tokens per chip: 8 does not divide them
+    assert choice.chosen == min(choice.alternatives, key=lambda a: (a[1], a[0]))[0]
+    assert sim.report.total_cycles == dict(choice.alternatives)[choice.chosen]
+    assert "chose chunk count" in sim.report.to_text()
+    assert sim.report.to_json()["choices"][-1]["what"] == "chunk count"
+    assert all(c.choices[-1].what == "chunk count" for c in sim.report.chips)
