@@ -135,7 +135,7 @@ def test_decode_all_to_alls_are_latency_bound(tmp_path) -> None:
     assert main(["run", "examples/deepseek_v3.moe", "--set", "T=1", "--mesh", "ep=8,tokens=per-chip", "--cost-only",
                  "--routing", "skewed", "--report-json", str(out)]) == 0
     links = json.loads(out.read_text())["links"]
-    to_all = [x for x in links if x["op"] == "ccl.all_to_all"]
+    to_all = [x for x in links if x["op"] == "ccl.all_to_all_start"]
     assert {x["latency_cycles"] for x in to_all} == {2000}
     assert all(x["busy_cycles"] == 2000 + math.ceil(max(x["sent_bytes"], x["received_bytes"]) / 30) for x in to_all)
     assert {x["bound"] for x in to_all} == {"latency"} and max(x["received_bytes"] for x in to_all) > 0
