@@ -47,7 +47,7 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -185,7 +185,8 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
                            machine=machine)
     report: MeshReport = sim.report
     choices = next(iter(report.routing.values())).choices
-    chip_limits = chip_limit_cycles(program, MeshSpec.parse(spec), choices, d["E"], machine)
+    # The chip's own work, whatever its chunks (one chunk's weights loaded once is the minimum).
+    chip_limits = chip_limit_cycles(program, replace(MeshSpec.parse(spec), chunks=1), choices, d["E"], machine)
     row_bytes = 2 * d["D"]
     busy = [report.compute_busy(c) for c in range(chips)]
     slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
