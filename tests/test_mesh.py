@@ -692,3 +692,15 @@ def test_chunk_count_is_chosen_by_cycles_and_reported() -> None:
     assert "chose chunk count" in sim.report.to_text()
     assert sim.report.to_json()["choices"][-1]["what"] == "chunk count"
     assert all(c.choices[-1].what == "chunk count" for c in sim.report.chips)
+
+
+def test_link_runs_under_the_chips_engines() -> None:
+    """The link is an engine of its own: with two chunks, chunk 1's dispatch all-to-all moves
+    while the tensor unit works on chunk 0 (an all-to-all's start and done are two commands,
+    and only what reads the done waits)."""
+    program = tcpc.compile_file("examples/toy.moe", dims={"T": 8})
+    report = simulate_on_mesh(program, MeshSpec.parse("ep=2,chunks=2"), cost_only=True).report.chips[0]
+    link = [o for o in report.ops if o.engine == "link" and o.cycles]
+    tensor = [o for o in report.ops if o.engine == "tensor" and o.cycles]
+    assert any(t.start < x.end and x.start < t.end for x in link for t in tensor)
+    assert [o.name for o in report.ops if o.name.startswith("ccl.all_to_all")].count("ccl.all_to_all_done") == 10
