@@ -4,6 +4,7 @@ cards, a2a against a2a_sum and allgather, balanced against skewed routing, on th
     python benchmarks/mesh.py            # the default table (394 to 747 s on a 2-core VM, one process): benchmarks/mesh.md
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
     python benchmarks/mesh.py --full     # every T and strategy at every mesh size (not run for the table)
+    python benchmarks/mesh.py --model qwen3_moe --tokens 4096 --out rows.md   # only the plan's rows that match
 
 Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
@@ -15,7 +16,11 @@ block size B is chosen by the cost model as `tcpc run --mesh` chooses block=auto
 (`tcpc.mesh_run.compile_for_mesh`: tcpc/autotune.py's candidates around the rows an expert receives
 under balanced routing, each simulated on every chip with the row's routing, the fewest
 cycles kept; every candidate's cycles are listed under the table); lower-topk's strategy is
-chosen by cost as well (`topk=auto`: each strategy simulated on the mesh, the cheaper kept).
+chosen by cost as well (`topk=auto`: each strategy simulated on the mesh, the cheaper kept), and
+so is the chunk count of a2a and a2a_sum (`chunks=auto`: the chip's token loop in 1, 2, 4 or 8
+software-pipelined chunks, each count simulated with each candidate block; the `chunks`
+column). `link busy` is the slowest chip's link busy time (its collectives' transfers and
+waits) over its total time.
 
 Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
 collectives (waiting included), and the ratio to a lower bound computed here from two limits,
@@ -42,7 +47,7 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +62,7 @@ from target.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
 from runtime_sim.perf.mesh_simulate import MeshReport  # noqa: E402
 from dialects.annotations import PHASES  # noqa: E402
 from tcpc.mesh_run import MeshSpec, compile_for_mesh, simulate_on_mesh  # noqa: E402
+from passes.mesh.shard_experts import CHUNKED_STRATEGIES  # noqa: E402
 
 if str(ROOT / "benchmarks") not in sys.path:  # schedule.py, the chip limit, next to this script
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -139,6 +145,10 @@ class Row:
     block: int = 0
     tried: tuple[tuple[int, int], ...] = ()
     """(block, cycles) of every block the cost model tried (empty: the block was given)."""
+    chunks: int = 1
+    """The chunk count the cost model chose (chunks=auto)."""
+    link_busy: int = 0
+    """The slowest chip's link busy cycles."""
 
     @property
     def bound(self) -> float:
@@ -160,7 +170,8 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     d = dict(dims or model.dims)
     d["T"] = tokens * ep
     start = time.perf_counter()
-    spec = f"ep={ep}" + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}"
+    spec = f"ep={ep}" + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}" + (
+        ",chunks=auto" if strategy in CHUNKED_STRATEGIES else "")
     tried: tuple[tuple[int, int], ...] = ()
     if block is None:  # as `tcpc run --mesh` chooses block=auto: on the mesh, for the row's routing
         program = compile_for_mesh(EXAMPLES / f"{model.name}.moe", d, MeshSpec.parse(spec), machine=machine,
@@ -174,30 +185,35 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
                            machine=machine)
     report: MeshReport = sim.report
     choices = next(iter(report.routing.values())).choices
-    chip_limits = chip_limit_cycles(program, MeshSpec.parse(spec), choices, d["E"], machine)
+    # The chip's own work, whatever its chunks (one chunk's weights loaded once is the minimum).
+    chip_limits = chip_limit_cycles(program, replace(MeshSpec.parse(spec), chunks=1), choices, d["E"], machine)
     row_bytes = 2 * d["D"]
     busy = [report.compute_busy(c) for c in range(chips)]
     slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
     topk = min(sim.topk_cycles, key=sim.topk_cycles.__getitem__) if sim.topk_cycles else ""
+    chunks = next((int(c.chosen) for c in report.choices if c.what == "chunk count"), 1)
     return Row(model.title, chips, tokens, strategy, routing, report.total_cycles, report.communication_cycles,
                max(chip_limits),
                link_bound_cycles(choices, ep, d["E"], row_bytes, machine),
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
-               tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried)
+               tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried, chunks,
+               report.link_busy(slowest))
 
 
 def table(rows: list[Row], clock_hz: float = 1e9) -> str:
     us = 1e6 / clock_hz
     lines = ["| model | chips | mesh | T per chip | strategy | routing | simulated µs | collectives | chip bound µs | "
-             "link bound µs | ratio to bound | busiest chip | imbalance | top-k | B | slowest chip by phase, µs | wall s |",
-             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
+             "link bound µs | ratio to bound | chunks | link busy | busiest chip | imbalance | top-k | B | "
+             "slowest chip by phase, µs | wall s |",
+             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
     for r in rows:
         mesh = f"ep={r.chips // r.tp}" + (f",tp={r.tp}" if r.tp > 1 else "")
         phases = ", ".join(f"{p} {(r.phases or {})[p] * us:,.1f}" for p in PHASES if (r.phases or {}).get(p))
         lines.append(f"| {r.model} | {r.chips} | {mesh} | {r.tokens} | {r.strategy} | {r.routing} | "
                      f"{r.total_cycles * us:,.1f} | "
                      f"{r.communication_cycles / r.total_cycles:.0%} | {r.chip_bound * us:,.1f} | {r.link_bound * us:,.1f} | "
-                     f"{r.ratio:.2f} | {r.hot_chip} | {r.imbalance:.2f} | {r.topk} | {r.block} | {phases} | {r.seconds:.1f} |")
+                     f"{r.ratio:.2f} | {r.chunks} | {r.link_busy / r.total_cycles:.0%} | {r.hot_chip} | {r.imbalance:.2f} | "
+                     f"{r.topk} | {r.block} | {phases} | {r.seconds:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -250,18 +266,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="DeepSeek-V3 on 8 chips, T = 1 and 16")
     parser.add_argument("--full", action="store_true", help="every T and strategy at every mesh size (hours)")
-    parser.add_argument("--out", default=None, help="write the table here (default: benchmarks/mesh.md unless --quick)")
+    parser.add_argument("--out", default=None, help="write the table here (default: benchmarks/mesh.md unless --quick "
+                                                    "or a filter)")
+    parser.add_argument("--model", choices=[m.name for m in MODELS], help="only this model's rows")
+    parser.add_argument("--tokens", type=int, help="only the rows of this T per chip")
+    parser.add_argument("--chips", type=int, help="only the rows of this many chips")
+    parser.add_argument("--strategy", help="only the rows of this strategy")
     args = parser.parse_args(argv)
     machine = load_mesh_machine()
     rows = []
     start = time.perf_counter()
-    for model, chips, tokens, strategy, routing, tp, block in runs(args.quick, args.full):
+    plan = [r for r in runs(args.quick, args.full)
+            if (args.model is None or r[0].name == args.model) and (args.tokens is None or r[2] == args.tokens)
+            and (args.chips is None or r[1] == args.chips) and (args.strategy is None or r[3] == args.strategy)]
+    filtered = any(v is not None for v in (args.model, args.tokens, args.chips, args.strategy))
+    if not plan:
+        parser.error("no row of the plan matches the filters")
+    for model, chips, tokens, strategy, routing, tp, block in plan:
         rows.append(mesh_row(model, chips, tokens, strategy, routing, machine=machine, tp=tp, block=block))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     text = (table(rows) + f"\nWall time of the run: {time.perf_counter() - start:,.0f} s (one process; the wall s "
             "column is each row's, block search included).\n\n" + tried_blocks(rows))
     print(text)
-    out = args.out or (None if args.quick else str(Path(__file__).parent / "mesh.md"))
+    out = args.out or (None if args.quick or filtered else str(Path(__file__).parent / "mesh.md"))
     if out:
         Path(out).write_text(f"Generated by `python benchmarks/mesh.py` on {machine.name} "
                              f"({machine.chip.name} chips).\n\n{text}")

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, i32, i64
 from xdsl.ir import Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
+    VarConstraint,
+    base,
     irdl_op_definition,
     operand_def,
     opt_operand_def,
@@ -44,6 +47,10 @@ TP_AXIS_ATTR = "ccl.tp_axis"
 """Argument attribute of an expert-sharded argument on a mesh with tensor parallelism: the axis
 (an integer) split over the tp chips as well, the chip at tp coordinate j holding its j-th
 slice (the F columns of a gate or up weight and its bias, the F rows of a down weight)."""
+CHUNKS_ATTR = "ccl.chunks"
+"""Function attribute of a chip program whose token loop shard-experts split into chunks (an
+integer > 1): each chunk's dispatch, experts and combine are ops of their own, of one shape,
+which the schedule level keeps in loops of their own."""
 STRATEGY_ATTR = "ccl.strategy"
 """Function attribute: the expert-parallel strategy the sharding pass used (a2a, allgather)."""
 
@@ -80,19 +87,17 @@ class _Collective(IRDLOperation):
         expect(self.group_size >= 1, f"chips must be positive, got {self.group_size}")
 
 
-@irdl_op_definition
-class AllToAllOp(_Collective):
-    """input[d] (the slice for chip d of the group) goes to chip d; result[s] is what chip s
-    sent here. With `rows`, only the first rows[d] rows of slice d are data and cross the link;
-    the rest are zero (the packing makes them so) and arrive as zero."""
+class AllToAllExchange(_Collective):
+    """What an all-to-all and its asynchronous start share: input[d] (the slice for chip d of
+    the group) goes to chip d; result[s] is what chip s sent here. With `rows`, only the first
+    rows[d] rows of slice d are data and cross the link; the rest are zero (the packing makes
+    them so) and arrive as zero."""
 
-    name = "ccl.all_to_all"
     input = operand_def(TensorType)
     rows = opt_operand_def(TensorType)
     result = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
-    traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
         "$input (`rows` $rows^)? `over` $axis attr-dict `:` type($input) (`,` type($rows)^)? "
@@ -111,6 +116,51 @@ class AllToAllOp(_Collective):
         expect(self.result.type == self.input.type, f"result should be {format_type(self.input.type)}")
         if self.rows is not None:
             expect(self.rows.type == TensorType(i32, [self.group_size]), f"rows must be i32 [{self.group_size}]")
+
+
+@irdl_op_definition
+class AllToAllOp(AllToAllExchange):
+    """An all-to-all that completes where it is issued (AllToAllExchange says what it moves)."""
+
+    name = "ccl.all_to_all"
+    traits = traits_def(Pure())
+
+
+@irdl_op_definition
+class AllToAllStartOp(AllToAllExchange):
+    """An all-to-all started (XLA's `all-to-all-start`, MLIR's `async.execute`): the link moves
+    the rows while the chip's engines go on with what does not need them. Its result is the
+    receive buffer as the link fills it, read only by the `ccl.all_to_all_done` that completes
+    it, so the schedule can place compute between the two (passes/mesh/shard_experts.py's
+    chunks: one chunk's exchange under another's experts)."""
+
+    name = "ccl.all_to_all_start"
+
+    def verify_(self) -> None:
+        super().verify_()
+        expect(all(isinstance(u.operation, AllToAllDoneOp) for u in self.result.uses),
+               "the receive buffer of an all_to_all_start is read only by ccl.all_to_all_done")
+
+
+@irdl_op_definition
+class AllToAllDoneOp(IRDLOperation):
+    """The all-to-all `started` has completed: its received rows (the same buffer; the chip
+    waits here for the link, at no cost of its own)."""
+
+    name = "ccl.all_to_all_done"
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    started = operand_def(T)
+    result = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$started attr-dict `:` type($started)"
+
+    def __init__(self, started: SSAValue):
+        super().__init__(operands=[started], result_types=[started.type])
+
+    def verify_(self) -> None:
+        expect(isinstance(self.started.owner, AllToAllStartOp),
+               "ccl.all_to_all_done completes a ccl.all_to_all_start: its operand must be one's result")
+        expect(self.result.type == self.started.type, f"result should be {format_type(self.started.type)}")
 
 
 @irdl_op_definition
@@ -409,8 +459,9 @@ class A2ATokenListsOp(_Collective):
                f"lists must be [{n}, {t}, Kk] with 1 <= Kk <= {k}, of the values' type")
 
 
-COLLECTIVES = (AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp)
-"""The ops that exchange values between chips (every chip runs each at the same point)."""
+COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)
+"""The ops that exchange values between chips (every chip runs each at the same point; an
+asynchronous all-to-all at its start, its done being the chip's own wait)."""
 
 
 
@@ -486,4 +537,4 @@ class Mesh:
         return ",".join(f"{a}={s}" for a, s in self.axes)
 
 
-CCL = Dialect("ccl", [AllToAllOp, AllGatherOp, ReduceScatterOp, AllReduceOp, ChipIdOp, A2APlanOp, A2ATokensOp, A2ATokenListsOp], [])
+CCL = Dialect("ccl", [AllToAllOp, AllToAllStartOp, AllToAllDoneOp, AllGatherOp, ReduceScatterOp, AllReduceOp, ChipIdOp, A2APlanOp, A2ATokensOp, A2ATokenListsOp], [])

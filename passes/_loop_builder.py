@@ -108,6 +108,24 @@ def select_ops(block: Block, candidates: list[Operation]) -> list[Operation]:
         chosen = keep
 
 
+def connected(candidates: list[Operation], seeds: list[Operation]) -> list[Operation]:
+    """The `candidates` linked to `seeds` (among them) by def-use edges through candidates, in
+    order: one chunk's ops where a mesh chip computes several chunks of the same shape
+    (shard-experts' `chunks`), which phase and row count alone cannot tell apart."""
+    inside = set(candidates)
+    found = {op for op in seeds if op in inside}
+    pending = list(found)
+    while pending:
+        op = pending.pop()
+        near = [v.owner for v in op.operands if isinstance(v.owner, Operation)]
+        near += [u.operation for r in op.results for u in r.uses]
+        for other in near:
+            if other in inside and other not in found:
+                found.add(other)
+                pending.append(other)
+    return [op for op in candidates if op in found]
+
+
 def split_shared_constants(ops: list[Operation]) -> list[Operation]:
     """`ops` (chosen for a loop) without the constants that outside ops read: an escaping
     constant would be stored into a whole-extent buffer for nothing (DeepSeek-V3's [T, 256, 256]

@@ -168,7 +168,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally "
                         "strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto, tokens=global|per-chip (the program's "
                         "T: the whole mesh's tokens, split over the dp*ep chips, the default; or each chip's own "
-                        "batch: --set T=1 --mesh ep=8,tokens=per-chip is one token per chip)")
+                        "batch: --set T=1 --mesh ep=8,tokens=per-chip is one token per chip), chunks=N|auto (a2a, "
+                        "a2a_sum: the chip's token loop in N software-pipelined chunks; auto: the count of fewest "
+                        "simulated cycles)")
     r.add_argument("--max-chips", type=int, default=None, metavar="N",
                    help=f"--mesh: simulate meshes of up to N chips (default {MAX_SIMULATED_CHIPS}; every chip is "
                         "simulated, and the time grows faster than the chip count)")

@@ -27,8 +27,8 @@ from dialects import ccl, moe
 from passes.lowering.lower_topk import AUTO_STRATEGY as TOPK_AUTO
 from passes.lowering.lower_topk import DEFAULT_STRATEGY as TOPK_DEFAULT
 from passes.lowering.lower_topk import STRATEGIES as TOPK_STRATEGIES
-from passes.mesh.shard_experts import STRATEGIES, token_sources
-from runtime_sim.semantics.tolerance import TP_SCALE, Comparison, combine_scale, compare_outputs
+from passes.mesh.shard_experts import CHUNKED_STRATEGIES, STRATEGIES, token_sources
+from runtime_sim.semantics.tolerance import RECEIVER_SUM_SCALE, TP_SCALE, Comparison, combine_scale, compare_outputs
 from tcpc import syntax
 from tcpc.arrays import prepare_inputs
 from tcpc.builder import build_module, evaluate_dims
@@ -38,6 +38,7 @@ from tcpc.pipelines import mesh_pipeline_spec, parse_pipeline
 from tcpc.program import Program, compile_source, deep_recursion, function_in, print_ir, read_source
 
 if TYPE_CHECKING:  # the simulator is slow to import
+    from runtime_sim.perf.report import Choice
     from target.mesh_machine import MeshMachine
     from runtime_sim.perf.mesh_simulate import MeshReport
 
@@ -48,6 +49,10 @@ benchmarks/mesh.py simulates (DeepSeek-V3 at ep=32). Every chip is interpreted a
 on its own, and an all-to-all's buffers and messages grow with the chips, so the time grows
 faster than the chip count (examples/mixtral.moe with E = 2T = ep chips: 6 s at 32 chips,
 30 s at 128 on one core)."""
+
+
+CHUNK_COUNTS = (1, 2, 4, 8)
+"""The chunk counts `chunks=auto` simulates (those that divide the chip's tokens)."""
 
 
 TOKENS = ("global", "per-chip")
@@ -67,16 +72,24 @@ class MeshSpec:
     """`global`: T is the layer's tokens over the whole mesh, each token shard holding
     T / (dp * ep); `per-chip`: T is each chip's own batch, and `compile_for_mesh` compiles the
     program with dp * ep times its T. A compiled Program's T is always global."""
+    chunks: int | None = 1
+    """How many chunks the chip's token loop is split into (shard-experts' `chunks`); None
+    (`chunks=auto`): the count of fewest simulated cycles (`simulate_on_mesh`)."""
 
     @staticmethod
     def parse(spec: str) -> MeshSpec:
         items = [i.strip() for i in spec.split(",") if i.strip()]
-        options = {"strategy": "a2a", "topk": TOPK_DEFAULT, "tokens": "global"}
+        options = {"strategy": "a2a", "topk": TOPK_DEFAULT, "tokens": "global", "chunks": "1"}
         choices = {"strategy": STRATEGIES, "topk": (*TOPK_STRATEGIES, TOPK_AUTO), "tokens": TOKENS}
         axes = []
         for item in items:
             name, _, value = item.partition("=")
-            if name.strip() in options:
+            if name.strip() == "chunks":
+                options["chunks"] = value.strip()
+                if value.strip() != "auto" and not (value.strip().isdigit() and int(value.strip()) >= 1):
+                    raise ccl.MeshSpecError(f"mesh '{spec}': chunks = {value.strip()!r} is neither a positive "
+                                            "integer nor auto")
+            elif name.strip() in options:
                 options[name.strip()] = value.strip()
                 if value.strip() not in choices[name.strip()]:
                     raise ccl.MeshSpecError(f"mesh '{spec}': unknown {name.strip()} '{value.strip()}' "
@@ -89,7 +102,8 @@ class MeshSpec:
                                         f"{', '.join(f'{o}=' for o in options)})"
                                         + ("; a capacity is the program's: scatter(..., capacity=C)"
                                            if name.strip() == "capacity" else ""))
-        return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"], options["tokens"])
+        chunks = None if options["chunks"] == "auto" else int(options["chunks"])
+        return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"], options["tokens"], chunks)
 
     @property
     def scope(self) -> str:
@@ -111,8 +125,11 @@ class MeshSpec:
             raise ccl.MeshSpecError("topk=auto is chosen by simulating every chip of the mesh (tcpc run --mesh); "
                                     "name a strategy to compile")
         level = None if not lowered else "scheduled" if scheduled else "lowered"
+        if self.chunks is None:
+            raise ccl.MeshSpecError("chunks=auto is chosen by simulating every chip of the mesh (tcpc run --mesh); "
+                                    "name a count to compile")
         return mesh_pipeline_spec(m.size("ep"), m.size("dp"), m.size("tp"), self.strategy,
-                                  None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level)
+                                  None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level, self.chunks)
 
 
 def _scatter(fn: func.FuncOp) -> moe.ScatterOp | None:
@@ -129,6 +146,26 @@ def scattered_tokens(fn: func.FuncOp, mesh: ccl.Mesh | None = None) -> int | Non
         return None
     route = scatter.route.type
     return None if mesh is not None and route.experts.data % mesh.size("ep") else route.tokens.data
+
+
+def chunk_counts(fn: func.FuncOp, spec: MeshSpec) -> tuple[int, ...]:
+    """The chunk counts `chunks=auto` tries for `fn` on `spec`'s mesh: CHUNK_COUNTS that divide
+    the chip's tokens, with a2a or a2a_sum and no capacity (shard-experts refuses the rest);
+    else only 1."""
+    scatter = _scatter(fn)
+    if scatter is None or spec.strategy not in CHUNKED_STRATEGIES or scatter.route.type.capacity_limit is not None:
+        return (1,)
+    per_chip = scatter.route.type.tokens.data // spec.mesh.token_shards
+    return tuple(c for c in CHUNK_COUNTS if per_chip % c == 0 and c <= per_chip)
+
+
+def chunk_choice(alternatives: Sequence[tuple[int, int]], routing: str | Path, spec: MeshSpec) -> Choice:
+    """The report's chunk-count choice: the count of fewest cycles (ties: fewer chunks)."""
+    from runtime_sim.perf.report import Choice
+
+    best = min(alternatives, key=lambda a: (a[1], a[0]))[0]
+    return Choice("chunk count", "shard-experts (pass 1 of the mesh pipeline)", "chunks=auto", best,
+                  tuple(alternatives), str(routing), spec.scope)
 
 
 def check_token_split(tokens: int, mesh: ccl.Mesh, dim: str | None = None, per_chip_hint: bool = False) -> None:
@@ -197,15 +234,32 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
     source = read_source(path)
     mach = machine if isinstance(machine, MeshMachine) else load_mesh_machine(machine)
     trial = replace(spec, topk=TOPK_DEFAULT)
+    by_chunks: list[tuple[int, tuple[tuple[int, int], ...]]] = []
+    """(cycles, (chunks, cycles) of each count) of every candidate simulated, with chunks=auto."""
 
     def cycles(module: ModuleOp, name: str) -> int:
-        return remembered((print_ir(module), name, str(trial.mesh), trial.strategy, repr(mach)), routing, seed,
-                          lambda: simulate_on_mesh(Program(str(path), source, {}, module), trial, graph=name,
-                                                   machine=mach, cost_only=True, routing=routing,
-                                                   seed=seed).report.total_cycles)
+        counts = chunk_counts(function_in(module, name), spec) if spec.chunks is None else (spec.chunks,)
+        tried = tuple((c, remembered((print_ir(module), name, str(trial.mesh), trial.strategy, c, repr(mach)), routing,
+                                     seed, lambda c=c: simulate_on_mesh(
+                                         Program(str(path), source, {}, module), replace(trial, chunks=c), graph=name,
+                                         machine=mach, cost_only=True, routing=routing, seed=seed).report.total_cycles))
+                      for c in counts)
+        best = min(cycles for _, cycles in tried)
+        by_chunks.append((best, tried))
+        return best
 
-    return compile_source(source, mesh_dims(source, dims or {}, spec, graph), str(path), machine=mach.chip,
-                          routing=routing, seed=seed, block_cost=cycles, cost_scope=spec.scope)
+    program = compile_source(source, mesh_dims(source, dims or {}, spec, graph), str(path), machine=mach.chip,
+                             routing=routing, seed=seed, block_cost=cycles, cost_scope=spec.scope)
+    if spec.chunks is None:  # the chunk count of the chosen block's fewest cycles
+        block = next((c for c in program.choices if c.what == "block"), None)
+        want = dict(block.alternatives)[block.chosen] if block is not None else None
+        tried = next((t for best, t in reversed(by_chunks) if want is None or best == want), None)
+        if tried is None:  # no block=auto: the program as compiled, at each count
+            tried = tuple((c, simulate_on_mesh(program, replace(trial, chunks=c), graph=graph, machine=mach,
+                                               cost_only=True, routing=routing, seed=seed).report.total_cycles)
+                          for c in chunk_counts(program.function(graph), spec))
+        program.choices = [*program.choices, chunk_choice(tried, routing, spec)]
+    return program
 
 
 def shard_kind(attrs: DictionaryAttr | None) -> str:
@@ -285,6 +339,21 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
     if tokens is not None:
         check_token_split(tokens, spec.mesh)
     mach = machine if isinstance(machine, MeshMachine) else load_mesh_machine(machine)
+    if spec.chunks is None:  # chosen by compile_for_mesh, or here: each count simulated cost-only
+        chosen = next((c for c in program.choices if c.what == "chunk count"), None)
+        if chosen is None:
+            tried = tuple((c, simulate_on_mesh(program, replace(spec, chunks=c, topk=TOPK_DEFAULT), seed=seed,
+                                               graph=graph, machine=mach, sram_policy=sram_policy, cost_only=True,
+                                               routing=routing).report.total_cycles)
+                          for c in chunk_counts(fn, spec))
+            chosen = chunk_choice(tried, routing, spec)
+        sim = simulate_on_mesh(program, replace(spec, chunks=int(chosen.chosen)), inputs, seed=seed, graph=graph,
+                               machine=mach, sram_policy=sram_policy, cost_only=cost_only, routing=routing,
+                               listeners=listeners)
+        if not any(c.what == "chunk count" for c in sim.report.choices):
+            for report in (sim.report, *sim.report.chips):
+                report.choices = [*report.choices, chosen]
+        return sim
     if spec.topk == TOPK_AUTO:
         trials = {s: simulate_on_mesh(program, replace(spec, topk=s), seed=seed, graph=graph, machine=mach,
                                       sram_policy=sram_policy, cost_only=True, routing=routing, listeners=listeners)
@@ -341,12 +410,13 @@ def check_on_mesh(program: Program, spec: MeshSpec, sim: MeshSimulation, *, seed
                   graph: str | None = None) -> list[Comparison]:
     """The mesh run's outputs against the single-chip reference on the same inputs: bit for
     bit or within the tolerance (runtime_sim/semantics/tolerance.py), and with tp also within
-    TP_SCALE of the combine's scale where an output has the combine's shape."""
+    TP_SCALE of the combine's scale where an output has the combine's shape (a2a_sum:
+    RECEIVER_SUM_SCALE more)."""
     listener = _CombineScale()
-    ref = program.run(sim.inputs, seed=seed, graph=graph, reference=True,
-                      listeners=[listener] if spec.mesh.size("tp") > 1 else [])
+    factor = (TP_SCALE if spec.mesh.size("tp") > 1 else 0.0) + (RECEIVER_SUM_SCALE if spec.strategy == "a2a_sum" else 0.0)
+    ref = program.run(sim.inputs, seed=seed, graph=graph, reference=True, listeners=[listener] if factor else [])
     allowances = None
     if listener.scale is not None:
-        allowances = [TP_SCALE * listener.scale if np.shape(want) == listener.scale.shape else None
+        allowances = [factor * listener.scale if np.shape(want) == listener.scale.shape else None
                       for want in ref.outputs]
-    return compare_outputs(sim.outputs, ref.outputs, allowances)
+    return compare_outputs(sim.outputs, ref.outputs, allowances, factor or TP_SCALE)

@@ -98,12 +98,16 @@ def test_t_that_does_not_divide_says_what_to_do(capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize("mesh", ["ep=8", "ep=8,strategy=a2a_sum", "dp=2,ep=2,tp=2"])
 def test_one_token_per_chip_is_the_single_chip_layer(mesh: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The served decode step: `--set T=1 --mesh ...,tokens=per-chip` runs the layer of dp*ep
-    tokens, one on each chip (its own batch), and gives one chip's outputs bit for bit."""
+    tokens, one on each chip (its own batch), and gives one chip's outputs bit for bit (a2a_sum:
+    within its tolerance)."""
     assert main(["run", "examples/deepseek_v3.moe", "--set", "T=1", "--mesh", f"{mesh},tokens=per-chip", "--check"]) == 0
     out = capsys.readouterr().out
     shards = 4 if "tp" in mesh else 8  # the tp chips of a group share their token
     assert f"8 chips of rngd on rngd-pcie, T = {shards} tokens (1 per chip)" in out
-    assert f"out0 bf16[{shards}, 64]" in out and "check: outputs equal the reference" in out
+    # a2a_sum rounds each chip's part of a token's sum (tolerance.RECEIVER_SUM_SCALE): these
+    # tokens' pairs sit on several chips; a2a and tp give one chip's bits.
+    same = "check: outputs agree with the reference" if "a2a_sum" in mesh else "check: outputs equal the reference"
+    assert f"out0 bf16[{shards}, 64]" in out and same in out
 
 
 def test_tokens_per_chip_needs_one_dim_of_tokens(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,7 +135,7 @@ def test_decode_all_to_alls_are_latency_bound(tmp_path) -> None:
     assert main(["run", "examples/deepseek_v3.moe", "--set", "T=1", "--mesh", "ep=8,tokens=per-chip", "--cost-only",
                  "--routing", "skewed", "--report-json", str(out)]) == 0
     links = json.loads(out.read_text())["links"]
-    to_all = [x for x in links if x["op"] == "ccl.all_to_all"]
+    to_all = [x for x in links if x["op"] == "ccl.all_to_all_start"]
     assert {x["latency_cycles"] for x in to_all} == {2000}
     assert all(x["busy_cycles"] == 2000 + math.ceil(max(x["sent_bytes"], x["received_bytes"]) / 30) for x in to_all)
     assert {x["bound"] for x in to_all} == {"latency"} and max(x["received_bytes"] for x in to_all) > 0

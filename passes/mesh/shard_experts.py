@@ -24,11 +24,12 @@ token): the dispatch as a2a's, and with each token the list of its pairs bound f
 (`ccl.a2a_token_lists`: local experts and weights, in k order); the receiver routes the tokens
 it received, not their slots (an ordinary `moe.scatter` of [chips * T/n] tokens with
 min(K, E/ep) choices each, so no copy of a token per slot), and its `moe.combine` takes each
-token's weighted sum over its pairs there in f32; it sends back one f32 row per token, where
-a2a sends one bf16 row per pair, and the home chip adds the chips' rows in chip order and
-rounds once. A token whose pairs all sit on one chip gets one chip's bits; otherwise the sum
-over k is regrouped by chip, as allgather's (within runtime_sim/semantics/tolerance.py's
-bound). With tp the blocks' partial sums are added over the tp chips before the combine, as
+token's weighted sum over its pairs there in f32 and rounds it to the output's type (bf16);
+it sends back one such row per token, where a2a sends one bf16 row per pair, and the home chip
+adds the chips' rows in chip order in f32 and rounds once. A token whose pairs all sit on one
+chip gets one chip's bits (the one rounding is the receiver's); otherwise the sum over k is
+regrouped by chip and each chip's part rounded before the sum (within
+runtime_sim/semantics/tolerance.py's bound and its RECEIVER_SUM_SCALE). With tp the blocks' partial sums are added over the tp chips before the combine, as
 allgather does.
 
 `strategy=allgather` (seed 000): every chip gathers the group's tokens, expert choices and
@@ -48,6 +49,7 @@ that hold a pair) after the unweighted combine; allgather sums the blocks. The r
 over F may round an expert output to the neighbouring bf16 value: tolerance.py's TP_SCALE.
 
 Errors (PassFailedException): no or several scatters, E, T or F that the mesh does not divide,
+allgather with fewer experts per chip than K (its local routing keeps a token's K choices),
 a token tensor whose first axis is reduced, an expert's hidden values whose F axis is reduced,
 a down projection that does not feed the combine (with tp), expert weights that are not
 function arguments.
@@ -65,12 +67,20 @@ from xdsl.ir import Attribute, Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
-from dialects import ccl, moe, tcp, tmath
+from dialects import ccl, moe, tcp, tile, tmath
 from dialects.annotations import PHASE_ATTR, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
+from passes._loop_builder import index_constant
 from target.target_spec import machine_of
 
 STRATEGIES = ("a2a", "a2a_sum", "allgather")
+CHUNKED_STRATEGIES = ("a2a", "a2a_sum")
+"""The strategies whose token loop can be split into chunks (`chunks`): allgather's dispatch
+and reduction are over the whole group's tokens."""
+CHUNK_STAGES = ("dispatch", "receive", "experts", "combine", "home")
+"""A chunk's stages, in its own order: the dispatch's plan and all-to-alls started; their
+completion and the receiver's routing; the experts; the receiver's combine and the return
+started; its completion and the home chip's sum, stored into the output."""
 DP = "dp"
 EP = "ep"
 TP = "tp"
@@ -121,6 +131,23 @@ class _Builder:
 
     def value(self, v: SSAValue) -> SSAValue:
         return self.values[v]
+
+    stages: dict[str, Block] | None = None
+    """While the chunked pipeline emits one chunk: a block per stage (CHUNK_STAGES), which
+    `to_stage` switches between, for the pipeline to interleave the chunks' stages; None:
+    every op goes to `block` in the order it is made."""
+
+    def to_stage(self, stage: str) -> None:
+        if self.stages is not None:
+            self.block = self.stages[stage]
+
+    def start(self, op: ccl.AllToAllStartOp, name: str) -> SSAValue:
+        """An all-to-all started (its buffers in HBM when larger than a cluster's SRAM)."""
+        return self.add(in_hbm_if_oversize(op, self.cluster_sram_bytes), name).results[0]
+
+    def done(self, started: SSAValue) -> SSAValue:
+        """The all-to-all `started` completed, here: its received rows."""
+        return self.add(ccl.AllToAllDoneOp(started), f"{started.name_hint}_done").results[0]
 
     def const(self, value: int | float, element: Attribute) -> SSAValue:
         return self.add(tmath.ConstantOp(value, TensorType(element, []))).results[0]
@@ -230,10 +257,13 @@ class _Layer:
     hidden: int = 0
     """F, the experts' hidden width that tp splits (0 without tp)."""
     dp: int = 1
+    chunks: int = 1
+    """The chip's tokens are dispatched, computed and combined in this many chunks."""
 
     @property
     def tokens(self) -> int:
-        return self.route.tokens.data // self.chips
+        """The tokens of one chunk of the chip's (all of them without chunks)."""
+        return self.route.tokens.data // self.chips // self.chunks
 
     @property
     def experts_per_chip(self) -> int:
@@ -262,12 +292,19 @@ class ShardExpertsPass(ModulePass):
     strategy: str = "a2a"
     """How tokens reach their experts' chips: `a2a`, `a2a_sum` or `allgather` (the module
     docstring compares them)."""
+    chunks: int = 1
+    """Split the chip's tokens into this many chunks whose dispatch, experts and combine are
+    software-pipelined (a2a, a2a_sum; the module docstring)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
             raise _fail(f"unknown strategy '{self.strategy}' (expected {', '.join(STRATEGIES)})")
-        if self.ep < 1 or self.dp < 1 or self.tp < 1:
-            raise _fail(f"ep, dp and tp must be positive (ep={self.ep}, dp={self.dp}, tp={self.tp})")
+        if self.ep < 1 or self.dp < 1 or self.tp < 1 or self.chunks < 1:
+            raise _fail(f"ep, dp, tp and chunks must be positive (ep={self.ep}, dp={self.dp}, tp={self.tp}, "
+                        f"chunks={self.chunks})")
+        if self.chunks > 1 and self.strategy not in CHUNKED_STRATEGIES:
+            raise _fail(f"chunks = {self.chunks}: only {' and '.join(CHUNKED_STRATEGIES)} split the token loop "
+                        f"into chunks, not {self.strategy}")
         for fn in [o for o in op.ops if isinstance(o, func.FuncOp)]:
             if fn.body.blocks.first is not None:
                 self._shard(fn)
@@ -284,7 +321,19 @@ class ShardExpertsPass(ModulePass):
             raise _fail(f"E = {e} experts do not divide over ep = {self.ep} chips")
         if t % chips:
             raise _fail(f"T = {t} tokens do not divide over dp * ep = {chips} chips")
-        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp)
+        k = route.k.data
+        if self.strategy == "allgather" and e // self.ep < k:
+            raise _fail(f"strategy=allgather routes each token's K = {k} choices to the chip's own experts, "
+                        f"but E = {e} experts over ep = {self.ep} chips leave {e // self.ep} per chip, fewer than K; "
+                        "use strategy=a2a or a2a_sum (they send a token's pairs, at most E/ep of them, to each chip), "
+                        "or a smaller ep")
+        if self.chunks > 1:
+            if (t // chips) % self.chunks:
+                raise _fail(f"T / (dp * ep) = {t // chips} tokens per chip do not divide into {self.chunks} chunks")
+            if route.capacity_limit is not None:
+                raise _fail(f"chunks = {self.chunks} with a capacity: an expert keeps its first C pairs over all "
+                            "tokens, which a chunk's receiver cannot count; use chunks=1")
+        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks)
         if self.tp > 1:
             layer.hidden = self._hidden(fn, layer)
         return layer
@@ -338,7 +387,7 @@ class ShardExpertsPass(ModulePass):
         assert old_block is not None
         tokens = self._token_arguments(fn, layer)
         experts = self._expert_arguments(fn, layer)
-        t, tl = layer.route.tokens.data, layer.tokens
+        t, tl = layer.route.tokens.data, layer.route.tokens.data // layer.chips
         el = layer.experts_per_chip
         arg_types = []
         for a in old_block.args:
@@ -359,9 +408,15 @@ class ShardExpertsPass(ModulePass):
             b.values[old] = new
             if old.index in tokens:
                 b.rows[new] = (t, tl)
-        emit = {"a2a": _A2A, "a2a_sum": _A2ASum, "allgather": _AllGather}[self.strategy](b, layer)
+        strategy = {"a2a": _A2A, "a2a_sum": _A2ASum, "allgather": _AllGather}[self.strategy]
+        emit = strategy(b, layer)
+        section = _expert_section(layer.scatter) if layer.chunks > 1 else set()
         for op in old_block.ops:
-            if op is layer.scatter:
+            if op in section:
+                continue  # emitted chunk by chunk at the combine
+            if isinstance(op, moe.CombineOp) and section:
+                _emit_chunks(b, layer, strategy, [o for o in old_block.ops if o in section], op)
+            elif op is layer.scatter:
                 emit.scatter(op)
             elif isinstance(op, moe.GroupedMatmulOp):
                 emit.grouped_matmul(op)
@@ -389,10 +444,88 @@ class ShardExpertsPass(ModulePass):
                               if s > 1 or a == "ep"))
         new_fn.attributes[ccl.MESH_ATTR] = StringAttr(str(mesh))
         new_fn.attributes[ccl.STRATEGY_ATTR] = StringAttr(self.strategy)
+        if self.chunks > 1:
+            new_fn.attributes[ccl.CHUNKS_ATTR] = IntegerAttr(self.chunks, i64)
         parent = fn.parent_block()
         assert parent is not None
         parent.insert_op_before(new_fn, fn)
         parent.erase_op(fn)
+
+
+def _expert_section(scatter: moe.ScatterOp) -> set[Operation]:
+    """The scatter and every op that depends on its results short of the combine: what each
+    chunk computes for itself (the combine is the chunk's last op)."""
+    found: set[Operation] = {scatter}
+    pending = list(scatter.results)
+    while pending:
+        for use in pending.pop().uses:
+            op = use.operation
+            if op not in found and not isinstance(op, (moe.CombineOp, func.ReturnOp)):
+                found.add(op)
+                pending += list(op.results)
+    return found
+
+
+def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section: list[Operation],
+                 combine: moe.CombineOp) -> None:
+    """The layer's MoE part chunk by chunk, software-pipelined: each chunk's tokens (a row
+    slice of the scattered tokens, their choices and weights) go through CHUNK_STAGES, made
+    into a block per stage, and the blocks are issued so that chunk i+1's dispatch is under
+    chunk i's experts and chunk i's home sum under chunk i+1's experts:
+
+        dispatch 0, dispatch 1, receive 0, experts 0, combine 0,
+        dispatch 2, receive 1, experts 1, combine 1, home 0, ..., home n-1
+
+    (the link runs its commands in issue order: chunk i+1's dispatch, then chunk i's return
+    once its experts are done). Each chunk's output rows are stored into the layer's output
+    (a `tile.store` into a `tile.buffer`, in HBM when larger than a cluster's SRAM)."""
+    scatter = layer.scatter
+    main, tc = b.block, layer.tokens
+    slices = [v for v in (scatter.input, scatter.expert_idx, combine.weights) if v is not None]
+    whole = {v: b.value(v) for v in slices}
+    d = shape_of(combine.result.type)[1]
+    out_type = TensorType(combine.result.type.get_element_type(), [tc * layer.chunks, d])  # type: ignore[attr-defined]
+    space = "hbm" if stored_bytes(out_type) > b.cluster_sram_bytes else "sram"
+    out = b.add(tile.BufferOp(space, out_type), f"{combine.result.name_hint or 'out'}_buffer").results[0]
+    chunks: list[dict[str, Block]] = []
+    for i in range(layer.chunks):
+        b.stages = {stage: Block() for stage in CHUNK_STAGES}
+        b.to_stage("dispatch")
+        offset = b.add(index_constant(i * tc), f"chunk{i}").results[0]
+        for v in slices:
+            source = whole[v]
+            part = TensorType(source.type.get_element_type(), [tc, *shape_of(source.type)[1:]])  # type: ignore[attr-defined]
+            b.values[v] = b.add(tile.SliceOp(source, offset, part), f"{v.name_hint or 'rows'}_chunk{i}").results[0]
+        emit = strategy(b, layer)
+        emit.scatter(scatter)
+        for op in section:
+            if op is scatter:
+                continue
+            if isinstance(op, moe.GroupedMatmulOp):
+                emit.grouped_matmul(op)
+            else:
+                b.copy(op)
+        emit.combine(combine)
+        b.to_stage("home")
+        store = b.add(tile.StoreOp(b.value(combine.result), out, offset))
+        store.attributes[PHASE_ATTR] = StringAttr("combine")
+        out = store.results[0]
+        chunks.append(b.stages)
+    b.stages, b.block = None, main
+    order = [(0, "dispatch")]
+    for i in range(layer.chunks):
+        order += [(i + 1, "dispatch")] if i + 1 < layer.chunks else []
+        order += [(i, "receive"), (i, "experts"), (i, "combine")] + ([(i - 1, "home")] if i else [])
+    order.append((layer.chunks - 1, "home"))
+    for i, stage in order:
+        for op in list(chunks[i][stage].ops):
+            op.detach()
+            main.add_op(op)
+    for v in slices:
+        b.values[v] = whole[v]
+    out.name_hint = combine.result.name_hint
+    b.values[combine.result] = out
+    b.rows[out] = (layer.route.tokens.data, tc * layer.chunks)
 
 
 class _Strategy(ABC):
@@ -507,9 +640,11 @@ class _A2A(_Strategy):
         # per-pair send would have put there.
         tokens = self._plan_tokens(top_e)
         plan, slots = self.plan, self.plan.slots
-        self.recv_counts, recv = self._send_tokens(x, plan.counts, "recv_counts")
-        recv_t = b.add(ccl.AllToAllOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens").results[0]
-        recv_e = b.add(ccl.AllToAllOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts").results[0]
+        counts, sent = self._send_tokens(x, plan.counts, "recv_counts")
+        sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
+        sent_e = b.start(ccl.AllToAllStartOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts")
+        b.to_stage("receive")
+        self.recv_counts, recv, recv_t, recv_e = (b.done(v) for v in (counts, sent, sent_t, sent_e))
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         slot_token = b.reshape(recv_t, [ep * slots], "slot_token")
         recv_rows = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(recv_tokens, slot_token), b.cluster_sram_bytes), "recv_rows").results[0]
@@ -518,6 +653,7 @@ class _A2A(_Strategy):
         local = b.add(tmath.SubOp(column, one, TensorType(i32, [ep * slots, 1])), "recv_local_expert").results[0]
         self._local_scatter(op, recv_rows, local, self._receiver_capacity())
         b.phase = None
+        b.to_stage("experts")
 
     def _plan_tokens(self, top_e: SSAValue) -> ccl.A2ATokensOp:
         """The plan of this chip's pairs (`self.plan`) and its deduplicated dispatch."""
@@ -529,13 +665,13 @@ class _A2A(_Strategy):
 
     def _send_tokens(self, x: SSAValue, counts: SSAValue, counts_name: str) -> tuple[SSAValue, SSAValue]:
         """Each token's row once to each chip holding one of its pairs (a DMA row scatter into
-        the send buffer, then the all-to-all), with `counts` exchanged first: what each chip
-        receives of `counts`, and the rows it receives."""
+        the send buffer, then the all-to-all), with `counts` exchanged first: the two
+        all-to-alls started (`_Builder.done` completes them)."""
         b, ep, tl = self.b, self.layer.ep, self.layer.tokens
         rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, self.tokens.token_rows, ep * tl), b.cluster_sram_bytes), "send_rows").results[0]
         send = b.reshape(rows, [ep, tl, shape_of(x.type)[1]], "send_x")
-        received = b.add(ccl.AllToAllOp(counts, EP, ep), counts_name).results[0]
-        recv = b.add(in_hbm_if_oversize(ccl.AllToAllOp(send, EP, ep, rows=self.tokens.counts), b.cluster_sram_bytes), "recv_x").results[0]
+        received = b.start(ccl.AllToAllStartOp(counts, EP, ep), counts_name)
+        recv = b.start(ccl.AllToAllStartOp(send, EP, ep, rows=self.tokens.counts), "recv_x")
         return received, recv
 
     def _receiver_capacity(self) -> int:
@@ -552,7 +688,9 @@ class _A2A(_Strategy):
         b, ep = self.b, self.layer.ep
         d = shape_of(rows.type)[-1]
         back = b.reshape(rows, [ep, per_chip, d], "send_back")
-        returned = b.add(in_hbm_if_oversize(ccl.AllToAllOp(back, EP, ep, rows=counts), b.cluster_sram_bytes), "returned").results[0]
+        started = b.start(ccl.AllToAllStartOp(back, EP, ep, rows=counts), "returned")
+        b.to_stage("home")
+        returned = b.done(started)
         flat = b.reshape(returned, [ep * per_chip, d], "returned_rows")
         return b.add(tcp.DmaGatherOp(flat, indices), name).results[0]
 
@@ -565,6 +703,7 @@ class _A2A(_Strategy):
         ep, slots, d = layer.ep, self.plan.slots, shape_of(op.result.type)[1]
         tl, k = layer.tokens, layer.route.k.data
         assert self.route is not None
+        b.to_stage("combine")
         b.phase = "combine"
         rows = b.add(moe.CombineOp(b.value(op.input), self.route), "expert_rows").results[0]
         if self.partial is not None:  # tp: the slots' f32 partial sums, added over the tp chips
@@ -608,27 +747,35 @@ class _A2ASum(_A2A):
         tokens = self._plan_tokens(top_e)
         self.entries = min(layer.route.k.data, layer.experts_per_chip)
         expert_lists = self._lists(top_e, "expert_lists")
-        self.recv_token_counts, recv = self._send_tokens(x, tokens.counts, "recv_token_counts")
+        counts, sent = self._send_tokens(x, tokens.counts, "recv_token_counts")
+        sent_experts = self._send(expert_lists, "recv_expert_lists")
+        combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
+        sent_weights = None
+        if combine is not None and combine.weights is not None and combine.weights in b.values:
+            sent_weights = self._send(self._lists(b.value(combine.weights), "weight_lists"), "recv_weight_lists")
+        b.to_stage("receive")
+        self.recv_token_counts, recv = b.done(counts), b.done(sent)
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
-        recv_experts = b.reshape(self._send(expert_lists, "recv_expert_lists"), [ep * tl, self.entries])
+        recv_experts = b.reshape(b.done(sent_experts), [ep * tl, self.entries])
+        if sent_weights is not None:  # with the tokens, when already computed
+            self.recv_weights = b.reshape(b.done(sent_weights), [ep * tl, self.entries])
         # A list holds only this chip's experts; past its end (-1) it becomes -1 (no pair).
         local = self._local_experts(recv_experts, "recv_local_experts")
-        combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
-        if combine is not None and combine.weights is not None and combine.weights in b.values:
-            self._send_weights(b.value(combine.weights))  # with the tokens, when already computed
         self._local_scatter(op, recv_tokens, local, self._receiver_capacity())
         b.phase = None
+        b.to_stage("experts")
 
     def _lists(self, values: SSAValue, name: str) -> SSAValue:
         return self.b.add(ccl.A2ATokenListsOp(self.plan.slot_rows, values, EP, self.layer.ep, self.plan.slots,
                                               self.entries), name).results[0]
 
     def _send(self, lists: SSAValue, name: str) -> SSAValue:
-        return self.b.add(ccl.AllToAllOp(lists, EP, self.layer.ep, rows=self.tokens.counts), name).results[0]
+        """`lists` sent with the tokens (the all-to-all started)."""
+        return self.b.start(ccl.AllToAllStartOp(lists, EP, self.layer.ep, rows=self.tokens.counts), name)
 
     def _send_weights(self, weights: SSAValue) -> None:
         sent = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
-        self.recv_weights = self.b.reshape(sent, [self.layer.ep * self.layer.tokens, self.entries])
+        self.recv_weights = self.b.reshape(self.b.done(sent), [self.layer.ep * self.layer.tokens, self.entries])
 
     def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
         return self._sum_blocks_over_tp(partial, element)
@@ -636,14 +783,17 @@ class _A2ASum(_A2A):
     def combine(self, op: moe.CombineOp) -> None:
         b = self.b
         assert self.route is not None
+        b.to_stage("combine")
         b.phase = "combine"
         if op.weights is not None and self.recv_weights is None:
             self._send_weights(b.value(op.weights))
-        yb = b.cast(b.value(op.input), f32, "expert_rows_f32")
-        part = b.add(moe.CombineOp(yb, self.route, self.recv_weights), "token_partials").results[0]
+        # The combine's f32 sum over the token's pairs here, rounded once to the rows' type
+        # (bf16: DeepEP's combine sends bf16): half the bytes of f32 on the link, for one more
+        # rounding of a token's part (tolerance.py's RECEIVER_SUM_SCALE).
+        part = b.add(moe.CombineOp(b.value(op.input), self.route, self.recv_weights), "token_partials").results[0]
         picked = self._return_rows(part, self.layer.tokens, self.recv_token_counts, self.tokens.token_rows,
                                    "chip_partials")
-        self._sum_at_home(op, picked, "partial_sum")
+        self._sum_at_home(op, b.cast(picked, f32, "chip_partials_f32"), "partial_sum")
 
 
 class _AllGather(_Strategy):

@@ -96,6 +96,7 @@ from passes.lowering.load_arguments import load_into_sram
 from passes._loop_builder import (
     ZERO_OPERAND_VE,
     clone_rows,
+    connected,
     escaping_results,
     in_hbm,
     is_row_parallel_ve,
@@ -250,8 +251,12 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
     phase = plan_phase(block, expert_ids)
-    ops = select_ops(block, [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
-                             and not gathered_ahead(op, machine) and not read_only_ahead(op, machine)])
+    candidates = [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
+                  and not gathered_ahead(op, machine) and not read_only_ahead(op, machine)]
+    others = [v for v in expert_id_values(block) if v is not expert_ids and plan_phase(block, v) == phase]
+    if others:  # several plans of one phase (a mesh chip's chunks): only this plan's ops
+        candidates = connected(candidates, [op for op in candidates if expert_ids in op.operands])
+    ops = select_ops(block, candidates)
     if not any(isinstance(op, CONTRACTIONS) for op in ops):
         return None
     last = ops[-1]

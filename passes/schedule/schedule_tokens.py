@@ -51,7 +51,7 @@ from dialects.annotations import OTHER, PHASE_ATTR, SHARED, is_pair_sum, phase_o
 from dialects.tensor_types import shape_of, stored_bytes
 from passes.schedule._cluster_copies import DMA_OPS
 from passes.schedule._cluster_token_tiles import worth_splitting
-from passes._loop_builder import (clone_rows, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
+from passes._loop_builder import (clone_rows, connected, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
                                  replace_by_loop, select_ops, skip_unless, split_shared_constants, tile_type)
 from runtime_sim.semantics.numerics import GRID_M
 from target.contraction_mapping import ContractionShape
@@ -228,6 +228,9 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     tail = layer_tail(block)
     candidates = [op for op in block.ops
                   if loop_phase(op, tail) == phase and is_row_parallel(op, tokens) and op not in whole]
+    fn = block.parent_op()
+    if candidates and isinstance(fn, func.FuncOp) and ccl.CHUNKS_ATTR in fn.attributes:
+        candidates = connected(candidates, candidates[:1])  # one chunk's ops, a loop of their own
     chosen = select_ops(block, candidates)
     if not chosen:
         return False
@@ -271,7 +274,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     return True
 
 
-LINK_OPS = (ccl.AllToAllOp, ccl.AllGatherOp, ccl.ReduceScatterOp, ccl.AllReduceOp)
+LINK_OPS = ccl.COLLECTIVES
 """The collectives: the link moves their data, HBM to HBM across chips (not ccl.a2a_plan or
 a2a_tokens, which compute on the vector engine)."""
 
@@ -291,7 +294,7 @@ def goes_to_hbm(result: SSAValue) -> bool:
         value = pending.pop()
         for use in value.uses:
             user = use.operation
-            if isinstance(user, tcp.ViewOp):
+            if isinstance(user, (tcp.ViewOp, ccl.AllToAllDoneOp)):
                 if user not in seen:
                     seen.add(user)
                     pending.append(user.result)

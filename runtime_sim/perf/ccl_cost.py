@@ -12,7 +12,9 @@ link model (mesh_machine.py; numbers in machines/rngd_pcie.toml):
     decode step's all-to-alls, which the report marks;
 - all_to_all: one step, each chip sending its rows for every other chip directly (through the
   switch); only the rows that hold data cross (the `rows` operand), a chip's own slice stays
-  on chip;
+  on chip; an asynchronous one (`ccl.all_to_all_start`) costs the same on the link, and its
+  `ccl.all_to_all_done` is free (a view of the received rows: the chip's commands that read
+  them wait for the link, the others do not);
 - all_gather, reduce_scatter: the ring algorithm, N - 1 steps of one chip's share each
   (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009); all_reduce is a
   reduce_scatter then an all_gather, 2 (N - 1) steps; with `rows` only the slices' data rows
@@ -40,7 +42,7 @@ from xdsl.ir import Operation
 
 from dialects import ccl
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.cost_model import LINK, OpCost, free_cost, register_cost, register_data_operands
+from runtime_sim.perf.cost_model import LINK, OpCost, free_cost, register_cost, register_data_operands, register_view
 from target.machine import Machine
 from target.mesh_machine import MeshMachine
 from runtime_sim.perf.vector_cost import scan_cycles, vector_chain_cycles
@@ -97,6 +99,10 @@ def _row_bytes(value: Any) -> int:
     return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(value.dtype).itemsize
 
 
+ALL_TO_ALLS = (ccl.AllToAllOp.name, ccl.AllToAllStartOp.name)
+"""The collectives whose messages go to every chip of the group directly (one step)."""
+
+
 @dataclass(frozen=True)
 class Traffic:
     """What one chip sends in one collective: bytes to each chip of its group (own slot 0)."""
@@ -110,7 +116,7 @@ class Traffic:
 def traffic(op: Operation, operands: tuple[Any, ...], group: int, me: int) -> Traffic:
     """The bytes this chip sends to each chip of the group in `op`."""
     x = operands[0]
-    if isinstance(op, ccl.AllToAllOp):
+    if isinstance(op, ccl.AllToAllExchange):
         per_row = _row_bytes(x[0]) if np.ndim(x) > 1 else np.dtype(x.dtype).itemsize
         if op.rows is not None:
             rows = [int(r) for r in np.asarray(operands[1])]
@@ -136,7 +142,7 @@ def link_parts(mesh: MeshMachine, group: list[Traffic], me: int) -> tuple[int, i
     (an all-to-all's messages to the other chips start together: one step), so a small
     collective is latency-bound."""
     t = group[me]
-    if t.op == "ccl.all_to_all":
+    if t.op in ALL_TO_ALLS:
         received = sum(g.sent[me] for g in group)
     else:
         received = sum(t.sent)  # a ring receives what it sends
@@ -158,5 +164,6 @@ def register_ccl_costs() -> None:
     register_cost(ccl.A2ATokenListsOp)(cost_a2a_token_lists)
     register_cost(*ccl.COLLECTIVES)(provisional_cost)
     register_cost(ccl.ChipIdOp)(free_cost)
-    for op in (ccl.AllToAllOp, ccl.AllReduceOp):
+    register_view(ccl.AllToAllDoneOp)
+    for op in (ccl.AllToAllOp, ccl.AllToAllStartOp, ccl.AllReduceOp):
         register_data_operands(op, lambda op: () if op.rows is None else (op.rows,))  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ from xdsl.ir import Operation
 from dialects import ccl
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.ccl_cost import Traffic, link_parts, traffic
+from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, link_parts, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
 from runtime_sim.perf.cost_only import LoopReplay, Lazy, is_placeholder, placeholder, shape_only_interpreter
 from runtime_sim.perf.graph_work import GraphWork
@@ -417,7 +417,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             t = traffics[c].traffic[j]
             group = mesh.group(c, traffics[c].axes[j])
             flows = [traffics[g].traffic[j] for g in group]
-            received = (sum(f.sent[t.me] for f in flows) if t.op == "ccl.all_to_all" else sum(t.sent))
+            received = (sum(f.sent[t.me] for f in flows) if t.op in ALL_TO_ALLS else sum(t.sent))
             links.append(LinkRecord(c, j, t.op, record.label, sum(t.sent), received, busy[c][j], latency[c][j],
                                     wait[c][j], record.start, record.end, key))
     return MeshReport(machine, mesh, reports, links)

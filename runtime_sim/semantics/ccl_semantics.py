@@ -174,10 +174,22 @@ class CCLFunctions(InterpreterFunctions):
         group = mesh.group(self.chip, op.axis_name)
         return [everyone[c] for c in group], group.index(self.chip)
 
-    @impl(ccl.AllToAllOp)
-    def run_all_to_all(self, interpreter: Interpreter, op: ccl.AllToAllOp, args: tuple[Any, ...]):
+    def _all_to_all(self, op: ccl.AllToAllExchange, args: tuple[Any, ...]) -> tuple[Any, ...]:
         values, me = self._group(op, np.asarray(args[0]))
         return (all_to_all(values)[me],)
+
+    @impl(ccl.AllToAllOp)
+    def run_all_to_all(self, interpreter: Interpreter, op: ccl.AllToAllOp, args: tuple[Any, ...]):
+        return self._all_to_all(op, args)
+
+    @impl(ccl.AllToAllStartOp)
+    def run_all_to_all_start(self, interpreter: Interpreter, op: ccl.AllToAllStartOp, args: tuple[Any, ...]):
+        """The chips meet where the exchange starts; what arrives is the done's."""
+        return self._all_to_all(op, args)
+
+    @impl(ccl.AllToAllDoneOp)
+    def run_all_to_all_done(self, interpreter: Interpreter, op: ccl.AllToAllDoneOp, args: tuple[Any, ...]):
+        return (args[0],)
 
     @impl(ccl.AllGatherOp)
     def run_all_gather(self, interpreter: Interpreter, op: ccl.AllGatherOp, args: tuple[Any, ...]):
