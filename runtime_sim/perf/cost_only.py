@@ -71,9 +71,9 @@ from runtime_sim.perf.simulate import (
     simulate_trace,
     trace_recorder,
     trace_report,
-    without_gc_pauses,
 )
 from runtime_sim.perf.scheduler import Schedule
+from runtime_sim.semantics.collector import without_gc_pauses
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
 
