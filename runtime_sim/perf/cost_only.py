@@ -38,6 +38,7 @@ cycles as that simulation (tests/test_cost_only.py checks this).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ from runtime_sim.perf.simulate import (
     SimResult,
     UncostedPolicy,
     checked_roofline,
+    layer_roofline,
     plan_and_schedule,
     simulate_trace,
     trace_recorder,
@@ -519,6 +521,9 @@ class CostOnlyRun:
     schedule: Schedule | None = None
     routing: dict[str, Routing] = field(default_factory=dict)
     """Routing argument name -> the Routing used."""
+    bound: bool = False
+    """True when `cycles` is not simulated but a lower bound: the commands' roofline, which
+    was above the `bound_above` asked for (`cost_only_run`)."""
 
     def result(self, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
                work: GraphWork | None = None) -> SimResult:
@@ -531,16 +536,25 @@ class CostOnlyRun:
 
 def cost_only_run(module: ModuleOp, function: str, machine: Machine | None = None, *,
                   routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
-                  sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, keep_below: float = 0) -> CostOnlyRun:
+                  sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, keep_below: float = 0,
+                  bound_above: float = math.inf) -> CostOnlyRun:
     """The total cycles `simulate_cost_only` reports (and the same errors), without the
     report: what the cost model's choices compare (tcpc/autotune.py). The trace, plan and
     schedule are kept when the run takes fewer cycles than `keep_below` (a report can then be
     made of them: CostOnlyRun.result); else everything the run made is dropped before
-    Python's cycle collector runs again, which would otherwise scan it all once."""
+    Python's cycle collector runs again, which would otherwise scan it all once.
+
+    A choice needs no more of an alternative than that it takes more cycles than the best one
+    so far, `bound_above`: when the recorded commands' roofline (their FLOPs at the peak,
+    their HBM bytes at the bandwidth, below which no schedule ends: `checked_roofline`) is
+    above it, the memory plan and the schedule are not made, and the run's `cycles` are that
+    bound, rounded up (`bound` set)."""
     machine = machine or default_machine()
 
     def run() -> CostOnlyRun:
         trace, routings = _record(module, function, machine, routing, seed, "error", ())
+        if bound_above < math.inf and (least := layer_roofline(machine, trace, None).cycles) > bound_above:
+            return CostOnlyRun(math.ceil(least), routing=routings, bound=True)
         plan, sched = plan_and_schedule(trace, machine, sram_policy)
         checked_roofline(machine, trace, None, sched.makespan)
         if sched.makespan < keep_below:
