@@ -108,7 +108,9 @@ _costs: dict[tuple[object, ...], int] = {}
 _bounds: dict[tuple[object, ...], int] = {}
 """Lower bounds `cost_cycles` gave in place of cycles, by the same keys as `_costs`."""
 COMPILED_KEPT = 2
-"""How many programs `cost_cycles` keeps a compiled form (and run) of for `take_compiled`."""
+"""How many programs `cost_cycles` keeps a compiled form (and run) of for `take_compiled`: the
+latest, and the cheapest of the others (a block search's choice, which the strategy and order
+choices and the run then take, costed before later blocks)."""
 
 
 @dataclass
@@ -124,7 +126,7 @@ class _Compiled:
 
 
 _compiled: dict[tuple[str, str], _Compiled] = {}
-"""(program, machine) -> its cheapest compiled form costed: the latest COMPILED_KEPT programs."""
+"""(program, machine) -> its cheapest compiled form costed: COMPILED_KEPT programs, the latest last."""
 
 
 def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine,
@@ -198,7 +200,7 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
             other.run = None  # runs of the latest program only
         _compiled[program] = kept  # the latest last
         while len(_compiled) > COMPILED_KEPT:
-            del _compiled[next(iter(_compiled))]
+            del _compiled[max(list(_compiled)[:-1], key=lambda p: _compiled[p].cycles)]
         return total
 
     try:

@@ -216,6 +216,29 @@ def test_bounded_alternatives_change_no_choice(monkeypatch: pytest.MonkeyPatch) 
         [b in bounded.bounded for b, _ in bounded.alternatives]
 
 
+def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cheapest block stays compiled while the blocks after it are costed (the latest
+    program and the cheapest of the others are kept), so the strategy and order choices
+    compile only their other alternatives, and the run compiles nothing more."""
+    for memo in ("_costs", "_bounds", "_compiled"):
+        monkeypatch.setattr(tcpc.autotune, memo, {})
+    program = tcpc.compile_source(MIXTRAL_AUTO)
+    (choice,) = program.choices
+    assert len(choice.alternatives) > tcpc.autotune.COMPILED_KEPT  # later blocks were costed after the best
+    apply = tcpc.autotune.apply_pipeline
+    compiles: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        compiles.append("compile")
+        return apply(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
+    sim = program.simulate(cost_only=True)
+    assert [c.what for c in sim.report.choices[1:]] == ["lower-topk strategy", "schedule-experts order"]
+    assert len(compiles) == 2  # rounds, then the group order: each choice's default was costed before
+    assert sim.report.total_cycles == min(dict(sim.report.choices[-1].alternatives).values())
+
+
 def test_block_auto_for_the_runs_routing() -> None:
     """The candidates are costed with the routing scenario the run names."""
     balanced = tcpc.compile_source(MIXTRAL_AUTO).choices[0]
