@@ -9,7 +9,8 @@ For every model family (examples/*.moe at the dims of benchmarks/run.py) and T, 
 compiled with a block that cannot fit (B = 2^31 - 1), so the compiler picks it (tcpc/autotune.py):
 each candidate is compiled and simulated cost-only with balanced routing. Each row gives the
 candidates' cycles, the chosen block, the block of run.py's rule (B = the next power of two >=
-ceil(T*K / E), at most 64) with its cycles (simulated here when it was not a candidate), how
+ceil(T*K / E), at most 64) with its cycles (simulated here when it was not a candidate, or one
+whose cycles the choice bounded, `>= N`, rather than simulated), how
 much fewer cycles the choice takes than the rule, and the wall-clock seconds of the choice.
 """
 
@@ -49,6 +50,8 @@ class Row:
     rule_cycles: int
     seconds: float
     """Wall clock of the compile with the choice."""
+    bounded: tuple[int, ...] = ()
+    """Candidates whose cycles are a lower bound, not simulated (Choice.bounded)."""
 
     @property
     def chosen_cycles(self) -> int:
@@ -63,12 +66,13 @@ def choice_row(model: Model, tokens: int, dims: dict[str, int] | None = None) ->
     seconds = time.perf_counter() - start
     (choice,) = program.choices
     alternatives = tuple((int(b), c) for b, c in choice.alternatives)
+    bounded = tuple(int(b) for b in choice.bounded)
     rule = min(block_size(tokens, dims["K"], dims["E"]), tokens)
-    cycles = dict(alternatives).get(rule)
+    cycles = None if rule in bounded else dict(alternatives).get(rule)
     if cycles is None:
         ruled = tcpc.compile_file(model.path, dims={**dims, "B": rule})
         cycles = ruled.simulate(cost_only=True).report.total_cycles
-    return Row(model.name, model.title, tokens, alternatives, int(choice.chosen), rule, cycles, seconds)
+    return Row(model.name, model.title, tokens, alternatives, int(choice.chosen), rule, cycles, seconds, bounded)
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -77,7 +81,7 @@ def table(rows: Sequence[Row]) -> str:
         "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        tried = ", ".join(f"{b}: {c:,}" for b, c in r.alternatives)
+        tried = ", ".join(f"{b}: {'>= ' if b in r.bounded else ''}{c:,}" for b, c in r.alternatives)
         lines.append(f"| {r.title} | {r.tokens} | {tried} | {r.chosen} | {r.rule_block} | {r.rule_cycles:,} | "
                      f"{r.chosen_cycles / r.rule_cycles:.3f} | {r.seconds:.1f} |")
     return "\n".join(lines) + "\n"

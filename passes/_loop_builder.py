@@ -92,15 +92,18 @@ def select_ops(block: Block, candidates: list[Operation]) -> list[Operation]:
     chosen = list(candidates)
     while True:
         inside = set(chosen)
+        # The outside ops that read, anywhere in them, a result of an inside op or of one of
+        # these: followed along the results' uses (an op reads only values made before it, so
+        # this is every such op), not by walking every outside op (an unrolled expert loop).
         tainted: set[Operation] = set()
-        for op in block.ops:
-            if op in inside:
-                continue
-            for v in (v for nested in op.walk() for v in nested.operands):
-                owner = v.owner
-                if isinstance(owner, Operation) and (owner in inside or owner in tainted):
-                    tainted.add(op)
-                    break
+        todo = list(chosen)
+        while todo:
+            for result in todo.pop().results:
+                for use in result.uses:
+                    reader = _op_of_block(use.operation, block)
+                    if reader is not None and reader not in inside and reader not in tainted:
+                        tainted.add(reader)
+                        todo.append(reader)
         keep = [op for op in chosen
                 if not any(isinstance(v.owner, Operation) and v.owner in tainted for v in op.operands)]
         if len(keep) == len(chosen):
@@ -124,6 +127,16 @@ def connected(candidates: list[Operation], seeds: list[Operation]) -> list[Opera
                 found.add(other)
                 pending.append(other)
     return [op for op in candidates if op in found]
+
+
+def _op_of_block(op: Operation, block: Block) -> Operation | None:
+    """The op of `block` that is `op` or holds it; None when `op` is not in `block`."""
+    while op.parent is not block:
+        parent = op.parent_op()
+        if parent is None:
+            return None
+        op = parent
+    return op
 
 
 def split_shared_constants(ops: list[Operation]) -> list[Operation]:

@@ -25,7 +25,6 @@ compiler's block when it is more than BETTER_BLOCK_RATIO times faster.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -49,24 +48,40 @@ BLOCK_SPREAD = 4
 """Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
 
 
+def _share(auto: AutoBlock) -> int:
+    """The rows an expert receives under balanced routing (T * K / E, at least 1), within the
+    largest block that fits."""
+    return min(auto.most, max(1, math.ceil(auto.tokens * auto.k / auto.experts)))
+
+
+def _distance_from_share(block: int, auto: AutoBlock) -> tuple[int, int]:
+    """How far `block` is from the share in powers of two, the larger block first among equals
+    (a prefill's best block is often the next power of two above its share)."""
+    return abs(block.bit_length() - _share(auto).bit_length()), -block
+
+
 def block_candidates(auto: AutoBlock) -> list[int]:
     """The block sizes tried for one auto scatter, smallest first (see the module docstring)."""
-    most = auto.most
-    share = min(most, max(1, math.ceil(auto.tokens * auto.k / auto.experts)))
+    most, share = auto.most, _share(auto)
     low, high = max(1, share // BLOCK_SPREAD), min(most, share * BLOCK_SPREAD)
     powers = [1 << i for i in range(high.bit_length()) if low <= 1 << i <= high]
     return sorted({*powers, most})
 
 
-def choose_block(auto: AutoBlock, cycles_of: Callable[[int], int]) -> tuple[int, tuple[tuple[int, int], ...]]:
+def choose_block(auto: AutoBlock, cycles_of: Callable[[int, float], int]) -> tuple[int, tuple[tuple[int, int], ...]]:
     """The block of fewest cycles (ties: the smaller) among `block_candidates`, extended past an
     end of their powers of two while that keeps lowering the cycles; and every (block, cycles)
-    tried, by block."""
-    tried = {b: cycles_of(b) for b in block_candidates(auto)}
+    tried, by block. `cycles_of(block, above)` may give, in place of a block's cycles, a lower
+    bound on them that is above `above` (the fewest cycles found so far): such a block can
+    neither win nor tie, so the choice is the one every block's cycles would make. The blocks
+    nearest the expected rows per expert, the likely best, are costed first."""
+    tried: dict[int, int] = {}
+    for b in sorted(block_candidates(auto), key=lambda b: _distance_from_share(b, auto)):
+        tried[b] = cycles_of(b, min(tried.values(), default=math.inf))
     best = min(tried, key=lambda b: (tried[b], b))
     while (beyond := _past_the_end(best, tried, auto.most)) is not None:
         before = tried[best]
-        tried[beyond] = cycles_of(beyond)
+        tried[beyond] = cycles_of(beyond, before)
         if tried[beyond] <= before and (tried[beyond] < before or beyond < best):
             best = beyond  # fewer cycles, or as many with a smaller block
         if tried[beyond] >= before:
@@ -90,8 +105,12 @@ def _past_the_end(best: int, tried: Mapping[int, int], most: int) -> int | None:
 COSTS_KEPT = 1024
 """How many costings `cost_cycles` remembers (the oldest are forgotten first)."""
 _costs: dict[tuple[object, ...], int] = {}
+_bounds: dict[tuple[object, ...], int] = {}
+"""Lower bounds `cost_cycles` gave in place of cycles, by the same keys as `_costs`."""
 COMPILED_KEPT = 2
-"""How many programs `cost_cycles` keeps a compiled form (and run) of for `take_compiled`."""
+"""How many programs `cost_cycles` keeps a compiled form (and run) of for `take_compiled`: the
+latest, and the cheapest of the others (a block search's choice, which the strategy and order
+choices and the run then take, costed before later blocks)."""
 
 
 @dataclass
@@ -107,7 +126,7 @@ class _Compiled:
 
 
 _compiled: dict[tuple[str, str], _Compiled] = {}
-"""(program, machine) -> its cheapest compiled form costed: the latest COMPILED_KEPT programs."""
+"""(program, machine) -> its cheapest compiled form costed: COMPILED_KEPT programs, the latest last."""
 
 
 def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine,
@@ -127,29 +146,53 @@ def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machi
     return apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine), None
 
 
+class _AboveBest(Exception):
+    """An alternative's run stopped at a lower bound on its cycles above the best's."""
+
+    def __init__(self, bound: int):
+        super().__init__(bound)
+        self.bound = bound
+
+
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
-                routing: str | Path, seed: int, keep_run: bool = False) -> int:
-    """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario.
+                routing: str | Path, seed: int, keep_run: bool = False,
+                above: float = math.inf) -> tuple[int, bool]:
+    """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario;
+    and whether they are a lower bound instead: with `above` (the fewest cycles of the
+    alternatives a choice costed so far) and one function, a program whose commands' roofline
+    is above it is neither planned nor scheduled (cost_only_run's `bound_above`): it cannot
+    win, and the bound says by how much at least.
 
     Remembered for the process, by the module's text and everything else the cycles depend on:
     the block search and the strategy choice cost the chosen block's program alike, a report's
     better-block search costs the run's own block again, and a program compiled again (the
-    Python API, tests) is not simulated again. A routing read from a file is not remembered (the
-    file may change). With `keep_run`, the run of the program's cheapest form costed is kept
-    for `take_compiled` (the latest program's only: a run is large)."""
+    Python API, tests) is not simulated again; a bound is remembered apart, and simulated when
+    a later `above` is not below it. A routing read from a file is not remembered (the file may
+    change). With `keep_run`, the run of the program's cheapest form costed is kept for
+    `take_compiled` (the latest program's only: a run is large)."""
     text = print_ir(module)
+    key = (text, tuple(functions), tuple(map(repr, passes)), repr(machine))
+    full = _remembered_key(key, routing, seed)
+    bound = _bounds.get(full) if full is not None and full not in _costs else None
+    if bound is not None and bound > above:
+        return bound, True
 
     def cycles() -> int:
         lowered = apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
         program = (text, repr(machine))
-        kept = _compiled.pop(program, None)
-        if keep_run and len(functions) == 1 and str(routing) in SCENARIOS:  # a scenario's run, kept if the cheapest yet
+        kept = _compiled.get(program)
+        if len(functions) == 1:
+            keep = keep_run and str(routing) in SCENARIOS  # a scenario's run, kept if the cheapest yet
             run = cost_only_run(lowered, functions[0], machine, routing=routing, seed=seed,
-                                keep_below=math.inf if kept is None else kept.cycles)
+                                keep_below=(math.inf if kept is None else kept.cycles) if keep else 0,
+                                bound_above=above)
+            if run.bound:
+                raise _AboveBest(run.cycles)
             total = run.cycles
         else:
             run = None
             total = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
+        _compiled.pop(program, None)
         if kept is None or total < kept.cycles:  # the first of equals: a choice's tie goes to its first alternative
             kept = _Compiled(total, tuple(map(repr, passes)), lowered, run if run is not None and run.trace else None,
                              (functions[0], str(routing), seed))
@@ -157,44 +200,73 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
             other.run = None  # runs of the latest program only
         _compiled[program] = kept  # the latest last
         while len(_compiled) > COMPILED_KEPT:
-            del _compiled[next(iter(_compiled))]
+            del _compiled[max(list(_compiled)[:-1], key=lambda p: _compiled[p].cycles)]
         return total
 
-    return remembered((text, tuple(functions), tuple(map(repr, passes)), repr(machine)), routing, seed, cycles)
+    try:
+        return remembered(key, routing, seed, cycles), False
+    except _AboveBest as e:
+        if full is not None:
+            _remember(_bounds, full, e.bound)
+        return e.bound, True
+
+
+def _remembered_key(key: tuple[object, ...], routing: str | Path, seed: int) -> tuple[object, ...] | None:
+    """`remembered`'s key; None for a routing read from a file (the file may change)."""
+    return (*key, str(routing), seed) if str(routing) in SCENARIOS else None
+
+
+def _remember(memo: dict[tuple[object, ...], int], key: tuple[object, ...], value: int) -> None:
+    """memo[key] = value, the oldest of COSTS_KEPT forgotten first."""
+    if len(memo) >= COSTS_KEPT:
+        del memo[next(iter(memo))]
+    memo[key] = value
 
 
 def remembered(key: tuple[object, ...], routing: str | Path, seed: int, cycles: Callable[[], int]) -> int:
     """`cycles()`, remembered for the process by `key` (everything but the routing that the
     cycles depend on), the routing scenario and the seed; a routing read from a file is not
     remembered (the file may change). The oldest of COSTS_KEPT are forgotten first."""
-    full = (*key, str(routing), seed) if str(routing) in SCENARIOS else None
+    full = _remembered_key(key, routing, seed)
     if full in _costs:
         return _costs[full]  # type: ignore[index]
     value = cycles()
     if full is not None:
-        if len(_costs) >= COSTS_KEPT:
-            del _costs[next(iter(_costs))]
-        _costs[full] = value
+        _remember(_costs, full, value)
     return value
 
 
-def block_cycles(auto: AutoBlock, blocks: Mapping[Loc, int], build: Callable[[Mapping[Loc, int]], ModuleOp],
-                 machine: Machine, routing: str | Path, seed: int,
-                 cost: Callable[[ModuleOp, str], int] | None = None) -> Callable[..., int]:
+class BlockCycles:
     """The cycles of `auto`'s graph with its scatter at a given block and the others at `blocks`
     (as built where not given), in the expert loop `order` given (default: the pass's), each
     block and order costed once; `cost` (a module and its graph -> cycles, such as a mesh's)
-    replaces one chip's, in its own pipeline's loop order."""
-    @functools.cache
-    def cycles_of(block: int, order: str = ORDERS[0]) -> int:
-        module = build({**blocks, auto.loc: block})
-        if cost is not None:
-            assert order == ORDERS[0], "a given cost has its own loop order"
-            return cost(module, auto.graph)
-        # top-k and the loop order at the passes' defaults: they are chosen after the block, at the block chosen
-        pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=order)
-        return cost_cycles(module, [auto.graph], parse_pipeline(pipeline), machine, routing, seed)
-    return cycles_of
+    replaces one chip's, in its own pipeline's loop order. Asked with `above`, one chip's
+    cycles may be a lower bound above it (cost_cycles): `bounded` holds those blocks."""
+
+    def __init__(self, auto: AutoBlock, blocks: Mapping[Loc, int], build: Callable[[Mapping[Loc, int]], ModuleOp],
+                 machine: Machine, routing: str | Path, seed: int,
+                 cost: Callable[[ModuleOp, str], int] | None = None):
+        self.auto, self.blocks, self.build, self.cost = auto, blocks, build, cost
+        self.machine, self.routing, self.seed = machine, routing, seed
+        self.bounded: set[int] = set()
+        self._known: dict[tuple[int, str], tuple[int, bool]] = {}
+
+    def __call__(self, block: int, above: float = math.inf, order: str = ORDERS[0]) -> int:
+        known = self._known.get((block, order))
+        if known is None or (known[1] and known[0] <= above):  # not costed, or a bound no longer above
+            module = self.build({**self.blocks, self.auto.loc: block})
+            if self.cost is not None:
+                assert order == ORDERS[0], "a given cost has its own loop order"
+                known = self.cost(module, self.auto.graph), False
+            else:
+                # top-k and the loop order at the passes' defaults: they are chosen after the block, at the block chosen
+                pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=order)
+                known = cost_cycles(module, [self.auto.graph], parse_pipeline(pipeline), self.machine, self.routing,
+                                    self.seed, above=above)
+            self._known[block, order] = known
+        if order == ORDERS[0]:
+            (self.bounded.add if known[1] else self.bounded.discard)(block)
+        return known[0]
 
 
 def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]], ModuleOp], filename: str,
@@ -208,9 +280,11 @@ def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]
     chosen: dict[Loc, int] = {}
     choices: list[Choice] = []
     for auto in autos:
-        best, tried = choose_block(auto, block_cycles(auto, chosen, build, machine, routing, seed, cost))
+        cycles_of = BlockCycles(auto, chosen, build, machine, routing, seed, cost)
+        best, tried = choose_block(auto, cycles_of)
         chosen[auto.loc] = best
-        choices.append(Choice("block", _where(filename, auto.loc), auto.reason, best, tuple(tried), str(routing), on))
+        choices.append(Choice("block", _where(filename, auto.loc), auto.reason, best, tuple(tried), str(routing), on,
+                              tuple(b for b, _ in tried if b in cycles_of.bounded)))
     return chosen, choices
 
 
@@ -229,9 +303,9 @@ def better_blocks(fixed: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]
     better: list[BetterBlock] = []
     for scatter in fixed:
         assert scatter.given is not None, "a fixed block is given"
-        cycles_of = block_cycles(scatter, {}, build, machine, routing, seed)
+        cycles_of = BlockCycles(scatter, {}, build, machine, routing, seed)
         best, tried = choose_block(scatter, cycles_of)
-        given, fewest = min(cycles_of(scatter.given, order) for order in ORDERS), dict(tried)[best]
+        given, fewest = min(cycles_of(scatter.given, order=order) for order in ORDERS), dict(tried)[best]
         if given > BETTER_BLOCK_RATIO * fewest:
             better.append(BetterBlock(_where(filename, scatter.loc), scatter.given, given, best, fewest, str(routing),
                                       scatter.dim))
@@ -267,15 +341,19 @@ def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Seq
         named = {q.name for q in resolved}
         rest = [q for q in full if q.name not in named]
 
-        def cycles_of(value: str, i: int = i, p: ModulePass = p, option: str = option) -> int:
+        def cycles_of(value: str, above: float, i: int = i, p: ModulePass = p,
+                      option: str = option) -> tuple[int, bool]:
             trial = [replace(p, **{option: value}) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]  # type: ignore[type-var]
-            return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed, keep_run=True)
+            return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed, keep_run=True, above=above)
 
-        tried = tuple((v, cycles_of(v)) for v in alternatives)
+        costed: dict[str, tuple[int, bool]] = {}
+        for v in alternatives:  # an alternative bounded above the best so far can neither win nor tie
+            costed[v] = cycles_of(v, min((c for c, _ in costed.values()), default=math.inf))
+        tried = tuple((v, c) for v, (c, _) in costed.items())
         best = min(tried, key=lambda t: (t[1], alternatives.index(t[0])))[0]  # ties: the pass's default
         resolved[i] = replace(p, **{option: best})  # type: ignore[type-var]
         choices.append(Choice(f"{p.name} {option}", f"pass {i + 1} of the pipeline", f"{option}=auto", best, tried,
-                              str(routing)))
+                              str(routing), bounded=tuple(v for v, (_, bound) in costed.items() if bound)))
     return resolved, choices
 
 

@@ -27,6 +27,7 @@ from dialects.tcp import TCP
 from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
+from runtime_sim.semantics.collector import without_gc_pauses
 from target.machine import Machine
 from target.target_spec import attach
 from tcpc.provenance import locations_inherited
@@ -260,20 +261,21 @@ def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
     `after_each` sees every step: the clone before the first pass, then the IR after each
     pass, with the pass's time (outside the timed region, so what it does costs no pass time)."""
     ctx = make_context()
-    lowered = module.clone()
-    if machine is not None:
-        attach(lowered, machine)
-    verified: set[tuple[object, ...]] = set()
-    if after_each is not None:
-        after_each(PassStep(0, lowered))
-    for index, p in enumerate(passes, 1):
-        with locations_inherited(lowered, p.name):
-            start = time.perf_counter()
-            p.apply(ctx, lowered)
-            applied = time.perf_counter()
-        verify_changed(lowered, verified)
+    with without_gc_pauses():  # the module grows by thousands of ops, which the collector would rescan
+        lowered = module.clone()
+        if machine is not None:
+            attach(lowered, machine)
+        verified: set[tuple[object, ...]] = set()
         if after_each is not None:
-            after_each(PassStep(index, lowered, p, applied - start, time.perf_counter() - applied))
+            after_each(PassStep(0, lowered))
+        for index, p in enumerate(passes, 1):
+            with locations_inherited(lowered, p.name):
+                start = time.perf_counter()
+                p.apply(ctx, lowered)
+                applied = time.perf_counter()
+            verify_changed(lowered, verified)
+            if after_each is not None:
+                after_each(PassStep(index, lowered, p, applied - start, time.perf_counter() - applied))
     return lowered
 
 

@@ -4,6 +4,9 @@ of the IR, not of the cost model."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp
 from xdsl.ir import SSAValue
@@ -52,26 +55,36 @@ def contraction_mappings(module: ModuleOp, function: str) -> list[ContractionRec
     order, with its mapping's cost and the chooser's runner-up; an op without a mapping (IR not
     through map-contractions) is shown with the one the cost model picks for it."""
     found: dict[tuple[str, str, str], ContractionRecord] = {}
+    keys: dict[tuple[object, ...], tuple[str, str, str]] = {}
+    """An op's kind, operand types, attributes and properties -> its record's key: the unrolled
+    loops of the group order repeat a few contractions thousands of times."""
+    commands: Counter[tuple[str, str, str]] = Counter()
     for fn in module.ops:
         if not (isinstance(fn, func.FuncOp) and fn.sym_name.data == function):
             continue
+        machine = machine_of(fn)
         for op in fn.walk():
             if not isinstance(op, tcp.ContractOp | tcp.ScaledContractOp):
                 continue
+            content = (type(op), tuple(v.type for v in op.operands), tuple(op.attributes.items()),
+                       tuple(op.properties.items()))
+            key = keys.get(content)
+            if key is not None:
+                commands[key] += 1
+                continue
             roles = op.roles()
-            shape, machine = ContractionShape.of(roles), machine_of(op)
+            shape = ContractionShape.of(roles)
             choice = choose(shape, machine)
             mapped = choice.best if op.mapping is None else cost(Mapping(**op.mapping.fields()), shape, machine)  # type: ignore[arg-type]
             spec = op.spec.data if isinstance(op, tcp.ContractOp) else "gbd,gdf->gbf (block-scaled)"
             what = f"{spec} {format_type(op.lhs.type)} x {format_type(op.rhs.type)}"
-            key = (phase_of(op), what, str(mapped.mapping))
+            key = keys[content] = (phase_of(op), what, str(mapped.mapping))
+            commands[key] += 1
             if key in found:
-                record = found[key]
-                found[key] = ContractionRecord(**{**record.__dict__, "commands": record.commands + 1})
                 continue
             runner = choice.runner_up
             found[key] = ContractionRecord(
                 phase_of(op), what, 1, mapped.mapping.book_form(roles.letters, shape), mapped.cycles, mapped.utilization,
                 mapped.bound, runner.mapping.book_form(roles.letters, shape) if runner else "",
                 runner.cycles if runner else 0)
-    return list(found.values())
+    return [replace(record, commands=commands[key]) for key, record in found.items()]

@@ -67,18 +67,18 @@ def test_block_candidates(tokens: int, k: int, experts: int, capacity: int | Non
 ])
 def test_choose_block_searches_past_the_ends(best: int, expected_tried: list[int]) -> None:
     """Synthetic cycles with one minimum: the search finds it, and tries one block past it at most."""
-    chosen, tried = choose_block(auto(64, 8, 128), lambda b: abs(b.bit_length() - best.bit_length()) + 100)
+    chosen, tried = choose_block(auto(64, 8, 128), lambda b, above: abs(b.bit_length() - best.bit_length()) + 100)
     assert chosen == best
     assert [b for b, _ in tried] == expected_tried
 
 
 def test_choose_block_goes_down_while_it_pays() -> None:
-    chosen, tried = choose_block(auto(4096, 8, 128), lambda b: abs(b - 16) + 7)
+    chosen, tried = choose_block(auto(4096, 8, 128), lambda b, above: abs(b - 16) + 7)
     assert chosen == 16 and [b for b, _ in tried] == [8, 16, 32, 64, 128, 256, 512, 1024, 4096]
 
 
 def test_choose_block_ties_go_to_the_smaller_block() -> None:
-    chosen, tried = choose_block(auto(4096, 8, 128), lambda b: 5)
+    chosen, tried = choose_block(auto(4096, 8, 128), lambda b, above: 5)
     assert chosen == 32 and tried[0] == (32, 5)  # one past the lower end, equal: the smaller wins, then it stops
 
 
@@ -182,6 +182,61 @@ def test_a_run_reports_the_program_its_choices_compiled_and_simulated(monkeypatc
     assert len(compiles) == len(candidates) and len(simulations) == 1
     assert taken.report.to_json() == again.report.to_json()
     assert taken.report.chrome_trace() == again.report.chrome_trace()
+
+
+def test_bounded_alternatives_change_no_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block whose commands' roofline is above the fewest cycles simulated so far is not
+    planned nor scheduled: the choice is the one that simulating every block makes, each
+    bound is at most the block's simulated cycles and above the chosen block's, and every
+    other block's cycles are the simulated ones."""
+    dims = {"T": 512, "D": 256, "F": 1024, "E": 8, "K": 2, "B": "auto"}  # B = 512 is bounded above 128's cycles
+    monkeypatch.setattr(tcpc.autotune, "_costs", {})
+    monkeypatch.setattr(tcpc.autotune, "_bounds", {})
+    (bounded,) = tcpc.compile_file(EXAMPLES / "mixtral.moe", dims).choices
+    run = cost_only.cost_only_run
+
+    def simulated(*args: object, **kwargs: object) -> cost_only.CostOnlyRun:
+        return run(*args, **{**kwargs, "bound_above": float("inf")})  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tcpc.autotune, "_costs", {})
+    monkeypatch.setattr(tcpc.autotune, "_bounds", {})
+    monkeypatch.setattr(tcpc.autotune, "cost_only_run", simulated)
+    (every,) = tcpc.compile_file(EXAMPLES / "mixtral.moe", dims).choices
+    assert bounded.bounded and not every.bounded  # a bound took the place of a simulation
+    assert bounded.chosen == every.chosen and bounded.chosen not in bounded.bounded
+    exact, least = dict(every.alternatives), dict(bounded.alternatives)
+    assert exact.keys() == least.keys()
+    for block, cycles in least.items():
+        if block in bounded.bounded:
+            assert exact[bounded.chosen] < cycles <= exact[block]
+        else:
+            assert cycles == exact[block]
+    assert "cycles" in bounded.describe() and f"{bounded.bounded[0]}: >= " in bounded.describe()
+    assert [a.get("lower_bound", False) for a in bounded.to_json()["alternatives"]] == \
+        [b in bounded.bounded for b, _ in bounded.alternatives]
+
+
+def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cheapest block stays compiled while the blocks after it are costed (the latest
+    program and the cheapest of the others are kept), so the strategy and order choices
+    compile only their other alternatives, and the run compiles nothing more."""
+    for memo in ("_costs", "_bounds", "_compiled"):
+        monkeypatch.setattr(tcpc.autotune, memo, {})
+    program = tcpc.compile_source(MIXTRAL_AUTO)
+    (choice,) = program.choices
+    assert len(choice.alternatives) > tcpc.autotune.COMPILED_KEPT  # later blocks were costed after the best
+    apply = tcpc.autotune.apply_pipeline
+    compiles: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        compiles.append("compile")
+        return apply(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
+    sim = program.simulate(cost_only=True)
+    assert [c.what for c in sim.report.choices[1:]] == ["lower-topk strategy", "schedule-experts order"]
+    assert len(compiles) == 2  # rounds, then the group order: each choice's default was costed before
+    assert sim.report.total_cycles == min(dict(sim.report.choices[-1].alternatives).values())
 
 
 def test_block_auto_for_the_runs_routing() -> None:

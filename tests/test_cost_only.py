@@ -246,3 +246,27 @@ def test_pin_routing_tags_a_routing_input_and_keeps_names_unique() -> None:
     assert routing_arguments(fn) == {1: 2, 3: 2}  # the input is tagged; a new argument for the other
     assert [a.name_hint for a in fn.body.blocks.first.args] == ["x", "routing", "e", "routing1"]
     assert "%routing: tensor<4x1xi32> {tcpc.routing_experts = 2 : i64}" in print_ir(pinned)
+
+
+def test_a_run_stops_at_its_bar() -> None:
+    """cost_only_run(bound_above=bar): once the roofline of the commands recorded so far is
+    above the bar, the run stops with that bound, which is above the bar and at most the
+    simulated cycles; with the bar at the whole run's roofline or above, it runs in full."""
+    from runtime_sim.perf.cost_only import cost_only_run
+    from runtime_sim.perf.simulate import layer_roofline
+    from target.machine import default_machine
+    from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, parse_pipeline, pipeline_spec
+
+    machine = default_machine()
+    program = tcpc.compile_file(EXAMPLES / "mixtral.moe", {"T": 256, "D": 256, "F": 512, "B": 16})
+    spec = ",".join([*COST_ONLY_PASSES, pipeline_spec(topk_strategy="rank", expert_order="block")])
+    module = apply_pipeline(program.module, parse_pipeline(spec), machine=machine)
+    full = cost_only_run(module, "mixtral", machine, keep_below=float("inf"))
+    assert full.trace is not None and not full.bound
+    roof = layer_roofline(machine, full.trace, None).cycles
+    for bar in (0.0, roof / 2, roof - 1):
+        stopped = cost_only_run(module, "mixtral", machine, bound_above=bar)
+        assert stopped.bound and stopped.trace is None
+        assert bar < stopped.cycles <= full.cycles
+    for bar in (roof, float(full.cycles)):
+        assert cost_only_run(module, "mixtral", machine, bound_above=bar) == cost_only_run(module, "mixtral", machine)

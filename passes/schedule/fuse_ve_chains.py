@@ -55,10 +55,18 @@ def _next_member(last: Operation) -> Operation | None:
     users = {use.operation for use in last.results[0].uses}
     if block is None or not users or any(u.parent_block() is not block for u in users):
         return None
-    index = block.get_operation_index(last)
-    if any(block.get_operation_index(u) < index for u in users):
-        return None
-    return min(users, key=block.get_operation_index)
+    # The first user after `last`, once every user is known to follow it: a walk forward to
+    # the last user, where positions in the block would each count from its start.
+    first, left, op = None, len(users), last.next_op
+    while op is not None:
+        if op in users:
+            if first is None:
+                first = op
+            left -= 1
+            if not left:
+                return first
+        op = op.next_op
+    return None
 
 
 def grow_chain(first: Operation) -> list[Operation]:

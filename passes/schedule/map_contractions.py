@@ -42,15 +42,18 @@ class MapContractionsPass(ModulePass):
     name = "map-contractions"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        machine = machine_of(op)
+        chosen_for: dict[ContractionShape, tcp.MappingAttr] = {}  # an unrolled loop repeats a few shapes
         for inner in op.walk():
             if not isinstance(inner, tcp.ContractOp | tcp.ScaledContractOp):
                 continue
-            machine = machine_of(inner)
             roles = inner.roles()
             shape = ContractionShape.of(roles)
             if inner.mapping is None:
+                chosen = chosen_for.get(shape)
+                if chosen is None:
+                    chosen = chosen_for[shape] = mapping_attr(choose(shape, machine).best.mapping)
                 # before the other attributes: the phase and cluster stay last on the line
-                chosen = mapping_attr(choose(shape, machine).best.mapping)
                 inner.attributes = {"mapping": chosen, **inner.attributes}
                 continue
             try:

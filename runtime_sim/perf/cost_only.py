@@ -38,6 +38,7 @@ cycles as that simulation (tests/test_cost_only.py checks this).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,9 +72,10 @@ from runtime_sim.perf.simulate import (
     simulate_trace,
     trace_recorder,
     trace_report,
-    without_gc_pauses,
 )
+from runtime_sim.perf.report import roofline
 from runtime_sim.perf.scheduler import Schedule
+from runtime_sim.semantics.collector import without_gc_pauses
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
 
@@ -243,6 +245,42 @@ LOOP_PERIOD = 8
 tiles alternating, one expert's blocks in a row)."""
 
 
+class AboveBar(BaseException):
+    """A cost-only run stopped: its commands' roofline passed the bar (`RooflineBar`). A
+    BaseException, so that it unwinds the interpreter as it is: xDSL turns an Exception
+    raised inside an op into a diagnostic that prints the whole module, at every op it
+    unwinds through."""
+
+    def __init__(self, cycles: float):
+        super().__init__(cycles)
+        self.cycles = cycles
+
+
+class RooflineBar:
+    """The roofline of a trace's commands (`layer_roofline` without the graph's work: every
+    FLOP at the peak, every HBM byte at the bandwidth) as they are recorded, against a bar:
+    `check` raises AboveBar once it is above `above`. The sums only grow, and no schedule of
+    the commands ends before their roofline (`checked_roofline`), so a run stopped there takes
+    more cycles than the bar."""
+
+    def __init__(self, machine: Machine, above: float):
+        self.machine, self.above = machine, above
+        self.flops = self.fp8_flops = self.hbm_bytes = 0
+        self._seen = 0
+
+    def check(self, trace: Trace) -> None:
+        ops = trace.ops
+        for i in range(self._seen, len(ops)):
+            cost = ops[i].cost
+            self.flops += cost.flops
+            self.fp8_flops += cost.fp8_flops
+            self.hbm_bytes += cost.hbm_bytes
+        self._seen = len(ops)
+        least = roofline(self.machine, self.flops, self.hbm_bytes, self.fp8_flops).cycles
+        if least > self.above:
+            raise AboveBar(least)
+
+
 class LoopReplay:
     """Cost-only runs of loops whose iterations record the same commands, moved on by one
     iteration (TraceRecorder.template says when an iteration is such a template).
@@ -265,9 +303,12 @@ class LoopReplay:
       next template.
     """
 
-    def __init__(self, recorder: TraceRecorder, listeners: Sequence[Interpreter.Listener] = ()):
+    def __init__(self, recorder: TraceRecorder, listeners: Sequence[Interpreter.Listener] = (),
+                 bar: RooflineBar | None = None):
         self.recorder = recorder
         self.listeners = tuple(listeners)
+        self.bar = bar
+        """Checked after every iteration: a run that cannot win a choice stops in its first loop past the bar."""
         self._kinds: dict[scf.ForOp, str] = {}
 
     @staticmethod
@@ -308,8 +349,12 @@ class LoopReplay:
                     ops = (len(iterations) - n) * len(loop.body.block.ops)
                     for listener in self.listeners:
                         listener.did_skip_ops(ops)  # type: ignore[attr-defined]
+                    if self.bar is not None:
+                        self.bar.check(recorder.trace)
                     return loop_args
             loop_args = interpreter.run_ssacfg_region(loop.body, (i, *loop_args), "for_loop")
+            if self.bar is not None:
+                self.bar.check(recorder.trace)
             if kind == "static" and n < REPLAY_TRIES:
                 marks.append(recorder.mark())
                 carried.append(recorder.carried(loop))
@@ -338,6 +383,8 @@ class LoopReplay:
                         copies += 1
                         template.append(copies)
                         pending = []
+                        if self.bar is not None:
+                            self.bar.check(recorder.trace)
                     continue
                 template.finish(copies)  # where the copies left the recorder, to record the rest from
                 template, copies = None, 0
@@ -346,6 +393,8 @@ class LoopReplay:
                     self._record(loop, kept, recorder.signature(kept), marks, carried, signatures)
                 pending = []
             self._record(loop, events, signature, marks, carried, signatures)
+            if self.bar is not None:
+                self.bar.check(recorder.trace)
             for p in range(1, LOOP_PERIOD + 1):  # the shortest run of iterations that repeats
                 if len(marks) > 2 * p and signatures[-p:] == signatures[-2 * p:-p]:
                     template = recorder.template(loop, start, (marks[-2 * p - 1], marks[-p - 1], marks[-1]),
@@ -519,6 +568,9 @@ class CostOnlyRun:
     schedule: Schedule | None = None
     routing: dict[str, Routing] = field(default_factory=dict)
     """Routing argument name -> the Routing used."""
+    bound: bool = False
+    """True when `cycles` is not simulated but a lower bound: the commands' roofline, which
+    was above the `bound_above` asked for (`cost_only_run`)."""
 
     def result(self, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
                work: GraphWork | None = None) -> SimResult:
@@ -531,16 +583,30 @@ class CostOnlyRun:
 
 def cost_only_run(module: ModuleOp, function: str, machine: Machine | None = None, *,
                   routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
-                  sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, keep_below: float = 0) -> CostOnlyRun:
+                  sram_policy: SramPolicy = DEFAULT_SRAM_POLICY, keep_below: float = 0,
+                  bound_above: float = math.inf) -> CostOnlyRun:
     """The total cycles `simulate_cost_only` reports (and the same errors), without the
     report: what the cost model's choices compare (tcpc/autotune.py). The trace, plan and
     schedule are kept when the run takes fewer cycles than `keep_below` (a report can then be
     made of them: CostOnlyRun.result); else everything the run made is dropped before
-    Python's cycle collector runs again, which would otherwise scan it all once."""
+    Python's cycle collector runs again, which would otherwise scan it all once.
+
+    A choice needs no more of an alternative than that it takes more cycles than the best one
+    so far, `bound_above`: once the roofline of the commands recorded so far (their FLOPs at
+    the peak, their HBM bytes at the bandwidth, below which no schedule ends:
+    `checked_roofline`) is above it, checked after every loop iteration and at the end, the
+    run stops (no more recording, no memory plan, no schedule), and its `cycles` are that
+    bound, rounded up (`bound` set)."""
     machine = machine or default_machine()
 
     def run() -> CostOnlyRun:
-        trace, routings = _record(module, function, machine, routing, seed, "error", ())
+        bar = RooflineBar(machine, bound_above) if bound_above < math.inf else None
+        try:
+            trace, routings = _record(module, function, machine, routing, seed, "error", (), bar)
+            if bar is not None:
+                bar.check(trace)
+        except AboveBar as stop:
+            return CostOnlyRun(math.ceil(stop.cycles), bound=True)
         plan, sched = plan_and_schedule(trace, machine, sram_policy)
         checked_roofline(machine, trace, None, sched.makespan)
         if sched.makespan < keep_below:
@@ -559,15 +625,16 @@ def cost_only_cycles(module: ModuleOp, function: str, machine: Machine | None = 
 
 
 def _record(module: ModuleOp, function: str, machine: Machine, routing: str | Path, seed: int,
-            uncosted: UncostedPolicy, listeners: Sequence[Interpreter.Listener]) -> tuple[Trace, dict[str, Routing]]:
+            uncosted: UncostedPolicy, listeners: Sequence[Interpreter.Listener],
+            bar: RooflineBar | None = None) -> tuple[Trace, dict[str, Routing]]:
     """Run `function` shape-only with the routing scenario: its trace, and the routing used
-    by each routing argument's name."""
+    by each routing argument's name. `bar` stops it in a loop (LoopReplay)."""
     recorder = trace_recorder(module, function, machine, uncosted)
     entry = function_named(module, function)
     chosen = routing_inputs(entry, routing, seed)
     names = arg_names(entry)
     args = [chosen[i].choices if i in chosen else placeholder(t, frozenset([names[i]]))
             for i, t in enumerate(entry.function_type.inputs.data)]
-    replay = LoopReplay(recorder, listeners) if LoopReplay.allowed(listeners) else None
+    replay = LoopReplay(recorder, listeners, bar) if LoopReplay.allowed(listeners) else None
     shape_only_interpreter(module, [recorder, *listeners], replay).call_op(function, tuple(args))
     return recorder.trace, {names[i].lstrip("%"): c for i, c in chosen.items()}

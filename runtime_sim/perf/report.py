@@ -172,7 +172,8 @@ class Roofline:
 class Choice:
     """A compile-time choice the driver made by the cost model (tcpc/autotune.py): a scatter's
     block size or lower-topk's strategy. Every alternative was compiled and simulated
-    cost-only; `chosen` has the fewest cycles (ties: the first listed, the smaller block)."""
+    cost-only, or for those in `bounded` bounded below; `chosen` has the fewest cycles (ties:
+    the first listed, the smaller block)."""
 
     what: str
     """`block` or `lower-topk strategy`."""
@@ -187,9 +188,12 @@ class Choice:
     """The routing scenario the alternatives were simulated with."""
     on: str = ""
     """Where they were simulated when not on one chip: `the mesh ep=8 (a2a)`."""
+    bounded: tuple[int | str, ...] = ()
+    """The alternatives whose cycles are a lower bound, not simulated: their commands' roofline,
+    which was above the fewest cycles simulated (they can neither win nor tie)."""
 
     def describe(self) -> str:
-        tried = ", ".join(f"{v}: {c:,}" for v, c in self.alternatives)
+        tried = ", ".join(f"{v}: {'>= ' if v in self.bounded else ''}{c:,}" for v, c in self.alternatives)
         on = f" on {self.on}" if self.on else ""
         return (f"{self.what} {self.chosen} at {self.where} ({self.reason}); cycles by {self.what}{on} "
                 f"({self.routing} routing): {tried}")
@@ -197,7 +201,8 @@ class Choice:
     def to_json(self) -> dict[str, Any]:
         return {"what": self.what, "where": self.where, "reason": self.reason, "chosen": self.chosen,
                 "routing": self.routing, **({"on": self.on} if self.on else {}),
-                "alternatives": [{"value": v, "cycles": c} for v, c in self.alternatives]}
+                "alternatives": [{"value": v, "cycles": c, **({"lower_bound": True} if v in self.bounded else {})}
+                                 for v, c in self.alternatives]}
 
 
 @dataclass(frozen=True)

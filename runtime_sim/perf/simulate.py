@@ -9,10 +9,8 @@ elsewhere; cost_only.py's `simulate_cost_only` records one without values.
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +33,7 @@ from runtime_sim.perf.op_trace import Trace, TraceRecorder
 from runtime_sim.perf.report import EngineRecord, OpRecord, Roofline, SimReport, roofline
 from runtime_sim.perf.scheduler import Schedule, schedule
 from runtime_sim.perf.tcp_cost import hbm_sharing
+from runtime_sim.semantics.collector import without_gc_pauses
 from runtime_sim.semantics.executor import function_named, run_function
 
 __all__ = ["annotate_plan", "plan_and_schedule", "simulate", "simulate_trace", "trace_report", "uncosted_ops"]
@@ -111,21 +110,6 @@ def simulate(module: ModuleOp, function: str, args: Sequence[np.ndarray], machin
         outputs = run_function(module, function, args, listeners=[recorder, *listeners])
         report, sched = simulate_trace(recorder.trace, machine, sram_policy, work=work)
     return SimResult(outputs, report, sched, trace=recorder.trace)
-
-
-@contextmanager
-def without_gc_pauses() -> Iterator[None]:
-    """Python's cycle collector off while a simulation runs. A simulation makes a few objects
-    per executed op (trace records, tasks, slots) and keeps them all, so the collector would
-    scan the growing heap again and again for garbage there is none of (about a third of the
-    time of a long run); values and records are freed by reference counting as always."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def pinned_units(trace: Trace) -> dict[int, int]:
