@@ -41,7 +41,7 @@ from runtime_sim.perf.routing_scenarios import SCENARIOS
 from target.machine import Machine
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, is_auto, parse_pipeline, pipeline_spec
+from tcpc.pipelines import COST_ONLY_PASSES, PassStep, apply_pipeline, is_auto, parse_pipeline, pipeline_spec
 from tcpc.program import print_ir
 
 BLOCK_SPREAD = 4
@@ -130,20 +130,29 @@ _compiled: dict[tuple[str, str], _Compiled] = {}
 
 
 def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine,
-                  run_of: tuple[object, ...] = ()) -> tuple[ModuleOp, CostOnlyRun | None]:
+                  run_of: tuple[object, ...] = (),
+                  after_each: Callable[[PassStep], None] | None = None) -> tuple[ModuleOp, CostOnlyRun | None]:
     """`module` after the cost-only passes and `passes`, compiled for `machine`
     (apply_pipeline), and its cost-only run of `run_of` = (function, routing scenario, seed)
     if one is kept. A run simulates the program its choices found cheapest, which they
     compiled and simulated to cost it: `cost_cycles` keeps the cheapest compiled form of each
     of the latest programs it costed, with its run (trace, plan and schedule) when it costed
     one function; this hands them over if they are the ones asked for (forgetting them, so
-    whoever runs the IR may annotate it); else it compiles, and there is no run."""
+    whoever runs the IR may annotate it); else it compiles, and there is no run. With
+    `after_each` (a watcher of every pass) it always compiles, for the watcher to see."""
     program = (print_ir(module), repr(machine))
-    kept = _compiled.get(program)
+    kept = _compiled.get(program) if after_each is None else None
     if kept is not None and kept.passes == tuple(map(repr, passes)):
         del _compiled[program]
         return kept.module, kept.run if kept.run_of == run_of else None
-    return apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine), None
+    return compiled_cost_only(module, passes, machine, after_each), None
+
+
+def compiled_cost_only(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine,
+                       after_each: Callable[[PassStep], None] | None = None) -> ModuleOp:
+    """`module` after the cost-only passes (COST_ONLY_PASSES) and `passes`, for `machine`."""
+    return apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], after_each,
+                          machine=machine)
 
 
 class _AboveBest(Exception):
@@ -178,7 +187,7 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
         return bound, True
 
     def cycles() -> int:
-        lowered = apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], machine=machine)
+        lowered = compiled_cost_only(module, passes, machine)
         program = (text, repr(machine))
         kept = _compiled.get(program)
         if len(functions) == 1:

@@ -315,14 +315,8 @@ class Program:
             from tcpc.autotune import take_compiled
 
             # The cost model's choices may have compiled and simulated this program already;
-            # the run is taken when it ran as this one would and no listener must see its ops
-            # (a hook on each pass compiles it afresh, to see each pass).
-            if after_each is None:
-                module, run = take_compiled(self.module, passes, mach, (name, str(routing), seed))
-            else:
-                module = apply_pipeline(self.module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes],
-                                        after_each, machine=mach)
-                run = None
+            # the run is taken when it ran as this one would and no listener must see its ops.
+            module, run = take_compiled(self.module, passes, mach, (name, str(routing), seed), after_each)
             if run is not None and sram_policy == DEFAULT_SRAM_POLICY and uncosted == "error" \
                     and LoopReplay.allowed(listeners):
                 result = run.result(mach, sram_policy, work)  # type: ignore[arg-type]
