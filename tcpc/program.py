@@ -340,15 +340,17 @@ class Program:
     def source_lines(self, report: SimReport) -> dict[str, list[str]]:
         """The lines of every source file the report's ops are located in, for its by-line
         table: the program's own text, and (for IR that names them) the files that can be read."""
-        files = {place.rsplit(":", 2)[0] for places in {o.locations for o in report.ops} for place in places}
+        from runtime_sim.perf.report import file_line
+
+        files = {file_line(place)[0] for places in {o.locations for o in report.ops} for place in places}
         lines: dict[str, list[str]] = {}
         for file in sorted(files):
             if file == self.filename and not self.is_ir:
                 lines[file] = self.source.removeprefix(BOM).split("\n")
                 continue
             try:
-                lines[file] = Path(file).read_text(encoding="utf-8-sig").split("\n")
-            except (OSError, UnicodeDecodeError):
+                lines[file] = read_source(Path(file)).split("\n")
+            except (OSError, CompileError):
                 continue  # the table shows the line numbers alone
         return lines
 
