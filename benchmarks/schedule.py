@@ -26,12 +26,14 @@ the whole RNGD chip's bf16 peak and HBM bandwidth (docs/hardware.md#one-chip), w
   of which only the experts the routing uses count, once each; plus the outputs, written once.
 
 The limit prices every FLOP at the bf16 peak. An f32 x f32 matmul (DeepSeek-V3's router) has
-no multiplier pair on the contraction engine and runs on the vector engines' float fma, four
-MACs per slice per cycle (docs/hardware.md#the-contraction-mapping), and the experts wait for its
-result; so the table also gives a bound that sees that route (`Limit.route_seconds`): the f32
-FLOPs on every slice's fma, then the rest of the work, of whose HBM bytes only the chip's SRAM
-can be brought in meanwhile. It is a lower bound for any program that computes the router in
-f32, computed from the graph like the limit; "-" for layers with no f32 matmul.
+no multiplier pair on the contraction engine: it runs on the vector engines' float fma, four
+MACs per slice per cycle, or on the multipliers as nine bf16 products per MAC (bf16x9,
+docs/hardware.md#the-contraction-mapping), and the experts wait for its result; so the table
+also gives a bound that sees those routes (`Limit.route_seconds`): the f32 FLOPs on the faster
+route (every slice's fma, or nine times the FLOPs at the bf16 peak), then the rest of the work,
+of whose HBM bytes only the chip's SRAM can be brought in meanwhile. It is a lower bound for any
+program that computes the router in f32, computed from the graph like the limit; "-" for layers
+with no f32 matmul.
 
 Columns: simulated cycles, the limit and their ratio, the f32-route bound and the ratio to it; the cycles each phase spends on the
 critical path (they sum to the simulated time); the overlap of DMA and contraction (cycles in
@@ -73,6 +75,7 @@ from runtime_sim.perf.report import SimReport  # noqa: E402
 from runtime_sim.perf.routing_scenarios import scenario_choices  # noqa: E402
 from runtime_sim.semantics.numerics import stored_nbytes, tensor_dtype  # noqa: E402
 from tcpc.schedule_summary import contraction_mappings  # noqa: E402
+from target.contraction_mapping import PIECES  # noqa: E402
 from target.machine import default_machine  # noqa: E402
 
 
@@ -103,16 +106,18 @@ class Limit:
 
     @property
     def route_seconds(self) -> float:
-        """A lower bound that sees the f32 matmuls' route (0 when there are none): they run on
+        """A lower bound that sees the f32 matmuls' routes (0 when there are none): they run on
         the vector engines' float fma (docs/hardware.md#the-contraction-mapping: `float_ways` MACs
-        per slice per cycle, every slice of the chip), and the layer's other work waits for
-        their result (the router's logits decide the experts) except HBM traffic into the SRAM
-        it can fill meanwhile: f32 time + max(other FLOPs at the peak, (bytes - SRAM) at the
-        HBM rate), and never below `seconds`."""
+        per slice per cycle, every slice of the chip) or as nine bf16 products per MAC at the
+        peak (bf16x9), whichever is faster, and the layer's other work waits for their result
+        (the router's logits decide the experts) except HBM traffic into the SRAM it can fill
+        meanwhile: f32 time + max(other FLOPs at the peak, (bytes - SRAM) at the HBM rate), and
+        never below `seconds`."""
         if not self.f32_flops:
             return 0.0
         m = default_machine()
-        vector = self.f32_flops / 2 / (m.float_ways * m.slices * m.clusters * m.clock_hz)
+        vector = min(self.f32_flops / 2 / (m.float_ways * m.slices * m.clusters * m.clock_hz),
+                     PIECES * PIECES * self.f32_flops / CHIP_FLOPS_PER_SECOND)
         rest = max((self.flops - self.f32_flops) / CHIP_FLOPS_PER_SECOND,
                    max(0, self.hbm_bytes - m.sram_bytes) / CHIP_HBM_BYTES_PER_SECOND)
         return max(self.seconds, vector + rest)

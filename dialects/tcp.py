@@ -154,7 +154,8 @@ class MappingAttr(ParametrizedAttribute):
     over, the stationary axis' Lane, the Stream Adapter's Time Broadcast, the contracted axis'
     Packet (elements), the contracted extent one TRF load holds, and the TRF's double-buffering
     mode. `#tcp.mapping<vector, slices = [g, m, n]>`: an f32 x f32 contraction on the vector
-    engine."""
+    engine; `#tcp.mapping<bf16x9, trf = ..., ...>`: one on the multipliers, as the nine products
+    of its operands' bf16 pieces (the other fields place that contraction)."""
 
     name = "tcp.mapping"
 
@@ -186,7 +187,8 @@ class MappingAttr(ParametrizedAttribute):
             printer.print_string(f"<vector, {slices}>")
             return
         rest = ", ".join(f"{k} = {f[k]}" for k in MAPPING_FIELDS[2:])
-        printer.print_string(f"<trf = {f['trf']}, {slices}, {rest}>")
+        engine = "" if f["engine"] == "contraction" else f"{f['engine']}, "
+        printer.print_string(f"<{engine}trf = {f['trf']}, {slices}, {rest}>")
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
@@ -195,8 +197,8 @@ class MappingAttr(ParametrizedAttribute):
         def parse_field() -> None:
             pos = parser.pos
             key = parser.parse_identifier()
-            if key == "vector" and not values:
-                values["engine"] = "vector"
+            if key in ("vector", "bf16x9") and not values:
+                values["engine"] = key
                 return
             if key not in MAPPING_FIELDS or key in values:
                 parser.raise_error(f"#tcp.mapping: unknown or repeated field '{key}' (fields: {', '.join(MAPPING_FIELDS)})",
@@ -224,10 +226,10 @@ class MappingAttr(ParametrizedAttribute):
         f = self.fields()
         if len(f["slices"]) != 3 or min(f["slices"]) < 1:
             raise VerifyException(f"#tcp.mapping: slices must be three positive counts [g, m, n], got {list(f['slices'])}")
-        if f["engine"] not in ("contraction", "vector") or f["trf"] not in ("lhs", "rhs") \
+        if f["engine"] not in ("contraction", "vector", "bf16x9") or f["trf"] not in ("lhs", "rhs") \
                 or f["trf_mode"] not in ("half", "full"):
-            raise VerifyException(f"#tcp.mapping: trf must be lhs or rhs and trf_mode half or full, got "
-                                  f"{f['trf']}, {f['trf_mode']}")
+            raise VerifyException(f"#tcp.mapping: engine must be contraction, vector or bf16x9, trf lhs or rhs and "
+                                  f"trf_mode half or full, got {f['engine']}, {f['trf']}, {f['trf_mode']}")
         if f["lanes"] not in (1, 2, 4, 8):
             raise VerifyException(f"#tcp.mapping: lanes = {f['lanes']}; the Outer stage takes 1, 2, 4 or 8")
         if min(f["broadcast"], f["packet"], f["k_chunk"]) < 1:

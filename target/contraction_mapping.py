@@ -68,12 +68,25 @@ element type this table does not list runs in the Vector Engine instead"): it ru
 engine's float fma, `float_ways` MACs per slice per cycle, with both operands streamed per slice
 (assumption: the book gives no cycle model for this route; one fma per MAC on the 4-way float
 stage, each slice reading its own copy of both operands).
+
+It may instead run on the multipliers as bf16 pieces (engine `bf16x9`): each f32 operand is
+the exact sum of three bf16 pieces (hi = bf16(a), mid = bf16(a - hi), lo = a - hi - mid: 3 x 8
+significant bits, all 24 of f32's), so a x b is the sum of the nine piece products, each exact
+in the f32 accumulators (Henry, Tang and Heinecke, "Leveraging the bfloat16 Artificial
+Intelligence Datatype For Higher-Precision Computations", ARITH 2019: bf16x9). Only the order
+in which the f32 sum adds the products differs from the reference's, as on every contraction,
+so the values are the reference's (docs/architecture.md#tolerance); inputs whose pieces fall
+below bf16's normal range (|a| < 2^-110) or are not finite are outside what the route keeps.
+Cost (assumptions): the bf16 contraction over K x 9 (every pair of pieces along the contracted
+axis, each piece fetched once per pair), after one split pass of the vector engine over both
+operands' elements spread over the cluster's slices at the float rate (`split` stage: a chain
+of narrow, widen and subtract per element, the pieces written to DM).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Protocol
 
@@ -84,6 +97,13 @@ ROLES = ("g", "m", "n", "k")
 STAGES = ("outer", "fetch", "switch", "lane folder", "commit", "TRF load")
 SCALES_STAGE = "vector scales"
 """A block-scaled contraction's stage in the vector engine (the module docstring)."""
+ENGINES = ("contraction", "vector", "bf16x9")
+"""Where a contraction runs: the multipliers, the vector engine's float fma (f32 x f32), or the
+multipliers on the bf16 pieces of f32 operands (the module docstring)."""
+PIECES = 3
+"""bf16 pieces of an f32 operand in the `bf16x9` route: 3 x 8 significant bits."""
+SPLIT_STAGE = "split"
+"""The `bf16x9` route's vector pass cutting the operands into pieces."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +131,11 @@ class ContractionShape:
     @property
     def macs(self) -> int:
         return self.g * self.m * self.n * self.k
+
+    def pieces(self) -> ContractionShape:
+        """The bf16 contraction the `bf16x9` route runs for this f32 one: every pair of the
+        operands' pieces along the contracted axis."""
+        return replace(self, k=self.k * PIECES * PIECES, lhs_bytes=2, rhs_bytes=2, mac_bytes=2, vector=False)
 
     @staticmethod
     def of(roles: ContractionRoles) -> ContractionShape:
@@ -141,8 +166,9 @@ class ContractionRoles(Protocol):
 
 @dataclass(frozen=True)
 class Mapping:
-    """One placement of a contraction's roles (see the module docstring). `engine` is
-    `contraction` or `vector` (f32 x f32); a vector mapping uses only `slices`."""
+    """One placement of a contraction's roles (see the module docstring). `engine` is one of
+    ENGINES; a vector mapping uses only `slices`, a `bf16x9` one places the pieces' contraction
+    (`ContractionShape.pieces`)."""
 
     trf: str
     slices: tuple[int, int, int]
@@ -176,6 +202,9 @@ class Mapping:
         slice_ = f"Slice [{', '.join(spatial) or '1'}]"
         if self.engine == "vector":
             return f"{slice_} (vector engine: f32 x f32)"
+        if self.engine == "bf16x9":
+            pieces = replace(self, engine="contraction").book_form(letters, shape.pieces())
+            return f"{pieces} (f32 x f32 as bf16x9: {name['k']} x 9 piece pairs)"
         stat, stream = ("n", "m") if self.trf == "rhs" else ("m", "n")
         rows = self.lanes * self.broadcast
         time = [inner("g")] if per["g"] > 1 else []
@@ -255,13 +284,20 @@ def check(mapping: Mapping, shape: ContractionShape, machine: Machine) -> None:
         if not 1 <= s <= extent:
             raise MappingError(f"axis {role} of size {extent} is split over {s} slices (1 to {extent}: every slice "
                                f"gets part of the axis, each element exactly once)")
+    if mapping.engine not in ENGINES or mapping.trf not in ("lhs", "rhs") or mapping.trf_mode not in ("half", "full"):
+        raise MappingError(f"engine {mapping.engine!r}, trf {mapping.trf!r}, trf_mode {mapping.trf_mode!r}: expected "
+                           f"one of {', '.join(ENGINES)}, lhs or rhs, half or full")
+    if mapping.engine != "contraction" and not shape.vector:
+        raise MappingError(f"engine {mapping.engine} is a route of an f32 x f32 contraction; this one has a "
+                           f"multiplier pair (engine contraction)")
     if mapping.engine == "vector":
         return
-    if mapping.engine != "contraction" or mapping.trf not in ("lhs", "rhs") or mapping.trf_mode not in ("half", "full"):
-        raise MappingError(f"engine {mapping.engine!r}, trf {mapping.trf!r}, trf_mode {mapping.trf_mode!r}: expected "
-                           f"contraction or vector, lhs or rhs, half or full")
+    if mapping.engine == "bf16x9":
+        check(replace(mapping, engine="contraction"), shape.pieces(), machine)
+        return
     if shape.vector:
-        raise MappingError("an f32 x f32 contraction has no multiplier pair: it runs on the vector engine")
+        raise MappingError("an f32 x f32 contraction has no multiplier pair: it runs on the vector engine "
+                           "(engine vector) or on its bf16 pieces (engine bf16x9)")
     if mapping.lanes not in (1, 2, 4, 8) or mapping.lanes > machine.lanes:
         raise MappingError(f"Lane = {mapping.lanes}: the Outer stage takes 1, 2, 4 or 8 lanes, at most {machine.lanes}")
     full = machine.packet_bytes // shape.mac_bytes
@@ -292,6 +328,13 @@ def cost(mapping: Mapping, shape: ContractionShape, machine: Machine) -> MappedC
                   "fetch": math.ceil(g_s * shape.k * (m_s * shape.lhs_bytes + n_s * shape.rhs_bytes) / m.fetch_bytes_per_cycle),
                   "commit": math.ceil(g_s * m_s * n_s * shape.result_bytes / m.commit_bytes_per_cycle)}
         cycles = max(stages.values())
+        bound = max(stages, key=lambda s: stages[s])
+        return MappedCost(mapping, cycles, stages, bound, shape.macs / (peak * m.slices * cycles))
+    if mapping.engine == "bf16x9":
+        pieces = cost(replace(mapping, engine="contraction"), shape.pieces(), machine)
+        elements = shape.g * (shape.m + shape.n) * shape.k
+        stages = {**pieces.stages, SPLIT_STAGE: -(-elements // (m.slices * m.float_ways))}
+        cycles = pieces.cycles + stages[SPLIT_STAGE]
         bound = max(stages, key=lambda s: stages[s])
         return MappedCost(mapping, cycles, stages, bound, shape.macs / (peak * m.slices * cycles))
     stat, stream = (n_s, m_s) if mapping.trf == "rhs" else (m_s, n_s)
@@ -379,7 +422,8 @@ def candidates(shape: ContractionShape, machine: Machine) -> list[Mapping]:
     splits = [(a, b, c) for a in _slice_choices(shape.g, m.slices) for b in _slice_choices(shape.m, m.slices)
               for c in _slice_choices(shape.n, m.slices) if a * b * c <= m.slices]
     if shape.vector:
-        return [Mapping("lhs", split, 1, 1, 1, 1, "full", "vector") for split in splits]
+        on_pieces = [replace(mp, engine="bf16x9") for mp in candidates(shape.pieces(), machine)]
+        return [Mapping("lhs", split, 1, 1, 1, 1, "full", "vector") for split in splits] + on_pieces
     found: list[Mapping] = []
     for split in splits:
         per = {"m": -(-shape.m // split[1]), "n": -(-shape.n // split[2])}
@@ -416,7 +460,7 @@ def _order(c: MappedCost) -> tuple:
     choice never depends on the enumeration's order."""
     mp = c.mapping
     return (c.cycles, math.prod(mp.slices), mp.slices, mp.trf != "rhs", mp.trf_mode != "half", -mp.packet,
-            mp.broadcast, mp.k_chunk)
+            mp.broadcast, mp.k_chunk, ENGINES.index(mp.engine))
 
 
 @lru_cache(maxsize=4096)

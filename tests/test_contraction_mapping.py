@@ -96,13 +96,35 @@ def test_the_stationary_operand_must_fit_the_trf() -> None:
         check(replace(fits, lanes=8), shape, M)
 
 
-def test_an_f32_pair_runs_on_the_vector_engine() -> None:
-    shape = ContractionShape(1, 64, 128, 2048, 4, 4, vector=True)
+def test_an_f32_pair_runs_on_the_vector_engine_when_it_is_cheapest() -> None:
+    shape = ContractionShape(1, 1, 8, 4096, 4, 4, vector=True)  # one token's logits: 32k MACs
     best = choose(shape, M).best
     assert best.mapping.engine == "vector" and best.bound == "vector fma"
     assert best.cycles >= math.ceil(shape.macs / (M.float_ways * M.slices))
     with pytest.raises(MappingError, match="no multiplier pair"):
         check(Mapping("rhs", (1, 1, 1), 8, 1, 32, 2048, "full"), shape, M)
+
+
+def test_an_f32_pair_runs_on_its_bf16_pieces_when_that_is_cheaper() -> None:
+    """bf16x9: the bf16 contraction over K x 9 piece pairs plus the split pass, costed as such."""
+    shape = ContractionShape(1, 2048, 256, 7168, 4, 4, vector=True)  # DeepSeek-V3's router, one cluster's rows
+    choice = choose(shape, M)
+    best, pieces = choice.best, shape.pieces()
+    assert best.mapping.engine == "bf16x9" and pieces.k == 9 * shape.k and pieces.mac_bytes == 2 and not pieces.vector
+    on_pieces = cost(replace(best.mapping, engine="contraction"), pieces, M)
+    split = -(-(2048 + 256) * 7168 // (M.slices * M.float_ways))
+    assert best.stages["split"] == split and best.cycles == on_pieces.cycles + split
+    assert best.cycles >= math.ceil(pieces.macs / (M.macs_per_cycle_bf16 * M.slices))
+    vector = [cost(mp, shape, M) for mp in candidates(shape, M) if mp.engine == "vector"]
+    assert vector and best.cycles < min(c.cycles for c in vector) / 6
+    assert best.utilization == shape.macs / (M.macs_per_cycle_bf16 * M.slices * best.cycles)  # useful MACs only
+    assert "(f32 x f32 as bf16x9: k x 9 piece pairs)" in best.mapping.book_form({}, shape)
+    check(best.mapping, shape, M)
+    with pytest.raises(MappingError, match="route of an f32 x f32 contraction"):
+        check(best.mapping, replace(shape, lhs_bytes=2, rhs_bytes=2, vector=False), M)
+    too_long = replace(best.mapping, k_chunk=best.mapping.k_chunk * 64, trf_mode="full")
+    with pytest.raises(MappingError, match="the TRF holds"):
+        check(too_long, shape, M)
 
 
 def test_block_scales_run_in_the_vector_engine_of_each_slice() -> None:

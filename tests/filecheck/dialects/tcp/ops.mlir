@@ -32,6 +32,7 @@ func.func @s(%a: tensor<2x2x8xf8E4M3FN>, %w: tensor<2x8x4xf8E4M3FN>, %as: tensor
 func.func @m(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %r: tensor<2x4xf32>, %q: tensor<4x8xf32>) -> (tensor<3x2x5xf32>, tensor<2x8xf32>) {
   %y = tcp.contract "gbd,gdf->gbf" %a, %w : tensor<3x2x4xbf16>, tensor<3x4x5xbf16> -> tensor<3x2x5xf32> {mapping = #tcp.mapping<trf = rhs, slices = [3, 2, 1], lanes = 8, broadcast = 1, packet = 16, k_chunk = 16, trf_mode = half>}
   %z = tcp.contract "mk,kn->mn" %r, %q : tensor<2x4xf32>, tensor<4x8xf32> -> tensor<2x8xf32> {mapping = #tcp.mapping<vector, slices = [1, 2, 8]>}
+  %p = tcp.contract "mk,kn->mn" %r, %q : tensor<2x4xf32>, tensor<4x8xf32> -> tensor<2x8xf32> {mapping = #tcp.mapping<bf16x9, trf = rhs, slices = [1, 2, 1], lanes = 8, broadcast = 1, packet = 32, k_chunk = 64, trf_mode = half>}
   func.return %y, %z : tensor<3x2x5xf32>, tensor<2x8xf32>
 }
 // CHECK:      func.func @f(%x: tensor<4x8xbf16>, %si: tensor<4x2xi32>, %ei: tensor<5xi32>, %w: tensor<3x8x6xbf16>, %b: tensor<5x1x6xf32>) -> (tensor<5x2x6xf32>, tensor<4x2x8xbf16>) {
@@ -62,3 +63,4 @@ func.func @m(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %r: tensor<2x4xf32>
 // CHECK:      func.func @m(
 // CHECK-NEXT:   %y = tcp.contract "gbd,gdf->gbf" %a, %w : tensor<3x2x4xbf16>, tensor<3x4x5xbf16> -> tensor<3x2x5xf32> {mapping = #tcp.mapping<trf = rhs, slices = [3, 2, 1], lanes = 8, broadcast = 1, packet = 16, k_chunk = 16, trf_mode = half>}
 // CHECK-NEXT:   %z = tcp.contract "mk,kn->mn" %r, %q : tensor<2x4xf32>, tensor<4x8xf32> -> tensor<2x8xf32> {mapping = #tcp.mapping<vector, slices = [1, 2, 8]>}
+// CHECK-NEXT:   %p = tcp.contract "mk,kn->mn" %r, %q : tensor<2x4xf32>, tensor<4x8xf32> -> tensor<2x8xf32> {mapping = #tcp.mapping<bf16x9, trf = rhs, slices = [1, 2, 1], lanes = 8, broadcast = 1, packet = 32, k_chunk = 64, trf_mode = half>}

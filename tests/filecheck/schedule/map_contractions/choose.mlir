@@ -20,13 +20,23 @@ func.func @decode(%x: tensor<1x16x4096xbf16>, %w: tensor<1x4096x1792xbf16>, %g: 
 // CHECK-LABEL: func.func @decode
 // CHECK:       mapping = #tcp.mapping<trf = lhs, slices = [1, 2, 128], lanes = 8, broadcast = 1, packet = 32, k_chunk = 2048, trf_mode = half>
 
-// f32 x f32 has no multiplier pair: the vector engine's route.
+// f32 x f32 has no multiplier pair. One token's logits take the vector engine's float fma
+// (256 MACs per slice, 64 cycles) ...
+func.func @router_decode(%x: tensor<1x2048xf32>, %w: tensor<2048x128xf32>) -> tensor<1x128xf32> {
+  %y = tcp.contract "mk,kn->mn" %x, %w : tensor<1x2048xf32>, tensor<2048x128xf32> -> tensor<1x128xf32>
+  func.return %y : tensor<1x128xf32>
+}
+// CHECK-LABEL: func.func @router_decode
+// CHECK:       mapping = #tcp.mapping<vector, slices = [1, 1, 128]>
+
+// ... and 64 tokens' the multipliers, on the operands' bf16 pieces: nine exact products per
+// MAC (bf16x9), the pieces cut by one vector pass first.
 func.func @router(%x: tensor<64x2048xf32>, %w: tensor<2048x128xf32>) -> tensor<64x128xf32> {
   %y = tcp.contract "mk,kn->mn" %x, %w : tensor<64x2048xf32>, tensor<2048x128xf32> -> tensor<64x128xf32>
   func.return %y : tensor<64x128xf32>
 }
 // CHECK-LABEL: func.func @router
-// CHECK:       mapping = #tcp.mapping<vector, slices = [1, 2, 128]>
+// CHECK:       mapping = #tcp.mapping<bf16x9, trf = lhs, slices = [1, 8, 32], lanes = 8, broadcast = 1, packet = 32, k_chunk = 2048, trf_mode = half>
 
 // A hand-written mapping is kept as written (and checked against the target): the book's
 // degenerate "K in Time" kernel, one element per packet.
