@@ -129,7 +129,8 @@ class MeshSpec:
             raise ccl.MeshSpecError("chunks=auto is chosen by simulating every chip of the mesh (tcpc run --mesh); "
                                     "name a count to compile")
         return mesh_pipeline_spec(m.size("ep"), m.size("dp"), m.size("tp"), self.strategy,
-                                  None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level, self.chunks)
+                                  None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level, self.chunks,
+                                  m.size("sp"))
 
 
 def _scatter(fn: func.FuncOp) -> moe.ScatterOp | None:
@@ -145,7 +146,7 @@ def scattered_tokens(fn: func.FuncOp, mesh: ccl.Mesh | None = None) -> int | Non
     if scatter is None:
         return None
     route = scatter.route.type
-    return None if mesh is not None and route.experts.data % mesh.size("ep") else route.tokens.data
+    return None if mesh is not None and route.experts.data % mesh.expert_shards else route.tokens.data
 
 
 def chunk_counts(fn: func.FuncOp, spec: MeshSpec) -> tuple[int, ...]:
@@ -178,7 +179,8 @@ def check_token_split(tokens: int, mesh: ccl.Mesh, dim: str | None = None, per_c
     fits = [m for m in (tokens // n * n, (tokens // n + 1) * n) if m]
     ways = ", ".join(f"T = {m} is {m // n} per chip" + (f" (--set {dim}={m})" if dim else "") for m in fits)
     hint = ", or add tokens=per-chip to --mesh to give T per chip" if per_chip_hint else ""
-    raise ccl.MeshSpecError(f"T = {tokens} tokens do not divide over dp * ep = {n} chips: T counts the tokens of the "
+    axes = "dp * ep * sp" if mesh.size("sp") > 1 else "dp * ep"
+    raise ccl.MeshSpecError(f"T = {tokens} tokens do not divide over {axes} = {n} chips: T counts the tokens of the "
                             f"whole mesh, each chip holding T / {n} (its own batch); {ways}{hint}")
 
 
@@ -283,7 +285,7 @@ def split_arguments(module: ModuleOp, name: str, mesh: ccl.Mesh, args: list[np.n
                 n, i = value.shape[0] // mesh.token_shards, mesh.token_shard(c)
                 value = value[i * n:(i + 1) * n]
             elif kind == "experts":
-                n, i = value.shape[0] // mesh.size("ep"), coords.get("ep", 0)
+                n, i = value.shape[0] // mesh.expert_shards, mesh.expert_shard(c)
                 value = value[i * n:(i + 1) * n]
                 axis = a.data.get(ccl.TP_AXIS_ATTR) if a is not None else None
                 if isinstance(axis, IntegerAttr):

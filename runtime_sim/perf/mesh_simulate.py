@@ -283,7 +283,7 @@ def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int
         assert isinstance(t, TensorType)
         tl, k = shape_of(t)
         try:
-            choices = scenario_choices(routing, tl * mesh.token_shards, k, experts, seed, chips=mesh.size("ep"))
+            choices = scenario_choices(routing, tl * mesh.token_shards, k, experts, seed, chips=mesh.expert_shards)
         except RoutingError as e:
             raise RoutingError(f"{e} (the mesh's T = {tl * mesh.token_shards} tokens in token order, split over "
                                f"its {mesh.token_shards} token shards as the tokens are: {tl} each)") from None
@@ -293,15 +293,15 @@ def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int
 
 def pairs_received(routing: Routing, mesh: ccl.Mesh) -> list[int]:
     """The (token, expert) pairs of `routing` each chip of `mesh` receives: its dp group's
-    tokens' pairs on its E/ep experts (the tp chips of a group receive the same)."""
+    tokens' pairs on its E/(ep * sp) experts (the tp chips of a group receive the same)."""
     t, _ = routing.choices.shape
     per_group = t // mesh.size("dp")
-    owner = routing.choices // (routing.experts // mesh.size("ep"))
+    owner = routing.choices // (routing.experts // mesh.expert_shards)
     counts = []
     for c in range(mesh.chips):
         coords = mesh.coordinates(c)
         group = owner[coords.get("dp", 0) * per_group:(coords.get("dp", 0) + 1) * per_group]
-        counts.append(int((group == coords.get("ep", 0)).sum()))
+        counts.append(int((group == mesh.expert_shard(c)).sum()))
     return counts
 
 
