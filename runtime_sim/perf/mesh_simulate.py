@@ -35,7 +35,8 @@ from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, link_parts, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
-from runtime_sim.perf.cost_only import LoopReplay, Lazy, is_placeholder, placeholder, shape_only_interpreter
+from runtime_sim.perf.cost_only import (LoopReplay, Lazy, SharedViews, is_placeholder, placeholder,
+                                         shape_only_interpreter)
 from runtime_sim.perf.graph_work import GraphWork
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
 from target.mesh_machine import MeshMachine
@@ -127,7 +128,9 @@ def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
                     recorders: Sequence[TraceRecorder] = ()) -> ChipInterpreter:
     """Cost-only mode's interpreter of one chip (cost_only.shape_only_interpreter) with its ccl
     ops; with the chips' `recorders` (among each chip's listeners), its loops copy iterations
-    where they can (cost_only.LoopReplay)."""
+    where they can (cost_only.LoopReplay). The chips share their ops' placeholders and views
+    (cost_only.SharedViews)."""
+    shared = SharedViews()
 
     def build(module: ModuleOp, exchange: MeshExchange, chip: int) -> Interpreter:
         chip_listeners = listeners(chip)
@@ -135,7 +138,7 @@ def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
         if recorders:
             others = [x for x in chip_listeners if x is not recorders[chip]]
             replay = LoopReplay(recorders[chip], others) if LoopReplay.allowed(others) else None
-        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in chip_listeners], replay)
+        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in chip_listeners], replay, shared)
         interpreter.register_implementations(ShapeOnlyCCL(exchange, chip), override=True)
         return interpreter
 
