@@ -5,8 +5,8 @@ Inputs are the whole layer's (all T tokens, all E experts), drawn or read as for
 split over the chips as the `ccl.shard` argument attributes say; the outputs are the chips'
 token rows put back together, so they compare with the single-chip reference directly.
 
-A program's T is the layer's tokens over the whole mesh, each of the dp * ep token shards
-holding T / (dp * ep), its own batch (data-parallel attention: the served decode step, down to
+A program's T is the layer's tokens over the whole mesh, each of the dp * ep * sp token shards
+holding T / (dp * ep * sp), its own batch (data-parallel attention: the served decode step, down to
 one token per chip); `compile_for_mesh` reads T per chip with `tokens=per-chip`, and chooses
 block=auto by simulating the mesh, not one chip at the global T."""
 
@@ -43,12 +43,12 @@ if TYPE_CHECKING:  # the simulator is slow to import
     from runtime_sim.perf.mesh_simulate import MeshReport
 
 
-MAX_SIMULATED_CHIPS = 32
-"""The most chips `tcpc run --mesh` simulates unless `--max-chips` says more: the largest mesh
-benchmarks/mesh.py simulates (DeepSeek-V3 at ep=32). Every chip is interpreted and scheduled
-on its own, and an all-to-all's buffers and messages grow with the chips, so the time grows
-faster than the chip count (examples/mixtral.moe with E = 2T = ep chips: 6 s at 32 chips,
-30 s at 128 on one core)."""
+MAX_SIMULATED_CHIPS = 128
+"""The most chips `tcpc run --mesh` simulates unless `--max-chips` says more: seed 001's
+largest mesh (16 x 8, `ep=16,sp=8`), which benchmarks/mesh.py --seed-mesh simulates. Every chip
+is interpreted (chips of one trace are planned, scheduled and reported once), and an
+all-to-all's buffers and messages grow with the chips: DeepSeek-V3 at its real dims, 4 tokens a
+chip on ep=16,sp=8, takes about 6 CPU s a simulation."""
 
 
 CHUNK_COUNTS = (1, 2, 4, 8)
