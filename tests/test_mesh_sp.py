@@ -84,3 +84,17 @@ def test_sp_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
         assert message in err and "Traceback" not in err, err
     assert main(["run", "examples/toy.moe", "--set", "T=12", "--mesh", "ep=2,sp=2,chunks=2"]) == 1
     assert "T / (dp * ep * sp) = 3 tokens per chip do not divide into 2 chunks" in capsys.readouterr().err
+
+
+def test_benchmark_link_bound_adds_the_sp_collectives() -> None:
+    """ep=2, sp=2, E = 8 (column 0: experts 0-3, chips (0, 0) and (1, 0); column 1: 4-7), one
+    token a chip: in each column every chip sends one of its row's tokens to the other row and
+    receives one (2 rows each way with the results), and the all-gather and the reduce-scatter
+    move one row each way each."""
+    from benchmark_scripts import load_script
+    from target.mesh_machine import load_mesh_machine
+
+    bench = load_script("mesh")
+    machine = load_mesh_machine()
+    choices = np.array([[0, 4], [2, 6], [1, 5], [3, 7]], dtype=np.int32)
+    assert bench.sp_link_bound_cycles(choices, 2, 2, 8, 30, machine) == (2 + 2) * 30 / machine.link_bytes_per_cycle
