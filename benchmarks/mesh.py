@@ -180,6 +180,9 @@ class Row:
     """The slowest chip's link busy cycles."""
     sp: int = 1
     """The sp axis (seed 001's columns); `chips` counts its chips."""
+    cpu_seconds: float = 0.0
+    """The process's CPU time for the row (every chip's thread): `seconds` is wall time, which
+    other work on the machine inflates."""
 
     @property
     def mesh(self) -> str:
@@ -207,7 +210,7 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     ep = chips // tp // sp
     d = dict(dims or model.dims)
     d["T"] = tokens * ep * sp
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     spec = f"ep={ep}" + (f",sp={sp}" if sp > 1 else "") + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}" + (
         ",chunks=auto" if strategy in CHUNKED_STRATEGIES and search else "")
     tried: tuple[tuple[int, int], ...] = ()
@@ -236,15 +239,17 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
                max(chip_limits), link,
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
                tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried, chunks,
-               report.link_busy(slowest), sp)
+               report.link_busy(slowest), sp, time.process_time() - cpu)
 
 
-def table(rows: list[Row], clock_hz: float = 1e9) -> str:
+def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
+    """The rows as a markdown table; `cpu`: with each row's CPU s after its wall s."""
     us = 1e6 / clock_hz
     lines = ["| model | chips | mesh | T per chip | strategy | routing | simulated µs | collectives | chip bound µs | "
              "link bound µs | ratio to bound | chunks | link busy | busiest chip | imbalance | top-k | B | "
-             "slowest chip by phase, µs | wall s |",
-             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
+             "slowest chip by phase, µs | wall s |" + (" CPU s |" if cpu else ""),
+             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"
+             + ("---:|" if cpu else "")]
     for r in rows:
         mesh = r.mesh
         phases = ", ".join(f"{p} {(r.phases or {})[p] * us:,.1f}" for p in PHASES if (r.phases or {}).get(p))
@@ -252,7 +257,7 @@ def table(rows: list[Row], clock_hz: float = 1e9) -> str:
                      f"{r.total_cycles * us:,.1f} | "
                      f"{r.communication_cycles / r.total_cycles:.0%} | {r.chip_bound * us:,.1f} | {r.link_bound * us:,.1f} | "
                      f"{r.ratio:.2f} | {r.chunks} | {r.link_busy / r.total_cycles:.0%} | {r.hot_chip} | {r.imbalance:.2f} | "
-                     f"{r.topk} | {r.block} | {phases} | {r.seconds:.1f} |")
+                     f"{r.topk} | {r.block} | {phases} | {r.seconds:.1f} |" + (f" {r.cpu_seconds:.1f} |" if cpu else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -318,7 +323,7 @@ def seed_rows(machine: MeshMachine, chips: int | None = None, tokens: int | None
                 block = SEED_BLOCK or max(1, t * n * deepseek.dims["K"] // deepseek.dims["E"])
                 rows.append(mesh_row(deepseek, n, t, s, "balanced", machine=machine, block=block,
                                      sp=SEED_COLUMNS, search=False))
-                print(table(rows[-1:]).splitlines()[-1], flush=True)
+                print(table(rows[-1:], cpu=True).splitlines()[-1], flush=True)
     return rows
 
 
@@ -340,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.seed_mesh:
         rows = seed_rows(machine, args.chips, args.tokens, args.strategy)
-        text = table(rows) + f"\nWall time of the run: {time.perf_counter() - start:,.0f} s (one process).\n"
+        text = table(rows, cpu=True) + f"\nWall time of the run: {time.perf_counter() - start:,.0f} s (one process).\n"
         print(text)
         if args.out:
             Path(args.out).write_text(text)
