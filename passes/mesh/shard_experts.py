@@ -575,6 +575,8 @@ class _Strategy(ABC):
         self.route: SSAValue | None = None
         self.partial: SSAValue | None = None
         """With tp: this chip's f32 partial down projection (its F rows), not yet summed."""
+        self.gathered: dict[SSAValue, SSAValue] = {}
+        """With sp: a value of the chip's own tokens -> its rows all-gathered over sp (`_gathered`)."""
 
     def grouped_matmul(self, op: moe.GroupedMatmulOp) -> None:
         """The chip's experts; with tp a gate or up projection gives the chip's F columns and
@@ -632,7 +634,10 @@ class _Strategy(ABC):
         tokens in token order; else `v`."""
         if self.layer.sp == 1:
             return v
-        return self.b.add(ccl.AllGatherOp(v, SP, self.layer.sp), name).results[0]
+        if v in self.gathered:
+            return self.gathered[v]
+        self.gathered[v] = self.b.add(ccl.AllGatherOp(v, SP, self.layer.sp), name).results[0]
+        return self.gathered[v]
 
     def _column_experts(self, ids: SSAValue) -> SSAValue:
         """With sp: the gathered tokens' expert ids made local to this chip's column (its sp
@@ -653,7 +658,12 @@ class _Strategy(ABC):
         """The tokens and expert ids the all-to-all over ep dispatches (with sp: gathered, the
         ids local to the column)."""
         x = self._gathered(self.b.value(op.input), "x_row")
-        return x, self._column_experts(self._gathered(self.b.value(op.expert_idx), "experts_row"))
+        experts = self._column_experts(self._gathered(self.b.value(op.expert_idx), "experts_row"))
+        combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
+        if combine is not None and combine.weights is not None and combine.weights in self.b.values:
+            # With the choices: after the experts, its steps' latency would follow the return.
+            self._gathered(self.b.value(combine.weights), "weights_row")
+        return x, experts
 
     def _on_first_tp_chip(self, bias: SSAValue) -> SSAValue:
         b = self.b
