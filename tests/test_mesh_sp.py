@@ -98,3 +98,13 @@ def test_benchmark_link_bound_adds_the_sp_collectives() -> None:
     machine = load_mesh_machine()
     choices = np.array([[0, 4], [2, 6], [1, 5], [3, 7]], dtype=np.int32)
     assert bench.sp_link_bound_cycles(choices, 2, 2, 8, 30, machine) == (2 + 2) * 30 / machine.link_bytes_per_cycle
+
+
+def test_benchmark_sp_row_stays_above_its_bound() -> None:
+    from benchmark_scripts import load_script
+
+    bench = load_script("mesh")
+    tiny = dict(D=16, F=32, E=8, K=2)
+    row = bench.mesh_row(bench.MODELS[1], 4, 4, "a2a", "balanced", dims=tiny, block=2, sp=2, search=False)
+    assert row.total_cycles >= row.bound > 0 and row.link_bound > 0 and row.cpu_seconds > 0
+    assert "| 4 | ep=2,sp=2 | 4 | a2a | balanced |" in bench.table([row], cpu=True)
