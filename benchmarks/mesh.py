@@ -5,6 +5,7 @@ cards, a2a against a2a_sum and allgather, balanced against skewed routing, on th
     python benchmarks/mesh.py --quick    # DeepSeek-V3 on 8 chips, T = 1 and 16; prints the table
     python benchmarks/mesh.py --full     # every T and strategy at every mesh size (not run for the table)
     python benchmarks/mesh.py --model qwen3_moe --tokens 4096 --out rows.md   # only the plan's rows that match
+    python benchmarks/mesh.py --seed-mesh --out rows.md   # seed 001's meshes: DeepSeek-V3 on ep=4, 8, 16 x sp=8
 
 Every run is cost-only (real dims do not fit in memory), the layer sharded by `shard-experts`
 (`tcpc run --mesh`), lowered by the single-chip pipeline and simulated on every chip of the
@@ -36,6 +37,11 @@ neither of which the simulator can beat:
   direction (a token's row to every other chip holding one of its experts, once, and the
   result back: DeepEP's deduplicated dispatch), at the link's bandwidth (with tp, among the
   ep chips of one tp slice; the partial sums' reduction is not counted, so it stays a bound).
+On seed 001's meshes (`--seed-mesh`: ep=R,sp=8, R rows of 8 chips, each chip with its own
+tokens and E / (8R) experts) the link limit adds the sp all-gather of the row's tokens and the
+reduce-scatter of its outputs, (sp - 1) rows of the chip's own tokens each way for each, bf16
+(the minimum: seed 001 moves bf16 activations; tcpc's reduce-scatter moves f32 partial sums),
+to the all-to-all's rows within the chip's column, counted as above among the column's chips.
 The bound is the larger (compute and communication overlapping perfectly). The last column is
 where the slowest chip's time goes: its critical path by phase (dispatch and combine include
 their collectives, waits included).
@@ -86,6 +92,17 @@ MODELS = (
 )
 DECODE = (1, 16, 128)
 PREFILL = 4096
+SEED_ROWS = (4, 8, 16)
+"""Seed 001's meshes: (4, 8), (8, 8) and (16, 8) devices, rows x 8 columns (`ep=R,sp=8`)."""
+SEED_COLUMNS = 8
+SEED_DECODE = 4
+"""Tokens per chip of the seed's decode step: 32 a row of 8 chips (its B_local per device row)."""
+SEED_PREFILL = 128
+"""Tokens per chip of a prefill row on the seed's meshes (1,024 a row of 8)."""
+SEED_BLOCK = 0
+"""A seed row's block: 0 for the pairs an expert receives under balanced routing
+(T * K / E, as autotune's centre candidate), not searched: the search simulates every
+candidate on every chip."""
 
 
 def link_bound_cycles(choices: np.ndarray, chips: int, experts: int, row_bytes: int, machine: MeshMachine) -> float:
@@ -107,6 +124,18 @@ def link_bound_cycles(choices: np.ndarray, chips: int, experts: int, row_bytes: 
     return float(np.maximum(out, into).max() * row_bytes / machine.link_bytes_per_cycle)
 
 
+def sp_link_bound_cycles(choices: np.ndarray, ep: int, sp: int, experts: int, row_bytes: int,
+                         machine: MeshMachine) -> float:
+    """The link limit on an ep x sp mesh (module docstring): the largest over the columns of
+    their all-to-all's (`link_bound_cycles` on the column's pairs, other experts none), plus
+    the sp all-gather's and reduce-scatter's (sp - 1) rows of the chip's own tokens each way."""
+    column = experts // sp
+    a2a = max(link_bound_cycles(np.where(choices // column == j, choices % column, -1), ep, column, row_bytes,
+                                machine) for j in range(sp))
+    own = choices.shape[0] // (ep * sp)
+    return a2a + 2 * (sp - 1) * own * row_bytes / machine.link_bytes_per_cycle
+
+
 def chip_limit_cycles(program: tcpc.Program, spec: MeshSpec, choices: np.ndarray, experts: int,
                       machine: MeshMachine) -> list[float]:
     """Each chip's limit in cycles for the routing `choices` (every token's experts, [T, K];
@@ -115,10 +144,10 @@ def chip_limit_cycles(program: tcpc.Program, spec: MeshSpec, choices: np.ndarray
     graph = program.function()
     sharded = function_in(program.lower(spec.pipeline(lowered=False)), graph.sym_name.data)
     mesh = spec.mesh
-    local = experts // mesh.size("ep")
+    local = experts // mesh.expert_shards
     limits = []
     for c in range(mesh.chips):
-        mine = choices[choices // local == mesh.coordinates(c).get("ep", 0)]
+        mine = choices[choices // local == mesh.expert_shard(c)]
         work = work_limit(sharded, int(mine.size), len(np.unique(mine)), local)
         limits.append(work.seconds * machine.chip.clock_hz)
     return limits
@@ -149,6 +178,16 @@ class Row:
     """The chunk count the cost model chose (chunks=auto)."""
     link_busy: int = 0
     """The slowest chip's link busy cycles."""
+    sp: int = 1
+    """The sp axis (seed 001's columns); `chips` counts its chips."""
+    cpu_seconds: float = 0.0
+    """The process's CPU time for the row (every chip's thread): `seconds` is wall time, which
+    other work on the machine inflates."""
+
+    @property
+    def mesh(self) -> str:
+        return (f"ep={self.chips // self.tp // self.sp}" + (f",sp={self.sp}" if self.sp > 1 else "")
+                + (f",tp={self.tp}" if self.tp > 1 else ""))
 
     @property
     def bound(self) -> float:
@@ -161,17 +200,19 @@ class Row:
 
 def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
              dims: dict[str, int] | None = None, machine: MeshMachine | None = None, tp: int = 1,
-             block: int | None = None) -> Row:
+             block: int | None = None, sp: int = 1, search: bool = True) -> Row:
     """One cost-only run of `model` with `tokens` per token shard on `chips` chips
-    (ep = chips / tp; the tp chips of a group share their tokens); the block size `block`, or
-    chosen by the cost model on the mesh (`tcpc.mesh_run.compile_for_mesh`)."""
+    (ep = chips / (tp * sp); the tp chips of a group share their tokens, the sp chips do not);
+    the block size `block`, or chosen by the cost model on the mesh
+    (`tcpc.mesh_run.compile_for_mesh`). `search`: the chunk count and lower-topk's strategy
+    chosen by simulating each (chunks=auto, topk=auto); else 1 chunk and the default."""
     machine = machine or load_mesh_machine()
-    ep = chips // tp
+    ep = chips // tp // sp
     d = dict(dims or model.dims)
-    d["T"] = tokens * ep
-    start = time.perf_counter()
-    spec = f"ep={ep}" + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}" + (
-        ",chunks=auto" if strategy in CHUNKED_STRATEGIES else "")
+    d["T"] = tokens * ep * sp
+    start, cpu = time.perf_counter(), time.process_time()
+    spec = f"ep={ep}" + (f",sp={sp}" if sp > 1 else "") + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}" + (
+        ",chunks=auto" if strategy in CHUNKED_STRATEGIES and search else "")
     tried: tuple[tuple[int, int], ...] = ()
     if block is None:  # as `tcpc run --mesh` chooses block=auto: on the mesh, for the row's routing
         program = compile_for_mesh(EXAMPLES / f"{model.name}.moe", d, MeshSpec.parse(spec), machine=machine,
@@ -181,8 +222,8 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     else:
         program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": block})
     d["B"] = block
-    sim = simulate_on_mesh(program, MeshSpec.parse(spec + ",topk=auto"), cost_only=True, routing=routing, seed=1,
-                           machine=machine)
+    sim = simulate_on_mesh(program, MeshSpec.parse(spec + (",topk=auto" if search else "")), cost_only=True,
+                           routing=routing, seed=1, machine=machine)
     report: MeshReport = sim.report
     choices = next(iter(report.routing.values())).choices
     # The chip's own work, whatever its chunks (one chunk's weights loaded once is the minimum).
@@ -190,30 +231,33 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     row_bytes = 2 * d["D"]
     busy = [report.compute_busy(c) for c in range(chips)]
     slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
-    topk = min(sim.topk_cycles, key=sim.topk_cycles.__getitem__) if sim.topk_cycles else ""
+    topk = min(sim.topk_cycles, key=sim.topk_cycles.__getitem__) if sim.topk_cycles else "" if search else "rank"
     chunks = next((int(c.chosen) for c in report.choices if c.what == "chunk count"), 1)
+    link = (sp_link_bound_cycles(choices, ep, sp, d["E"], row_bytes, machine) if sp > 1
+            else link_bound_cycles(choices, ep, d["E"], row_bytes, machine))
     return Row(model.title, chips, tokens, strategy, routing, report.total_cycles, report.communication_cycles,
-               max(chip_limits),
-               link_bound_cycles(choices, ep, d["E"], row_bytes, machine),
+               max(chip_limits), link,
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
                tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried, chunks,
-               report.link_busy(slowest))
+               report.link_busy(slowest), sp, time.process_time() - cpu)
 
 
-def table(rows: list[Row], clock_hz: float = 1e9) -> str:
+def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
+    """The rows as a markdown table; `cpu`: with each row's CPU s after its wall s."""
     us = 1e6 / clock_hz
     lines = ["| model | chips | mesh | T per chip | strategy | routing | simulated µs | collectives | chip bound µs | "
              "link bound µs | ratio to bound | chunks | link busy | busiest chip | imbalance | top-k | B | "
-             "slowest chip by phase, µs | wall s |",
-             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
+             "slowest chip by phase, µs | wall s |" + (" CPU s |" if cpu else ""),
+             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"
+             + ("---:|" if cpu else "")]
     for r in rows:
-        mesh = f"ep={r.chips // r.tp}" + (f",tp={r.tp}" if r.tp > 1 else "")
+        mesh = r.mesh
         phases = ", ".join(f"{p} {(r.phases or {})[p] * us:,.1f}" for p in PHASES if (r.phases or {}).get(p))
         lines.append(f"| {r.model} | {r.chips} | {mesh} | {r.tokens} | {r.strategy} | {r.routing} | "
                      f"{r.total_cycles * us:,.1f} | "
                      f"{r.communication_cycles / r.total_cycles:.0%} | {r.chip_bound * us:,.1f} | {r.link_bound * us:,.1f} | "
                      f"{r.ratio:.2f} | {r.chunks} | {r.link_busy / r.total_cycles:.0%} | {r.hot_chip} | {r.imbalance:.2f} | "
-                     f"{r.topk} | {r.block} | {phases} | {r.seconds:.1f} |")
+                     f"{r.topk} | {r.block} | {phases} | {r.seconds:.1f} |" + (f" {r.cpu_seconds:.1f} |" if cpu else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -222,7 +266,7 @@ def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
     us = 1e6 / clock_hz
     lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy):", ""]
     for r in rows:
-        mesh = f"ep={r.chips // r.tp}" + (f",tp={r.tp}" if r.tp > 1 else "")
+        mesh = r.mesh
         tried = ", ".join(f"{b}: {c * us:,.1f}" for b, c in r.tried) or f"given, {r.block}"
         lines.append(f"- {r.model}, {mesh}, T = {r.tokens} per chip, {r.strategy}, {r.routing}: {tried}")
     return "\n".join(lines) + "\n"
@@ -262,6 +306,27 @@ def runs(quick: bool, full: bool = False) -> list[Run]:
     return plan
 
 
+def seed_rows(machine: MeshMachine, chips: int | None = None, tokens: int | None = None,
+              strategy: str | None = None) -> list[Row]:
+    """Seed 001's meshes: DeepSeek-V3 on ep=R,sp=8 for R in SEED_ROWS, decode (SEED_DECODE per
+    chip) and prefill (SEED_PREFILL per chip), a2a and a2a_sum, balanced routing, one chunk,
+    lower-topk's default strategy and the block SEED_BLOCK says; `chips`, `tokens` and
+    `strategy` filter them. Each row's line is printed as it is done."""
+    deepseek = MODELS[0]
+    rows = []
+    for r in SEED_ROWS:
+        for t in (SEED_DECODE, SEED_PREFILL):
+            for s in ("a2a", "a2a_sum"):
+                if (chips or r * SEED_COLUMNS) != r * SEED_COLUMNS or (tokens or t) != t or (strategy or s) != s:
+                    continue
+                n = r * SEED_COLUMNS
+                block = SEED_BLOCK or max(1, t * n * deepseek.dims["K"] // deepseek.dims["E"])
+                rows.append(mesh_row(deepseek, n, t, s, "balanced", machine=machine, block=block,
+                                     sp=SEED_COLUMNS, search=False))
+                print(table(rows[-1:], cpu=True).splitlines()[-1], flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="DeepSeek-V3 on 8 chips, T = 1 and 16")
@@ -272,10 +337,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, help="only the rows of this T per chip")
     parser.add_argument("--chips", type=int, help="only the rows of this many chips")
     parser.add_argument("--strategy", help="only the rows of this strategy")
+    parser.add_argument("--seed-mesh", action="store_true",
+                        help="seed 001's meshes instead of the plan: DeepSeek-V3 on ep=4, 8, 16 x sp=8 (seed_rows)")
     args = parser.parse_args(argv)
     machine = load_mesh_machine()
     rows = []
     start = time.perf_counter()
+    if args.seed_mesh:
+        rows = seed_rows(machine, args.chips, args.tokens, args.strategy)
+        text = table(rows, cpu=True) + f"\nWall time of the run: {time.perf_counter() - start:,.0f} s (one process).\n"
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text)
+        return 0
     plan = [r for r in runs(args.quick, args.full)
             if (args.model is None or r[0].name == args.model) and (args.tokens is None or r[2] == args.tokens)
             and (args.chips is None or r[1] == args.chips) and (args.strategy is None or r[3] == args.strategy)]

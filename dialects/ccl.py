@@ -41,8 +41,9 @@ MESH_ATTR = "ccl.mesh"
 """Function attribute: the mesh the SPMD function runs on, `"dp=2,ep=4"` (axes outer to inner)."""
 SHARD_ATTR = "ccl.shard"
 """Argument attribute: how the argument is split over the chips, `"tokens"` (the chip of
-token shard c, `Mesh.token_shard`, holds rows [c * T/n, (c + 1) * T/n), n = dp * ep) or `"experts"` (the chip at ep coordinate i holds experts
-[i * E/ep, (i + 1) * E/ep)); arguments without it are replicated."""
+token shard c, `Mesh.token_shard`, holds rows [c * T/n, (c + 1) * T/n), n = dp * ep * sp) or
+`"experts"` (the chip of expert shard i, `Mesh.expert_shard`, holds experts
+[i * E/m, (i + 1) * E/m), m = ep * sp); arguments without it are replicated."""
 TP_AXIS_ATTR = "ccl.tp_axis"
 """Argument attribute of an expert-sharded argument on a mesh with tensor parallelism: the axis
 (an integer) split over the tp chips as well, the chip at tp coordinate j holding its j-th
@@ -288,7 +289,8 @@ class A2APlanOp(_Collective):
     tokens in token-major order, and this chip's pairs come in that order. `slot_experts[d, s]`
     is the local expert of slot s towards chip d, plus one (0 marks an empty slot, so the
     buffer is zero-padded like the rows), and `counts[d]` the slots used towards chip d.
-    S is the exact worst case (`a2a_slots`).
+    S is the exact worst case (`a2a_slots`). An expert index of -1 is no pair (with sp, an
+    expert of another sp coordinate's chips): never sent.
 
     With `after %chip_counts` (i32 [M, E]: the pairs each of the mesh's M token shards sends to
     each expert, in token order; data parallelism's groups do not see each other's pairs), a
@@ -465,8 +467,12 @@ asynchronous all-to-all at its start, its done being the chip's own wait)."""
 
 
 
-MESH_AXES = ("dp", "ep", "tp")
-"""The mesh axes tcpc knows, outer to inner: data, expert and tensor parallelism."""
+MESH_AXES = ("dp", "ep", "sp", "tp")
+"""The mesh axes tcpc knows, outer to inner: data, expert, sequence and tensor parallelism.
+sp (seed 001's TP columns, Megatron's sequence parallelism): the chips of an sp group hold
+token shards of their own and experts of their own; they all-gather their tokens before the
+expert all-to-all (over ep, among the chips of one sp coordinate: a column) and
+reduce-scatter the outputs back (passes/mesh/shard_experts.py)."""
 
 
 class MeshSpecError(ValueError):
@@ -520,13 +526,25 @@ class Mesh:
 
     @property
     def token_shards(self) -> int:
-        """How many ways the tokens split: over dp and ep; the tp chips of a group share them."""
-        return self.size("dp") * self.size("ep")
+        """How many ways the tokens split: over dp, ep and sp; the tp chips of a group share them."""
+        return self.size("dp") * self.size("ep") * self.size("sp")
 
     def token_shard(self, chip: int) -> int:
-        """Which share of the tokens `chip` holds (dp outer, ep inner: token order)."""
+        """Which share of the tokens `chip` holds (dp outer, then ep, sp inner: token order, so
+        an sp group's all-gather puts its tokens in token order)."""
         coords = self.coordinates(chip)
-        return coords.get("dp", 0) * self.size("ep") + coords.get("ep", 0)
+        return (coords.get("dp", 0) * self.size("ep") + coords.get("ep", 0)) * self.size("sp") + coords.get("sp", 0)
+
+    @property
+    def expert_shards(self) -> int:
+        """How many ways the experts split: over ep and sp (every dp group holds them all)."""
+        return self.size("ep") * self.size("sp")
+
+    def expert_shard(self, chip: int) -> int:
+        """Which share of the experts `chip` holds: sp outer, ep inner, so the ep chips of one
+        sp coordinate (the all-to-all's group) hold E / sp consecutive experts."""
+        coords = self.coordinates(chip)
+        return coords.get("sp", 0) * self.size("ep") + coords.get("ep", 0)
 
     def group(self, chip: int, axis: str) -> list[int]:
         """The chips that differ from `chip` only along `axis`, in coordinate order."""

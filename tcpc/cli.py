@@ -165,9 +165,11 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-only", action="store_true",
                    help="cycles without inputs or values (real model sizes); the routing comes from --routing")
     r.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, optionally "
+                   help="shard over a mesh of chips and simulate every chip: ep=8, dp=2,ep=4, ep=4,tp=2, ep=4,sp=8 "
+                        "(seed 001's 4 x 8 mesh: tokens all-gathered over sp before the all-to-all over ep, "
+                        "reduce-scattered back), optionally "
                         "strategy=a2a|a2a_sum|allgather, topk=rank|rounds|auto, tokens=global|per-chip (the program's "
-                        "T: the whole mesh's tokens, split over the dp*ep chips, the default; or each chip's own "
+                        "T: the whole mesh's tokens, split over the dp*ep*sp chips, the default; or each chip's own "
                         "batch: --set T=1 --mesh ep=8,tokens=per-chip is one token per chip), chunks=N|auto (a2a, "
                         "a2a_sum: the chip's token loop in N software-pipelined chunks; auto: the count of fewest "
                         "simulated cycles)")

@@ -5,8 +5,8 @@ Inputs are the whole layer's (all T tokens, all E experts), drawn or read as for
 split over the chips as the `ccl.shard` argument attributes say; the outputs are the chips'
 token rows put back together, so they compare with the single-chip reference directly.
 
-A program's T is the layer's tokens over the whole mesh, each of the dp * ep token shards
-holding T / (dp * ep), its own batch (data-parallel attention: the served decode step, down to
+A program's T is the layer's tokens over the whole mesh, each of the dp * ep * sp token shards
+holding T / (dp * ep * sp), its own batch (data-parallel attention: the served decode step, down to
 one token per chip); `compile_for_mesh` reads T per chip with `tokens=per-chip`, and chooses
 block=auto by simulating the mesh, not one chip at the global T."""
 
@@ -43,12 +43,12 @@ if TYPE_CHECKING:  # the simulator is slow to import
     from runtime_sim.perf.mesh_simulate import MeshReport
 
 
-MAX_SIMULATED_CHIPS = 32
-"""The most chips `tcpc run --mesh` simulates unless `--max-chips` says more: the largest mesh
-benchmarks/mesh.py simulates (DeepSeek-V3 at ep=32). Every chip is interpreted and scheduled
-on its own, and an all-to-all's buffers and messages grow with the chips, so the time grows
-faster than the chip count (examples/mixtral.moe with E = 2T = ep chips: 6 s at 32 chips,
-30 s at 128 on one core)."""
+MAX_SIMULATED_CHIPS = 128
+"""The most chips `tcpc run --mesh` simulates unless `--max-chips` says more: seed 001's
+largest mesh (16 x 8, `ep=16,sp=8`), which benchmarks/mesh.py --seed-mesh simulates. Every chip
+is interpreted (chips of one trace are planned, scheduled and reported once), and an
+all-to-all's buffers and messages grow with the chips: DeepSeek-V3 at its real dims, 4 tokens a
+chip on ep=16,sp=8, takes about 6 CPU s a simulation."""
 
 
 CHUNK_COUNTS = (1, 2, 4, 8)
@@ -129,7 +129,8 @@ class MeshSpec:
             raise ccl.MeshSpecError("chunks=auto is chosen by simulating every chip of the mesh (tcpc run --mesh); "
                                     "name a count to compile")
         return mesh_pipeline_spec(m.size("ep"), m.size("dp"), m.size("tp"), self.strategy,
-                                  None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level, self.chunks)
+                                  None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level, self.chunks,
+                                  m.size("sp"))
 
 
 def _scatter(fn: func.FuncOp) -> moe.ScatterOp | None:
@@ -145,7 +146,7 @@ def scattered_tokens(fn: func.FuncOp, mesh: ccl.Mesh | None = None) -> int | Non
     if scatter is None:
         return None
     route = scatter.route.type
-    return None if mesh is not None and route.experts.data % mesh.size("ep") else route.tokens.data
+    return None if mesh is not None and route.experts.data % mesh.expert_shards else route.tokens.data
 
 
 def chunk_counts(fn: func.FuncOp, spec: MeshSpec) -> tuple[int, ...]:
@@ -178,7 +179,8 @@ def check_token_split(tokens: int, mesh: ccl.Mesh, dim: str | None = None, per_c
     fits = [m for m in (tokens // n * n, (tokens // n + 1) * n) if m]
     ways = ", ".join(f"T = {m} is {m // n} per chip" + (f" (--set {dim}={m})" if dim else "") for m in fits)
     hint = ", or add tokens=per-chip to --mesh to give T per chip" if per_chip_hint else ""
-    raise ccl.MeshSpecError(f"T = {tokens} tokens do not divide over dp * ep = {n} chips: T counts the tokens of the "
+    axes = "dp * ep * sp" if mesh.size("sp") > 1 else "dp * ep"
+    raise ccl.MeshSpecError(f"T = {tokens} tokens do not divide over {axes} = {n} chips: T counts the tokens of the "
                             f"whole mesh, each chip holding T / {n} (its own batch); {ways}{hint}")
 
 
@@ -283,7 +285,7 @@ def split_arguments(module: ModuleOp, name: str, mesh: ccl.Mesh, args: list[np.n
                 n, i = value.shape[0] // mesh.token_shards, mesh.token_shard(c)
                 value = value[i * n:(i + 1) * n]
             elif kind == "experts":
-                n, i = value.shape[0] // mesh.size("ep"), coords.get("ep", 0)
+                n, i = value.shape[0] // mesh.expert_shards, mesh.expert_shard(c)
                 value = value[i * n:(i + 1) * n]
                 axis = a.data.get(ccl.TP_AXIS_ATTR) if a is not None else None
                 if isinstance(axis, IntegerAttr):

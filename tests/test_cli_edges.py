@@ -153,7 +153,7 @@ EDGES: dict[str, Edge] = {
     "ir-beyond-memory": Edge(("run", "{huge_mlir}", "--reference"), EXIT_ERROR,
                              "--cost-only computes the cycles without values"),
     "mesh-beyond-the-chip-limit": Edge(("run", "{mixtral}", "--mesh", "ep=1024"), EXIT_ERROR,
-                                       "tcpc: error: --mesh ep=1024: 1,024 chips, more than the 32 tcpc simulates by "
+                                       "tcpc: error: --mesh ep=1024: 1,024 chips, more than the 128 tcpc simulates by "
                                        "default (every chip is simulated, and the time grows faster than the chip "
                                        "count); --max-chips 1024 lifts the limit"),
     "mesh-beyond-max-chips": Edge(("run", "{mixtral}", "--mesh", "dp=2,ep=2", "--max-chips", "2"), EXIT_ERROR,

@@ -232,7 +232,7 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=3"]) == 1
     assert "E = 16 experts do not divide over ep = 3 chips" in capsys.readouterr().err
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=4,xp=2"]) == 1
-    assert "unknown 'xp' (expected axes dp, ep, tp as NAME=SIZE" in capsys.readouterr().err
+    assert "unknown 'xp' (expected axes dp, ep, sp, tp as NAME=SIZE" in capsys.readouterr().err
     # allgather keeps a token's K choices on every chip: E/ep < K cannot route (toy: E = 4, K = 2).
     assert main(["run", "examples/toy.moe", "--mesh", "ep=4,strategy=allgather"]) == 1
     assert "leave 1 per chip, fewer than K; use strategy=a2a or a2a_sum" in capsys.readouterr().err
@@ -261,7 +261,7 @@ def test_mesh_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
 def test_mesh_mixups_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     """A chip machine given as the mesh file, a mesh file given as the chip, an option --mesh
     does not have: each named, exit 1; a built-in mesh file by name works as --machine's do."""
-    for spec, message in [("ep=2,capacity=4", "unknown 'capacity' (expected axes dp, ep, tp as NAME=SIZE, and the "
+    for spec, message in [("ep=2,capacity=4", "unknown 'capacity' (expected axes dp, ep, sp, tp as NAME=SIZE, and the "
                                               "options strategy=, topk=, tokens=, chunks=); a capacity is the program's"),
                           ("ep=2,chunks=0", "chunks = '0' is neither a positive integer nor auto"),
                           ("strategy=a2a,xp=2", "unknown 'xp'"), ("ep=-1", "ep must be positive, got -1"),

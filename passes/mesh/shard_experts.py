@@ -48,6 +48,16 @@ once, where one chip rounds the down projection: a2a sums the received slots' ro
 that hold a pair) after the unweighted combine; allgather sums the blocks. The regrouped sum
 over F may round an expert output to the neighbouring bf16 value: tolerance.py's TP_SCALE.
 
+`sp=S` (a2a, a2a_sum; seed 001's TP columns) makes the ep chips of one sp coordinate one
+all-to-all group (a column) of an ep x sp grid: every chip holds its own T / (dp * ep * sp)
+tokens and E / (ep * sp) experts (column j the E / sp experts [j * E/sp, (j + 1) * E/sp)). The
+MoE's dispatch first all-gathers the tokens, their choices and weights over sp (the row's
+tokens, in token order), keeps the pairs of its column's experts (the others become -1, no
+pair) and runs the strategy over ep on them; the home sum stays f32 and `ccl.reduce_scatter`
+over sp adds the columns' parts in chip order and hands each chip its own tokens, rounded once.
+Everything outside the MoE ops (router, shared expert) runs on the chip's own tokens. The sum
+over k is regrouped by column, as allgather's by chip (the same tolerance).
+
 Errors (PassFailedException): no or several scatters, E, T or F that the mesh does not divide,
 allgather with fewer experts per chip than K (its local routing keeps a token's K choices),
 a token tensor whose first axis is reduced, an expert's hidden values whose F axis is reduced,
@@ -83,6 +93,7 @@ completion and the receiver's routing; the experts; the receiver's combine and t
 started; its completion and the home chip's sum, stored into the output."""
 DP = "dp"
 EP = "ep"
+SP = "sp"
 TP = "tp"
 
 
@@ -259,15 +270,28 @@ class _Layer:
     dp: int = 1
     chunks: int = 1
     """The chip's tokens are dispatched, computed and combined in this many chunks."""
+    sp: int = 1
+    """Chips of the sp axis (the module docstring): `chips` counts them among the token shards."""
 
     @property
     def tokens(self) -> int:
-        """The tokens of one chunk of the chip's (all of them without chunks)."""
-        return self.route.tokens.data // self.chips // self.chunks
+        """The tokens one chunk dispatches: the chip's (all of them without chunks), with sp the
+        sp group's, all-gathered."""
+        return self.route.tokens.data // (self.chips // self.sp) // self.chunks
+
+    @property
+    def own_tokens(self) -> int:
+        """The tokens of one chunk of the chip's own (before sp's all-gather)."""
+        return self.tokens // self.sp
+
+    @property
+    def experts(self) -> int:
+        """The experts one all-to-all group (the ep chips of an sp coordinate) holds."""
+        return self.route.experts.data // self.sp
 
     @property
     def experts_per_chip(self) -> int:
-        return self.route.experts.data // self.ep
+        return self.experts // self.ep
 
     def column_parallel(self, op: moe.GroupedMatmulOp) -> bool:
         """A grouped_matmul of the scattered tokens (gate, up): with tp its F columns split."""
@@ -295,13 +319,20 @@ class ShardExpertsPass(ModulePass):
     chunks: int = 1
     """Split the chip's tokens into this many chunks whose dispatch, experts and combine are
     software-pipelined (a2a, a2a_sum; the module docstring)."""
+    sp: int = 1
+    """Chips of the sp axis: each holds its own tokens and E / (ep * sp) experts; the tokens are
+    all-gathered over sp before the all-to-all over ep and the outputs reduce-scattered back
+    (a2a, a2a_sum; the module docstring)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
             raise _fail(f"unknown strategy '{self.strategy}' (expected {', '.join(STRATEGIES)})")
-        if self.ep < 1 or self.dp < 1 or self.tp < 1 or self.chunks < 1:
-            raise _fail(f"ep, dp, tp and chunks must be positive (ep={self.ep}, dp={self.dp}, tp={self.tp}, "
-                        f"chunks={self.chunks})")
+        if self.ep < 1 or self.dp < 1 or self.tp < 1 or self.chunks < 1 or self.sp < 1:
+            raise _fail(f"ep, dp, sp, tp and chunks must be positive (ep={self.ep}, dp={self.dp}, sp={self.sp}, "
+                        f"tp={self.tp}, chunks={self.chunks})")
+        if self.sp > 1 and (self.strategy not in CHUNKED_STRATEGIES or self.tp > 1):
+            raise _fail(f"sp = {self.sp} gathers the tokens for an all-to-all over ep: it takes strategy "
+                        f"{' or '.join(CHUNKED_STRATEGIES)} without tp (got strategy={self.strategy}, tp={self.tp})")
         if self.chunks > 1 and self.strategy not in CHUNKED_STRATEGIES:
             raise _fail(f"chunks = {self.chunks}: only {' and '.join(CHUNKED_STRATEGIES)} split the token loop "
                         f"into chunks, not {self.strategy}")
@@ -316,11 +347,17 @@ class ShardExpertsPass(ModulePass):
         scatter = scatters[0]
         route = scatter.route.type
         t, e = route.tokens.data, route.experts.data
-        chips = self.dp * self.ep
+        chips = self.dp * self.ep * self.sp
         if e % self.ep:
             raise _fail(f"E = {e} experts do not divide over ep = {self.ep} chips")
+        if self.sp > 1 and e % (self.ep * self.sp):
+            raise _fail(f"E = {e} experts do not divide over ep * sp = {self.ep * self.sp} chips")
         if t % chips:
-            raise _fail(f"T = {t} tokens do not divide over dp * ep = {chips} chips")
+            raise _fail(f"T = {t} tokens do not divide over {'dp * ep * sp' if self.sp > 1 else 'dp * ep'} = "
+                        f"{chips} chips")
+        if self.sp > 1 and route.capacity_limit is not None:
+            raise _fail(f"sp = {self.sp} with a capacity: an expert keeps its first C pairs over all tokens, "
+                        "which the columns' all-to-alls do not count together; drop the capacity or sp")
         k = route.k.data
         if self.strategy == "allgather" and e // self.ep < k:
             raise _fail(f"strategy=allgather routes each token's K = {k} choices to the chip's own experts, "
@@ -329,11 +366,12 @@ class ShardExpertsPass(ModulePass):
                         "or a smaller ep")
         if self.chunks > 1:
             if (t // chips) % self.chunks:
-                raise _fail(f"T / (dp * ep) = {t // chips} tokens per chip do not divide into {self.chunks} chunks")
+                raise _fail(f"T / {'(dp * ep * sp)' if self.sp > 1 else '(dp * ep)'} = {t // chips} tokens per "
+                            f"chip do not divide into {self.chunks} chunks")
             if route.capacity_limit is not None:
                 raise _fail(f"chunks = {self.chunks} with a capacity: an expert keeps its first C pairs over all "
                             "tokens, which a chunk's receiver cannot count; use chunks=1")
-        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks)
+        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks, sp=self.sp)
         if self.tp > 1:
             layer.hidden = self._hidden(fn, layer)
         return layer
@@ -440,7 +478,7 @@ class ShardExpertsPass(ModulePass):
         for key, value in fn.attributes.items():
             if key not in ("sym_name", "function_type", "arg_attrs", "res_attrs"):
                 new_fn.attributes[key] = value
-        mesh = ccl.Mesh(tuple((a, s) for a, s in (("dp", self.dp), ("ep", self.ep), ("tp", self.tp))
+        mesh = ccl.Mesh(tuple((a, s) for a, s in (("dp", self.dp), ("ep", self.ep), ("sp", self.sp), ("tp", self.tp))
                               if s > 1 or a == "ep"))
         new_fn.attributes[ccl.MESH_ATTR] = StringAttr(str(mesh))
         new_fn.attributes[ccl.STRATEGY_ATTR] = StringAttr(self.strategy)
@@ -480,7 +518,7 @@ def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section:
     once its experts are done). Each chunk's output rows are stored into the layer's output
     (a `tile.store` into a `tile.buffer`, in HBM when larger than a cluster's SRAM)."""
     scatter = layer.scatter
-    main, tc = b.block, layer.tokens
+    main, tc = b.block, layer.own_tokens
     slices = [v for v in (scatter.input, scatter.expert_idx, combine.weights) if v is not None]
     whole = {v: b.value(v) for v in slices}
     d = shape_of(combine.result.type)[1]
@@ -537,6 +575,8 @@ class _Strategy(ABC):
         self.route: SSAValue | None = None
         self.partial: SSAValue | None = None
         """With tp: this chip's f32 partial down projection (its F rows), not yet summed."""
+        self.gathered: dict[SSAValue, SSAValue] = {}
+        """With sp: a value of the chip's own tokens -> its rows all-gathered over sp (`_gathered`)."""
 
     def grouped_matmul(self, op: moe.GroupedMatmulOp) -> None:
         """The chip's experts; with tp a gate or up projection gives the chip's F columns and
@@ -589,6 +629,42 @@ class _Strategy(ABC):
         mine = b.add(tmath.CmpOp("ge", local, b.const(0, i32), TensorType(i1, shape))).results[0]
         return b.add(tmath.SelectOp(mine, local, b.const(-1, i32), TensorType(i32, shape)), name).results[0]
 
+    def _gathered(self, v: SSAValue, name: str) -> SSAValue:
+        """With sp: `v`'s rows (the chip's own tokens') all-gathered over sp, the sp group's
+        tokens in token order; else `v`."""
+        if self.layer.sp == 1:
+            return v
+        if v in self.gathered:
+            return self.gathered[v]
+        self.gathered[v] = self.b.add(ccl.AllGatherOp(v, SP, self.layer.sp), name).results[0]
+        return self.gathered[v]
+
+    def _column_experts(self, ids: SSAValue) -> SSAValue:
+        """With sp: the gathered tokens' expert ids made local to this chip's column (its sp
+        coordinate's E / sp experts), -1 for another column's: no pair here; else `ids`."""
+        b, layer = self.b, self.layer
+        if layer.sp == 1:
+            return ids
+        shape, e = shape_of(ids.type), layer.experts
+        column = b.add(ccl.ChipIdOp(SP, layer.sp), "column").results[0]
+        first = b.add(tmath.MulOp(column, b.const(e, i32), TensorType(i32, [])), "column_first_expert").results[0]
+        local = b.add(tmath.SubOp(ids, first, TensorType(i32, shape)), "column_expert").results[0]
+        low = b.add(tmath.CmpOp("ge", local, b.const(0, i32), TensorType(i1, shape))).results[0]
+        local = b.add(tmath.SelectOp(low, local, b.const(-1, i32), TensorType(i32, shape))).results[0]
+        high = b.add(tmath.CmpOp("lt", local, b.const(e, i32), TensorType(i1, shape))).results[0]
+        return b.add(tmath.SelectOp(high, local, b.const(-1, i32), TensorType(i32, shape)), "column_experts").results[0]
+
+    def _dispatched(self, op: moe.ScatterOp) -> tuple[SSAValue, SSAValue]:
+        """The tokens and expert ids the all-to-all over ep dispatches (with sp: gathered, the
+        ids local to the column)."""
+        x = self._gathered(self.b.value(op.input), "x_row")
+        experts = self._column_experts(self._gathered(self.b.value(op.expert_idx), "experts_row"))
+        combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
+        if combine is not None and combine.weights is not None and combine.weights in self.b.values:
+            # With the choices: after the experts, its steps' latency would follow the return.
+            self._gathered(self.b.value(combine.weights), "weights_row")
+        return x, experts
+
     def _on_first_tp_chip(self, bias: SSAValue) -> SSAValue:
         b = self.b
         chip = b.add(ccl.ChipIdOp(TP, self.layer.tp), "tp_chip").results[0]
@@ -602,7 +678,7 @@ class _Strategy(ABC):
         shards before it (each chip's per-expert pair counts, gathered over ep then dp) and
         drops those of global rank >= C, as one chip does over all T tokens."""
         b, layer = self.b, self.layer
-        cap, e = layer.route.capacity_limit, layer.route.experts.data
+        cap, e = layer.route.capacity_limit, layer.experts
         chip_counts = None
         if cap is not None and layer.dp > 1:
             hot = b.add(tmath.OneHotOp(top_e, e)).results[0]
@@ -634,7 +710,7 @@ class _A2A(_Strategy):
         b, layer = self.b, self.layer
         b.phase = "dispatch"
         ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
-        x, top_e = b.value(op.input), b.value(op.expert_idx)
+        x, top_e = self._dispatched(op)
         # A token's row crosses once to each chip holding one of its pairs (ccl.a2a_tokens);
         # the receiver copies it to each of the token's slots, so the slots hold what a
         # per-pair send would have put there.
@@ -713,7 +789,7 @@ class _A2A(_Strategy):
         picked = self._return_rows(rows, slots, self.recv_counts, self.plan.slot_rows, "pair_rows")
         terms = b.cast(picked, f32, "pair_rows_f32")
         if op.weights is not None:
-            w = b.cast(b.value(op.weights), f32, "weights_f32")
+            w = b.cast(self._gathered(b.value(op.weights), "weights_row"), f32, "weights_f32")
             kept = b.add(tmath.CmpOp("ge", self.plan.slot_rows, b.const(0, i32), TensorType(i1, [tl, k])),
                          "pair_kept").results[0]
             w = b.add(tmath.SelectOp(kept, w, b.const(0.0, f32), TensorType(f32, [tl, k])), "weights_kept").results[0]
@@ -723,10 +799,15 @@ class _A2A(_Strategy):
 
     def _sum_at_home(self, op: moe.CombineOp, terms: SSAValue, name: str) -> None:
         """The layer's output on its home chip: `terms` [T/n, n, D] (f32) summed over axis 1 in
-        order from +0.0 (+ 0.0 makes a -0.0 sum +0.0, as moe.combine does) and rounded once."""
+        order from +0.0 (+ 0.0 makes a -0.0 sum +0.0, as moe.combine does) and rounded once;
+        with sp, the columns' f32 sums are first added over sp (chip order), each chip keeping
+        its own tokens."""
         b, layer = self.b, self.layer
         tl, d = layer.tokens, shape_of(op.result.type)[1]
         total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name).results[0]
+        if layer.sp > 1:
+            tl = layer.own_tokens
+            total = b.add(ccl.ReduceScatterOp(total, SP, layer.sp), f"{name}_own").results[0]
         total = b.add(tmath.AddOp(total, b.const(0.0, f32), TensorType(f32, [tl, d]))).results[0]
         out = b.cast(total, op.result.type.get_element_type(), op.result.name_hint)
         b.values[op.result] = out
@@ -743,7 +824,7 @@ class _A2ASum(_A2A):
         b, layer = self.b, self.layer
         b.phase = "dispatch"
         ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
-        x, top_e = b.value(op.input), b.value(op.expert_idx)
+        x, top_e = self._dispatched(op)
         tokens = self._plan_tokens(top_e)
         self.entries = min(layer.route.k.data, layer.experts_per_chip)
         expert_lists = self._lists(top_e, "expert_lists")
@@ -752,7 +833,8 @@ class _A2ASum(_A2A):
         combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
         sent_weights = None
         if combine is not None and combine.weights is not None and combine.weights in b.values:
-            sent_weights = self._send(self._lists(b.value(combine.weights), "weight_lists"), "recv_weight_lists")
+            weights = self._gathered(b.value(combine.weights), "weights_row")
+            sent_weights = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
         b.to_stage("receive")
         self.recv_token_counts, recv = b.done(counts), b.done(sent)
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
@@ -786,7 +868,7 @@ class _A2ASum(_A2A):
         b.to_stage("combine")
         b.phase = "combine"
         if op.weights is not None and self.recv_weights is None:
-            self._send_weights(b.value(op.weights))
+            self._send_weights(self._gathered(b.value(op.weights), "weights_row"))
         # The combine's f32 sum over the token's pairs here, rounded once to the rows' type
         # (bf16: DeepEP's combine sends bf16): half the bytes of f32 on the link, for one more
         # rounding of a token's part (tolerance.py's RECEIVER_SUM_SCALE).

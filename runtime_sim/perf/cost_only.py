@@ -184,10 +184,10 @@ class ShapeOnlyFunctions(InterpreterFunctions):
     docstring), registered over the real semantics with `override=True`; `semantics` is a
     plain interpreter of the same module whose public `run_op` computes a thunk."""
 
-    def __init__(self, semantics: Interpreter, replay: LoopReplay | None = None):
+    def __init__(self, semantics: Interpreter, replay: LoopReplay | None = None, shared: SharedViews | None = None):
         self.semantics = semantics
         self.replay = replay
-        self._shaped: dict[tuple[Operation, frozenset[str]], tuple[Any, ...]] = {}
+        self._shaped = (shared or SharedViews()).shaped
         """(op, sources) -> its placeholder results: the same every iteration of a loop."""
 
     @impl(scf.ForOp)
@@ -223,14 +223,26 @@ class ShapeOnlyFunctions(InterpreterFunctions):
         return tuple(Lazy(thunk, i) for i in range(len(op.results)))
 
 
-def shape_only_functions(semantics: Interpreter, replay: LoopReplay | None = None) -> ShapeOnlyFunctions:
+@dataclass
+class SharedViews:
+    """What cost-only interpreters of one module can share (a mesh's chips run one SPMD
+    program): each symbolic op's placeholder results for the sources of its operands, and what
+    the listeners see of it (`ShapeOnlyListener`). Both depend on the op alone, so a chip
+    finds them made by another; a placeholder is read-only."""
+
+    shaped: dict[tuple[Operation, frozenset[str]], tuple[Any, ...]] = field(default_factory=dict)
+    views: dict[Operation, _SymbolicViews | None] = field(default_factory=dict)
+
+
+def shape_only_functions(semantics: Interpreter, replay: LoopReplay | None = None,
+                         shared: SharedViews | None = None) -> ShapeOnlyFunctions:
     """`ShapeOnlyFunctions` with `run_symbolic` registered for every op of the symbolic
     dialects: one implementation for all of them, so it is registered in a loop. An op with a
     region (`ve.chain`) is one symbolic op too: its body runs only inside a thunk, on the
     semantics, when a value of it is needed; its terminator (`ve.yield`) never runs here."""
     methods = {f"run_{op.name.replace('.', '_')}": impl(op)(ShapeOnlyFunctions.run_symbolic)
                for dialect in SYMBOLIC_DIALECTS for op in dialect.operations if not op.has_trait(IsTerminator)}
-    return register_impls(type("ShapeOnlyDialectFunctions", (ShapeOnlyFunctions,), methods))(semantics, replay)
+    return register_impls(type("ShapeOnlyDialectFunctions", (ShapeOnlyFunctions,), methods))(semantics, replay, shared)
 
 
 REPLAY_TRIES = 5
@@ -460,9 +472,9 @@ class ShapeOnlyListener(Interpreter.Listener):
     placeholders for everything else, so a cost function can never read a value that was not
     computed; other ops (calls, returns, loops) they see as they are."""
 
-    def __init__(self, listeners: Sequence[Interpreter.Listener]):
+    def __init__(self, listeners: Sequence[Interpreter.Listener], shared: SharedViews | None = None):
         self.listeners = tuple(listeners)
-        self._views: dict[Operation, _SymbolicViews | None] = {}
+        self._views = (shared or SharedViews()).views
 
     def _views_of(self, op: Operation) -> _SymbolicViews | None:
         if op in self._views:
@@ -507,12 +519,12 @@ def _forced(op: Operation, views: _SymbolicViews, inputs: tuple[Any, ...]) -> tu
 
 
 def shape_only_interpreter(module: ModuleOp, listeners: Sequence[Interpreter.Listener] = (),
-                           replay: LoopReplay | None = None) -> Interpreter:
+                           replay: LoopReplay | None = None, shared: SharedViews | None = None) -> Interpreter:
     """xDSL's interpreter with the symbolic dialects' ops run shape-only (public API only:
     the real semantics registered first, the symbolic ones over them with override=True);
     with `replay`, its loops as LoopReplay runs them."""
-    interpreter = make_interpreter(module, [ShapeOnlyListener(listeners)])
-    interpreter.register_implementations(shape_only_functions(make_interpreter(module), replay), override=True)
+    interpreter = make_interpreter(module, [ShapeOnlyListener(listeners, shared)])
+    interpreter.register_implementations(shape_only_functions(make_interpreter(module), replay, shared), override=True)
     return interpreter
 
 

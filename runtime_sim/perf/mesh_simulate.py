@@ -17,12 +17,14 @@ at once, the others exchange nothing and yield placeholders.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
 from xdsl.interpreter import Interpreter, impl, register_impls
@@ -33,7 +35,8 @@ from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, link_parts, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
-from runtime_sim.perf.cost_only import LoopReplay, Lazy, is_placeholder, placeholder, shape_only_interpreter
+from runtime_sim.perf.cost_only import (LoopReplay, Lazy, SharedViews, is_placeholder, placeholder,
+                                         shape_only_interpreter)
 from runtime_sim.perf.graph_work import GraphWork
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
 from target.mesh_machine import MeshMachine
@@ -125,7 +128,9 @@ def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
                     recorders: Sequence[TraceRecorder] = ()) -> ChipInterpreter:
     """Cost-only mode's interpreter of one chip (cost_only.shape_only_interpreter) with its ccl
     ops; with the chips' `recorders` (among each chip's listeners), its loops copy iterations
-    where they can (cost_only.LoopReplay)."""
+    where they can (cost_only.LoopReplay). The chips share their ops' placeholders and views
+    (cost_only.SharedViews)."""
+    shared = SharedViews()
 
     def build(module: ModuleOp, exchange: MeshExchange, chip: int) -> Interpreter:
         chip_listeners = listeners(chip)
@@ -133,7 +138,7 @@ def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
         if recorders:
             others = [x for x in chip_listeners if x is not recorders[chip]]
             replay = LoopReplay(recorders[chip], others) if LoopReplay.allowed(others) else None
-        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in chip_listeners], replay)
+        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in chip_listeners], replay, shared)
         interpreter.register_implementations(ShapeOnlyCCL(exchange, chip), override=True)
         return interpreter
 
@@ -283,7 +288,7 @@ def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int
         assert isinstance(t, TensorType)
         tl, k = shape_of(t)
         try:
-            choices = scenario_choices(routing, tl * mesh.token_shards, k, experts, seed, chips=mesh.size("ep"))
+            choices = scenario_choices(routing, tl * mesh.token_shards, k, experts, seed, chips=mesh.expert_shards)
         except RoutingError as e:
             raise RoutingError(f"{e} (the mesh's T = {tl * mesh.token_shards} tokens in token order, split over "
                                f"its {mesh.token_shards} token shards as the tokens are: {tl} each)") from None
@@ -293,15 +298,15 @@ def mesh_routing(fn: func.FuncOp, mesh: ccl.Mesh, routing: str | Path, seed: int
 
 def pairs_received(routing: Routing, mesh: ccl.Mesh) -> list[int]:
     """The (token, expert) pairs of `routing` each chip of `mesh` receives: its dp group's
-    tokens' pairs on its E/ep experts (the tp chips of a group receive the same)."""
+    tokens' pairs on its E/(ep * sp) experts (the tp chips of a group receive the same)."""
     t, _ = routing.choices.shape
     per_group = t // mesh.size("dp")
-    owner = routing.choices // (routing.experts // mesh.size("ep"))
+    owner = routing.choices // (routing.experts // mesh.expert_shards)
     counts = []
     for c in range(mesh.chips):
         coords = mesh.coordinates(c)
         group = owner[coords.get("dp", 0) * per_group:(coords.get("dp", 0) + 1) * per_group]
-        counts.append(int((group == coords.get("ep", 0)).sum()))
+        counts.append(int((group == mesh.expert_shard(c)).sum()))
     return counts
 
 
@@ -320,7 +325,8 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
         raise MeshError(f"the mesh {mesh} has {mesh.chips} chips, the mesh machine {machine.name} "
                         f"has {machine.chips} (shape {' x '.join(map(str, machine.shape or ()))})")
     chip_machine = machine.chip
-    recorders = [trace_recorder(module, function, chip_machine, "error") for _ in range(mesh.chips)]
+    first = trace_recorder(module, function, chip_machine, "error")
+    recorders = [first, *(first.sibling() for _ in range(mesh.chips - 1))]
     traffics = [TrafficRecorder(mesh, c) for c in range(mesh.chips)]
     chosen: dict[int, Routing] = {}
     if cost_only:
@@ -347,6 +353,37 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     report.routing = {names[i]: r for i, r in chosen.items()}
     return MeshResult(outputs, report)
+
+
+def same_trace(a: Trace, b: Trace) -> bool:
+    """Whether two chips' traces plan, schedule and report alike: the same commands of the same
+    IR ops, buffers and outputs, and routings of the same per-expert loads (all the roofline
+    reads of them, graph_work.routed_pairs), whatever their expert ids."""
+    return (a.ops == b.ops and all(x.op is y.op for x, y in zip(a.ops, b.ops)) and a.buffer_bytes == b.buffer_bytes
+            and a.buffer_labels == b.buffer_labels and a.outputs == b.outputs and _loads(a) == _loads(b))
+
+
+def _loads(trace: Trace) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Each routing's experts, pairs and per-expert pair counts, largest first."""
+    loads = []
+    for r in trace.routings:
+        choices = np.asarray(r.choices).reshape(-1)
+        counts = np.bincount(choices[(choices >= 0) & (choices < r.experts)], minlength=r.experts)
+        loads.append((r.experts, choices.size, tuple(sorted(counts.tolist(), reverse=True))))
+    return loads
+
+
+def trace_classes(traces: Sequence[Trace]) -> list[int]:
+    """For each chip, the first chip whose trace is the same (`same_trace`)."""
+    firsts: list[int] = []
+    classes = []
+    for c, trace in enumerate(traces):
+        same = next((f for f in firsts if same_trace(traces[f], trace)), None)
+        if same is None:
+            firsts.append(c)
+            same = c
+        classes.append(same)
+    return classes
 
 
 def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], traffics: list[TrafficRecorder],
@@ -387,29 +424,53 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
     # cycles; a collective is a link command, whose cost the plan never changes): plan each
     # chip once, then only reschedule its tasks with the collectives' cycles as they are fixed,
     # and report from the same plan (tests/test_mesh.py: the same reports as planning again).
+    # Chips of one trace (`same_trace`) with the same collective cycles so far plan, schedule
+    # and report alike: that is done once for them.
     units = {**engine_units(machine.chip), LINK: 1}
-    plans = [plan_memory(timed(c), machine.chip, sram_policy) for c in range(n)]
-    pinned = [pinned_units(traces[c]) for c in range(n)]
-    own_dma = [own_dma_units(traces[c], machine.chip) for c in range(n)]
+    first = trace_classes(traces)
+    plans: list[Any] = [None] * n
+    for c in range(n):
+        same = next((p for p in range(c) if first[p] == first[c] and duration[p] == duration[c]), None)
+        plans[c] = plans[same] if same is not None else plan_memory(timed(c), machine.chip, sram_policy)
+    pinned = [pinned_units(traces[c]) if first[c] == c else None for c in range(n)]
+    own_dma = [own_dma_units(traces[c], machine.chip) if first[c] == c else None for c in range(n)]
     sharing = hbm_sharing(machine.chip)
 
     def timed_tasks(c: int) -> list[Task]:
         cycles = {key: wait[c][i] + duration[c][i] for i, key in enumerate(keys[c])}
         return [dataclasses.replace(t, cycles=cycles[t.key]) if t.key in cycles else t for t in plans[c].tasks]
 
+    def timing(c: int, upto: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """What chip c's schedule up to its collective `upto` reads: its trace's class and
+        the collectives' cycles so far."""
+        return first[c], tuple(wait[c][:upto + 1]), tuple(duration[c][:upto + 1])
+
     for j in range(count):
         starts: dict[int, int] = {}
+        known: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
         for c in range(n):
-            tasks = timed_tasks(c)
-            upto = next(i for i, t in enumerate(tasks) if t.key == keys[c][j])
-            # In issue order nothing after the collective moves its start.
-            starts[c] = schedule(tasks[:upto + 1], units, pinned[c], own_dma[c], sharing).slots[keys[c][j]].start
+            key = timing(c, j)
+            if key not in known:
+                tasks = timed_tasks(c)
+                upto = next(i for i, t in enumerate(tasks) if t.key == keys[c][j])
+                r = first[c]
+                # In issue order nothing after the collective moves its start.
+                known[key] = schedule(tasks[:upto + 1], units, pinned[r], own_dma[r], sharing).slots[keys[c][j]].start
+            starts[c] = known[key]
         for group in groups[j]:
             sync = max(starts[c] for c in group)
             for c in group:
                 wait[c][j] = sync - starts[c]
-    reports = [simulate_trace(timed(c), machine.chip, sram_policy, {LINK: 1},
-                              dataclasses.replace(plans[c], tasks=timed_tasks(c)), work=work)[0] for c in range(n)]
+    made: dict[tuple[int, tuple[int, ...], tuple[int, ...]], SimReport] = {}
+    reports = []
+    for c in range(n):
+        key = timing(c, count)
+        if key in made:
+            reports.append(copy.copy(made[key]))
+            continue
+        made[key] = simulate_trace(timed(c), machine.chip, sram_policy, {LINK: 1},
+                                   dataclasses.replace(plans[c], tasks=timed_tasks(c)), work=work)[0]
+        reports.append(made[key])
     links = []
     for c in range(n):
         for j, key in enumerate(keys[c]):

@@ -207,6 +207,14 @@ class TraceRecorder(Interpreter.Listener):
         self._deferred: list[tuple[bool, Operation, tuple[Any, ...]]] | None = None
         """The ops seen since `defer`, not recorded yet."""
 
+    def sibling(self) -> TraceRecorder:
+        """A recorder for another chip running the same program (a mesh's SPMD function): its
+        own trace, this one's op statics and cost cache, since an op's cost is a function of
+        the op and its data operands' values (`_cost`), whichever chip runs it."""
+        other = TraceRecorder(self.machine, self._entry, self.strict)
+        other._static, other._costs = self._static, self._costs
+        return other
+
     def _value(self, v: SSAValue) -> _Value:
         return self._values.get(v, _ENTRY)
 

@@ -50,15 +50,16 @@ def a2a_plan(experts_idx: np.ndarray, chips: int, experts: int, slots: int,
     [chips]. `earlier` [E]: each expert's pairs from the tokens before these (they rank first)."""
     per_chip = experts // chips
     flat = experts_idx.reshape(-1).astype(np.int64)
-    if flat.size and (flat.min() < 0 or flat.max() >= experts):
-        bad = int(flat.min() if flat.min() < 0 else flat.max())
-        raise InterpretationError(f"ccl.a2a_plan: expert index {bad} is outside [0, {experts})")
-    kept = np.ones(flat.size, dtype=np.bool_)
+    if flat.size and (flat.min() < -1 or flat.max() >= experts):
+        bad = int(flat.min() if flat.min() < -1 else flat.max())
+        raise InterpretationError(f"ccl.a2a_plan: expert index {bad} is outside [0, {experts}) (-1: no pair)")
+    kept = flat >= 0
+    flat = np.maximum(flat, 0)
     if capacity is not None:  # an expert's first C pairs (of this chip, or after `earlier`), token-major
-        position = (np.cumsum(flat[:, None] == np.arange(experts), axis=0) - 1)[np.arange(flat.size), flat]
+        position = (np.cumsum((flat[:, None] == np.arange(experts)) & kept[:, None], axis=0) - 1)[np.arange(flat.size), flat]
         if earlier is not None:
             position = position + np.asarray(earlier, np.int64)[flat]
-        kept = position < capacity
+        kept &= position < capacity
     dest = flat // per_chip
     rank = (np.cumsum((dest[:, None] == np.arange(chips)) & kept[:, None], axis=0) - 1)[np.arange(flat.size), dest]
     if kept.any() and rank[kept].max() >= slots:

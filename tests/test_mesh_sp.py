@@ -1,0 +1,110 @@
+"""The sp axis (seed 001's mesh: tokens sharded over a row's chips, all-gathered before the
+expert all-to-all over the column, reduce-scattered back), and chips of one trace costed once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tcpc
+from runtime_sim.semantics.ccl_semantics import a2a_plan
+from tcpc.cli import main
+from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
+
+TINY = {"T": 64, "D": 8, "F": 16, "E": 32, "K": 2}
+"""examples/toy.moe with 32 experts: one a chip on a 4 x 8 mesh, two tokens a chip."""
+
+
+@pytest.mark.parametrize("spec", ["ep=4,sp=8", "ep=2,sp=4,strategy=a2a_sum,chunks=2", "dp=2,ep=2,sp=2"])
+def test_sp_layout_agrees_with_one_chip(spec: str) -> None:
+    """The seed's 4 x 8 mesh (32 chips) against the single-chip reference: the columns' parts
+    are added in f32 and rounded once, within --check's tolerance (bit-identical here)."""
+    program = tcpc.compile_file("examples/toy.moe", dims=TINY)
+    parsed = MeshSpec.parse(spec)
+    sim = simulate_on_mesh(program, parsed, seed=3)
+    results = check_on_mesh(program, parsed, sim, seed=3)
+    assert all(c.ok for c in results), [c.message for c in results]
+    assert len(sim.report.chips) == parsed.mesh.chips
+    ops = {x.op for x in sim.report.links}
+    assert {"ccl.all_gather", "ccl.reduce_scatter"} <= ops
+
+
+def test_sp_chips_hold_their_own_tokens_and_experts() -> None:
+    """Chip (ep i, sp j) holds token shard i * sp + j and experts [(j * ep + i) * E/(ep sp), ...):
+    a column's chips hold E / sp consecutive experts, its all-to-all's group."""
+    mesh = MeshSpec.parse("dp=2,ep=2,sp=4").mesh
+    assert mesh.token_shards == 16 and mesh.expert_shards == 8
+    assert [mesh.token_shard(c) for c in range(mesh.chips)] == list(range(16))
+    assert [mesh.expert_shard(c) for c in range(8)] == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert mesh.group(5, "sp") == [4, 5, 6, 7] and mesh.group(5, "ep") == [1, 5]
+
+
+def test_plan_takes_minus_one_as_no_pair() -> None:
+    rows, slot_experts, counts = a2a_plan(np.array([[0, -1], [-1, 3]]), 2, 4, 2)
+    assert rows.tolist() == [[0, -1], [-1, 2]] and counts.tolist() == [1, 1]
+    assert slot_experts.tolist() == [[1, 0], [2, 0]]
+
+
+def test_chips_of_one_trace_are_costed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chips whose traces are the same are planned, scheduled and reported once: the same
+    report, every chip's cycles included, as costing each chip on its own."""
+    import runtime_sim.perf.mesh_simulate as mesh_simulate
+
+    program = tcpc.compile_file("examples/toy.moe", dims={**TINY, "T": 32, "E": 8})
+
+    def report(spec: str) -> dict:
+        return simulate_on_mesh(program, MeshSpec.parse(spec), cost_only=True, routing="balanced",
+                                seed=1).report.to_json()
+
+    shared = {spec: report(spec) for spec in ("ep=2,sp=4", "ep=8")}
+    classes = mesh_simulate.trace_classes
+    seen: list[list[int]] = []
+
+    def each_chip_alone(traces: list) -> list[int]:
+        seen.append(classes(traces))
+        return list(range(len(traces)))
+
+    monkeypatch.setattr(mesh_simulate, "trace_classes", each_chip_alone)
+    for spec, once in shared.items():
+        assert report(spec) == once
+    assert all(len(set(c)) < len(c) for c in seen)  # chips did share a trace
+
+
+def test_sp_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
+    for spec, message in [
+        ("ep=2,sp=3", "T = 16 tokens do not divide over dp * ep * sp = 6 chips"),
+        ("ep=4,sp=8", "E = 12 experts do not divide over ep * sp = 32 chips"),
+        ("ep=2,sp=2,strategy=allgather", "sp = 2 gathers the tokens for an all-to-all over ep: it takes strategy "
+                                         "a2a or a2a_sum without tp"),
+        ("ep=2,sp=2,tp=2", "without tp (got strategy=a2a, tp=2)"),
+        ("ep=2,sp=0", "sp must be positive, got 0"),
+    ]:
+        assert main(["run", "examples/toy.moe", "--set", "T=16", "--set", "E=12", "--mesh", spec]) == 1, spec
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert main(["run", "examples/toy.moe", "--set", "T=12", "--mesh", "ep=2,sp=2,chunks=2"]) == 1
+    assert "T / (dp * ep * sp) = 3 tokens per chip do not divide into 2 chunks" in capsys.readouterr().err
+
+
+def test_benchmark_link_bound_adds_the_sp_collectives() -> None:
+    """ep=2, sp=2, E = 8 (column 0: experts 0-3, chips (0, 0) and (1, 0); column 1: 4-7), one
+    token a chip: in each column every chip sends one of its row's tokens to the other row and
+    receives one (2 rows each way with the results), and the all-gather and the reduce-scatter
+    move one row each way each."""
+    from benchmark_scripts import load_script
+    from target.mesh_machine import load_mesh_machine
+
+    bench = load_script("mesh")
+    machine = load_mesh_machine()
+    choices = np.array([[0, 4], [2, 6], [1, 5], [3, 7]], dtype=np.int32)
+    assert bench.sp_link_bound_cycles(choices, 2, 2, 8, 30, machine) == (2 + 2) * 30 / machine.link_bytes_per_cycle
+
+
+def test_benchmark_sp_row_stays_above_its_bound() -> None:
+    from benchmark_scripts import load_script
+
+    bench = load_script("mesh")
+    tiny = dict(D=16, F=32, E=8, K=2)
+    row = bench.mesh_row(bench.MODELS[1], 4, 4, "a2a", "balanced", dims=tiny, block=2, sp=2, search=False)
+    assert row.total_cycles >= row.bound > 0 and row.link_bound > 0 and row.cpu_seconds > 0
+    assert "| 4 | ep=2,sp=2 | 4 | a2a | balanced |" in bench.table([row], cpu=True)
