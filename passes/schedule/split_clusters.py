@@ -22,12 +22,13 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   masked ids (`regathered`), each moving only its own blocks' rows;
 - with such scales, one token's loop (decode: its weight loads wait for nothing made before
   it) starts from each cluster's first weights (`first_loads`): the loads of the first expert
-  a cluster owns are issued before the loop, after the dispatch's commands and before the
-  scales' gathers, and the cluster's first block reuses them. Engines run their commands in
-  program order, so issued in the loop the first loads queued behind those gathers
-  (Qwen3-30B-A3B MXFP4 at T = 1: six gathers of 196 KB, the first weight load at 4,013
-  cycles, now 2,993; fp8 34,698 -> 34,364 cycles, MXFP4 21,738 -> 21,657: its scales then
-  take the engines the second loads would have);
+  a cluster owns are issued before the loop, after the dispatch's commands and before that
+  cluster's scales' gathers (cluster 0's loads and gathers, then cluster 1's), and the
+  cluster's first block reuses them. Engines run their commands in program order, so issued
+  in the loop the first loads queued behind those gathers (Qwen3-30B-A3B MXFP4 at T = 1: six
+  gathers of 196 KB, the first weight load at 4,013 cycles, now 2,993; fp8 34,698 -> 34,325
+  cycles, MXFP4 21,738 -> 21,549: its scales then take the engines the second loads would
+  have had);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -71,7 +72,7 @@ from xdsl.ir import Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster
+from dialects.annotations import PHASE_ATTR, SHARED, cluster_of, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
 from passes._loop_builder import in_hbm
 from passes.schedule._cluster_copies import pin, reacher, read_in_place
@@ -468,11 +469,11 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     assert parent is not None
     parent.insert_op_before(new_loop, loop)
     insert_early(before, parent, new_loop)
-    if firsts:  # the first loads, then the scales' gathers, after the dispatch's commands
-        for op in before:
-            if isinstance(op, (tile.LoadExpertOp, tcp.DmaGatherOp)):
-                op.detach()
-                parent.insert_op_before(op, new_loop)
+    if firsts:  # after the dispatch's commands, cluster by cluster: its first loads, then its scales
+        moved = [op for op in before if isinstance(op, (tile.LoadExpertOp, tcp.DmaGatherOp))]
+        for op in sorted(moved, key=lambda o: (cluster_of(o), isinstance(o, tcp.DmaGatherOp))):
+            op.detach()
+            parent.insert_op_before(op, new_loop)
     for k, i in enumerate(shared):
         loop.results[i].replace_all_uses_with(new_loop.results[k])
     loop.detach()
