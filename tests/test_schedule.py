@@ -16,6 +16,7 @@ from dialects.moe import max_blocks
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.report import SimReport
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
+from tcpc.program import function_in
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.moe"))
 LOWERED = ",".join(LOWERED_PIPELINE)
@@ -401,7 +402,7 @@ def test_one_token_loads_its_first_weights_before_the_block_scales() -> None:
         program = tcpc.compile_source(source, dims={**dims, "T": tokens})
         module = program.lower("pin-routing," + ",".join(FULL_PIPELINE))
         name = program.function().sym_name.data
-        body = next(op for op in module.ops if getattr(op, "sym_name", None) and op.sym_name.data == name).body.block.ops
+        body = function_in(module, name).body.block.ops
         first = [op for op in body if op.name == "tile.load_expert"]
         assert len(first) == (6 if tokens == 1 else 0)  # three weights, two clusters
         if tokens > 1:

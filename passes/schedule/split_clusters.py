@@ -161,19 +161,25 @@ def derived(value: SSAValue, own: dict[SSAValue, SSAValue | None], cluster: int,
     return own[value]
 
 
+def gathered_by(value: SSAValue, expert_ids: SSAValue) -> bool:
+    """Whether `value` is a gather from HBM by the loop's expert ids made before the loop (the
+    block scales schedule-experts gathers ahead)."""
+    owner = value.owner
+    return isinstance(owner, tcp.DmaGatherOp) and owner.indices is expert_ids and in_hbm(owner.source)
+
+
 def regathered(value: SSAValue, expert_ids: SSAValue, owned: SSAValue, cluster: int, before: list[Operation],
                made: "Made") -> SSAValue | None:
-    """`value`, when it is a gather from HBM by the loop's expert ids made before the loop (the
-    block scales schedule-experts gathers ahead), gathered again on `cluster` by its own masked
-    ids (appended to `before`): each cluster moves only its blocks' rows (index -1 moves
-    nothing) from HBM, where a DMA copy of the whole gather from cluster 0's SRAM would move
+    """`value`, when it is `gathered_by` the loop's expert ids, gathered again on `cluster` by
+    its own masked ids (appended to `before`): each cluster moves only its blocks' rows (index
+    -1 moves nothing) from HBM, where a DMA copy of the whole gather from cluster 0's SRAM would move
     every row SRAM -> SRAM, whose reads and writes do not pipeline (tcp_cost.py): MXFP4's scales
     of Qwen3-30B-A3B at T = 1 (393 KB a matrix) took 3,572 cycles to copy on each of three
     engines against 2,036 to gather. None for any other value."""
     owner = value.owner
-    if not (isinstance(owner, tcp.DmaGatherOp) and owner.indices is expert_ids and in_hbm(owner.source)
-            and owned is not expert_ids):
+    if not (gathered_by(value, expert_ids) and owned is not expert_ids):
         return None
+    assert isinstance(owner, tcp.DmaGatherOp)
     if (cluster, value) not in made.copies:
         gather = tcp.DmaGatherOp(owner.source, owned)
         gather.attributes.update(owner.attributes)
@@ -371,8 +377,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     inits = list(loop.iter_args)
     # With block scales gathered ahead (gathered again per cluster, `regathered`), one token's
     # first weight loads are issued before them (the module docstring).
-    ahead = any(isinstance(v.owner, tcp.DmaGatherOp) and v.owner.indices is expert_ids and in_hbm(v.owner.source)
-                for op in body.walk() for v in op.operands)
+    ahead = any(gathered_by(v, expert_ids) for op in body.walk() for v in op.operands)
     firsts = first_loads(body, private, owned, own_dma, before) if ahead and not (unrolled or grouped) else {}
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
                                               for k, i in enumerate(private)]
