@@ -1,6 +1,6 @@
 """bf16 vs fp8 vs MXFP4 expert weights, at real dims, decode and prefill, cost-only.
 
-    python benchmarks/precisions.py            # the table (about 15 minutes on 2 cores): precisions.md
+    python benchmarks/precisions.py            # the table (9-17 minutes on 2 shared cores): precisions.md
     python benchmarks/precisions.py --quick    # T = 1 only; writes the file only with --out
     python benchmarks/precisions.py --out DIR
     python benchmarks/precisions.py --tokens 1 64   # chosen token counts
