@@ -5,6 +5,7 @@
     python benchmarks/sim_speed.py --values-tokens 0  # cost-only rows only
     python benchmarks/sim_speed.py --schedule --out benchmarks   # schedule.md's rows, timed: benchmarks/schedule_speed.md
     python benchmarks/sim_speed.py --schedule --families deepseek_v3 --tokens 4096   # some of them
+    python benchmarks/sim_speed.py --sweep          # tcpc sweep examples/sweeps/blocks.toml: points per second
 
 Rows:
 - `cost-only`: every family of benchmarks/run.py at its real dims and T, block size by
@@ -36,6 +37,12 @@ stage: compiling (every apply_pipeline), interpreting (recording the trace), pla
 and scheduling, the report, and the rest (parsing, building, summaries). The stages are
 timed by wrapping those functions in the child process (exclusive times, no profiler
 overhead). A row above TARGET_SECONDS wall says where its time goes from those columns.
+
+`--sweep` runs `tcpc sweep` on SWEEP_SPEC (every point a compile with the cost model's choices
+and a cost-only run) on a LocalCluster of `--workers` processes, into a fresh directory, and
+prints its points per second as `tcpc sweep` does (wall, from handing the points to the cluster
+to the last result), the CPU seconds of every point (each point's process time, summed: what
+the points cost, whatever the machine's other jobs), and the points per CPU second.
 """
 
 from __future__ import annotations
@@ -253,6 +260,42 @@ def schedule_table(rows: Sequence[ScheduleSpeed]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SWEEP_SPEC = ROOT / "examples" / "sweeps" / "blocks.toml"
+
+
+def _timed_point(point: Any) -> tuple[dict[str, Any], float]:
+    """`run_point` and the CPU seconds it took (in the worker that ran it)."""
+    from tcpc.sweep import run_point
+
+    cpu = time.process_time()
+    row = run_point(point)
+    return row, time.process_time() - cpu
+
+
+def sweep_speed(spec_path: Path, workers: int) -> str:
+    """`tcpc sweep`'s rate on `spec_path` (run_sweep on a LocalCluster of `workers` processes,
+    into a fresh directory), and the CPU seconds of its points, run again one by one on the
+    same cluster with each point's process time."""
+    import tempfile
+
+    from dask.distributed import Client, LocalCluster
+
+    from tcpc.sweep import load_spec, run_sweep
+
+    spec = load_spec(spec_path)
+    with tempfile.TemporaryDirectory(prefix="sim-speed-sweep-") as tmp:
+        outcome = run_sweep(spec, Path(tmp) / "out", workers=workers)
+    with LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        timed = client.gather(client.map(_timed_point, spec.points, pure=False))
+    cpu = sum(seconds for _, seconds in timed)
+    ok = sum(row["status"] == "ok" for row, _ in timed)
+    return (f"tcpc sweep {spec_path.relative_to(ROOT)}: {outcome.points_per_second:.2f} points per second "
+            f"({outcome.ran} in {outcome.seconds:.1f} s wall on {workers} worker processes, {len(outcome.failed)} "
+            f"failed); the points again, one process time each: {cpu:.1f} CPU s for {len(timed)} ({ok} ok), "
+            f"{len(timed) / cpu:.2f} points per CPU second\n")
+
+
 def table(rows: Sequence[Row]) -> str:
     head = ["family", "T", "B", "mode", "ops simulated", "wall s", "CPU s", "note"]
     lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---|---:|---:|---:|---|"]
@@ -273,7 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--schedule", action="store_true",
                         help="time benchmarks/schedule.md's rows instead (T = 1 16 64 2048 4096 unless --tokens)")
     parser.add_argument("--out", type=Path, default=None, help="with --schedule, also write DIR/schedule_speed.md")
+    parser.add_argument("--sweep", action="store_true",
+                        help=f"time tcpc sweep on {SWEEP_SPEC.relative_to(ROOT)} instead: points per second")
+    parser.add_argument("--workers", type=int, default=2, help="with --sweep: LocalCluster worker processes")
     args = parser.parse_args(argv)
+    if args.sweep:
+        print(sweep_speed(SWEEP_SPEC, args.workers))
+        return 0
     models = {m.name: m for m in bench.MODELS}
     unknown = [f for f in args.families if f not in models]
     if unknown:
