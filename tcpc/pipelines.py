@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from itertools import chain
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -300,7 +301,7 @@ def verify_changed(op: Operation, verified: Verified) -> None:
     checks are xDSL's Operation.verify's: an op's regions (parent pointers, a block that lacks
     its terminator, every op in them), then the op itself."""
     marks: dict[int, tuple[object, ...] | None] = {}
-    _mark(op, marks)  # `op` itself is always verified: its place is not needed
+    _mark(op, marks, verified.marks)  # `op` itself is always verified: its place is not needed
     _verify_marked(op, verified, marks)
     verified.marks = marks  # the ops of now only: those a pass erased are let go
 
@@ -312,7 +313,7 @@ def _verify_marked(op: Operation, verified: Verified, marks: Mapping[int, tuple[
                 if child.parent is not block:
                     raise ValueError("Parent pointer of operation does not refer to containing region")
                 mark = marks[id(child)]
-                if mark is not None and verified.marks.get(id(child)) == mark:
+                if mark is not None and verified.marks.get(id(child)) is mark:  # `_mark` kept it: unchanged
                     continue
                 content = _content(child, mark) if not child.regions else _isolated_content(child, mark)
                 if content is None or content not in verified.contents:
@@ -327,7 +328,7 @@ def _verify_marked(op: Operation, verified: Verified, marks: Mapping[int, tuple[
     op.verify(verify_nested_ops=False)
 
 
-def _mark(op: Operation, marks: dict[int, tuple[object, ...] | None],
+def _mark(op: Operation, marks: dict[int, tuple[object, ...] | None], before: Mapping[int, tuple[object, ...] | None],
           place: tuple[object, ...] = ()) -> tuple[object, ...] | None:
     """Everything verifying `op` and the ops nested in it reads, by identity (so comparing two
     marks of an unchanged op compares the same objects): the op, the values it reads and their
@@ -335,7 +336,9 @@ def _mark(op: Operation, marks: dict[int, tuple[object, ...] | None],
     region's number of blocks, whether it ends its block), its successors and its regions'
     blocks (their argument types and ops' marks, in order); None when that is not all (a trait
     that checks other ops, as a symbol user's does). Stored in `marks` for `op` and every op
-    nested in it. An erased operand needs no care: the op that read the value reads another since."""
+    nested in it; the mark `before` holds for the op when it is equal (so only a changed op's
+    mark is a new object, and an unchanged one is told by identity). An erased operand needs
+    no care: the op that read the value reads another since."""
     inner: list[object] = []
     within = _verifies_within(type(op))
     for region in op.regions:
@@ -343,13 +346,15 @@ def _mark(op: Operation, marks: dict[int, tuple[object, ...] | None],
         for block in blocks:
             last = block.last_op
             here, ends = (type(op), len(blocks), False), (type(op), len(blocks), True)
-            ops = tuple(_mark(child, marks, ends if child is last else here) for child in block.ops)
+            ops = tuple(_mark(child, marks, before, ends if child is last else here) for child in block.ops)
             within = within and None not in ops
             inner.append((block.arg_types, ops))
     operands = tuple(op.operands)
     mark = (op, operands, tuple(v.type for v in operands), tuple(r.type for r in op.results),
-            tuple(op.attributes.items()), tuple(op.properties.items()), place, tuple(op.successors),
-            tuple(inner)) if within else None
+            tuple(chain.from_iterable(op.attributes.items())), tuple(chain.from_iterable(op.properties.items())),
+            place, tuple(op.successors), tuple(inner)) if within else None  # names and values flat: fewer objects held
+    if mark is not None and (kept := before.get(id(op))) == mark:
+        mark = kept
     marks[id(op)] = mark
     return mark
 
