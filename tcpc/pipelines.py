@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import importlib
 import time
+from itertools import chain
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.dialects.dlti import DLTI
-from xdsl.ir import Dialect, ErasedSSAValue, Operation
+from xdsl.ir import Dialect, ErasedSSAValue, Operation, SSAValue
 from xdsl.passes import ModulePass, PassPipeline
-from xdsl.traits import HasParent, NoTerminator, OpTrait
+from xdsl.traits import (HasFolder, HasParent, IsolatedFromAbove, IsTerminator, NoTerminator, OpTrait, ReturnLike,
+                         SingleBlockImplicitTerminator, SymbolOpInterface, SymbolTable)
 from xdsl.utils.arg_spec import PipelineLexer, SpecTokenKind
 from xdsl.utils.exceptions import ArgSpecParseError, VerifyException
 
@@ -266,7 +268,7 @@ def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
         lowered = module.clone()
         if machine is not None:
             attach(lowered, machine)
-        verified: set[tuple[object, ...]] = set()
+        verified = Verified()
         if after_each is not None:
             after_each(PassStep(0, lowered))
         for index, p in enumerate(passes, 1):
@@ -280,22 +282,45 @@ def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
     return lowered
 
 
-def verify_changed(op: Operation, verified: set[tuple[object, ...]]) -> None:
-    """`op.verify()`, skipping the ops whose content (`_content`) is in `verified`, and adding
-    the content of those it verifies: a pass leaves most ops as they were, and a loop's body
-    repeats the same ops, so after each pass of a pipeline only the ops it made or changed are
-    verified again. The checks are xDSL's Operation.verify's: an op's regions (parent
-    pointers, a block that lacks its terminator, every op in them), then the op itself."""
+@dataclass
+class Verified:
+    """What `verify_changed` has checked in one pipeline: the contents (`_content`) of the ops
+    it verified, since any op of one of them verifies alike, and each op's mark (`_mark`, by
+    the op's id: a mark holds its op, so the id is not reused meanwhile) as it was when last
+    checked, since an op whose mark has not changed verifies as it did."""
+
+    contents: set[tuple[object, ...]] = field(default_factory=set)
+    marks: dict[int, tuple[object, ...] | None] = field(default_factory=dict)
+
+
+def verify_changed(op: Operation, verified: Verified) -> None:
+    """`op.verify()`, skipping what `verified` shows unchanged: an op, with everything nested
+    in it, whose mark (`_mark`) is the one it had when last checked (a `ve.chain` or a
+    `func.func` a pass left as it was), and an op without regions whose content (`_content`)
+    is one verified (a loop's body repeats the same ops); the marks are then the ops' now.
+    After each pass of a pipeline only the ops it made or changed are verified again. The
+    checks are xDSL's Operation.verify's: an op's regions (parent pointers, a block that lacks
+    its terminator, every op in them), then the op itself."""
+    marks: dict[int, tuple[object, ...] | None] = {}
+    _mark(op, marks, verified.marks)  # `op` itself is always verified: its place is not needed
+    _verify_marked(op, verified, marks)
+    verified.marks = marks  # the ops of now only: those a pass erased are let go
+
+
+def _verify_marked(op: Operation, verified: Verified, marks: Mapping[int, tuple[object, ...] | None]) -> None:
     for region in op.regions:
         for block in region.blocks:
             for child in block.ops:
                 if child.parent is not block:
                     raise ValueError("Parent pointer of operation does not refer to containing region")
-                content = _content(child)
-                if content is None or content not in verified:
-                    verify_changed(child, verified)
+                mark = marks[id(child)]
+                if mark is not None and verified.marks.get(id(child)) is mark:  # `_mark` kept it: unchanged
+                    continue
+                content = _content(child, mark) if not child.regions else _isolated_content(child, mark)
+                if content is None or content not in verified.contents:
+                    _verify_marked(child, verified, marks)
                     if content is not None:
-                        verified.add(content)
+                        verified.contents.add(content)
             if block.first_op is None and len(region.blocks) == 1 and not op.has_trait(NoTerminator):
                 raise VerifyException(f"Operation {op.name} contains empty block in single-block region that "
                                       "expects at least a terminator")
@@ -304,30 +329,100 @@ def verify_changed(op: Operation, verified: set[tuple[object, ...]]) -> None:
     op.verify(verify_nested_ops=False)
 
 
-def _content(op: Operation) -> tuple[object, ...] | None:
+def _mark(op: Operation, marks: dict[int, tuple[object, ...] | None], before: Mapping[int, tuple[object, ...] | None],
+          place: tuple[object, ...] = ()) -> tuple[object, ...] | None:
+    """Everything verifying `op` and the ops nested in it reads, by identity (so comparing two
+    marks of an unchanged op compares the same objects): the op, the values it reads and their
+    types, its result types, attributes and properties, its `place` (its parent's kind, its
+    region's number of blocks, whether it ends its block), its successors and its regions'
+    blocks (their argument types and ops' marks, in order); None when that is not all (a trait
+    that checks other ops, as a symbol user's does). Stored in `marks` for `op` and every op
+    nested in it; the mark `before` holds for the op when it is equal (so only a changed op's
+    mark is a new object, and an unchanged one is told by identity). An erased operand needs
+    no care: the op that read the value reads another since."""
+    inner: list[object] = []
+    within = _verifies_within(type(op))
+    for region in op.regions:
+        blocks = list(region.blocks)
+        for block in blocks:
+            last = block.last_op
+            here, ends = (type(op), len(blocks), False), (type(op), len(blocks), True)
+            ops = tuple(_mark(child, marks, before, ends if child is last else here) for child in block.ops)
+            within = within and None not in ops
+            inner.append((block.arg_types, ops))
+    operands = tuple(op.operands)
+    mark = (op, operands, tuple(v.type for v in operands), tuple(r.type for r in op.results),
+            tuple(chain.from_iterable(op.attributes.items())), tuple(chain.from_iterable(op.properties.items())),
+            place, tuple(op.successors), tuple(inner)) if within else None  # names and values flat: fewer objects held
+    if mark is not None and (kept := before.get(id(op))) == mark:
+        mark = kept
+    marks[id(op)] = mark
+    return mark
+
+
+def _content(op: Operation, mark: tuple[object, ...] | None) -> tuple[object, ...] | None:
     """Everything verifying `op` reads, when that is the op alone (its operand and result
-    types, attributes, properties, and its parent's kind); None when verifying it reads more:
-    an op with regions or successors, the last op of a block (terminator rules), one with a
-    trait that checks other ops (a symbol user, an isolated region) or an erased operand."""
-    block = op.parent
-    if op.regions or op.successors or block is None or block.last_op is op or not _self_contained(type(op)):
+    types, attributes, properties, and its parent's kind), from its `_mark`; None when
+    verifying it reads more: an op with regions or successors, the last op of a block
+    (terminator rules), one with a trait that checks other ops (a symbol user, an isolated
+    region) or an erased operand."""
+    if mark is None or op.regions or op.successors or not _self_contained(type(op)):
         return None
-    operands = op.operands
-    if any(isinstance(v, ErasedSSAValue) for v in operands):
+    _, operands, operand_types, result_types, attributes, properties, place, _, _ = mark
+    if not place or place[2] or any(isinstance(v, ErasedSSAValue) for v in operands):  # type: ignore[union-attr]
         return None
-    parent = block.parent_op()
-    return (type(op), tuple(v.type for v in operands), tuple(r.type for r in op.results),
-            tuple(op.attributes.items()), tuple(op.properties.items()), type(parent))
+    return (type(op), operand_types, result_types, attributes, properties, place[0])  # type: ignore[index]
+
+
+def _isolated_content(op: Operation, mark: tuple[object, ...] | None) -> tuple[object, ...] | None:
+    """Everything verifying `op` and the ops in it reads, when `op` is isolated from above and
+    holds one block of ops without regions (a `ve.chain`): `_content`'s of each, with the
+    values they read as places in the block, from its `_mark`; None for any other op. Chains
+    of the same ops verify alike, as ops of the same content do."""
+    if mark is None or not op.has_trait(IsolatedFromAbove) or len(op.regions) != 1:
+        return None
+    _, _, operand_types, result_types, attributes, properties, place, successors, inner = mark
+    if successors or len(inner) != 1:  # type: ignore[arg-type]
+        return None
+    ((arg_types, ops),) = inner  # type: ignore[misc]
+    block = op.regions[0].block
+    where: dict[SSAValue, tuple[int, int]] = {a: (-1, a.index) for a in block.args}
+    body: list[tuple[object, ...]] = []
+    for i, (inner_op, operands, _, types, attrs, props, at, _, nested) in enumerate(ops):
+        if nested:
+            return None
+        where.update((r, (i, r.index)) for r in inner_op.results)
+        body.append((type(inner_op), tuple(where.get(v, v) for v in operands), types, attrs, props, at))
+    return (type(op), operand_types, result_types, attributes, properties, place, arg_types, tuple(body))
+
+
+_ALONE: tuple[type[OpTrait], ...] = (HasParent, HasFolder)
+"""Traits whose checks read no more than an op and its parent's kind (HasFolder: xDSL's folder
+interface, arith's, checks nothing)."""
+_WITHIN: tuple[type[OpTrait], ...] = (*_ALONE, IsTerminator, ReturnLike, IsolatedFromAbove, NoTerminator,
+                                      SingleBlockImplicitTerminator, SymbolTable, SymbolOpInterface)
+"""Traits whose checks read no more than an op, its parent's kind, its place in its block and
+the ops nested in it (OptionalSymbolOpInterface is a SymbolOpInterface)."""
+_VERIFIES_WITHIN: dict[type[Operation], bool] = {}
+
+
+def _verifies_within(cls: type[Operation]) -> bool:
+    """Whether every trait of `cls` checks nothing (OpTrait's own verify) or is one of `_WITHIN`."""
+    known = _VERIFIES_WITHIN.get(cls)
+    if known is None:
+        known = _VERIFIES_WITHIN[cls] = all(isinstance(t, _WITHIN) or type(t).verify is OpTrait.verify
+                                            for t in cls.traits)
+    return known
 
 
 _SELF_CONTAINED: dict[type[Operation], bool] = {}
 
 
 def _self_contained(cls: type[Operation]) -> bool:
-    """Whether every trait of `cls` checks nothing (OpTrait's own verify) or only its parent's
-    kind (HasParent, which `_content` keys on)."""
+    """Whether every trait of `cls` checks nothing (OpTrait's own verify) or no more than
+    `_ALONE`'s (its parent's kind, which `_content` keys on)."""
     known = _SELF_CONTAINED.get(cls)
     if known is None:
-        known = _SELF_CONTAINED[cls] = all(isinstance(t, HasParent) or type(t).verify is OpTrait.verify
+        known = _SELF_CONTAINED[cls] = all(isinstance(t, _ALONE) or type(t).verify is OpTrait.verify
                                            for t in cls.traits)
     return known

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import FileLineColLoc, ModuleOp, NameLoc, StringAttr, UnknownLoc
-from xdsl.ir import Operation, OpResult, SSAValue
+from xdsl.dialects.builtin import FileLineColLoc, LocationAttr, ModuleOp, NameLoc, StringAttr, UnknownLoc
+from xdsl.ir import Attribute, Operation, OpResult, SSAValue
 from xdsl.traits import IsTerminator
 
 from dialects.locations import source_locations, stamped, value_location
@@ -45,40 +45,80 @@ class Snapshot:
     """Whether any op had a source location (none had: nothing to inherit, e.g. hand-written IR)."""
 
 
+def walked(op: Operation, region_first: bool = False) -> list[Operation]:
+    """`list(op.walk(region_first=...))`, made without a generator per level of nesting (a
+    pipeline walks its module a few times after every pass)."""
+    found: list[Operation] = []
+
+    def visit(o: Operation) -> None:
+        if not region_first:
+            found.append(o)
+        for region in o.regions:
+            for block in region.blocks:
+                for inner in block.ops:
+                    visit(inner)
+        if region_first:
+            found.append(o)
+
+    visit(op)
+    return found
+
+
 def snapshot(module: ModuleOp) -> Snapshot:
-    ops = tuple((op, tuple(op.operands)) for op in module.walk())
+    ops = tuple((op, tuple(op.operands)) for op in walked(module))
     return Snapshot(ops, any(not isinstance(op.location, UnknownLoc) for op, _ in ops))
 
 
 def inherit_locations(module: ModuleOp, before: Snapshot, pass_name: str) -> None:
     """Stamp every op `pass_name` made in `module`, locating the new ones (the module
-    docstring); `before` is the module's `snapshot` from before the pass."""
+    docstring); `before` is the module's `snapshot` from before the pass. Ops and locations
+    are looked up by identity (`id`): the snapshot and the module hold them all meanwhile, and
+    hashing an op or a nested location calls Python for every level of it."""
     if not before.located:
         return
-    inside_first = list(module.walk(region_first=True))
-    existed = {op for op, _ in before.operands}
+    inside_first = walked(module, region_first=True)
+    existed = {id(op) for op, _ in before.operands}
+    leaves: dict[int, Places] = {}
+
+    def at(loc: Attribute) -> Places:
+        """The source locations in `loc` (locations are shared by the ops a pass copies)."""
+        known = leaves.get(id(loc))
+        if known is None:
+            known = leaves[id(loc)] = Places(source_locations(loc))
+        return known
+
+    name = StringAttr(pass_name)
+    copies: dict[int, NameLoc] = {}
+    """The stamp around each location a copy has (an attribute made once for all its copies)."""
+    new: dict[int, Operation] = {}
     for op in inside_first:
-        if op not in existed and source_locations(op.location):
-            op.location = NameLoc(StringAttr(pass_name), op.location)
-    new = {op for op in inside_first if isinstance(op.location, UnknownLoc) and op is not module}
+        loc = op.location
+        if isinstance(loc, UnknownLoc):
+            if op is not module:
+                new[id(op)] = op
+        elif id(op) not in existed and at(loc):
+            stamp = copies.get(id(loc))
+            if stamp is None:
+                stamp = copies[id(loc)] = NameLoc(name, loc)
+            op.location = stamp
     if not new:
         return
-    terminators = {op for op in new if op.has_trait(IsTerminator)}
-    found: dict[Operation, Places] = {}
+    terminators = {key for key, op in new.items() if op.has_trait(IsTerminator)}
+    found: dict[int, Places] = {}
 
     def places(op: Operation) -> Places:
-        return found.get(op, Places()) if op in new else Places(source_locations(op.location))
+        return found.get(id(op), Places()) if id(op) in new else at(op.location)
 
     def inner(op: Operation) -> Places:
-        return Places().union(*(places(o) for r in op.regions for b in r.blocks for o in b.ops if o not in terminators))
+        return Places().union(*(places(o) for r in op.regions for b in r.blocks for o in b.ops
+                                if id(o) not in terminators))
 
     def readers(op: Operation) -> Places:
         return Places().union(*(places(use.operation) for r in op.results for use in r.uses
-                                if use.operation not in terminators))
+                                if id(use.operation) not in terminators))
 
     def writers(op: Operation) -> Places:
-        return Places().union(*(places(v.op) if isinstance(v, OpResult) else Places(source_locations(v.location))
-                                for v in op.operands))
+        return Places().union(*(places(v.op) if isinstance(v, OpResult) else at(v.location) for v in op.operands))
 
     def settle(rule: Callable[[Operation], Places], todo: list[Operation]) -> None:
         """Grow each op's places by `rule` until nothing changes (what a rule reads may grow)."""
@@ -86,37 +126,43 @@ def inherit_locations(module: ModuleOp, before: Snapshot, pass_name: str) -> Non
         while changed:
             changed = False
             for op in todo:
-                had = found.get(op, Places())
+                had = found.get(id(op), Places())
                 grown = had | rule(op)
                 if grown != had:
-                    found[op], changed = grown, True
+                    found[id(op)], changed = grown, True
 
-    replaced: dict[Operation, Places] = {}
+    replaced: dict[int, Places] = {}
     for reader, was in before.operands:
-        now = reader.operands
-        if len(now) == len(was):
+        now = tuple(reader.operands)
+        if now != was and len(now) == len(was):  # `!=` compares the values by identity first
             for old, value in zip(was, now):
-                if value is not old and isinstance(value, OpResult) and value.op in new:
-                    replaced[value.op] = replaced.get(value.op, Places()).union(source_locations(value_location(old)))
+                if value is not old and isinstance(value, OpResult) and id(value.op) in new:
+                    key = id(value.op)
+                    replaced[key] = replaced.get(key, Places()).union(at(value_location(old)))
     # Ops with regions inside first (nested ones are ready first), then the others readers first.
-    ops = [op for op in inside_first if op.regions and op in new and op not in terminators]
-    ops += [op for op in reversed(inside_first) if not op.regions and op in new and op not in terminators]
-    found.update((op, replaced[op]) for op in ops if not op.regions and replaced.get(op))
-    todo = [op for op in ops if op not in found]
+    ops = [op for op in inside_first if op.regions and id(op) in new and id(op) not in terminators]
+    ops += [op for op in reversed(inside_first) if not op.regions and id(op) in new and id(op) not in terminators]
+    found.update((id(op), replaced[id(op)]) for op in ops if not op.regions and replaced.get(id(op)))
+    todo = [op for op in ops if id(op) not in found]
 
     def inner_or_readers(op: Operation) -> Places:
         return inner(op) if op.regions else readers(op)
 
     settle(inner_or_readers, todo)
-    settle(lambda op: replaced.get(op) or readers(op), [op for op in ops if op.regions and not found.get(op)])
+    settle(lambda op: replaced.get(id(op)) or readers(op), [op for op in ops if op.regions and not found.get(id(op))])
     settle(inner_or_readers, todo)
-    settle(writers, [op for op in ops if not found.get(op)])
-    for op in module.walk():  # outermost first: a nested op takes its parent's, once that is known
-        if op in new and not found.get(op) and (parent := op.parent_op()) is not None:
-            found[op] = places(parent)
-    for op, leaves in found.items():
-        if leaves:
-            op.location = stamped(pass_name, leaves)
+    settle(writers, [op for op in ops if not found.get(id(op))])
+    if any(not found.get(key) for key in new):
+        for op in walked(module):  # outermost first: a nested op takes its parent's, once that is known
+            if id(op) in new and not found.get(id(op)) and (parent := op.parent_op()) is not None:
+                found[id(op)] = places(parent)
+    stamps: dict[Places, LocationAttr] = {}
+    for key, op_leaves in found.items():
+        if op_leaves:
+            stamp = stamps.get(op_leaves)
+            if stamp is None:
+                stamp = stamps[op_leaves] = stamped(pass_name, op_leaves)
+            new[key].location = stamp
 
 
 @contextmanager

@@ -216,6 +216,34 @@ def test_bounded_alternatives_change_no_choice(monkeypatch: pytest.MonkeyPatch) 
         [b in bounded.bounded for b, _ in bounded.alternatives]
 
 
+def test_a_bounded_loop_order_changes_no_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop order's `tile` candidate at decode (groups of B = 1 blocks, one expert each)
+    stops at its roofline, above the block order's cycles: the choice is the one simulating
+    both orders makes, and the bound is at most the tile order's simulated cycles."""
+    dims = {"T": 16, "D": 1024, "F": 512, "E": 128, "K": 8, "B": 1}
+
+    def order_choice() -> Choice:
+        for memo in ("_costs", "_bounds", "_compiled"):
+            monkeypatch.setattr(tcpc.autotune, memo, {})
+        program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims)
+        _, choices = program.passes(graph=program.function().sym_name.data)
+        (order,) = [c for c in choices if c.what == "schedule-experts order"]
+        return order
+
+    bounded = order_choice()
+    run = cost_only.cost_only_run
+
+    def simulated(*args: object, **kwargs: object) -> cost_only.CostOnlyRun:
+        return run(*args, **{**kwargs, "bound_above": float("inf")})  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tcpc.autotune, "cost_only_run", simulated)
+    every = order_choice()
+    assert bounded.bounded == ("tile",) and not every.bounded
+    assert bounded.chosen == every.chosen == "block"
+    exact, least = dict(every.alternatives), dict(bounded.alternatives)
+    assert least["block"] == exact["block"] < least["tile"] <= exact["tile"]
+
+
 def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cheapest block stays compiled while the blocks after it are costed (the latest
     program and the cheapest of the others are kept), so the strategy and order choices

@@ -174,9 +174,23 @@ class _BreakOneContraction(ModulePass):
         contract.properties["spec"] = StringAttr("zmk,kn->mn")
 
 
+class _BreakOneChain(ModulePass):
+    """Makes the last ve.chain yield its first input rather than its last op's result (every
+    other chain as it was)."""
+
+    name = "break-one-chain"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        chain = [o for o in op.walk() if o.name == "ve.chain"][-1]
+        block = chain.regions[0].blocks[0]
+        assert block.last_op is not None
+        block.last_op.operands = [block.args[0]]
+
+
 def test_each_pass_is_verified_where_it_changed_the_ir(monkeypatch: pytest.MonkeyPatch) -> None:
     """apply_pipeline verifies after every pass only the ops the pass made or changed (and the
-    ones whose checks read other ops: regions, terminators), and still catches a broken op."""
+    ops they are nested in), and still catches a broken op, and a broken chain among chains
+    of the same ops."""
     from xdsl.ir import Operation
 
     from tcpc.pipelines import apply_pipeline, parse_pipeline
@@ -203,11 +217,11 @@ def test_each_pass_is_verified_where_it_changed_the_ir(monkeypatch: pytest.Monke
     apply_pipeline(lowered, [ChangeNothing(), ChangeNothing(), ChangeNothing()])
     first, second = verified[marks[0]:marks[1]], verified[marks[1]:marks[2]]
     assert len(first) > 300  # every op of the lowered mixtral (but repeated ones)
-    # after a pass that changed nothing: ops with regions, the blocks' last ops (and upstream
-    # ops whose traits verify something), never an engine op again
-    assert 0 < len(second) < len(first) / 4
-    assert not [o.name for o in second if o.dialect_name() in ("tcp", "ve", "tile") and not o.regions
-                and o is not o.parent.last_op]
+    chains = sum(o.name == "ve.chain" for o in lowered.walk())
+    assert sum(o.name == "ve.chain" for o in first) < chains  # chains of the same ops once
+    assert [o.name for o in second] == ["builtin.module"]  # after a pass that changed nothing: the module alone
     with pytest.raises(VerifyException, match="does not match operand ranks"):
         apply_pipeline(lowered, [ChangeNothing(), _BreakOneContraction()])
+    with pytest.raises(VerifyException, match="ve.chain yields"):
+        apply_pipeline(lowered, [ChangeNothing(), _BreakOneChain()])
     assert apply_pipeline(lowered, parse_pipeline("map-contractions")).is_structurally_equivalent(lowered)
