@@ -640,17 +640,20 @@ class _A2A(_Strategy):
         # per-pair send would have put there.
         tokens = self._plan_tokens(top_e)
         plan, slots = self.plan, self.plan.slots
-        counts, sent = self._send_tokens(x, plan.counts, "recv_counts")
-        sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
+        # The link runs its commands in issue order: the slots' experts first, so the
+        # receiver's routing and its first weight loads start while the token rows cross
+        # (decode is bound by the weight stream, not by the rows).
         sent_e = b.start(ccl.AllToAllStartOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts")
+        sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
+        counts, sent = self._send_tokens(x, plan.counts, "recv_counts")
         b.to_stage("receive")
-        self.recv_counts, recv, recv_t, recv_e = (b.done(v) for v in (counts, sent, sent_t, sent_e))
-        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
-        slot_token = b.reshape(recv_t, [ep * slots], "slot_token")
-        recv_rows = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(recv_tokens, slot_token), b.cluster_sram_bytes), "recv_rows").results[0]
+        recv_e, recv_t, recv, self.recv_counts = (b.done(v) for v in (sent_e, sent_t, sent, counts))
         column = b.reshape(recv_e, [ep * slots, 1])
         one = b.const(1, i32)
         local = b.add(tmath.SubOp(column, one, TensorType(i32, [ep * slots, 1])), "recv_local_expert").results[0]
+        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
+        slot_token = b.reshape(recv_t, [ep * slots], "slot_token")
+        recv_rows = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(recv_tokens, slot_token), b.cluster_sram_bytes), "recv_rows").results[0]
         self._local_scatter(op, recv_rows, local, self._receiver_capacity())
         b.phase = None
         b.to_stage("experts")
@@ -665,13 +668,13 @@ class _A2A(_Strategy):
 
     def _send_tokens(self, x: SSAValue, counts: SSAValue, counts_name: str) -> tuple[SSAValue, SSAValue]:
         """Each token's row once to each chip holding one of its pairs (a DMA row scatter into
-        the send buffer, then the all-to-all), with `counts` exchanged first: the two
-        all-to-alls started (`_Builder.done` completes them)."""
+        the send buffer, then the all-to-all), then `counts` (read only by the return, so
+        last on the link): the two all-to-alls started (`_Builder.done` completes them)."""
         b, ep, tl = self.b, self.layer.ep, self.layer.tokens
         rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, self.tokens.token_rows, ep * tl), b.cluster_sram_bytes), "send_rows").results[0]
         send = b.reshape(rows, [ep, tl, shape_of(x.type)[1]], "send_x")
-        received = b.start(ccl.AllToAllStartOp(counts, EP, ep), counts_name)
         recv = b.start(ccl.AllToAllStartOp(send, EP, ep, rows=self.tokens.counts), "recv_x")
+        received = b.start(ccl.AllToAllStartOp(counts, EP, ep), counts_name)
         return received, recv
 
     def _receiver_capacity(self) -> int:
@@ -747,20 +750,22 @@ class _A2ASum(_A2A):
         tokens = self._plan_tokens(top_e)
         self.entries = min(layer.route.k.data, layer.experts_per_chip)
         expert_lists = self._lists(top_e, "expert_lists")
-        counts, sent = self._send_tokens(x, tokens.counts, "recv_token_counts")
+        # The lists first on the link (a2a's order): the receiver routes while the rows cross.
         sent_experts = self._send(expert_lists, "recv_expert_lists")
         combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
         sent_weights = None
         if combine is not None and combine.weights is not None and combine.weights in b.values:
             sent_weights = self._send(self._lists(b.value(combine.weights), "weight_lists"), "recv_weight_lists")
+        counts, sent = self._send_tokens(x, tokens.counts, "recv_token_counts")
         b.to_stage("receive")
-        self.recv_token_counts, recv = b.done(counts), b.done(sent)
-        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         recv_experts = b.reshape(b.done(sent_experts), [ep * tl, self.entries])
         if sent_weights is not None:  # with the tokens, when already computed
             self.recv_weights = b.reshape(b.done(sent_weights), [ep * tl, self.entries])
         # A list holds only this chip's experts; past its end (-1) it becomes -1 (no pair).
         local = self._local_experts(recv_experts, "recv_local_experts")
+        recv = b.done(sent)
+        self.recv_token_counts = b.done(counts)
+        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         self._local_scatter(op, recv_tokens, local, self._receiver_capacity())
         b.phase = None
         b.to_stage("experts")
