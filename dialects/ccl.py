@@ -478,7 +478,10 @@ class A2AReturnsOp(_Collective):
     - `token_returns` [T, 1]: where a whole token's sum lands in the home's receive buffer of
       sums, d * T + r (-1: not whole);
     - `pair_returns` [T, K]: where a split token's pair's row lands in the receive buffer of
-      pair rows, d * S + its place in slice d (-1: a whole token's pair, or dropped).
+      pair rows, d * S + its place in slice d (-1: a whole token's pair, or dropped);
+    - `token_entries` [T, K]: where a whole token's pair stands in `token_slots` (flat),
+      (d * T + r) * Kk + its place in k order (-1: a split token's pair, or dropped): a DMA row
+      scatter by it lays the pairs' weights out as the receiver sums them.
 
     Kk = min(K, E / chips) entries is the exact worst case (a token's K experts are distinct)."""
 
@@ -490,13 +493,15 @@ class A2AReturnsOp(_Collective):
     pair_counts = result_def(TensorType)
     token_returns = result_def(TensorType)
     pair_returns = result_def(TensorType)
+    token_entries = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
         "$slot_rows `over` $axis attr-dict `:` type($slot_rows) `->` type($token_slots) `,` type($pair_slots) `,` "
-        "type($token_counts) `,` type($pair_counts) `,` type($token_returns) `,` type($pair_returns)"
+        "type($token_counts) `,` type($pair_counts) `,` type($token_returns) `,` type($pair_returns) `,` "
+        "type($token_entries)"
     )
 
     def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int, entries: int):
@@ -505,7 +510,7 @@ class A2AReturnsOp(_Collective):
             operands=[slot_rows],
             result_types=[TensorType(i32, [chips, t, entries]), TensorType(i32, [chips, slots]),
                           TensorType(i32, [chips]), TensorType(i32, [chips]), TensorType(i32, [t, 1]),
-                          TensorType(i32, [t, k])],
+                          TensorType(i32, [t, k]), TensorType(i32, [t, k])],
             properties=_axis_props(axis, chips))
 
     @property
@@ -530,7 +535,8 @@ class A2AReturnsOp(_Collective):
         for counts in (self.token_counts, self.pair_counts):
             expect(counts.type == TensorType(i32, [n]), f"counts must be i32 [{n}]")
         expect(self.token_returns.type == TensorType(i32, [t, 1]), f"token_returns must be i32 [{t}, 1]")
-        expect(self.pair_returns.type == TensorType(i32, [t, k]), f"pair_returns must be i32 [{t}, {k}]")
+        for table in (self.pair_returns, self.token_entries):
+            expect(table.type == TensorType(i32, [t, k]), f"pair_returns and token_entries must be i32 [{t}, {k}]")
 
 
 COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)

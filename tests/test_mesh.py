@@ -167,7 +167,7 @@ def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, expert
     for choice in itertools.product(itertools.permutations(range(experts), k), repeat=tokens):
         top = np.array(choice, dtype=np.int32)
         rows, _, _ = a2a_plan(top, chips, experts, slots, capacity=1)
-        token_slots, pair_slots, token_counts, pair_counts, token_returns, pair_returns = a2a_returns(
+        token_slots, pair_slots, token_counts, pair_counts, token_returns, pair_returns, token_entries = a2a_returns(
             rows, chips, slots, entries, me)
         dest = [sorted({int(r) // slots for r in rows[t] if r >= 0}) for t in range(tokens)]
         for d in range(chips):
@@ -179,6 +179,8 @@ def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, expert
                 kept = [int(x) - d * slots + me * slots + 1 for x in rows[t] if x >= 0]
                 assert token_slots[d, r].tolist() == kept + [0] * (entries - len(kept))
                 assert token_returns[t, 0] == d * tokens + r
+                kept_k = [j for j in range(k) if rows[t, j] >= 0]
+                assert [token_entries[t, j] for j in kept_k] == [(d * tokens + r) * entries + i for i in range(len(kept_k))]
             assert not token_slots[d, len(whole):].any()
             assert pair_slots[d].tolist() == [x - d * slots + me * slots + 1 for x in split] + [0] * (slots - len(split))
             for p, x in enumerate(split):
@@ -186,7 +188,7 @@ def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, expert
         for t in range(tokens):
             assert (token_returns[t, 0] >= 0) == (len(dest[t]) == 1)
             if len(dest[t]) != 1:
-                assert ((pair_returns[t] >= 0) == (rows[t] >= 0)).all()
+                assert ((pair_returns[t] >= 0) == (rows[t] >= 0)).all() and (token_entries[t] == -1).all()
             else:
                 assert (pair_returns[t] == -1).all()
 
@@ -759,5 +761,5 @@ def test_link_runs_under_the_chips_engines() -> None:
     tensor = [o for o in report.ops if o.engine == "tensor" and o.cycles]
     assert any(t.start < x.end and x.start < t.end for x in link for t in tensor)
     # Per chunk: the slots' experts and tokens, the rows, the return plan (two tables, the
-    # slots' weights, two counts) and the two returns.
+    # whole tokens' weights, two counts) and the two returns.
     assert [o.name for o in report.ops if o.name.startswith("ccl.all_to_all")].count("ccl.all_to_all_done") == 20

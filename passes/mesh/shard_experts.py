@@ -640,7 +640,7 @@ class _Strategy(ABC):
 
 
 class _A2A(_Strategy):
-    recv_slot_weights: SSAValue | None = None
+    recv_whole_weights: SSAValue | None = None
     recv_counts: SSAValue | None = None
 
     def scatter(self, op: moe.ScatterOp) -> None:
@@ -656,14 +656,14 @@ class _A2A(_Strategy):
         # The link runs its commands in issue order: the slots' experts first, so the
         # receiver's routing and its first weight loads start while the token rows cross
         # (decode is bound by the weight stream, not by the rows); what only the combine
-        # reads (the return plan, the slots' weights) after the rows.
+        # reads (the return plan, the whole tokens' weights) after the rows.
         sent_e = b.start(ccl.AllToAllStartOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts")
         sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
         sent = self._send_rows(x)
         returns = self.returns = b.add(ccl.A2AReturnsOp(plan.slot_rows, EP, ep, slots,
                                                         min(layer.route.k.data, layer.experts_per_chip)))
         for r, name in zip(returns.results, ("token_slots", "pair_slots", "whole_counts", "pair_counts",
-                                             "token_returns", "pair_returns")):
+                                             "token_returns", "pair_returns", "token_entries")):
             r.name_hint = name
         sent_ts = b.start(ccl.AllToAllStartOp(returns.token_slots, EP, ep, rows=returns.token_counts),
                           "recv_token_slots")
@@ -671,7 +671,7 @@ class _A2A(_Strategy):
         combine = _combine_of(op)
         sent_w = None
         if combine is not None and combine.weights is not None and combine.weights in b.values:
-            sent_w = self._send_slot_weights(b.value(combine.weights))
+            sent_w = self._send_whole_weights(b.value(combine.weights))
         # The counts last: only the return (and tp's sum of the slots) reads them.
         sent_c = [b.start(ccl.AllToAllStartOp(c, EP, ep), name)
                   for c, name in ((returns.token_counts, "recv_whole_counts"), (returns.pair_counts, "recv_pair_counts"))]
@@ -681,7 +681,7 @@ class _A2A(_Strategy):
         self.recv_token_slots, self.recv_pair_slots = b.done(sent_ts), b.done(sent_ps)
         self.recv_whole_counts, self.recv_pair_counts = (b.done(v) for v in sent_c)
         if sent_w is not None:
-            self.recv_slot_weights = b.done(sent_w)
+            self.recv_whole_weights = b.done(sent_w)
         if counts is not None:
             self.recv_counts = b.done(counts)
         column = b.reshape(recv_e, [ep * slots, 1])
@@ -694,16 +694,17 @@ class _A2A(_Strategy):
         b.phase = None
         b.to_stage("experts")
 
-    def _send_slot_weights(self, weights: SSAValue) -> SSAValue:
-        """Each slot's pair's weight (a DMA row scatter of the [T, K] weights by slot), sent to
-        the slots' chips: a receiver weights the pairs of the tokens it sums (started)."""
-        b, ep, slots = self.b, self.layer.ep, self.plan.slots
-        tl, k = shape_of(weights.type)
+    def _send_whole_weights(self, weights: SSAValue) -> SSAValue:
+        """The whole tokens' pairs' weights (a DMA row scatter of the [T, K] weights by
+        `token_entries`), sent to the chips that sum them, in the layout of `token_slots`
+        (started)."""
+        b, ep, tl = self.b, self.layer.ep, self.layer.tokens
+        k, entries = shape_of(weights.type)[1], self.returns.entries
         flat = b.reshape(weights, [tl * k, 1])
-        where = b.reshape(self.plan.slot_rows, [tl * k, 1])
-        placed = b.add(tcp.DmaScatterOp(flat, where, ep * slots), "slot_weights").results[0]
-        return b.start(ccl.AllToAllStartOp(b.reshape(placed, [ep, slots], "send_weights"), EP, ep, rows=self.plan.counts),
-                       "recv_slot_weights")
+        where = b.reshape(self.returns.token_entries, [tl * k, 1])
+        placed = b.add(tcp.DmaScatterOp(flat, where, ep * tl * entries), "whole_weights").results[0]
+        return b.start(ccl.AllToAllStartOp(b.reshape(placed, [ep, tl, entries], "send_weights"), EP, ep,
+                                           rows=self.returns.token_counts), "recv_whole_weights")
 
     def _plan_tokens(self, top_e: SSAValue) -> ccl.A2ATokensOp:
         """The plan of this chip's pairs (`self.plan`) and its deduplicated dispatch."""
@@ -766,8 +767,8 @@ class _A2A(_Strategy):
             summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
             rows = b.reshape(b.cast(summed, op.input.type.get_element_type(), "summed_rows_out"),  # type: ignore[attr-defined]
                              [ep * slots, d], "expert_rows_summed")
-        if op.weights is not None and self.recv_slot_weights is None:  # the weights computed after the dispatch
-            self.recv_slot_weights = b.done(self._send_slot_weights(b.value(op.weights)))
+        if op.weights is not None and self.recv_whole_weights is None:  # the weights computed after the dispatch
+            self.recv_whole_weights = b.done(self._send_whole_weights(b.value(op.weights)))
         # A token whose pairs all sit here is summed here, in k order from +0.0 in f32 and
         # rounded once, as one chip's combine does, and goes back as one row; a split token's
         # pairs go back one row each and are summed at home: bit-identical either way.
@@ -778,9 +779,8 @@ class _A2A(_Strategy):
         # Gathered tile by tile in the sums' token loop (schedule-tokens), never whole.
         terms = b.add(tcp.DmaGatherOp(rows, picked), "whole_rows").results[0]
         terms = b.cast(terms, f32, "whole_rows_f32")
-        if self.recv_slot_weights is not None:
-            w = b.reshape(self.recv_slot_weights, [ep * slots, 1])
-            w = b.cast(b.add(tcp.DmaGatherOp(w, picked), "whole_weights").results[0], f32, "whole_weights_f32")
+        if self.recv_whole_weights is not None:
+            w = b.cast(b.reshape(self.recv_whole_weights, [ep * tl, entries, 1]), f32, "whole_weights_f32")
             terms = b.add(tmath.MulOp(w, terms, terms.type), "whole_weighted").results[0]  # type: ignore[arg-type]
         total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [ep * tl, d])), "whole_sums").results[0]
         total = b.add(tmath.AddOp(total, b.const(0.0, f32), total.type)).results[0]  # type: ignore[arg-type]

@@ -129,7 +129,8 @@ def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
                 me: int) -> tuple[np.ndarray, ...]:
     """`ccl.a2a_returns` over a plan of `slots` slots per chip: token slots [chips, T, entries],
     pair slots [chips, S] (me * S + slot + 1, 0 none), token and pair counts [chips], token
-    returns [T, 1] (d * T + r, -1) and pair returns [T, K] (d * S + p, -1)."""
+    returns [T, 1] (d * T + r, -1), pair returns [T, K] (d * S + p, -1) and token entries
+    [T, K] ((d * T + r) * entries + j, -1)."""
     t, k = slot_rows.shape
     dest, bound, _ = _destinations(slot_rows, chips, slots)
     kept = slot_rows >= 0
@@ -147,6 +148,8 @@ def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
     tt, kk = np.nonzero(kept & whole[:, None])
     place = np.searchsorted(tokens, tt)
     token_slots[home[place], r[place], entry[tt, kk]] = me * slots + slot_rows[tt, kk] % slots + 1
+    token_entries = np.full((t, k), -1, dtype=np.int32)
+    token_entries[tt, kk] = (home[place] * t + r[place]) * entries + entry[tt, kk]
     tt, kk = np.nonzero(kept & ~whole[:, None])
     order = np.argsort(slot_rows[tt, kk], kind="stable")  # slot order within each destination
     tt, kk = tt[order], kk[order]
@@ -156,7 +159,7 @@ def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
     pair_slots[d, p] = me * slots + slot_rows[tt, kk] % slots + 1
     pair_returns = np.full((t, k), -1, dtype=np.int32)
     pair_returns[tt, kk] = d * slots + p
-    return token_slots, pair_slots, token_counts, pair_counts, token_returns, pair_returns
+    return token_slots, pair_slots, token_counts, pair_counts, token_returns, pair_returns, token_entries
 
 
 class MeshExchange:
