@@ -18,7 +18,8 @@ import tcpc
 from dialects import ccl, moe
 from target.machine import MachineError
 from target.mesh_machine import load_mesh_machine
-from runtime_sim.semantics.ccl_semantics import MeshExchange, a2a_plan, a2a_token_lists, a2a_tokens, all_to_all, reduce_sum
+from runtime_sim.semantics.ccl_semantics import (MeshExchange, a2a_plan, a2a_returns, a2a_token_lists, a2a_tokens,
+                                                   all_to_all, reduce_sum)
 from runtime_sim.semantics.tolerance import compare_outputs
 from tcpc.cli import main
 from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
@@ -152,6 +153,61 @@ def test_token_lists_hold_each_tokens_pairs_in_k_order(tokens: int, k: int, expe
                 padding = entries - len(pairs)
                 assert experts_at[d, row].tolist() == [choices[t, j] for j in pairs] + [-1] * padding
                 assert weights_at[d, row].tolist() == [weights[t, j] for j in pairs] + [0.0] * padding
+
+
+@pytest.mark.parametrize("tokens, k, experts, chips", [(3, 2, 4, 2), (2, 3, 6, 3), (2, 2, 8, 4)])
+def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, experts: int, chips: int) -> None:
+    """ccl.a2a_returns over every routing of small sizes, with a capacity that drops pairs: a
+    token whose kept pairs all go to one chip is listed there once, its pairs' slots in k
+    order, and comes home from that row; every kept pair of a split token gets its own row in
+    slot order; the counts say how many of each."""
+    per_chip = experts // chips
+    entries, me = min(k, per_chip), 1
+    slots = ccl.a2a_slots(tokens, k, per_chip, 1)
+    for choice in itertools.product(itertools.permutations(range(experts), k), repeat=tokens):
+        top = np.array(choice, dtype=np.int32)
+        rows, _, _ = a2a_plan(top, chips, experts, slots, capacity=1)
+        token_slots, pair_slots, token_counts, pair_counts, token_returns, pair_returns, token_entries = a2a_returns(
+            rows, chips, slots, entries, me)
+        dest = [sorted({int(r) // slots for r in rows[t] if r >= 0}) for t in range(tokens)]
+        for d in range(chips):
+            whole = [t for t in range(tokens) if dest[t] == [d]]
+            split = sorted(int(r) for t in range(tokens) for r in rows[t] if r >= 0 and r // slots == d
+                           and len(dest[t]) > 1)
+            assert (token_counts[d], pair_counts[d]) == (len(whole), len(split))
+            for r, t in enumerate(whole):
+                kept = [int(x) - d * slots + me * slots + 1 for x in rows[t] if x >= 0]
+                assert token_slots[d, r].tolist() == kept + [0] * (entries - len(kept))
+                assert token_returns[t, 0] == d * tokens + r
+                kept_k = [j for j in range(k) if rows[t, j] >= 0]
+                assert [token_entries[t, j] for j in kept_k] == [(d * tokens + r) * entries + i for i in range(len(kept_k))]
+            assert not token_slots[d, len(whole):].any()
+            assert pair_slots[d].tolist() == [x - d * slots + me * slots + 1 for x in split] + [0] * (slots - len(split))
+            for p, x in enumerate(split):
+                assert pair_returns[rows == x].tolist() == [d * slots + p]
+        for t in range(tokens):
+            assert (token_returns[t, 0] >= 0) == (len(dest[t]) == 1)
+            if len(dest[t]) != 1:
+                assert ((pair_returns[t] >= 0) == (rows[t] >= 0)).all() and (token_entries[t] == -1).all()
+            else:
+                assert (pair_returns[t] == -1).all()
+
+
+def test_a2a_returns_one_row_per_whole_token_bit_identical() -> None:
+    """Qwen3's small layer on 2 chips (E = 16, K = 4: a token's pairs often sit on one chip,
+    often on both): the receivers' sums of whole tokens and the home's sums of split tokens
+    both occur, and the outputs are one chip's bit for bit; the return moves fewer rows than
+    one per pair."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe")
+    results, sim = _checked(program, "ep=2", seed=3)
+    assert all(c.identical for c in results), [c.message for c in results]
+    links = sim.report.links
+    sums = sum(x.sent_bytes for x in links if x.label.startswith("%returned_sums ="))
+    pairs = sum(x.sent_bytes for x in links if x.label.startswith("%returned ="))
+    assert sums > 0 and pairs > 0
+    row_bytes = 2 * 64
+    routed = sum(x.sent_bytes for x in links if x.label.startswith("%recv_experts ="))  # 4 B per pair sent
+    assert (sums + pairs) // row_bytes < routed // 4
 
 
 def test_a2a_sum_returns_one_bf16_row_per_token_and_chip() -> None:
@@ -624,10 +680,11 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
     assert all(c.ok for c in results), [c.message for c in results]
     if strategy == "a2a":
         assert all(c.identical for c in results)
-    combine = [o.name for c in sim.report.chips for o in c.ops if o.phase == "combine"]
-    # Every guarded tile that runs gathers its rows (and the home chip's tiles gather unguarded):
-    # fewer gathers than guards means tiles were skipped.
-    assert combine.count("tcp.dma_gather") < combine.count("tile.guard")
+    combine = [o for c in sim.report.chips for o in c.ops if o.phase == "combine"]
+    # Every guarded tile that runs gathers its rows (the receiver's combine of its slots, its
+    # `y_restored`): fewer such gathers than guards means tiles were skipped.
+    restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith("%y_restored")]
+    assert len(restored) < [o.name for o in combine].count("tile.guard")
     gathered = program.lower(MeshSpec.parse("ep=4,strategy=allgather").pipeline())
     assert "tile_has_pairs" not in str(gathered)
 
@@ -669,8 +726,8 @@ def test_chunked_dispatch_is_bit_identical_to_one_chip(example: str, spec: str) 
     results, sim = _checked(tcpc.compile_file(example), spec)
     assert all(c.identical for c in results), [c.message for c in results]
     chunks = int(spec.rsplit("chunks=", 1)[1])
-    returns = [x for x in sim.report.links if x.chip == 0 and x.label.startswith("%returned")]
-    assert len(returns) == chunks
+    for name in ("%returned_sums =", "%returned ="):  # a2a's two returns: whole tokens' sums, split tokens' pairs
+        assert len([x for x in sim.report.links if x.chip == 0 and x.label.startswith(name)]) == chunks
 
 
 def test_chunked_a2a_sum_within_tolerance() -> None:
@@ -703,4 +760,6 @@ def test_link_runs_under_the_chips_engines() -> None:
     link = [o for o in report.ops if o.engine == "link" and o.cycles]
     tensor = [o for o in report.ops if o.engine == "tensor" and o.cycles]
     assert any(t.start < x.end and x.start < t.end for x in link for t in tensor)
-    assert [o.name for o in report.ops if o.name.startswith("ccl.all_to_all")].count("ccl.all_to_all_done") == 10
+    # Per chunk: the slots' experts and tokens, the rows, the return plan (two tables, the
+    # whole tokens' weights, two counts) and the two returns.
+    assert [o.name for o in report.ops if o.name.startswith("ccl.all_to_all")].count("ccl.all_to_all_done") == 20

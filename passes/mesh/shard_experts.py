@@ -15,9 +15,14 @@ expert) to the owning chips, each of which copies a token to its slots (a DMA ga
 routes what it received with an ordinary
 `moe.scatter` over their E/ep experts (slots arrive in source-chip order and token-major within
 a source, the global token-major order, so a capacity drops exactly what one chip drops), run
-the blockwise experts, combine without weights (one row per slot) and send the rows back; the
-home chip gathers them by slot and takes the weighted sum over k in order 0..K-1 in f32, as
-`moe.combine` does: the result is bit-identical to one chip's.
+the blockwise experts and combine without weights (one row per slot). `ccl.a2a_returns` tells
+each receiver which of its slots make up each *whole* token of the sender (all its kept pairs
+on that chip; balanced routing at real sizes) and which belong to *split* ones: the receiver
+sums a whole token's rows there, weighted, over k in order 0..K-1 from +0.0 in f32, + 0.0,
+rounded once, as `moe.combine` does on one chip, and sends one row back for it; a split
+token's pairs come back one row each, and the home chip takes their weighted sum over k in
+order, adding the whole tokens' rows (zero for a split token) in place of + 0.0: the result is
+bit-identical to one chip's, and at balanced routing the return is one row per token and chip.
 
 `strategy=a2a_sum` (seed 001's "local reduction"; DeepEP's combine takes one row per received
 token): the dispatch as a2a's, and with each token the list of its pairs bound for that chip
@@ -490,6 +495,11 @@ class ShardExpertsPass(ModulePass):
         parent.erase_op(fn)
 
 
+def _combine_of(scatter: moe.ScatterOp) -> moe.CombineOp | None:
+    """The combine of `scatter`'s route (None: the route has no combine)."""
+    return next((u.operation for u in scatter.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
+
+
 def _expert_section(scatter: moe.ScatterOp) -> set[Operation]:
     """The scatter and every op that depends on its results short of the combine: what each
     chunk computes for itself (the combine is the chunk's last op)."""
@@ -706,6 +716,9 @@ class _Strategy(ABC):
 
 
 class _A2A(_Strategy):
+    recv_whole_weights: SSAValue | None = None
+    recv_counts: SSAValue | None = None
+
     def scatter(self, op: moe.ScatterOp) -> None:
         b, layer = self.b, self.layer
         b.phase = "dispatch"
@@ -716,20 +729,58 @@ class _A2A(_Strategy):
         # per-pair send would have put there.
         tokens = self._plan_tokens(top_e)
         plan, slots = self.plan, self.plan.slots
-        counts, sent = self._send_tokens(x, plan.counts, "recv_counts")
-        sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
+        # The link runs its commands in issue order: the slots' experts first, so the
+        # receiver's routing and its first weight loads start while the token rows cross
+        # (decode is bound by the weight stream, not by the rows); what only the combine
+        # reads (the return plan, the whole tokens' weights) after the rows.
         sent_e = b.start(ccl.AllToAllStartOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts")
+        sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
+        sent = self._send_rows(x)
+        returns = self.returns = b.add(ccl.A2AReturnsOp(plan.slot_rows, EP, ep, slots,
+                                                        min(layer.route.k.data, layer.experts_per_chip)))
+        for r, name in zip(returns.results, ("token_slots", "pair_slots", "whole_counts", "pair_counts",
+                                             "token_returns", "pair_returns", "token_entries")):
+            r.name_hint = name
+        sent_ts = b.start(ccl.AllToAllStartOp(returns.token_slots, EP, ep, rows=returns.token_counts),
+                          "recv_token_slots")
+        sent_ps = b.start(ccl.AllToAllStartOp(returns.pair_slots, EP, ep, rows=returns.pair_counts), "recv_pair_slots")
+        combine = _combine_of(op)
+        sent_w = None
+        if combine is not None and combine.weights is not None and combine.weights in b.values:
+            sent_w = self._send_whole_weights(self._gathered(b.value(combine.weights), "weights_row"))
+        # The counts last: only the return (and tp's sum of the slots) reads them.
+        sent_c = [b.start(ccl.AllToAllStartOp(c, EP, ep), name)
+                  for c, name in ((returns.token_counts, "recv_whole_counts"), (returns.pair_counts, "recv_pair_counts"))]
+        counts = b.start(ccl.AllToAllStartOp(plan.counts, EP, ep), "recv_counts") if layer.tp > 1 else None
         b.to_stage("receive")
-        self.recv_counts, recv, recv_t, recv_e = (b.done(v) for v in (counts, sent, sent_t, sent_e))
-        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
-        slot_token = b.reshape(recv_t, [ep * slots], "slot_token")
-        recv_rows = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(recv_tokens, slot_token), b.cluster_sram_bytes), "recv_rows").results[0]
+        recv_e, recv_t, recv = (b.done(v) for v in (sent_e, sent_t, sent))
+        self.recv_token_slots, self.recv_pair_slots = b.done(sent_ts), b.done(sent_ps)
+        self.recv_whole_counts, self.recv_pair_counts = (b.done(v) for v in sent_c)
+        if sent_w is not None:
+            self.recv_whole_weights = b.done(sent_w)
+        if counts is not None:
+            self.recv_counts = b.done(counts)
         column = b.reshape(recv_e, [ep * slots, 1])
         one = b.const(1, i32)
         local = b.add(tmath.SubOp(column, one, TensorType(i32, [ep * slots, 1])), "recv_local_expert").results[0]
+        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
+        slot_token = b.reshape(recv_t, [ep * slots], "slot_token")
+        recv_rows = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(recv_tokens, slot_token), b.cluster_sram_bytes), "recv_rows").results[0]
         self._local_scatter(op, recv_rows, local, self._receiver_capacity())
         b.phase = None
         b.to_stage("experts")
+
+    def _send_whole_weights(self, weights: SSAValue) -> SSAValue:
+        """The whole tokens' pairs' weights (a DMA row scatter of the [T, K] weights by
+        `token_entries`), sent to the chips that sum them, in the layout of `token_slots`
+        (started)."""
+        b, ep, tl = self.b, self.layer.ep, self.layer.tokens
+        k, entries = shape_of(weights.type)[1], self.returns.entries
+        flat = b.reshape(weights, [tl * k, 1])
+        where = b.reshape(self.returns.token_entries, [tl * k, 1])
+        placed = b.add(tcp.DmaScatterOp(flat, where, ep * tl * entries), "whole_weights").results[0]
+        return b.start(ccl.AllToAllStartOp(b.reshape(placed, [ep, tl, entries], "send_weights"), EP, ep,
+                                           rows=self.returns.token_counts), "recv_whole_weights")
 
     def _plan_tokens(self, top_e: SSAValue) -> ccl.A2ATokensOp:
         """The plan of this chip's pairs (`self.plan`) and its deduplicated dispatch."""
@@ -739,16 +790,13 @@ class _A2A(_Strategy):
             r.name_hint = name
         return tokens
 
-    def _send_tokens(self, x: SSAValue, counts: SSAValue, counts_name: str) -> tuple[SSAValue, SSAValue]:
+    def _send_rows(self, x: SSAValue) -> SSAValue:
         """Each token's row once to each chip holding one of its pairs (a DMA row scatter into
-        the send buffer, then the all-to-all), with `counts` exchanged first: the two
-        all-to-alls started (`_Builder.done` completes them)."""
+        the send buffer, then the all-to-all): started (`_Builder.done` completes it)."""
         b, ep, tl = self.b, self.layer.ep, self.layer.tokens
         rows = b.add(in_hbm_if_oversize(tcp.DmaScatterOp(x, self.tokens.token_rows, ep * tl), b.cluster_sram_bytes), "send_rows").results[0]
         send = b.reshape(rows, [ep, tl, shape_of(x.type)[1]], "send_x")
-        received = b.start(ccl.AllToAllStartOp(counts, EP, ep), counts_name)
-        recv = b.start(ccl.AllToAllStartOp(send, EP, ep, rows=self.tokens.counts), "recv_x")
-        return received, recv
+        return b.start(ccl.AllToAllStartOp(send, EP, ep, rows=self.tokens.counts), "recv_x")
 
     def _receiver_capacity(self) -> int:
         """The receiver's scatter capacity: an expert receives at most one pair per token of
@@ -761,13 +809,21 @@ class _A2A(_Strategy):
                      name: str) -> SSAValue:
         """`rows` (`per_chip` for each source chip, `counts` of them data) sent back to the
         chips they came from, and gathered there by `indices`."""
-        b, ep = self.b, self.layer.ep
-        d = shape_of(rows.type)[-1]
-        back = b.reshape(rows, [ep, per_chip, d], "send_back")
-        started = b.start(ccl.AllToAllStartOp(back, EP, ep, rows=counts), "returned")
-        b.to_stage("home")
-        returned = b.done(started)
-        flat = b.reshape(returned, [ep * per_chip, d], "returned_rows")
+        started = self._start_return(rows, per_chip, counts, "returned", "send_back")
+        self.b.to_stage("home")
+        return self._returned(started, per_chip, indices, name)
+
+    def _start_return(self, rows: SSAValue, per_chip: int, counts: SSAValue, name: str, send_name: str) -> SSAValue:
+        """The all-to-all of `rows` (`per_chip` for each source chip, `counts` of them data)
+        back to the chips they came from, started."""
+        back = self.b.reshape(rows, [self.layer.ep, per_chip, shape_of(rows.type)[-1]], send_name)
+        return self.b.start(ccl.AllToAllStartOp(back, EP, self.layer.ep, rows=counts), name)
+
+    def _returned(self, started: SSAValue, per_chip: int, indices: SSAValue, name: str) -> SSAValue:
+        """The rows of the return `started`, gathered at home by `indices`."""
+        b = self.b
+        d = shape_of(started.type)[-1]
+        flat = b.reshape(b.done(started), [self.layer.ep * per_chip, d], f"{started.name_hint}_rows")
         return b.add(tcp.DmaGatherOp(flat, indices), name).results[0]
 
     def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
@@ -785,30 +841,66 @@ class _A2A(_Strategy):
         if self.partial is not None:  # tp: the slots' f32 partial sums, added over the tp chips
             partial = b.reshape(rows, [ep, slots, d], "partial_rows")
             summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
-            rows = b.cast(summed, op.input.type.get_element_type(), "send_back")  # type: ignore[attr-defined]
-        picked = self._return_rows(rows, slots, self.recv_counts, self.plan.slot_rows, "pair_rows")
-        terms = b.cast(picked, f32, "pair_rows_f32")
+            rows = b.reshape(b.cast(summed, op.input.type.get_element_type(), "summed_rows_out"),  # type: ignore[attr-defined]
+                             [ep * slots, d], "expert_rows_summed")
+        if op.weights is not None and self.recv_whole_weights is None:  # the weights computed after the dispatch
+            self.recv_whole_weights = b.done(self._send_whole_weights(self._gathered(b.value(op.weights), "weights_row")))
+        # A token whose pairs all sit here is summed here, in k order from +0.0 in f32 and
+        # rounded once, as one chip's combine does, and goes back as one row; a split token's
+        # pairs go back one row each and are summed at home: bit-identical either way.
+        out_element = op.result.type.get_element_type()  # type: ignore[attr-defined]
+        entries = self.returns.entries
+        picked = b.reshape(self.recv_token_slots, [ep * tl, entries])
+        picked = b.add(tmath.SubOp(picked, b.const(1, i32), picked.type), "whole_slots").results[0]  # type: ignore[arg-type]
+        # Gathered tile by tile in the sums' token loop (schedule-tokens), never whole.
+        terms = b.add(tcp.DmaGatherOp(rows, picked), "whole_rows").results[0]
+        terms = b.cast(terms, f32, "whole_rows_f32")
+        if self.recv_whole_weights is not None:
+            w = b.cast(b.reshape(self.recv_whole_weights, [ep * tl, entries, 1]), f32, "whole_weights_f32")
+            terms = b.add(tmath.MulOp(w, terms, terms.type), "whole_weighted").results[0]  # type: ignore[arg-type]
+        total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [ep * tl, d])), "whole_sums").results[0]
+        total = b.add(tmath.AddOp(total, b.const(0.0, f32), total.type)).results[0]  # type: ignore[arg-type]
+        # With sp a token's columns are added at home in f32 before the one rounding (mesh7's
+        # sp layout): the receiver's sum goes back unrounded there.
+        sums = total if self.layer.sp > 1 else b.cast(total, out_element, "whole_sums_out")
+        sums_back = self._start_return(sums, tl, self.recv_whole_counts, "returned_sums", "send_sums")
+        # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
+        # the combine's token loop, whose rows it does not follow.
+        split = b.add(tmath.SubOp(self.recv_pair_slots, b.const(1, i32), TensorType(i32, [ep, slots])),
+                      "split_slots").results[0]
+        pairs = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(rows, split), b.cluster_sram_bytes), "split_rows").results[0]
+        pairs_back = self._start_return(pairs, slots, self.recv_pair_counts, "returned", "send_back")
+        b.to_stage("home")
+        returns = self.returns
+        whole = self._returned(sums_back, tl, returns.token_returns, "token_sums")
+        whole = b.cast(b.reshape(whole, [tl, d]), f32, "token_sums_f32")
+        terms = b.cast(self._returned(pairs_back, slots, returns.pair_returns, "pair_rows"), f32, "pair_rows_f32")
         if op.weights is not None:
             w = b.cast(self._gathered(b.value(op.weights), "weights_row"), f32, "weights_f32")
-            kept = b.add(tmath.CmpOp("ge", self.plan.slot_rows, b.const(0, i32), TensorType(i1, [tl, k])),
+            kept = b.add(tmath.CmpOp("ge", returns.pair_returns, b.const(0, i32), TensorType(i1, [tl, k])),
                          "pair_kept").results[0]
             w = b.add(tmath.SelectOp(kept, w, b.const(0.0, f32), TensorType(f32, [tl, k])), "weights_kept").results[0]
             w3 = b.reshape(w, [tl, k, 1])
             terms = b.add(tmath.MulOp(w3, terms, TensorType(f32, [tl, k, d])), "weighted").results[0]
-        self._sum_at_home(op, terms, "pair_sum")
+        self._sum_at_home(op, terms, "pair_sum", whole)
 
-    def _sum_at_home(self, op: moe.CombineOp, terms: SSAValue, name: str) -> None:
+    def _sum_at_home(self, op: moe.CombineOp, terms: SSAValue, name: str, plus: SSAValue | None = None) -> None:
         """The layer's output on its home chip: `terms` [T/n, n, D] (f32) summed over axis 1 in
-        order from +0.0 (+ 0.0 makes a -0.0 sum +0.0, as moe.combine does) and rounded once;
-        with sp, the columns' f32 sums are first added over sp (chip order), each chip keeping
-        its own tokens."""
+        order from +0.0, plus `plus` (f32 [T/n, D]: the receivers' sums, zero where `terms`
+        hold a token's pairs) or + 0.0 (either makes a -0.0 sum +0.0, as moe.combine does),
+        and rounded once; with sp, the columns' f32 sums (`plus` added) are first added over sp
+        (chip order), each chip keeping its own tokens, then + 0.0."""
         b, layer = self.b, self.layer
         tl, d = layer.tokens, shape_of(op.result.type)[1]
         total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name).results[0]
         if layer.sp > 1:
+            if plus is not None:
+                total = b.add(tmath.AddOp(total, plus, TensorType(f32, [tl, d])), f"{name}_plus").results[0]
+                plus = None
             tl = layer.own_tokens
             total = b.add(ccl.ReduceScatterOp(total, SP, layer.sp), f"{name}_own").results[0]
-        total = b.add(tmath.AddOp(total, b.const(0.0, f32), TensorType(f32, [tl, d]))).results[0]
+        total = b.add(tmath.AddOp(total, plus if plus is not None else b.const(0.0, f32),
+                                  TensorType(f32, [tl, d]))).results[0]
         out = b.cast(total, op.result.type.get_element_type(), op.result.name_hint)
         b.values[op.result] = out
         b.rows[out] = (layer.route.tokens.data, tl)
@@ -828,21 +920,24 @@ class _A2ASum(_A2A):
         tokens = self._plan_tokens(top_e)
         self.entries = min(layer.route.k.data, layer.experts_per_chip)
         expert_lists = self._lists(top_e, "expert_lists")
-        counts, sent = self._send_tokens(x, tokens.counts, "recv_token_counts")
+        # The lists first on the link (a2a's order): the receiver routes while the rows cross.
         sent_experts = self._send(expert_lists, "recv_expert_lists")
-        combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
+        combine = _combine_of(op)
         sent_weights = None
         if combine is not None and combine.weights is not None and combine.weights in b.values:
             weights = self._gathered(b.value(combine.weights), "weights_row")
             sent_weights = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
+        sent = self._send_rows(x)
+        counts = b.start(ccl.AllToAllStartOp(tokens.counts, EP, ep), "recv_token_counts")  # read by the return
         b.to_stage("receive")
-        self.recv_token_counts, recv = b.done(counts), b.done(sent)
-        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         recv_experts = b.reshape(b.done(sent_experts), [ep * tl, self.entries])
         if sent_weights is not None:  # with the tokens, when already computed
             self.recv_weights = b.reshape(b.done(sent_weights), [ep * tl, self.entries])
         # A list holds only this chip's experts; past its end (-1) it becomes -1 (no pair).
         local = self._local_experts(recv_experts, "recv_local_experts")
+        recv = b.done(sent)
+        self.recv_token_counts = b.done(counts)
+        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         self._local_scatter(op, recv_tokens, local, self._receiver_capacity())
         b.phase = None
         b.to_stage("experts")

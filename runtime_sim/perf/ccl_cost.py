@@ -94,6 +94,27 @@ def cost_a2a_token_lists(op: Operation, operands: tuple[Any, ...], results: tupl
                   bound=bound)
 
 
+RETURN_STREAMS = 4
+"""... and for one `ccl.a2a_returns` (a pair's destination one-hot, the chips per token, the
+token and pair tables' values)."""
+
+
+def cost_a2a_returns(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
+    """Index work as `ccl.a2a_token_lists`': each pair's destination one-hot over the chips,
+    whether a token's pairs sit on one chip, its place there (a cumsum over K), the whole
+    tokens' and the split pairs' ranks per destination (two cumsums over [T, chips] and over
+    [T*K, chips]) and the tables' values."""
+    assert isinstance(op, ccl.A2AReturnsOp)
+    t, k = shape_of(op.slot_rows.type)
+    n = op.group_size
+    stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
+    tokens, bound = scan_cycles(machine, n, t)
+    pairs, _ = scan_cycles(machine, n, t * k)
+    over_k, _ = scan_cycles(machine, t * n, k)
+    return OpCost("tensor", RETURN_STREAMS * stream + tokens + pairs + over_k,
+                  bytes_moved=4 * (RETURN_STREAMS + 3) * 2 * t * k * n, bound=bound)
+
+
 def _row_bytes(value: Any) -> int:
     shape = np.shape(value)
     return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(value.dtype).itemsize
@@ -162,6 +183,7 @@ def register_ccl_costs() -> None:
     register_cost(ccl.A2APlanOp)(cost_a2a_plan)
     register_cost(ccl.A2ATokensOp)(cost_a2a_tokens)
     register_cost(ccl.A2ATokenListsOp)(cost_a2a_token_lists)
+    register_cost(ccl.A2AReturnsOp)(cost_a2a_returns)
     register_cost(*ccl.COLLECTIVES)(provisional_cost)
     register_cost(ccl.ChipIdOp)(free_cost)
     register_view(ccl.AllToAllDoneOp)

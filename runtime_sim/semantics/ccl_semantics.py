@@ -117,6 +117,52 @@ def a2a_token_lists(slot_rows: np.ndarray, values: np.ndarray, chips: int, slots
     return lists
 
 
+def _ranks(groups: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each item's rank among the items of its group, in the items' order, and the groups' sizes."""
+    sizes = np.bincount(groups, minlength=count).astype(np.int32)
+    order = np.argsort(groups, kind="stable")
+    rank = np.empty(groups.size, dtype=np.int64)
+    rank[order] = np.arange(groups.size) - (np.cumsum(sizes) - sizes)[groups[order]]
+    return rank, sizes
+
+
+def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
+                me: int) -> tuple[np.ndarray, ...]:
+    """`ccl.a2a_returns` over a plan of `slots` slots per chip: token slots [chips, T, entries],
+    pair slots [chips, S] (me * S + slot + 1, 0 none), token and pair counts [chips], token
+    returns [T, 1] (d * T + r, -1), pair returns [T, K] (d * S + p, -1) and token entries
+    [T, K] ((d * T + r) * entries + j, -1)."""
+    t, k = slot_rows.shape
+    dest, bound, _ = _destinations(slot_rows, chips, slots)
+    kept = slot_rows >= 0
+    whole = bound.any(axis=1).sum(axis=1) == 1  # [T]
+    tokens = np.nonzero(whole)[0]
+    home = dest.max(axis=1)[tokens]  # a whole token's one destination
+    r, token_counts = _ranks(home, chips)
+    entry = np.cumsum(kept, axis=1) - 1  # a kept pair's place among its token's, k order
+    if tokens.size and entry[tokens].max() >= entries:
+        raise InterpretationError(f"ccl.a2a_returns: a token has {int(entry[tokens].max()) + 1} pairs for one chip, "
+                                  f"more than the {entries} list entries (a token chose one expert twice?)")
+    token_slots = np.zeros((chips, t, entries), dtype=np.int32)
+    token_returns = np.full((t, 1), -1, dtype=np.int32)
+    token_returns[tokens, 0] = home * t + r
+    tt, kk = np.nonzero(kept & whole[:, None])
+    place = np.searchsorted(tokens, tt)
+    token_slots[home[place], r[place], entry[tt, kk]] = me * slots + slot_rows[tt, kk] % slots + 1
+    token_entries = np.full((t, k), -1, dtype=np.int32)
+    token_entries[tt, kk] = (home[place] * t + r[place]) * entries + entry[tt, kk]
+    tt, kk = np.nonzero(kept & ~whole[:, None])
+    order = np.argsort(slot_rows[tt, kk], kind="stable")  # slot order within each destination
+    tt, kk = tt[order], kk[order]
+    d = slot_rows[tt, kk] // slots
+    p, pair_counts = _ranks(d, chips)
+    pair_slots = np.zeros((chips, slots), dtype=np.int32)
+    pair_slots[d, p] = me * slots + slot_rows[tt, kk] % slots + 1
+    pair_returns = np.full((t, k), -1, dtype=np.int32)
+    pair_returns[tt, kk] = d * slots + p
+    return token_slots, pair_slots, token_counts, pair_counts, token_returns, pair_returns, token_entries
+
+
 class MeshExchange:
     """Where the chips of a mesh meet at each collective. `collect` hands over this chip's
     value and returns every chip's (in chip order) once all have arrived; a chip that fails
@@ -233,6 +279,13 @@ class CCLFunctions(InterpreterFunctions):
     def run_a2a_token_lists(self, interpreter: Interpreter, op: ccl.A2ATokenListsOp, args: tuple[Any, ...]):
         return (a2a_token_lists(np.asarray(args[0]), np.asarray(args[1]), op.group_size, op.slots.value.data,
                                 op.entries),)
+
+    @impl(ccl.A2AReturnsOp)
+    def run_a2a_returns(self, interpreter: Interpreter, op: ccl.A2AReturnsOp, args: tuple[Any, ...]):
+        me = 0
+        if self.exchange is not None:
+            me = self.exchange.mesh.group(self.chip, op.axis_name).index(self.chip)
+        return a2a_returns(np.asarray(args[0]), op.group_size, op.slots, op.entries, me)
 
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
