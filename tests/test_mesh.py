@@ -339,6 +339,15 @@ def test_mesh_mixups_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     assert main(["run", "examples/toy.moe", "--mesh", "dp=2,ep=4", "--set", "T=8", "--mesh-machine", "rngd_2x4"]) == 0
 
 
+@pytest.mark.parametrize("example", ["qwen3_moe_fp8.moe", "gpt_oss_mxfp4.moe"])
+def test_block_scaled_experts_on_a_mesh_are_refused_clearly(capsys: pytest.CaptureFixture[str], example: str) -> None:
+    """fp8 and MXFP4 experts (moe.scaled_grouped_matmul) are not sharded yet: a clear error,
+    exit 1, not an internal one from IR that shard-experts left half sharded."""
+    assert main(["run", f"examples/{example}", "--mesh", "ep=2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tcpc: error: shard-experts: @") and "are block-scaled" in err and "internal" not in err
+
+
 def test_cli_check_report_and_trace(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     trace, report = tmp_path / "t.json", tmp_path / "r.json"
     assert main(["run", "examples/deepseek_v3.moe", "--mesh", "ep=8", "--check", "--report",

@@ -350,6 +350,10 @@ class ShardExpertsPass(ModulePass):
         if len(scatters) != 1:
             raise _fail(f"@{fn.sym_name.data} has {len(scatters)} moe.scatter ops; sharding needs exactly one")
         scatter = scatters[0]
+        if any(isinstance(o, moe.ScaledGroupedMatmulOp) for o in fn.walk()):
+            raise _fail(f"@{fn.sym_name.data}'s experts are block-scaled (moe.scaled_grouped_matmul: fp8, MXFP4 "
+                        f"weights), which do not shard over a mesh yet; run the layer on one chip, or with bf16 "
+                        f"expert weights on the mesh")
         route = scatter.route.type
         t, e = route.tokens.data, route.experts.data
         chips = self.dp * self.ep * self.sp
