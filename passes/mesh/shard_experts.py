@@ -740,28 +740,37 @@ class _A2A(_Strategy):
         sent_e = b.start(ccl.AllToAllStartOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts")
         sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
         sent = self._send_rows(x)
-        returns = self.returns = b.add(ccl.A2AReturnsOp(plan.slot_rows, EP, ep, slots,
-                                                        min(layer.route.k.data, layer.experts_per_chip)))
-        for r, name in zip(returns.results, ("token_slots", "pair_slots", "whole_counts", "pair_counts",
-                                             "token_returns", "pair_returns", "token_entries")):
-            r.name_hint = name
-        sent_ts = b.start(ccl.AllToAllStartOp(returns.token_slots, EP, ep, rows=returns.token_counts),
-                          "recv_token_slots")
-        sent_ps = b.start(ccl.AllToAllStartOp(returns.pair_slots, EP, ep, rows=returns.pair_counts), "recv_pair_slots")
-        combine = _combine_of(op)
-        sent_w = None
-        if combine is not None and combine.weights is not None and combine.weights in b.values:
-            sent_w = self._send_whole_weights(self._gathered(b.value(combine.weights), "weights_row"))
-        # The counts last: only the return (and tp's sum of the slots) reads them.
-        sent_c = [b.start(ccl.AllToAllStartOp(c, EP, ep), name)
-                  for c, name in ((returns.token_counts, "recv_whole_counts"), (returns.pair_counts, "recv_pair_counts"))]
-        counts = b.start(ccl.AllToAllStartOp(plan.counts, EP, ep), "recv_counts") if layer.tp > 1 else None
+        # With sp a token's K pairs spread over the sp columns, mostly one in each column's
+        # all-to-all: they come back a row per pair in bf16 and the home adds the columns' f32
+        # sums before its one rounding; a receiver's sum would have to cross in f32 to keep it
+        # (twice the bytes) and a whole token of one pair gains nothing.
+        summed_where_held = layer.sp == 1
+        if summed_where_held:
+            returns = self.returns = b.add(ccl.A2AReturnsOp(plan.slot_rows, EP, ep, slots,
+                                                            min(layer.route.k.data, layer.experts_per_chip)))
+            for r, name in zip(returns.results, ("token_slots", "pair_slots", "whole_counts", "pair_counts",
+                                                 "token_returns", "pair_returns", "token_entries")):
+                r.name_hint = name
+            sent_ts = b.start(ccl.AllToAllStartOp(returns.token_slots, EP, ep, rows=returns.token_counts),
+                              "recv_token_slots")
+            sent_ps = b.start(ccl.AllToAllStartOp(returns.pair_slots, EP, ep, rows=returns.pair_counts),
+                              "recv_pair_slots")
+            combine = _combine_of(op)
+            sent_w = None
+            if combine is not None and combine.weights is not None and combine.weights in b.values:
+                sent_w = self._send_whole_weights(b.value(combine.weights))
+            # The counts last: only the return (and tp's sum of the slots) reads them.
+            sent_c = [b.start(ccl.AllToAllStartOp(c, EP, ep), name) for c, name in
+                      ((returns.token_counts, "recv_whole_counts"), (returns.pair_counts, "recv_pair_counts"))]
+        counts = (b.start(ccl.AllToAllStartOp(plan.counts, EP, ep), "recv_counts")
+                  if layer.tp > 1 or not summed_where_held else None)
         b.to_stage("receive")
         recv_e, recv_t, recv = (b.done(v) for v in (sent_e, sent_t, sent))
-        self.recv_token_slots, self.recv_pair_slots = b.done(sent_ts), b.done(sent_ps)
-        self.recv_whole_counts, self.recv_pair_counts = (b.done(v) for v in sent_c)
-        if sent_w is not None:
-            self.recv_whole_weights = b.done(sent_w)
+        if summed_where_held:
+            self.recv_token_slots, self.recv_pair_slots = b.done(sent_ts), b.done(sent_ps)
+            self.recv_whole_counts, self.recv_pair_counts = (b.done(v) for v in sent_c)
+            if sent_w is not None:
+                self.recv_whole_weights = b.done(sent_w)
         if counts is not None:
             self.recv_counts = b.done(counts)
         column = b.reshape(recv_e, [ep * slots, 1])
@@ -847,6 +856,9 @@ class _A2A(_Strategy):
             summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
             rows = b.reshape(b.cast(summed, op.input.type.get_element_type(), "summed_rows_out"),  # type: ignore[attr-defined]
                              [ep * slots, d], "expert_rows_summed")
+        if layer.sp > 1:
+            self._combine_by_pair(op, rows)
+            return
         if op.weights is not None and self.recv_whole_weights is None:  # the weights computed after the dispatch
             self.recv_whole_weights = b.done(self._send_whole_weights(self._gathered(b.value(op.weights), "weights_row")))
         # A token whose pairs all sit here is summed here, in k order from +0.0 in f32 and
@@ -864,9 +876,7 @@ class _A2A(_Strategy):
             terms = b.add(tmath.MulOp(w, terms, terms.type), "whole_weighted").results[0]  # type: ignore[arg-type]
         total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [ep * tl, d])), "whole_sums").results[0]
         total = b.add(tmath.AddOp(total, b.const(0.0, f32), total.type)).results[0]  # type: ignore[arg-type]
-        # With sp a token's columns are added at home in f32 before the one rounding (mesh7's
-        # sp layout): the receiver's sum goes back unrounded there.
-        sums = total if self.layer.sp > 1 else b.cast(total, out_element, "whole_sums_out")
+        sums = b.cast(total, out_element, "whole_sums_out")
         sums_back = self._start_return(sums, tl, self.recv_whole_counts, "returned_sums", "send_sums")
         # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
         # the combine's token loop, whose rows it does not follow.
@@ -880,7 +890,7 @@ class _A2A(_Strategy):
         whole = b.cast(b.reshape(whole, [tl, d]), f32, "token_sums_f32")
         terms = b.cast(self._returned(pairs_back, slots, returns.pair_returns, "pair_rows"), f32, "pair_rows_f32")
         if op.weights is not None:
-            w = b.cast(self._gathered(b.value(op.weights), "weights_row"), f32, "weights_f32")
+            w = b.cast(b.value(op.weights), f32, "weights_f32")
             kept = b.add(tmath.CmpOp("ge", returns.pair_returns, b.const(0, i32), TensorType(i1, [tl, k])),
                          "pair_kept").results[0]
             w = b.add(tmath.SelectOp(kept, w, b.const(0.0, f32), TensorType(f32, [tl, k])), "weights_kept").results[0]
@@ -888,19 +898,32 @@ class _A2A(_Strategy):
             terms = b.add(tmath.MulOp(w3, terms, TensorType(f32, [tl, k, d])), "weighted").results[0]
         self._sum_at_home(op, terms, "pair_sum", whole)
 
+    def _combine_by_pair(self, op: moe.CombineOp, rows: SSAValue) -> None:
+        """sp's combine: every slot's row back to its home, weighted and summed there."""
+        b, layer = self.b, self.layer
+        tl, k = layer.tokens, layer.route.k.data
+        picked = self._return_rows(rows, self.plan.slots, self.recv_counts, self.plan.slot_rows, "pair_rows")
+        terms = b.cast(picked, f32, "pair_rows_f32")
+        if op.weights is not None:
+            w = b.cast(self._gathered(b.value(op.weights), "weights_row"), f32, "weights_f32")
+            kept = b.add(tmath.CmpOp("ge", self.plan.slot_rows, b.const(0, i32), TensorType(i1, [tl, k])),
+                         "pair_kept").results[0]
+            w = b.add(tmath.SelectOp(kept, w, b.const(0.0, f32), TensorType(f32, [tl, k])), "weights_kept").results[0]
+            terms = b.add(tmath.MulOp(b.reshape(w, [tl, k, 1]), terms, TensorType(f32, [tl, k, shape_of(terms.type)[2]])),
+                          "weighted").results[0]
+        self._sum_at_home(op, terms, "pair_sum")
+
     def _sum_at_home(self, op: moe.CombineOp, terms: SSAValue, name: str, plus: SSAValue | None = None) -> None:
         """The layer's output on its home chip: `terms` [T/n, n, D] (f32) summed over axis 1 in
         order from +0.0, plus `plus` (f32 [T/n, D]: the receivers' sums, zero where `terms`
         hold a token's pairs) or + 0.0 (either makes a -0.0 sum +0.0, as moe.combine does),
-        and rounded once; with sp, the columns' f32 sums (`plus` added) are first added over sp
-        (chip order), each chip keeping its own tokens, then + 0.0."""
+        and rounded once; with sp, the columns' f32 sums are first added over sp (chip order),
+        each chip keeping its own tokens, then + 0.0."""
         b, layer = self.b, self.layer
         tl, d = layer.tokens, shape_of(op.result.type)[1]
         total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name).results[0]
         if layer.sp > 1:
-            if plus is not None:
-                total = b.add(tmath.AddOp(total, plus, TensorType(f32, [tl, d])), f"{name}_plus").results[0]
-                plus = None
+            assert plus is None, "sp's combine returns a row per pair"
             tl = layer.own_tokens
             total = b.add(ccl.ReduceScatterOp(total, SP, layer.sp), f"{name}_own").results[0]
         total = b.add(tmath.AddOp(total, plus if plus is not None else b.const(0.0, f32),
