@@ -144,6 +144,9 @@ def matmul_contraction(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[str,
 
 
 MAPPING_FIELDS = ("trf", "slices", "lanes", "broadcast", "packet", "k_chunk", "trf_mode")
+MAPPING_ENGINES = ("contraction", "vector", "bf16x9")
+"""A mapping's engines (target/contraction_mapping.py's ENGINES); all but the first are named
+first in the attribute."""
 
 
 @irdl_attr_definition
@@ -197,7 +200,7 @@ class MappingAttr(ParametrizedAttribute):
         def parse_field() -> None:
             pos = parser.pos
             key = parser.parse_identifier()
-            if key in ("vector", "bf16x9") and not values:
+            if key in MAPPING_ENGINES[1:] and not values:
                 values["engine"] = key
                 return
             if key not in MAPPING_FIELDS or key in values:
@@ -226,7 +229,7 @@ class MappingAttr(ParametrizedAttribute):
         f = self.fields()
         if len(f["slices"]) != 3 or min(f["slices"]) < 1:
             raise VerifyException(f"#tcp.mapping: slices must be three positive counts [g, m, n], got {list(f['slices'])}")
-        if f["engine"] not in ("contraction", "vector", "bf16x9") or f["trf"] not in ("lhs", "rhs") \
+        if f["engine"] not in MAPPING_ENGINES or f["trf"] not in ("lhs", "rhs") \
                 or f["trf_mode"] not in ("half", "full"):
             raise VerifyException(f"#tcp.mapping: engine must be contraction, vector or bf16x9, trf lhs or rhs and "
                                   f"trf_mode half or full, got {f['engine']}, {f['trf']}, {f['trf_mode']}")

@@ -404,25 +404,24 @@ _WITHIN: tuple[type[OpTrait], ...] = (*_ALONE, IsTerminator, ReturnLike, Isolate
 """Traits whose checks read no more than an op, its parent's kind, its place in its block and
 the ops nested in it (OptionalSymbolOpInterface is a SymbolOpInterface)."""
 _VERIFIES_WITHIN: dict[type[Operation], bool] = {}
-
-
-def _verifies_within(cls: type[Operation]) -> bool:
-    """Whether every trait of `cls` checks nothing (OpTrait's own verify) or is one of `_WITHIN`."""
-    known = _VERIFIES_WITHIN.get(cls)
-    if known is None:
-        known = _VERIFIES_WITHIN[cls] = all(isinstance(t, _WITHIN) or type(t).verify is OpTrait.verify
-                                            for t in cls.traits)
-    return known
-
-
 _SELF_CONTAINED: dict[type[Operation], bool] = {}
 
 
+def _checks_only(cls: type[Operation], traits: tuple[type[OpTrait], ...], known: dict[type[Operation], bool]) -> bool:
+    """Whether every trait of `cls` checks nothing (OpTrait's own verify) or is one of `traits`
+    (remembered in `known`)."""
+    found = known.get(cls)
+    if found is None:
+        found = known[cls] = all(isinstance(t, traits) or type(t).verify is OpTrait.verify for t in cls.traits)
+    return found
+
+
+def _verifies_within(cls: type[Operation]) -> bool:
+    """Whether `cls`'s traits check no more than `_WITHIN`'s."""
+    return _checks_only(cls, _WITHIN, _VERIFIES_WITHIN)
+
+
 def _self_contained(cls: type[Operation]) -> bool:
-    """Whether every trait of `cls` checks nothing (OpTrait's own verify) or no more than
-    `_ALONE`'s (its parent's kind, which `_content` keys on)."""
-    known = _SELF_CONTAINED.get(cls)
-    if known is None:
-        known = _SELF_CONTAINED[cls] = all(isinstance(t, _ALONE) or type(t).verify is OpTrait.verify
-                                           for t in cls.traits)
-    return known
+    """Whether `cls`'s traits check no more than `_ALONE`'s (its parent's kind, which
+    `_content` keys on)."""
+    return _checks_only(cls, _ALONE, _SELF_CONTAINED)

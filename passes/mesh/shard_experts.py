@@ -673,7 +673,7 @@ class _Strategy(ABC):
         ids local to the column)."""
         x = self._gathered(self.b.value(op.input), "x_row")
         experts = self._column_experts(self._gathered(self.b.value(op.expert_idx), "experts_row"))
-        combine = next((u.operation for u in op.results[1].uses if isinstance(u.operation, moe.CombineOp)), None)
+        combine = _combine_of(op)
         if combine is not None and combine.weights is not None and combine.weights in self.b.values:
             # With the choices: after the experts, its steps' latency would follow the return.
             self._gathered(self.b.value(combine.weights), "weights_row")
@@ -846,7 +846,7 @@ class _A2A(_Strategy):
     def combine(self, op: moe.CombineOp) -> None:
         b, layer = self.b, self.layer
         ep, slots, d = layer.ep, self.plan.slots, shape_of(op.result.type)[1]
-        tl, k = layer.tokens, layer.route.k.data
+        tl = layer.tokens
         assert self.route is not None
         b.to_stage("combine")
         b.phase = "combine"
@@ -889,29 +889,25 @@ class _A2A(_Strategy):
         whole = self._returned(sums_back, tl, returns.token_returns, "token_sums")
         whole = b.cast(b.reshape(whole, [tl, d]), f32, "token_sums_f32")
         terms = b.cast(self._returned(pairs_back, slots, returns.pair_returns, "pair_rows"), f32, "pair_rows_f32")
-        if op.weights is not None:
-            w = b.cast(b.value(op.weights), f32, "weights_f32")
-            kept = b.add(tmath.CmpOp("ge", returns.pair_returns, b.const(0, i32), TensorType(i1, [tl, k])),
-                         "pair_kept").results[0]
-            w = b.add(tmath.SelectOp(kept, w, b.const(0.0, f32), TensorType(f32, [tl, k])), "weights_kept").results[0]
-            w3 = b.reshape(w, [tl, k, 1])
-            terms = b.add(tmath.MulOp(w3, terms, TensorType(f32, [tl, k, d])), "weighted").results[0]
-        self._sum_at_home(op, terms, "pair_sum", whole)
+        self._sum_at_home(op, self._weighted(op, terms, returns.pair_returns), "pair_sum", whole)
 
     def _combine_by_pair(self, op: moe.CombineOp, rows: SSAValue) -> None:
         """sp's combine: every slot's row back to its home, weighted and summed there."""
+        picked = self._return_rows(rows, self.plan.slots, self.recv_counts, self.plan.slot_rows, "pair_rows")
+        terms = self.b.cast(picked, f32, "pair_rows_f32")
+        self._sum_at_home(op, self._weighted(op, terms, self.plan.slot_rows), "pair_sum")
+
+    def _weighted(self, op: moe.CombineOp, terms: SSAValue, pair_rows: SSAValue) -> SSAValue:
+        """`terms` [T/n, K, D] (f32, a row per pair) times the combine's weights, zero where
+        `pair_rows` [T/n, K] is -1 (no row came back for the pair); `terms` without weights."""
+        if op.weights is None:
+            return terms
         b, layer = self.b, self.layer
         tl, k = layer.tokens, layer.route.k.data
-        picked = self._return_rows(rows, self.plan.slots, self.recv_counts, self.plan.slot_rows, "pair_rows")
-        terms = b.cast(picked, f32, "pair_rows_f32")
-        if op.weights is not None:
-            w = b.cast(self._gathered(b.value(op.weights), "weights_row"), f32, "weights_f32")
-            kept = b.add(tmath.CmpOp("ge", self.plan.slot_rows, b.const(0, i32), TensorType(i1, [tl, k])),
-                         "pair_kept").results[0]
-            w = b.add(tmath.SelectOp(kept, w, b.const(0.0, f32), TensorType(f32, [tl, k])), "weights_kept").results[0]
-            terms = b.add(tmath.MulOp(b.reshape(w, [tl, k, 1]), terms, TensorType(f32, [tl, k, shape_of(terms.type)[2]])),
-                          "weighted").results[0]
-        self._sum_at_home(op, terms, "pair_sum")
+        w = b.cast(self._gathered(b.value(op.weights), "weights_row"), f32, "weights_f32")
+        kept = b.add(tmath.CmpOp("ge", pair_rows, b.const(0, i32), TensorType(i1, [tl, k])), "pair_kept").results[0]
+        w = b.add(tmath.SelectOp(kept, w, b.const(0.0, f32), TensorType(f32, [tl, k])), "weights_kept").results[0]
+        return b.add(tmath.MulOp(b.reshape(w, [tl, k, 1]), terms, terms.type), "weighted").results[0]  # type: ignore[arg-type]
 
     def _sum_at_home(self, op: moe.CombineOp, terms: SSAValue, name: str, plus: SSAValue | None = None) -> None:
         """The layer's output on its home chip: `terms` [T/n, n, D] (f32) summed over axis 1 in

@@ -268,12 +268,13 @@ class CCLFunctions(InterpreterFunctions):
         return a2a_plan(np.asarray(args[0]), op.group_size, op.experts.value.data, op.slots, op.capacity_limit,
                         earlier)
 
+    def _place(self, op: ccl._Collective) -> int:
+        """This chip's place in its group along the op's axis (0 off a mesh)."""
+        return 0 if self.exchange is None else self.exchange.mesh.group(self.chip, op.axis_name).index(self.chip)
+
     @impl(ccl.A2ATokensOp)
     def run_a2a_tokens(self, interpreter: Interpreter, op: ccl.A2ATokensOp, args: tuple[Any, ...]):
-        me = 0
-        if self.exchange is not None:
-            me = self.exchange.mesh.group(self.chip, op.axis_name).index(self.chip)
-        return a2a_tokens(np.asarray(args[0]), op.group_size, op.slots, me)
+        return a2a_tokens(np.asarray(args[0]), op.group_size, op.slots, self._place(op))
 
     @impl(ccl.A2ATokenListsOp)
     def run_a2a_token_lists(self, interpreter: Interpreter, op: ccl.A2ATokenListsOp, args: tuple[Any, ...]):
@@ -282,10 +283,7 @@ class CCLFunctions(InterpreterFunctions):
 
     @impl(ccl.A2AReturnsOp)
     def run_a2a_returns(self, interpreter: Interpreter, op: ccl.A2AReturnsOp, args: tuple[Any, ...]):
-        me = 0
-        if self.exchange is not None:
-            me = self.exchange.mesh.group(self.chip, op.axis_name).index(self.chip)
-        return a2a_returns(np.asarray(args[0]), op.group_size, op.slots, op.entries, me)
+        return a2a_returns(np.asarray(args[0]), op.group_size, op.slots, op.entries, self._place(op))
 
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
