@@ -624,9 +624,10 @@ def test_one_progress_line_follows_every_chip(cost_only: bool) -> None:
 
 
 def test_mesh_report_from_each_chips_one_memory_plan(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """schedule_mesh plans each chip's memory once and reports from that plan with the
-    collectives' final cycles: the same reports, spills and streams included, as planning each
-    chip again at the end (chips of 16 KB SRAM, 8 KB a cluster: the compiler tiles for it, and
+    """schedule_mesh plans each chip's memory once, places its commands once, a collective at a
+    time (scheduler.Placer), and reports from that plan and schedule with the collectives' final
+    cycles: the same reports, spills and streams included, as planning and scheduling each chip
+    again at the end (chips of 16 KB SRAM, 8 KB a cluster: the compiler tiles for it, and
     the ops too large for a cluster's still stream)."""
     import runtime_sim.perf.mesh_simulate as mesh_simulate
 
@@ -642,10 +643,12 @@ def test_mesh_report_from_each_chips_one_memory_plan(tmp_path, monkeypatch: pyte
 
     once = report()
     assert all(chip["streams"] for chip in once["chips"])
-    planned_again = mesh_simulate.simulate_trace
-    monkeypatch.setattr(mesh_simulate, "simulate_trace",
-                        lambda trace, machine, policy, units, plan, work: planned_again(trace, machine, policy, units,
-                                                                                        work=work))
+    from runtime_sim.perf.cost_model import LINK
+    from runtime_sim.perf.simulate import simulate_trace
+
+    monkeypatch.setattr(mesh_simulate, "trace_report",
+                        lambda trace, machine, policy, plan, sched, work:
+                        simulate_trace(trace, machine, policy, {LINK: 1}, work=work)[0])
     assert report() == once
 
 

@@ -42,10 +42,10 @@ from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_m
 from target.mesh_machine import MeshMachine
 from runtime_sim.perf.op_trace import Trace, TraceRecorder
 from runtime_sim.perf.report import Choice, SimReport, TileLoop
-from runtime_sim.perf.scheduler import Task, schedule
+from runtime_sim.perf.scheduler import Placer, Task
 from runtime_sim.perf.tcp_cost import hbm_sharing
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, RoutingError, scenario_choices
-from runtime_sim.perf.simulate import own_dma_units, pinned_units, simulate_trace, trace_recorder
+from runtime_sim.perf.simulate import own_dma_units, pinned_units, trace_recorder, trace_report
 from runtime_sim.semantics.ccl_semantics import (CCLFunctions, ChipInterpreter, MeshExchange, collective_label,
                                                    plain_chip, run_mesh)
 from runtime_sim.semantics.executor import function_named
@@ -436,31 +436,62 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
     own_dma = [own_dma_units(traces[c], machine.chip) if first[c] == c else None for c in range(n)]
     sharing = hbm_sharing(machine.chip)
 
-    def timed_tasks(c: int) -> list[Task]:
-        cycles = {key: wait[c][i] + duration[c][i] for i, key in enumerate(keys[c])}
-        return [dataclasses.replace(t, cycles=cycles[t.key]) if t.key in cycles else t for t in plans[c].tasks]
+    def timed_task(c: int, t: Task) -> Task:
+        """Chip c's task `t` with its collective's cycles as fixed so far."""
+        i = index[c].get(t.key)
+        return t if i is None else dataclasses.replace(t, cycles=wait[c][i] + duration[c][i])
 
     def timing(c: int, upto: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-        """What chip c's schedule up to its collective `upto` reads: its trace's class and
-        the collectives' cycles so far."""
-        return first[c], tuple(wait[c][:upto + 1]), tuple(duration[c][:upto + 1])
+        """What chip c's schedule before its collective `upto` reads: its trace's class and
+        the earlier collectives' cycles."""
+        return first[c], tuple(wait[c][:upto]), tuple(duration[c][:upto])
 
+    # In issue order a command's slot depends only on the commands before it, so each chip's
+    # schedule is placed once, up to its next collective at a time (`Placer`): the collective
+    # starts when its inputs and the link are ready, its wait then follows from its group's,
+    # and it is placed with that wait. Chips of one class with the same collective cycles so
+    # far share a placer; a chip whose cycles part from its class's places its own from the start.
+    index = [{key: i for i, key in enumerate(keys[c])} for c in range(n)]
+    placers: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[Placer, int]] = {}
+
+    def placed_upto(c: int, upto: int) -> Placer:
+        """A placer of chip c's tasks before its collective `upto` (all of them at `count`)."""
+        tasks = plans[c].tasks
+        end = len(tasks) if upto == count else positions(c)[upto]
+        here = timing(c, upto)
+        if here in placers:
+            return placers[here][0]
+        before = timing(c, upto - 1) if upto else None
+        placer, done = placers.pop(before) if before in placers else (None, 0)  # type: ignore[arg-type]
+        if placer is None:
+            r = first[c]
+            placer = Placer(units, pinned[r], own_dma[r], sharing)
+        for t in tasks[done:end]:
+            placer.place(timed_task(c, t))
+        placers[here] = (placer, end)
+        return placer
+
+    found: dict[int, list[int]] = {}
+
+    def positions(c: int) -> list[int]:
+        """Where chip c's collectives sit among its plan's tasks."""
+        tasks = plans[c].tasks
+        if id(tasks) not in found:
+            found[id(tasks)] = [i for i, t in enumerate(tasks) if t.key in index[c]]
+        return found[id(tasks)]
+
+    # When each chip's collective starts: a link command waits for its inputs and the link.
+    starts = [[0] * count for _ in range(n)]
     for j in range(count):
-        starts: dict[int, int] = {}
-        known: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
         for c in range(n):
-            key = timing(c, j)
-            if key not in known:
-                tasks = timed_tasks(c)
-                upto = next(i for i, t in enumerate(tasks) if t.key == keys[c][j])
-                r = first[c]
-                # In issue order nothing after the collective moves its start.
-                known[key] = schedule(tasks[:upto + 1], units, pinned[r], own_dma[r], sharing).slots[keys[c][j]].start
-            starts[c] = known[key]
+            placer = placed_upto(c, j)
+            task = plans[c].tasks[positions(c)[j]]
+            ready = max((placer.slots[d].end for d in (*task.deps, *task.after)), default=0)
+            starts[c][j] = max(ready, placer.free[LINK][0])
         for group in groups[j]:
-            sync = max(starts[c] for c in group)
+            sync = max(starts[c][j] for c in group)
             for c in group:
-                wait[c][j] = sync - starts[c]
+                wait[c][j] = sync - starts[c][j]
     made: dict[tuple[int, tuple[int, ...], tuple[int, ...]], SimReport] = {}
     reports = []
     for c in range(n):
@@ -468,8 +499,13 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
         if key in made:
             reports.append(copy.copy(made[key]))
             continue
-        made[key] = simulate_trace(timed(c), machine.chip, sram_policy, {LINK: 1},
-                                   dataclasses.replace(plans[c], tasks=timed_tasks(c)), work=work)[0]
+        sched = placed_upto(c, count).finish()
+        placers.pop(key)
+        for j, k in enumerate(keys[c]):
+            if sched.slots[k].start != starts[c][j]:  # the link commands' rule above is the scheduler's
+                raise MeshError(f"chip {c}: collective {j} started at {sched.slots[k].start}, not {starts[c][j]}")
+        plan = dataclasses.replace(plans[c], tasks=list(sched.tasks))
+        made[key] = trace_report(timed(c), machine.chip, sram_policy, plan, sched, work)
         reports.append(made[key])
     links = []
     for c in range(n):

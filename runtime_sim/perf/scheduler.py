@@ -53,9 +53,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import networkx as nx
 
@@ -331,6 +332,43 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
     shares them); `allowed` maps a task's key to the units it may take (a DMA command on its
     cluster's own engines): fewer than its `units` only if it may be spread over fewer;
     `shared`, a bandwidth the units of one engine share (HBM: the module docstring)."""
+    placer = Placer(units, pinned, allowed, shared)
+    for t in tasks:
+        placer.place(t)
+    return placer.finish()
+
+
+class Placer:
+    """`schedule`, one command at a time: in issue order a command's slot depends only on the
+    commands placed before it, so a caller that learns a command's cycles late (the mesh: a
+    collective's wait, known once every chip of its group has reached it) places the commands
+    before it, reads when it would start (`slots`, `free`), and goes on, instead of
+    scheduling the prefix again."""
+
+    def __init__(self, units: Mapping[str, int | None], pinned: Mapping[int, int] | None = None,
+                 allowed: Mapping[int, tuple[int, ...]] | None = None, shared: SharedBandwidth | None = None) -> None:
+        self._placing = _placing(units, pinned, allowed, shared)
+        self.slots: dict[int, Slot]
+        self.free: dict[str, list[int]]
+        """Engine -> when each of its units frees."""
+        self.slots, self.free = next(self._placing)
+
+    def place(self, task: Task) -> Slot:
+        return self._placing.send(task)
+
+    def finish(self) -> Schedule:
+        try:
+            self._placing.send(None)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("the placer placed a command after its end")
+
+
+def _placing(units: Mapping[str, int | None], pinned: Mapping[int, int] | None,
+             allowed: Mapping[int, tuple[int, ...]] | None,
+             shared: SharedBandwidth | None) -> Generator[Any, Task | None, Schedule]:
+    """The scheduler's state and loop: yields (slots, free) first, then each command's slot as
+    it is sent; sent None, returns the Schedule."""
     pinned = pinned or {}
     allowed = allowed or {}
     free: dict[str, list[int]] = {e: [0] * n for e, n in units.items() if n}
@@ -355,7 +393,13 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
             d = max(d for d in t.after if slots[d].end == ready)
         return d, main_unit.get(d, slots[d].unit)
 
-    for t in tasks:
+    tasks: list[Task] = []
+    placed: Any = (slots, free)
+    while True:
+        t = yield placed
+        if t is None:
+            break
+        tasks.append(t)
         key, engine, cycles = t.key, t.engine, t.cycles
         if engine not in units:
             raise ValueError(f"{t.label}: unknown engine '{engine}' (engines: {', '.join(units)})")
@@ -374,7 +418,7 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
             if ready:
                 setter[key] = data_setter(t, ready)
             busy[engine] += cycles
-            slots[key] = Slot(key, engine, 0, ready, ready + cycles)
+            placed = slots[key] = Slot(key, engine, 0, ready, ready + cycles)
             continue
         last = last_on_unit[engine]
         sharing = shared if shared is not None and shared.engine == engine and any(t.traffic_by_units) else None
@@ -393,7 +437,7 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
             unit_free[u] = end
             last[u] = key
             busy[engine] += cycles
-            slots[key] = Slot(key, engine, u, start, end, (u,))
+            placed = slots[key] = Slot(key, engine, u, start, end, (u,))
             continue
         taken: tuple[int, ...] = (0,)
         start = ready
@@ -458,8 +502,8 @@ def schedule(tasks: Sequence[Task], units: Mapping[str, int | None], pinned: Map
         end = max(ends)
         busy[engine] += sum(ends) - sum(begins)
         parts = tuple(part_start.get((key, u), start) for u in taken) if several else ()
-        slots[key] = Slot(key, engine, taken[0], start, end, taken, parts, tuple(ends) if several else (),
-                          end > start + cycles)
+        placed = slots[key] = Slot(key, engine, taken[0], start, end, taken, parts, tuple(ends) if several else (),
+                                   end > start + cycles)
     makespan = max((s.end for s in slots.values()), default=0)
     path, on_path = _critical_path(setter, main_unit, part_start, part_setter, slots, makespan)
     return Schedule(slots, tasks, makespan, path, busy, dict(units), on_path, bookings.peak)
