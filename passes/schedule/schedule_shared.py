@@ -22,7 +22,9 @@ the clusters:
   expert: every block has the same expert);
 - nothing the shared expert reads depends on the routing, so the rewritten ops are placed
   before the routing's first op: its weight loads are issued with the router's and run
-  while the router, the top-k and the routing compute.
+  while the router, the top-k and the routing compute. At prefill, interleave-shared
+  (passes/schedule/interleave_shared.py) later spreads its contractions through the routed
+  expert loop, whose tensor units wait for HBM.
 
 What is rewritten: a contraction `mk,kn->mn` whose weight is a `tcp.load` of a function
 argument and whose lhs is computed, by element-wise `ve` ops on [T, ...], from up-projections
