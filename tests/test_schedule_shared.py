@@ -55,11 +55,12 @@ def test_each_pass_keeps_the_bits_with_row_blocks_and_streamed_f_tiles(example: 
 def test_shared_expert_tiles_are_exact(tokens: int, fs: int, f_mode: str, example: str, clusters: int,
                                        seed: int) -> None:
     """One row block or several (an odd number: 384 = 3 x 128, split by owner masks), FS whole
-    or not a multiple of the F tile, on 1, 2 or 4 clusters: the reference's bits."""
+    or not a multiple of the F tile, on 1, 2 or 4 clusters, spread through the routed loop by
+    interleave-shared where there are several: the reference's bits."""
     dims = {"T": tokens, "D": 16, "FS": fs, "B": min(4, tokens)}
     program = tcpc.compile_file(EXAMPLES / f"{example}.moe", dims=dims)
     pipeline = (f"{LOWERED},schedule-shared,schedule-experts{F_TILE_MODES[f_mode]},schedule-tokens,"
-                f"split-clusters{{clusters={clusters}}},fuse-ve-chains")
+                f"split-clusters{{clusters={clusters}}},interleave-shared,fuse-ve-chains")
     assert_same_bits(program.run(seed=seed, pipeline=pipeline).outputs, program.run(seed=seed).outputs)
 
 
