@@ -196,9 +196,11 @@ def overlap_cycles(a: Iterable[tuple[int, int]], b: Iterable[tuple[int, int]]) -
 
 
 def loops_of(module: ModuleOp, function: str) -> str:
-    """The schedule level's top-level loops of `function`: `phase: trips x rows` each."""
+    """The schedule level's top-level loops of `function`: `phase: trips x rows` each; the
+    consecutive pieces of one loop over blocks (interleave-shared's) as one, `in N pieces`."""
     fn = next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == function)
-    parts = []
+    parts: list[str] = []
+    last: tuple[int, str, int, int, int] | None = None  # the last block loop: its part, phase, end, blocks, pieces
     for op in fn.body.block.ops:
         if not isinstance(op, scf.ForOp):
             continue
@@ -212,8 +214,14 @@ def loops_of(module: ModuleOp, function: str) -> str:
             continue
         trips = -(-(ub - lb) // step)
         if any(inner.name == "tile.load_expert" for inner in op.body.walk()):  # a loop over blocks
-            blocks = ub - lb  # a shared expert's loop steps over one block per cluster
-            parts.append(f"{phase_of(op) or 'loop'}: {blocks} block{'s' if blocks != 1 else ''}")
+            blocks, phase = ub - lb, phase_of(op) or "loop"  # a shared expert's loop steps over one block per cluster
+            if last is not None and last[:3] == (len(parts) - 1, phase, lb):  # the loop's next piece
+                blocks, count = last[3] + blocks, last[4] + 1
+                parts[-1] = f"{phase}: {blocks} blocks in {count} pieces"
+            else:
+                count = 1
+                parts.append(f"{phase}: {blocks} block{'s' if blocks != 1 else ''}")
+            last = (len(parts) - 1, phase, ub, blocks, count)
             continue
         rows = step if step > 1 else None
         unit = f" x {rows} rows" if rows else (" block" if trips == 1 else " blocks")

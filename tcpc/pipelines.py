@@ -59,6 +59,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "schedule-tokens": _lazy("passes.schedule.schedule_tokens", "ScheduleTokensPass"),
     "split-router-k": _lazy("passes.schedule.split_router_k", "SplitRouterKPass"),
     "split-clusters": _lazy("passes.schedule.split_clusters", "SplitClustersPass"),
+    "interleave-shared": _lazy("passes.schedule.interleave_shared", "InterleaveSharedPass"),
     "fuse-ve-chains": _lazy("passes.schedule.fuse_ve_chains", "FuseVeChainsPass"),
     "map-contractions": _lazy("passes.schedule.map_contractions", "MapContractionsPass"),
     "shard-experts": _lazy("passes.mesh.shard_experts", "ShardExpertsPass"),
@@ -72,11 +73,13 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 working on whole tensors."""
 
 SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-router-k", "split-clusters",
-                                      "fuse-ve-chains", "map-contractions")
+                                      "interleave-shared", "fuse-ve-chains", "map-contractions")
 """The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
 own (schedule-shared); static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs/passes.md#the-schedule-level-schedule-shared-schedule-experts-schedule-tokens-split-router-k-split-clusters); a small router weight's load spread over the DMA engines in tiles of its reduction
-axis (split-router-k); the expert loop spread over the chip's clusters (default: RNGD's two); then
+axis (split-router-k); the expert loop spread over the chip's clusters (default: RNGD's two); a
+shared expert's contractions spread through the routed loop at prefill (interleave-shared,
+docs/passes.md#interleave-shared-the-shared-expert-in-the-routed-loops-idle-time); then
 consecutive vector-engine ops, in every block, fused into one chain invocation each (docs/passes.md#fuse-ve-chains);
 last, every contraction placed on its cluster's Slice, Lane, Time and Packet by the cost of each
 engine stage (map-contractions, docs/passes.md#map-contractions)."""

@@ -139,6 +139,15 @@ def test_a_schedule_row_is_above_the_chip_limit() -> None:
     assert fixed.block == 4
 
 
+def test_the_loops_column_counts_a_loop_split_into_pieces_once() -> None:
+    """interleave-shared splits the routed loop (70 blocks) into 6 pieces between the shared
+    expert's contractions: one entry, with its pieces."""
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "llama4.moe",
+                                dims={"T": 256, "B": 4, "FS": 1024})
+    module = program.lower(program.full_pipeline().replace("{strategy=auto}", "").replace("{order=auto}", "{order=block}"))
+    assert schedule_bench.loops_of(module, program.function().sym_name.data) == "experts: 70 blocks in 6 pieces"
+
+
 @pytest.mark.parametrize("tokens", [1, 2048])
 @pytest.mark.parametrize("family", [m.name for m in bench.MODELS])
 def test_every_family_at_real_dims_needs_no_spill_or_stream(family: str, tokens: int) -> None:

@@ -87,11 +87,12 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, phase_of
+from dialects.annotations import PHASE_ATTR, SHARED, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._auto_option import AUTO, check_choice, refuse_auto
 from passes.schedule._expert_groups import GroupPlan, build_group_loops, group_blocks, groupable
 from passes.schedule._f_tiles import CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
+from passes.schedule.interleave_shared import spreads
 from passes.lowering.load_arguments import load_into_sram
 from passes._loop_builder import (
     ZERO_OPERAND_VE,
@@ -532,6 +533,17 @@ def expert_id_values(block: Block) -> list[SSAValue]:
     return found
 
 
+def spread_through_routed(block: Block, expert_ids: SSAValue, plans: list[SSAValue], machine: Machine) -> bool:
+    """Whether `expert_ids`' plan is a shared expert's that interleave-shared will spread through
+    the routed loop (passes/schedule/interleave_shared.py): its F tiles are then chosen for half
+    the SRAM, the routed loop's tiles being in SRAM at the same time."""
+    if plan_phase(block, expert_ids) != SHARED:
+        return False
+    routed = [op for op in block.ops if isinstance(op, tcp.ContractOp) and op.guard in plans
+              and plan_phase(block, op.guard) == "experts"]
+    return bool(routed) and spreads(shape_of(expert_ids.type)[0], routed[0], machine)
+
+
 @dataclass(frozen=True)
 class ScheduleExpertsPass(ModulePass):
     """Expert work -> static loops over the blocks (the module docstring says how)."""
@@ -560,5 +572,9 @@ class ScheduleExpertsPass(ModulePass):
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 body = fn.body.block
-                for expert_ids in expert_id_values(body):
-                    schedule_plan(body, expert_ids, machine, self.sram_bytes, self.f_tile, self.order, self.group)
+                plans = expert_id_values(body)
+                for expert_ids in plans:
+                    sram = self.sram_bytes or machine.cluster_sram_bytes
+                    if spread_through_routed(body, expert_ids, plans, machine):
+                        sram //= 2  # its weight tiles share SRAM with the routed loop's
+                    schedule_plan(body, expert_ids, machine, sram, self.f_tile, self.order, self.group)

@@ -22,7 +22,9 @@ the clusters:
   expert: every block has the same expert);
 - nothing the shared expert reads depends on the routing, so the rewritten ops are placed
   before the routing's first op: its weight loads are issued with the router's and run
-  while the router, the top-k and the routing compute.
+  while the router, the top-k and the routing compute. At prefill, interleave-shared
+  (passes/schedule/interleave_shared.py) later spreads its contractions through the routed
+  expert loop, whose tensor units wait for HBM.
 
 What is rewritten: a contraction `mk,kn->mn` whose weight is a `tcp.load` of a function
 argument and whose lhs is computed, by element-wise `ve` ops on [T, ...], from up-projections
@@ -55,9 +57,10 @@ DENSE_SPEC = "mk,kn->mn"
 BLOCK_SPEC = "gbd,gdf->gbf"
 MAX_ROWS = 512
 """The largest row block: a block's rows, its [R, F tile] column work and its f32 [R, D] sums
-take tens of MB at Llama-4's sizes (R = 512, D = 5120, F tile 1024), next to the streamed
-weight tiles (passes/schedule/_f_tiles.py); Llama-4-Scout's layer peaks at 172 MB of the chip's 256 MB at
-T = 2048 (benchmarks/schedule.py). A compiler choice, not a machine number."""
+take tens of MB at Llama-4's sizes (R = 512, D = 5120, F tile 512 or 1024), next to the streamed
+weight tiles (passes/schedule/_f_tiles.py); Llama-4-Scout's layer peaks at 153 MB of the chip's 256 MB at
+T = 2048, its shared expert spread through the routed loop (benchmarks/schedule.py). A compiler
+choice, not a machine number."""
 ROUTING_PHASES = ("routing", "dispatch", "experts", "combine")
 """Phases whose ops depend on the routing: the rewritten shared expert goes before them."""
 

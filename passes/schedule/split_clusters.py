@@ -129,7 +129,7 @@ def _owned_ids(ids: SSAValue, cluster: int, clusters: int, before: list[Operatio
     return owned.result, blocks
 
 
-def _root(value: SSAValue) -> SSAValue:
+def addressed(value: SSAValue) -> SSAValue:
     """The value `value` addresses, through slices and views."""
     while isinstance(value.owner, (tile.SliceOp, tcp.ViewOp)):
         value = value.owner.operands[0]
@@ -297,9 +297,13 @@ def flops_per_weight_byte(body: Block) -> float:
     element (the first contraction of the loop body with a weight operand)."""
     for op in body.walk():
         if isinstance(op, tcp.ContractOp):
-            rows, weight = op.roles().m, op.rhs.type
-            return 2 * rows * 8 / stored_bits(weight.element_type)  # type: ignore[attr-defined]
+            return contraction_flops_per_weight_byte(op)
     return 0.0
+
+
+def contraction_flops_per_weight_byte(op: tcp.ContractOp) -> float:
+    """FLOPs `op` does per byte of its weight (rhs): 2 x its rows over the weight's bytes per element."""
+    return 2 * op.roles().m * 8 / stored_bits(op.rhs.type.element_type)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -330,7 +334,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     guards = [op for op in body.ops if isinstance(op, tile.GuardOp)]
     ids_tile = guards[0].ids if guards else loads[0].ids
     slice_op = ids_tile.owner
-    expert_ids = _root(ids_tile)
+    expert_ids = addressed(ids_tile)
     # A group's loop (schedule-experts{order=tile}) reads its ids through tables made from them
     # before the loop: each cluster makes its own from its masked ids (`derived`).
     grouped = not (isinstance(slice_op, tile.SliceOp) and slice_op.source is expert_ids)
@@ -373,7 +377,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
             made.owned.update(((expert_ids, c), v) for c, v in enumerate(owned))
     # A group's row index (a gather of several blocks' rows at once): each cluster's own rows only.
     group_rows = [] if not grouped else list(dict.fromkeys(
-        _root(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)))
+        addressed(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)))
     inits = list(loop.iter_args)
     # With block scales gathered ahead (gathered again per cluster, `regathered`), one token's
     # first weight loads are issued before them (the module docstring).

@@ -1,0 +1,224 @@
+"""`interleave-shared`: a shared expert's contractions spread through the routed expert loop.
+
+schedule-shared puts a shared expert's loop before the routing, where at prefill its
+contractions held the tensor units for millions of cycles (DeepSeek-V3 at T = 4096: 1.49 M)
+while HBM was mostly idle; the routed expert loop after it waits for its weights from HBM, its
+tensor units idle a third of the time. Engines issue their commands in program order and never
+back-fill a unit (runtime_sim/perf/scheduler.py), so the shared work fills that idle time only
+where the program puts it. After split-clusters, when `spreads` (prefill, and a routed loop
+that waits for HBM), this pass:
+
+- unrolls the shared loop (a copy of its body per iteration, its index a constant, its carried
+  values threaded through) and cuts the straight-line ops after each run of contractions
+  (split-clusters interleaved the clusters' copies: a run is one contraction on every
+  cluster, or two where an F tile's down-projection meets the next tile's first contraction).
+  Finer cuts spread the work more evenly than cuts after whole F tiles (DeepSeek-V3 at
+  T = 4096: 18.80 M cycles against 19.00 M);
+- splits the routed expert loop (its first loop, if schedule-experts made several) into as
+  many pieces, loops over consecutive blocks chained through their carried values, and puts
+  the cuts before the pieces in order. The pieces divide the first ceil(T K / B) blocks
+  evenly, the blocks every routing fills (the worst case G's trailing blocks are mostly
+  unused, and an unused block costs only its guard), the last piece running to G; with fewer
+  such blocks than cuts, consecutive cuts share a piece;
+- moves the readers of the shared result (its load into SRAM) after the last piece.
+
+Each op runs on the same values in the same order within its own loop, so the outputs keep
+their bits. The shared weight tiles are in SRAM beside the routed loop's, so schedule-experts
+chooses them for half a cluster's SRAM when the shared expert will be spread
+(`schedule_experts.spread_through_routed`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from dialects import tcp, tile
+from dialects.annotations import PHASE_ATTR, SHARED, expert_indices, phase_of
+from dialects.tensor_types import shape_of
+from passes._loop_builder import constant_index, index_constant, move_readers_after
+from passes.schedule._f_tiles import CONTRACTIONS
+from passes.schedule.split_clusters import addressed, contraction_flops_per_weight_byte, expert_loops
+from target.machine import Machine
+from target.target_spec import machine_of
+
+
+def _erase_unused_bounds(loop: scf.ForOp) -> None:
+    """Erase, with `loop` (already detached), the constants of its bounds and step nothing else reads."""
+    bounds = [v.owner for v in (loop.lb, loop.ub, loop.step)]
+    loop.erase()
+    for op in dict.fromkeys(bounds):
+        if isinstance(op, arith.ConstantOp) and not op.result.uses and op.parent is not None:
+            op.detach()
+            op.erase()
+
+
+def _trips(loop: scf.ForOp) -> list[int] | None:
+    """The values a loop's index takes, when its bounds and step are constants."""
+    lb, ub, step = (constant_index(v) for v in (loop.lb, loop.ub, loop.step))
+    if lb is None or ub is None or not step:
+        return None
+    return list(range(lb, ub, step))
+
+
+def unroll(loop: scf.ForOp) -> tuple[list[Operation], list[SSAValue]]:
+    """Replace `loop` by a copy of its body per iteration, in place; the copies' ops and what
+    now stands for the loop's results that are read."""
+    trips = _trips(loop)
+    assert trips is not None
+    body = loop.body.block
+    yielded = body.last_op
+    assert isinstance(yielded, scf.YieldOp)
+    carried: list[SSAValue] = list(loop.iter_args)
+    made: list[Operation] = []
+    phase = loop.attributes.get(PHASE_ATTR)
+    for i in trips:
+        index = index_constant(i)
+        if phase is not None:
+            index.attributes[PHASE_ATTR] = phase
+        made.append(index)
+        mapping: dict[SSAValue, SSAValue] = {body.args[0]: index.result, **dict(zip(body.args[1:], carried))}
+        for op in body.ops:
+            if op is yielded:
+                break
+            made.append(op.clone(value_mapper=mapping))
+        carried = [mapping.get(v, v) for v in yielded.operands]
+    parent = loop.parent_block()
+    assert parent is not None
+    parent.insert_ops_before(made, loop)
+    read = [new for old, new in zip(loop.results, carried) if old.uses]
+    for old, new in zip(loop.results, carried):
+        old.replace_all_uses_with(new)
+    loop.detach()
+    _erase_unused_bounds(loop)
+    return made, read
+
+
+def chunks(ops: list[Operation]) -> list[list[Operation]]:
+    """`ops` cut after each run of contractions (the split-clusters copies' commands are
+    interleaved, so a run is one contraction on every cluster); what follows the last cut joins
+    the last chunk."""
+    cut: list[list[Operation]] = [[]]
+    for i, op in enumerate(ops):
+        cut[-1].append(op)
+        if isinstance(op, CONTRACTIONS) and (i + 1 == len(ops) or not isinstance(ops[i + 1], CONTRACTIONS)):
+            cut.append([])
+    tail = cut.pop()
+    if cut:
+        cut[-1] += tail
+        return cut
+    return [tail]
+
+
+def filled_blocks(block: Block, blocks: int, rows: int) -> int:
+    """The blocks every routing fills, ceil(T K / B) (at most G): the pairs are the expert
+    choices lower-routing marks (`tcpc.expert_indices`); G when there are none."""
+    for op in block.walk():
+        if expert_indices(op) is not None:
+            return min(blocks, -(-math.prod(shape_of(op.operands[0].type)) // rows))
+    return blocks
+
+
+def split(loop: scf.ForOp, bounds: list[int]) -> list[scf.ForOp]:
+    """`loop` as consecutive loops over [bounds[i], bounds[i + 1]), chained through their
+    carried values, in place."""
+    step = loop.step
+    parent = loop.parent_block()
+    assert parent is not None
+    carried: list[SSAValue] = list(loop.iter_args)
+    pieces: list[scf.ForOp] = []
+    constants = [index_constant(b) for b in bounds]
+    for op in constants:
+        op.attributes.update({k: v for k, v in loop.attributes.items() if k == PHASE_ATTR})
+    parent.insert_op_before(constants[0], loop)
+    for lb, ub in zip(constants, constants[1:]):
+        piece = scf.ForOp(lb, ub, step, carried, loop.body.clone())
+        piece.attributes.update(loop.attributes)
+        parent.insert_ops_before([ub, piece], loop)
+        for old, new in zip(loop.results, piece.results):
+            new.name_hint = old.name_hint
+        carried = list(piece.results)
+        pieces.append(piece)
+    for old, new in zip(loop.results, carried):
+        old.replace_all_uses_with(new)
+    loop.detach()
+    _erase_unused_bounds(loop)
+    return pieces
+
+
+def _block_rows(loop: scf.ForOp) -> int:
+    """B: the rows of a block, the row index [G, B] the routed loop's row gathers read."""
+    for op in loop.body.walk():
+        if isinstance(op, tile.GatherOp):
+            return shape_of(addressed(op.indices).type)[-1]
+    return 1
+
+
+def spreads(shared_blocks: int, routed: tcp.ContractOp, machine: Machine) -> bool:
+    """Whether a shared expert of `shared_blocks` row blocks is spread through the routed loop
+    whose block contraction is `routed`: at prefill (two blocks or more; at decode the shared
+    expert is its weight loads, which already share HBM with the router's), when `routed` does
+    fewer FLOPs per weight byte than the chip's peak over its HBM bandwidth, so the routed loop
+    waits for its weights and leaves the tensor units idle (DeepSeek-V3 and Llama-4-Scout at
+    B = 128: 128 FLOPs a byte against RNGD's 175; not Llama-4-Scout at T = 4096, B = 256,
+    whose routed loop is bound by its contractions, which the shared work would only lengthen)."""
+    intensity = contraction_flops_per_weight_byte(routed)
+    return shared_blocks >= 2 and intensity < machine.chip_peak_flops_per_cycle / machine.hbm_bytes_per_cycle
+
+
+def _first_contraction(loop: scf.ForOp) -> tcp.ContractOp | None:
+    """The first bf16/f32 contraction of `loop`'s body: its block contraction."""
+    return next((op for op in loop.body.walk() if isinstance(op, tcp.ContractOp)), None)
+
+
+def interleave(block: Block, machine: Machine) -> None:
+    """Spread `block`'s shared loop through its routed loop, when it `spreads` (the module docstring)."""
+    shared = [op for op in block.ops if isinstance(op, scf.ForOp) and op.attributes.get(PHASE_ATTR) == StringAttr(SHARED)]
+    routed = [op for op in expert_loops(block) if phase_of(op) == "experts"]
+    if len(shared) != 1 or not routed:
+        return
+    (loop,) = shared
+    trips, routed_trips, contraction = _trips(loop), _trips(routed[0]), _first_contraction(routed[0])
+    if not trips or routed_trips is None or len(routed_trips) < 2 or contraction is None:
+        return
+    lb, ub = constant_index(loop.lb), constant_index(loop.ub)
+    assert lb is not None and ub is not None
+    if not spreads(ub - lb, contraction, machine):
+        return
+    ops, results = unroll(loop)
+    cuts = chunks(ops)
+    step = constant_index(routed[0].step)
+    assert step is not None
+    first, end = routed_trips[0], routed_trips[-1] + step
+    filled = filled_blocks(block, end - first, _block_rows(routed[0]))
+    n = max(1, min(len(cuts), filled // step))
+    bounds = [first + filled * i // n // step * step for i in range(n)] + [end]
+    before: list[list[Operation]] = [[] for _ in range(n)]
+    for i, cut in enumerate(cuts):
+        before[i * n // len(cuts)] += cut
+    pieces = split(routed[0], bounds)
+    for cut, piece in zip(before, pieces):
+        for op in cut:
+            op.detach()
+        block.insert_ops_before(cut, piece)
+    move_readers_after(block, pieces[-1], results, set())
+
+
+@dataclass(frozen=True)
+class InterleaveSharedPass(ModulePass):
+    """A shared expert's loop -> its contractions between pieces of the routed expert loop
+    (the module docstring says how)."""
+
+    name = "interleave-shared"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        machine = machine_of(op)
+        for fn in op.ops:
+            if isinstance(fn, func.FuncOp) and fn.body.blocks:
+                interleave(fn.body.block, machine)

@@ -1,0 +1,83 @@
+"""interleave-shared (passes/schedule/interleave_shared.py): a shared expert's work spread
+through the routed expert loop keeps the bits, goes where the docstring says, and is done only
+where the routed loop waits for HBM."""
+
+from pathlib import Path
+
+import pytest
+from xdsl.dialects import scf
+
+import tcpc
+from tcpc.program import Program
+from dialects import tcp
+from dialects.annotations import phase_of
+from passes.schedule.interleave_shared import spreads
+from target.machine import default_machine
+from tcpc.pipelines import LOWERED_PIPELINE
+from tests.test_schedule import F_TILE_MODES, assert_same_bits
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+SPLIT = ",".join(LOWERED_PIPELINE) + f",schedule-shared,schedule-experts{F_TILE_MODES['streamed']},split-clusters"
+
+
+def _top_level(program: Program, pipeline: str) -> list[str]:
+    """The function body's loops and shared contractions, in program order: `shared` for a
+    shared contraction, `routed a-b` for a piece of the routed loop over blocks [a, b),
+    `shared loop` for a shared loop left whole."""
+    module = program.lower(pipeline)
+    body = next(op for op in module.walk() if op.name == "func.func").body.block
+    found: list[str] = []
+    for op in body.ops:
+        if isinstance(op, scf.ForOp) and phase_of(op) == "experts":
+            found.append(f"routed {op.lb.owner.value.value.data}-{op.ub.owner.value.value.data}")
+        elif isinstance(op, scf.ForOp) and phase_of(op) == "shared":
+            found.append("shared loop")
+        elif isinstance(op, tcp.ContractOp) and phase_of(op) == "shared":
+            found.append("shared")
+    return found
+
+
+@pytest.mark.parametrize("example", ["llama4", "deepseek_v3"])
+def test_the_shared_contractions_go_between_pieces_of_the_routed_loop_and_keep_the_bits(example: str) -> None:
+    """T = 256: 2 row blocks, one per cluster; FS = 1100 in streamed F tiles of 512, 512 and 76
+    (3 tiles x 3 contractions, each on both clusters); B = 4, K = 1 or 4: 64 or 256 blocks
+    filled. The IR before and after the pass gives the same bits, the reference's."""
+    program = tcpc.compile_file(EXAMPLES / f"{example}.moe", dims={"T": 256, "D": 16, "FS": 1100, "B": 4})
+    before = program.run(seed=4, pipeline=SPLIT).outputs
+    after = program.run(seed=4, pipeline=SPLIT + ",interleave-shared").outputs
+    assert_same_bits(after, before)
+    assert_same_bits(after, program.run(seed=4).outputs)
+    order = _top_level(program, SPLIT + ",interleave-shared")
+    assert "shared loop" not in order
+    assert order.count("shared") == 2 * 9  # every contraction, on both clusters
+    pieces = [o for o in order if o.startswith("routed")]
+    # Runs of shared contractions (one per cluster, or two where a tile's down-projection meets
+    # the next tile's first contraction), each before a piece of the routed loop.
+    assert order[0] == "shared" and order[-1].startswith("routed") and len(pieces) >= 2
+    assert all(a != b for a, b in zip(order, order[1:]) if a.startswith("routed"))
+    bounds = [tuple(int(b) for b in p.split()[1].split("-")) for p in pieces]
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])) and bounds[0][0] == 0
+    filled = 256 * (4 if example == "deepseek_v3" else 1) // 4
+    assert bounds[-1][0] < filled < bounds[-1][1]  # the filled blocks spread, the last piece to G
+
+
+def test_decode_and_a_routed_loop_bound_by_its_contractions_keep_the_shared_loop() -> None:
+    """T = 1: one row block, nothing to spread. T = 256, B = 256: the routed contraction does
+    256 FLOPs per weight byte, above RNGD's 175 (peak over HBM bandwidth), so the routed loop
+    has no idle tensor time for the shared expert."""
+    for dims in ({"T": 1, "B": 1}, {"T": 256, "B": 256}):
+        program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims={**dims, "D": 16, "FS": 1100})
+        assert _top_level(program, SPLIT + ",interleave-shared") == _top_level(program, SPLIT)
+        assert "shared loop" in _top_level(program, SPLIT)
+
+
+def test_a_shared_expert_spreads_at_prefill_through_a_routed_loop_that_waits_for_hbm() -> None:
+    rngd = default_machine()
+    program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims={"T": 256, "D": 16, "FS": 1100, "B": 4})
+    module = program.lower(",".join(LOWERED_PIPELINE))
+    routed = next(op for op in module.walk() if isinstance(op, tcp.ContractOp) and phase_of(op) == "experts")
+    assert spreads(2, routed, rngd) and not spreads(1, routed, rngd)  # 4 FLOPs a byte
+    wide = tcpc.compile_file(EXAMPLES / "llama4.moe", dims={"T": 256, "D": 16, "FS": 1100, "B": 176})
+    module = wide.lower(",".join(LOWERED_PIPELINE))
+    routed = next(op for op in module.walk() if isinstance(op, tcp.ContractOp) and phase_of(op) == "experts")
+    assert not spreads(2, routed, rngd)  # 176 FLOPs a byte: more than RNGD's 174.8
