@@ -245,9 +245,10 @@ def test_a_bounded_loop_order_changes_no_choice(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cheapest block stays compiled while the blocks after it are costed (the latest
-    program and the cheapest of the others are kept), so the strategy and order choices
-    compile only their other alternatives, and the run compiles nothing more."""
+    """The cheapest block stays compiled, with its run, while the blocks after it are costed
+    (the latest program and the cheapest of the others are kept), so the strategy and order
+    choices compile only their other alternatives, and when the defaults win the run
+    compiles and simulates nothing more, reporting what simulating it again reports."""
     for memo in ("_costs", "_bounds", "_compiled"):
         monkeypatch.setattr(tcpc.autotune, memo, {})
     program = tcpc.compile_source(MIXTRAL_AUTO)
@@ -260,11 +261,25 @@ def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch
         compiles.append("compile")
         return apply(*args, **kwargs)  # type: ignore[arg-type]
 
+    simulate = cost_only.simulate_cost_only
+    simulations: list[str] = []
+
+    def counted_simulation(*args: object, **kwargs: object) -> object:
+        simulations.append("simulate")
+        return simulate(*args, **kwargs)  # type: ignore[arg-type]
+
     monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
+    monkeypatch.setattr(cost_only, "simulate_cost_only", counted_simulation)
     sim = program.simulate(cost_only=True)
     assert [c.what for c in sim.report.choices[1:]] == ["lower-topk strategy", "schedule-experts order"]
+    assert [c.chosen for c in sim.report.choices[1:]] == ["rank", "block"]  # the block search's own program
     assert len(compiles) == 2  # rounds, then the group order: each choice's default was costed before
+    assert not simulations  # the block search's run of its best block
     assert sim.report.total_cycles == min(dict(sim.report.choices[-1].alternatives).values())
+    monkeypatch.setattr(tcpc.autotune, "_compiled", {})  # nothing kept: compiled and simulated for the run
+    again = program.simulate(cost_only=True)
+    assert len(simulations) == 1
+    assert sim.report.to_json() == again.report.to_json()
 
 
 def test_block_auto_for_the_runs_routing() -> None:
