@@ -112,6 +112,11 @@ COMPILED_KEPT = 2
 latest, and the cheapest of the others (a block search's choice, which the strategy and order
 choices and the run then take, costed before later blocks). So at most this many runs are
 kept: a run is large."""
+BLOCK_RUN_KEPT_COMMANDS = 20_000
+"""The most commands a block candidate's run may have to be kept (a decode layer's: a few
+thousand, a few MB). A prefill block search's best run would be held while every later
+candidate is simulated, above the peak memory of the choices without it (DeepSeek-V3 T =
+4096: 83,039 commands; the row's peak RSS 329 -> 402 MB)."""
 
 
 @dataclass
@@ -165,7 +170,7 @@ class _AboveBest(Exception):
 
 
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
-                routing: str | Path, seed: int, keep_below: float = 0,
+                routing: str | Path, seed: int, keep_below: float = 0, keep_commands: float = math.inf,
                 above: float = math.inf) -> tuple[int, bool]:
     """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario;
     and whether they are a lower bound instead: with `above` (the fewest cycles of the
@@ -179,9 +184,10 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
     Python API, tests) is not simulated again; a bound is remembered apart, and simulated when
     a later `above` is not below it. A routing read from a file is not remembered (the file may
     change). The run of one function with a routing scenario is kept for `take_compiled` when
-    its cycles are below `keep_below` and below every other form of the program costed (a
-    block search keeps its best block's so far, a strategy or order choice its best
-    alternative's: the run that follows then simulates nothing again)."""
+    its cycles are below `keep_below` and below every other form of the program costed, and
+    it has at most `keep_commands` commands (a block search keeps its best block's so far,
+    a strategy or order choice its best alternative's: the run that follows then simulates
+    nothing again)."""
     text = print_ir(module)
     key = (text, tuple(functions), tuple(map(repr, passes)), repr(machine))
     full = _remembered_key(key, routing, seed)
@@ -206,7 +212,8 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
             total = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
         _compiled.pop(program, None)
         if kept is None or total < kept.cycles:  # the first of equals: a choice's tie goes to its first alternative
-            kept = _Compiled(total, tuple(map(repr, passes)), lowered, run if run is not None and run.trace else None,
+            small = run is not None and run.trace is not None and len(run.trace.ops) <= keep_commands
+            kept = _Compiled(total, tuple(map(repr, passes)), lowered, run if small else None,
                              (functions[0], str(routing), seed))
         _compiled[program] = kept  # the latest last
         while len(_compiled) > COMPILED_KEPT:
@@ -272,7 +279,7 @@ class BlockCycles:
                 # top-k and the loop order at the passes' defaults: they are chosen after the block, at the block chosen
                 pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=order)
                 known = cost_cycles(module, [self.auto.graph], parse_pipeline(pipeline), self.machine, self.routing,
-                                    self.seed, keep_below=above, above=above)  # the best block's run, for the run
+                                    self.seed, keep_below=above, keep_commands=BLOCK_RUN_KEPT_COMMANDS, above=above)
             self._known[block, order] = known
         if order == ORDERS[0]:
             (self.bounded.add if known[1] else self.bounded.discard)(block)

@@ -282,6 +282,16 @@ def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch
     assert sim.report.to_json() == again.report.to_json()
 
 
+def test_a_large_block_candidates_run_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block candidate's run of more than BLOCK_RUN_KEPT_COMMANDS commands is dropped (a
+    prefill run is large, and would be held while the later candidates are simulated)."""
+    for memo in ("_costs", "_bounds", "_compiled"):
+        monkeypatch.setattr(tcpc.autotune, memo, {})
+    monkeypatch.setattr(tcpc.autotune, "BLOCK_RUN_KEPT_COMMANDS", 0)
+    program = tcpc.compile_source(MIXTRAL_AUTO)
+    assert all(kept.run is None for kept in tcpc.autotune._compiled.values())
+
+
 def test_block_auto_for_the_runs_routing() -> None:
     """The candidates are costed with the routing scenario the run names."""
     balanced = tcpc.compile_source(MIXTRAL_AUTO).choices[0]
