@@ -38,6 +38,7 @@ from passes.schedule.schedule_experts import ORDERS
 from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_cycles, cost_only_run
 from runtime_sim.perf.report import BetterBlock, Choice
 from runtime_sim.perf.routing_scenarios import SCENARIOS
+from runtime_sim.semantics.collector import without_gc_pauses
 from target.machine import Machine
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
@@ -221,7 +222,10 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
         return total
 
     try:
-        return remembered(key, routing, seed, cycles), False
+        # One pause over the compile and the run: a collection between them would scan the
+        # compiled module while alive, then again, older, once the candidate drops it.
+        with without_gc_pauses():
+            return remembered(key, routing, seed, cycles), False
     except _AboveBest as e:
         if full is not None:
             _remember(_bounds, full, e.bound)
