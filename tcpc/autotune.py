@@ -188,7 +188,9 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
     its cycles are below `keep_below` and below every other form of the program costed, and
     it has at most `keep_commands` commands (a block search keeps its best block's so far,
     a strategy or order choice its best alternative's: the run that follows then simulates
-    nothing again)."""
+    nothing again). Without a finite `keep_below` (a block search's first block, a strategy
+    or order alternative) the runs kept for other programs are dropped: a run is large, and
+    only the latest choice's is taken."""
     text = print_ir(module)
     key = (text, tuple(functions), tuple(map(repr, passes)), repr(machine))
     full = _remembered_key(key, routing, seed)
@@ -216,6 +218,9 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
             small = run is not None and run.trace is not None and len(run.trace.ops) <= keep_commands
             kept = _Compiled(total, tuple(map(repr, passes)), lowered, run if small else None,
                              (functions[0], str(routing), seed))
+        if keep_below == math.inf:  # a choice's first costing, or a strategy or order's: earlier choices' runs go
+            for other in _compiled.values():
+                other.run = None
         _compiled[program] = kept  # the latest last
         while len(_compiled) > COMPILED_KEPT:
             del _compiled[max(list(_compiled)[:-1], key=lambda p: _compiled[p].cycles)]

@@ -22,6 +22,7 @@ import tcpc
 import tcpc.autotune
 from runtime_sim.perf import cost_only
 from runtime_sim.perf.report import Choice
+from target.machine import default_machine
 from tcpc.autotune import BETTER_BLOCK_RATIO, block_candidates, choose_block
 from tcpc.builder import AutoBlock
 from tcpc.cli import main
@@ -280,6 +281,28 @@ def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch
     again = program.simulate(cost_only=True)
     assert len(simulations) == 1
     assert sim.report.to_json() == again.report.to_json()
+
+
+def test_a_new_choice_lets_the_runs_of_earlier_programs_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block search's run is kept for its own run only: another program's choice lets it
+    go (a run is large), and the first program's run then simulates it again."""
+    for memo in ("_costs", "_bounds", "_compiled"):
+        monkeypatch.setattr(tcpc.autotune, memo, {})
+    first = tcpc.compile_source(MIXTRAL_AUTO)
+    key = (print_ir(first.module), repr(default_machine()))
+    assert tcpc.autotune._compiled[key].run is not None
+    tcpc.compile_file(EXAMPLES / "mixtral.moe", {"B": 4}).simulate(cost_only=True)  # another program's choices
+    assert tcpc.autotune._compiled[key].run is None  # still compiled, no longer run
+    simulate = cost_only.simulate_cost_only
+    simulations: list[str] = []
+
+    def counted_simulation(*args: object, **kwargs: object) -> object:
+        simulations.append("simulate")
+        return simulate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cost_only, "simulate_cost_only", counted_simulation)
+    first.simulate(cost_only=True)
+    assert len(simulations) == 1
 
 
 def test_a_large_block_candidates_run_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
