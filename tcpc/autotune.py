@@ -38,6 +38,7 @@ from passes.schedule.schedule_experts import ORDERS
 from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_cycles, cost_only_run
 from runtime_sim.perf.report import BetterBlock, Choice
 from runtime_sim.perf.routing_scenarios import SCENARIOS
+from runtime_sim.semantics.collector import without_gc_pauses
 from target.machine import Machine
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
@@ -110,7 +111,13 @@ _bounds: dict[tuple[object, ...], int] = {}
 COMPILED_KEPT = 2
 """How many programs `cost_cycles` keeps a compiled form (and run) of for `take_compiled`: the
 latest, and the cheapest of the others (a block search's choice, which the strategy and order
-choices and the run then take, costed before later blocks)."""
+choices and the run then take, costed before later blocks). So at most this many runs are
+kept: a run is large."""
+BLOCK_RUN_KEPT_COMMANDS = 20_000
+"""The most commands a block candidate's run may have to be kept (a decode layer's: a few
+thousand, a few MB). A prefill block search's best run would be held while every later
+candidate is simulated, above the peak memory of the choices without it (DeepSeek-V3 T =
+4096: 83,039 commands; the row's peak RSS 329 -> 402 MB)."""
 
 
 @dataclass
@@ -164,7 +171,7 @@ class _AboveBest(Exception):
 
 
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
-                routing: str | Path, seed: int, keep_run: bool = False,
+                routing: str | Path, seed: int, keep_below: float = 0, keep_commands: float = math.inf,
                 above: float = math.inf) -> tuple[int, bool]:
     """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario;
     and whether they are a lower bound instead: with `above` (the fewest cycles of the
@@ -177,8 +184,13 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
     better-block search costs the run's own block again, and a program compiled again (the
     Python API, tests) is not simulated again; a bound is remembered apart, and simulated when
     a later `above` is not below it. A routing read from a file is not remembered (the file may
-    change). With `keep_run`, the run of the program's cheapest form costed is kept for
-    `take_compiled` (the latest program's only: a run is large)."""
+    change). The run of one function with a routing scenario is kept for `take_compiled` when
+    its cycles are below `keep_below` and below every other form of the program costed, and
+    it has at most `keep_commands` commands (a block search keeps its best block's so far,
+    a strategy or order choice its best alternative's: the run that follows then simulates
+    nothing again). Without a finite `keep_below` (a block search's first block, a strategy
+    or order alternative) the runs kept for other programs are dropped: a run is large, and
+    only the latest choice's is taken."""
     text = print_ir(module)
     key = (text, tuple(functions), tuple(map(repr, passes)), repr(machine))
     full = _remembered_key(key, routing, seed)
@@ -191,9 +203,9 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
         program = (text, repr(machine))
         kept = _compiled.get(program)
         if len(functions) == 1:
-            keep = keep_run and str(routing) in SCENARIOS  # a scenario's run, kept if the cheapest yet
+            keep = str(routing) in SCENARIOS  # a scenario's run, kept if the cheapest yet
             run = cost_only_run(lowered, functions[0], machine, routing=routing, seed=seed,
-                                keep_below=(math.inf if kept is None else kept.cycles) if keep else 0,
+                                keep_below=min(keep_below, math.inf if kept is None else kept.cycles) if keep else 0,
                                 bound_above=above)
             if run.bound:
                 raise _AboveBest(run.cycles)
@@ -203,17 +215,22 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
             total = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
         _compiled.pop(program, None)
         if kept is None or total < kept.cycles:  # the first of equals: a choice's tie goes to its first alternative
-            kept = _Compiled(total, tuple(map(repr, passes)), lowered, run if run is not None and run.trace else None,
+            small = run is not None and run.trace is not None and len(run.trace.ops) <= keep_commands
+            kept = _Compiled(total, tuple(map(repr, passes)), lowered, run if small else None,
                              (functions[0], str(routing), seed))
-        for other in _compiled.values():
-            other.run = None  # runs of the latest program only
+        if keep_below == math.inf:  # a choice's first costing, or a strategy or order's: earlier choices' runs go
+            for other in _compiled.values():
+                other.run = None
         _compiled[program] = kept  # the latest last
         while len(_compiled) > COMPILED_KEPT:
             del _compiled[max(list(_compiled)[:-1], key=lambda p: _compiled[p].cycles)]
         return total
 
     try:
-        return remembered(key, routing, seed, cycles), False
+        # One pause over the compile and the run: a collection between them would scan the
+        # compiled module while alive, then again, older, once the candidate drops it.
+        with without_gc_pauses():
+            return remembered(key, routing, seed, cycles), False
     except _AboveBest as e:
         if full is not None:
             _remember(_bounds, full, e.bound)
@@ -271,7 +288,7 @@ class BlockCycles:
                 # top-k and the loop order at the passes' defaults: they are chosen after the block, at the block chosen
                 pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=order)
                 known = cost_cycles(module, [self.auto.graph], parse_pipeline(pipeline), self.machine, self.routing,
-                                    self.seed, above=above)
+                                    self.seed, keep_below=above, keep_commands=BLOCK_RUN_KEPT_COMMANDS, above=above)
             self._known[block, order] = known
         if order == ORDERS[0]:
             (self.bounded.add if known[1] else self.bounded.discard)(block)
@@ -353,7 +370,8 @@ def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Seq
         def cycles_of(value: str, above: float, i: int = i, p: ModulePass = p,
                       option: str = option) -> tuple[int, bool]:
             trial = [replace(p, **{option: value}) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]  # type: ignore[type-var]
-            return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed, keep_run=True, above=above)
+            return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed, keep_below=math.inf,
+                               above=above)
 
         costed: dict[str, tuple[int, bool]] = {}
         for v in alternatives:  # an alternative bounded above the best so far can neither win nor tie

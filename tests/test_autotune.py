@@ -22,6 +22,7 @@ import tcpc
 import tcpc.autotune
 from runtime_sim.perf import cost_only
 from runtime_sim.perf.report import Choice
+from target.machine import default_machine
 from tcpc.autotune import BETTER_BLOCK_RATIO, block_candidates, choose_block
 from tcpc.builder import AutoBlock
 from tcpc.cli import main
@@ -245,9 +246,10 @@ def test_a_bounded_loop_order_changes_no_choice(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cheapest block stays compiled while the blocks after it are costed (the latest
-    program and the cheapest of the others are kept), so the strategy and order choices
-    compile only their other alternatives, and the run compiles nothing more."""
+    """The cheapest block stays compiled, with its run, while the blocks after it are costed
+    (the latest program and the cheapest of the others are kept), so the strategy and order
+    choices compile only their other alternatives, and when the defaults win the run
+    compiles and simulates nothing more, reporting what simulating it again reports."""
     for memo in ("_costs", "_bounds", "_compiled"):
         monkeypatch.setattr(tcpc.autotune, memo, {})
     program = tcpc.compile_source(MIXTRAL_AUTO)
@@ -260,11 +262,57 @@ def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch
         compiles.append("compile")
         return apply(*args, **kwargs)  # type: ignore[arg-type]
 
+    simulate = cost_only.simulate_cost_only
+    simulations: list[str] = []
+
+    def counted_simulation(*args: object, **kwargs: object) -> object:
+        simulations.append("simulate")
+        return simulate(*args, **kwargs)  # type: ignore[arg-type]
+
     monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
+    monkeypatch.setattr(cost_only, "simulate_cost_only", counted_simulation)
     sim = program.simulate(cost_only=True)
     assert [c.what for c in sim.report.choices[1:]] == ["lower-topk strategy", "schedule-experts order"]
+    assert [c.chosen for c in sim.report.choices[1:]] == ["rank", "block"]  # the block search's own program
     assert len(compiles) == 2  # rounds, then the group order: each choice's default was costed before
+    assert not simulations  # the block search's run of its best block
     assert sim.report.total_cycles == min(dict(sim.report.choices[-1].alternatives).values())
+    monkeypatch.setattr(tcpc.autotune, "_compiled", {})  # nothing kept: compiled and simulated for the run
+    again = program.simulate(cost_only=True)
+    assert len(simulations) == 1
+    assert sim.report.to_json() == again.report.to_json()
+
+
+def test_a_new_choice_lets_the_runs_of_earlier_programs_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block search's run is kept for its own run only: another program's choice lets it
+    go (a run is large), and the first program's run then simulates it again."""
+    for memo in ("_costs", "_bounds", "_compiled"):
+        monkeypatch.setattr(tcpc.autotune, memo, {})
+    first = tcpc.compile_source(MIXTRAL_AUTO)
+    key = (print_ir(first.module), repr(default_machine()))
+    assert tcpc.autotune._compiled[key].run is not None
+    tcpc.compile_file(EXAMPLES / "mixtral.moe", {"B": 4}).simulate(cost_only=True)  # another program's choices
+    assert tcpc.autotune._compiled[key].run is None  # still compiled, no longer run
+    simulate = cost_only.simulate_cost_only
+    simulations: list[str] = []
+
+    def counted_simulation(*args: object, **kwargs: object) -> object:
+        simulations.append("simulate")
+        return simulate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cost_only, "simulate_cost_only", counted_simulation)
+    first.simulate(cost_only=True)
+    assert len(simulations) == 1
+
+
+def test_a_large_block_candidates_run_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block candidate's run of more than BLOCK_RUN_KEPT_COMMANDS commands is dropped (a
+    prefill run is large, and would be held while the later candidates are simulated)."""
+    for memo in ("_costs", "_bounds", "_compiled"):
+        monkeypatch.setattr(tcpc.autotune, memo, {})
+    monkeypatch.setattr(tcpc.autotune, "BLOCK_RUN_KEPT_COMMANDS", 0)
+    program = tcpc.compile_source(MIXTRAL_AUTO)
+    assert all(kept.run is None for kept in tcpc.autotune._compiled.values())
 
 
 def test_block_auto_for_the_runs_routing() -> None:

@@ -176,6 +176,18 @@ def test_placeholders_take_no_memory() -> None:
     assert p.sources == {"%w"}
 
 
+def test_a_placeholder_is_shared_and_read_only() -> None:
+    """One placeholder per type and sources serves every op that makes one (an unrolled loop
+    makes tens of thousands), which is sound because nothing can write it."""
+    from xdsl.dialects.builtin import TensorType, bf16, f32
+
+    p = placeholder(TensorType(bf16, [4, 8]), frozenset(["%x"]))
+    assert placeholder(TensorType(bf16, [4, 8]), frozenset(["%x"])) is p
+    assert placeholder(TensorType(bf16, [4, 8])) is not p and placeholder(TensorType(f32, [4, 8])) is not p
+    with pytest.raises(ValueError, match="read-only"):
+        p[0, 0] = 1
+
+
 def test_real_model_sizes_need_no_memory() -> None:
     """DeepSeek-V3's layer at its real dims (the routed experts alone are 22 GB in bf16): the
     graph after pin-routing and lower-topk runs cost-only in a few MB."""

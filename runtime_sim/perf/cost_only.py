@@ -38,6 +38,7 @@ cycles as that simulation (tests/test_cost_only.py checks this).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -103,7 +104,14 @@ class ShapeOnly:
         self.nbytes = 0
 
 
+PLACEHOLDERS_KEPT = 4096
+"""How many placeholders `placeholder` remembers (the least recently used are forgotten)."""
+
+
+@functools.lru_cache(maxsize=PLACEHOLDERS_KEPT)
 def placeholder(t: Attribute, sources: frozenset[str] = frozenset()) -> Placeholder | ShapeOnly:
+    """A value of type `t` computed from `sources`: one object for each (read-only, so shared
+    by every op that makes one: an unrolled expert loop's ops make tens of thousands)."""
     if not isinstance(t, TensorType):
         return ShapeOnly(t, sources)
     value = np.broadcast_to(np.zeros((), tensor_dtype(t)), shape_of(t)).view(Placeholder)
@@ -482,7 +490,8 @@ class ShapeOnlyListener(Interpreter.Listener):
         views = None
         if _is_symbolic(op):
             operands = list(op.operands)
-            data = tuple(i for i, v in enumerate(operands) if v in set(data_operands(op)))
+            read = set(data_operands(op))
+            data = tuple(i for i, v in enumerate(operands) if v in read)
             views = _SymbolicViews(data, tuple(None if i in data else placeholder(v.type) for i, v in enumerate(operands)),
                                    tuple(placeholder(r.type) for r in op.results))
         self._views[op] = views
