@@ -308,7 +308,8 @@ def table(rows: Sequence[Row]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="T of the cost-only rows")
+    parser.add_argument("--tokens", type=int, nargs="+", default=None,
+                        help=f"T of the cost-only rows (default {' '.join(map(str, TOKENS))})")
     parser.add_argument("--values-tokens", type=int, default=4096,
                         help="T of the Qwen3-30B-A3B run with values (and of transformers'); 0: none")
     parser.add_argument("--families", nargs="+", default=[m.name for m in bench.MODELS],
@@ -329,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)} "
                      f"(families: {', '.join(models)})")
     if args.schedule:
-        tokens = SCHEDULE_TOKENS if args.tokens == list(TOKENS) else args.tokens
+        tokens = SCHEDULE_TOKENS if args.tokens is None else args.tokens
         speeds = []
         context = multiprocessing.get_context("spawn")  # a fresh process per row: its peak memory is the row's
         for name in args.families:
@@ -352,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     rows: list[Row] = []
     for name in args.families:
-        for t in args.tokens:
+        for t in args.tokens or TOKENS:
             print(f"  {name} T={t} cost-only ...", file=sys.stderr, flush=True)
             rows.append(cost_only_row(models[name], t))
     if args.values_tokens:
