@@ -293,6 +293,31 @@ def test_op_sequence_and_cumsums() -> None:
     assert filt.result.type.get_shape() == (route_type(5, 2, 4, 2, 3).blocks.data,) and filt.pad.value.data == -1
 
 
+@pytest.mark.parametrize("t, k, e, b, c, budget", [(1, 8, 128, 1, None, None), (1, 4, 16, 2, 1, None),
+                                                   (5, 2, 4, 2, 3, None), (128, 2, 8, 16, None, None),
+                                                   (128, 2, 8, 16, None, 10000)])
+def test_one_tokens_expert_ids_come_before_the_pairs_offsets(t: int, k: int, e: int, b: int, c: int | None,
+                                                             budget: int | None) -> None:
+    """The vector engine runs its ops in program order. One token's weight loads need only the
+    expert ids, which are made right after the block counts, before any op of the pairs'
+    offsets (the cumsum over pairs, its gathers, scatter_idx); with more tokens the loop starts
+    from the dispatch, which reads scatter_idx, and the ids come after it (plain, chunked and
+    grouped cumsums)."""
+    pipeline = "lower-routing" if budget is None else f"lower-routing{{routing_bytes={budget}}}"
+    _, after = modules(t, k, e, b, c, pipeline)
+    order = list(after.walk())
+    (filt,) = ops_named(after, ve.FilterOp)
+    (route,) = ops_named(after, moe.RouteOp)
+    pairs = [order.index(op) for op in order if op.results and op.results[0].name_hint in
+             ("mask_cumsum", "packed_cumsum", "token_rank", "pair_packed", "pair_row", "scatter_idx")]
+    counts = [order.index(op) for op in ops_named(after, ve.ReduceSumOp) if op.result.name_hint == "num_blocks"]
+    assert pairs and counts and route.expert_ids is filt.result
+    if t == 1:
+        assert max(counts) < order.index(filt) < min(pairs)
+    else:
+        assert order.index(filt) > max(pairs)
+
+
 @pytest.mark.parametrize(
     "t, k, e, b, c, style",
     [

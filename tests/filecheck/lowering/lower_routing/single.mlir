@@ -9,9 +9,9 @@ func.func @one(%x: tensor<1x4xbf16>, %idx: tensor<1x1xi32>) -> tensor<1x1x4xbf16
 }
 
 // CHECK-LABEL: func.func @one
+// CHECK:       %expert_ids = ve.filter %flat_grid, %is_expert keep [1] along 0 pad -1 : tensor<1xi32>, tensor<1xi4> -> tensor<1xi32>
 // CHECK:       %expert_position = ve.position_tag along 0 first 0 middle 1 last 2 single 3 : tensor<1xi4>
 // CHECK-NEXT:  ve.scan add %num_blocks, %expert_position along 0 read [1, 2] write [0, 1] : tensor<1xi32>, tensor<1xi4>
 // CHECK:       %pair_position = ve.position_tag along 0 first 0 middle 1 last 2 single 3 : tensor<1x1xi4>
 // CHECK-NEXT:  ve.scan add %expert_mask, %pair_position along 0 read [1, 2] write [0, 1] : tensor<1x1xi32>, tensor<1x1xi4>
-// CHECK:       %expert_ids = ve.filter %flat_grid, %is_expert keep [1] along 0 pad -1 : tensor<1xi32>, tensor<1xi4> -> tensor<1xi32>
 // CHECK-NOT:   moe.scatter
