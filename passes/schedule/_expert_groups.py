@@ -208,10 +208,13 @@ def slot_tables(add: Callable[[Operation, str | None], SSAValue], ids: SSAValue,
 
 def last_group_table(add: Callable[[Operation, str | None], SSAValue], chunk_ids: SSAValue) -> SSAValue:
     """For every group, the ids of its chunks if it is the loop's last group, else -1
-    (`[groups, chunks]`, from `chunk_ids`): the last group stores its own results."""
+    (`[groups, chunks]`, from `chunk_ids`): the last group stores its own results. The groups
+    are numbered from the ids (an iota plus the ids and 0), so that split-clusters makes each
+    cluster its own table from its own ids (`derived`) rather than reading one cluster's."""
     t = chunk_ids.type
     groups = shape_of(t)[0]
-    number = add(ve.IotaOp(t, 0), None)  # type: ignore[arg-type]
+    zeros = add(ve.AndOp(chunk_ids, add(ve.ConstOp(0, t), None)), None)  # type: ignore[arg-type]
+    number = add(ve.AddOp(add(ve.IotaOp(t, 0), None), zeros), None)  # type: ignore[arg-type]
     last = add(ve.TagOp("eq", number, add(ve.ConstOp(groups - 1, t), None)), None)  # type: ignore[arg-type]
     return add(ve.SelectOp(last, [1], chunk_ids, add(ve.ConstOp(-1, t), None)), "chunks_if_last")  # type: ignore[arg-type]
 
