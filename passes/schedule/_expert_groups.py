@@ -26,12 +26,15 @@ weight load behind the previous group's work. The body:
   and adds its share of the down-projection to the group's f32 sum (`acc`). The slots share
   that sum: a guarded-off chunk keeps it. A slot after the first is an `scf.if` on its id, so
   a group of fewer experts skips the rest;
-- stores the previous group's rows in one command guarded chunk by chunk (`tile.store ...
-  guard`, one id per chunk), after this group's weight loads: split-clusters' copies write only
-  the blocks of the experts they own, and no copy writes an unused block or a chunk of padding.
-  A group's results wait in SRAM for the next group (loop-carried with their chunks' ids and
-  first block); a group that does not run stores them, and the last group stores its own. A
-  loop of one group (decode's, or the blocks left over) stores it in its body.
+- stores the group's rows in one command guarded chunk by chunk (`tile.store ... guard`, one
+  id per chunk): split-clusters' copies write only the blocks of the experts they own, and no
+  copy writes an unused block or a chunk of padding. With resident weight tiles (their loads
+  issued up front) the next group issues it, after its weight loads: a group's results wait in
+  SRAM for it (loop-carried with their chunks' ids and first block); a group that does not run
+  stores them, and the last group stores its own. Streamed tiles' loads wait for the
+  contractions, and a loop of one group (decode's, or the blocks left over) has no next group:
+  there the group stores its own rows at the end of its body (deferred, Mixtral-8x7B at
+  T = 4096, B = 64, took 76,032 cycles more).
   DMA engines run their commands in program order, so a store issued at the end of its own
   group held an engine idle until the group's last contraction, and the next group's loads,
   issued after it, could not use that engine meanwhile (Qwen3-30B-A3B, T = 2048, B = 128,
@@ -480,7 +483,9 @@ class GroupLoop:
         tables, chunk_ids = None, group_ids
         if self.group > 1 or self.parts > 1:
             *tables, chunk_ids = slot_tables(self.add, group_ids, tokens_all, self.slots, self.parts, self.chunk)
-        defer = groups > 1  # a loop of one group stores it in its body, with nothing to wait for
+        # Stores wait for the next group where its loads are issued up front, resident tiles'
+        # (streamed tiles' loads wait for the contractions, and a loop of one group has no next).
+        defer = groups > 1 and plan.resident
         last_ids = last_group_table(self.add, chunk_ids) if defer else None
         for op in list(self.target.ops):
             op.detach()
