@@ -38,7 +38,7 @@ weight load behind the previous group's work. The body:
   DMA engines run their commands in program order, so a store issued at the end of its own
   group held an engine idle until the group's last contraction, and the next group's loads,
   issued after it, could not use that engine meanwhile (Qwen3-30B-A3B, T = 2048, B = 128,
-  cost-only, balanced: 1,055,440 -> 1,039,088 cycles; B = 256: 1,068,833 -> 1,041,095).
+  cost-only, balanced: 1,055,440 -> 1,039,088 cycles; B = 256: 1,068,833 -> 1,041,060).
 
 So a weight tile crosses HBM once per expert and group, and a contraction takes all the rows
 an expert has in the group instead of a block's. More than one slot add into one accumulator:
