@@ -31,14 +31,14 @@ weight load behind the previous group's work. The body:
   copy writes an unused block or a chunk of padding. With resident weight tiles (their loads
   issued up front) the next group issues it, after its weight loads: a group's results wait in
   SRAM for it (loop-carried with their chunks' ids and first block); a group that does not run
-  stores them, and the last group stores its own. Streamed tiles' loads wait for the
-  contractions, and a loop of one group (decode's, or the blocks left over) has no next group:
-  there the group stores its own rows at the end of its body (deferred, Mixtral-8x7B at
-  T = 4096, B = 64, took 76,032 cycles more).
-  DMA engines run their commands in program order, so a store issued at the end of its own
-  group held an engine idle until the group's last contraction, and the next group's loads,
-  issued after it, could not use that engine meanwhile (Qwen3-30B-A3B, T = 2048, B = 128,
-  cost-only, balanced: 1,055,440 -> 1,039,088 cycles; B = 256: 1,068,833 -> 1,041,060).
+  stores them, and the last group stores its own. DMA engines run their commands in program
+  order, so a store issued at the end of its own group held an engine idle until the group's
+  last contraction, and the next group's loads, issued after it, could not use that engine
+  meanwhile (Qwen3-30B-A3B, T = 2048, B = 128, cost-only, balanced: 1,055,440 -> 1,039,088
+  cycles; B = 256: 1,068,833 -> 1,041,060). Streamed tiles' loads wait for the contractions,
+  and a loop of one group (decode's, or the blocks left over) has no next group: there the
+  group stores its own rows at the end of its body (deferred, Mixtral-8x7B at T = 4096,
+  B = 64, took 76,032 cycles more).
 
 So a weight tile crosses HBM once per expert and group, and a contraction takes all the rows
 an expert has in the group instead of a block's. More than one slot add into one accumulator:
