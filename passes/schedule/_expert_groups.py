@@ -28,7 +28,17 @@ weight load behind the previous group's work. The body:
   a group of fewer experts skips the rest;
 - stores the group's rows in one command guarded chunk by chunk (`tile.store ... guard`, one
   id per chunk): split-clusters' copies write only the blocks of the experts they own, and no
-  copy writes an unused block or a chunk of padding.
+  copy writes an unused block or a chunk of padding. With resident weight tiles (their loads
+  issued up front) the next group issues it, after its weight loads: a group's results wait in
+  SRAM for it (loop-carried with their chunks' ids and first block); a group that does not run
+  stores them, and the last group stores its own. DMA engines run their commands in program
+  order, so a store issued at the end of its own group held an engine idle until the group's
+  last contraction, and the next group's loads, issued after it, could not use that engine
+  meanwhile (Qwen3-30B-A3B, T = 2048, B = 128, cost-only, balanced: 1,055,440 -> 1,039,088
+  cycles; B = 256: 1,068,833 -> 1,041,060). Streamed tiles' loads wait for the contractions,
+  and a loop of one group (decode's, or the blocks left over) has no next group: there the
+  group stores its own rows at the end of its body (deferred, Mixtral-8x7B at T = 4096,
+  B = 64, took 76,032 cycles more).
 
 So a weight tile crosses HBM once per expert and group, and a contraction takes all the rows
 an expert has in the group instead of a block's. More than one slot add into one accumulator:
@@ -197,6 +207,19 @@ def slot_tables(add: Callable[[Operation, str | None], SSAValue], ids: SSAValue,
     match = add(ve.TagOp("eq", by_slot, by_chunk), None)
     guards = add(ve.SelectOp(match, [1], by_chunk, add(ve.ConstOp(-1, table), None)), "slot_chunks")
     return slot_ids, guards, chunk_ids
+
+
+def last_group_table(add: Callable[[Operation, str | None], SSAValue], chunk_ids: SSAValue) -> SSAValue:
+    """For every group, the ids of its chunks if it is the loop's last group, else -1
+    (`[groups, chunks]`, from `chunk_ids`): the last group stores its own results. The groups
+    are numbered from the ids (an iota plus the ids and 0), so that split-clusters makes each
+    cluster its own table from its own ids (`derived`) rather than reading one cluster's."""
+    t = chunk_ids.type
+    groups = shape_of(t)[0]
+    zeros = add(ve.AndOp(chunk_ids, add(ve.ConstOp(0, t), None)), None)  # type: ignore[arg-type]
+    number = add(ve.AddOp(add(ve.IotaOp(t, 0), None), zeros), None)  # type: ignore[arg-type]
+    last = add(ve.TagOp("eq", number, add(ve.ConstOp(groups - 1, t), None)), None)  # type: ignore[arg-type]
+    return add(ve.SelectOp(last, [1], chunk_ids, add(ve.ConstOp(-1, t), None)), "chunks_if_last")  # type: ignore[arg-type]
 
 
 @dataclass
@@ -460,16 +483,36 @@ class GroupLoop:
         tables, chunk_ids = None, group_ids
         if self.group > 1 or self.parts > 1:
             *tables, chunk_ids = slot_tables(self.add, group_ids, tokens_all, self.slots, self.parts, self.chunk)
+        # Stores wait for the next group where its loads are issued up front, resident tiles'
+        # (streamed tiles' loads wait for the contractions, and a loop of one group has no next).
+        defer = groups > 1 and plan.resident
+        last_ids = last_group_table(self.add, chunk_ids) if defer else None
         for op in list(self.target.ops):
             op.detach()
             self.hoist(op)
 
+        # The previous group's results, the ids of their chunks and its first block: stored after
+        # this group's weight loads (`deferred_stores`). Before the first group nothing is
+        # pending: every chunk -1, the tiles an (unread) HBM buffer, which takes no SRAM.
+        pending_init: list[SSAValue] = []
+        if defer:
+            no_results = [self.hoist(tile.BufferOp("hbm", tile_type(r.type, self.group))) for r in plan.escaping]
+            for none, r in zip(no_results, plan.escaping):
+                none.name_hint = f"{r.name_hint or 'out'}_none"
+            no_chunks = self.hoist(ve.ConstOp(-1, TensorType(i32, [self.chunks])))
+            no_chunks.name_hint = "no_chunks"
+            pending_init = [*no_results, no_chunks, c_first.result]
         init = _State(nothing, [nothing] * (SLOTS_AHEAD if plan.resident else TILES_IN_FLIGHT), reuse)
-        carried_init = [*buffers, *init.values()[1:], *([nothing] * GROUPS_AHEAD)]
+        carried_init = [*buffers, *init.values()[1:], *([nothing] * GROUPS_AHEAD), *pending_init]
         body = Block(arg_types=[IndexType(), *(v.type for v in carried_init)])
         number, *args = body.args
         number.name_hint = "group"
         buffer_args = args[:len(buffers)]
+        args, pending = args[:len(args) - len(pending_init)], args[len(args) - len(pending_init):]
+        if defer:
+            for p, r in zip(pending, plan.escaping):
+                p.name_hint = f"{r.name_hint or 'out'}_pending"
+            pending[-2].name_hint, pending[-1].name_hint = "pending_chunks", "pending_block"
         state = init.replaced([nothing, *args[len(buffers):len(args) - GROUPS_AHEAD]])
         state.acc = start
         what = "slot" if plan.resident else "f_tile"
@@ -490,6 +533,7 @@ class GroupLoop:
         # Ops of the region also read outside it are made whole as well, as in block order.
         deferred = (set(region.tiled) - set(region.shared)) | {region.down, *region.down_loads}
         made = {r for op in deferred for r in op.results}
+        flushed = list(buffer_args)
         for op in plan.ops:
             if op in deferred:
                 if op is region.down:
@@ -498,6 +542,8 @@ class GroupLoop:
                             if v not in made and v not in self.per_expert and v is not plan.expert_ids:
                                 self.tile_of(v)
                     self.slots_of_group(number, ids, tables, state)
+                    if defer:  # the previous group's store: after every slot's weight loads
+                        flushed = self.deferred_stores(pending, buffer_args)
                     self.mapping[op.result] = self.view(state.acc, list(shape_of(tile_type(op.result.type, self.group))))
                 continue
             if op.results and all(r in self.per_expert for r in op.results):
@@ -514,20 +560,65 @@ class GroupLoop:
 
         # One command per result, its chunks guarded by their ids: split-clusters' copies write
         # only the blocks of the experts they own, and no copy writes an unused block or part.
-        written = None
-        if self.chunks > 1:
+        # Deferred, the next group stores it, and the last group its own, as no group follows.
+        written: SSAValue | None = None
+        if defer or self.chunks > 1:
             written = self.view(self.add(tile.SliceOp(chunk_ids, number, tile_type(chunk_ids.type))), [self.chunks])
             written.name_hint = "chunks_of_group"
-        stored = [self.add(tile.StoreOp(self.mapping[r], buf, self.index, guard=written),
-                           f"{r.name_hint}_stored" if r.name_hint else None)
-                  for r, buf in zip(plan.escaping, buffer_args)]
         done = state.acc
         assert done is not None
-        body.add_op(scf.YieldOp(*stored, *state.values()[1:], done, *group_waits[:-1]))
-        skip_unless(body, runs).attributes[PHASE_ATTR] = plan.phase
+        carried_out: list[SSAValue] = []
+        if defer:
+            assert last_ids is not None and written is not None
+            last_chunks = self.view(self.add(tile.SliceOp(last_ids, number, tile_type(last_ids.type))), [self.chunks])
+            last_chunks.name_hint = "chunks_if_last"
+            is_last = self.add(tile.GuardOp(last_chunks), "group_is_last")
+            outer, then = self.target, Block()
+            self.target = then
+            then.add_op(scf.YieldOp(*self.stores(flushed, written)))
+            self.target = outer
+            last_store = scf.IfOp(is_last, [v.type for v in flushed], [then], [Block([scf.YieldOp(*flushed)])])
+            self.add(last_store)
+            stored = list(last_store.results)
+            carried_out = [*(self.mapping[r] for r in plan.escaping), written, self.index]
+        else:
+            stored = self.stores(buffer_args, written)
+        body.add_op(scf.YieldOp(*stored, *state.values()[1:], done, *group_waits[:-1], *carried_out))
+        branch = skip_unless(body, runs)
+        branch.attributes[PHASE_ATTR] = plan.phase
+        if defer:  # a group that does not run stores the previous one's results; nothing is pending
+            otherwise = branch.false_region.block
+            skipped = otherwise.last_op
+            assert isinstance(skipped, scf.YieldOp)
+            carried = list(skipped.operands)
+            skipped.detach()
+            skipped.erase()
+            self.target = otherwise
+            flushed = self.deferred_stores(pending, buffer_args)
+            carried[:len(flushed)] = flushed
+            carried[-2] = pending_init[-2]
+            otherwise.add_op(scf.YieldOp(*carried))
+            self.target = body
         loop = scf.ForOp(c_zero, c_groups, c_one, carried_init, body)
         loop.attributes[PHASE_ATTR] = plan.phase
         return loop
+
+    def stores(self, buffers: list[SSAValue], written: SSAValue | None) -> list[SSAValue]:
+        """Store the group's results into `buffers`, chunk by chunk as `written` says; the
+        buffers after the stores."""
+        return [self.add(tile.StoreOp(self.mapping[r], buf, self.index, guard=written),
+                         f"{r.name_hint}_stored" if r.name_hint else None)
+                for r, buf in zip(self.plan.escaping, buffers)]
+
+    def deferred_stores(self, pending: list[SSAValue], buffers: list[SSAValue]) -> list[SSAValue]:
+        """Store the previous group's results (`pending`: its tiles, the ids of their chunks, -1
+        where nothing is to be written, and its first block) into `buffers`; the buffers after
+        the stores. Issued after this group's weight loads: stored in its own group, a store
+        waited for the group's last contraction at the head of a DMA engine's queue, and the
+        next group's loads, issued after it, could not use that engine meanwhile."""
+        *tiles, chunks, block = pending
+        return [self.add(tile.StoreOp(t, buf, block, guard=chunks), f"{r.name_hint or 'out'}_flushed")
+                for t, buf, r in zip(tiles, buffers, self.plan.escaping)]
 
     def slots_of_group(self, number: SSAValue, ids: SSAValue, tables: list[SSAValue] | None, state: _State) -> None:
         """Every slot's tiles; slots after the first in an `scf.if` on the slot's expert."""
