@@ -164,6 +164,12 @@ class Machine:
         return self.clusters * self.peak_flops_per_cycle
 
     @property
+    def chip_peak_fp8_flops_per_cycle(self) -> int:
+        """Every cluster's fp8 peak together: the FLOP side of a block-scaled contraction's
+        roofline (fp8 and f4e2m1 weights)."""
+        return self.clusters * 2 * self.peak_fp8_macs_per_cycle
+
+    @property
     def trf_bytes(self) -> int:
         """The TRF's payload per slice (book, Register Files: 8 lanes x 2 banks x 128 rows, each
         320-bit row holding 16 bf16 or 32 f8, 32 bytes): what a stationary operand may fill."""

@@ -11,7 +11,9 @@ import tcpc
 from tcpc.program import Program
 from dialects import tcp
 from dialects.annotations import phase_of
+from passes.schedule._f_tiles import CONTRACTIONS
 from passes.schedule.interleave_shared import spreads
+from passes.schedule.split_clusters import contraction_flops_per_weight_byte
 from target.machine import default_machine
 from tcpc.pipelines import LOWERED_PIPELINE
 from tests.test_schedule import F_TILE_MODES, assert_same_bits
@@ -22,7 +24,7 @@ SPLIT = ",".join(LOWERED_PIPELINE) + f",schedule-shared,schedule-experts{F_TILE_
 
 def _top_level(program: Program, pipeline: str) -> list[str]:
     """The function body's loops and shared contractions, in program order: `shared` for a
-    shared contraction, `routed a-b` for a piece of the routed loop over blocks [a, b),
+    shared contraction (bf16/f32 or block-scaled), `routed a-b` for a piece of the routed loop over blocks [a, b),
     `shared loop` for a shared loop left whole."""
     module = program.lower(pipeline)
     body = next(op for op in module.walk() if op.name == "func.func").body.block
@@ -32,24 +34,37 @@ def _top_level(program: Program, pipeline: str) -> list[str]:
             found.append(f"routed {op.lb.owner.value.value.data}-{op.ub.owner.value.value.data}")
         elif isinstance(op, scf.ForOp) and phase_of(op) == "shared":
             found.append("shared loop")
-        elif isinstance(op, tcp.ContractOp) and phase_of(op) == "shared":
+        elif isinstance(op, CONTRACTIONS) and phase_of(op) == "shared":
             found.append("shared")
     return found
 
 
-@pytest.mark.parametrize("example", ["llama4", "deepseek_v3"])
+SPREAD_CASES = {
+    "llama4": ({"T": 256, "D": 16, "FS": 1100, "B": 4}, 9, 64),
+    "deepseek_v3": ({"T": 256, "D": 16, "FS": 1100, "B": 4}, 9, 256),
+    "deepseek_v3_fp8": ({"T": 256, "D": 128, "F": 128, "FS": 256, "E": 8, "K": 2, "NG": 4, "TG": 2, "B": 8}, 3, 64),
+}
+"""Example -> its dims, the shared contractions of a row block, the blocks every routing fills."""
+
+
+@pytest.mark.parametrize("example", sorted(SPREAD_CASES))
 def test_the_shared_contractions_go_between_pieces_of_the_routed_loop_and_keep_the_bits(example: str) -> None:
-    """T = 256: 2 row blocks, one per cluster; FS = 1100 in streamed F tiles of 512, 512 and 76
-    (3 tiles x 3 contractions, each on both clusters); B = 4, K = 1 or 4: 64 or 256 blocks
-    filled. The IR before and after the pass gives the same bits, the reference's."""
-    program = tcpc.compile_file(EXAMPLES / f"{example}.moe", dims={"T": 256, "D": 16, "FS": 1100, "B": 4})
+    """T = 256: 2 row blocks, one per cluster. bf16: FS = 1100 in streamed F tiles of 512, 512
+    and 76 (3 tiles x 3 contractions, each on both clusters); B = 4, K = 1 or 4: 64 or 256
+    blocks filled. fp8 (DeepSeek-V3's 128 x 128 block-scaled experts, both of them
+    `tcp.scaled_contract`s, the shared expert's inputs quantized per row group in its loop):
+    FS = 256 in one tile (3 contractions); B = 8, K = 2: 64 blocks filled, the routed
+    contraction at 8 FLOPs per stored weight byte, below RNGD's fp8 peak over HBM bandwidth.
+    The IR before and after the pass gives the same bits, the reference's."""
+    dims, contractions, filled = SPREAD_CASES[example]
+    program = tcpc.compile_file(EXAMPLES / f"{example}.moe", dims=dims)
     before = program.run(seed=4, pipeline=SPLIT).outputs
     after = program.run(seed=4, pipeline=SPLIT + ",interleave-shared").outputs
     assert_same_bits(after, before)
     assert_same_bits(after, program.run(seed=4).outputs)
     order = _top_level(program, SPLIT + ",interleave-shared")
     assert "shared loop" not in order
-    assert order.count("shared") == 2 * 9  # every contraction, on both clusters
+    assert order.count("shared") == 2 * contractions  # every contraction, on both clusters
     pieces = [o for o in order if o.startswith("routed")]
     # Runs of shared contractions (one per cluster, or two where a tile's down-projection meets
     # the next tile's first contraction), each before a piece of the routed loop.
@@ -57,7 +72,6 @@ def test_the_shared_contractions_go_between_pieces_of_the_routed_loop_and_keep_t
     assert all(a != b for a, b in zip(order, order[1:]) if a.startswith("routed"))
     bounds = [tuple(int(b) for b in p.split()[1].split("-")) for p in pieces]
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])) and bounds[0][0] == 0
-    filled = 256 * (4 if example == "deepseek_v3" else 1) // 4
     assert bounds[-1][0] < filled < bounds[-1][1]  # the filled blocks spread, the last piece to G
 
 
@@ -81,3 +95,16 @@ def test_a_shared_expert_spreads_at_prefill_through_a_routed_loop_that_waits_for
     module = wide.lower(",".join(LOWERED_PIPELINE))
     routed = next(op for op in module.walk() if isinstance(op, tcp.ContractOp) and phase_of(op) == "experts")
     assert not spreads(2, routed, rngd)  # 176 FLOPs a byte: more than RNGD's 174.8
+
+
+@pytest.mark.parametrize(("block", "spread"), [(128, True), (176, False)])
+def test_a_block_scaled_routed_loop_is_judged_at_the_fp8_rate_and_its_stored_bytes(block: int, spread: bool) -> None:
+    """DeepSeek-V3 fp8's routed contraction does 2 B FLOPs per stored byte (f8e4m3, plus an f32
+    scale per 128 x 128 block): at B = 128, 256, more than RNGD's bf16 peak over HBM bandwidth
+    (174.8) but less than its fp8 peak's (349.6), so the shared expert spreads; at B = 176,
+    352 FLOPs a byte, it does not."""
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3_fp8.moe", dims={"T": 256, "D": 128, "F": 128, "FS": 256, "B": block})
+    module = program.lower(",".join(LOWERED_PIPELINE))
+    routed = next(op for op in module.walk() if isinstance(op, tcp.ScaledContractOp) and phase_of(op) == "experts")
+    assert 2 * block * (1 - 1e-3) < contraction_flops_per_weight_byte(routed) < 2 * block
+    assert spreads(2, routed, default_machine()) is spread

@@ -20,6 +20,7 @@ def test_default_is_the_whole_rngd_chip() -> None:
     assert m.clock_hz == 1e9 and m.clusters == 2 and m.slices == 256
     assert m.sram_bytes == 2 * 256 * 512 * 1024
     assert m.chip_peak_flops_per_cycle == 2 * m.peak_flops_per_cycle == 2 * 2 * 256 * 256
+    assert m.chip_peak_fp8_flops_per_cycle == 2 * m.chip_peak_flops_per_cycle  # 512 TFLOPS fp8, 256 bf16
     one = load_machine("rngd-cluster")  # a built-in machine by name
     assert one.clusters == 1 and one.sram_bytes == m.sram_bytes // 2 and one.dma_engines == m.dma_engines
     assert m.macs_per_cycle_bf16 == 256 and m.tree_depth_cycles == 5

@@ -576,7 +576,7 @@ def spread_through_routed(block: Block, expert_ids: SSAValue, plans: list[SSAVal
     the SRAM, the routed loop's tiles being in SRAM at the same time."""
     if plan_phase(block, expert_ids) != SHARED:
         return False
-    routed = [op for op in block.ops if isinstance(op, tcp.ContractOp) and op.guard in plans
+    routed = [op for op in block.ops if isinstance(op, CONTRACTIONS) and op.guard in plans
               and plan_phase(block, op.guard) == "experts"]
     return bool(routed) and spreads(shape_of(expert_ids.type)[0], routed[0], machine)
 

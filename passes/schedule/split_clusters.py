@@ -301,9 +301,14 @@ def flops_per_weight_byte(body: Block) -> float:
     return 0.0
 
 
-def contraction_flops_per_weight_byte(op: tcp.ContractOp) -> float:
-    """FLOPs `op` does per byte of its weight (rhs): 2 x its rows over the weight's bytes per element."""
-    return 2 * op.roles().m * 8 / stored_bits(op.rhs.type.element_type)  # type: ignore[attr-defined]
+def contraction_flops_per_weight_byte(op: tcp.ContractOp | tcp.ScaledContractOp) -> float:
+    """FLOPs `op` does per byte of its weight (rhs) as stored: 2 x its rows over the weight's bytes
+    per element, a block-scaled weight's scales included (MXFP4's e8m0 per 32 values add 1/16)."""
+    bits = stored_bits(op.rhs.type.element_type)  # type: ignore[attr-defined]
+    if isinstance(op, tcp.ScaledContractOp):
+        scales = op.rhs_scales.type
+        bits += stored_bits(scales.element_type) * math.prod(shape_of(scales)) / math.prod(shape_of(op.rhs.type))  # type: ignore[attr-defined]
+    return 2 * op.roles().m * 8 / bits
 
 
 @dataclass
