@@ -429,11 +429,14 @@ def test_the_expert_loop_starts_from_the_dispatch() -> None:
     dispatch (decode, T = 1: one scatter of K rows, whatever the layer) is the exception: its
     loads start as soon as the expert ids are known (Qwen3-30B-A3B: 60,853 -> 60,376 cycles)."""
     qwen3 = {"D": 2048, "F": 768, "E": 128, "K": 8, "B": 1}
-    for tokens in (1, 2):
-        report = cost_only("qwen3_moe.moe", {"T": tokens, **qwen3})
-        block_tokens = next(o for o in report.ops if o.label.startswith("%block_tokens = "))
-        loads = [o for o in report.ops if o.name == "tile.load_expert"]
-        assert loads and (min(o.start for o in loads) >= block_tokens.end) == (tokens > 1)
+    report = cost_only("qwen3_moe.moe", {"T": 2, **qwen3})
+    block_tokens = next(o for o in report.ops if o.label.startswith("%block_tokens = "))
+    loads = [o for o in report.ops if o.name == "tile.load_expert"]
+    assert loads and min(o.start for o in loads) >= block_tokens.end
+    report = cost_only("qwen3_moe.moe", {"T": 1, **qwen3})  # no row index at all (blocks of one row)
+    routing = max(o.end for o in report.ops if o.phase == "routing" and o.label.startswith("%expert_ids = "))
+    loads = [o for o in report.ops if o.name == "tile.load_expert"]
+    assert loads and min(o.start for o in loads) < routing + 100
     program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe")
     module = program.lower(program.full_pipeline())
     row_indices = {op.indices.owner.source for op in module.walk() if op.name == "tile.gather"}  # a cluster's
@@ -444,7 +447,8 @@ def test_the_expert_loop_starts_from_the_dispatch() -> None:
 def test_one_tokens_blocks_read_its_row_where_it_is() -> None:
     """Decode in blocks of one row (T = 1, B = 1): every block that runs holds the token's row,
     so the loop reads it from the router's SRAM copy (a `tcp.view`; cluster 1 from one copy made
-    before the loop) rather than gathering it from HBM per block, with the same bits. Where the
+    before the loop) rather than gathering it from HBM per block, and its row -> token index is
+    the constant 0 (no dispatch scatter, no copy of the index to cluster 1), with the same bits. Where the
     weights stream (F tiles fetched per block) the row gather stays: there the loads span every
     engine back to back, and without the gathers they start in lockstep, every start-up leaving
     HBM idle (Mixtral-8x7B T = 1: 507,447 -> 510,309 cycles)."""
@@ -452,6 +456,9 @@ def test_one_tokens_blocks_read_its_row_where_it_is() -> None:
     program = tcpc.compile_file(path, dims={"T": 1, "B": 1})
     module = program.lower(",".join(FULL_PIPELINE))
     assert not [op for op in module.walk() if op.name == "tile.gather"]
+    # nor a row -> token index: the dispatch's scatter of the token's marks is gone with its readers
+    assert not [op for op in module.walk() if op.name == "tcp.dma_scatter" or op.name == "tile.copy"
+                and op.input.name_hint == "block_tokens"]
     rows = [op for op in module.walk() if op.name == "tcp.view" and op.result.name_hint == "xb_tile"]
     sources = {op.input.owner.name for op in rows}
     assert len(rows) == 2 and sources == {"tcp.load", "tile.copy"}  # cluster 0's load, cluster 1's copy
