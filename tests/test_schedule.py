@@ -13,6 +13,7 @@ from support import assert_same_bits
 import tcpc
 from dialects.annotations import cluster_of
 from dialects.moe import max_blocks
+from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.report import SimReport
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
@@ -525,3 +526,22 @@ def test_a_router_matmul_in_token_tiles_is_exact(example: str, tokens: int) -> N
                   if op.name == "tcp.contract" and op.attributes["tcpc.phase"].data == "router")
     assert sum(rows) == tokens and max(rows) % 128 == 0 and len(rows) >= 2, rows  # in tiles, whole chunks
     assert_same_bits(program.run(seed=5, pipeline=",".join(FULL_PIPELINE)).outputs, program.run(seed=5).outputs)
+
+
+def test_one_tokens_resident_tile_is_the_widest_of_equals() -> None:
+    """Resident F tiles take the width whose loads hold the DMA engines least, the narrowest of
+    equals (its first tile contracts while the next arrive); one token's blocks each load a
+    different expert and contract one row, so there the widest of equals: Qwen3-30B-A3B's bf16
+    F = 768 whole at T = 1 (59,420 -> 59,308 cycles), 512 and 256 at T = 2; its fp8 tiles (1 MB
+    and 0.5 MB hold the engines less than 1.5 MB whole) stay 512 and 256 at T = 1."""
+    path = Path(__file__).parent.parent / "examples"
+    qwen3 = {"D": 2048, "F": 768, "E": 16, "K": 8, "B": 1}
+
+    def widths(stem: str, tokens: int) -> list[int]:
+        module = tcpc.compile_file(path / f"{stem}.moe", dims={"T": tokens, **qwen3}).lower(LOWERED + ",schedule-experts")
+        return [shape_of(op.result.type)[2] for op in module.walk()
+                if op.name == "tile.load_expert" and op.source.name_hint == "w_gate"]
+
+    assert widths("qwen3_moe", 1) == [768]
+    assert widths("qwen3_moe", 2) == [512, 256]
+    assert widths("qwen3_moe_fp8", 1) == [512, 256]

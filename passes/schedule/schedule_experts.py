@@ -327,7 +327,9 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     tiles: list[tuple[int, int]] = []
     resident = True
     if region is not None:
-        width, resident = choose_f_tile(region, gathers, sram_bytes or machine.cluster_sram_bytes, f_tile, machine)
+        one_token = any(is_dispatch_gather(op, blocks) and not starts_from_dispatch(op) for op in ops)
+        width, resident = choose_f_tile(region, gathers, sram_bytes or machine.cluster_sram_bytes, f_tile, machine,
+                                        one_token)
         if width < region.f:
             tiles = [(f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
     tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g in region.down_loads)]
