@@ -13,6 +13,7 @@ from support import assert_same_bits
 import tcpc
 from dialects.annotations import cluster_of
 from dialects.moe import max_blocks
+from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.report import SimReport
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
@@ -429,11 +430,14 @@ def test_the_expert_loop_starts_from_the_dispatch() -> None:
     dispatch (decode, T = 1: one scatter of K rows, whatever the layer) is the exception: its
     loads start as soon as the expert ids are known (Qwen3-30B-A3B: 60,853 -> 60,376 cycles)."""
     qwen3 = {"D": 2048, "F": 768, "E": 128, "K": 8, "B": 1}
-    for tokens in (1, 2):
-        report = cost_only("qwen3_moe.moe", {"T": tokens, **qwen3})
-        block_tokens = next(o for o in report.ops if o.label.startswith("%block_tokens = "))
-        loads = [o for o in report.ops if o.name == "tile.load_expert"]
-        assert loads and (min(o.start for o in loads) >= block_tokens.end) == (tokens > 1)
+    report = cost_only("qwen3_moe.moe", {"T": 2, **qwen3})
+    block_tokens = next(o for o in report.ops if o.label.startswith("%block_tokens = "))
+    loads = [o for o in report.ops if o.name == "tile.load_expert"]
+    assert loads and min(o.start for o in loads) >= block_tokens.end
+    report = cost_only("qwen3_moe.moe", {"T": 1, **qwen3})  # no row index at all (blocks of one row)
+    routing = max(o.end for o in report.ops if o.phase == "routing" and o.label.startswith("%expert_ids = "))
+    loads = [o for o in report.ops if o.name == "tile.load_expert"]
+    assert loads and min(o.start for o in loads) < routing + 100
     program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe")
     module = program.lower(program.full_pipeline())
     row_indices = {op.indices.owner.source for op in module.walk() if op.name == "tile.gather"}  # a cluster's
@@ -444,7 +448,8 @@ def test_the_expert_loop_starts_from_the_dispatch() -> None:
 def test_one_tokens_blocks_read_its_row_where_it_is() -> None:
     """Decode in blocks of one row (T = 1, B = 1): every block that runs holds the token's row,
     so the loop reads it from the router's SRAM copy (a `tcp.view`; cluster 1 from one copy made
-    before the loop) rather than gathering it from HBM per block, with the same bits. Where the
+    before the loop) rather than gathering it from HBM per block, and its row -> token index is
+    the constant 0 (no dispatch scatter, no copy of the index to cluster 1), with the same bits. Where the
     weights stream (F tiles fetched per block) the row gather stays: there the loads span every
     engine back to back, and without the gathers they start in lockstep, every start-up leaving
     HBM idle (Mixtral-8x7B T = 1: 507,447 -> 510,309 cycles)."""
@@ -452,6 +457,9 @@ def test_one_tokens_blocks_read_its_row_where_it_is() -> None:
     program = tcpc.compile_file(path, dims={"T": 1, "B": 1})
     module = program.lower(",".join(FULL_PIPELINE))
     assert not [op for op in module.walk() if op.name == "tile.gather"]
+    # nor a row -> token index: the dispatch's scatter of the token's marks is gone with its readers
+    assert not [op for op in module.walk() if op.name == "tcp.dma_scatter" or op.name == "tile.copy"
+                and op.input.name_hint == "block_tokens"]
     rows = [op for op in module.walk() if op.name == "tcp.view" and op.result.name_hint == "xb_tile"]
     sources = {op.input.owner.name for op in rows}
     assert len(rows) == 2 and sources == {"tcp.load", "tile.copy"}  # cluster 0's load, cluster 1's copy
@@ -518,3 +526,22 @@ def test_a_router_matmul_in_token_tiles_is_exact(example: str, tokens: int) -> N
                   if op.name == "tcp.contract" and op.attributes["tcpc.phase"].data == "router")
     assert sum(rows) == tokens and max(rows) % 128 == 0 and len(rows) >= 2, rows  # in tiles, whole chunks
     assert_same_bits(program.run(seed=5, pipeline=",".join(FULL_PIPELINE)).outputs, program.run(seed=5).outputs)
+
+
+def test_one_tokens_resident_tile_is_the_widest_of_equals() -> None:
+    """Resident F tiles take the width whose loads hold the DMA engines least, the narrowest of
+    equals (its first tile contracts while the next arrive); one token's blocks each load a
+    different expert and contract one row, so there the widest of equals: Qwen3-30B-A3B's bf16
+    F = 768 whole at T = 1 (59,420 -> 59,308 cycles), 512 and 256 at T = 2; its fp8 tiles (1 MB
+    and 0.5 MB hold the engines less than 1.5 MB whole) stay 512 and 256 at T = 1."""
+    path = Path(__file__).parent.parent / "examples"
+    qwen3 = {"D": 2048, "F": 768, "E": 16, "K": 8, "B": 1}
+
+    def widths(stem: str, tokens: int) -> list[int]:
+        module = tcpc.compile_file(path / f"{stem}.moe", dims={"T": tokens, **qwen3}).lower(LOWERED + ",schedule-experts")
+        return [shape_of(op.result.type)[2] for op in module.walk()
+                if op.name == "tile.load_expert" and op.source.name_hint == "w_gate"]
+
+    assert widths("qwen3_moe", 1) == [768]
+    assert widths("qwen3_moe", 2) == [512, 256]
+    assert widths("qwen3_moe_fp8", 1) == [512, 256]

@@ -34,7 +34,9 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   One token in blocks of one row (decode, B = 1) is the exception where the weights are kept
   across blocks (not streamed): every block that runs holds the token's row, so the block's
   tile is a view of the token's SRAM copy (the router's load; cluster 1 reads its one copy,
-  split-clusters), no DMA command at all (Qwen3-30B-A3B bf16 T = 1: 59,892 -> 59,494 cycles).
+  split-clusters), no DMA command at all (Qwen3-30B-A3B bf16 T = 1: 59,892 -> 59,494 cycles),
+  and its row -> token index (what its rows' masks read) is the constant 0, so lower-dispatch's
+  scatter of the token's marks goes, with its copy to cluster 1 (59,494 -> 59,420).
   Streamed tiles keep the gathers: their loads span every engine back to back, and without
   the gathers' commands to offset them they start in lockstep, every start-up leaving HBM idle
   (Mixtral-8x7B T = 1: 507,447 -> 510,309 cycles, gpt-oss-120b 150,416 -> 151,712);
@@ -91,6 +93,7 @@ from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.traits import Pure
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
@@ -251,6 +254,21 @@ def sram_copy(block: Block, tokens: SSAValue) -> SSAValue:
     return load.result
 
 
+def erase_unread(value: SSAValue) -> None:
+    """Erase the pure ops that made `value` (one token's row -> token index, lower-dispatch's
+    scatter of its marks), and those that made their operands, as far as nothing reads them:
+    a DMA command nobody waits for would still hold an engine."""
+    owner = value.owner
+    if (not isinstance(owner, Operation) or owner.parent is None or any(r.uses for r in owner.results)
+            or not owner.has_trait(Pure)):
+        return
+    operands = list(owner.operands)
+    owner.detach()
+    owner.erase()
+    for v in dict.fromkeys(operands):
+        erase_unread(v)
+
+
 def read_by_combine(value: SSAValue, inside: set[Operation]) -> bool:
     """Whether every reader of `value` outside `inside` is the combine's DMA gather of its rows
     (through views): its indices name only the rows of routed pairs, which lie in used blocks,
@@ -309,7 +327,9 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     tiles: list[tuple[int, int]] = []
     resident = True
     if region is not None:
-        width, resident = choose_f_tile(region, gathers, sram_bytes or machine.cluster_sram_bytes, f_tile, machine)
+        one_token = any(is_dispatch_gather(op, blocks) and not starts_from_dispatch(op) for op in ops)
+        width, resident = choose_f_tile(region, gathers, sram_bytes or machine.cluster_sram_bytes, f_tile, machine,
+                                        one_token)
         if width < region.f:
             tiles = [(f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
     tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g in region.down_loads)]
@@ -510,12 +530,15 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     deferred: set[Operation] = set()
     if tiles and region is not None:
         deferred = (set(region.tiled) - set(region.shared)) | {region.down, *region.down_loads}
+    in_place = [op for op in dispatches if runs is not None and not streamed and one_row(op)]
+    for op in in_place:  # a block that runs holds the one token's row: its row -> token index is 0
+        mapping[op.indices] = add(ve.ConstOp(0, tile_type(op.indices.type)), "the_token")
     for op in ops:
         if op in deferred:
             if region is not None and op is region.down:
                 mapping[op.result] = f_tiles()
             continue
-        if runs is not None and not streamed and is_dispatch_gather(op, blocks) and one_row(op):  # docstring
+        if op in in_place:  # docstring
             rows = tcp.ViewOp(sram_copy(block, op.source), shape_of(tile_type(op.result.type)))
             mapping[op.result] = add(rows, f"{op.result.name_hint}_tile" if op.result.name_hint else None)
             continue
@@ -544,6 +567,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     loop = scf.ForOp(c0, c_blocks, c1, carried_init, body)
     loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
     replace_by_loop(block, ops, escaping, list(loop.results[:n_buf]), [*before, loop])
+    for op in in_place:
+        erase_unread(op.indices)
     for stored in loop.results[:n_buf]:
         # Stored in HBM a block at a time: a reader on an engine that computes (a shared
         # expert's rows added to the routed ones) reads it from SRAM, loaded once after the loop
