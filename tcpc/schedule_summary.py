@@ -31,8 +31,11 @@ def _constant(value: SSAValue) -> int | None:
 
 def tile_loops(module: ModuleOp, function: str) -> list[TileLoop]:
     """Every `scf.for` of `function` with constant bounds, outermost first, with its phase,
-    trip count, step and the distinct types of the tiles its body slices or loads."""
+    trip count, step and the distinct types of the tiles its body slices or loads. The pieces
+    of one loop (interleave-shared splits the routed loop where it places a shared expert's
+    contractions: the next piece starts where the last ended, in the same block) are one entry."""
     loops: list[TileLoop] = []
+    ended: tuple[object, int] | None = None  # the last loop's block and upper bound
     for fn in module.ops:
         if not (isinstance(fn, func.FuncOp) and fn.sym_name.data == function):
             continue
@@ -46,7 +49,14 @@ def tile_loops(module: ModuleOp, function: str) -> list[TileLoop]:
             # through branches (an unused block's scf.if) and the clusters' copies alike
             tiles = dict.fromkeys(format_type(t.result.type) for t in body.walk() if isinstance(t, TILE_OPS))
             variable = body.args[0].name_hint or "i"
-            loops.append(TileLoop(phase_of(op) or "other", variable, max(0, -(-(ub - lb) // step)), step, tuple(tiles)))
+            loop = TileLoop(phase_of(op) or "other", variable, max(0, -(-(ub - lb) // step)), step, tuple(tiles))
+            last = loops[-1] if loops else None
+            if (last is not None and ended == (op.parent_block(), lb)
+                    and (last.phase, last.variable, last.step, last.tiles) == (loop.phase, loop.variable, loop.step, loop.tiles)):
+                loops[-1] = replace(last, iterations=last.iterations + loop.iterations, pieces=last.pieces + 1)
+            else:
+                loops.append(loop)
+            ended = (op.parent_block(), ub)
     return loops
 
 

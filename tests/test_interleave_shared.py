@@ -108,3 +108,19 @@ def test_a_block_scaled_routed_loop_is_judged_at_the_fp8_rate_and_its_stored_byt
     routed = next(op for op in module.walk() if isinstance(op, tcp.ScaledContractOp) and phase_of(op) == "experts")
     assert 2 * block * (1 - 1e-3) < contraction_flops_per_weight_byte(routed) < 2 * block
     assert spreads(2, routed, default_machine()) is spread
+
+
+def test_the_report_lists_the_routed_loops_pieces_as_one_loop() -> None:
+    """tile_loops (the report's `schedule:` lines and JSON `loops`) gives the routed loop's
+    pieces as one loop over all its blocks, `in N pieces`, not one line per piece."""
+    from tcpc.schedule_summary import tile_loops
+
+    program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims={"T": 256, "D": 16, "FS": 1100, "B": 4})
+    module = program.lower(SPLIT + ",interleave-shared")
+    pieces = _top_level(program, SPLIT + ",interleave-shared")
+    routed = [p for p in pieces if p.startswith("routed")]
+    assert len(routed) > 1
+    experts = [loop for loop in tile_loops(module, "llama4") if loop.phase == "experts"]
+    first, last = routed[0].split()[1].split("-"), routed[-1].split()[1].split("-")
+    assert [(loop.pieces, loop.iterations) for loop in experts] == [(len(routed), int(last[1]) - int(first[0]))]
+    assert f"in {len(routed)} pieces" in experts[0].describe()

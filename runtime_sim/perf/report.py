@@ -245,9 +245,13 @@ class TileLoop:
     step: int
     tiles: tuple[str, ...]
     """The distinct types of the tiles it slices and loads each iteration (`8x128xbf16`)."""
+    pieces: int = 1
+    """The consecutive loops it was split into (interleave-shared's pieces of the routed loop)."""
 
     def describe(self) -> str:
-        return f"{self.phase} loop %{self.variable}: {self.iterations:,} x step {self.step}; tiles {', '.join(self.tiles) or 'none'}"
+        pieces = f" in {self.pieces} pieces" if self.pieces > 1 else ""
+        return (f"{self.phase} loop %{self.variable}: {self.iterations:,} x step {self.step}{pieces}; "
+                f"tiles {', '.join(self.tiles) or 'none'}")
 
 
 @dataclass(frozen=True)
