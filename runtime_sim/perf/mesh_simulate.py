@@ -422,8 +422,9 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
 
     # The memory plan follows program order, not time (no decision of it reads a command's
     # cycles; a collective is a link command, whose cost the plan never changes): plan each
-    # chip once, then only reschedule its tasks with the collectives' cycles as they are fixed,
-    # and report from the same plan (tests/test_mesh.py: the same reports as planning again).
+    # chip once, place its tasks with the collectives' cycles as they are fixed (below), and
+    # report from the same plan and schedule (tests/test_mesh.py: the same reports as planning
+    # and scheduling again).
     # Chips of one trace (`same_trace`) with the same collective cycles so far plan, schedule
     # and report alike: that is done once for them.
     units = {**engine_units(machine.chip), LINK: 1}
