@@ -8,6 +8,7 @@ from __future__ import annotations
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, IntegerAttr, TensorType
 from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, SSAValue
+from xdsl.traits import Pure
 
 from dialects import tcp, tile, ve
 from dialects.annotations import placed_in_hbm
@@ -78,6 +79,22 @@ def constant_index(value: SSAValue) -> int | None:
     if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
         return owner.value.value.data
     return None
+
+
+def erase_unread(value: SSAValue) -> None:
+    """Erase the pure op that made `value`, and those that made its operands, as far as nothing
+    reads them (one token's row -> token index and lower-dispatch's scatter of its marks, a
+    DMA command nobody waits for that would still hold an engine; a split or unrolled loop's
+    bound constants)."""
+    owner = value.owner
+    if (not isinstance(owner, Operation) or owner.parent is None or any(r.uses for r in owner.results)
+            or not owner.has_trait(Pure)):
+        return
+    operands = list(owner.operands)
+    owner.detach()
+    owner.erase()
+    for v in dict.fromkeys(operands):
+        erase_unread(v)
 
 
 def tile_type(t: Attribute, rows: int = 1) -> Attribute:

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import arith, func, scf
+from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -48,21 +48,19 @@ from xdsl.passes import ModulePass
 from dialects import tcp, tile
 from dialects.annotations import PHASE_ATTR, SHARED, expert_indices, phase_of
 from dialects.tensor_types import shape_of
-from passes._loop_builder import constant_index, index_constant, move_readers_after
+from passes._loop_builder import constant_index, erase_unread, index_constant, move_readers_after
 from passes.schedule._f_tiles import CONTRACTIONS
 from passes.schedule.split_clusters import addressed, contraction_flops_per_weight_byte, expert_loops
 from target.machine import Machine
 from target.target_spec import machine_of
 
 
-def _erase_unused_bounds(loop: scf.ForOp) -> None:
-    """Erase, with `loop` (already detached), the constants of its bounds and step nothing else reads."""
-    bounds = [v.owner for v in (loop.lb, loop.ub, loop.step)]
+def _erase_with_bounds(loop: scf.ForOp) -> None:
+    """Erase `loop` (already detached), and its bounds' and step's constants if nothing else reads them."""
+    bounds = dict.fromkeys((loop.lb, loop.ub, loop.step))
     loop.erase()
-    for op in dict.fromkeys(bounds):
-        if isinstance(op, arith.ConstantOp) and not op.result.uses and op.parent is not None:
-            op.detach()
-            op.erase()
+    for v in bounds:
+        erase_unread(v)
 
 
 def _trips(loop: scf.ForOp) -> list[int] | None:
@@ -102,7 +100,7 @@ def unroll(loop: scf.ForOp) -> tuple[list[Operation], list[SSAValue]]:
     for old, new in zip(loop.results, carried):
         old.replace_all_uses_with(new)
     loop.detach()
-    _erase_unused_bounds(loop)
+    _erase_with_bounds(loop)
     return made, read
 
 
@@ -154,7 +152,7 @@ def split(loop: scf.ForOp, bounds: list[int]) -> list[scf.ForOp]:
     for old, new in zip(loop.results, carried):
         old.replace_all_uses_with(new)
     loop.detach()
-    _erase_unused_bounds(loop)
+    _erase_with_bounds(loop)
     return pieces
 
 

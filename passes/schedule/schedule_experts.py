@@ -93,7 +93,6 @@ from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
-from xdsl.traits import Pure
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
@@ -106,6 +105,7 @@ from passes.schedule.interleave_shared import spreads
 from passes.lowering.load_arguments import load_into_sram
 from passes._loop_builder import (
     ZERO_OPERAND_VE,
+    erase_unread,
     clone_rows,
     connected,
     escaping_results,
@@ -252,21 +252,6 @@ def sram_copy(block: Block, tokens: SSAValue) -> SSAValue:
     else:
         block.insert_op_before(load, block.first_op)
     return load.result
-
-
-def erase_unread(value: SSAValue) -> None:
-    """Erase the pure ops that made `value` (one token's row -> token index, lower-dispatch's
-    scatter of its marks), and those that made their operands, as far as nothing reads them:
-    a DMA command nobody waits for would still hold an engine."""
-    owner = value.owner
-    if (not isinstance(owner, Operation) or owner.parent is None or any(r.uses for r in owner.results)
-            or not owner.has_trait(Pure)):
-        return
-    operands = list(owner.operands)
-    owner.detach()
-    owner.erase()
-    for v in dict.fromkeys(operands):
-        erase_unread(v)
 
 
 def read_by_combine(value: SSAValue, inside: set[Operation]) -> bool:
