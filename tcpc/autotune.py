@@ -42,7 +42,8 @@ from runtime_sim.semantics.collector import without_gc_pauses
 from target.machine import Machine
 from tcpc.builder import AutoBlock
 from tcpc.diagnostics import Loc
-from tcpc.pipelines import COST_ONLY_PASSES, PassStep, apply_pipeline, is_auto, parse_pipeline, pipeline_spec
+from tcpc.pipelines import (COST_ONLY_PASSES, PassStep, Verified, apply_pipeline, is_auto, parse_pipeline, pipeline_spec,
+                            verify_changed)
 from tcpc.program import print_ir
 
 BLOCK_SPREAD = 4
@@ -151,15 +152,17 @@ def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machi
     kept = _compiled.get(program) if after_each is None else None
     if kept is not None and kept.passes == tuple(map(repr, passes)):
         del _compiled[program]
+        verify_changed(kept.module, Verified())  # compiled unverified, as every candidate is (cost_cycles)
         return kept.module, kept.run if kept.run_of == run_of else None
     return compiled_cost_only(module, passes, machine, after_each), None
 
 
 def compiled_cost_only(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine,
-                       after_each: Callable[[PassStep], None] | None = None) -> ModuleOp:
-    """`module` after the cost-only passes (COST_ONLY_PASSES) and `passes`, for `machine`."""
+                       after_each: Callable[[PassStep], None] | None = None, verify: str = "each") -> ModuleOp:
+    """`module` after the cost-only passes (COST_ONLY_PASSES) and `passes`, for `machine`,
+    verified as `verify` says (apply_pipeline)."""
     return apply_pipeline(module, [*parse_pipeline(",".join(COST_ONLY_PASSES)), *passes], after_each,
-                          machine=machine)
+                          machine=machine, verify=verify)
 
 
 class _AboveBest(Exception):
@@ -199,7 +202,7 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
         return bound, True
 
     def cycles() -> int:
-        lowered = compiled_cost_only(module, passes, machine)
+        lowered = compiled_cost_only(module, passes, machine, verify="none")
         program = (text, repr(machine))
         kept = _compiled.get(program)
         if len(functions) == 1:

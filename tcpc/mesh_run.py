@@ -244,7 +244,8 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
         tried = tuple((c, remembered((print_ir(module), name, str(trial.mesh), trial.strategy, c, repr(mach)), routing,
                                      seed, lambda c=c: simulate_on_mesh(
                                          Program(str(path), source, {}, module), replace(trial, chunks=c), graph=name,
-                                         machine=mach, cost_only=True, routing=routing, seed=seed).report.total_cycles))
+                                         machine=mach, cost_only=True, routing=routing, seed=seed,
+                                         verify="none").report.total_cycles))
                       for c in counts)
         best = min(cycles for _, cycles in tried)
         by_chunks.append((best, tried))
@@ -258,7 +259,8 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
         tried = next((t for best, t in reversed(by_chunks) if want is None or best == want), None)
         if tried is None:  # no block=auto: the program as compiled, at each count
             tried = tuple((c, simulate_on_mesh(program, replace(trial, chunks=c), graph=graph, machine=mach,
-                                               cost_only=True, routing=routing, seed=seed).report.total_cycles)
+                                               cost_only=True, routing=routing, seed=seed,
+                                               verify="none").report.total_cycles)
                           for c in chunk_counts(program.function(graph), spec))
         program.choices = [*program.choices, chunk_choice(tried, routing, spec)]
     return program
@@ -322,11 +324,14 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                      seed: int = 0, graph: str | None = None, machine: MeshMachine | str | Path | None = None,
                      sram_policy: str = "spill", cost_only: bool = False,
                      routing: str | Path = "balanced",
-                     listeners: Sequence[Interpreter.Listener] = ()) -> MeshSimulation:
+                     listeners: Sequence[Interpreter.Listener] = (), verify: str = "each") -> MeshSimulation:
     """Shard, lower and simulate one graph of `program` on the mesh of `spec`; `listeners` see
     every op of every chip, in each of the `spec.simulations(cost_only)` simulations. The
     program's T is the whole mesh's (check_token_split). The report carries the choices (the
-    program's blocks, and with topk=auto the strategy) and each chip's loops and contractions."""
+    program's blocks, and with topk=auto the strategy) and each chip's loops and contractions.
+    `verify` says when each compile is verified (apply_pipeline's VERIFY_MODES): a choice's
+    candidates that are only costed, never; top-k strategies, the chosen one of which is the
+    run, after their last pass."""
     from runtime_sim.perf.graph_work import graph_work
     from runtime_sim.perf.report import Choice
     from target.mesh_machine import MeshMachine, load_mesh_machine
@@ -346,7 +351,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
         if chosen is None:
             tried = tuple((c, simulate_on_mesh(program, replace(spec, chunks=c, topk=TOPK_DEFAULT), seed=seed,
                                                graph=graph, machine=mach, sram_policy=sram_policy, cost_only=True,
-                                               routing=routing).report.total_cycles)
+                                               routing=routing, verify="none").report.total_cycles)
                           for c in chunk_counts(fn, spec))
             chosen = chunk_choice(tried, routing, spec)
         sim = simulate_on_mesh(program, replace(spec, chunks=int(chosen.chosen)), inputs, seed=seed, graph=graph,
@@ -358,7 +363,8 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
         return sim
     if spec.topk == TOPK_AUTO:
         trials = {s: simulate_on_mesh(program, replace(spec, topk=s), seed=seed, graph=graph, machine=mach,
-                                      sram_policy=sram_policy, cost_only=True, routing=routing, listeners=listeners)
+                                      sram_policy=sram_policy, cost_only=True, routing=routing, listeners=listeners,
+                                      verify="last" if verify == "each" else verify)
                   for s in TOPK_STRATEGIES}
         cycles = {s: t.report.total_cycles for s, t in trials.items()}
         best = min(TOPK_STRATEGIES, key=lambda s: (cycles[s], TOPK_STRATEGIES.index(s)))
@@ -372,9 +378,10 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
             report.choices = [*report.choices, choice]
         return replace(chosen, topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
-    module = program.lower(pipeline, machine=mach.chip)
+    module = program.lower(pipeline, machine=mach.chip, verify=verify)
     # A chip's useful work: its program after shard-experts, before lowering.
-    work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False), machine=mach.chip), name))
+    work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False), machine=mach.chip,
+                                                verify=verify), name))
     if cost_only:
         if inputs:
             raise CompileError("cost-only simulation takes no inputs")

@@ -257,15 +257,22 @@ class PassStep:
         return "input" if self.pass_ is None else self.pass_.name
 
 
+VERIFY_MODES = ("each", "last", "none")
+"""When apply_pipeline verifies the IR: after each pass (a compile whose IR a user sees), after
+the last one only, or never (a candidate a choice of the cost model compiles, costs and drops:
+tcpc/autotune.py verifies the one it keeps before handing it over)."""
+
+
 def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
                    after_each: Callable[[PassStep], None] | None = None,
-                   machine: Machine | None = None) -> ModuleOp:
-    """Apply passes to a clone of `module`, verifying after each one, the ops each creates
-    located where the ops they lower were (tcpc/provenance.py); with `machine`, the
+                   machine: Machine | None = None, verify: str = "each") -> ModuleOp:
+    """Apply passes to a clone of `module`, verifying as `verify` says (VERIFY_MODES), the ops
+    each creates located where the ops they lower were (tcpc/provenance.py); with `machine`, the
     clone targets it (its `dlti.target_system_spec`, which every pass reads), whatever target
     `module` had; without, the passes compile for `module`'s target (or the default machine).
     `after_each` sees every step: the clone before the first pass, then the IR after each
     pass, with the pass's time (outside the timed region, so what it does costs no pass time)."""
+    assert verify in VERIFY_MODES, verify
     ctx = make_context()
     with without_gc_pauses():  # the module grows by thousands of ops, which the collector would rescan
         lowered = module.clone()
@@ -279,7 +286,8 @@ def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
                 start = time.perf_counter()
                 p.apply(ctx, lowered)
                 applied = time.perf_counter()
-            verify_changed(lowered, verified)
+            if verify == "each" or (verify == "last" and index == len(passes)):
+                verify_changed(lowered, verified)
             if after_each is not None:
                 after_each(PassStep(index, lowered, p, applied - start, time.perf_counter() - applied))
     return lowered

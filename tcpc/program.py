@@ -149,13 +149,15 @@ class Program:
 
     def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
               machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0,
-              after_each: Callable[[PassStep], None] | None = None) -> ModuleOp:
+              after_each: Callable[[PassStep], None] | None = None, verify: str = "each") -> ModuleOp:
         """The IR after `pipeline` (a pass list such as `lower-topk`), or after the full lowering
         up to `level`: what `tcpc compile --emit LEVEL` prints. Every `auto` is resolved first
         by the cost model (see `passes`); with `machine`, the IR is compiled for it. `after_each`
-        watches the pipeline step by step (apply_pipeline), not the compiles that resolve an auto."""
+        watches the pipeline step by step (apply_pipeline), not the compiles that resolve an
+        auto; `verify` says when the IR is verified (apply_pipeline's VERIFY_MODES)."""
         passes, _ = self.passes(pipeline, level=level, graph=graph, machine=machine, routing=routing, seed=seed)
-        return apply_pipeline(self.module, passes, after_each, machine=None if machine is None else as_machine(machine))
+        return apply_pipeline(self.module, passes, after_each, machine=None if machine is None else as_machine(machine),
+                              verify=verify)
 
     def passes(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
                machine: Machine | str | Path | None = None, routing: str | Path = "balanced",

@@ -225,3 +225,42 @@ def test_each_pass_is_verified_where_it_changed_the_ir(monkeypatch: pytest.Monke
     with pytest.raises(VerifyException, match="ve.chain yields"):
         apply_pipeline(lowered, [ChangeNothing(), _BreakOneChain()])
     assert apply_pipeline(lowered, parse_pipeline("map-contractions")).is_structurally_equivalent(lowered)
+
+
+def test_verify_modes_each_last_none() -> None:
+    """`verify="each"` stops at the pass that broke the IR; "last" verifies once, after the last
+    pass, so a break before it is still caught; "none" (a candidate the cost model drops)
+    does not verify, and tcpc/autotune.py verifies the candidate it keeps when it hands it over."""
+    from tcpc.autotune import _Compiled, _compiled, take_compiled
+    from tcpc.pipelines import apply_pipeline
+
+    seen: list[str] = []
+
+    class Note(ModulePass):
+        """Notes that it ran (after a broken pass: the IR was not verified in between)."""
+
+        name = "note"
+
+        def apply(self, ctx: Context, op: ModuleOp) -> None:
+            seen.append(self.name)
+
+    lowered = tcpc.compile_file(EXAMPLES[0]).lower()
+    with pytest.raises(VerifyException, match="does not match operand ranks"):
+        apply_pipeline(lowered, [_BreakOneContraction(), Note()])
+    assert seen == []
+    with pytest.raises(VerifyException, match="does not match operand ranks"):
+        apply_pipeline(lowered, [_BreakOneContraction(), Note()], verify="last")
+    assert seen == ["note"]
+    broken = apply_pipeline(lowered, [_BreakOneContraction(), Note()], verify="none")
+    # The kept candidate's IR is verified as it is handed over, so a broken one cannot be run.
+    from target.machine import default_machine
+    from tcpc.program import print_ir
+
+    machine = default_machine()
+    program = (print_ir(lowered), repr(machine))
+    _compiled[program] = _Compiled(1, (), broken, None, ())
+    try:
+        with pytest.raises(VerifyException, match="does not match operand ranks"):
+            take_compiled(lowered, [], machine)
+    finally:
+        _compiled.pop(program, None)

@@ -125,15 +125,24 @@ def is_row_view(op: tcp.ViewOp, tokens: int) -> bool:
     return not any(isinstance(u.operation, tcp.DmaGatherOp) and u.operation.source is op.result for u in op.result.uses)
 
 
-def layer_tail(block: Block) -> set[Operation]:
+def layer_tail(block: Block, nested_reads: dict[Operation, tuple[Operation, ...]] | None = None) -> set[Operation]:
     """The ops of `block` that read, directly or not, the combine's or a shared expert's
     results: the layer's tail (their sum, casts of the result), whatever phase lower-math gave
     them by data flow (on a mesh chip the combine is math ops whose inputs reach back to the
-    router's weights, so the tail is labelled `router`)."""
+    router's weights, so the tail is labelled `router`). `nested_reads` keeps, across calls,
+    the ops whose results the ops inside an op with regions read (a loop schedule-tokens built
+    is not changed after: walking every loop again at every phase was 7% of a mesh candidate)."""
+    cache: dict[Operation, tuple[Operation, ...]] = {} if nested_reads is None else nested_reads
     tail: set[Operation] = set()
     for op in block.ops:
-        reads = (v.owner for nested in op.walk() for v in nested.operands)
-        if any(isinstance(o, Operation) and (o in tail or phase_of(o) in TAIL_AFTER) for o in reads):
+        if op.regions:
+            if op not in cache:
+                cache[op] = tuple(o for nested in op.walk() for v in nested.operands
+                                  if isinstance(o := v.owner, Operation))
+            reads = cache[op]
+        else:
+            reads = tuple(o for v in op.operands if isinstance(o := v.owner, Operation))
+        if any(o in tail or phase_of(o) in TAIL_AFTER for o in reads):
             tail.add(op)
     return tail
 
@@ -214,7 +223,7 @@ def balanced_rows(tokens: int, rows: int, clusters: int, granule: int = 8) -> in
 
 
 def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole: set[Operation],
-                   clusters: int = 1) -> bool:
+                   clusters: int = 1, nested_reads: dict[Operation, tuple[Operation, ...]] | None = None) -> bool:
     """One token-tile loop over the row-parallel ops of `phase` not in `whole` that a loop can
     take together; when they fit SRAM whole, they join `whole` instead (and the ops a
     contraction kept apart from them get their own turn: DeepSeek-V3's router after its
@@ -225,7 +234,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     that fits whole but makes at least MIN_SPLIT_VECTOR_BYTES is cut into a tile per cluster:
     without it, a router that just fits whole ran on one cluster, and one just too large for
     that ran on two, faster (benchmarks/monotone.py: T = 360 took more cycles than T = 368)."""
-    tail = layer_tail(block)
+    tail = layer_tail(block, nested_reads)
     candidates = [op for op in block.ops
                   if loop_phase(op, tail) == phase and is_row_parallel(op, tokens) and op not in whole]
     fn = block.parent_op()
@@ -485,9 +494,10 @@ class ScheduleTokensPass(ModulePass):
         clusters = self.clusters or machine.clusters
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
+                nested_reads: dict[Operation, tuple[Operation, ...]] = {}
                 for tokens in token_counts(fn):
                     for phase in TILED_PHASES:
                         whole: set[Operation] = set()
-                        while schedule_phase(fn.body.block, phase, tokens, tile_bytes, whole, clusters):
+                        while schedule_phase(fn.body.block, phase, tokens, tile_bytes, whole, clusters, nested_reads):
                             pass
                 store_results(fn)
