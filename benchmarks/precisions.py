@@ -40,7 +40,13 @@ layer's FLOPs at the format's peak (the experts' contractions at the fp8 rate fo
 MXFP4, the rest at bf16's) and its minimal HBM bytes at HBM bandwidth (the weights of the
 experts balanced routing uses, at their stored width with their scales (and the trellis
 format's sign vectors), the router's, the shared expert's, the tokens in and out; the seed's
-formats contract in bf16, so their limit takes bf16's rate), on the simulated machine (the whole chip); the simulated time over that limit; the HBM bytes the simulation moved (the layer's own
+formats contract in bf16, so their limit takes bf16's rate), on the simulated machine (the whole chip); the simulated time over that limit;
+the format's scales floor, that limit with the experts' block-scaled contractions at the rate
+of the vector engine that scales their f32 partial sums where it is slower than the MACs (one
+pass per K-block of each result, 4 a cycle per slice against 512 fp8 MACs: MXFP4's blocks of
+32 take 4x the MAC time, gpt-oss's fp8 blocks of 64 2x, blocks of 128 1x; docs/passes.md,
+lower-quant), which no schedule beats without changing the program's arithmetic, and the
+simulated time over it; the HBM bytes the simulation moved (the layer's own
 commands); the critical path split into experts and the rest; and the weight stream's stages
 (the issue's "show stage by stage why"): when the first expert weight load starts (everything
 before it is the router, top-k and routing, on the critical path before the first weight
@@ -149,6 +155,8 @@ class Row:
     """Cycle the last one ends."""
     load_bytes: int = 0
     """HBM bytes the expert weight loads move."""
+    floor_cycles: float = 0.0
+    """The format's scales floor (`chip_limit(..., scales=True)`)."""
     bf16_cycles: int = 0
 
     @property
@@ -160,9 +168,18 @@ class Row:
     def over_limit(self) -> float:
         return self.total_cycles / self.limit_cycles
 
+    @property
+    def over_floor(self) -> float:
+        return self.total_cycles / self.floor_cycles
 
-def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: dict[str, int]) -> float:
-    """Cycles of the format's chip limit (see the module docstring)."""
+
+def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: dict[str, int],
+               *, scales: bool = False) -> float:
+    """Cycles of the format's chip limit (see the module docstring); with `scales`, its scales
+    floor: the same, the block-scaled contractions of the experts (shared one included) at the
+    slower of the fp8 MAC rate and their `vector scales` stage's (target/contraction_mapping.py:
+    one f32 partial sum per K-block of the weights' block and the activations' group, whichever
+    is smaller, of each result, `float_ways` a cycle in every slice's vector engine)."""
     d = family.dims
     pairs = tokens * d["K"]
     used = min(d["E"], pairs)
@@ -176,7 +193,11 @@ def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: 
     expert_flops = 2 * (pairs * expert_weights + tokens * shared_weights)
     router_flops = 2 * tokens * d["D"] * d["E"]
     fast = 2 * machine.peak_fp8_macs_per_cycle if fmt in FP8_RATE else machine.peak_flops_per_cycle
-    flop_cycles = (expert_flops / fast + router_flops / machine.peak_flops_per_cycle) / machine.clusters
+    expert_cycles = expert_flops / fast
+    if scales and fmt in FP8_RATE:
+        k_block = min(blocks["QK"], blocks["QG"])
+        expert_cycles = max(expert_cycles, expert_flops / 2 / k_block / (machine.float_ways * machine.slices))
+    flop_cycles = (expert_cycles + router_flops / machine.peak_flops_per_cycle) / machine.clusters
     return max(flop_cycles, nbytes / machine.hbm_bytes_per_cycle)
 
 
@@ -205,7 +226,7 @@ def precision_row(family: Family, fmt: str, tokens: int, machine: Machine, block
     return Row(family.title, fmt, tokens, chosen if chosen is not None else program.dims["B"], report.total_cycles, limit, report.roofline.hbm_bytes, experts,
                report.microseconds, machine.cycles_to_us(limit), seconds, strategy,
                min((o.start for o in loads), default=0), max((o.end for o in loads), default=0),
-               sum(o.hbm_bytes for o in loads))
+               sum(o.hbm_bytes for o in loads), chip_limit(machine, family, fmt, tokens, blocks, scales=True))
 
 
 def pipeline_with_auto_topk(pipeline: str) -> str:
@@ -239,7 +260,8 @@ def _num(x: float) -> str:
 
 
 def table(rows: Sequence[Row], machine: Machine) -> str:
-    head = ["model", "T", "format", "B", "simulated µs", "x bf16", "target", "chip limit µs", "x limit", "HBM MB",
+    head = ["model", "T", "format", "B", "simulated µs", "x bf16", "target", "chip limit µs", "x limit",
+            "scales floor µs", "x floor", "HBM MB",
             "experts µs", "rest µs", "first load µs", "stream µs", "HBM µs", "tail µs", "top-k"]
     lines = ["| " + " | ".join(head) + " |",
              "|" + "|".join("---" if i < 3 or i == len(head) - 1 else "---:" for i in range(len(head))) + "|"]
@@ -247,7 +269,8 @@ def table(rows: Sequence[Row], machine: Machine) -> str:
         target = f"<= {TARGETS[r.fmt]:.2f}" if r.fmt in TARGETS and r.tokens <= 64 else ""
         rest = r.total_cycles - r.experts_cycles
         lines.append(f"| {r.title} | {r.tokens} | {r.fmt} | {r.block} | {_num(r.microseconds)} | {r.ratio:.3f} | {target} | "
-                     f"{_num(r.limit_microseconds)} | {r.over_limit:.2f} | {r.hbm_bytes / 1e6:,.1f} | "
+                     f"{_num(r.limit_microseconds)} | {r.over_limit:.2f} | "
+                     f"{_num(machine.cycles_to_us(r.floor_cycles))} | {r.over_floor:.2f} | {r.hbm_bytes / 1e6:,.1f} | "
                      f"{_num(machine.cycles_to_us(r.experts_cycles))} | {_num(machine.cycles_to_us(rest))} | "
                      f"{_num(machine.cycles_to_us(r.first_load))} | {_num(machine.cycles_to_us(r.last_load - r.first_load))} | "
                      f"{_num(machine.cycles_to_us(r.load_bytes / machine.hbm_bytes_per_cycle))} | "

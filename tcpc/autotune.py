@@ -33,6 +33,7 @@ from pathlib import Path
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from passes.lowering.lower_dispatch import QUANTIZE_PLACES
 from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES
 from passes.schedule.schedule_experts import ORDERS
 from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_cycles, cost_only_run
@@ -347,10 +348,12 @@ def _where(filename: str, loc: Loc) -> str:
 
 AUTO_CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "lower-topk": ("strategy", STRATEGIES),
+    "lower-dispatch": ("quantize", QUANTIZE_PLACES),
     "schedule-experts": ("order", ORDERS),
 }
 """Pass -> the option the driver chooses when it is `auto` and its alternatives, the pass's
-default first (a tie keeps it): lower-topk's strategy, schedule-experts' loop order."""
+default first (a tie keeps it): lower-topk's strategy, where lower-dispatch quantizes
+block-scaled activations (each block's rows or each token once), schedule-experts' loop order."""
 
 
 def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Sequence[str], machine: Machine,

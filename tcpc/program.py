@@ -138,14 +138,18 @@ class Program:
 
     def full_pipeline(self, level: str = "scheduled") -> str:
         """The passes of the full lowering up to `level` (LEVELS; `scheduled`, what `tcpc run`
-        simulates), lower-topk's strategy and the expert loop's order left to the cost model
-        (the same for every machine: the passes read it from the module's target). An .mlir
+        simulates), lower-topk's strategy and the expert loop's order left to the cost model, and
+        where block-scaled activations are quantized when the program quantizes dispatched
+        tokens (the same for every machine: the passes read it from the module's target). An .mlir
         file's IR is taken as it is (no passes) unless a pipeline is given."""
         if level not in LEVELS:
             raise ValueError(f"level {level!r}: expected {' or '.join(LEVELS)}")
         if self.is_ir:
             return ""
-        return pipeline_spec(LEVELS[level], expert_order="auto")
+        from passes.lowering.lower_dispatch import quantizes_dispatched_tokens
+
+        return pipeline_spec(LEVELS[level], expert_order="auto",
+                             dispatch_quantize="auto" if quantizes_dispatched_tokens(self.module) else None)
 
     def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
               machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0,
@@ -309,6 +313,8 @@ class Program:
                 spec = spec.replace("strategy=auto", f"strategy={choice.chosen}", 1)
             elif choice.what == "schedule-experts order":
                 spec = spec.replace("order=auto", f"order={choice.chosen}", 1)
+            elif choice.what == "lower-dispatch quantize":
+                spec = spec.replace("quantize=auto", f"quantize={choice.chosen}", 1)
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")

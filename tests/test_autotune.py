@@ -20,6 +20,7 @@ import pytest
 
 import tcpc
 import tcpc.autotune
+from passes.lowering.lower_dispatch import quantizes_dispatched_tokens
 from runtime_sim.perf import cost_only
 from runtime_sim.perf.report import Choice
 from target.machine import default_machine
@@ -86,7 +87,8 @@ def test_choose_block_ties_go_to_the_smaller_block() -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decode_runs_without_setting_b(family: str) -> None:
     """T = 1 with the example's B = auto (the toy's B = 2 cannot fit, so auto is its default too):
-    the compiler picks the block, then the top-k strategy at that block; the run costs what the
+    the compiler picks the block, then the top-k strategy at that block (and, for a program that
+    quantizes dispatched tokens, where lower-dispatch quantizes them); the run costs what the
     last choice was costed at."""
     program = tcpc.compile_file(EXAMPLES / family, {"T": 1})
     (choice,) = program.choices
@@ -94,11 +96,15 @@ def test_decode_runs_without_setting_b(family: str) -> None:
     assert ("block = 2 does not fit" if family == "toy.moe" else "block=auto") in choice.reason
     assert "B = 1," in program.graph_ir()
     sim = program.simulate(cost_only=True)
-    block, strategy, order = sim.report.choices
+    block, strategy, *quantize, order = sim.report.choices
     assert block == choice and strategy.what == "lower-topk strategy" and order.what == "schedule-experts order"
+    assert [q.what for q in quantize] == (["lower-dispatch quantize"] if quantizes_dispatched_tokens(program.module) else [])
     assert sim.report.total_cycles == dict(order.alternatives)[order.chosen] == min(dict(order.alternatives).values())
     assert dict(strategy.alternatives)["rank"] == dict(choice.alternatives)[1]  # both costed the same program
-    assert dict(order.alternatives)["block"] == dict(strategy.alternatives)[strategy.chosen]
+    before = quantize[0] if quantize else strategy
+    assert dict(order.alternatives)["block"] == dict(before.alternatives)[before.chosen]
+    if quantize:
+        assert dict(quantize[0].alternatives)["blocks"] == dict(strategy.alternatives)[strategy.chosen]
 
 
 @pytest.mark.parametrize("family", ["mixtral.moe", "deepseek_v3.moe"])

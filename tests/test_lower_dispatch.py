@@ -31,8 +31,8 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 import tcpc
-from dialects import moe, tcp, ve
-from passes.lowering.lower_dispatch import LowerDispatchPass
+from dialects import lowp, moe, tcp, ve
+from passes.lowering.lower_dispatch import LowerDispatchPass, quantizes_dispatched_tokens
 from runtime_sim.semantics.executor import function_named, run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, route_plan
 from runtime_sim.semantics.tolerance import ULPS
@@ -588,3 +588,71 @@ def test_unused_routes_are_erased_and_used_ones_kept() -> None:
     before, after = layer_modules(3, 1, 2, 2, None, 2, 2, "f32", "f32", None, None)
     assert [op for op in before.walk() if isinstance(op, moe.RouteOp)]
     assert not [op for op in after.walk() if isinstance(op, moe.RouteOp)]
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize=tokens: block-scaled activations quantized once per token, before the dispatch
+
+QUANTIZED_TOKENS = ["deepseek_v3_fp8", "gpt_oss_mxfp4", "qwen3_moe_fp8"]
+"""The examples whose scaled grouped matmuls read the quantization of dispatched tokens."""
+
+
+@pytest.mark.parametrize("example", QUANTIZED_TOKENS)
+def test_tokens_quantized_before_the_dispatch_give_the_same_bits(example: str) -> None:
+    """The driver leaves `quantize` to the cost model for these programs; forced to `tokens`,
+    the tokens [T, D] are quantized once (no quantization of x's blocks is left, DeepSeek-V3's
+    shared expert reads the same one) and the blocks gather f8 rows and their f32 scales, and
+    the lowered layer gives the reference's bits (Qwen3's also simulated, scheduled)."""
+    program = tcpc.compile_file(ROOT / "examples" / f"{example}.moe", {"B": 4})
+    assert quantizes_dispatched_tokens(program.module)
+    spec = program.full_pipeline()
+    assert "lower-dispatch{quantize=auto}" in spec
+    lowering = "lower-topk,lower-routing,lower-dispatch{quantize=tokens},lower-quant"
+    want = program.run(seed=4).outputs
+    runs = [program.run(seed=4, pipeline=lowering)]
+    if example == "qwen3_moe_fp8":  # and through the schedule level, simulated
+        runs.append(program.simulate(seed=4, pipeline=spec.replace("quantize=auto", "quantize=tokens")))
+    for run in runs:
+        for g, w in zip(run.outputs, want, strict=True):
+            assert np.array_equal(bits(g), bits(w))
+    x = program.function().args[0]
+    t, d = x.type.get_shape()
+    lowered = program.lower("lower-topk,lower-routing,lower-dispatch{quantize=tokens}")
+    quantized = [op.input for op in lowered.walk() if isinstance(op, lowp.QuantizeOp)]
+    assert [v.type.get_shape() for v in quantized].count((t, d)) == 1  # DeepSeek-V3's shared expert's, shared
+    assert not [v for v in quantized if isinstance(v.owner, tcp.DmaGatherOp)]  # no block of x is quantized
+    gathered = [op.result.type for op in lowered.walk() if isinstance(op, tcp.DmaGatherOp)]
+    assert any("f8E4M3" in str(ty.get_element_type()) and ty.get_shape()[2] == d for ty in gathered)
+    blocks = program.lower("lower-topk,lower-routing,lower-dispatch")  # the default: each block's rows
+    assert [op for op in blocks.walk() if isinstance(op, lowp.QuantizeOp) and isinstance(op.input.owner, tcp.DmaGatherOp)]
+
+
+OTHER_READER = """
+dims T = 8, D = 64, F = 32, E = 4, K = 2, B = 4
+graph g(x: bf16[T, D], router: bf16[D, E], w: f8e4m3[E, D, F], ws: f32[E, D / 32, F / 32]) -> (bf16[T, F], bf16[T, D]) {
+    top_p, top_e = topk(softmax(f32(x @ router)), K)
+    xb, route = scatter(x, top_e, experts=E, block=B)
+    xq, xs = quantize(xb, f8e4m3, group=32)
+    return combine(grouped_matmul(xq, w, route, scales=(xs, ws)), route), combine(bf16(dequantize(xq, xs)), route)
+}
+"""
+
+
+def test_quantized_blocks_another_op_reads_stay_per_block() -> None:
+    """A quantization of blocks that something besides the scaled grouped matmuls reads (here a
+    dequantization) is not moved, `tokens` or not: that reader would see the padding rows'
+    scales change."""
+    program = tcpc.compile_source(OTHER_READER)
+    assert not quantizes_dispatched_tokens(program.module)
+    assert "quantize=" not in program.full_pipeline()
+    lowered = program.lower("lower-topk,lower-routing,lower-dispatch{quantize=tokens}")
+    (quantize,) = [op for op in lowered.walk() if isinstance(op, lowp.QuantizeOp)]
+    assert isinstance(quantize.input.owner, tcp.DmaGatherOp)  # still each block's rows
+
+
+def test_the_quantize_option_is_checked() -> None:
+    with pytest.raises(ValueError, match=re.escape("lower-dispatch: unknown quantize 'rows' (choose blocks, tokens or auto)")):
+        LowerDispatchPass(quantize="rows")
+    module = parse(GMM_FROM_SCATTER)
+    with pytest.raises(PassFailedException, match=re.escape("lower-dispatch{quantize=auto} is chosen by the cost model")):
+        LowerDispatchPass(quantize="auto").apply(make_context(), module)

@@ -44,6 +44,34 @@ def test_chip_limit_follows_the_stored_width() -> None:
     assert prefill["fp8"] < prefill["bf16"]
 
 
+def test_the_scales_floor_runs_the_partial_sums_at_the_vector_engines_rate() -> None:
+    """A block-scaled contraction scales one f32 partial sum per K-block of each result in the
+    vector engine, `float_ways` a cycle per slice against 512 fp8 MACs: MXFP4's K-blocks of 32
+    take 4x the experts' MAC time, gpt-oss's fp8 blocks of 64 2x, blocks of 128 keep up (the
+    floor is the limit), and decode stays bound by bytes."""
+    machine = load_machine()
+    _, qwen, gpt = precisions.FAMILIES
+
+    def cycles(family: precisions.Family, fmt: str, tokens: int, scales: bool) -> float:
+        return precisions.chip_limit(machine, family, fmt, tokens, family.sources[fmt][1], scales=scales)
+
+    def macs_and_router(family: precisions.Family, tokens: int) -> tuple[float, float]:
+        d = family.dims
+        macs = tokens * d["K"] * 3 * d["D"] * d["F"] / (machine.peak_fp8_macs_per_cycle * machine.clusters)
+        return macs, 2 * tokens * d["D"] * d["E"] / (machine.peak_flops_per_cycle * machine.clusters)
+
+    for fmt in precisions.FORMATS:
+        assert cycles(qwen, fmt, 1, True) == cycles(qwen, fmt, 1, False)
+    assert cycles(qwen, "bf16", 4096, True) == cycles(qwen, "bf16", 4096, False)
+    assert cycles(qwen, "fp8", 4096, True) == cycles(qwen, "fp8", 4096, False)
+    macs, router = macs_and_router(qwen, 4096)
+    assert cycles(qwen, "mxfp4", 4096, False) == pytest.approx(macs + router)
+    assert cycles(qwen, "mxfp4", 4096, True) == pytest.approx(4 * macs + router)
+    macs, router = macs_and_router(gpt, 4096)
+    assert cycles(gpt, "fp8", 4096, True) == pytest.approx(2 * macs + router)
+    assert cycles(gpt, "mxfp4", 4096, True) == pytest.approx(4 * macs + router)
+
+
 def test_row_at_small_dims_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
     machine = load_machine()
     family = precisions.Family("small Qwen3", SMALL["Qwen3-30B-A3B"], 0, 2,
@@ -56,6 +84,7 @@ def test_row_at_small_dims_is_consistent(monkeypatch: pytest.MonkeyPatch) -> Non
     for r in rows:
         assert r.total_cycles >= r.experts_cycles > 0
         assert r.hbm_bytes > 0
+        assert r.floor_cycles >= r.limit_cycles and r.total_cycles >= r.floor_cycles
         assert 0 < r.first_load < r.last_load <= r.total_cycles and 0 < r.load_bytes < r.hbm_bytes
     assert rows[1].hbm_bytes < rows[0].hbm_bytes and rows[2].hbm_bytes < rows[1].hbm_bytes
     assert {r.strategy for r in rows} <= {"rank", "rounds"}  # chosen by the cost model (strategy=auto)

@@ -22,7 +22,10 @@ locations, creating passes and dependencies, and the cycles by source line, repo
 trace (with flows) only: without them the digests were the earlier ones; a quantize's two
 streams each widening x in its own chain, the f8 cast in the chain's Cast stage: gpt_oss_mxfp4
 24,332 -> 22,385 cycles, the same output bits; block scales gathered ahead are gathered by
-each cluster for its own blocks rather than copied to cluster 1: gpt_oss_mxfp4 22,385 -> 22,381.)
+each cluster for its own blocks rather than copied to cluster 1: gpt_oss_mxfp4 22,385 -> 22,381;
+the cost model's choice of where lower-dispatch quantizes block-scaled activations, listed in
+gpt_oss_mxfp4's report JSON (blocks kept: 18,626 cycles against tokens' 21,525 in the choice's
+cost-only run), its cycles, graph, trace and outputs unchanged.)
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
     'qwen3 T=256, cost-only, balanced': (35962, 622, 'dc7136d50dee8da9', 'a01cd424885d47c1', '73bd76f69fa636c9', '4f53cda18c2baa0c'),
     'qwen3 T=200 B=8, values': (20481, 623, 'fd09c2100210b469', '20b160dc647c185e', '477446e3af2508a0', 'ab6ace93d3c51875'),
     'deepseek_v3 T=48, values': (12202, 584, '82099452e3c8d475', '05be5aa44944fe01', '3a20ec9ba943081e', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (22381, 2542, 'f197694f15786058', '6e42d18d61522dac', 'aa763a1e561fe68a', '778cfe00474e8a2b'),
+    'gpt_oss_mxfp4 T=40, values': (22381, 2542, 'cc79f75a67e9ca72', '6e42d18d61522dac', 'aa763a1e561fe68a', '778cfe00474e8a2b'),
 }
 
 

@@ -84,6 +84,7 @@ def error_text(e: BaseException, point: Point) -> str:
 
 def run_point(point: Point) -> dict[str, Any]:
     """One point: compile, lower and simulate cost-only (a Dask task; never raises)."""
+    from passes.lowering.lower_dispatch import quantizes_dispatched_tokens
     from tcpc.program import compile_file
 
     start = time.perf_counter()
@@ -96,7 +97,8 @@ def run_point(point: Point) -> dict[str, Any]:
                                    seed=point["seed"])
             # `tcpc run --cost-only`'s pipeline (strategy=auto resolved by Program.simulate) unless
             # the point's pass options name other values
-            pipeline = pipeline_spec(options=point["pass_options"], expert_order="auto")
+            quantize = "auto" if quantizes_dispatched_tokens(program.module) else None
+            pipeline = pipeline_spec(options=point["pass_options"], expert_order="auto", dispatch_quantize=quantize)
             sim = program.simulate(cost_only=True, pipeline=pipeline, machine=machine,
                                    routing=point["routing"], seed=point["seed"], sram_policy=point["sram_policy"])
         row.update(status="ok", error="", dims=",".join(f"{k}={v}" for k, v in program.dims.items()),
