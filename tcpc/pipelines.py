@@ -73,16 +73,17 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 working on whole tensors."""
 
 SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-router-k", "split-clusters",
-                                      "interleave-shared", "fuse-ve-chains", "map-contractions")
+                                      "fuse-ve-chains", "map-contractions", "interleave-shared")
 """The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
 own (schedule-shared); static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs/passes.md#the-schedule-level-schedule-shared-schedule-experts-schedule-tokens-split-router-k-split-clusters); a small router weight's load spread over the DMA engines in tiles of its reduction
-axis (split-router-k); the expert loop spread over the chip's clusters (default: RNGD's two); a
-shared expert's contractions spread through the routed loop at prefill (interleave-shared,
-docs/passes.md#interleave-shared-the-shared-expert-in-the-routed-loops-idle-time); then
+axis (split-router-k); the expert loop spread over the chip's clusters (default: RNGD's two);
 consecutive vector-engine ops, in every block, fused into one chain invocation each (docs/passes.md#fuse-ve-chains);
-last, every contraction placed on its cluster's Slice, Lane, Time and Packet by the cost of each
-engine stage (map-contractions, docs/passes.md#map-contractions)."""
+every contraction placed on its cluster's Slice, Lane, Time and Packet by the cost of each
+engine stage (map-contractions, docs/passes.md#map-contractions); last, a shared expert's
+contractions spread through the routed loop at prefill (interleave-shared,
+docs/passes.md#interleave-shared-the-shared-expert-in-the-routed-loops-idle-time), whose
+pieces of the routed loop then copy a body already fused and mapped."""
 
 FULL_PIPELINE: tuple[str, ...] = LOWERED_PIPELINE + SCHEDULE_PIPELINE
 """What `tcpc run` simulates and `--emit scheduled` prints."""

@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import assert_same_bits
-from xdsl.dialects import func
+from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp, TensorType, i32
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 import tcpc
+from passes.schedule import _expert_groups
 from passes.schedule._expert_groups import chunk_rows, slot_tables
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.report import SimReport
@@ -163,3 +164,36 @@ def test_a_group_of_small_blocks_contracts_at_the_mac_rate() -> None:
         mapped[order] = next(c for c in report.contractions if c.phase == "experts")
     assert mapped["block"].utilization < 0.5 and mapped["block"].bound == "fetch"
     assert mapped["tile"].utilization > 0.95
+
+
+SLOT_LOOP_CASES = {  # more than SLOTS_UNROLLED slots a group: a decode's groups
+    "streamed, biases": ("gpt_oss.moe", dict(T=8, D=16, F=600, E=8, K=2, B=1), "order=tile group=8 sram_bytes=60000"),
+    "resident, two groups": ("qwen3_moe.moe", dict(T=12, D=16, F=600, E=8, K=2, B=1), "order=tile group=8 f_tile=512"),
+}
+
+
+def commands(report: SimReport) -> list[tuple[object, ...]]:
+    """Every costed command of a run (free ops, views and slices aside) as it ran."""
+    return [(o.name, o.engine, o.phase, o.start, o.end, o.cycles, o.hbm_bytes, o.flops) for o in report.ops
+            if o.engine != "none"]
+
+
+@pytest.mark.parametrize("case", sorted(SLOT_LOOP_CASES))
+def test_slots_in_a_loop_run_as_the_unrolled_slots(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group of more than SLOTS_UNROLLED slots runs those after the first as one loop body
+    (`scf.for %slot`); against the same slots unrolled: the same output bits and, cost-only,
+    the same commands at the same cycles and the same peak SRAM."""
+    path, dims, options = SLOT_LOOP_CASES[case]
+    program = tcpc.compile_file(EXAMPLES / path, dims=dims)
+    runs = {}
+    for form, unrolled in (("loop", _expert_groups.SLOTS_UNROLLED), ("unrolled", 1 << 30)):
+        monkeypatch.setattr(_expert_groups, "SLOTS_UNROLLED", unrolled)
+        module = program.lower(scheduled(options))
+        slot_loops = [op for op in module.walk() if isinstance(op, scf.ForOp) and op.body.block.args[0].name_hint == "slot"]
+        assert bool(slot_loops) == (form == "loop")
+        runs[form] = (program.run(seed=3, pipeline=scheduled(options)).outputs, cost_only(path, dims, options))
+    (looped, loop_report), (unrolled_outputs, unrolled_report) = runs["loop"], runs["unrolled"]
+    assert_same_bits(looped, unrolled_outputs)
+    assert loop_report.total_cycles == unrolled_report.total_cycles
+    assert commands(loop_report) == commands(unrolled_report)
+    assert loop_report.peak_sram_bytes == unrolled_report.peak_sram_bytes

@@ -81,6 +81,12 @@ ROWS_SHARE = 4
 (the weights take 1 / WEIGHT_SHARE; the rest holds the other phases' tiles). Assumption: a
 compiler's split, checked against the simulator's peak SRAM (docs/passes.md)."""
 assert 1 / ROWS_SHARE + 1 / WEIGHT_SHARE < 1
+SLOTS_UNROLLED = 4
+"""A group of at most this many slots has them one after another in its body; more (decode's
+groups: 8 to 128 slots, DeepSeek-V3 at T = 16 some 35,000 ops unrolled) run the slots after the
+first as an `scf.for` over the slot number (`GroupLoop.slot_loop`). A prefill group is a few
+blocks (2 to 4 slots) in a loop of hundreds of groups, whose iterations a cost-only run copies
+only while the body holds no inner loop (runtime_sim/perf/cost_only.py, LoopReplay)."""
 
 
 def chunk_rows(rows: int) -> int:
@@ -270,6 +276,9 @@ class GroupLoop:
         self.before: list[Operation] = []
         self.mapping: dict[SSAValue, SSAValue] = {}
         self.target: Block = Block()
+        self.slot_rows: tuple[SSAValue, SSAValue, SSAValue, SSAValue] | None = None
+        """With the slots in a loop: the slot tables with a row per (group, slot) (expert ids
+        [groups x slots, 1], chunk ids [groups x slots, chunks]), the slots per group and 1."""
 
     # ---- building blocks -----------------------------------------------------------------
 
@@ -483,6 +492,13 @@ class GroupLoop:
         tables, chunk_ids = None, group_ids
         if self.group > 1 or self.parts > 1:
             *tables, chunk_ids = slot_tables(self.add, group_ids, tokens_all, self.slots, self.parts, self.chunk)
+            if self.slots > SLOTS_UNROLLED:  # a row per slot, for the slot loop to slice by its number
+                slot_ids, guards = tables
+                c_slots = index_constant(self.slots)
+                self.hoist(c_slots)
+                by_row = self.view(slot_ids, [groups * self.slots, 1]), self.view(guards, [groups * self.slots, self.chunks])
+                by_row[0].name_hint, by_row[1].name_hint = "slot_experts_by_row", "slot_chunks_by_row"
+                self.slot_rows = (*by_row, c_slots.result, c_one.result)
         # Stores wait for the next group where its loads are issued up front, resident tiles'
         # (streamed tiles' loads wait for the contractions, and a loop of one group has no next).
         defer = groups > 1 and plan.resident
@@ -621,8 +637,9 @@ class GroupLoop:
                 for t, buf, r in zip(tiles, buffers, self.plan.escaping)]
 
     def slots_of_group(self, number: SSAValue, ids: SSAValue, tables: list[SSAValue] | None, state: _State) -> None:
-        """Every slot's tiles; slots after the first in an `scf.if` on the slot's expert."""
-        for k in range(self.slots):
+        """Every slot's tiles; slots after the first in an `scf.if` on the slot's expert, in a
+        loop over them when there are more than SLOTS_UNROLLED (`slot_loop`)."""
+        for k in range(self.slots if self.slot_rows is None else 1):
             if tables is None:  # one block of one chunk: its id is the slot's and the chunk's
                 slot, guard = ids, ids
             else:
@@ -650,6 +667,43 @@ class GroupLoop:
             self.add(branch)
             new = state.replaced(list(branch.results))
             state.acc, state.waits, state.reuse = new.acc, new.waits, new.reuse
+        if self.slot_rows is not None:
+            self.slot_loop(number, state)
+
+    def slot_loop(self, number: SSAValue, state: _State) -> None:
+        """The slots after the first as `scf.for %slot = 1 to slots`, `state` carried: one body
+        that slices its slot's expert id and chunk ids at row group x slots + slot of the flat
+        tables (`slot_rows`) and runs the slot's tiles in an `scf.if` on the id, as each
+        unrolled slot did. Index arithmetic and views are free, so the commands, their order
+        and their operands are the unrolled slots'."""
+        assert self.slot_rows is not None
+        slot_ids, guards, c_slots, c_one = self.slot_rows
+        before = state.values()
+        body = Block(arg_types=[IndexType(), *(v.type for v in before)])
+        slot_number, *args = body.args
+        slot_number.name_hint = "slot"
+        outer = self.target
+        self.target = body
+        row = self.add(arith.AddiOp(self.add(arith.MuliOp(number, c_slots)), slot_number), "slot_row")
+        slot = self.view(self.add(tile.SliceOp(slot_ids, row, TensorType(i32, [1, 1]))), [1])
+        slot.name_hint = "slot_expert"
+        guard = self.view(self.add(tile.SliceOp(guards, row, TensorType(i32, [1, self.chunks]))), [self.chunks])
+        guard.name_hint = "chunks_of_slot"
+        runs = self.add(tile.GuardOp(slot), "slot_runs")
+        then = Block()
+        self.target = then
+        inner = state.replaced(list(args))
+        self.slot_tiles(slot, guard, inner)
+        then.add_op(scf.YieldOp(*inner.values()))
+        self.target = body
+        branch = scf.IfOp(runs, [v.type for v in before], [then], [Block([scf.YieldOp(*args)])])
+        self.add(branch)
+        body.add_op(scf.YieldOp(*branch.results))
+        self.target = outer
+        loop = scf.ForOp(c_one, c_slots, c_one, before, body)
+        self.add(loop)
+        new = state.replaced(list(loop.results))
+        state.acc, state.waits, state.reuse = new.acc, new.waits, new.reuse
 
 
 def build_group_loops(block: Block, plan: GroupPlan, group: int) -> list[scf.ForOp]:
