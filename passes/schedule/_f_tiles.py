@@ -326,7 +326,7 @@ def moved_bytes(gather: tcp.DmaGatherOp, sizes: list[int], request_bytes: int) -
     return pieces * -(-nbytes // pieces // request_bytes) * request_bytes
 
 
-def resident_tile(region: FRegion, tiled: list[tcp.DmaGatherOp], machine: Machine, widest: bool = False) -> int:
+def resident_tile(region: FRegion, tiled: list[tcp.DmaGatherOp], machine: Machine) -> int:
     """The F tile of resident weights: the width (a multiple of the grain, or the whole F)
     whose tiles' loads hold the DMA engines least (the bytes they move, in whole requests,
     plus what they leave their engines idle, `idle_engine_bytes`), the narrowest of equals:
@@ -334,10 +334,11 @@ def resident_tile(region: FRegion, tiled: list[tcp.DmaGatherOp], machine: Machin
     first tile contracts while the next arrive. Qwen3-30B-A3B's fp8 matrix (1.5 MB) loads as
     a 1 MB and a 0.5 MB tile, not as one command holding two engines for 1 MB each;
     gpt-oss-120b's (8.3 MB) loads whole over the eight engines, not as 1.5 MB tiles; an MXFP4
-    tile of 256 columns would move its 128-byte rows as 256-byte requests. `widest`: of equals,
-    the widest (one token, decode: every block loads a different expert and contracts one row,
-    so fewer commands for the same pieces beat an earlier first tile; Qwen3-30B-A3B bf16 T = 1
-    whole F = 768 rather than 512 and 256, 59,420 -> 59,308 cycles)."""
+    tile of 256 columns would move its 128-byte rows as 256-byte requests. One token's too
+    (decode): its results kept in SRAM (schedule-experts), only the last tile's contraction
+    and the combine follow the last weight byte (Qwen3-30B-A3B bf16 T = 1: 512 and 256 rather
+    than the whole F = 768, 58,221 -> 58,095 cycles; the widest of equals was taken there while
+    the results went through HBM, 59,420 -> 59,308)."""
     def held(width: int) -> float:
         total = 0.0
         for f0 in range(0, region.f, width):
@@ -348,11 +349,11 @@ def resident_tile(region: FRegion, tiled: list[tcp.DmaGatherOp], machine: Machin
         return total
 
     widths = list(range(region.grain, region.f, region.grain)) + [region.f]
-    return min(widths, key=lambda w: (held(w), -w if widest else w))
+    return min(widths, key=lambda w: (held(w), w))
 
 
 def choose_f_tile(region: FRegion, gathers: list[tcp.DmaGatherOp], sram_bytes: int, forced: int,
-                  machine: Machine, one_token: bool = False) -> tuple[int, bool]:
+                  machine: Machine) -> tuple[int, bool]:
     """The F tile, and whether the tiles stay resident (reused by the expert's next blocks),
     for `sram_bytes` of SRAM and `machine`'s DMA.
 
@@ -364,8 +365,7 @@ def choose_f_tile(region: FRegion, gathers: list[tcp.DmaGatherOp], sram_bytes: i
     fetching its expert's tiles: as many as the widest tile (a multiple of the grain whose
     TILES_IN_FLIGHT tiles of every tiled weight fit the share, at least one grain) needs, of
     even widths rounded up to the grain (DeepSeek-V3's F = 2048 in fp8: two tiles of 1024
-    rather than 1536 and 512: 10.08 M -> 9.84 M cycles at T = 2048). `one_token`: the
-    loop's dispatch is one token's (`resident_tile`'s `widest`)."""
+    rather than 1536 and 512: 10.08 M -> 9.84 M cycles at T = 2048)."""
     budget = sram_bytes // WEIGHT_SHARE
     resident = 2 * expert_bytes(gathers) <= budget
     grain = region.grain
@@ -373,7 +373,7 @@ def choose_f_tile(region: FRegion, gathers: list[tcp.DmaGatherOp], sram_bytes: i
         return min(-(-forced // grain) * grain, region.f), resident
     tiled = [g for g in gathers if g in region.tiled or g in region.down_loads]
     if resident:
-        return resident_tile(region, tiled, machine, widest=one_token), True
+        return resident_tile(region, tiled, machine), True
     per_column = expert_bytes(tiled) / region.f
     widest = max(grain, min(region.f, int(budget // (TILES_IN_FLIGHT * per_column)) // grain * grain))
     even = -(-region.f // -(-region.f // widest))  # as many tiles as the widest needs, of even widths

@@ -33,8 +33,8 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   HBM -> SRAM one, which the engines pipeline (docs/passes.md, "The dispatch, a block at a time").
   One token in blocks of one row (decode, B = 1) is the exception where the weights are kept
   across blocks (not streamed): every block that runs holds the token's row, so the block's
-  tile is a view of the token's SRAM copy (the router's load; cluster 1 reads its one copy,
-  split-clusters), no DMA command at all (Qwen3-30B-A3B bf16 T = 1: 59,892 -> 59,494 cycles),
+  tile is a view of the token's SRAM copy (the router's load), no DMA command at all
+  (Qwen3-30B-A3B bf16 T = 1: 59,892 -> 59,494 cycles),
   and its row -> token index (what its rows' masks read) is the constant 0, so lower-dispatch's
   scatter of the token's marks goes, with its copy to cluster 1 (59,494 -> 59,420).
   Streamed tiles keep the gathers: their loads span every engine back to back, and without
@@ -43,7 +43,12 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
 - another block-parallel input made elsewhere is sliced per block when in SRAM
   (`tile.slice`), loaded a block at a time when in HBM (`tile.load`);
 - a result used after the loop is stored a block at a time into an HBM buffer (`tile.buffer`,
-  `tile.store`), which the combine's gather then reads;
+  `tile.store`), which the combine's gather then reads. One token read in place (above) keeps
+  its K results in SRAM instead (`results_in_sram`): each block's result is committed where it
+  is made, split-clusters leaves the loop on cluster 0, and the combine picks its rows on the
+  vector engine (`gather_on_vector_engine`), so neither the last block's store nor the gather
+  back (516 + 628 cycles of DMA start-ups) follows the last weight byte (Qwen3-30B-A3B bf16
+  T = 1: 59,308 -> 58,221 cycles);
 - prefetching: a row gather or row tile load of block g waits (an `after` operand) for the last
   contraction of block g - 4 (`ROWS_AHEAD`), the last reader of that block's tiles, so the row
   tiles of four blocks are in SRAM at a time and the DMA of block g runs while blocks g - 3 to
@@ -91,11 +96,13 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
-from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, i32
+from xdsl.dialects.builtin import IndexType, ModuleOp, TensorType, bf16, f32, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.traits import Pure
 
 from dialects import tcp, tile, ve
+from dialects.ve import is_lane_type
 from dialects.annotations import PHASE_ATTR, SHARED, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._auto_option import AUTO, check_choice, refuse_auto
@@ -270,6 +277,109 @@ def read_by_combine(value: SSAValue, inside: set[Operation]) -> bool:
     return True
 
 
+def combine_gathers(value: SSAValue) -> list[tcp.DmaGatherOp]:
+    """The combine's DMA gathers of `value`'s rows (through views): `read_by_combine`'s readers."""
+    found: list[tcp.DmaGatherOp] = []
+    for use in value.uses:
+        if isinstance(use.operation, tcp.ViewOp):
+            found += combine_gathers(use.operation.result)
+        elif isinstance(use.operation, tcp.DmaGatherOp):
+            found.append(use.operation)
+    return found
+
+
+def results_in_sram(value: SSAValue) -> bool:
+    """Whether the combine can read a loop result `value` from SRAM on the vector engine
+    (`gather_on_vector_engine`): its elements are 32-bit lanes or bf16 (widened exactly), and
+    every gather of its rows picks rows of one axis."""
+    element = value.type.get_element_type()  # type: ignore[attr-defined]
+    return (element == bf16 or is_lane_type(element)) and all(
+        len(shape_of(g.source.type)) == 2 for g in combine_gathers(value))
+
+
+def gather_on_vector_engine(gather: tcp.DmaGatherOp) -> None:
+    """Replace the combine's DMA `gather` of rows in SRAM by the vector engine's Filter stage:
+    every index meets every row (broadcasts, views), the row whose number equals the index is
+    kept (`ve.filter`, one element per line, +0 where the index is -1, as the DMA gather's zero
+    row), bf16 rows widened to f32 first and narrowed back where a reader wants bf16 (both
+    exact). An SRAM -> SRAM DMA command costs its start-up (500 cycles on RNGD) and serialised
+    reads and writes; the Filter stage streams the rows once per index. The index tags, made
+    from the indices alone, go right after them, off the path that waits for the rows."""
+    source, indices = gather.source, gather.indices
+    rows, width = shape_of(source.type)
+    lead = list(shape_of(indices.type))
+    axis = len(lead)
+    full = [*lead, rows, width]
+    block = gather.parent_block()
+    assert block is not None
+    spread = ve.BroadcastOp(indices, axis, rows)
+    number = ve.IotaOp(TensorType(i32, full[:-1]), axis)
+    picks = ve.TagOp("eq", spread.result, number.result)
+    picks.result.name_hint = f"{gather.result.name_hint}_picks" if gather.result.name_hint else None
+    along_rows = ve.BroadcastOp(picks.result, axis + 1, width)  # a view: the Filter streams it
+    tags_ops: list[Operation] = [spread, number, picks, along_rows]
+    element = source.type.get_element_type()  # type: ignore[attr-defined]
+    row_ops: list[Operation] = []
+    lanes: SSAValue = source
+    if not is_lane_type(element):
+        row_ops.append(ve.WidenOp(source, TensorType(f32, [rows, width])))
+        lanes = row_ops[-1].results[0]
+    for size in reversed(lead):
+        row_ops.append(ve.BroadcastOp(lanes, 0, size))
+        lanes = row_ops[-1].results[0]
+    kept = ve.FilterOp(lanes, along_rows.result, [1], axis, 1, pad=0)
+    flat = tcp.ViewOp(kept.result, [*lead, width])
+    row_ops += [kept, flat]
+    picked = flat.result
+    picked.name_hint = gather.result.name_hint
+    widened = [u.operation for u in list(gather.result.uses)
+               if isinstance(u.operation, ve.WidenOp) and u.operation.result.type == picked.type]
+    for widen in widened:  # the reader widened the rows: it reads them as picked
+        widen.result.replace_all_uses_with(picked)
+        widen.detach()
+        widen.erase()
+    if gather.result.uses:
+        if picked.type != gather.result.type:
+            row_ops.append(ve.NarrowOp(picked, gather.result.type))  # type: ignore[arg-type]
+        gather.result.replace_all_uses_with(row_ops[-1].results[0])
+    for op in (*tags_ops, *row_ops):
+        op.attributes.update(gather.attributes)
+        op.location = gather.location
+    owner = indices.owner
+    if isinstance(owner, Operation) and owner.parent_block() is block:
+        block.insert_ops_after(tags_ops, owner)
+    else:
+        block.insert_ops_before(tags_ops, gather)
+    # The vector engine runs its commands in program order: the rows' work goes just before
+    # its first reader, after the combine's work that does not wait for the rows (its weights).
+    readers = [block.find_ancestor_op_in_block(u.operation) for u in row_ops[-1].results[0].uses]
+    first = min((r for r in readers if r is not None), key=block.get_operation_index, default=gather)
+    block.insert_ops_before(row_ops, first)
+    gather.detach()
+    gather.erase()
+
+
+def combine_ahead(loop: scf.ForOp) -> None:
+    """Move the combine's vector work that does not wait for `loop` (its weights' widening and
+    masks, made from the routing) before it: the loop's blocks and the combine then share one
+    cluster's vector engine (one token's loop, results in SRAM), which runs its commands in
+    program order, so behind the loop that work waited for the last block (37 cycles of
+    Qwen3-30B-A3B's T = 1 critical path)."""
+    block = loop.parent_block()
+    assert block is not None
+    later: set[SSAValue] = set(loop.results)
+    op = loop.next_op
+    while op is not None:
+        following = op.next_op
+        independent = not any(v in later for nested in op.walk() for v in nested.operands)
+        if independent and phase_of(op) == "combine" and op.dialect_name() == "ve" and op.has_trait(Pure):
+            op.detach()
+            block.insert_op_before(op, loop)
+        else:
+            later.update(r for nested in op.walk() for r in nested.results)
+        op = following
+
+
 @dataclass
 class _Slot:
     """A weight load whose tile a block passes to the next (reuse): the gather it replaces and
@@ -312,9 +422,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     tiles: list[tuple[int, int]] = []
     resident = True
     if region is not None:
-        one_token = any(is_dispatch_gather(op, blocks) and not starts_from_dispatch(op) for op in ops)
-        width, resident = choose_f_tile(region, gathers, sram_bytes or machine.cluster_sram_bytes, f_tile, machine,
-                                        one_token)
+        width, resident = choose_f_tile(region, gathers, sram_bytes or machine.cluster_sram_bytes, f_tile, machine)
         if width < region.f:
             tiles = [(f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
     tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g in region.down_loads)]
@@ -340,12 +448,16 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
                 slots.append(_Slot(g, columns, TensorType(g.result.type.get_element_type(), [1, *window[1]])))
     streamed = bool(tiles) and not resident
 
+    # One token's row read in place: its results stay in SRAM too (the docstring).
+    in_place = [op for op in dispatches if skippable and not streamed and one_row(op)]
+    in_sram = bool(in_place) and all(results_in_sram(r) for r in escaping)
+
     before: list[Operation] = []
     c0 = arith.ConstantOp.from_int_and_width(0, IndexType())
     c_blocks = arith.ConstantOp.from_int_and_width(blocks, IndexType())
     c1 = arith.ConstantOp.from_int_and_width(1, IndexType())
     before += [c0, c_blocks, c1]
-    buffers = [tile.BufferOp("hbm", r.type) for r in escaping]
+    buffers = [tile.BufferOp("sram" if in_sram else "hbm", r.type) for r in escaping]
     no_ids = ve.ConstOp(-1, TensorType(i32, [1]))
     no_tiles = [tile.BufferOp("sram", slot.type) for slot in slots]
     before += buffers + ([no_ids] if slots else []) + no_tiles
@@ -515,7 +627,6 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     deferred: set[Operation] = set()
     if tiles and region is not None:
         deferred = (set(region.tiled) - set(region.shared)) | {region.down, *region.down_loads}
-    in_place = [op for op in dispatches if runs is not None and not streamed and one_row(op)]
     for op in in_place:  # a block that runs holds the one token's row: its row -> token index is 0
         mapping[op.indices] = add(ve.ConstOp(0, tile_type(op.indices.type)), "the_token")
     for op in ops:
@@ -555,10 +666,16 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     for op in in_place:
         erase_unread(op.indices)
     for stored in loop.results[:n_buf]:
+        if in_sram:
+            for gather in combine_gathers(stored):
+                gather_on_vector_engine(gather)
+            continue
         # Stored in HBM a block at a time: a reader on an engine that computes (a shared
         # expert's rows added to the routed ones) reads it from SRAM, loaded once after the loop
         # (a tile at a time, where a token loop of schedule-tokens is what reads it).
         load_into_sram(stored)
+    if in_sram:
+        combine_ahead(loop)
     return loop
 
 

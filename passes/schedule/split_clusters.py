@@ -20,15 +20,12 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   a row gather's source (a DMA command reads any cluster's memory, or HBM); block scales
   gathered ahead of the loop by the expert ids are gathered again from HBM by each cluster's
   masked ids (`regathered`), each moving only its own blocks' rows;
-- with such scales, one token's loop (decode: its weight loads wait for nothing made before
-  it) starts from each cluster's first weights (`first_loads`): the loads of the first expert
-  a cluster owns are issued before the loop, after the dispatch's commands and before that
-  cluster's scales' gathers (cluster 0's loads and gathers, then cluster 1's), and the
-  cluster's first block reuses them. Engines run their commands in program order, so issued
-  in the loop the first loads queued behind those gathers (Qwen3-30B-A3B MXFP4 at T = 1: six
-  gathers of 196 KB, the first weight load at 4,013 cycles, now 2,993; fp8 34,698 -> 34,325
-  cycles, MXFP4 21,738 -> 21,549: its scales then take the engines the second loads would
-  have had);
+- a loop whose results schedule-experts keeps in SRAM (one token in blocks of one row, decode:
+  memory-bound, its combine on cluster 0) is left whole on cluster 0: a result another cluster
+  made would cross by DMA, and one cluster's tensor unit keeps up with the weights' stream
+  (Qwen3-30B-A3B bf16 T = 1: 59,308 -> 59,202 cycles on one cluster with the results still in
+  HBM). Its weight loads then no longer queue behind six scale gathers (two clusters' three):
+  the loads of each cluster's first expert, issued before those gathers (issue #30), went with it;
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -72,7 +69,7 @@ from xdsl.ir import Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, SHARED, cluster_of, place_on_cluster
+from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
 from passes._loop_builder import in_hbm
 from passes.schedule._cluster_copies import pin, reacher, read_in_place
@@ -210,44 +207,6 @@ def _owned_rows(tokens: SSAValue, owned: SSAValue, cluster: int, before: list[Op
     return masked.result
 
 
-def first_loads(body: Block, private: list[int], owned: tuple[SSAValue, ...], own_dma: bool,
-                before: list[Operation]) -> dict[tuple[int, int], SSAValue]:
-    """Each cluster's first weight loads, made before the loop (appended to `before`): for
-    every weight load the body carries for reuse (`prev_ids`, `prev_tile`), the load of the
-    first expert the cluster owns (its masked ids filter-compacted to one; -1, nothing, if it
-    owns none). The loop starts from them as its carried previous ids and tiles, so the
-    cluster's first block finds its expert loaded and reuses it (`tile.load_expert` fetches
-    only ids that differ from the previous ones): the same values. Only where no such load
-    waits for a value made before the loop (one token's, which do not wait for the dispatch);
-    none otherwise. Returns the loop's new initial values by (cluster, the carried value's
-    position among `private`)."""
-    args = list(body.args[1:])
-    loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp) and op.prev_ids is not None]
-    if not loads or any(a not in args for op in loads for a in (op.prev_ids, op.prev_tile, *op.after)):
-        return {}
-    inits: dict[tuple[int, int], SSAValue] = {}
-    for c, ids in enumerate(owned):
-        zero = ve.ConstOp(0, ids.type)  # type: ignore[arg-type]
-        mine = ve.TagOp("ge", ids, zero.result)
-        first = ve.FilterOp(ids, mine.result, [1], 0, 1, pad=-1)
-        first.result.name_hint = f"first_expert_cluster{c}"
-        ops: list[Operation] = [zero, mine, first]
-        for op in loads:
-            window = None if op.offsets is None else (list(op.window_offsets()), list(shape_of(op.result.type)[1:]))
-            new = tile.LoadExpertOp(op.source, first.result, None, None, [], window)
-            new.attributes.update(op.attributes)
-            new.location = op.location
-            new.result.name_hint = f"{op.result.name_hint}_first" if op.result.name_hint else None
-            ops.append(new)
-            assert op.prev_ids is not None and op.prev_tile is not None
-            ids_at, tile_at = private.index(args.index(op.prev_ids)), private.index(args.index(op.prev_tile))
-            inits[(c, ids_at)], inits[(c, tile_at)] = first.result, new.result
-        for op in ops:
-            pin(op, c, own_dma)
-        before.extend(ops)
-    return inits
-
-
 def insert_early(ops: list[Operation], block: Block, user: Operation) -> None:
     """Insert `ops` (in dependency order, all needed before `user`) into `block`, each as early
     as its operands allow: right after the last op of the block defining one of them (an op
@@ -348,6 +307,8 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     index, *old_args = body.args
     # A carried value is a result buffer (shared by every cluster) when the body yields a store into it.
     shared = [i for i, v in enumerate(yielded.operands) if _is_stored(v)]
+    if any(not in_hbm(loop.iter_args[i]) for i in shared):
+        return loop  # results kept in SRAM (one token's, the docstring): the loop stays on cluster 0
     private = [i for i in range(len(old_args)) if i not in shared]
     for i in private:
         if loop.results[i].uses:
@@ -384,12 +345,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     group_rows = [] if not grouped else list(dict.fromkeys(
         addressed(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)))
     inits = list(loop.iter_args)
-    # With block scales gathered ahead (gathered again per cluster, `regathered`), one token's
-    # first weight loads are issued before them (the module docstring).
-    ahead = any(gathered_by(v, expert_ids) for op in body.walk() for v in op.operands)
-    firsts = first_loads(body, private, owned, own_dma, before) if ahead and not (unrolled or grouped) else {}
-    new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
-                                              for k, i in enumerate(private)]
+    new_inits = [inits[i] for i in shared] + [inits[i] for _ in range(clusters) for i in private]
     new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
     new_index, *new_args = new_body.args
     new_index.name_hint = index.name_hint
@@ -483,11 +439,6 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     assert parent is not None
     parent.insert_op_before(new_loop, loop)
     insert_early(before, parent, new_loop)
-    if firsts:  # after the dispatch's commands, cluster by cluster: its first loads, then its scales
-        moved = [op for op in before if isinstance(op, (tile.LoadExpertOp, tcp.DmaGatherOp))]
-        for op in sorted(moved, key=lambda o: (cluster_of(o), isinstance(o, tcp.DmaGatherOp))):
-            op.detach()
-            parent.insert_op_before(op, new_loop)
     for k, i in enumerate(shared):
         loop.results[i].replace_all_uses_with(new_loop.results[k])
     loop.detach()
