@@ -163,3 +163,46 @@ def test_a_group_of_small_blocks_contracts_at_the_mac_rate() -> None:
         mapped[order] = next(c for c in report.contractions if c.phase == "experts")
     assert mapped["block"].utilization < 0.5 and mapped["block"].bound == "fetch"
     assert mapped["tile"].utilization > 0.95
+
+
+GUESSED = dict(T=256, B=4)
+"""Qwen3-style toy layer (E = 16, K = 4): 64 routed pairs per expert, prefill's regime."""
+
+
+def guessed_loads_of(module: ModuleOp) -> list[Operation]:
+    """The weight loads split-clusters made of a guessed first expert (`guessed_loads`)."""
+    return [op for op in module.walk() if op.name == "tile.load_expert" and "_guessed" in (op.results[0].name_hint or "")]
+
+
+def test_prefill_guesses_each_clusters_first_expert_while_the_router_runs() -> None:
+    """At prefill (64 pairs per expert) each cluster loads expert c's carried weight tiles
+    before the routing is known, during the router's time; under balanced routing the first
+    slot of each cluster reuses them, so every expert's weights still cross HBM once. At
+    decode (4 pairs per expert: T = 16) nothing is guessed."""
+    report = cost_only("qwen3_moe.moe", GUESSED, "order=tile")
+    guessed = [o for o in report.ops if o.name == "tile.load_expert" and "guessed" in o.label]
+    assert len(guessed) == 2 * 3  # a cluster's gate, up and down tiles
+    dispatch = min(o.start for o in report.ops if o.phase == "dispatch" and o.engine == "dma")
+    assert max(o.end for o in guessed) <= dispatch
+    reused = [o for o in report.ops if o.name == "tile.load_expert" and o.bound == "guard (reused)"]
+    assert len(reused) == 2 * 3
+    weights = 3 * 64 * 32 * 2  # one expert's three matrices, D = 64, F = 32, bf16
+    assert sum(o.hbm_bytes for o in report.ops if o.name == "tile.load_expert") == 16 * weights
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims={"T": 16, "B": 4})
+    assert not guessed_loads_of(program.lower("pin-routing," + scheduled("order=tile")))
+
+
+def test_a_wrong_guess_costs_time_not_bits() -> None:
+    """A routing that never picks experts 0 and 1 (their router columns strongly negative for
+    positive tokens): the guessed tiles are not the first slots' experts, which load their own;
+    the outputs are the reference's bits."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=GUESSED)
+    rng = np.random.default_rng(7)
+    router = rng.standard_normal((64, 16)).astype(np.float32)
+    router[:, :2] = -4.0
+    inputs = {"x": np.abs(rng.standard_normal((256, 64))).astype(np.float32), "router": router}
+    pipeline = scheduled("order=tile")
+    assert guessed_loads_of(program.lower(pipeline))
+    reference = program.run(inputs, seed=3)
+    assert not np.isin([0, 1], np.argsort(-(reference.inputs["x"] @ reference.inputs["router"]), axis=1)[:, :4]).any()
+    assert_same_bits(program.run(inputs, seed=3, pipeline=pipeline).outputs, reference.outputs)

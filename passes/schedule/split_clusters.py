@@ -29,6 +29,11 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   gathers of 196 KB, the first weight load at 4,013 cycles, now 2,993; fp8 34,698 -> 34,325
   cycles, MXFP4 21,738 -> 21,549: its scales then take the engines the second loads would
   have had);
+- at prefill (at least PREFILL_PAIRS_PER_EXPERT routed pairs per expert) a group loop
+  (schedule-experts{order=tile}) starts from each cluster's guessed first weights
+  (`guessed_loads`): expert c's tiles, loaded on cluster c while the router computes, which
+  the first slot reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048, B = 128,
+  cost-only, balanced: 1,039,088 -> 1,026,998 cycles);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -72,7 +77,7 @@ from xdsl.ir import Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, SHARED, cluster_of, place_on_cluster
+from dialects.annotations import PHASE_ATTR, SHARED, cluster_of, phase_of, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
 from passes._loop_builder import in_hbm
 from passes.schedule._cluster_copies import pin, reacher, read_in_place
@@ -232,20 +237,88 @@ def first_loads(body: Block, private: list[int], owned: tuple[SSAValue, ...], ow
         first = ve.FilterOp(ids, mine.result, [1], 0, 1, pad=-1)
         first.result.name_hint = f"first_expert_cluster{c}"
         ops: list[Operation] = [zero, mine, first]
-        for op in loads:
-            window = None if op.offsets is None else (list(op.window_offsets()), list(shape_of(op.result.type)[1:]))
-            new = tile.LoadExpertOp(op.source, first.result, None, None, [], window)
-            new.attributes.update(op.attributes)
-            new.location = op.location
-            new.result.name_hint = f"{op.result.name_hint}_first" if op.result.name_hint else None
-            ops.append(new)
-            assert op.prev_ids is not None and op.prev_tile is not None
-            ids_at, tile_at = private.index(args.index(op.prev_ids)), private.index(args.index(op.prev_tile))
-            inits[(c, ids_at)], inits[(c, tile_at)] = first.result, new.result
+        ops += _loads_of(loads, first.result, "first", c, args, private, inits)
         for op in ops:
             pin(op, c, own_dma)
         before.extend(ops)
     return inits
+
+
+def _loads_of(loads: list[tile.LoadExpertOp], ids: SSAValue, suffix: str, cluster: int, args: list[SSAValue],
+              private: list[int], inits: dict[tuple[int, int], SSAValue]) -> list[tile.LoadExpertOp]:
+    """`loads` (carried for reuse) of the expert `ids` names, waiting for nothing, made before the
+    loop; records them and `ids` as `cluster`'s initial previous tiles and ids in `inits`."""
+    made: list[tile.LoadExpertOp] = []
+    for op in loads:
+        window = None if op.offsets is None else (list(op.window_offsets()), list(shape_of(op.result.type)[1:]))
+        new = tile.LoadExpertOp(op.source, ids, None, None, [], window)
+        new.attributes.update(op.attributes)
+        new.location = op.location
+        new.result.name_hint = f"{op.result.name_hint}_{suffix}" if op.result.name_hint else None
+        made.append(new)
+        assert op.prev_ids is not None and op.prev_tile is not None
+        ids_at, tile_at = private.index(args.index(op.prev_ids)), private.index(args.index(op.prev_tile))
+        inits[(cluster, ids_at)], inits[(cluster, tile_at)] = ids, new.result
+    return made
+
+
+PREFILL_PAIRS_PER_EXPERT = 16
+"""The routed pairs per expert (T x K / E, at least, by the plan's G, E and B) from which a group
+loop is prefill's: its first weights are guessed (`guessed_loads`; under uniform routing an
+expert is then left unused with probability about exp(-16), 1e-7, where at decode a guess is
+often wrong and its loads would take HBM from the loop's own)."""
+
+
+def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, own_dma: bool
+                  ) -> tuple[dict[tuple[int, int], SSAValue], list[Operation]]:
+    """Each cluster's first weight tiles at prefill, loaded before the routing is known: for
+    every weight load of the group loop's first slot that the body carries for reuse, the load
+    of expert c on cluster c, the first expert c owns whenever the routing uses expert c (the
+    canonical layout puts the experts' blocks in ascending order). The loop starts from them as
+    its previous ids and tiles, so the first slot reuses them when its expert is c
+    (`tile.load_expert` fetches only ids that differ) and loads its own otherwise: the same
+    values either way. Only at prefill (PREFILL_PAIRS_PER_EXPERT), in the plan's first loop
+    (from block 0). Returns the loop's new initial values by (cluster, position among
+    `private`) and the ops, for `issue_after_router`."""
+    args = list(body.args[1:])
+    loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp) and op.prev_ids in args]
+    inits: dict[tuple[int, int], SSAValue] = {}
+    ops: list[Operation] = []
+    if not loads or any(op.prev_tile not in args for op in loads):
+        return inits, ops
+    for c in range(min(clusters, experts)):
+        guess = ve.ConstOp(c, loads[0].ids.type)  # type: ignore[arg-type]
+        guess.result.name_hint = f"guessed_expert_cluster{c}"
+        made: list[Operation] = [guess, *_loads_of(loads, guess.result, "guessed", c, args, private, inits)]
+        for op in made:
+            pin(op, c, own_dma)
+        ops += made
+    return inits, ops
+
+
+def routed_pairs_at_least(blocks: int, experts: int, rows: int) -> int:
+    """The fewest routed pairs T x K a plan of `blocks` blocks of `rows` over `experts` experts
+    can hold: G = E + (T x K - E) // B when T x K >= E (moe.max_blocks, without a capacity)."""
+    return experts + (blocks - experts) * rows if blocks > experts else blocks
+
+
+def issue_after_router(ops: list[Operation], block: Block, loop: scf.ForOp) -> None:
+    """Insert `ops` into `block` right after its last op of the router phase (else right before
+    `loop`): engines run their commands in program order, so they take the HBM bandwidth the
+    router leaves idle while it contracts and ranks, after the router's own loads, and before
+    the routing's and the dispatch's commands, which wait for the router's results."""
+    anchor: Operation | None = None
+    for op in block.ops:
+        if op is loop:
+            break
+        if phase_of(op) == "router":
+            anchor = op
+    for op in ops:
+        if anchor is None:
+            block.insert_op_before(op, loop)
+        else:
+            block.insert_op_after(op, anchor)
+            anchor = op
 
 
 def insert_early(ops: list[Operation], block: Block, user: Operation) -> None:
@@ -322,6 +395,8 @@ class Made:
     own: dict[int, dict[SSAValue, SSAValue | None]] = field(default_factory=dict)
     regathered: list[tcp.DmaGatherOp] = field(default_factory=list)
     """The gathers made again on each cluster (`regathered`): erased once no loop reads them."""
+    guessed: set[SSAValue] = field(default_factory=set)
+    """The expert ids whose first group loop was seen (`guessed_loads`: only it starts from block 0)."""
 
 
 def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made: Made | None = None) -> scf.ForOp:
@@ -388,6 +463,13 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     # first weight loads are issued before them (the module docstring).
     ahead = any(gathered_by(v, expert_ids) for op in body.walk() for v in op.operands)
     firsts = first_loads(body, private, owned, own_dma, before) if ahead and not (unrolled or grouped) else {}
+    guessed: list[Operation] = []
+    prefill = bool(group_rows) and routed_pairs_at_least(
+        shape_of(expert_ids.type)[0], experts, shape_of(group_rows[0].type)[1]) >= PREFILL_PAIRS_PER_EXPERT * experts
+    if grouped and expert_ids not in made.guessed:
+        made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first slot's expert is the lowest
+        if prefill:
+            firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma)
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
                                               for k, i in enumerate(private)]
     new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
@@ -483,7 +565,11 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     assert parent is not None
     parent.insert_op_before(new_loop, loop)
     insert_early(before, parent, new_loop)
-    if firsts:  # after the dispatch's commands, cluster by cluster: its first loads, then its scales
+    for op in guessed:
+        if phase is not None:
+            op.attributes.setdefault(PHASE_ATTR, phase)
+    issue_after_router(guessed, parent, new_loop)
+    if firsts and not guessed:  # after the dispatch's commands, cluster by cluster: its first loads, then its scales
         moved = [op for op in before if isinstance(op, (tile.LoadExpertOp, tcp.DmaGatherOp))]
         for op in sorted(moved, key=lambda o: (cluster_of(o), isinstance(o, tcp.DmaGatherOp))):
             op.detach()
