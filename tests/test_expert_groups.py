@@ -206,3 +206,23 @@ def test_a_wrong_guess_costs_time_not_bits() -> None:
     reference = program.run(inputs, seed=3)
     assert not np.isin([0, 1], np.argsort(-(reference.inputs["x"] @ reference.inputs["router"]), axis=1)[:, :4]).any()
     assert_same_bits(program.run(inputs, seed=3, pipeline=pipeline).outputs, reference.outputs)
+
+
+def branch_clusters(module: ModuleOp) -> list[int]:
+    """The clusters of the `scf.if` ops at the top of the expert loop's body, in program order."""
+    loop = next(op for op in module.walk() if op.name == "scf.for" and any(
+        inner.name == "tile.load_expert" for inner in op.walk()))
+    body = loop.regions[0].block
+    return [op.attributes["tcpc.cluster"].value.data for op in body.ops if op.name == "scf.if"]  # type: ignore[attr-defined]
+
+
+def test_prefill_alternates_the_clusters_slot_by_slot() -> None:
+    """At prefill the two clusters' copies of a group alternate in program order: each one's
+    rows and first slot, then the later slots in turn, then each one's stores (HBM serves the
+    commands in issue order, so cluster 1 no longer trails cluster 0 by a whole group's DMA).
+    At decode each copy stays whole: one branch per cluster."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=GUESSED)
+    clusters = branch_clusters(program.lower("pin-routing," + scheduled("order=tile group=4")))
+    assert len(clusters) > 4 and clusters == [0, 1] * (len(clusters) // 2)
+    decode = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims={"T": 16, "B": 4})
+    assert branch_clusters(decode.lower("pin-routing," + scheduled("order=tile group=4"))) == [0, 1]
