@@ -226,3 +226,17 @@ def test_prefill_alternates_the_clusters_slot_by_slot() -> None:
     assert len(clusters) > 4 and clusters == [0, 1] * (len(clusters) // 2)
     decode = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims={"T": 16, "B": 4})
     assert branch_clusters(decode.lower("pin-routing," + scheduled("order=tile group=4"))) == [0, 1]
+
+
+def test_the_loops_last_stores_are_one_command_per_block() -> None:
+    """The group loop's last stores, which the combine waits for and nothing overlaps, are one
+    DMA command per block, side by side on their own engines (a group's rows in one command of
+    at most 1 MB ran on one engine); the stores inside the loop stay one per group."""
+    report = cost_only("qwen3_moe.moe", GUESSED, "order=tile group=4")
+    stores = sorted((o for o in report.ops if o.name == "tile.store" and o.phase == "experts" and o.hbm_bytes),
+                    key=lambda o: o.start)
+    block = 4 * 64 * 2  # B rows of D = 64 bf16
+    last = [o for o in stores if o.start == stores[-1].start]
+    assert len(last) == 4 and all(o.hbm_bytes == block for o in last)
+    assert len({o.units for o in last}) == 4
+    assert stores[0].hbm_bytes == 4 * block  # a group: 4 blocks of one expert (16 blocks each)
