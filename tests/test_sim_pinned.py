@@ -81,7 +81,7 @@ def digests(result: SimulationResult) -> tuple[int, int, str, str, str, str]:
 PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
     'qwen3 real dims T=64, cost-only, skewed': (696526, 5642, 'efc9577e26c64944', 'ce8e3d97beb9ea28', '2567a0994158b888', '4f53cda18c2baa0c'),
     'qwen3 T=256, cost-only, balanced': (35951, 644, 'a0098a43aa00944c', 'f0f808b9ba310ea0', '921df3bbf419393d', '4f53cda18c2baa0c'),
-    'qwen3 T=200 B=8, values': (20481, 645, '9b2bc11e73c2ce88', '8aaa072034ad6483', '25a99c42e20aaae0', 'ab6ace93d3c51875'),
+    'qwen3 T=200 B=8, values': (20481, 623, 'fd09c2100210b469', '20b160dc647c185e', '477446e3af2508a0', 'ab6ace93d3c51875'),
     'deepseek_v3 T=48, values': (12202, 584, '82099452e3c8d475', '05be5aa44944fe01', '3a20ec9ba943081e', '82a5f6f1023632f3'),
     'gpt_oss_mxfp4 T=40, values': (22381, 2542, 'f197694f15786058', '6e42d18d61522dac', 'aa763a1e561fe68a', '778cfe00474e8a2b'),
 }

@@ -267,13 +267,15 @@ def _loads_of(loads: list[tile.LoadExpertOp], ids: SSAValue, suffix: str, cluste
     return made
 
 
-PREFILL_PAIRS_PER_EXPERT = 16
+PREFILL_PAIRS_PER_EXPERT = 64
 """The routed pairs per expert (T x K / E, at least, by the plan's G, E and B) from which a group
 loop is prefill's: its first weights are guessed (`guessed_loads`; under uniform routing an
-expert is then left unused with probability about exp(-16), 1e-7, where at decode a guess is
-often wrong and its loads would take HBM from the loop's own) and its clusters' copies
-alternate slot by slot (`interleaved_slots`; at decode they stay whole: Qwen3-30B-A3B T = 64,
-B = 4, skewed took 696,526 -> 698,102 cycles interleaved)."""
+expert is then left unused with probability about exp(-64), where at decode a guess is often
+wrong and its loads would take HBM from the loop's own) and its clusters' copies alternate slot
+by slot (`interleaved_slots`). Below it (decode, small batches) neither: interleaved, Qwen3-30B-A3B
+T = 64, B = 4, skewed (4 pairs per expert) took 696,526 -> 698,102 cycles, and with 16 as the
+bound Mixtral-8x7B T = 64, B = 4, skewed (16 per expert) 2,039,108 -> 2,047,591. Every
+prefill row of benchmarks/schedule.py (T >= 2048) has at least 64."""
 
 
 def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, own_dma: bool
