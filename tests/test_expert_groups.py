@@ -193,10 +193,12 @@ def test_prefill_guesses_each_clusters_first_expert_while_the_router_runs() -> N
 
 
 def test_a_wrong_guess_costs_time_not_bits() -> None:
-    """A routing that never picks experts 0 and 1 (their router columns strongly negative for
-    positive tokens): the guessed tiles are not the first slots' experts, which load their own;
-    the outputs are the reference's bits."""
+    """Prefill's loop (guessed first loads, the clusters slot by slot, the last stores by block)
+    gives the reference's bits: for random tokens and router, and for a routing that never
+    picks experts 0 and 1 (their router columns strongly negative for positive tokens), where
+    the guessed tiles are not the first slots' experts, which load their own."""
     program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=GUESSED)
+    assert_same_bits(program.run(seed=3, pipeline=scheduled("order=tile")).outputs, program.run(seed=3).outputs)
     rng = np.random.default_rng(7)
     router = rng.standard_normal((64, 16)).astype(np.float32)
     router[:, :2] = -4.0
