@@ -197,3 +197,82 @@ def test_slots_in_a_loop_run_as_the_unrolled_slots(case: str, monkeypatch: pytes
     assert loop_report.total_cycles == unrolled_report.total_cycles
     assert commands(loop_report) == commands(unrolled_report)
     assert loop_report.peak_sram_bytes == unrolled_report.peak_sram_bytes
+
+
+GUESSED = dict(T=256, B=4)
+"""Qwen3-style toy layer (E = 16, K = 4): 64 routed pairs per expert, prefill's regime."""
+
+
+def guessed_loads_of(module: ModuleOp) -> list[Operation]:
+    """The weight loads split-clusters made of a guessed first expert (`guessed_loads`)."""
+    return [op for op in module.walk() if op.name == "tile.load_expert" and "_guessed" in (op.results[0].name_hint or "")]
+
+
+def test_prefill_guesses_each_clusters_first_expert_while_the_router_runs() -> None:
+    """At prefill (64 pairs per expert) each cluster loads expert c's carried weight tiles
+    before the routing is known, during the router's time; under balanced routing the first
+    slot of each cluster reuses them, so every expert's weights still cross HBM once. At
+    decode (4 pairs per expert: T = 16) nothing is guessed."""
+    report = cost_only("qwen3_moe.moe", GUESSED, "order=tile")
+    guessed = [o for o in report.ops if o.name == "tile.load_expert" and "guessed" in o.label]
+    assert len(guessed) == 2 * 3  # a cluster's gate, up and down tiles
+    dispatch = min(o.start for o in report.ops if o.phase == "dispatch" and o.engine == "dma")
+    assert max(o.end for o in guessed) <= dispatch
+    reused = [o for o in report.ops if o.name == "tile.load_expert" and o.bound == "guard (reused)"]
+    assert len(reused) == 2 * 3
+    weights = 3 * 64 * 32 * 2  # one expert's three matrices, D = 64, F = 32, bf16
+    assert sum(o.hbm_bytes for o in report.ops if o.name == "tile.load_expert") == 16 * weights
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims={"T": 16, "B": 4})
+    assert not guessed_loads_of(program.lower("pin-routing," + scheduled("order=tile")))
+
+
+def test_a_wrong_guess_costs_time_not_bits() -> None:
+    """Prefill's loop (guessed first loads, the clusters slot by slot, the last stores by block)
+    gives the reference's bits: for random tokens and router, and for a routing that never
+    picks experts 0 and 1 (their router columns strongly negative for positive tokens), where
+    the guessed tiles are not the first slots' experts, which load their own."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=GUESSED)
+    assert_same_bits(program.run(seed=3, pipeline=scheduled("order=tile")).outputs, program.run(seed=3).outputs)
+    rng = np.random.default_rng(7)
+    router = rng.standard_normal((64, 16)).astype(np.float32)
+    router[:, :2] = -4.0
+    inputs = {"x": np.abs(rng.standard_normal((256, 64))).astype(np.float32), "router": router}
+    pipeline = scheduled("order=tile")
+    assert guessed_loads_of(program.lower(pipeline))
+    reference = program.run(inputs, seed=3)
+    assert not np.isin([0, 1], np.argsort(-(reference.inputs["x"] @ reference.inputs["router"]), axis=1)[:, :4]).any()
+    assert_same_bits(program.run(inputs, seed=3, pipeline=pipeline).outputs, reference.outputs)
+
+
+def branch_clusters(module: ModuleOp) -> list[int]:
+    """The clusters of the `scf.if` ops at the top of the expert loop's body, in program order."""
+    loop = next(op for op in module.walk() if op.name == "scf.for" and any(
+        inner.name == "tile.load_expert" for inner in op.walk()))
+    body = loop.regions[0].block
+    return [op.attributes["tcpc.cluster"].value.data for op in body.ops if op.name == "scf.if"]  # type: ignore[attr-defined]
+
+
+def test_prefill_alternates_the_clusters_slot_by_slot() -> None:
+    """At prefill the two clusters' copies of a group alternate in program order: each one's
+    rows and first slot, then the later slots in turn, then each one's stores (HBM serves the
+    commands in issue order, so cluster 1 no longer trails cluster 0 by a whole group's DMA).
+    At decode each copy stays whole: one branch per cluster."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=GUESSED)
+    clusters = branch_clusters(program.lower("pin-routing," + scheduled("order=tile group=4")))
+    assert len(clusters) > 4 and clusters == [0, 1] * (len(clusters) // 2)
+    decode = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims={"T": 16, "B": 4})
+    assert branch_clusters(decode.lower("pin-routing," + scheduled("order=tile group=4"))) == [0, 1]
+
+
+def test_the_loops_last_stores_are_one_command_per_block() -> None:
+    """The group loop's last stores, which the combine waits for and nothing overlaps, are one
+    DMA command per block, side by side on their own engines (a group's rows in one command of
+    at most 1 MB ran on one engine); the stores inside the loop stay one per group."""
+    report = cost_only("qwen3_moe.moe", GUESSED, "order=tile group=4")
+    stores = sorted((o for o in report.ops if o.name == "tile.store" and o.phase == "experts" and o.hbm_bytes),
+                    key=lambda o: o.start)
+    block = 4 * 64 * 2  # B rows of D = 64 bf16
+    last = [o for o in stores if o.start == stores[-1].start]
+    assert len(last) == 4 and all(o.hbm_bytes == block for o in last)
+    assert len({o.units for o in last}) == 4
+    assert stores[0].hbm_bytes == 4 * block  # a group: 4 blocks of one expert (16 blocks each)

@@ -31,7 +31,8 @@ weight load behind the previous group's work. The body:
   copy writes an unused block or a chunk of padding. With resident weight tiles (their loads
   issued up front) the next group issues it, after its weight loads: a group's results wait in
   SRAM for it (loop-carried with their chunks' ids and first block); a group that does not run
-  stores them, and the last group stores its own. DMA engines run their commands in program
+  stores them, and the last group stores its own, these last stores one command per block
+  (`store_rows`: nothing overlaps them). DMA engines run their commands in program
   order, so a store issued at the end of its own group held an engine idle until the group's
   last contraction, and the next group's loads, issued after it, could not use that engine
   meanwhile (Qwen3-30B-A3B, T = 2048, B = 128, cost-only, balanced: 1,055,440 -> 1,039,088
@@ -591,7 +592,7 @@ class GroupLoop:
             is_last = self.add(tile.GuardOp(last_chunks), "group_is_last")
             outer, then = self.target, Block()
             self.target = then
-            then.add_op(scf.YieldOp(*self.stores(flushed, written)))
+            then.add_op(scf.YieldOp(*self.stores(flushed, written, by_block=True)))
             self.target = outer
             last_store = scf.IfOp(is_last, [v.type for v in flushed], [then], [Block([scf.YieldOp(*flushed)])])
             self.add(last_store)
@@ -610,7 +611,7 @@ class GroupLoop:
             skipped.detach()
             skipped.erase()
             self.target = otherwise
-            flushed = self.deferred_stores(pending, buffer_args)
+            flushed = self.deferred_stores(pending, buffer_args, by_block=True)
             carried[:len(flushed)] = flushed
             carried[-2] = pending_init[-2]
             otherwise.add_op(scf.YieldOp(*carried))
@@ -619,22 +620,39 @@ class GroupLoop:
         loop.attributes[PHASE_ATTR] = plan.phase
         return loop
 
-    def stores(self, buffers: list[SSAValue], written: SSAValue | None) -> list[SSAValue]:
+    def stores(self, buffers: list[SSAValue], written: SSAValue | None, by_block: bool = False) -> list[SSAValue]:
         """Store the group's results into `buffers`, chunk by chunk as `written` says; the
-        buffers after the stores."""
-        return [self.add(tile.StoreOp(self.mapping[r], buf, self.index, guard=written),
-                         f"{r.name_hint}_stored" if r.name_hint else None)
+        buffers after the stores (`by_block`: `store_rows`)."""
+        return [self.store_rows(self.mapping[r], buf, self.index, written, f"{r.name_hint}_stored" if r.name_hint else None,
+                                by_block)
                 for r, buf in zip(self.plan.escaping, buffers)]
 
-    def deferred_stores(self, pending: list[SSAValue], buffers: list[SSAValue]) -> list[SSAValue]:
+    def deferred_stores(self, pending: list[SSAValue], buffers: list[SSAValue], by_block: bool = False) -> list[SSAValue]:
         """Store the previous group's results (`pending`: its tiles, the ids of their chunks, -1
         where nothing is to be written, and its first block) into `buffers`; the buffers after
         the stores. Issued after this group's weight loads: stored in its own group, a store
         waited for the group's last contraction at the head of a DMA engine's queue, and the
         next group's loads, issued after it, could not use that engine meanwhile."""
         *tiles, chunks, block = pending
-        return [self.add(tile.StoreOp(t, buf, block, guard=chunks), f"{r.name_hint or 'out'}_flushed")
+        return [self.store_rows(t, buf, block, chunks, f"{r.name_hint or 'out'}_flushed", by_block)
                 for t, buf, r in zip(tiles, buffers, self.plan.escaping)]
+
+    def store_rows(self, rows: SSAValue, buffer: SSAValue, block: SSAValue, chunks: SSAValue | None,
+                   name: str | None, by_block: bool) -> SSAValue:
+        """One store of a group's `rows` at `block`, its chunks guarded by `chunks`; `by_block`,
+        one per block (the last stores of the loop, which nothing overlaps: the combine waits
+        for them, and a command of 1 MB or less runs on one engine, machines/rngd.toml's
+        split_bytes, so a group's store of several blocks took one engine's time where its
+        blocks' stores run on as many engines at once). The buffer after the stores."""
+        if not by_block or self.group == 1 or chunks is None:
+            return self.add(tile.StoreOp(rows, buffer, block, guard=chunks), name)
+        for r in range(self.group):
+            at = index_constant(r)
+            self.add(at)
+            one = self.add(tile.SliceOp(rows, at.result, tile_type(rows.type, 1)))
+            guard = self.add(tile.SliceOp(chunks, self.add(index_constant(r * self.parts)), tile_type(chunks.type, self.parts)))
+            buffer = self.add(tile.StoreOp(one, buffer, self.add(arith.AddiOp(block, at.result)), guard=guard), name)
+        return buffer
 
     def slots_of_group(self, number: SSAValue, ids: SSAValue, tables: list[SSAValue] | None, state: _State) -> None:
         """Every slot's tiles; slots after the first in an `scf.if` on the slot's expert, in a

@@ -26,6 +26,11 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   (Qwen3-30B-A3B bf16 T = 1: 59,308 -> 59,202 cycles on one cluster with the results still in
   HBM). Its weight loads then no longer queue behind six scale gathers (two clusters' three):
   the loads of each cluster's first expert, issued before those gathers (issue #30), went with it;
+- at prefill (at least PREFILL_PAIRS_PER_EXPERT routed pairs per expert) a group loop
+  (schedule-experts{order=tile}) starts from each cluster's guessed first weights
+  (`guessed_loads`): expert c's tiles, loaded on cluster c while the router computes, which
+  the first slot reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048, B = 128,
+  cost-only, balanced: 1,039,088 -> 1,026,998 cycles);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -36,6 +41,11 @@ per cluster (block + N - 1 - c on cluster c), the copies' commands interleaved i
 order and nothing masked or guarded; with fewer blocks than clusters (decode) the loop runs
 whole on cluster N - 1, beside the routing on cluster 0; otherwise each copy is masked to the
 blocks g with N - 1 - (g mod N) == c.
+
+A group loop's copies at prefill alternate slot by slot in program order (`interleaved_slots`),
+each cluster's rows and first slot, then the clusters' later slots in turn, then each one's
+stores: HBM serves the commands in issue order, and with each copy whole the second cluster
+trailed the first by a group's DMA (Qwen3-30B-A3B T = 2048: 1,026,998 -> 1,022,764 cycles).
 
 Vector ops of the copy that does not own a block still run on that cluster's (zero) tiles: the
 chain has no guard of its own. That costs each cluster the other's vector time on the block
@@ -64,12 +74,12 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
-from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp, StringAttr
-from xdsl.ir import Block, OpResult, Operation, SSAValue
+from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp, StringAttr, TensorType
+from xdsl.ir import Attribute, Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, SHARED, place_on_cluster
+from dialects.annotations import PHASE_ATTR, SHARED, phase_of, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
 from passes._loop_builder import in_hbm
 from passes.schedule._cluster_copies import pin, reacher, read_in_place
@@ -207,6 +217,179 @@ def _owned_rows(tokens: SSAValue, owned: SSAValue, cluster: int, before: list[Op
     return masked.result
 
 
+def _loads_of(loads: list[tile.LoadExpertOp], ids: SSAValue, suffix: str, cluster: int, args: list[SSAValue],
+              private: list[int], inits: dict[tuple[int, int], SSAValue]) -> list[tile.LoadExpertOp]:
+    """`loads` (carried for reuse) of the expert `ids` names, waiting for nothing, made before the
+    loop; records them and `ids` as `cluster`'s initial previous tiles and ids in `inits`."""
+    made: list[tile.LoadExpertOp] = []
+    for op in loads:
+        window = None if op.offsets is None else (list(op.window_offsets()), list(shape_of(op.result.type)[1:]))
+        new = tile.LoadExpertOp(op.source, ids, None, None, [], window)
+        new.attributes.update(op.attributes)
+        new.location = op.location
+        new.result.name_hint = f"{op.result.name_hint}_{suffix}" if op.result.name_hint else None
+        made.append(new)
+        assert op.prev_ids is not None and op.prev_tile is not None
+        ids_at, tile_at = private.index(args.index(op.prev_ids)), private.index(args.index(op.prev_tile))
+        inits[(cluster, ids_at)], inits[(cluster, tile_at)] = ids, new.result
+    return made
+
+
+PREFILL_PAIRS_PER_EXPERT = 64
+"""The routed pairs per expert (T x K / E, at least, by the plan's G, E and B) from which a group
+loop is prefill's: its first weights are guessed (`guessed_loads`; under uniform routing an
+expert is then left unused with probability about exp(-64), where at decode a guess is often
+wrong and its loads would take HBM from the loop's own) and its clusters' copies alternate slot
+by slot (`interleaved_slots`). Below it (decode, small batches) neither: interleaved, Qwen3-30B-A3B
+T = 64, B = 4, skewed (4 pairs per expert) took 696,526 -> 698,102 cycles, and with 16 as the
+bound Mixtral-8x7B T = 64, B = 4, skewed (16 per expert) 2,039,108 -> 2,047,591. Every
+prefill row of benchmarks/schedule.py (T >= 2048) has at least 64."""
+
+
+def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, own_dma: bool
+                  ) -> tuple[dict[tuple[int, int], SSAValue], list[Operation]]:
+    """Each cluster's first weight tiles at prefill, loaded before the routing is known: for
+    every weight load of the group loop's first slot that the body carries for reuse, the load
+    of expert c on cluster c, the first expert c owns whenever the routing uses expert c (the
+    canonical layout puts the experts' blocks in ascending order). The loop starts from them as
+    its previous ids and tiles, so the first slot reuses them when its expert is c
+    (`tile.load_expert` fetches only ids that differ) and loads its own otherwise: the same
+    values either way. Only at prefill (PREFILL_PAIRS_PER_EXPERT), in the plan's first loop
+    (from block 0). Returns the loop's new initial values by (cluster, position among
+    `private`) and the ops, for `issue_after_router`."""
+    args = list(body.args[1:])
+    loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp) and op.prev_ids in args]
+    inits: dict[tuple[int, int], SSAValue] = {}
+    ops: list[Operation] = []
+    if not loads or any(op.prev_tile not in args for op in loads):
+        return inits, ops
+    for c in range(min(clusters, experts)):
+        guess = ve.ConstOp(c, loads[0].ids.type)  # type: ignore[arg-type]
+        guess.result.name_hint = f"guessed_expert_cluster{c}"
+        made: list[Operation] = [guess, *_loads_of(loads, guess.result, "guessed", c, args, private, inits)]
+        for op in made:
+            pin(op, c, own_dma)
+        ops += made
+    return inits, ops
+
+
+def routed_pairs_at_least(blocks: int, experts: int, rows: int) -> int:
+    """The fewest routed pairs T x K a plan of `blocks` blocks of `rows` over `experts` experts
+    can hold: G = E + (T x K - E) // B when T x K >= E (moe.max_blocks, without a capacity)."""
+    return experts + (blocks - experts) * rows if blocks > experts else blocks
+
+
+def issue_after_router(ops: list[Operation], block: Block, loop: scf.ForOp) -> None:
+    """Insert `ops` into `block` right after its last op of the router phase (else right before
+    `loop`): engines run their commands in program order, so they take the HBM bandwidth the
+    router leaves idle while it contracts and ranks, after the router's own loads, and before
+    the routing's and the dispatch's commands, which wait for the router's results."""
+    anchor: Operation | None = None
+    for op in block.ops:
+        if op is loop:
+            break
+        if phase_of(op) == "router":
+            anchor = op
+    for op in ops:
+        if anchor is None:
+            block.insert_op_before(op, loop)
+        else:
+            block.insert_op_after(op, anchor)
+            anchor = op
+
+
+def _slot_segments(then: Block) -> tuple[list[Operation], list[list[Operation]], list[Operation]] | None:
+    """A group's branch (`_expert_groups.GroupLoop`) cut at its slots: the ops up to and with the
+    first slot's work (the rows' gather, the first slot's loads and contractions), each later
+    slot's ops (the slices and views of its tables, its guard and its `scf.if`), and the rest
+    (the stores, the yield); None for a branch not so made (one slot)."""
+    ops = list(then.ops)
+    if any(isinstance(op, scf.ForOp) for op in ops):
+        return None  # the later slots in a loop of their own (_expert_groups.SLOTS_UNROLLED)
+    addressing = (tile.SliceOp, tcp.ViewOp, tile.GuardOp)
+    first = next((i for i, op in enumerate(ops) if isinstance(op, scf.IfOp)), None)
+    if first is None:
+        return None
+    start = first
+    while start > 0 and isinstance(ops[start - 1], addressing):
+        start -= 1
+    segments: list[list[Operation]] = []
+    i = start
+    while True:
+        j = i
+        while j < len(ops) and isinstance(ops[j], addressing):
+            j += 1
+        if j == len(ops) or not (isinstance(ops[j], scf.IfOp) and isinstance(ops[j].cond.owner, tile.GuardOp)):
+            break
+        segments.append(ops[i:j + 1])
+        i = j + 1
+    return (ops[:start], segments, ops[i:]) if segments else None
+
+
+def interleaved_slots(copies: list[list[Operation]], before: list[Operation],
+                      renamed: dict[SSAValue, SSAValue]) -> list[Operation] | None:
+    """The clusters' copies of a group loop's body (each its group's `scf.if` on its masked ids,
+    last) in an order that alternates the clusters slot by slot: each copy's branch becomes an
+    `scf.if` on the same guard holding its rows and first slot, its later slots' ops unguarded
+    (a slot's own guard skips it when the group does not run, its expert -1), and an `scf.if`
+    holding its stores (else: the branch's own else). Engines run their commands in program
+    order and HBM serves them in that order, so with each copy whole the second cluster's loads
+    of a group came after all of the first's, and it trailed by a group's DMA (Qwen3-30B-A3B
+    T = 2048, B = 128: 14,600 cycles, its last group alone at the end); slot by slot, it
+    trails by a slot's. The values the first branch makes for the later ops are its results
+    (HBM buffers, or 0, when it does not run: read by nothing then). Returns the body's ops,
+    the old branches' results mapped to the new ones in `renamed`; None (nothing changed) for
+    copies not so made."""
+    parts = []
+    for copy in copies:
+        branch = copy[-1]
+        split = _slot_segments(branch.true_region.block) if isinstance(branch, scf.IfOp) else None
+        if split is None or not isinstance(branch.cond.owner, tile.GuardOp):
+            return None
+        parts.append((copy[:-1], branch, *split))
+    if len({len(p[3]) for p in parts}) != 1:
+        return None
+    crossings: list[list[SSAValue]] = []
+    for _, _, prologue, segments, rest in parts:
+        inside = {inner for op in prologue for inner in op.walk()}
+        later = (inner for op in [*(op for seg in segments for op in seg), *rest] for inner in op.walk())
+        crossing = list(dict.fromkeys(v for inner in later for v in inner.operands if v.owner in inside))
+        if not all(isinstance(v.type, (IndexType, TensorType)) for v in crossing):
+            return None
+        crossings.append(crossing)
+    firsts: list[Operation] = []
+    lasts: list[Operation] = []
+    for c, ((_, branch, prologue, segments, rest), crossing) in enumerate(zip(parts, crossings)):
+        nothing: dict[Attribute, SSAValue] = {}
+        for v in crossing:
+            if v.type not in nothing:
+                made = (arith.ConstantOp.from_int_and_width(0, IndexType()) if isinstance(v.type, IndexType)
+                        else tile.BufferOp("hbm", v.type))
+                pin(made, c)
+                before.append(made)
+                nothing[v.type] = made.results[0]
+        later = [op for seg in segments for op in seg] + rest
+        readers = {inner for op in later for inner in op.walk()}
+        for op in [*prologue, *later]:
+            op.detach()
+        first = scf.IfOp(branch.cond, [v.type for v in crossing], [Block([*prologue, scf.YieldOp(*crossing)])],
+                         [Block([scf.YieldOp(*(nothing[v.type] for v in crossing))])])
+        for v, r in zip(crossing, first.results):
+            v.replace_uses_with_if(r, lambda use: use.operation in readers)
+        last = scf.IfOp(branch.cond, [r.type for r in branch.results], [Block(rest)],
+                        [branch.false_region.detach_block(0)])
+        for old, new in zip(branch.results, last.results):
+            old.replace_all_uses_with(new)
+            renamed[old] = new
+        for op in (first, last):
+            op.attributes.update(branch.attributes)
+        firsts.append(first)
+        lasts.append(last)
+        branch.erase(safe_erase=False)
+    slots = [op for k in range(len(parts[0][3])) for p in parts for op in p[3][k]]
+    return [*(op for p in parts for op in p[0]), *firsts, *slots, *lasts]
+
+
 def insert_early(ops: list[Operation], block: Block, user: Operation) -> None:
     """Insert `ops` (in dependency order, all needed before `user`) into `block`, each as early
     as its operands allow: right after the last op of the block defining one of them (an op
@@ -281,6 +464,8 @@ class Made:
     own: dict[int, dict[SSAValue, SSAValue | None]] = field(default_factory=dict)
     regathered: list[tcp.DmaGatherOp] = field(default_factory=list)
     """The gathers made again on each cluster (`regathered`): erased once no loop reads them."""
+    guessed: set[SSAValue] = field(default_factory=set)
+    """The expert ids whose first group loop was seen (`guessed_loads`: only it starts from block 0)."""
 
 
 def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made: Made | None = None) -> scf.ForOp:
@@ -345,7 +530,16 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     group_rows = [] if not grouped else list(dict.fromkeys(
         addressed(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)))
     inits = list(loop.iter_args)
-    new_inits = [inits[i] for i in shared] + [inits[i] for _ in range(clusters) for i in private]
+    firsts: dict[tuple[int, int], SSAValue] = {}
+    guessed: list[Operation] = []
+    prefill = bool(group_rows) and routed_pairs_at_least(
+        shape_of(expert_ids.type)[0], experts, shape_of(group_rows[0].type)[1]) >= PREFILL_PAIRS_PER_EXPERT * experts
+    if grouped and expert_ids not in made.guessed:
+        made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first slot's expert is the lowest
+        if prefill:
+            firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma)
+    new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
+                                              for k, i in enumerate(private)]
     new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
     new_index, *new_args = new_body.args
     new_index.name_hint = index.name_hint
@@ -424,8 +618,14 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
         for i in shared:
             chain[i] = mapping[yielded.operands[i]]
         private_yields += [mapping[yielded.operands[i]] for i in private]
+    renamed: dict[SSAValue, SSAValue] = {}
+    slotted = interleaved_slots(copies, before, renamed) if grouped and prefill else None
+    chain = {i: renamed.get(v, v) for i, v in chain.items()}
+    private_yields = [renamed.get(v, v) for v in private_yields]
     if unrolled:  # the copies' commands interleaved: each engine serves both clusters' blocks in turn
         new_body.add_ops(op for ops in zip(*copies) for op in ops)
+    elif slotted is not None:
+        new_body.add_ops(slotted)
     else:
         new_body.add_ops(op for ops in copies for op in ops)
     new_body.add_op(scf.YieldOp(*(chain[i] for i in shared), *private_yields))
@@ -439,6 +639,10 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     assert parent is not None
     parent.insert_op_before(new_loop, loop)
     insert_early(before, parent, new_loop)
+    for op in guessed:
+        if phase is not None:
+            op.attributes.setdefault(PHASE_ATTR, phase)
+    issue_after_router(guessed, parent, new_loop)
     for k, i in enumerate(shared):
         loop.results[i].replace_all_uses_with(new_loop.results[k])
     loop.detach()
