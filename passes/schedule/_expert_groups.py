@@ -252,6 +252,11 @@ class _State:
         reuse = {k: (next(it), next(it)) for k in self.reuse}
         return _State(acc, waits, reuse)
 
+    def take(self, values: list[SSAValue]) -> None:
+        """Hold `values` (in `values()` order) from now on: a branch's or loop's results."""
+        new = self.replaced(values)
+        self.acc, self.waits, self.reuse = new.acc, new.waits, new.reuse
+
     def done(self, value: SSAValue) -> None:
         """`value` (a down-projection or a slot's last contraction) is the newest wait."""
         self.waits = [*self.waits[1:], value]
@@ -670,23 +675,25 @@ class GroupLoop:
                 guard.name_hint = "chunks_of_slot"
             if k == 0:  # a group that runs has a first expert
                 self.slot_tiles(slot, guard, state)
-                continue
-            outer = self.target
-            runs = self.add(tile.GuardOp(slot), "slot_runs")
-            before = state.values()
-            then = Block()
-            self.target = then
-            inner = state.replaced(list(before))
-            self.slot_tiles(slot, guard, inner)
-            then.add_op(scf.YieldOp(*inner.values()))
-            otherwise = Block([scf.YieldOp(*before)])
-            branch = scf.IfOp(runs, [v.type for v in before], [then], [otherwise])
-            self.target = outer
-            self.add(branch)
-            new = state.replaced(list(branch.results))
-            state.acc, state.waits, state.reuse = new.acc, new.waits, new.reuse
+            else:
+                self.guarded_slot(slot, guard, state)
         if self.slot_rows is not None:
             self.slot_loop(number, state)
+
+    def guarded_slot(self, slot: SSAValue, guard: SSAValue, state: _State) -> None:
+        """A later slot's tiles in an `scf.if` on its expert id (-1: the slot is unused, and
+        `state` passes through); `state` becomes the branch's results."""
+        runs = self.add(tile.GuardOp(slot), "slot_runs")
+        before = state.values()
+        outer, then = self.target, Block()
+        self.target = then
+        inner = state.replaced(list(before))
+        self.slot_tiles(slot, guard, inner)
+        then.add_op(scf.YieldOp(*inner.values()))
+        self.target = outer
+        branch = scf.IfOp(runs, [v.type for v in before], [then], [Block([scf.YieldOp(*before)])])
+        self.add(branch)
+        state.take(list(branch.results))
 
     def slot_loop(self, number: SSAValue, state: _State) -> None:
         """The slots after the first as `scf.for %slot = 1 to slots`, `state` carried: one body
@@ -707,21 +714,13 @@ class GroupLoop:
         slot.name_hint = "slot_expert"
         guard = self.view(self.add(tile.SliceOp(guards, row, TensorType(i32, [1, self.chunks]))), [self.chunks])
         guard.name_hint = "chunks_of_slot"
-        runs = self.add(tile.GuardOp(slot), "slot_runs")
-        then = Block()
-        self.target = then
         inner = state.replaced(list(args))
-        self.slot_tiles(slot, guard, inner)
-        then.add_op(scf.YieldOp(*inner.values()))
-        self.target = body
-        branch = scf.IfOp(runs, [v.type for v in before], [then], [Block([scf.YieldOp(*args)])])
-        self.add(branch)
-        body.add_op(scf.YieldOp(*branch.results))
+        self.guarded_slot(slot, guard, inner)
+        body.add_op(scf.YieldOp(*inner.values()))
         self.target = outer
         loop = scf.ForOp(c_one, c_slots, c_one, before, body)
         self.add(loop)
-        new = state.replaced(list(loop.results))
-        state.acc, state.waits, state.reuse = new.acc, new.waits, new.reuse
+        state.take(list(loop.results))
 
 
 def build_group_loops(block: Block, plan: GroupPlan, group: int) -> list[scf.ForOp]:

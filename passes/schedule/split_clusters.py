@@ -217,24 +217,6 @@ def _owned_rows(tokens: SSAValue, owned: SSAValue, cluster: int, before: list[Op
     return masked.result
 
 
-def _loads_of(loads: list[tile.LoadExpertOp], ids: SSAValue, suffix: str, cluster: int, args: list[SSAValue],
-              private: list[int], inits: dict[tuple[int, int], SSAValue]) -> list[tile.LoadExpertOp]:
-    """`loads` (carried for reuse) of the expert `ids` names, waiting for nothing, made before the
-    loop; records them and `ids` as `cluster`'s initial previous tiles and ids in `inits`."""
-    made: list[tile.LoadExpertOp] = []
-    for op in loads:
-        window = None if op.offsets is None else (list(op.window_offsets()), list(shape_of(op.result.type)[1:]))
-        new = tile.LoadExpertOp(op.source, ids, None, None, [], window)
-        new.attributes.update(op.attributes)
-        new.location = op.location
-        new.result.name_hint = f"{op.result.name_hint}_{suffix}" if op.result.name_hint else None
-        made.append(new)
-        assert op.prev_ids is not None and op.prev_tile is not None
-        ids_at, tile_at = private.index(args.index(op.prev_ids)), private.index(args.index(op.prev_tile))
-        inits[(cluster, ids_at)], inits[(cluster, tile_at)] = ids, new.result
-    return made
-
-
 PREFILL_PAIRS_PER_EXPERT = 64
 """The routed pairs per expert (T x K / E, at least, by the plan's G, E and B) from which a group
 loop is prefill's: its first weights are guessed (`guessed_loads`; under uniform routing an
@@ -266,7 +248,17 @@ def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, 
     for c in range(min(clusters, experts)):
         guess = ve.ConstOp(c, loads[0].ids.type)  # type: ignore[arg-type]
         guess.result.name_hint = f"guessed_expert_cluster{c}"
-        made: list[Operation] = [guess, *_loads_of(loads, guess.result, "guessed", c, args, private, inits)]
+        made: list[Operation] = [guess]
+        for op in loads:  # the same load of expert c, waiting for nothing
+            window = None if op.offsets is None else (list(op.window_offsets()), list(shape_of(op.result.type)[1:]))
+            new = tile.LoadExpertOp(op.source, guess.result, None, None, [], window)
+            new.attributes.update(op.attributes)
+            new.location = op.location
+            new.result.name_hint = f"{op.result.name_hint}_guessed" if op.result.name_hint else None
+            made.append(new)
+            assert op.prev_ids is not None and op.prev_tile is not None
+            ids_at, tile_at = private.index(args.index(op.prev_ids)), private.index(args.index(op.prev_tile))
+            inits[(c, ids_at)], inits[(c, tile_at)] = guess.result, new.result
         for op in made:
             pin(op, c, own_dma)
         ops += made
