@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import (
     i32,
     i64,
 )
-from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, TypeAttribute
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
@@ -385,6 +385,31 @@ class RouteOp(IRDLOperation):
 
 
 @irdl_op_definition
+class PairRowsOp(IRDLOperation):
+    """Where each pair of a routing plan sits in its blocks: `rows[t, k]` is the row (block * B +
+    position) of pair (t, k) in the blocked buffer viewed as [G * B, ...], -1 for a dropped pair
+    (the plan's scatter_idx). For a consumer that reads some pairs' rows in an order of its own
+    (shard-experts' a2a receiver gathers a whole token's slots straight from the blocks)."""
+
+    name = "moe.pair_rows"
+    route = operand_def(RouteType)
+    rows = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$route attr-dict `:` type($route) `->` type($rows)"
+
+    def __init__(self, route: SSAValue):
+        r = route.type
+        assert isinstance(r, RouteType)
+        super().__init__(operands=[route], result_types=[TensorType(i32, [r.tokens.data, r.k.data])])
+
+    def verify_(self) -> None:
+        r = self.route.type
+        assert isinstance(r, RouteType)
+        want = TensorType(i32, [r.tokens.data, r.k.data])
+        expect(self.rows.type == want, f"rows must be {want}")
+
+
+@irdl_op_definition
 class DispatchOp(IRDLOperation):
     """Tokens [T, D] into blocks [G, B, D] by an existing routing plan: `moe.scatter`'s data
     movement once its index generation has been lowered."""
@@ -413,6 +438,6 @@ class DispatchOp(IRDLOperation):
 
 MoE = Dialect(
     "moe",
-    [TopKOp, ScatterOp, GroupedMatmulOp, ScaledGroupedMatmulOp, CombineOp, RouteOp, DispatchOp],
+    [TopKOp, ScatterOp, GroupedMatmulOp, ScaledGroupedMatmulOp, CombineOp, RouteOp, DispatchOp, PairRowsOp],
     [RouteType],
 )

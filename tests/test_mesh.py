@@ -693,9 +693,12 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
     if strategy == "a2a":
         assert all(c.identical for c in results)
     combine = [o for c in sim.report.chips for o in c.ops if o.phase == "combine"]
-    # Every guarded tile that runs gathers its rows (the receiver's combine of its slots, its
-    # `y_restored`): fewer such gathers than guards means tiles were skipped.
-    restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith("%y_restored")]
+    # Every guarded tile that runs gathers its rows from the blocks (a2a's sums of the tokens
+    # it holds whole, `whole_rows`; a2a_sum's combine of the tokens it received, `y_restored`):
+    # fewer such gathers than guards means tiles were skipped.
+    gathered_rows = "%whole_rows" if strategy == "a2a" else "%y_restored"
+    restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith(gathered_rows)]
+    assert restored
     assert len(restored) < [o.name for o in combine].count("tile.guard")
     gathered = program.lower(MeshSpec.parse("ep=4,strategy=allgather").pipeline())
     assert "tile_has_pairs" not in str(gathered)

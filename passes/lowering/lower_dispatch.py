@@ -52,6 +52,7 @@ sections 3.4 to 3.6, docs/hardware.md#the-moe-chapter-of-the-book):
   A combine of bf16 blocks widened to f32 by a `tmath.cast` (shard-experts' allgather sums f32
   partial rows) gathers the bf16 rows instead and widens them after the gather as above, the
   same values (widening is exact), and the whole-tensor cast goes (`widened_from`).
+- `moe.pair_rows %route` -> the plan's scatter_idx itself.
 
 Exactness: dispatch and combine give the reference's bits exactly. grouped_matmul gives them
 exactly on padding rows and unused blocks and in the rounding points (one f32 accumulation,
@@ -108,7 +109,7 @@ from passes._auto_option import check_choice, refuse_auto
 from passes.lowering._builder import LoweringBuilder, element_of
 from target.target_spec import machine_of
 
-PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.ScaledGroupedMatmulOp, moe.CombineOp)
+PLAN_CONSUMERS = (moe.DispatchOp, moe.GroupedMatmulOp, moe.ScaledGroupedMatmulOp, moe.CombineOp, moe.PairRowsOp)
 QUANTIZE_BLOCKS, QUANTIZE_TOKENS = "blocks", "tokens"
 QUANTIZE_PLACES = (QUANTIZE_BLOCKS, QUANTIZE_TOKENS)
 """The `quantize` option's values, the default first (the module docstring)."""
@@ -445,8 +446,11 @@ class LowerDispatchPattern(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: moe.DispatchOp | moe.GroupedMatmulOp | moe.ScaledGroupedMatmulOp
-                          | moe.CombineOp, rewriter: PatternRewriter) -> None:
+                          | moe.CombineOp | moe.PairRowsOp, rewriter: PatternRewriter) -> None:
         plan = plan_of(op, op.route)
+        if isinstance(op, moe.PairRowsOp):
+            rewriter.replace(op, [], [plan.scatter_idx])
+            return
         if isinstance(op, moe.DispatchOp):
             ops, result = lower_dispatch(op, self.masks.block_tokens(plan, rewriter))
             mark(ops, "dispatch")

@@ -83,7 +83,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from dialects import ccl, moe, tcp, tile, tmath
-from dialects.annotations import PHASE_ATTR, place_in_hbm, routing_arguments
+from dialects.annotations import PHASE_ATTR, mark_pair_sum, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import index_constant
 from target.target_spec import machine_of
@@ -783,6 +783,20 @@ class _A2A(_Strategy):
         b.phase = None
         b.to_stage("experts")
 
+    def _rows_of(self, listed: SSAValue, at: SSAValue | None) -> SSAValue:
+        """The rows holding the slots `listed` (ccl.a2a_returns' slots plus one, 0: none), in
+        its shape, -1 for none: in the blocks through `at` ([slots, 1], each slot's block row
+        plus one: a gather by slot, where no slot reads 0), else the slot itself. Kept in the
+        shape the tables cross the link in ([chips, ...]), not the sums' token rows, so the
+        sums' token loop reads them as made before it (its guard skips a tile without a token)."""
+        b = self.b
+        shape = list(shape_of(listed.type))
+        slot = b.add(tmath.SubOp(listed, b.const(1, i32), TensorType(i32, shape))).results[0]
+        if at is None:
+            return slot
+        found = b.reshape(b.add(tcp.DmaGatherOp(at, slot)).results[0], shape)
+        return b.add(tmath.SubOp(found, b.const(1, i32), TensorType(i32, shape))).results[0]
+
     def _send_whole_weights(self, weights: SSAValue) -> SSAValue:
         """The whole tokens' pairs' weights (a DMA row scatter of the [T, K] weights by
         `token_entries`), sent to the chips that sum them, in the layout of `token_slots`
@@ -850,26 +864,41 @@ class _A2A(_Strategy):
         assert self.route is not None
         b.to_stage("combine")
         b.phase = "combine"
-        rows = b.add(moe.CombineOp(b.value(op.input), self.route), "expert_rows").results[0]
-        if self.partial is not None:  # tp: the slots' f32 partial sums, added over the tp chips
-            partial = b.reshape(rows, [ep, slots, d], "partial_rows")
-            summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
-            rows = b.reshape(b.cast(summed, op.input.type.get_element_type(), "summed_rows_out"),  # type: ignore[attr-defined]
-                             [ep * slots, d], "expert_rows_summed")
-        if layer.sp > 1:
-            self._combine_by_pair(op, rows)
-            return
+        entries = self.returns.entries if layer.sp == 1 else 0
+        if self.partial is None and layer.sp == 1:
+            # Straight from the blocks: no row per slot in between.
+            blocks = b.value(op.input)
+            g, block = shape_of(blocks.type)[:2]
+            rows = b.reshape(blocks, [g * block, d], "y_rows")
+            # Index tables of the receiver's routing, not rows: no token loop of the combine's
+            # takes them, and a DMA unit runs their gathers while the last blocks contract.
+            b.phase = "routing"
+            at = b.reshape(b.add(moe.PairRowsOp(self.route), "slot_block_rows").results[0], [ep * slots, 1])
+            at = b.add(tmath.AddOp(at, b.const(1, i32), at.type), "slot_block_rows_1").results[0]  # type: ignore[arg-type]
+            whole_at, split_at = (self._rows_of(listed, at) for listed in (self.recv_token_slots, self.recv_pair_slots))
+            b.phase = "combine"
+        else:
+            rows = b.add(moe.CombineOp(b.value(op.input), self.route), "expert_rows").results[0]
+            if self.partial is not None:  # tp: the slots' f32 partial sums, added over the tp chips
+                partial = b.reshape(rows, [ep, slots, d], "partial_rows")
+                summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
+                rows = b.reshape(b.cast(summed, op.input.type.get_element_type(), "summed_rows_out"),  # type: ignore[attr-defined]
+                                 [ep * slots, d], "expert_rows_summed")
+            if layer.sp > 1:
+                self._combine_by_pair(op, rows)
+                return
+            whole_at, split_at = (self._rows_of(listed, None) for listed in (self.recv_token_slots, self.recv_pair_slots))
         if op.weights is not None and self.recv_whole_weights is None:  # the weights computed after the dispatch
             self.recv_whole_weights = b.done(self._send_whole_weights(self._gathered(b.value(op.weights), "weights_row")))
         # A token whose pairs all sit here is summed here, in k order from +0.0 in f32 and
         # rounded once, as one chip's combine does, and goes back as one row; a split token's
-        # pairs go back one row each and are summed at home: bit-identical either way.
+        # pairs go back one row each and are summed at home: bit-identical either way (a
+        # -0.0 row, which the blocks may hold, changes no sum that ends in + 0.0).
         out_element = op.result.type.get_element_type()  # type: ignore[attr-defined]
-        entries = self.returns.entries
-        picked = b.reshape(self.recv_token_slots, [ep * tl, entries])
-        picked = b.add(tmath.SubOp(picked, b.const(1, i32), picked.type), "whole_slots").results[0]  # type: ignore[arg-type]
         # Gathered tile by tile in the sums' token loop (schedule-tokens), never whole.
-        terms = b.add(tcp.DmaGatherOp(rows, picked), "whole_rows").results[0]
+        whole_at = b.reshape(whole_at, [ep * tl, entries], "whole_at")
+        split_at.name_hint = "split_at"
+        terms = b.add(tcp.DmaGatherOp(rows, whole_at), "whole_rows").results[0]
         terms = b.cast(terms, f32, "whole_rows_f32")
         if self.recv_whole_weights is not None:
             w = b.cast(b.reshape(self.recv_whole_weights, [ep * tl, entries, 1]), f32, "whole_weights_f32")
@@ -877,12 +906,13 @@ class _A2A(_Strategy):
         total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [ep * tl, d])), "whole_sums").results[0]
         total = b.add(tmath.AddOp(total, b.const(0.0, f32), total.type)).results[0]  # type: ignore[arg-type]
         sums = b.cast(total, out_element, "whole_sums_out")
+        # A row without a whole token (no slot, zero weights) is +0.0: the sums' token loop
+        # skips the tiles of the static buffer that hold none (schedule-tokens).
+        mark_pair_sum(sums.owner)  # type: ignore[arg-type]
         sums_back = self._start_return(sums, tl, self.recv_whole_counts, "returned_sums", "send_sums")
         # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
         # the combine's token loop, whose rows it does not follow.
-        split = b.add(tmath.SubOp(self.recv_pair_slots, b.const(1, i32), TensorType(i32, [ep, slots])),
-                      "split_slots").results[0]
-        pairs = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(rows, split), b.cluster_sram_bytes), "split_rows").results[0]
+        pairs = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(rows, split_at), b.cluster_sram_bytes), "split_rows").results[0]
         pairs_back = self._start_return(pairs, slots, self.recv_pair_counts, "returned", "send_back")
         b.to_stage("home")
         returns = self.returns

@@ -134,6 +134,11 @@ class MoEFunctions(InterpreterFunctions):
                 raise InterpretationError(f"moe.route: {name} entry {int(bad.flat[0])} is outside [-1, {bound})")
         return (RoutePlan(scatter_idx, expert_ids, r.block.data),)
 
+    @impl(moe.PairRowsOp)
+    def run_pair_rows(self, interpreter: Interpreter, op: moe.PairRowsOp, args: tuple[Any, ...]):
+        (plan,) = args
+        return (plan.scatter_idx.astype(np.int32, copy=True),)
+
     @impl(moe.DispatchOp)
     def run_dispatch(self, interpreter: Interpreter, op: moe.DispatchOp, args: tuple[Any, ...]):
         x, plan = args

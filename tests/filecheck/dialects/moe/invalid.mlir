@@ -206,3 +206,12 @@ func.func @dispatch_result(%x: tensor<2x4xbf16>, %r: !moe.route<T = 2, K = 1, E 
 }
 
 // CHECK: result should be tensor<2x2x4xbf16>
+
+// -----
+
+func.func @pair_rows_shape(%r: !moe.route<T = 8, K = 2, E = 4, B = 2, G = 10>) {
+  %rows = moe.pair_rows %r : !moe.route<T = 8, K = 2, E = 4, B = 2, G = 10> -> tensor<8x1xi32>
+  func.return
+}
+
+// CHECK: rows must be tensor<8x2xi32>

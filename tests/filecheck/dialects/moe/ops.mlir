@@ -29,6 +29,11 @@ func.func @dispatch(%x: tensor<2x4xbf16>, %si: tensor<2x1xi32>, %ei: tensor<2xi3
   func.return %xb : tensor<2x2x4xbf16>
 }
 
+func.func @pair_rows(%r: !moe.route<T = 8, K = 2, E = 4, B = 2, G = 10>) -> tensor<8x2xi32> {
+  %rows = moe.pair_rows %r : !moe.route<T = 8, K = 2, E = 4, B = 2, G = 10> -> tensor<8x2xi32>
+  func.return %rows : tensor<8x2xi32>
+}
+
 // CHECK:      func.func @layer(%scores: tensor<8x4xf32>, %x: tensor<8x16xbf16>, %w_gate: tensor<4x16x32xbf16>, %b_gate: tensor<4x32xf32>, %w_down: tensor<4x32x16xbf16>) -> tensor<8x16xbf16> {
 // CHECK-NEXT:   %top_p, %top_e = moe.topk %scores {k = 2 : i64} : tensor<8x4xf32> -> tensor<8x2xf32>, tensor<8x2xi32>
 // CHECK-NEXT:   %by_index, %index_e = moe.topk %scores {k = 2 : i64, order = "index"} : tensor<8x4xf32> -> tensor<8x2xf32>, tensor<8x2xi32>
@@ -53,4 +58,8 @@ func.func @dispatch(%x: tensor<2x4xbf16>, %si: tensor<2x1xi32>, %ei: tensor<2xi3
 // CHECK-NEXT:   %route = moe.route %si, %ei : tensor<2x1xi32>, tensor<2xi32> -> !moe.route<T = 2, K = 1, E = 2, B = 2, G = 2>
 // CHECK-NEXT:   %xb = moe.dispatch %x, %route : tensor<2x4xbf16>, !moe.route<T = 2, K = 1, E = 2, B = 2, G = 2> -> tensor<2x2x4xbf16>
 // CHECK-NEXT:   func.return %xb : tensor<2x2x4xbf16>
+// CHECK-NEXT: }
+// CHECK:      func.func @pair_rows(%r: !moe.route<T = 8, K = 2, E = 4, B = 2, G = 10>) -> tensor<8x2xi32> {
+// CHECK-NEXT:   %rows = moe.pair_rows %r : !moe.route<T = 8, K = 2, E = 4, B = 2, G = 10> -> tensor<8x2xi32>
+// CHECK-NEXT:   func.return %rows : tensor<8x2xi32>
 // CHECK-NEXT: }
