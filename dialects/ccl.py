@@ -464,81 +464,69 @@ class A2ATokenListsOp(_Collective):
 @irdl_op_definition
 class A2AReturnsOp(_Collective):
     """Where an a2a combine's rows come back when each receiver sums the tokens it holds whole
-    (`strategy=a2a`). From `slot_rows` [T, K] (ccl.a2a_plan's: dest * S + slot, -1 dropped),
-    a token is *whole* when all its kept pairs are bound for one chip, *split* when they are
-    bound for several. The receiver of a whole token sums its pairs' rows in k order, as one
-    chip's combine does, and sends one row back; a split token's pairs come back one row each
-    and are summed at home. Results, with `me` this chip's place in the group:
+    (`strategy=a2a`; the receiver routes the tokens it received by their lists, laid out as
+    ccl.a2a_token_lists lays them). From `slot_rows` [T, K] (ccl.a2a_plan's: dest * S + slot,
+    -1 dropped), a token is *whole* when all its kept pairs are bound for one chip, *split* when
+    they are bound for several. The receiver of a whole token sums its pairs' rows in k order,
+    as one chip's combine does, and sends back one row for every token it received; a split
+    token's pairs come back one row each and are summed at home. Results, with `me` this chip's
+    place in the group:
 
-    - `token_slots` [chips, T, Kk]: row r of slice d lists the r-th whole token bound for chip
-      d (token order): its pairs' slots in k order, as rows of d's receive buffer of slots,
-      me * S + slot, plus one (0: past the token's last pair, and rows past the last whole
-      token: the all-to-all's padding is zero);
-    - `pair_slots` [chips, S]: slice d lists the slots of the split tokens' pairs bound for d,
-      in slot order, as `token_slots` does (me * S + slot + 1; 0 past the last);
-    - `token_counts`, `pair_counts` [chips]: the whole tokens and the split pairs bound for d;
+    - `pair_slots` [chips, S]: slice d lists the split tokens' pairs bound for d, in slot order,
+      as entries of d's received lists (flat, [chips * T * Kk]): (me * T + r) * Kk + j plus one,
+      r the token's row in a2a_tokens' send buffer for d and j the pair's place in its list
+      there (0: past the last);
+    - `pair_counts` [chips]: the split pairs bound for d;
     - `token_returns` [T, 1]: where a whole token's sum lands in the home's receive buffer of
-      sums, d * T + r (-1: not whole);
+      sums, d * T + r (a2a_tokens' token row; -1: not whole);
     - `pair_returns` [T, K]: where a split token's pair's row lands in the receive buffer of
-      pair rows, d * S + its place in slice d (-1: a whole token's pair, or dropped);
-    - `token_entries` [T, K]: where a whole token's pair stands in `token_slots` (flat),
-      (d * T + r) * Kk + its place in k order (-1: a split token's pair, or dropped): a DMA row
-      scatter by it lays the pairs' weights out as the receiver sums them.
+      pair rows, d * S + its place in slice d (-1: a whole token's pair, or dropped).
 
-    Kk = min(K, E / chips) entries is the exact worst case (a token's K experts are distinct)."""
+    Kk = `entries` = min(K, E / chips) is the exact worst case (a token's K experts are distinct)."""
 
     name = "ccl.a2a_returns"
     slot_rows = operand_def(TensorType)
-    token_slots = result_def(TensorType)
     pair_slots = result_def(TensorType)
-    token_counts = result_def(TensorType)
     pair_counts = result_def(TensorType)
     token_returns = result_def(TensorType)
     pair_returns = result_def(TensorType)
-    token_entries = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
+    entries = prop_def(IntegerAttr)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
-        "$slot_rows `over` $axis attr-dict `:` type($slot_rows) `->` type($token_slots) `,` type($pair_slots) `,` "
-        "type($token_counts) `,` type($pair_counts) `,` type($token_returns) `,` type($pair_returns) `,` "
-        "type($token_entries)"
+        "$slot_rows `over` $axis attr-dict `:` type($slot_rows) `->` type($pair_slots) `,` type($pair_counts) `,` "
+        "type($token_returns) `,` type($pair_returns)"
     )
 
     def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int, entries: int):
         t, k = shape_of(slot_rows.type)
         super().__init__(
             operands=[slot_rows],
-            result_types=[TensorType(i32, [chips, t, entries]), TensorType(i32, [chips, slots]),
-                          TensorType(i32, [chips]), TensorType(i32, [chips]), TensorType(i32, [t, 1]),
-                          TensorType(i32, [t, k]), TensorType(i32, [t, k])],
-            properties=_axis_props(axis, chips))
+            result_types=[TensorType(i32, [chips, slots]), TensorType(i32, [chips]), TensorType(i32, [t, 1]),
+                          TensorType(i32, [t, k])],
+            properties={**_axis_props(axis, chips), "entries": IntegerAttr(entries, i64)})
 
     @property
     def slots(self) -> int:
         return shape_of(self.pair_slots.type)[1]
 
     @property
-    def entries(self) -> int:
-        return shape_of(self.token_slots.type)[2]
+    def list_entries(self) -> int:
+        return self.entries.value.data
 
     def verify_(self) -> None:
         self._verify_group()
         n = self.group_size
         t, k = _pair_shape(self.slot_rows)
-        lists = shape_of(self.token_slots.type)
-        expect(len(lists) == 3 and lists[:2] == (n, t) and 1 <= lists[2] <= k
-               and self.token_slots.type.get_element_type() == i32,
-               f"token_slots must be i32 [{n}, {t}, Kk] with 1 <= Kk <= {k}")
+        expect(1 <= self.list_entries <= k, f"entries must be in [1, {k}]")
         slots = shape_of(self.pair_slots.type)
         expect(len(slots) == 2 and slots[0] == n and slots[1] >= 1 and self.pair_slots.type.get_element_type() == i32,
                f"pair_slots must be i32 [{n}, S]")
-        for counts in (self.token_counts, self.pair_counts):
-            expect(counts.type == TensorType(i32, [n]), f"counts must be i32 [{n}]")
+        expect(self.pair_counts.type == TensorType(i32, [n]), f"pair_counts must be i32 [{n}]")
         expect(self.token_returns.type == TensorType(i32, [t, 1]), f"token_returns must be i32 [{t}, 1]")
-        for table in (self.pair_returns, self.token_entries):
-            expect(table.type == TensorType(i32, [t, k]), f"pair_returns and token_entries must be i32 [{t}, {k}]")
+        expect(self.pair_returns.type == TensorType(i32, [t, k]), f"pair_returns must be i32 [{t}, {k}]")
 
 
 COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)

@@ -158,46 +158,46 @@ def test_token_lists_hold_each_tokens_pairs_in_k_order(tokens: int, k: int, expe
 @pytest.mark.parametrize("tokens, k, experts, chips", [(3, 2, 4, 2), (2, 3, 6, 3), (2, 2, 8, 4)])
 def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, experts: int, chips: int) -> None:
     """ccl.a2a_returns over every routing of small sizes, with a capacity that drops pairs: a
-    token whose kept pairs all go to one chip is listed there once, its pairs' slots in k
-    order, and comes home from that row; every kept pair of a split token gets its own row in
-    slot order; the counts say how many of each."""
+    token whose kept pairs all go to one chip comes home from its row there (the row
+    a2a_tokens sent it in, which the receiver's combine over its list fills); every kept pair
+    of a split token is listed for its chip in slot order, as the entry of the token's list
+    there that a2a_token_lists gives it, and comes home from its own row; the counts say how
+    many split pairs."""
     per_chip = experts // chips
     entries, me = min(k, per_chip), 1
     slots = ccl.a2a_slots(tokens, k, per_chip, 1)
     for choice in itertools.product(itertools.permutations(range(experts), k), repeat=tokens):
         top = np.array(choice, dtype=np.int32)
         rows, _, _ = a2a_plan(top, chips, experts, slots, capacity=1)
-        token_slots, pair_slots, token_counts, pair_counts, token_returns, pair_returns, token_entries = a2a_returns(
-            rows, chips, slots, entries, me)
+        pair_slots, pair_counts, token_returns, pair_returns = a2a_returns(rows, chips, slots, entries, me)
+        token_rows, _, _ = a2a_tokens(rows, chips, slots, me)
+        pairs = np.arange(tokens * k, dtype=np.int32).reshape(tokens, k)
+        lists = a2a_token_lists(rows, pairs, chips, slots, entries)  # each list entry's pair
         dest = [sorted({int(r) // slots for r in rows[t] if r >= 0}) for t in range(tokens)]
         for d in range(chips):
-            whole = [t for t in range(tokens) if dest[t] == [d]]
             split = sorted(int(r) for t in range(tokens) for r in rows[t] if r >= 0 and r // slots == d
                            and len(dest[t]) > 1)
-            assert (token_counts[d], pair_counts[d]) == (len(whole), len(split))
-            for r, t in enumerate(whole):
-                kept = [int(x) - d * slots + me * slots + 1 for x in rows[t] if x >= 0]
-                assert token_slots[d, r].tolist() == kept + [0] * (entries - len(kept))
-                assert token_returns[t, 0] == d * tokens + r
-                kept_k = [j for j in range(k) if rows[t, j] >= 0]
-                assert [token_entries[t, j] for j in kept_k] == [(d * tokens + r) * entries + i for i in range(len(kept_k))]
-            assert not token_slots[d, len(whole):].any()
-            assert pair_slots[d].tolist() == [x - d * slots + me * slots + 1 for x in split] + [0] * (slots - len(split))
+            assert pair_counts[d] == len(split)
+            assert not pair_slots[d, len(split):].any()
             for p, x in enumerate(split):
-                assert pair_returns[rows == x].tolist() == [d * slots + p]
+                t, j = (int(i) for i in np.argwhere(rows == x)[0])
+                place = int(pair_slots[d, p]) - 1 - me * tokens * entries  # in this chip's slice of d's lists
+                assert lists[d].reshape(-1)[place] == t * k + j
+                assert pair_returns[t, j] == d * slots + p
         for t in range(tokens):
-            assert (token_returns[t, 0] >= 0) == (len(dest[t]) == 1)
-            if len(dest[t]) != 1:
-                assert ((pair_returns[t] >= 0) == (rows[t] >= 0)).all() and (token_entries[t] == -1).all()
-            else:
+            if len(dest[t]) == 1:
+                assert token_returns[t, 0] == token_rows[t, dest[t][0]]
                 assert (pair_returns[t] == -1).all()
+            else:
+                assert token_returns[t, 0] == -1
+                assert ((pair_returns[t] >= 0) == (rows[t] >= 0)).all()
 
 
 def test_a2a_returns_one_row_per_whole_token_bit_identical() -> None:
     """Qwen3's small layer on 2 chips (E = 16, K = 4: a token's pairs often sit on one chip,
     often on both): the receivers' sums of whole tokens and the home's sums of split tokens
     both occur, and the outputs are one chip's bit for bit; the return moves fewer rows than
-    one per pair."""
+    one per pair (T = 16 tokens, K = 4)."""
     program = tcpc.compile_file("examples/qwen3_moe.moe")
     results, sim = _checked(program, "ep=2", seed=3)
     assert all(c.identical for c in results), [c.message for c in results]
@@ -206,14 +206,30 @@ def test_a2a_returns_one_row_per_whole_token_bit_identical() -> None:
     pairs = sum(x.sent_bytes for x in links if x.label.startswith("%returned ="))
     assert sums > 0 and pairs > 0
     row_bytes = 2 * 64
-    routed = sum(x.sent_bytes for x in links if x.label.startswith("%recv_experts ="))  # 4 B per pair sent
-    assert (sums + pairs) // row_bytes < routed // 4
+    assert (sums + pairs) // row_bytes < 16 * 4
+
+
+def test_a2a_receiver_sums_straight_from_the_blocks() -> None:
+    """a2a's receiver makes no row per pair: its one combine sums the tokens it received
+    straight from the blocks, weighted (the whole tokens' rows go home from there), and only
+    the split tokens' pairs are gathered from the blocks one row each. On the same inputs
+    (DeepSeek-V3's group-limited routing at small sizes, 4 chips: whole and split tokens both
+    occur) the outputs are one chip's bit for bit."""
+    program = tcpc.compile_file("examples/deepseek_v3.moe")
+    chip = str(program.lower(MeshSpec.parse("ep=4").pipeline(lowered=False)))
+    combines = re.findall(r"= moe.combine .*", chip)
+    assert len(combines) == 1 and " weights " in combines[0]
+    assert "moe.pair_rows" in chip and "%split_rows = tcp.dma_gather %y_rows[%split_at]" in chip
+    results, sim = _checked(program, "ep=4", seed=2)
+    assert all(c.identical for c in results), [c.message for c in results]
+    split = sum(x.sent_bytes for x in sim.report.links if x.label.startswith("%returned ="))
+    assert split > 0  # some token's pairs sat on two chips
 
 
 def test_a2a_sum_returns_one_bf16_row_per_token_and_chip() -> None:
     """The toy layer (T = 4, D = 8, E = 4, K = 2) on 2 chips: each chip returns one bf16 row
-    per token it received, the bytes it received them in (a2a: one bf16 row per pair), and
-    receives no slot tokens."""
+    per token it received, the bytes it received them in, and receives no slot tokens (nor
+    does a2a's receiver, which routes tokens too, where sp does not)."""
     program = tcpc.compile_file("examples/toy.moe")
     sums = simulate_on_mesh(program, MeshSpec.parse("ep=2,strategy=a2a_sum"), seed=0).report
     assert sum(x.sent_bytes for x in sums.links if x.label.startswith("%returned")) > 0
@@ -222,7 +238,7 @@ def test_a2a_sum_returns_one_bf16_row_per_token_and_chip() -> None:
     dispatched = {x.chip: x.sent_bytes for x in sums.links if x.label.startswith("%recv_x")}
     assert returned == dispatched  # the tokens came in bf16 and their sums go back in bf16
     assert not any(x.label.startswith("%recv_slot_tokens") for x in sums.links)
-    assert any(x.label.startswith("%recv_slot_tokens") for x in pairs.links)
+    assert not any(x.label.startswith("%recv_slot_tokens") for x in pairs.links)
 
 
 def test_a2a_sum_tolerance_is_the_receivers_rounding() -> None:
@@ -377,8 +393,9 @@ def test_skewed_routing_shows_the_hot_chip() -> None:
     spec = MeshSpec.parse("ep=4")
     balanced = simulate_on_mesh(program, spec, cost_only=True, routing="balanced").report
     skewed = simulate_on_mesh(program, spec, cost_only=True, routing="skewed", seed=1).report
-    received = [skewed.link_bytes(c)[1] for c in range(4)]
-    assert max(range(4), key=received.__getitem__) == 0  # Zipf: experts 0.. are the popular ones
+    received = [sum(x.received_bytes for x in skewed.links if x.chip == c and x.label.startswith("%recv_x ="))
+                for c in range(4)]
+    assert max(range(4), key=received.__getitem__) == 0  # Zipf: experts 0.. are the popular ones: their tokens
     assert len({balanced.link_bytes(c)[1] for c in range(4)}) == 1
     sent = [skewed.link_bytes(c)[0] for c in range(4)]  # the hot chip returns a row per pair it computed
     busy = [skewed.compute_busy(c) for c in range(4)]
@@ -693,11 +710,9 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
     if strategy == "a2a":
         assert all(c.identical for c in results)
     combine = [o for c in sim.report.chips for o in c.ops if o.phase == "combine"]
-    # Every guarded tile that runs gathers its rows from the blocks (a2a's sums of the tokens
-    # it holds whole, `whole_rows`; a2a_sum's combine of the tokens it received, `y_restored`):
-    # fewer such gathers than guards means tiles were skipped.
-    gathered_rows = "%whole_rows" if strategy == "a2a" else "%y_restored"
-    restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith(gathered_rows)]
+    # Every guarded tile that runs gathers its rows (the receiver's combine of the tokens it
+    # received, its `y_restored`): fewer such gathers than guards means tiles were skipped.
+    restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith("%y_restored")]
     assert restored
     assert len(restored) < [o.name for o in combine].count("tile.guard")
     gathered = program.lower(MeshSpec.parse("ep=4,strategy=allgather").pipeline())
@@ -741,7 +756,9 @@ def test_chunked_dispatch_is_bit_identical_to_one_chip(example: str, spec: str) 
     results, sim = _checked(tcpc.compile_file(example), spec)
     assert all(c.identical for c in results), [c.message for c in results]
     chunks = int(spec.rsplit("chunks=", 1)[1])
-    for name in ("%returned_sums =", "%returned ="):  # a2a's two returns: whole tokens' sums, split tokens' pairs
+    # a2a's two returns, a row per token received and the split tokens' pairs; with tp, every pair's row
+    names = ("%returned =",) if "tp=" in spec else ("%returned_sums =", "%returned =")
+    for name in names:
         assert len([x for x in sim.report.links if x.chip == 0 and x.label.startswith(name)]) == chunks
 
 
@@ -775,6 +792,6 @@ def test_link_runs_under_the_chips_engines() -> None:
     link = [o for o in report.ops if o.engine == "link" and o.cycles]
     tensor = [o for o in report.ops if o.engine == "tensor" and o.cycles]
     assert any(t.start < x.end and x.start < t.end for x in link for t in tensor)
-    # Per chunk: the slots' experts and tokens, the rows, the return plan (two tables, the
-    # whole tokens' weights, two counts) and the two returns.
-    assert [o.name for o in report.ops if o.name.startswith("ccl.all_to_all")].count("ccl.all_to_all_done") == 20
+    # Per chunk: the tokens' expert and weight lists, the rows, the return plan (the split
+    # pairs' places, the token and pair counts) and the two returns.
+    assert [o.name for o in report.ops if o.name.startswith("ccl.all_to_all")].count("ccl.all_to_all_done") == 16

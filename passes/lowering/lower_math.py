@@ -25,9 +25,6 @@ reference (docs/architecture.md#numbers-and-rounding) made explicit:
   `fxp_to_fp` from i32; i32 -> bf16 is `fxp_to_fp` then `narrow`, two roundings, which is what
   the reference (ml_dtypes) does too: it differs from one correct rounding for some |x| > 2^24
   (2^24 + 2^16 + 1 gives 2^24, not 2^24 + 2^17). A cast to the operand's own type disappears.
-- An op marked as a pair sum (`tcpc.pair_sum`: shard-experts' sums of the tokens an a2a
-  receiver holds whole) passes the mark to the op that makes its result, for schedule-tokens'
-  guard that skips a token tile without pairs.
 - matmul: `tcp.contract` with an einsum spec built from the ranks (`tcp.matmul_contraction`;
   batch axes broadcast by leaving a size-1 axis out of that operand's side), rounded once to
   the result type. The simulator runs `tcp.contract` through the same routine as the reference
@@ -63,7 +60,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.utils.exceptions import DiagnosticException
 
 from dialects import tcp, tensor_types, tmath, ve
-from dialects.annotations import OTHER, is_pair_sum, mark, mark_pair_sum, phase_of
+from dialects.annotations import OTHER, mark, phase_of
 from dialects.tensor_types import is_bool_type, is_float_type, is_int_type, shape_of
 from passes.lowering._builder import LoweringBuilder, element_of, lane_type
 from runtime_sim.semantics.tmath_semantics import constant_value
@@ -263,8 +260,6 @@ def lower(op: Operation) -> tuple[list[Operation], SSAValue]:
 def _replace(op: Operation, rewriter: PatternRewriter, phases: dict[Operation, str]) -> None:
     ops, value = lower(op)
     mark(ops, phases.get(op, OTHER))
-    if is_pair_sum(op) and isinstance(value.owner, Operation):  # a sum made at the graph level (shard-experts)
-        mark_pair_sum(value.owner)
     unnamed = [r for new in ops for r in new.results if r.name_hint is None and r is not value]
     rewriter.replace(op, ops, [value])
     for r in unnamed:  # the rewriter gives every new result the op's name; keep it for the result

@@ -10,28 +10,29 @@ op on tokens keeps its meaning on the chip's tokens; only the MoE ops change:
 `strategy=a2a` (DeepEP; seed 001): `ccl.a2a_plan` gives each (token, choice) pair its slot in a
 static per-destination buffer (the chip owning its expert, S slots each, S the exact worst
 case `ccl.a2a_slots`); `ccl.a2a_tokens` deduplicates: a DMA row scatter packs each token once
-per destination chip, `ccl.all_to_all` sends the tokens (and each slot's token and local
-expert) to the owning chips, each of which copies a token to its slots (a DMA gather) and
-routes what it received with an ordinary
-`moe.scatter` over their E/ep experts (slots arrive in source-chip order and token-major within
-a source, the global token-major order, so a capacity drops exactly what one chip drops), run
-the blockwise experts and combine without weights (one row per slot). `ccl.a2a_returns` tells
-each receiver which of its slots make up each *whole* token of the sender (all its kept pairs
-on that chip; balanced routing at real sizes) and which belong to *split* ones: the receiver
-sums a whole token's rows there, weighted, over k in order 0..K-1 from +0.0 in f32, + 0.0,
-rounded once, as `moe.combine` does on one chip, and sends one row back for it; a split
-token's pairs come back one row each, and the home chip takes their weighted sum over k in
-order, adding the whole tokens' rows (zero for a split token) in place of + 0.0: the result is
-bit-identical to one chip's, and at balanced routing the return is one row per token and chip.
+per destination chip, and `ccl.all_to_all` sends the tokens, each with the list of its pairs
+bound for that chip (`ccl.a2a_token_lists`: local experts and weights, in k order), to the
+owning chips, each of which routes the tokens it received with an ordinary `moe.scatter` of
+[chips * T/n] tokens with min(K, E/ep) choices each over its E/ep experts (pairs arrive in
+source-chip order, token-major within a source: the global token-major order, so a capacity
+drops exactly what one chip drops) and runs the blockwise experts. `ccl.a2a_returns` tells
+which tokens are *whole* (all kept pairs on one chip; balanced routing at real sizes) and which
+*split*: the receiver's `moe.combine` over its received tokens' lists sums every token's
+weighted rows straight from the blocks, over k in order from +0.0 in f32, rounded once, which
+for a whole token is what `moe.combine` does on one chip, and sends one row back per token it
+received; a split token's row is not read at home: its pairs' rows are gathered from the
+blocks (`moe.pair_rows`: where each listed pair sits) and come back one row each, and the home
+chip takes their weighted sum over k in order, adding the whole tokens' rows (zero for a
+split token) in place of + 0.0. The result is bit-identical to one chip's, and at balanced
+routing the return is one row per token and chip. With sp or tp the receiver routes per-pair
+slots instead (each token copied to its slots there by a DMA gather), makes one row per slot
+(tp sums those rows, not the padded blocks, over the tp chips) and every pair's row comes back.
 
 `strategy=a2a_sum` (seed 001's "local reduction"; DeepEP's combine takes one row per received
-token): the dispatch as a2a's, and with each token the list of its pairs bound for that chip
-(`ccl.a2a_token_lists`: local experts and weights, in k order); the receiver routes the tokens
-it received, not their slots (an ordinary `moe.scatter` of [chips * T/n] tokens with
-min(K, E/ep) choices each, so no copy of a token per slot), and its `moe.combine` takes each
+token): the dispatch and the receiver's routing as a2a's, and its `moe.combine` takes each
 token's weighted sum over its pairs there in f32 and rounds it to the output's type (bf16);
-it sends back one such row per token, where a2a sends one bf16 row per pair, and the home chip
-adds the chips' rows in chip order in f32 and rounds once. A token whose pairs all sit on one
+it sends back one such row per token (as a2a does), and the home chip adds the chips' rows in
+chip order in f32 and rounds once. A token whose pairs all sit on one
 chip gets one chip's bits (the one rounding is the receiver's); otherwise the sum over k is
 regrouped by chip and each chip's part rounded before the sum (within
 runtime_sim/semantics/tolerance.py's bound and its RECEIVER_SUM_SCALE). With tp the blocks' partial sums are added over the tp chips before the combine, as
@@ -83,7 +84,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from dialects import ccl, moe, tcp, tile, tmath
-from dialects.annotations import PHASE_ATTR, mark_pair_sum, place_in_hbm, routing_arguments
+from dialects.annotations import PHASE_ATTR, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import index_constant
 from target.target_spec import machine_of
@@ -720,59 +721,94 @@ class _Strategy(ABC):
 
 
 class _A2A(_Strategy):
-    recv_whole_weights: SSAValue | None = None
+    """`strategy=a2a`: the receiver routes the tokens it received by their lists of pairs
+    (a2a_sum's dispatch), sums the tokens it holds whole as one chip does and returns a split
+    token's pairs one row each; with sp or tp (`by_slot`) it routes per-pair slots and returns
+    every pair's row."""
+
     recv_counts: SSAValue | None = None
+    recv_weights: SSAValue | None = None
+
+    @property
+    def by_slot(self) -> bool:
+        """Whether the receiver routes per-pair slots and returns every pair's row: with sp
+        (see `_scatter_slots`) and with tp, whose sum over the tp chips then moves only the
+        slots' rows (one of the padded blocks' rows for each of the tokens' pairs)."""
+        return self.layer.sp > 1 or self.layer.tp > 1
 
     def scatter(self, op: moe.ScatterOp) -> None:
+        if self.by_slot:
+            self._scatter_slots(op)
+        else:
+            self._scatter_tokens(op, returns=True)
+
+    def _scatter_tokens(self, op: moe.ScatterOp, returns: bool) -> None:
+        """The dispatch by token (ccl.a2a_tokens: a token's row crosses once to each chip
+        holding one of its pairs), with each token's list of its pairs there
+        (ccl.a2a_token_lists: local experts and weights, in k order); the receiver routes the
+        tokens it received, min(K, E/ep) choices each (no copy of a token per pair). With
+        `returns`, a2a's return plan (ccl.a2a_returns) crosses too."""
         b, layer = self.b, self.layer
         b.phase = "dispatch"
         ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
         x, top_e = self._dispatched(op)
-        # A token's row crosses once to each chip holding one of its pairs (ccl.a2a_tokens);
-        # the receiver copies it to each of the token's slots, so the slots hold what a
-        # per-pair send would have put there.
+        tokens = self._plan_tokens(top_e)
+        self.entries = min(layer.route.k.data, layer.experts_per_chip)
+        # The link runs its commands in issue order: the lists first, so the receiver's routing
+        # and its first weight loads start while the token rows cross (decode is bound by the
+        # weight stream, not by the rows); what only the combine reads after the rows.
+        sent_experts = self._send(self._lists(top_e, "expert_lists"), "recv_expert_lists")
+        combine = _combine_of(op)
+        sent_weights = None
+        if combine is not None and combine.weights is not None and combine.weights in b.values:
+            weights = self._gathered(b.value(combine.weights), "weights_row")
+            sent_weights = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
+        sent = self._send_rows(x)
+        later: list[tuple[SSAValue, SSAValue | None, str]] = [(tokens.counts, None, "recv_token_counts")]
+        if returns:
+            plan = self.returns = b.add(ccl.A2AReturnsOp(self.plan.slot_rows, EP, ep, self.plan.slots, self.entries))
+            for r, name in zip(plan.results, ("pair_slots", "pair_counts", "token_returns", "pair_returns")):
+                r.name_hint = name
+            later = [(plan.pair_slots, plan.pair_counts, "recv_pair_slots"), *later,
+                     (plan.pair_counts, None, "recv_pair_counts")]
+        started = [b.start(ccl.AllToAllStartOp(v, EP, ep, rows=rows), name) for v, rows, name in later]
+        b.to_stage("receive")
+        recv_experts = b.reshape(b.done(sent_experts), [ep * tl, self.entries])
+        if sent_weights is not None:  # with the tokens, when already computed
+            self.recv_weights = b.reshape(b.done(sent_weights), [ep * tl, self.entries])
+        # A list holds only this chip's experts; past its end (-1) it becomes -1 (no pair).
+        local = self._local_experts(recv_experts, "recv_local_experts")
+        recv = b.done(sent)
+        done = [b.done(v) for v in started]
+        if returns:
+            self.recv_pair_slots, self.recv_token_counts, self.recv_pair_counts = done
+        else:
+            (self.recv_token_counts,) = done
+        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
+        self._local_scatter(op, recv_tokens, local, self._receiver_capacity())
+        b.phase = None
+        b.to_stage("experts")
+
+    def _scatter_slots(self, op: moe.ScatterOp) -> None:
+        """The dispatch with sp or tp: each pair's slot (ccl.a2a_plan), the tokens sent once to
+        each chip (ccl.a2a_tokens) and copied to their slots there, one expert per slot. With sp a
+        token's K pairs spread over the sp columns, mostly one in each column's all-to-all:
+        they come back a row per pair in bf16 and the home adds the columns' f32 sums before
+        its one rounding; a receiver's sum would have to cross in f32 to keep it (twice the
+        bytes) and a whole token of one pair gains nothing."""
+        b, layer = self.b, self.layer
+        b.phase = "dispatch"
+        ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
+        x, top_e = self._dispatched(op)
         tokens = self._plan_tokens(top_e)
         plan, slots = self.plan, self.plan.slots
-        # The link runs its commands in issue order: the slots' experts first, so the
-        # receiver's routing and its first weight loads start while the token rows cross
-        # (decode is bound by the weight stream, not by the rows); what only the combine
-        # reads (the return plan, the whole tokens' weights) after the rows.
         sent_e = b.start(ccl.AllToAllStartOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts")
         sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
         sent = self._send_rows(x)
-        # With sp a token's K pairs spread over the sp columns, mostly one in each column's
-        # all-to-all: they come back a row per pair in bf16 and the home adds the columns' f32
-        # sums before its one rounding; a receiver's sum would have to cross in f32 to keep it
-        # (twice the bytes) and a whole token of one pair gains nothing.
-        summed_where_held = layer.sp == 1
-        if summed_where_held:
-            returns = self.returns = b.add(ccl.A2AReturnsOp(plan.slot_rows, EP, ep, slots,
-                                                            min(layer.route.k.data, layer.experts_per_chip)))
-            for r, name in zip(returns.results, ("token_slots", "pair_slots", "whole_counts", "pair_counts",
-                                                 "token_returns", "pair_returns", "token_entries")):
-                r.name_hint = name
-            sent_ts = b.start(ccl.AllToAllStartOp(returns.token_slots, EP, ep, rows=returns.token_counts),
-                              "recv_token_slots")
-            sent_ps = b.start(ccl.AllToAllStartOp(returns.pair_slots, EP, ep, rows=returns.pair_counts),
-                              "recv_pair_slots")
-            combine = _combine_of(op)
-            sent_w = None
-            if combine is not None and combine.weights is not None and combine.weights in b.values:
-                sent_w = self._send_whole_weights(b.value(combine.weights))
-            # The counts last: only the return (and tp's sum of the slots) reads them.
-            sent_c = [b.start(ccl.AllToAllStartOp(c, EP, ep), name) for c, name in
-                      ((returns.token_counts, "recv_whole_counts"), (returns.pair_counts, "recv_pair_counts"))]
-        counts = (b.start(ccl.AllToAllStartOp(plan.counts, EP, ep), "recv_counts")
-                  if layer.tp > 1 or not summed_where_held else None)
+        counts = b.start(ccl.AllToAllStartOp(plan.counts, EP, ep), "recv_counts")
         b.to_stage("receive")
         recv_e, recv_t, recv = (b.done(v) for v in (sent_e, sent_t, sent))
-        if summed_where_held:
-            self.recv_token_slots, self.recv_pair_slots = b.done(sent_ts), b.done(sent_ps)
-            self.recv_whole_counts, self.recv_pair_counts = (b.done(v) for v in sent_c)
-            if sent_w is not None:
-                self.recv_whole_weights = b.done(sent_w)
-        if counts is not None:
-            self.recv_counts = b.done(counts)
+        self.recv_counts = b.done(counts)
         column = b.reshape(recv_e, [ep * slots, 1])
         one = b.const(1, i32)
         local = b.add(tmath.SubOp(column, one, TensorType(i32, [ep * slots, 1])), "recv_local_expert").results[0]
@@ -783,31 +819,17 @@ class _A2A(_Strategy):
         b.phase = None
         b.to_stage("experts")
 
-    def _rows_of(self, listed: SSAValue, at: SSAValue | None) -> SSAValue:
-        """The rows holding the slots `listed` (ccl.a2a_returns' slots plus one, 0: none), in
-        its shape, -1 for none: in the blocks through `at` ([slots, 1], each slot's block row
-        plus one: a gather by slot, where no slot reads 0), else the slot itself. Kept in the
-        shape the tables cross the link in ([chips, ...]), not the sums' token rows, so the
-        sums' token loop reads them as made before it (its guard skips a tile without a token)."""
-        b = self.b
-        shape = list(shape_of(listed.type))
-        slot = b.add(tmath.SubOp(listed, b.const(1, i32), TensorType(i32, shape))).results[0]
-        if at is None:
-            return slot
-        found = b.reshape(b.add(tcp.DmaGatherOp(at, slot)).results[0], shape)
-        return b.add(tmath.SubOp(found, b.const(1, i32), TensorType(i32, shape))).results[0]
+    def _lists(self, values: SSAValue, name: str) -> SSAValue:
+        return self.b.add(ccl.A2ATokenListsOp(self.plan.slot_rows, values, EP, self.layer.ep, self.plan.slots,
+                                              self.entries), name).results[0]
 
-    def _send_whole_weights(self, weights: SSAValue) -> SSAValue:
-        """The whole tokens' pairs' weights (a DMA row scatter of the [T, K] weights by
-        `token_entries`), sent to the chips that sum them, in the layout of `token_slots`
-        (started)."""
-        b, ep, tl = self.b, self.layer.ep, self.layer.tokens
-        k, entries = shape_of(weights.type)[1], self.returns.entries
-        flat = b.reshape(weights, [tl * k, 1])
-        where = b.reshape(self.returns.token_entries, [tl * k, 1])
-        placed = b.add(tcp.DmaScatterOp(flat, where, ep * tl * entries), "whole_weights").results[0]
-        return b.start(ccl.AllToAllStartOp(b.reshape(placed, [ep, tl, entries], "send_weights"), EP, ep,
-                                           rows=self.returns.token_counts), "recv_whole_weights")
+    def _send(self, lists: SSAValue, name: str) -> SSAValue:
+        """`lists` sent with the tokens (the all-to-all started)."""
+        return self.b.start(ccl.AllToAllStartOp(lists, EP, self.layer.ep, rows=self.tokens.counts), name)
+
+    def _send_weights(self, weights: SSAValue) -> None:
+        sent = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
+        self.recv_weights = self.b.reshape(self.b.done(sent), [self.layer.ep * self.layer.tokens, self.entries])
 
     def _plan_tokens(self, top_e: SSAValue) -> ccl.A2ATokensOp:
         """The plan of this chip's pairs (`self.plan`) and its deduplicated dispatch."""
@@ -854,70 +876,55 @@ class _A2A(_Strategy):
         return b.add(tcp.DmaGatherOp(flat, indices), name).results[0]
 
     def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
-        """Left for the combine: only the slots' rows, not the padded blocks, are summed."""
+        """Left for the combine (with tp the receiver routes slots): only the slots' rows, not
+        the padded blocks, are summed."""
         return partial
 
     def combine(self, op: moe.CombineOp) -> None:
         b, layer = self.b, self.layer
-        ep, slots, d = layer.ep, self.plan.slots, shape_of(op.result.type)[1]
-        tl = layer.tokens
+        ep, slots, tl, d = layer.ep, self.plan.slots, layer.tokens, shape_of(op.result.type)[1]
         assert self.route is not None
         b.to_stage("combine")
         b.phase = "combine"
-        entries = self.returns.entries if layer.sp == 1 else 0
-        if self.partial is None and layer.sp == 1:
-            # Straight from the blocks: no row per slot in between.
-            blocks = b.value(op.input)
-            g, block = shape_of(blocks.type)[:2]
-            rows = b.reshape(blocks, [g * block, d], "y_rows")
-            # Index tables of the receiver's routing, not rows: no token loop of the combine's
-            # takes them, and a DMA unit runs their gathers while the last blocks contract.
-            b.phase = "routing"
-            at = b.reshape(b.add(moe.PairRowsOp(self.route), "slot_block_rows").results[0], [ep * slots, 1])
-            at = b.add(tmath.AddOp(at, b.const(1, i32), at.type), "slot_block_rows_1").results[0]  # type: ignore[arg-type]
-            whole_at, split_at = (self._rows_of(listed, at) for listed in (self.recv_token_slots, self.recv_pair_slots))
-            b.phase = "combine"
-        else:
+        if self.by_slot:
             rows = b.add(moe.CombineOp(b.value(op.input), self.route), "expert_rows").results[0]
             if self.partial is not None:  # tp: the slots' f32 partial sums, added over the tp chips
                 partial = b.reshape(rows, [ep, slots, d], "partial_rows")
                 summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
                 rows = b.reshape(b.cast(summed, op.input.type.get_element_type(), "summed_rows_out"),  # type: ignore[attr-defined]
                                  [ep * slots, d], "expert_rows_summed")
-            if layer.sp > 1:
-                self._combine_by_pair(op, rows)
-                return
-            whole_at, split_at = (self._rows_of(listed, None) for listed in (self.recv_token_slots, self.recv_pair_slots))
-        if op.weights is not None and self.recv_whole_weights is None:  # the weights computed after the dispatch
-            self.recv_whole_weights = b.done(self._send_whole_weights(self._gathered(b.value(op.weights), "weights_row")))
-        # A token whose pairs all sit here is summed here, in k order from +0.0 in f32 and
-        # rounded once, as one chip's combine does, and goes back as one row; a split token's
-        # pairs go back one row each and are summed at home: bit-identical either way (a
-        # -0.0 row, which the blocks may hold, changes no sum that ends in + 0.0).
-        out_element = op.result.type.get_element_type()  # type: ignore[attr-defined]
-        # Gathered tile by tile in the sums' token loop (schedule-tokens), never whole.
-        whole_at = b.reshape(whole_at, [ep * tl, entries], "whole_at")
-        split_at.name_hint = "split_at"
-        terms = b.add(tcp.DmaGatherOp(rows, whole_at), "whole_rows").results[0]
-        terms = b.cast(terms, f32, "whole_rows_f32")
-        if self.recv_whole_weights is not None:
-            w = b.cast(b.reshape(self.recv_whole_weights, [ep * tl, entries, 1]), f32, "whole_weights_f32")
-            terms = b.add(tmath.MulOp(w, terms, terms.type), "whole_weighted").results[0]  # type: ignore[arg-type]
-        total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [ep * tl, d])), "whole_sums").results[0]
-        total = b.add(tmath.AddOp(total, b.const(0.0, f32), total.type)).results[0]  # type: ignore[arg-type]
-        sums = b.cast(total, out_element, "whole_sums_out")
-        # A row without a whole token (no slot, zero weights) is +0.0: the sums' token loop
-        # skips the tiles of the static buffer that hold none (schedule-tokens).
-        mark_pair_sum(sums.owner)  # type: ignore[arg-type]
-        sums_back = self._start_return(sums, tl, self.recv_whole_counts, "returned_sums", "send_sums")
+            self._combine_by_pair(op, rows)
+            return
+        if op.weights is not None and self.recv_weights is None:  # the weights computed after the dispatch
+            self._send_weights(self._gathered(b.value(op.weights), "weights_row"))
+        # A token whose kept pairs all sit here is summed here, straight from the blocks: the
+        # combine over its list adds its weighted terms in k order from +0.0 in f32 and rounds
+        # once, as one chip's combine does (a dropped pair adds nothing there either). One row
+        # per token received goes back; a split token's is not read at home, where its pairs
+        # come back one row each and are summed: bit-identical either way.
+        blocks = b.value(op.input)
+        sums = b.add(moe.CombineOp(blocks, self.route, self.recv_weights), "token_sums").results[0]
+        sums_back = self._start_return(sums, tl, self.recv_token_counts, "returned_sums", "send_sums")
+        # Where the split pairs' rows are in the blocks: index tables of the receiver's routing,
+        # not rows (no token loop of the combine's takes them; balanced routing has none).
+        b.phase = "routing"
+        at = b.reshape(b.add(moe.PairRowsOp(self.route), "pair_block_rows").results[0], [ep * tl * self.entries, 1])
+        at = b.add(tmath.AddOp(at, b.const(1, i32), at.type), "pair_block_rows_1").results[0]  # type: ignore[arg-type]
+        listed = self.recv_pair_slots  # their places in the received lists, plus one (0: none)
+        place = b.add(tmath.SubOp(listed, b.const(1, i32), listed.type)).results[0]  # type: ignore[arg-type]
+        found = b.reshape(b.add(tcp.DmaGatherOp(at, place)).results[0], [ep, slots])  # no pair reads 0
+        split_at = b.add(tmath.SubOp(found, b.const(1, i32), found.type), "split_at").results[0]  # type: ignore[arg-type]
+        b.phase = "combine"
+        g, block = shape_of(blocks.type)[:2]
+        rows = b.reshape(blocks, [g * block, d], "y_rows")
         # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
         # the combine's token loop, whose rows it does not follow.
         pairs = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(rows, split_at), b.cluster_sram_bytes), "split_rows").results[0]
         pairs_back = self._start_return(pairs, slots, self.recv_pair_counts, "returned", "send_back")
         b.to_stage("home")
         returns = self.returns
-        whole = self._returned(sums_back, tl, returns.token_returns, "token_sums")
-        whole = b.cast(b.reshape(whole, [tl, d]), f32, "token_sums_f32")
+        whole = self._returned(sums_back, tl, returns.token_returns, "whole_sums")
+        whole = b.cast(b.reshape(whole, [tl, d]), f32, "whole_sums_f32")
         terms = b.cast(self._returned(pairs_back, slots, returns.pair_returns, "pair_rows"), f32, "pair_rows_f32")
         self._sum_at_home(op, self._weighted(op, terms, returns.pair_returns), "pair_sum", whole)
 
@@ -963,49 +970,8 @@ class _A2A(_Strategy):
 class _A2ASum(_A2A):
     """`strategy=a2a_sum`: a2a's dispatch by token, each receiver summing a token's pairs."""
 
-    recv_weights: SSAValue | None = None
-
     def scatter(self, op: moe.ScatterOp) -> None:
-        b, layer = self.b, self.layer
-        b.phase = "dispatch"
-        ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
-        x, top_e = self._dispatched(op)
-        tokens = self._plan_tokens(top_e)
-        self.entries = min(layer.route.k.data, layer.experts_per_chip)
-        expert_lists = self._lists(top_e, "expert_lists")
-        # The lists first on the link (a2a's order): the receiver routes while the rows cross.
-        sent_experts = self._send(expert_lists, "recv_expert_lists")
-        combine = _combine_of(op)
-        sent_weights = None
-        if combine is not None and combine.weights is not None and combine.weights in b.values:
-            weights = self._gathered(b.value(combine.weights), "weights_row")
-            sent_weights = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
-        sent = self._send_rows(x)
-        counts = b.start(ccl.AllToAllStartOp(tokens.counts, EP, ep), "recv_token_counts")  # read by the return
-        b.to_stage("receive")
-        recv_experts = b.reshape(b.done(sent_experts), [ep * tl, self.entries])
-        if sent_weights is not None:  # with the tokens, when already computed
-            self.recv_weights = b.reshape(b.done(sent_weights), [ep * tl, self.entries])
-        # A list holds only this chip's experts; past its end (-1) it becomes -1 (no pair).
-        local = self._local_experts(recv_experts, "recv_local_experts")
-        recv = b.done(sent)
-        self.recv_token_counts = b.done(counts)
-        recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
-        self._local_scatter(op, recv_tokens, local, self._receiver_capacity())
-        b.phase = None
-        b.to_stage("experts")
-
-    def _lists(self, values: SSAValue, name: str) -> SSAValue:
-        return self.b.add(ccl.A2ATokenListsOp(self.plan.slot_rows, values, EP, self.layer.ep, self.plan.slots,
-                                              self.entries), name).results[0]
-
-    def _send(self, lists: SSAValue, name: str) -> SSAValue:
-        """`lists` sent with the tokens (the all-to-all started)."""
-        return self.b.start(ccl.AllToAllStartOp(lists, EP, self.layer.ep, rows=self.tokens.counts), name)
-
-    def _send_weights(self, weights: SSAValue) -> None:
-        sent = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
-        self.recv_weights = self.b.reshape(self.b.done(sent), [self.layer.ep * self.layer.tokens, self.entries])
+        self._scatter_tokens(op, returns=False)
 
     def reduce_partial(self, partial: SSAValue, element: Attribute) -> SSAValue:
         return self._sum_blocks_over_tp(partial, element)

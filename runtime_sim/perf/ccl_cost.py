@@ -101,9 +101,9 @@ token and pair tables' values)."""
 
 def cost_a2a_returns(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     """Index work as `ccl.a2a_token_lists`': each pair's destination one-hot over the chips,
-    whether a token's pairs sit on one chip, its place there (a cumsum over K), the whole
-    tokens' and the split pairs' ranks per destination (two cumsums over [T, chips] and over
-    [T*K, chips]) and the tables' values."""
+    whether a token's pairs sit on one chip, a pair's place in its token's list (a cumsum over
+    K), the tokens' and the split pairs' ranks per destination (two cumsums over [T, chips] and
+    over [T*K, chips]) and the tables' values."""
     assert isinstance(op, ccl.A2AReturnsOp)
     t, k = shape_of(op.slot_rows.type)
     n = op.group_size

@@ -128,39 +128,32 @@ def _ranks(groups: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
 
 def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
                 me: int) -> tuple[np.ndarray, ...]:
-    """`ccl.a2a_returns` over a plan of `slots` slots per chip: token slots [chips, T, entries],
-    pair slots [chips, S] (me * S + slot + 1, 0 none), token and pair counts [chips], token
-    returns [T, 1] (d * T + r, -1), pair returns [T, K] (d * S + p, -1) and token entries
-    [T, K] ((d * T + r) * entries + j, -1)."""
+    """`ccl.a2a_returns` over a plan of `slots` slots per chip: pair slots [chips, S]
+    ((me * T + r) * entries + j + 1, 0 none), pair counts [chips], token returns [T, 1]
+    (d * T + r, -1) and pair returns [T, K] (d * S + p, -1)."""
     t, k = slot_rows.shape
-    dest, bound, _ = _destinations(slot_rows, chips, slots)
+    dest, bound, rank = _destinations(slot_rows, chips, slots)
     kept = slot_rows >= 0
+    entry = np.cumsum(bound, axis=1) - 1  # [T, K, chips]: a pair's place in its token's list there
+    tt, kk = np.nonzero(kept)
+    if tt.size and entry[tt, kk, dest[tt, kk]].max() >= entries:
+        raise InterpretationError(f"ccl.a2a_returns: a token has {int(entry[tt, kk, dest[tt, kk]].max()) + 1} pairs "
+                                  f"for one chip, more than the {entries} list entries (a token chose one expert twice?)")
     whole = bound.any(axis=1).sum(axis=1) == 1  # [T]
     tokens = np.nonzero(whole)[0]
     home = dest.max(axis=1)[tokens]  # a whole token's one destination
-    r, token_counts = _ranks(home, chips)
-    entry = np.cumsum(kept, axis=1) - 1  # a kept pair's place among its token's, k order
-    if tokens.size and entry[tokens].max() >= entries:
-        raise InterpretationError(f"ccl.a2a_returns: a token has {int(entry[tokens].max()) + 1} pairs for one chip, "
-                                  f"more than the {entries} list entries (a token chose one expert twice?)")
-    token_slots = np.zeros((chips, t, entries), dtype=np.int32)
     token_returns = np.full((t, 1), -1, dtype=np.int32)
-    token_returns[tokens, 0] = home * t + r
-    tt, kk = np.nonzero(kept & whole[:, None])
-    place = np.searchsorted(tokens, tt)
-    token_slots[home[place], r[place], entry[tt, kk]] = me * slots + slot_rows[tt, kk] % slots + 1
-    token_entries = np.full((t, k), -1, dtype=np.int32)
-    token_entries[tt, kk] = (home[place] * t + r[place]) * entries + entry[tt, kk]
+    token_returns[tokens, 0] = home * t + rank[tokens, home]
     tt, kk = np.nonzero(kept & ~whole[:, None])
     order = np.argsort(slot_rows[tt, kk], kind="stable")  # slot order within each destination
     tt, kk = tt[order], kk[order]
     d = slot_rows[tt, kk] // slots
     p, pair_counts = _ranks(d, chips)
     pair_slots = np.zeros((chips, slots), dtype=np.int32)
-    pair_slots[d, p] = me * slots + slot_rows[tt, kk] % slots + 1
+    pair_slots[d, p] = (me * t + rank[tt, d]) * entries + entry[tt, kk, d] + 1
     pair_returns = np.full((t, k), -1, dtype=np.int32)
     pair_returns[tt, kk] = d * slots + p
-    return token_slots, pair_slots, token_counts, pair_counts, token_returns, pair_returns, token_entries
+    return pair_slots, pair_counts, token_returns, pair_returns
 
 
 class MeshExchange:
@@ -283,7 +276,7 @@ class CCLFunctions(InterpreterFunctions):
 
     @impl(ccl.A2AReturnsOp)
     def run_a2a_returns(self, interpreter: Interpreter, op: ccl.A2AReturnsOp, args: tuple[Any, ...]):
-        return a2a_returns(np.asarray(args[0]), op.group_size, op.slots, op.entries, self._place(op))
+        return a2a_returns(np.asarray(args[0]), op.group_size, op.slots, op.list_entries, self._place(op))
 
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]
