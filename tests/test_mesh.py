@@ -160,9 +160,9 @@ def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, expert
     """ccl.a2a_returns over every routing of small sizes, with a capacity that drops pairs: a
     token whose kept pairs all go to one chip comes home from its row there (the row
     a2a_tokens sent it in, which the receiver's combine over its list fills); every kept pair
-    of a split token is listed for its chip in slot order, as the entry of the token's list
-    there that a2a_token_lists gives it, and comes home from its own row; the counts say how
-    many split pairs."""
+    of a split token is listed for its chip in slot order, as its entry in the token's list
+    there (the token's row, its place among the token's pairs there in k order), and comes
+    home from its own row; the counts say how many split pairs."""
     per_chip = experts // chips
     entries, me = min(k, per_chip), 1
     slots = ccl.a2a_slots(tokens, k, per_chip, 1)
@@ -171,8 +171,6 @@ def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, expert
         rows, _, _ = a2a_plan(top, chips, experts, slots, capacity=1)
         pair_slots, pair_counts, token_returns, pair_returns = a2a_returns(rows, chips, slots, entries, me)
         token_rows, _, _ = a2a_tokens(rows, chips, slots, me)
-        pairs = np.arange(tokens * k, dtype=np.int32).reshape(tokens, k)
-        lists = a2a_token_lists(rows, pairs, chips, slots, entries)  # each list entry's pair
         dest = [sorted({int(r) // slots for r in rows[t] if r >= 0}) for t in range(tokens)]
         for d in range(chips):
             split = sorted(int(r) for t in range(tokens) for r in rows[t] if r >= 0 and r // slots == d
@@ -181,8 +179,9 @@ def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, expert
             assert not pair_slots[d, len(split):].any()
             for p, x in enumerate(split):
                 t, j = (int(i) for i in np.argwhere(rows == x)[0])
-                place = int(pair_slots[d, p]) - 1 - me * tokens * entries  # in this chip's slice of d's lists
-                assert lists[d].reshape(-1)[place] == t * k + j
+                row = token_rows[t, d] - d * tokens  # the token's row in the send buffer for d
+                before = sum(1 for i in range(j) if rows[t, i] >= 0 and rows[t, i] // slots == d)  # its place in the list
+                assert pair_slots[d, p] == (me * tokens + row) * entries + before + 1
                 assert pair_returns[t, j] == d * slots + p
         for t in range(tokens):
             if len(dest[t]) == 1:
