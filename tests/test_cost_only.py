@@ -261,10 +261,12 @@ def test_pin_routing_tags_a_routing_input_and_keeps_names_unique() -> None:
 
 
 def test_a_run_stops_at_its_bar() -> None:
-    """cost_only_run(bound_above=bar): once the roofline of the commands recorded so far is
-    above the bar, the run stops with that bound, which is above the bar and at most the
-    simulated cycles; with the bar at the whole run's roofline or above, it runs in full."""
-    from runtime_sim.perf.cost_only import cost_only_run
+    """cost_only_run(bound_above=bar): once the lower bound of the commands recorded so far
+    (LowerBoundBar: their roofline, their busiest unit's cycles) is above the bar, the run
+    stops with that bound, which is above the bar and at most the simulated cycles; with the
+    bar at the whole run's bound or above, it runs in full. Here the tensor units bound the
+    run above its roofline."""
+    from runtime_sim.perf.cost_only import LowerBoundBar, cost_only_run
     from runtime_sim.perf.simulate import layer_roofline
     from target.machine import default_machine
     from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, parse_pipeline, pipeline_spec
@@ -276,9 +278,11 @@ def test_a_run_stops_at_its_bar() -> None:
     full = cost_only_run(module, "mixtral", machine, keep_below=float("inf"))
     assert full.trace is not None and not full.bound
     roof = layer_roofline(machine, full.trace, None).cycles
-    for bar in (0.0, roof / 2, roof - 1):
+    least = LowerBoundBar(machine, float("inf")).least(full.trace)
+    assert roof < least <= full.cycles
+    for bar in (0.0, roof, least - 1):
         stopped = cost_only_run(module, "mixtral", machine, bound_above=bar)
         assert stopped.bound and stopped.trace is None
         assert bar < stopped.cycles <= full.cycles
-    for bar in (roof, float(full.cycles)):
+    for bar in (least, float(full.cycles)):
         assert cost_only_run(module, "mixtral", machine, bound_above=bar) == cost_only_run(module, "mixtral", machine)
