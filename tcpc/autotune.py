@@ -153,7 +153,8 @@ def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machi
     kept = _compiled.get(program) if after_each is None else None
     if kept is not None and kept.passes == tuple(map(repr, passes)):
         del _compiled[program]
-        verify_changed(kept.module, Verified())  # compiled unverified, as every candidate is (cost_cycles)
+        with without_gc_pauses():  # verifying makes a mark per op (tcpc/pipelines.py), which the collector would rescan
+            verify_changed(kept.module, Verified())  # compiled unverified, as every candidate is (cost_cycles)
         return kept.module, kept.run if kept.run_of == run_of else None
     return compiled_cost_only(module, passes, machine, after_each), None
 

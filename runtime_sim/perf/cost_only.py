@@ -630,7 +630,8 @@ class CostOnlyRun:
         """What `simulate_cost_only` gives for the same run (simulated with `sram_policy`);
         `work` as there."""
         assert self.trace is not None and self.plan is not None and self.schedule is not None, "a run kept"
-        report = trace_report(self.trace, machine, sram_policy, self.plan, self.schedule, work)
+        with without_gc_pauses():  # a record per command, as simulate_cost_only's report
+            report = trace_report(self.trace, machine, sram_policy, self.plan, self.schedule, work)
         return SimResult((), report, self.schedule, cost_only=True, routing=self.routing, trace=self.trace)
 
 
