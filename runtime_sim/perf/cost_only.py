@@ -654,12 +654,10 @@ def cost_only_run(module: ModuleOp, function: str, machine: Machine | None = Non
 
     def run() -> CostOnlyRun:
         bar = LowerBoundBar(machine, bound_above) if bound_above < math.inf else None
-        try:
-            trace, routings = _record(module, function, machine, routing, seed, "error", (), bar)
-            if bar is not None:
-                bar.check(trace)
-        except AboveBar as stop:
-            return CostOnlyRun(math.ceil(stop.cycles), bound=True)
+        recorded = _record_below(module, function, machine, routing, seed, bar)
+        if isinstance(recorded, int):
+            return CostOnlyRun(recorded, bound=True)
+        trace, routings = recorded
         plan, sched = plan_and_schedule(trace, machine, sram_policy)
         checked_roofline(machine, trace, None, sched.makespan)
         assert bar is None or sched.makespan >= bar.least(trace), "a schedule below the bar's lower bound"
@@ -669,6 +667,29 @@ def cost_only_run(module: ModuleOp, function: str, machine: Machine | None = Non
 
     with without_gc_pauses():
         return run()
+
+
+def cost_only_bound(module: ModuleOp, function: str, machine: Machine, above: float, *,
+                    routing: str | Path = DEFAULT_SCENARIO, seed: int = 0) -> int | None:
+    """`cost_only_run`'s bound when it stops above `above` (recording only as far as that); None
+    when the whole run's bound (`LowerBoundBar`) is not above it, having recorded it all and
+    planned nothing. A program whose commands another one only reorders has their bound: the
+    cost model bounds a candidate before the last pass that reorders them (tcpc/autotune.py)."""
+    with without_gc_pauses():
+        recorded = _record_below(module, function, machine, routing, seed, LowerBoundBar(machine, above))
+        return recorded if isinstance(recorded, int) else None
+
+
+def _record_below(module: ModuleOp, function: str, machine: Machine, routing: str | Path, seed: int,
+                  bar: LowerBoundBar | None) -> tuple[Trace, dict[str, Routing]] | int:
+    """`_record`'s trace and routing, or the bound, rounded up, at which the run passed `bar`."""
+    try:
+        trace, routings = _record(module, function, machine, routing, seed, "error", (), bar)
+        if bar is not None:
+            bar.check(trace)
+    except AboveBar as stop:
+        return math.ceil(stop.cycles)
+    return trace, routings
 
 
 def cost_only_cycles(module: ModuleOp, function: str, machine: Machine | None = None, *,
