@@ -125,15 +125,27 @@ def is_placeholder(value: Any) -> bool:
 
 
 class _Thunk:
-    """One op whose operands are all real, run only if one of its results is needed."""
+    """One op whose operands are all real, run only if one of its results is needed. Its
+    values are let go once nothing can read them again (`release`): every op that reads a
+    result has run and every thunk made of them has computed. Only results all of whose
+    readers are symbolic ops of the op's own block (not in a loop body, not a loop, call or
+    terminator, which would hand the value on) are let go, each such reader running once: the routing's [T K, E] tables (32 MB each at DeepSeek-V3's T = 4096)
+    then live one or two at a time rather than all through the run."""
 
-    __slots__ = ("semantics", "op", "inputs", "values")
+    __slots__ = ("semantics", "op", "inputs", "values", "readers", "consumers")
 
     def __init__(self, semantics: Interpreter, op: Operation, inputs: tuple[Any, ...]):
         self.semantics = semantics
         self.op = op
         self.inputs: tuple[Any, ...] | None = inputs
         self.values: tuple[Any, ...] | None = None
+        self.readers: set[Operation] | None = _readers_in_block(op)
+        """The ops that read a result and have not run yet; None: never let go."""
+        self.consumers = 0
+        """Thunks made of a result that have not computed yet."""
+        for v in inputs:
+            if isinstance(v, Lazy):
+                v.thunk.consumers += 1
 
     def compute(self) -> None:
         assert self.inputs is not None
@@ -141,7 +153,34 @@ class _Thunk:
         with np.errstate(all="ignore"):
             # The registered semantics, on an interpreter without listeners (they saw the op already).
             self.values = tuple(self.semantics.run_op(self.op, args))
-        self.inputs = None
+        inputs, self.inputs = self.inputs, None
+        for v in inputs:
+            if isinstance(v, Lazy):
+                v.thunk.consumers -= 1
+                v.thunk.release()
+
+    def read_by(self, op: Operation) -> None:
+        """`op`, a reader of a result, has run."""
+        if self.readers is not None:
+            self.readers.discard(op)
+            self.release()
+
+    def release(self) -> None:
+        """Let the values go if nothing can read them again (the class docstring)."""
+        if self.values and self.readers is not None and not self.readers and not self.consumers:
+            self.values = ()  # computed, and gone: a read fails loudly (Lazy.get)
+
+
+def _readers_in_block(op: Operation) -> set[Operation] | None:
+    """The ops that read `op`'s results, when every one is a symbolic op of `op`'s block (which
+    makes values of its own, never hands a read one on: a loop, a call or a terminator would);
+    else None."""
+    block = op.parent_block()
+    readers = {use.operation for r in op.results for use in r.uses}
+    if block is None or any(o.parent_block() is not block or not _is_symbolic(o) or o.has_trait(IsTerminator)
+                            for o in readers):
+        return None
+    return readers
 
 
 class Lazy:
@@ -154,7 +193,7 @@ class Lazy:
         self.index = index
 
     def get(self) -> Any:
-        assert self.thunk.values is not None
+        assert self.thunk.values, "a value computed and let go, or not computed"
         return self.thunk.values[self.index]
 
     def force(self) -> Any:
@@ -515,6 +554,8 @@ class ShapeOnlyListener(Interpreter.Listener):
     def __init__(self, listeners: Sequence[Interpreter.Listener], shared: SharedViews | None = None):
         self.listeners = tuple(listeners)
         self._views = (shared or SharedViews()).views
+        self._reading: list[tuple[_Thunk, ...]] = []
+        """Per op running (nested ops inside), the thunks whose results it reads (`_Thunk.read_by`)."""
 
     def _views_of(self, op: Operation) -> _SymbolicViews | None:
         if op in self._views:
@@ -530,6 +571,7 @@ class ShapeOnlyListener(Interpreter.Listener):
         return views
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        self._reading.append(tuple(a.thunk for a in args if isinstance(a, Lazy)))
         views = self._views_of(op)
         if views is not None:
             args = _forced(op, views, args) if views.data else views.operands
@@ -542,6 +584,8 @@ class ShapeOnlyListener(Interpreter.Listener):
             results = views.results
         for listener in self.listeners:
             listener.did_interpret_op(op, results)
+        for thunk in self._reading.pop():
+            thunk.read_by(op)
 
 
 def _forced(op: Operation, views: _SymbolicViews, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
