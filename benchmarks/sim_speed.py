@@ -32,7 +32,8 @@ steadier one; docs/simulator.md's table is one such run).
 the cost model's strategy and loop order, the cost-only run and the row's summaries), each in a
 process of its own: its wall and CPU seconds, the process's peak resident memory, the cost-only
 simulations it ran (the candidates of every choice; the row's own run is the cheapest
-candidate's, not run again, when the strategy and order choices kept it), and the seconds by
+candidate's, not run again, when the strategy and order choices kept it; a block candidate
+bounded before interleave-shared and then simulated in full counts twice), and the seconds by
 stage: compiling (every apply_pipeline), interpreting (recording the trace), planning memory
 and scheduling, the report, and the rest (parsing, building, summaries). The stages are
 timed by wrapping those functions in the child process (exclusive times, no profiler
@@ -171,7 +172,8 @@ class ScheduleSpeed:
     peak_rss_mb: float
     simulations: int
     """Cost-only runs recorded: every candidate of every choice (and the row's own, when the
-    choices did not keep it)."""
+    choices did not keep it; a candidate bounded before interleave-shared, tcpc/autotune.py's
+    `bound_first`, and then simulated, twice)."""
     stages: dict[str, float] = field(default_factory=dict)
     """Stage -> CPU seconds spent in it and not in a stage nested in it (STAGES)."""
 

@@ -36,7 +36,8 @@ from xdsl.passes import ModulePass
 from passes.lowering.lower_dispatch import QUANTIZE_PLACES
 from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES
 from passes.schedule.schedule_experts import ORDERS
-from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_cycles, cost_only_run
+from passes.schedule.interleave_shared import InterleaveSharedPass, interleaves
+from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_bound, cost_only_cycles, cost_only_run
 from runtime_sim.perf.report import BetterBlock, Choice
 from runtime_sim.perf.routing_scenarios import SCENARIOS
 from runtime_sim.semantics.collector import without_gc_pauses
@@ -153,7 +154,8 @@ def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machi
     kept = _compiled.get(program) if after_each is None else None
     if kept is not None and kept.passes == tuple(map(repr, passes)):
         del _compiled[program]
-        verify_changed(kept.module, Verified())  # compiled unverified, as every candidate is (cost_cycles)
+        with without_gc_pauses():  # verifying makes a mark per op (tcpc/pipelines.py), which the collector would rescan
+            verify_changed(kept.module, Verified())  # compiled unverified, as every candidate is (cost_cycles)
         return kept.module, kept.run if kept.run_of == run_of else None
     return compiled_cost_only(module, passes, machine, after_each), None
 
@@ -176,12 +178,16 @@ class _AboveBest(Exception):
 
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
                 routing: str | Path, seed: int, keep_below: float = 0, keep_commands: float = math.inf,
-                above: float = math.inf) -> tuple[int, bool]:
+                above: float = math.inf, bound_first: bool = False) -> tuple[int, bool]:
     """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario;
     and whether they are a lower bound instead: with `above` (the fewest cycles of the
-    alternatives a choice costed so far) and one function, a program whose commands' roofline
-    is above it is neither planned nor scheduled (cost_only_run's `bound_above`): it cannot
-    win, and the bound says by how much at least.
+    alternatives a choice costed so far) and one function, a program whose commands' lower
+    bound (LowerBoundBar: their roofline, their busiest unit's cycles) is above it is neither
+    planned nor scheduled (cost_only_run's `bound_above`): it cannot win, and the bound says
+    by how much at least. With `bound_first` (a block search's later candidates, which seldom
+    win), a program that interleave-shared, last, would reorder is bounded before that pass
+    (cost_only_bound; `interleaves`), whose pieces are then built only for a candidate the
+    bound does not rule out (DeepSeek-V3 at T = 4096: none of five).
 
     Remembered for the process, by the module's text and everything else the cycles depend on:
     the block search and the strategy choice cost the chosen block's program alike, a report's
@@ -203,7 +209,15 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
         return bound, True
 
     def cycles() -> int:
-        lowered = compiled_cost_only(module, passes, machine, verify="none")
+        if bound_first and above < math.inf and len(functions) == 1 and passes and passes[-1].name == InterleaveSharedPass.name:
+            lowered = compiled_cost_only(module, passes[:-1], machine, verify="none")
+            if interleaves(lowered):  # else the pass leaves it as it is
+                bound = cost_only_bound(lowered, functions[0], machine, above, routing=routing, seed=seed)
+                if bound is not None:
+                    raise _AboveBest(bound)
+                lowered = apply_pipeline(lowered, list(passes[-1:]), machine=machine, verify="none")
+        else:
+            lowered = compiled_cost_only(module, passes, machine, verify="none")
         program = (text, repr(machine))
         kept = _compiled.get(program)
         if len(functions) == 1:
@@ -292,7 +306,8 @@ class BlockCycles:
                 # top-k and the loop order at the passes' defaults: they are chosen after the block, at the block chosen
                 pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=order)
                 known = cost_cycles(module, [self.auto.graph], parse_pipeline(pipeline), self.machine, self.routing,
-                                    self.seed, keep_below=above, keep_commands=BLOCK_RUN_KEPT_COMMANDS, above=above)
+                                    self.seed, keep_below=above, keep_commands=BLOCK_RUN_KEPT_COMMANDS, above=above,
+                                    bound_first=True)
             self._known[block, order] = known
         if order == ORDERS[0]:
             (self.bounded.add if known[1] else self.bounded.discard)(block)

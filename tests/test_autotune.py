@@ -656,3 +656,35 @@ def test_a_dim_set_to_auto_is_only_a_block(tmp_path: Path, capsys: pytest.Captur
     err = capsys.readouterr().err
     assert f"{path}:" in err and "cannot apply '*' to auto: a dim set to auto (dims NAME = auto, or --set NAME=auto) is only a scatter's block=" in err
     assert "Traceback" not in err
+
+
+
+def test_a_block_bounded_before_interleaving_changes_no_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-4-Scout at prefill spreads its shared expert through the routed loop
+    (interleave-shared), which only reorders the commands: a block candidate is bounded before
+    that pass (cost_only_bound), its pieces built only if the bound does not rule it out. B =
+    32 stops there, above the chosen block's cycles and at most its own simulated in full, so
+    the choice is the one simulating it would make."""
+    from passes.lowering.lower_topk import DEFAULT_STRATEGY
+    from passes.schedule.schedule_experts import ORDERS
+    from tcpc.pipelines import parse_pipeline, pipeline_spec
+
+    dims = {"T": 1024, "D": 512, "F": 1024, "FS": 1024}
+    bounds: list[int | None] = []
+    bound = tcpc.autotune.cost_only_bound
+
+    def spied(*args: object, **kwargs: object) -> int | None:
+        bounds.append(bound(*args, **kwargs))  # type: ignore[arg-type]
+        return bounds[-1]
+
+    for memo in ("_costs", "_bounds", "_compiled"):
+        monkeypatch.setattr(tcpc.autotune, memo, {})
+    monkeypatch.setattr(tcpc.autotune, "cost_only_bound", spied)
+    (choice,) = tcpc.compile_file(EXAMPLES / "llama4.moe", {**dims, "B": "auto"}).choices
+    tried = dict(choice.alternatives)
+    assert bounds.count(None) < len(bounds) and tried[32] in bounds and 32 in choice.bounded
+    program = tcpc.compile_file(EXAMPLES / "llama4.moe", {**dims, "B": 32})
+    passes = parse_pipeline(pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=ORDERS[0]))
+    cycles, bounded = tcpc.autotune.cost_cycles(program.module, [program.function().sym_name.data], passes,
+                                                default_machine(), "balanced", 0)
+    assert not bounded and tried[choice.chosen] < tried[32] <= cycles

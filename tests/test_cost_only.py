@@ -261,10 +261,12 @@ def test_pin_routing_tags_a_routing_input_and_keeps_names_unique() -> None:
 
 
 def test_a_run_stops_at_its_bar() -> None:
-    """cost_only_run(bound_above=bar): once the roofline of the commands recorded so far is
-    above the bar, the run stops with that bound, which is above the bar and at most the
-    simulated cycles; with the bar at the whole run's roofline or above, it runs in full."""
-    from runtime_sim.perf.cost_only import cost_only_run
+    """cost_only_run(bound_above=bar): once the lower bound of the commands recorded so far
+    (LowerBoundBar: their roofline, their busiest unit's cycles) is above the bar, the run
+    stops with that bound, which is above the bar and at most the simulated cycles; with the
+    bar at the whole run's bound or above, it runs in full. Here the tensor units bound the
+    run above its roofline."""
+    from runtime_sim.perf.cost_only import LowerBoundBar, cost_only_run
     from runtime_sim.perf.simulate import layer_roofline
     from target.machine import default_machine
     from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, parse_pipeline, pipeline_spec
@@ -276,9 +278,52 @@ def test_a_run_stops_at_its_bar() -> None:
     full = cost_only_run(module, "mixtral", machine, keep_below=float("inf"))
     assert full.trace is not None and not full.bound
     roof = layer_roofline(machine, full.trace, None).cycles
-    for bar in (0.0, roof / 2, roof - 1):
+    least = LowerBoundBar(machine, float("inf")).least(full.trace)
+    assert roof < least <= full.cycles
+    for bar in (0.0, roof, least - 1):
         stopped = cost_only_run(module, "mixtral", machine, bound_above=bar)
         assert stopped.bound and stopped.trace is None
         assert bar < stopped.cycles <= full.cycles
-    for bar in (roof, float(full.cycles)):
+    for bar in (least, float(full.cycles)):
         assert cost_only_run(module, "mixtral", machine, bound_above=bar) == cost_only_run(module, "mixtral", machine)
+
+
+def test_routing_tables_are_let_go_once_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lazy value whose readers are all symbolic ops of its own block is let go once they have
+    run and the thunks made of it have computed (cost_only._Thunk): the routing's [T K, E]
+    tables then live a few at a time, not all through the run; the cycles are the same."""
+    from runtime_sim.perf import cost_only
+    from runtime_sim.perf.cost_only import cost_only_run
+    from target.machine import default_machine
+    from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, parse_pipeline, pipeline_spec
+
+    machine = default_machine()
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe", dims=dict(T=512, D=64, F=32, FS=32, E=64, B=64))
+    spec = ",".join([*COST_ONLY_PASSES, pipeline_spec(topk_strategy="rounds", expert_order="block")])
+    module = apply_pipeline(program.module, parse_pipeline(spec), machine=machine)
+    computed: list[cost_only._Thunk] = []
+    compute = cost_only._Thunk.compute
+
+    def held_most() -> int:
+        """The most bytes the computed thunks' values held at once."""
+        most = 0
+
+        def counted(thunk: cost_only._Thunk) -> None:
+            nonlocal most
+            compute(thunk)
+            computed.append(thunk)
+            most = max(most, sum(getattr(v, "nbytes", 0) for t in computed for v in t.values or ()))
+
+        computed.clear()
+        monkeypatch.setattr(cost_only._Thunk, "compute", counted)
+        cycles = cost_only_run(module, "deepseek_v3", machine).cycles
+        assert cycles == expected
+        return most
+
+    expected = cost_only_run(module, "deepseek_v3", machine).cycles
+    let_go = held_most()
+    assert any(t.values == () for t in computed)
+    monkeypatch.setattr(cost_only._Thunk, "release", lambda thunk: None)
+    kept = held_most()
+    table = 512 * 8 * 64 * 4  # [T K, E] i32
+    assert let_go + 3 * table <= kept, (let_go, kept, table)

@@ -12,7 +12,7 @@ from tcpc.program import Program
 from dialects import tcp
 from dialects.annotations import phase_of
 from passes.schedule._f_tiles import CONTRACTIONS
-from passes.schedule.interleave_shared import spreads
+from passes.schedule.interleave_shared import interleaves, spreads
 from passes.schedule.split_clusters import contraction_flops_per_weight_byte
 from target.machine import default_machine
 from tcpc.pipelines import LOWERED_PIPELINE
@@ -124,3 +124,34 @@ def test_the_report_lists_the_routed_loops_pieces_as_one_loop() -> None:
     first, last = routed[0].split()[1].split("-"), routed[-1].split()[1].split("-")
     assert [(loop.pieces, loop.iterations) for loop in experts] == [(len(routed), int(last[1]) - int(first[0]))]
     assert f"in {len(routed)} pieces" in experts[0].describe()
+
+
+def test_the_pass_only_reorders_the_commands_so_a_bound_before_it_holds_after_it() -> None:
+    """`interleaves` says whether the pass changes the IR. What it changes is the commands'
+    order only: cost-only, the same commands with the same costs (so LowerBoundBar's bound, on
+    which the cost model rules a block candidate out before building its pieces, is the same),
+    and the pass applied to the IR compiled up to it is the IR of the whole pipeline."""
+    import math
+    from collections import Counter
+
+    from runtime_sim.perf.cost_only import LowerBoundBar, cost_only_run
+    from tcpc.autotune import compiled_cost_only
+    from tcpc.pipelines import apply_pipeline, parse_pipeline, pipeline_spec
+    from tcpc.program import print_ir
+
+    machine = default_machine()
+    for dims, spread in (({"T": 256, "D": 16, "FS": 1100, "B": 4}, True), ({"T": 1, "D": 16, "FS": 1100, "B": 1}, False)):
+        program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims=dims)
+        name = program.function().sym_name.data
+        passes = parse_pipeline(pipeline_spec(topk_strategy="rank", expert_order="block"))
+        assert passes[-1].name == "interleave-shared"
+        before = compiled_cost_only(program.module, passes[:-1], machine)
+        after = compiled_cost_only(program.module, passes, machine)
+        assert interleaves(before) is spread and not interleaves(after)
+        assert (print_ir(before) != print_ir(after)) is spread
+        assert print_ir(apply_pipeline(before, passes[-1:], machine=machine)) == print_ir(after)
+        runs = [cost_only_run(m, name, machine, keep_below=math.inf) for m in (before, after)]
+        traces = [r.trace for r in runs if r.trace is not None]
+        assert len(traces) == 2
+        assert Counter((t.name, t.cost) for t in traces[0].ops) == Counter((t.name, t.cost) for t in traces[1].ops)
+        assert LowerBoundBar(machine, math.inf).least(traces[0]) == LowerBoundBar(machine, math.inf).least(traces[1])

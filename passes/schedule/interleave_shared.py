@@ -185,32 +185,53 @@ def _first_contraction(loop: scf.ForOp) -> tcp.ContractOp | tcp.ScaledContractOp
     return next((op for op in loop.body.walk() if isinstance(op, CONTRACTIONS)), None)
 
 
-def interleave(block: Block, machine: Machine) -> None:
-    """Spread `block`'s shared loop through its routed loop, when it `spreads` (the module docstring)."""
+def _spread(block: Block, machine: Machine) -> tuple[scf.ForOp, scf.ForOp, list[int]] | None:
+    """`block`'s shared loop, its routed loop and the routed loop's trips, when the one
+    `spreads` through the other (the module docstring); else None."""
     shared = [op for op in block.ops if isinstance(op, scf.ForOp) and op.attributes.get(PHASE_ATTR) == StringAttr(SHARED)]
     routed = [op for op in expert_loops(block) if phase_of(op) == "experts"]
     if len(shared) != 1 or not routed:
-        return
+        return None
     (loop,) = shared
     trips, routed_trips, contraction = _trips(loop), _trips(routed[0]), _first_contraction(routed[0])
     if not trips or routed_trips is None or len(routed_trips) < 2 or contraction is None:
-        return
+        return None
     lb, ub = constant_index(loop.lb), constant_index(loop.ub)
     assert lb is not None and ub is not None
     if not spreads(ub - lb, contraction, machine):
+        return None
+    return loop, routed[0], routed_trips
+
+
+def interleaves(module: ModuleOp) -> bool:
+    """Whether the pass would change `module`: a function's shared loop spreads through its
+    routed loop. The commands are the same either way, only their order changes, so a lower
+    bound on the commands' cycles (a roofline, a unit's busy cycles) is the same before the
+    pass as after it; the cost model bounds a candidate before interleaving it
+    (tcpc/autotune.py)."""
+    machine = machine_of(module)
+    return any(_spread(fn.body.block, machine) is not None
+               for fn in module.ops if isinstance(fn, func.FuncOp) and fn.body.blocks)
+
+
+def interleave(block: Block, machine: Machine) -> None:
+    """Spread `block`'s shared loop through its routed loop, when it `spreads` (the module docstring)."""
+    spread = _spread(block, machine)
+    if spread is None:
         return
+    loop, routed, routed_trips = spread
     ops, results = unroll(loop)
     cuts = chunks(ops)
-    step = constant_index(routed[0].step)
+    step = constant_index(routed.step)
     assert step is not None
     first, end = routed_trips[0], routed_trips[-1] + step
-    filled = filled_blocks(block, end - first, _block_rows(routed[0]))
+    filled = filled_blocks(block, end - first, _block_rows(routed))
     n = max(1, min(len(cuts), filled // step))
     bounds = [first + filled * i // n // step * step for i in range(n)] + [end]
     before: list[list[Operation]] = [[] for _ in range(n)]
     for i, cut in enumerate(cuts):
         before[i * n // len(cuts)] += cut
-    pieces = split(routed[0], bounds)
+    pieces = split(routed, bounds)
     for cut, piece in zip(before, pieces):
         for op in cut:
             op.detach()

@@ -29,10 +29,11 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 from xdsl.dialects import func, scf
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
@@ -105,6 +106,7 @@ _ALIASES: dict[str, int] = {}
 _DISJOINT_STORES: set[str] = set()
 _UNREAD: dict[str, Callable[[Operation, tuple[Any, ...]], tuple[int, ...]]] = {}
 _FORWARDED: dict[str, Callable[[Operation, tuple[Any, ...]], int | None]] = {}
+_COST_KEYS: dict[str, Callable[[Operation, tuple[Any, ...]], Hashable]] = {}
 
 
 class NotLoweredError(Exception):
@@ -216,6 +218,25 @@ def register_data_operands(op: type[Operation] | str, operands: Callable[[Operat
     """Declare the operands whose runtime *values* `op`'s cost function reads (all others it
     may read only for shape and dtype)."""
     _DATA_OPERANDS[_op_name(op)] = operands
+
+
+def register_cost_key(op: type[Operation] | str, key: Callable[[Operation, tuple[Any, ...]], Hashable]) -> None:
+    """Declare what of its data operands' values (in `data_operands` order) `op`'s cost reads,
+    when that is less than the values: key(op, values) equal for two runs of the op means
+    equal costs. A loop's guarded command is then costed once per kind of block (run or
+    skipped) rather than once per expert id (op_trace.py's cost cache)."""
+    _COST_KEYS[_op_name(op)] = key
+
+
+def cost_key(op: Operation) -> Callable[[Operation, tuple[Any, ...]], Hashable] | None:
+    return _COST_KEYS.get(op.name)
+
+
+def guard_signs(op: Operation, values: tuple[Any, ...]) -> Hashable:
+    """A cost key (`register_cost_key`) for a command whose cost reads of its guards only
+    which entries are negative (the blocks it skips)."""
+    signs = [np.asarray(v) >= 0 for v in values]
+    return tuple((s.shape, s.tobytes()) for s in signs)
 
 
 def order_operands(op: Operation) -> tuple[SSAValue, ...]:

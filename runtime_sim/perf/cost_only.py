@@ -59,7 +59,8 @@ from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.cost_model import UNTRACED, data_operands, forwarded_operand, is_fused, unread_operands
+from runtime_sim.perf.cost_model import (TENSOR, UNTRACED, OpCost, data_operands, engine_units, forwarded_operand, is_fused,
+                                         unread_operands)
 from runtime_sim.perf.graph_work import GraphWork
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, MemoryPlan, SramPolicy
@@ -124,15 +125,27 @@ def is_placeholder(value: Any) -> bool:
 
 
 class _Thunk:
-    """One op whose operands are all real, run only if one of its results is needed."""
+    """One op whose operands are all real, run only if one of its results is needed. Its
+    values are let go once nothing can read them again (`release`): every op that reads a
+    result has run and every thunk made of them has computed. Only results all of whose
+    readers are symbolic ops of the op's own block (not in a loop body, not a loop, call or
+    terminator, which would hand the value on) are let go, each such reader running once: the routing's [T K, E] tables (32 MB each at DeepSeek-V3's T = 4096)
+    then live one or two at a time rather than all through the run."""
 
-    __slots__ = ("semantics", "op", "inputs", "values")
+    __slots__ = ("semantics", "op", "inputs", "values", "readers", "consumers")
 
     def __init__(self, semantics: Interpreter, op: Operation, inputs: tuple[Any, ...]):
         self.semantics = semantics
         self.op = op
         self.inputs: tuple[Any, ...] | None = inputs
         self.values: tuple[Any, ...] | None = None
+        self.readers: set[Operation] | None = _readers_in_block(op)
+        """The ops that read a result and have not run yet; None: never let go."""
+        self.consumers = 0
+        """Thunks made of a result that have not computed yet."""
+        for v in inputs:
+            if isinstance(v, Lazy):
+                v.thunk.consumers += 1
 
     def compute(self) -> None:
         assert self.inputs is not None
@@ -140,7 +153,34 @@ class _Thunk:
         with np.errstate(all="ignore"):
             # The registered semantics, on an interpreter without listeners (they saw the op already).
             self.values = tuple(self.semantics.run_op(self.op, args))
-        self.inputs = None
+        inputs, self.inputs = self.inputs, None
+        for v in inputs:
+            if isinstance(v, Lazy):
+                v.thunk.consumers -= 1
+                v.thunk.release()
+
+    def read_by(self, op: Operation) -> None:
+        """`op`, a reader of a result, has run."""
+        if self.readers is not None:
+            self.readers.discard(op)
+            self.release()
+
+    def release(self) -> None:
+        """Let the values go if nothing can read them again (the class docstring)."""
+        if self.values and self.readers is not None and not self.readers and not self.consumers:
+            self.values = ()  # computed, and gone: a read fails loudly (Lazy.get)
+
+
+def _readers_in_block(op: Operation) -> set[Operation] | None:
+    """The ops that read `op`'s results, when every one is a symbolic op of `op`'s block (which
+    makes values of its own, never hands a read one on: a loop, a call or a terminator would);
+    else None."""
+    block = op.parent_block()
+    readers = {use.operation for r in op.results for use in r.uses}
+    if block is None or any(o.parent_block() is not block or not _is_symbolic(o) or o.has_trait(IsTerminator)
+                            for o in readers):
+        return None
+    return readers
 
 
 class Lazy:
@@ -153,7 +193,7 @@ class Lazy:
         self.index = index
 
     def get(self) -> Any:
-        assert self.thunk.values is not None
+        assert self.thunk.values, "a value computed and let go, or not computed"
         return self.thunk.values[self.index]
 
     def force(self) -> Any:
@@ -266,7 +306,7 @@ tiles alternating, one expert's blocks in a row)."""
 
 
 class AboveBar(BaseException):
-    """A cost-only run stopped: its commands' roofline passed the bar (`RooflineBar`). A
+    """A cost-only run stopped: a lower bound on its cycles passed the bar (`LowerBoundBar`). A
     BaseException, so that it unwinds the interpreter as it is: xDSL turns an Exception
     raised inside an op into a diagnostic that prints the whole module, at every op it
     unwinds through."""
@@ -276,27 +316,58 @@ class AboveBar(BaseException):
         self.cycles = cycles
 
 
-class RooflineBar:
-    """The roofline of a trace's commands (`layer_roofline` without the graph's work: every
-    FLOP at the peak, every HBM byte at the bandwidth) as they are recorded, against a bar:
-    `check` raises AboveBar once it is above `above`. The sums only grow, and no schedule of
-    the commands ends before their roofline (`checked_roofline`), so a run stopped there takes
-    more cycles than the bar."""
+def least_unit_cycles(cost: OpCost) -> int:
+    """The fewest cycles of its engine's units a command keeps busy, however it is scheduled:
+    each of its parts takes its own cycles at least on its own unit (a DMA command spread over
+    k engines, k <= `parts`: k parts of `part_cycles[k - 1]`; the shared HBM bandwidth only
+    lengthens a part; scheduler.py)."""
+    if cost.part_cycles:
+        return min(k * cycles for k, cycles in enumerate(cost.part_cycles, 1))
+    return cost.parts * cost.cycles
+
+
+class LowerBoundBar:
+    """A lower bound on the cycles of a trace's commands, summed as they are recorded, against
+    a bar: `check` raises AboveBar once it is above `above`. No schedule of the commands ends
+    before the larger of their roofline (`layer_roofline` without the graph's work: every
+    FLOP at the peak, every HBM byte at the bandwidth; `checked_roofline`) and the busiest
+    unit's cycles: a tensor-unit command runs on its cluster's unit (`pinned_units`), so that
+    unit's commands run one after another; the DMA engines (and any other engine of units)
+    share their commands' `least_unit_cycles` at best evenly. A run's prefix bound by the
+    tensor units (Qwen3-30B-A3B at T = 4096, B = 128: 1.81 M cycles of one cluster's commands
+    against 1.19 M of roofline, 1.88 M simulated) thus stops early. The sums only grow, so a
+    run stopped there takes more cycles than the bar."""
 
     def __init__(self, machine: Machine, above: float):
         self.machine, self.above = machine, above
         self.flops = self.fp8_flops = self.hbm_bytes = 0
+        self.units = {e: n for e, n in engine_units(machine).items() if n}
+        self.busy = dict.fromkeys(self.units, 0)
+        """Engine -> its commands' least_unit_cycles, summed."""
+        self.pinned = [0] * self.units[TENSOR]
+        """Per tensor unit, its one-unit commands' cycles."""
         self._seen = 0
 
-    def check(self, trace: Trace) -> None:
-        ops = trace.ops
+    def least(self, trace: Trace) -> float:
+        """The bound, with the commands recorded since the last call added."""
+        ops, pinned, busy = trace.ops, self.pinned, self.busy
         for i in range(self._seen, len(ops)):
-            cost = ops[i].cost
+            t = ops[i]
+            cost = t.cost
             self.flops += cost.flops
             self.fp8_flops += cost.fp8_flops
             self.hbm_bytes += cost.hbm_bytes
+            engine = cost.engine
+            if engine == TENSOR and cost.parts == 1:
+                pinned[t.cluster % len(pinned)] += cost.cycles
+            if engine in busy:
+                busy[engine] += least_unit_cycles(cost)
         self._seen = len(ops)
-        least = roofline(self.machine, self.flops, self.hbm_bytes, self.fp8_flops).cycles
+        return max(roofline(self.machine, self.flops, self.hbm_bytes, self.fp8_flops).cycles, max(pinned),
+                   *(busy[e] / n for e, n in self.units.items()))
+
+    def check(self, trace: Trace) -> None:
+        least = self.least(trace)
         if least > self.above:
             raise AboveBar(least)
 
@@ -324,7 +395,7 @@ class LoopReplay:
     """
 
     def __init__(self, recorder: TraceRecorder, listeners: Sequence[Interpreter.Listener] = (),
-                 bar: RooflineBar | None = None):
+                 bar: LowerBoundBar | None = None):
         self.recorder = recorder
         self.listeners = tuple(listeners)
         self.bar = bar
@@ -483,6 +554,8 @@ class ShapeOnlyListener(Interpreter.Listener):
     def __init__(self, listeners: Sequence[Interpreter.Listener], shared: SharedViews | None = None):
         self.listeners = tuple(listeners)
         self._views = (shared or SharedViews()).views
+        self._reading: list[tuple[_Thunk, ...]] = []
+        """Per op running (nested ops inside), the thunks whose results it reads (`_Thunk.read_by`)."""
 
     def _views_of(self, op: Operation) -> _SymbolicViews | None:
         if op in self._views:
@@ -498,6 +571,7 @@ class ShapeOnlyListener(Interpreter.Listener):
         return views
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
+        self._reading.append(tuple(a.thunk for a in args if isinstance(a, Lazy)))
         views = self._views_of(op)
         if views is not None:
             args = _forced(op, views, args) if views.data else views.operands
@@ -510,6 +584,8 @@ class ShapeOnlyListener(Interpreter.Listener):
             results = views.results
         for listener in self.listeners:
             listener.did_interpret_op(op, results)
+        for thunk in self._reading.pop():
+            thunk.read_by(op)
 
 
 def _forced(op: Operation, views: _SymbolicViews, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -590,15 +666,16 @@ class CostOnlyRun:
     routing: dict[str, Routing] = field(default_factory=dict)
     """Routing argument name -> the Routing used."""
     bound: bool = False
-    """True when `cycles` is not simulated but a lower bound: the commands' roofline, which
-    was above the `bound_above` asked for (`cost_only_run`)."""
+    """True when `cycles` is not simulated but a lower bound (`LowerBoundBar`), which was
+    above the `bound_above` asked for (`cost_only_run`)."""
 
     def result(self, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
                work: GraphWork | None = None) -> SimResult:
         """What `simulate_cost_only` gives for the same run (simulated with `sram_policy`);
         `work` as there."""
         assert self.trace is not None and self.plan is not None and self.schedule is not None, "a run kept"
-        report = trace_report(self.trace, machine, sram_policy, self.plan, self.schedule, work)
+        with without_gc_pauses():  # a record per command, as simulate_cost_only's report
+            report = trace_report(self.trace, machine, sram_policy, self.plan, self.schedule, work)
         return SimResult((), report, self.schedule, cost_only=True, routing=self.routing, trace=self.trace)
 
 
@@ -613,29 +690,50 @@ def cost_only_run(module: ModuleOp, function: str, machine: Machine | None = Non
     Python's cycle collector runs again, which would otherwise scan it all once.
 
     A choice needs no more of an alternative than that it takes more cycles than the best one
-    so far, `bound_above`: once the roofline of the commands recorded so far (their FLOPs at
-    the peak, their HBM bytes at the bandwidth, below which no schedule ends:
-    `checked_roofline`) is above it, checked after every loop iteration and at the end, the
-    run stops (no more recording, no memory plan, no schedule), and its `cycles` are that
-    bound, rounded up (`bound` set)."""
+    so far, `bound_above`: once a lower bound on the cycles of the commands recorded so far
+    (`LowerBoundBar`: their roofline, their busiest unit's cycles) is above it, checked after
+    every loop iteration and at the end, the run stops (no more recording, no memory plan, no
+    schedule), and its `cycles` are that bound, rounded up (`bound` set)."""
     machine = machine or default_machine()
 
     def run() -> CostOnlyRun:
-        bar = RooflineBar(machine, bound_above) if bound_above < math.inf else None
-        try:
-            trace, routings = _record(module, function, machine, routing, seed, "error", (), bar)
-            if bar is not None:
-                bar.check(trace)
-        except AboveBar as stop:
-            return CostOnlyRun(math.ceil(stop.cycles), bound=True)
+        bar = LowerBoundBar(machine, bound_above) if bound_above < math.inf else None
+        recorded = _record_below(module, function, machine, routing, seed, bar)
+        if isinstance(recorded, int):
+            return CostOnlyRun(recorded, bound=True)
+        trace, routings = recorded
         plan, sched = plan_and_schedule(trace, machine, sram_policy)
         checked_roofline(machine, trace, None, sched.makespan)
+        assert bar is None or sched.makespan >= bar.least(trace), "a schedule below the bar's lower bound"
         if sched.makespan < keep_below:
             return CostOnlyRun(sched.makespan, trace, plan, sched, routings)
         return CostOnlyRun(sched.makespan)
 
     with without_gc_pauses():
         return run()
+
+
+def cost_only_bound(module: ModuleOp, function: str, machine: Machine, above: float, *,
+                    routing: str | Path = DEFAULT_SCENARIO, seed: int = 0) -> int | None:
+    """`cost_only_run`'s bound when it stops above `above` (recording only as far as that); None
+    when the whole run's bound (`LowerBoundBar`) is not above it, having recorded it all and
+    planned nothing. A program whose commands another one only reorders has their bound: the
+    cost model bounds a candidate before the last pass that reorders them (tcpc/autotune.py)."""
+    with without_gc_pauses():
+        recorded = _record_below(module, function, machine, routing, seed, LowerBoundBar(machine, above))
+        return recorded if isinstance(recorded, int) else None
+
+
+def _record_below(module: ModuleOp, function: str, machine: Machine, routing: str | Path, seed: int,
+                  bar: LowerBoundBar | None) -> tuple[Trace, dict[str, Routing]] | int:
+    """`_record`'s trace and routing, or the bound, rounded up, at which the run passed `bar`."""
+    try:
+        trace, routings = _record(module, function, machine, routing, seed, "error", (), bar)
+        if bar is not None:
+            bar.check(trace)
+    except AboveBar as stop:
+        return math.ceil(stop.cycles)
+    return trace, routings
 
 
 def cost_only_cycles(module: ModuleOp, function: str, machine: Machine | None = None, *,
@@ -647,7 +745,7 @@ def cost_only_cycles(module: ModuleOp, function: str, machine: Machine | None = 
 
 def _record(module: ModuleOp, function: str, machine: Machine, routing: str | Path, seed: int,
             uncosted: UncostedPolicy, listeners: Sequence[Interpreter.Listener],
-            bar: RooflineBar | None = None) -> tuple[Trace, dict[str, Routing]]:
+            bar: LowerBoundBar | None = None) -> tuple[Trace, dict[str, Routing]]:
     """Run `function` shape-only with the routing scenario: its trace, and the routing used
     by each routing argument's name. `bar` stops it in a loop (LoopReplay)."""
     recorder = trace_recorder(module, function, machine, uncosted)

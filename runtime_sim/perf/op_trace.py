@@ -10,7 +10,7 @@ that makes up routing later) can be planned, scheduled and reported the same way
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -31,6 +31,7 @@ from runtime_sim.perf.cost_model import (
     aliased_operand,
     check_cost,
     cost_function,
+    cost_key,
     data_operands,
     forwarded_operand,
     in_hbm,
@@ -154,6 +155,8 @@ class _Statics:
     """The operand it may pass through, by its operands' values (cost_model.register_forwarded_operand)."""
     experts: int | None
     """E when it reads a routing's expert choices (`tcpc.expert_indices`), which are recorded."""
+    key: Callable[[Operation, tuple[Any, ...]], Hashable] | None
+    """What its cost reads of its data operands' values (cost_model.register_cost_key)."""
 
 
 def op_label(op: Operation) -> str:
@@ -236,14 +239,18 @@ class TraceRecorder(Interpreter.Listener):
                 tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
                 tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results),
                 alias is not None and stores_disjointly(op), cluster_of(op), on_own_dma(op), unread_operands(op),
-                forwarded_operand(op), expert_indices(op))
+                forwarded_operand(op), expert_indices(op), cost_key(op))
         return statics
 
     def _cost(self, op: Operation, statics: _Statics, args: tuple[Any, ...], results: tuple[Any, ...]) -> OpCost:
-        """The op's cost, computed once per op and values of its data operands: every other
-        operand it may read for shape and dtype only (cost_model), which do not change."""
+        """The op's cost, computed once per op and values of its data operands (or what of them
+        it reads, its `key`: a guarded command in an expert loop once per kind of block, not
+        once per expert id): every other operand it may read for shape and dtype only
+        (cost_model), which do not change."""
         key: Any = op
-        if statics.data:
+        if statics.key is not None:
+            key = (op, statics.key(op, tuple(args[i] for i in statics.data)))
+        elif statics.data:
             values = [np.asarray(args[i]) for i in statics.data]
             if sum(v.nbytes for v in values) > _DATA_KEY_BYTES:
                 key = None

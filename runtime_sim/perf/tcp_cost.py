@@ -80,7 +80,8 @@ from xdsl.ir import Operation
 
 from dialects import tcp
 from dialects.tensor_types import code_tile_bytes, shape_of
-from runtime_sim.perf.cost_model import DMA, TENSOR, OpCost, in_hbm, register_cost, register_data_operands, register_view
+from runtime_sim.perf.cost_model import (DMA, TENSOR, OpCost, guard_signs, in_hbm, register_cost, register_cost_key,
+                                         register_data_operands, register_view)
 from runtime_sim.perf.cost_model import per_op
 from target.contraction_mapping import ContractionShape, MappedCost, Mapping, MappingError, check, choose, cost
 from runtime_sim.perf.scheduler import SharedBandwidth
@@ -389,3 +390,5 @@ def register_tcp_costs() -> None:
     register_data_operands(tcp.DmaScatterOp, lambda op: (op.operands[1],))
     register_data_operands(tcp.ContractOp, lambda op: () if op.guard is None else (op.guard,))  # type: ignore[attr-defined]
     register_data_operands(tcp.ScaledContractOp, lambda op: () if op.guard is None else (op.guard,))  # type: ignore[attr-defined]
+    register_cost_key(tcp.ContractOp, guard_signs)
+    register_cost_key(tcp.ScaledContractOp, guard_signs)

@@ -47,9 +47,11 @@ from runtime_sim.perf.cost_model import (
     TENSOR,
     OpCost,
     free_cost,
+    guard_signs,
     in_hbm,
     register_alias,
     register_cost,
+    register_cost_key,
     register_data_operands,
     register_disjoint_store,
     register_forwarded_operand,
@@ -124,6 +126,11 @@ def cost_load_expert(op: Operation, operands: tuple[Any, ...], results: tuple[An
     return dma_rows_cost(machine, rows, rows, nbytes, in_hbm(op.operands[0]), False, window_pieces(whole, window))
 
 
+def _rows_fetched(op: Operation, values: tuple[Any, ...]) -> int:
+    """What `cost_load_expert` reads of the expert ids (a cost key): the rows it moves."""
+    return experts_fetched(values[0], values[1] if op.prev_ids is not None else None)  # type: ignore[attr-defined]
+
+
 def _unreused_tile(op: Operation, operands: tuple[Any, ...]) -> tuple[int, ...]:
     """A load of another expert's weights neither reads nor waits for the previous tile."""
     if op.prev_ids is None:  # type: ignore[attr-defined]
@@ -149,6 +156,8 @@ def register_tile_costs() -> None:
     register_cost(tile.LoadOp)(cost_tile_load)
     register_data_operands(tile.LoadOp, _guard_operand)
     register_data_operands(tile.StoreOp, _guard_operand)
+    register_cost_key(tile.LoadOp, guard_signs)
+    register_cost_key(tile.StoreOp, guard_signs)
     register_cost(tile.GatherOp)(cost_tile_gather)
     register_data_operands(tile.GatherOp, lambda op: (op.indices, *_guard_operand(op)))  # type: ignore[attr-defined]
     register_order_operands(tile.GatherOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
@@ -163,4 +172,5 @@ def register_tile_costs() -> None:
     register_cost(tile.LoadExpertOp)(cost_load_expert)
     register_data_operands(tile.LoadExpertOp,  # type: ignore[attr-defined]
                            lambda op: (op.ids,) if op.prev_ids is None else (op.ids, op.prev_ids))
+    register_cost_key(tile.LoadExpertOp, _rows_fetched)
     register_order_operands(tile.LoadExpertOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
