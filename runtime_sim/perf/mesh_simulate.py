@@ -112,13 +112,17 @@ ShapeOnlyCCL = register_impls(type("ShapeOnlyCCL", (ShapeOnlyCCLFunctions,), {
 
 
 class _ForcedValues(Interpreter.Listener):
-    """Shows a listener the values of a ccl op's operands, computed (lazy ones) or placeholders."""
+    """Shows a listener the values of a ccl op's operands, computed (lazy ones) or placeholders;
+    every other op as the shape-only interpreter shows it (forcing its lazy operands too would
+    compute values no cost reads: the loops' buffers, a third of a chip's interpretation)."""
 
     def __init__(self, listener: Interpreter.Listener):
         self.listener = listener
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
-        self.listener.will_interpret_op(op, tuple(v.force() if isinstance(v, Lazy) else v for v in args))
+        if op.dialect_name() == ccl.CCL.name:
+            args = tuple(v.force() if isinstance(v, Lazy) else v for v in args)
+        self.listener.will_interpret_op(op, args)
 
     def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
         self.listener.did_interpret_op(op, results)
