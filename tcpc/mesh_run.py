@@ -239,7 +239,7 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
     by_chunks: list[tuple[int, tuple[tuple[int, int], ...]]] = []
     """(cycles, (chunks, cycles) of each count) of every candidate simulated, with chunks=auto."""
 
-    def cycles(module: ModuleOp, name: str) -> int:
+    def cycles(module: ModuleOp, name: str, above: float) -> tuple[int, bool]:
         counts = chunk_counts(function_in(module, name), spec) if spec.chunks is None else (spec.chunks,)
         tried = tuple((c, remembered((print_ir(module), name, str(trial.mesh), trial.strategy, c, repr(mach)), routing,
                                      seed, lambda c=c: simulate_on_mesh(
@@ -249,7 +249,7 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
                       for c in counts)
         best = min(cycles for _, cycles in tried)
         by_chunks.append((best, tried))
-        return best
+        return best, False
 
     program = compile_source(source, mesh_dims(source, dims or {}, spec, graph), str(path), machine=mach.chip,
                              routing=routing, seed=seed, block_cost=cycles, cost_scope=spec.scope)
