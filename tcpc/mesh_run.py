@@ -56,6 +56,21 @@ CHUNK_COUNTS = (1, 2, 4, 8)
 """The chunk counts `chunks=auto` simulates (those that divide the chip's tokens)."""
 
 
+KEPT_COMMANDS = 20_000
+"""The most commands a chip's report may have for the search's cheapest candidate's simulation
+to be kept for the run (`_kept`): a decode layer's are a few thousand; a prefill's report,
+held while every later candidate is simulated, would raise the peak memory."""
+
+KEPT_RUNS = 8
+"""The most simulations `_kept` holds: candidates of equal cycles, as many as a block search tries."""
+
+_kept: dict[tuple[object, ...], MeshSimulation] = {}
+"""The cost-only simulations of the cheapest candidates of the latest search (compile_for_mesh),
+the first KEPT_RUNS of equal cycles, by what their cycles depend on (`_run_key`): the run that
+follows (lower-topk's default strategy among topk=auto's) takes the one it would simulate
+again, and the others go."""
+
+
 TOKENS = ("global", "per-chip")
 """How `--mesh ...,tokens=` reads the program's T: over the whole mesh (the default), or per chip."""
 
@@ -172,6 +187,18 @@ def chunk_choice(alternatives: Sequence[tuple[int, int]], bounded: Sequence[int]
                   tuple(alternatives), str(routing), spec.scope, tuple(bounded))
 
 
+def _run_key(module: ModuleOp, name: str, spec: MeshSpec, machine: MeshMachine, routing: str | Path, seed: int,
+             sram_policy: str) -> tuple[object, ...] | None:
+    """What a cost-only mesh simulation of `module`'s graph `name` depends on; None for a
+    routing read from a file (it may change)."""
+    from runtime_sim.perf.routing_scenarios import SCENARIOS
+
+    if str(routing) not in SCENARIOS:
+        return None
+    return (print_ir(module), name, str(spec.mesh), spec.strategy, spec.topk, spec.chunks, repr(machine),
+            str(routing), seed, sram_policy)
+
+
 def check_token_split(tokens: int, mesh: ccl.Mesh, dim: str | None = None, per_chip_hint: bool = False) -> None:
     """T must divide over the token shards; otherwise a MeshSpecError that says T is the whole
     mesh's and which T would do (with `dim`, how to --set it; `per_chip_hint`: that --mesh
@@ -244,6 +271,7 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
     source = read_source(path)
     mach = machine if isinstance(machine, MeshMachine) else load_mesh_machine(machine)
     trial = replace(spec, topk=TOPK_DEFAULT)
+    _kept.clear()
     by_chunks: list[tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]]] = []
     """(cycles, (chunks, cycles) of each count, the counts bounded) of every candidate costed, with chunks=auto."""
 
@@ -256,9 +284,17 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
             bar = min(above, min((cycles for _, cycles in tried), default=math.inf))
 
             def simulated(c: int = c, bar: float = bar) -> int:
-                return simulate_on_mesh(Program(str(path), source, {}, module), replace(trial, chunks=c), graph=name,
-                                        machine=mach, cost_only=True, routing=routing, seed=seed, verify="none",
-                                        bound_above=bar).report.total_cycles
+                sim = simulate_on_mesh(Program(str(path), source, {}, module), replace(trial, chunks=c), graph=name,
+                                       machine=mach, cost_only=True, routing=routing, seed=seed, verify="none",
+                                       bound_above=bar)
+                key = _run_key(module, name, replace(trial, chunks=c), mach, routing, seed, "spill")
+                fewest = min((k.report.total_cycles for k in _kept.values()), default=math.inf)
+                if key is not None and sim.report.total_cycles <= fewest and len(sim.report.chips[0].ops) <= KEPT_COMMANDS:
+                    if sim.report.total_cycles < fewest:
+                        _kept.clear()
+                    if len(_kept) < KEPT_RUNS:  # ties: the block search takes the smaller block, tried later
+                        _kept[key] = sim
+                return sim.report.total_cycles
             try:
                 tried.append((c, remembered((text, name, str(trial.mesh), trial.strategy, c, repr(mach)), routing,
                                             seed, simulated)))
@@ -397,24 +433,34 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
             report.choices = [*report.choices, choice]
         return replace(chosen, topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
-    module = program.lower(pipeline, machine=mach.chip, verify=verify)
-    # A chip's useful work: its program after shard-experts, before lowering.
-    work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False), machine=mach.chip,
-                                                verify=verify), name))
-    if cost_only:
-        if inputs:
-            raise CompileError("cost-only simulation takes no inputs")
-        result = simulate_mesh(module, name, mach, cost_only=True, routing=routing, seed=seed,
-                               sram_policy=sram_policy, listeners=listeners, work=work,  # type: ignore[arg-type]
-                               bound_above=bound_above)
-        sim = MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
+    key = (_run_key(program.module, name, spec, mach, routing, seed, sram_policy)
+           if cost_only and _kept and not inputs and not listeners and bound_above == math.inf else None)
+    kept = _kept.pop(key, None) if key is not None else None  # the search simulated this program
+    if kept is not None:
+        _kept.clear()
+    if kept is not None:
+        if verify != "none":  # compiled unverified, as every candidate is
+            kept.module.verify()
+        module, sim = kept.module, kept
     else:
-        args = prepare_inputs(fn, inputs or {}, seed)
-        result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
-                               sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
-        outputs = token_outputs(spec.mesh, result.outputs)
-        names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
-        sim = MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)
+        module = program.lower(pipeline, machine=mach.chip, verify=verify)
+        # A chip's useful work: its program after shard-experts, before lowering.
+        work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False), machine=mach.chip,
+                                                    verify=verify), name))
+        if cost_only:
+            if inputs:
+                raise CompileError("cost-only simulation takes no inputs")
+            result = simulate_mesh(module, name, mach, cost_only=True, routing=routing, seed=seed,
+                                   sram_policy=sram_policy, listeners=listeners, work=work,  # type: ignore[arg-type]
+                                   bound_above=bound_above)
+            sim = MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
+        else:
+            args = prepare_inputs(fn, inputs or {}, seed)
+            result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
+                                   sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
+            outputs = token_outputs(spec.mesh, result.outputs)
+            names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
+            sim = MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)
     # Every chip runs the one SPMD program: the same choices, loops and contraction mappings.
     loops, contractions = tile_loops(module, name), contraction_mappings(module, name)
     sim.report.choices, sim.report.loops = list(program.choices), loops

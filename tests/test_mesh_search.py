@@ -11,6 +11,7 @@ import threading
 import pytest
 
 import tcpc
+from passes.lowering.lower_topk import STRATEGIES as TOPK_STRATEGIES
 from runtime_sim.perf.mesh_simulate import AboveBound
 from tcpc import autotune, mesh_run
 from tcpc.mesh_run import MeshSpec, compile_for_mesh, simulate_on_mesh
@@ -57,3 +58,22 @@ def test_bounded_chunk_counts_change_no_choice(monkeypatch: pytest.MonkeyPatch) 
     assert chose.bounded and not whole.bounded
     for (count, cycles), (_, simulated) in zip(chose.alternatives, whole.alternatives):
         assert fewest < cycles <= simulated if count in chose.bounded else cycles == simulated
+
+
+def test_the_run_takes_the_searchs_simulation_of_its_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the block search, topk=auto's run of the default strategy is the search's
+    simulation of the chosen block (only the other strategy is simulated), and reports what
+    simulating it again reports."""
+    from runtime_sim.perf import mesh_simulate
+
+    monkeypatch.setattr(autotune, "_costs", {})  # the search simulates, not remembers
+    spec = MeshSpec.parse("ep=2,topk=auto")
+    program = compile_for_mesh("examples/mixtral.moe", {"T": 8, "D": 512, "F": 1024, "E": 8, "K": 2, "B": "auto"}, spec)
+    simulated = []
+    original = mesh_simulate.simulate_mesh
+    monkeypatch.setattr(mesh_simulate, "simulate_mesh", lambda *a, **k: simulated.append(1) or original(*a, **k))
+    run = simulate_on_mesh(program, spec, cost_only=True)
+    assert len(simulated) == len(TOPK_STRATEGIES) - 1 and not mesh_run._kept
+    again = simulate_on_mesh(program, spec, cost_only=True)
+    assert len(simulated) == 2 * len(TOPK_STRATEGIES) - 1
+    assert json.dumps(run.report.to_json(), default=str) == json.dumps(again.report.to_json(), default=str)
