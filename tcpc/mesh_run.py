@@ -187,16 +187,28 @@ def chunk_choice(alternatives: Sequence[tuple[int, int]], bounded: Sequence[int]
                   tuple(alternatives), str(routing), spec.scope, tuple(bounded))
 
 
-def _run_key(module: ModuleOp, name: str, spec: MeshSpec, machine: MeshMachine, routing: str | Path, seed: int,
+def _run_key(text: str, name: str, spec: MeshSpec, machine: MeshMachine, routing: str | Path, seed: int,
              sram_policy: str) -> tuple[object, ...] | None:
-    """What a cost-only mesh simulation of `module`'s graph `name` depends on; None for a
-    routing read from a file (it may change)."""
+    """What a cost-only mesh simulation of the graph `name` of the module printed as `text`
+    depends on; None for a routing read from a file (it may change)."""
     from runtime_sim.perf.routing_scenarios import SCENARIOS
 
     if str(routing) not in SCENARIOS:
         return None
-    return (print_ir(module), name, str(spec.mesh), spec.strategy, spec.topk, spec.chunks, repr(machine),
-            str(routing), seed, sram_policy)
+    return (text, name, str(spec.mesh), spec.strategy, spec.topk, spec.chunks, repr(machine), str(routing), seed,
+            sram_policy)
+
+
+def _keep(key: tuple[object, ...] | None, sim: MeshSimulation) -> None:
+    """Keep a search's candidate simulation in `_kept` if it is among the cheapest so far."""
+    cycles = sim.report.total_cycles
+    fewest = min((k.report.total_cycles for k in _kept.values()), default=math.inf)
+    if key is None or cycles > fewest or len(sim.report.chips[0].ops) > KEPT_COMMANDS:
+        return
+    if cycles < fewest:
+        _kept.clear()
+    if len(_kept) < KEPT_RUNS:  # ties too: the block search takes the smaller block, which it may try later
+        _kept[key] = sim
 
 
 def check_token_split(tokens: int, mesh: ccl.Mesh, dim: str | None = None, per_chip_hint: bool = False) -> None:
@@ -287,13 +299,7 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
                 sim = simulate_on_mesh(Program(str(path), source, {}, module), replace(trial, chunks=c), graph=name,
                                        machine=mach, cost_only=True, routing=routing, seed=seed, verify="none",
                                        bound_above=bar)
-                key = _run_key(module, name, replace(trial, chunks=c), mach, routing, seed, "spill")
-                fewest = min((k.report.total_cycles for k in _kept.values()), default=math.inf)
-                if key is not None and sim.report.total_cycles <= fewest and len(sim.report.chips[0].ops) <= KEPT_COMMANDS:
-                    if sim.report.total_cycles < fewest:
-                        _kept.clear()
-                    if len(_kept) < KEPT_RUNS:  # ties: the block search takes the smaller block, tried later
-                        _kept[key] = sim
+                _keep(_run_key(text, name, replace(trial, chunks=c), mach, routing, seed, "spill"), sim)
                 return sim.report.total_cycles
             try:
                 tried.append((c, remembered((text, name, str(trial.mesh), trial.strategy, c, repr(mach)), routing,
@@ -433,7 +439,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
             report.choices = [*report.choices, choice]
         return replace(chosen, topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
-    key = (_run_key(program.module, name, spec, mach, routing, seed, sram_policy)
+    key = (_run_key(print_ir(program.module), name, spec, mach, routing, seed, sram_policy)
            if cost_only and _kept and not inputs and not listeners and bound_above == math.inf else None)
     kept = _kept.pop(key, None) if key is not None else None  # the search simulated this program
     if kept is not None:
