@@ -183,6 +183,9 @@ class Row:
     cpu_seconds: float = 0.0
     """The process's CPU time for the row (every chip's thread): `seconds` is wall time, which
     other work on the machine inflates."""
+    bounded: tuple[int, ...] = ()
+    """The blocks of `tried` whose cycles are a lower bound: their simulation stopped once a chip's
+    roofline passed the fewest cycles found (they cannot win)."""
 
     @property
     def mesh(self) -> str:
@@ -214,11 +217,12 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     spec = f"ep={ep}" + (f",sp={sp}" if sp > 1 else "") + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}" + (
         ",chunks=auto" if strategy in CHUNKED_STRATEGIES and search else "")
     tried: tuple[tuple[int, int], ...] = ()
+    bounded: tuple[int, ...] = ()
     if block is None:  # as `tcpc run --mesh` chooses block=auto: on the mesh, for the row's routing
         program = compile_for_mesh(EXAMPLES / f"{model.name}.moe", d, MeshSpec.parse(spec), machine=machine,
                                    routing=routing, seed=1)
         choice = next(c for c in program.choices if c.what == "block")
-        block, tried = int(choice.chosen), choice.alternatives  # type: ignore[assignment]
+        block, tried, bounded = int(choice.chosen), choice.alternatives, choice.bounded  # type: ignore[assignment]
     else:
         program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": block})
     d["B"] = block
@@ -239,7 +243,7 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
                max(chip_limits), link,
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
                tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried, chunks,
-               report.link_busy(slowest), sp, time.process_time() - cpu)
+               report.link_busy(slowest), sp, time.process_time() - cpu, bounded)
 
 
 def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
@@ -264,10 +268,11 @@ def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
 def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
     """Every block size the cost model tried for each row, with its simulated µs."""
     us = 1e6 / clock_hz
-    lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy):", ""]
+    lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy; >= a lower bound, where the "
+             "simulation stopped once a chip's roofline passed the fewest µs found):", ""]
     for r in rows:
         mesh = r.mesh
-        tried = ", ".join(f"{b}: {c * us:,.1f}" for b, c in r.tried) or f"given, {r.block}"
+        tried = ", ".join(f"{b}: {'>= ' if b in r.bounded else ''}{c * us:,.1f}" for b, c in r.tried) or f"given, {r.block}"
         lines.append(f"- {r.model}, {mesh}, T = {r.tokens} per chip, {r.strategy}, {r.routing}: {tried}")
     return "\n".join(lines) + "\n"
 

@@ -283,13 +283,14 @@ def remembered(key: tuple[object, ...], routing: str | Path, seed: int, cycles: 
 class BlockCycles:
     """The cycles of `auto`'s graph with its scatter at a given block and the others at `blocks`
     (as built where not given), in the expert loop `order` given (default: the pass's), each
-    block and order costed once; `cost` (a module and its graph -> cycles, such as a mesh's)
-    replaces one chip's, in its own pipeline's loop order. Asked with `above`, one chip's
-    cycles may be a lower bound above it (cost_cycles): `bounded` holds those blocks."""
+    block and order costed once; `cost` (a module, its graph and `above` -> cycles and whether
+    they are a lower bound above `above`, such as a mesh's) replaces one chip's, in its own
+    pipeline's loop order. Asked with `above`, the cycles may be a lower bound above it
+    (cost_cycles): `bounded` holds those blocks."""
 
     def __init__(self, auto: AutoBlock, blocks: Mapping[Loc, int], build: Callable[[Mapping[Loc, int]], ModuleOp],
                  machine: Machine, routing: str | Path, seed: int,
-                 cost: Callable[[ModuleOp, str], int] | None = None):
+                 cost: Callable[[ModuleOp, str, float], tuple[int, bool]] | None = None):
         self.auto, self.blocks, self.build, self.cost = auto, blocks, build, cost
         self.machine, self.routing, self.seed = machine, routing, seed
         self.bounded: set[int] = set()
@@ -301,7 +302,7 @@ class BlockCycles:
             module = self.build({**self.blocks, self.auto.loc: block})
             if self.cost is not None:
                 assert order == ORDERS[0], "a given cost has its own loop order"
-                known = self.cost(module, self.auto.graph), False
+                known = self.cost(module, self.auto.graph, above)
             else:
                 # top-k and the loop order at the passes' defaults: they are chosen after the block, at the block chosen
                 pipeline = pipeline_spec(topk_strategy=DEFAULT_STRATEGY, expert_order=order)
@@ -316,7 +317,7 @@ class BlockCycles:
 
 def choose_blocks(autos: Sequence[AutoBlock], build: Callable[[Mapping[Loc, int]], ModuleOp], filename: str,
                   machine: Machine, routing: str | Path = "balanced", seed: int = 0,
-                  cost: Callable[[ModuleOp, str], int] | None = None,
+                  cost: Callable[[ModuleOp, str, float], tuple[int, bool]] | None = None,
                   on: str = "") -> tuple[dict[Loc, int], list[Choice]]:
     """A block size for every auto scatter, in source order: each one's candidates are costed
     with the earlier ones at their choice and the later ones at the largest block that fits.

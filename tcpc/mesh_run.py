@@ -12,6 +12,7 @@ block=auto by simulating the mesh, not one chip at the global T."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,6 +54,21 @@ chip on ep=16,sp=8, takes about 6 CPU s a simulation."""
 
 CHUNK_COUNTS = (1, 2, 4, 8)
 """The chunk counts `chunks=auto` simulates (those that divide the chip's tokens)."""
+
+
+KEPT_COMMANDS = 20_000
+"""The most commands a chip's report may have for the search's cheapest candidate's simulation
+to be kept for the run (`_kept`): a decode layer's are a few thousand; a prefill's report,
+held while every later candidate is simulated, would raise the peak memory."""
+
+KEPT_RUNS = 8
+"""The most simulations `_kept` holds: candidates of equal cycles, as many as a block search tries."""
+
+_kept: dict[tuple[object, ...], MeshSimulation] = {}
+"""The cost-only simulations of the cheapest candidates of the latest search (compile_for_mesh),
+the first KEPT_RUNS of equal cycles, by what their cycles depend on (`_run_key`): the run that
+follows (lower-topk's default strategy among topk=auto's) takes the one it would simulate
+again, and the others go."""
 
 
 TOKENS = ("global", "per-chip")
@@ -160,13 +176,39 @@ def chunk_counts(fn: func.FuncOp, spec: MeshSpec) -> tuple[int, ...]:
     return tuple(c for c in CHUNK_COUNTS if per_chip % c == 0 and c <= per_chip)
 
 
-def chunk_choice(alternatives: Sequence[tuple[int, int]], routing: str | Path, spec: MeshSpec) -> Choice:
-    """The report's chunk-count choice: the count of fewest cycles (ties: fewer chunks)."""
+def chunk_choice(alternatives: Sequence[tuple[int, int]], bounded: Sequence[int], routing: str | Path,
+                 spec: MeshSpec) -> Choice:
+    """The report's chunk-count choice: the count of fewest cycles (ties: fewer chunks); the
+    counts in `bounded` have a lower bound above the fewest for cycles (compile_for_mesh)."""
     from runtime_sim.perf.report import Choice
 
     best = min(alternatives, key=lambda a: (a[1], a[0]))[0]
     return Choice("chunk count", "shard-experts (pass 1 of the mesh pipeline)", "chunks=auto", best,
-                  tuple(alternatives), str(routing), spec.scope)
+                  tuple(alternatives), str(routing), spec.scope, tuple(bounded))
+
+
+def _run_key(text: str, name: str, spec: MeshSpec, machine: MeshMachine, routing: str | Path, seed: int,
+             sram_policy: str) -> tuple[object, ...] | None:
+    """What a cost-only mesh simulation of the graph `name` of the module printed as `text`
+    depends on; None for a routing read from a file (it may change)."""
+    from runtime_sim.perf.routing_scenarios import SCENARIOS
+
+    if str(routing) not in SCENARIOS:
+        return None
+    return (text, name, str(spec.mesh), spec.strategy, spec.topk, spec.chunks, repr(machine), str(routing), seed,
+            sram_policy)
+
+
+def _keep(key: tuple[object, ...] | None, sim: MeshSimulation) -> None:
+    """Keep a search's candidate simulation in `_kept` if it is among the cheapest so far."""
+    cycles = sim.report.total_cycles
+    fewest = min((k.report.total_cycles for k in _kept.values()), default=math.inf)
+    if key is None or cycles > fewest or len(sim.report.chips[0].ops) > KEPT_COMMANDS:
+        return
+    if cycles < fewest:
+        _kept.clear()
+    if len(_kept) < KEPT_RUNS:  # ties too: the block search takes the smaller block, which it may try later
+        _kept[key] = sim
 
 
 def check_token_split(tokens: int, mesh: ccl.Mesh, dim: str | None = None, per_chip_hint: bool = False) -> None:
@@ -226,7 +268,12 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
     read as `spec.tokens` says (`mesh_dims`), and every block=auto chosen by the cost model on
     the mesh: tcpc/autotune.py's candidates and search, each candidate sharded and simulated
     cost-only on every chip of `machine` (lower-topk's default strategy, the routing scenario
-    `routing`), where compile_file simulates one chip at the global T."""
+    `routing`), where compile_file simulates one chip at the global T.
+
+    A block and chunk count whose chips' commands' roofline passes the fewest cycles simulated
+    so far cannot win: its simulation stops there (simulate_mesh's `bound_above`), and the
+    choice lists that bound as the candidate's cycles (Choice.bounded)."""
+    from runtime_sim.perf.mesh_simulate import AboveBound
     from target.mesh_machine import MeshMachine, load_mesh_machine
     from tcpc.autotune import remembered
 
@@ -236,33 +283,45 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
     source = read_source(path)
     mach = machine if isinstance(machine, MeshMachine) else load_mesh_machine(machine)
     trial = replace(spec, topk=TOPK_DEFAULT)
-    by_chunks: list[tuple[int, tuple[tuple[int, int], ...]]] = []
-    """(cycles, (chunks, cycles) of each count) of every candidate simulated, with chunks=auto."""
+    _kept.clear()
+    by_chunks: list[tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]]] = []
+    """(cycles, (chunks, cycles) of each count, the counts bounded) of every candidate costed, with chunks=auto."""
 
-    def cycles(module: ModuleOp, name: str) -> int:
+    def cycles(module: ModuleOp, name: str, above: float) -> tuple[int, bool]:
         counts = chunk_counts(function_in(module, name), spec) if spec.chunks is None else (spec.chunks,)
-        tried = tuple((c, remembered((print_ir(module), name, str(trial.mesh), trial.strategy, c, repr(mach)), routing,
-                                     seed, lambda c=c: simulate_on_mesh(
-                                         Program(str(path), source, {}, module), replace(trial, chunks=c), graph=name,
-                                         machine=mach, cost_only=True, routing=routing, seed=seed,
-                                         verify="none").report.total_cycles))
-                      for c in counts)
+        text = print_ir(module)
+        tried: list[tuple[int, int]] = []
+        bounded: list[int] = []
+        for c in counts:
+            bar = min(above, min((cycles for _, cycles in tried), default=math.inf))
+
+            def simulated(c: int = c, bar: float = bar) -> int:
+                sim = simulate_on_mesh(Program(str(path), source, {}, module), replace(trial, chunks=c), graph=name,
+                                       machine=mach, cost_only=True, routing=routing, seed=seed, verify="none",
+                                       bound_above=bar)
+                _keep(_run_key(text, name, replace(trial, chunks=c), mach, routing, seed, "spill"), sim)
+                return sim.report.total_cycles
+            try:
+                tried.append((c, remembered((text, name, str(trial.mesh), trial.strategy, c, repr(mach)), routing,
+                                            seed, simulated)))
+            except AboveBound as e:  # neither remembered nor kept: a later, higher bar simulates it
+                tried.append((c, e.cycles))
+                bounded.append(c)
         best = min(cycles for _, cycles in tried)
-        by_chunks.append((best, tried))
-        return best
+        by_chunks.append((best, tuple(tried), tuple(bounded)))
+        # A bound below every count simulated is the candidate's: all its counts are above `above`.
+        return best, not any(cycles == best for c, cycles in tried if c not in bounded)
 
     program = compile_source(source, mesh_dims(source, dims or {}, spec, graph), str(path), machine=mach.chip,
                              routing=routing, seed=seed, block_cost=cycles, cost_scope=spec.scope)
     if spec.chunks is None:  # the chunk count of the chosen block's fewest cycles
         block = next((c for c in program.choices if c.what == "block"), None)
         want = dict(block.alternatives)[block.chosen] if block is not None else None
-        tried = next((t for best, t in reversed(by_chunks) if want is None or best == want), None)
-        if tried is None:  # no block=auto: the program as compiled, at each count
-            tried = tuple((c, simulate_on_mesh(program, replace(trial, chunks=c), graph=graph, machine=mach,
-                                               cost_only=True, routing=routing, seed=seed,
-                                               verify="none").report.total_cycles)
-                          for c in chunk_counts(program.function(graph), spec))
-        program.choices = [*program.choices, chunk_choice(tried, routing, spec)]
+        found = next(((t, b) for best, t, b in reversed(by_chunks) if want is None or best == want), None)
+        if found is None:  # no block=auto: the program as compiled, at each count
+            cycles(program.module, program.function(graph).sym_name.data, math.inf)
+            found = by_chunks[-1][1:]
+        program.choices = [*program.choices, chunk_choice(*found, routing, spec)]
     return program
 
 
@@ -324,14 +383,16 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                      seed: int = 0, graph: str | None = None, machine: MeshMachine | str | Path | None = None,
                      sram_policy: str = "spill", cost_only: bool = False,
                      routing: str | Path = "balanced",
-                     listeners: Sequence[Interpreter.Listener] = (), verify: str = "each") -> MeshSimulation:
+                     listeners: Sequence[Interpreter.Listener] = (), verify: str = "each",
+                     bound_above: float = math.inf) -> MeshSimulation:
     """Shard, lower and simulate one graph of `program` on the mesh of `spec`; `listeners` see
     every op of every chip, in each of the `spec.simulations(cost_only)` simulations. The
     program's T is the whole mesh's (check_token_split). The report carries the choices (the
     program's blocks, and with topk=auto the strategy) and each chip's loops and contractions.
     `verify` says when each compile is verified (apply_pipeline's VERIFY_MODES): a choice's
     candidates that are only costed, never; top-k strategies, the chosen one of which is the
-    run, after their last pass."""
+    run, after their last pass. `bound_above` (cost-only, a named strategy and chunk count):
+    a run whose chips' roofline passes it stops with mesh_simulate.AboveBound."""
     from runtime_sim.perf.graph_work import graph_work
     from runtime_sim.perf.report import Choice
     from target.mesh_machine import MeshMachine, load_mesh_machine
@@ -353,7 +414,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                                                graph=graph, machine=mach, sram_policy=sram_policy, cost_only=True,
                                                routing=routing, verify="none").report.total_cycles)
                           for c in chunk_counts(fn, spec))
-            chosen = chunk_choice(tried, routing, spec)
+            chosen = chunk_choice(tried, (), routing, spec)
         sim = simulate_on_mesh(program, replace(spec, chunks=int(chosen.chosen)), inputs, seed=seed, graph=graph,
                                machine=mach, sram_policy=sram_policy, cost_only=cost_only, routing=routing,
                                listeners=listeners)
@@ -378,23 +439,34 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
             report.choices = [*report.choices, choice]
         return replace(chosen, topk_cycles=cycles)
     pipeline = spec.pipeline(cost_only)
-    module = program.lower(pipeline, machine=mach.chip, verify=verify)
-    # A chip's useful work: its program after shard-experts, before lowering.
-    work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False), machine=mach.chip,
-                                                verify=verify), name))
-    if cost_only:
-        if inputs:
-            raise CompileError("cost-only simulation takes no inputs")
-        result = simulate_mesh(module, name, mach, cost_only=True, routing=routing, seed=seed,
-                               sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
-        sim = MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
+    key = (_run_key(print_ir(program.module), name, spec, mach, routing, seed, sram_policy)
+           if cost_only and _kept and not inputs and not listeners and bound_above == math.inf else None)
+    kept = _kept.pop(key, None) if key is not None else None  # the search simulated this program
+    if kept is not None:
+        _kept.clear()
+    if kept is not None:
+        if verify != "none":  # compiled unverified, as every candidate is
+            kept.module.verify()
+        module, sim = kept.module, kept
     else:
-        args = prepare_inputs(fn, inputs or {}, seed)
-        result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
-                               sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
-        outputs = token_outputs(spec.mesh, result.outputs)
-        names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
-        sim = MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)
+        module = program.lower(pipeline, machine=mach.chip, verify=verify)
+        # A chip's useful work: its program after shard-experts, before lowering.
+        work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False), machine=mach.chip,
+                                                    verify=verify), name))
+        if cost_only:
+            if inputs:
+                raise CompileError("cost-only simulation takes no inputs")
+            result = simulate_mesh(module, name, mach, cost_only=True, routing=routing, seed=seed,
+                                   sram_policy=sram_policy, listeners=listeners, work=work,  # type: ignore[arg-type]
+                                   bound_above=bound_above)
+            sim = MeshSimulation([], {}, result.report, pipeline, module, True, result.report.routing)
+        else:
+            args = prepare_inputs(fn, inputs or {}, seed)
+            result = simulate_mesh(module, name, mach, split_arguments(module, name, spec.mesh, args),
+                                   sram_policy=sram_policy, listeners=listeners, work=work)  # type: ignore[arg-type]
+            outputs = token_outputs(spec.mesh, result.outputs)
+            names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
+            sim = MeshSimulation(outputs, dict(zip(names, args)), result.report, pipeline, module)
     # Every chip runs the one SPMD program: the same choices, loops and contraction mappings.
     loops, contractions = tile_loops(module, name), contraction_mappings(module, name)
     sim.report.choices, sim.report.loops = list(program.choices), loops

@@ -385,9 +385,10 @@ def deep_recursion() -> Iterator[None]:
         sys.setrecursionlimit(limit)
 
 
-BlockCost = Callable[[ModuleOp, str], int]
+BlockCost = Callable[[ModuleOp, str, float], tuple[int, bool]]
 """The cycles of one graph of a candidate module, by which block=auto is chosen (the default:
-one chip's, tcpc/autotune.py; a mesh's, tcpc/mesh_run.py)."""
+one chip's, tcpc/autotune.py; a mesh's, tcpc/mesh_run.py), given the fewest cycles found so
+far; and whether they are instead a lower bound above those (the candidate cannot win)."""
 
 
 def compile_source(source: str, dims: Mapping[str, int | str] | None = None, filename: str = "<string>", *,

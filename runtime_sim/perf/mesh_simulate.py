@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +37,8 @@ from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, link_parts, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
-from runtime_sim.perf.cost_only import (LoopReplay, Lazy, SharedViews, is_placeholder, placeholder,
-                                         shape_only_interpreter)
+from runtime_sim.perf.cost_only import (AboveBar, LoopReplay, Lazy, RooflineBar, SharedViews, is_placeholder,
+                                         placeholder, shape_only_interpreter)
 from runtime_sim.perf.graph_work import GraphWork
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
 from target.mesh_machine import MeshMachine
@@ -45,6 +47,7 @@ from runtime_sim.perf.report import Choice, SimReport, TileLoop
 from runtime_sim.perf.scheduler import Placer, Task
 from runtime_sim.perf.tcp_cost import hbm_sharing
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, RoutingError, scenario_choices
+from target.machine import Machine
 from runtime_sim.perf.simulate import own_dma_units, pinned_units, trace_recorder, trace_report
 from runtime_sim.semantics.ccl_semantics import (CCLFunctions, ChipInterpreter, MeshExchange, collective_label,
                                                    plain_chip, run_mesh)
@@ -55,6 +58,50 @@ _COLLECTIVE_NAMES = {c.name for c in ccl.COLLECTIVES}
 
 class MeshError(Exception):
     """A mesh that does not fit the program or the mesh machine."""
+
+
+class AboveBound(Exception):
+    """A cost-only mesh run stopped (`simulate_mesh`'s `bound_above`): a chip's commands'
+    roofline, `cycles`, passed the bound, so the mesh takes more cycles than it."""
+
+    def __init__(self, cycles: int):
+        super().__init__(cycles)
+        self.cycles = cycles
+
+
+class MeshBar:
+    """Every chip's `RooflineBar` against one bound: the mesh takes at least the cycles of its
+    slowest chip, which no schedule ends below its commands' roofline. The first chip past the
+    bound stops the run; the others stop at their next check or collective."""
+
+    def __init__(self, machine: Machine, above: float, chips: int):
+        self.bars = [_ChipBar(self, c, machine, above) for c in range(chips)]
+        self.passed: float | None = None
+        """The roofline that passed the bound, once one has."""
+        self.exchange: MeshExchange | None = None
+
+    def stop(self, cycles: float) -> None:
+        """Stop every chip: the ones waiting at a collective are released (ShapeOnlyCCLFunctions)."""
+        self.passed = cycles
+        if self.exchange is not None:
+            self.exchange.abort()
+
+
+class _ChipBar(RooflineBar):
+    """One chip's bar in a `MeshBar`."""
+
+    def __init__(self, mesh: MeshBar, chip: int, machine: Machine, above: float):
+        super().__init__(machine, above)
+        self.mesh, self.chip = mesh, chip
+
+    def check(self, trace: Trace) -> None:
+        if self.mesh.passed is not None:
+            raise AboveBar(self.mesh.passed)
+        try:
+            super().check(trace)
+        except AboveBar as stop:
+            self.mesh.stop(stop.cycles)
+            raise
 
 
 def mesh_of(fn: func.FuncOp) -> ccl.Mesh:
@@ -92,7 +139,19 @@ class ShapeOnlyCCLFunctions(CCLFunctions):
     every collective: placeholders on every chip if any chip has one, else the exchange; every
     chip meets the others at every collective, as the program says."""
 
+    bar: MeshBar | None = None
+    """The run's bound (`simulate_mesh`'s `bound_above`): a collective that the bar broke off
+    stops this chip as its bar would (AboveBar, which the interpreter does not wrap)."""
+
     def run_now(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        try:
+            return self._run_now(interpreter, op, inputs)
+        except threading.BrokenBarrierError:
+            if self.bar is not None and self.bar.passed is not None:
+                raise AboveBar(self.bar.passed) from None
+            raise
+
+    def _run_now(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         shapes_only = any(is_placeholder(v) for v in inputs)
         if isinstance(op, ccl.COLLECTIVES) and self.exchange is not None:
             shapes_only = any(self.exchange.collect(self.chip, shapes_only, f"{collective_label(op)} (placeholders?)"))
@@ -112,24 +171,28 @@ ShapeOnlyCCL = register_impls(type("ShapeOnlyCCL", (ShapeOnlyCCLFunctions,), {
 
 
 class _ForcedValues(Interpreter.Listener):
-    """Shows a listener the values of a ccl op's operands, computed (lazy ones) or placeholders."""
+    """Shows a listener the values of a ccl op's operands, computed (lazy ones) or placeholders;
+    every other op as the shape-only interpreter shows it (forcing its lazy operands too would
+    compute values no cost reads: the loops' buffers, a third of a chip's interpretation)."""
 
     def __init__(self, listener: Interpreter.Listener):
         self.listener = listener
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
-        self.listener.will_interpret_op(op, tuple(v.force() if isinstance(v, Lazy) else v for v in args))
+        if op.dialect_name() == ccl.CCL.name:
+            args = tuple(v.force() if isinstance(v, Lazy) else v for v in args)
+        self.listener.will_interpret_op(op, args)
 
     def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
         self.listener.did_interpret_op(op, results)
 
 
 def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
-                    recorders: Sequence[TraceRecorder] = ()) -> ChipInterpreter:
+                    recorders: Sequence[TraceRecorder] = (), bar: MeshBar | None = None) -> ChipInterpreter:
     """Cost-only mode's interpreter of one chip (cost_only.shape_only_interpreter) with its ccl
     ops; with the chips' `recorders` (among each chip's listeners), its loops copy iterations
-    where they can (cost_only.LoopReplay). The chips share their ops' placeholders and views
-    (cost_only.SharedViews)."""
+    where they can (cost_only.LoopReplay), checking the chip's `bar` after each. The chips
+    share their ops' placeholders and views (cost_only.SharedViews)."""
     shared = SharedViews()
 
     def build(module: ModuleOp, exchange: MeshExchange, chip: int) -> Interpreter:
@@ -137,9 +200,14 @@ def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
         replay = None
         if recorders:
             others = [x for x in chip_listeners if x is not recorders[chip]]
-            replay = LoopReplay(recorders[chip], others) if LoopReplay.allowed(others) else None
+            chip_bar = bar.bars[chip] if bar is not None else None
+            replay = LoopReplay(recorders[chip], others, chip_bar) if LoopReplay.allowed(others) else None
         interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in chip_listeners], replay, shared)
-        interpreter.register_implementations(ShapeOnlyCCL(exchange, chip), override=True)
+        functions = ShapeOnlyCCL(exchange, chip)
+        functions.bar = bar
+        if bar is not None:
+            bar.exchange = exchange
+        interpreter.register_implementations(functions, override=True)
         return interpreter
 
     return build
@@ -314,11 +382,17 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
                   args: Sequence[Sequence[Any]] | None = None, *, cost_only: bool = False,
                   routing: str | Path = DEFAULT_SCENARIO, seed: int = 0,
                   sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
-                  listeners: Sequence[Interpreter.Listener] = (), work: GraphWork | None = None) -> MeshResult:
+                  listeners: Sequence[Interpreter.Listener] = (), work: GraphWork | None = None,
+                  bound_above: float = math.inf) -> MeshResult:
     """Run and simulate the SPMD `function` on every chip (chip c on `args[c]`), or cost it
     without values (`cost_only`, routing from the scenario); `listeners` see every chip's ops
     (from every chip's thread), as a progress line does. `work` is the sharded graph-level
-    program's (graph_work.py): each chip's roofline counts its useful FLOPs."""
+    program's (graph_work.py): each chip's roofline counts its useful FLOPs.
+
+    A choice needs no more of a cost-only candidate than that it takes more cycles than the
+    best so far, `bound_above`: once a chip's commands' roofline is above it (`MeshBar`, checked
+    after every loop iteration and at the end), the run stops, neither planned nor scheduled,
+    with AboveBound."""
     fn = function_named(module, function)
     mesh = mesh_of(fn)
     if machine.chips is not None and machine.chips != mesh.chips:
@@ -342,8 +416,15 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
                 else:
                     row.append(placeholder(t, frozenset([names[i]])))
             per_chip.append(row)
-        run_mesh(module, function, mesh, per_chip,
-                 shape_only_chip(lambda c: (recorders[c], traffics[c], *listeners), recorders))
+        bar = MeshBar(chip_machine, bound_above, mesh.chips) if bound_above < math.inf else None
+        try:
+            run_mesh(module, function, mesh, per_chip,
+                     shape_only_chip(lambda c: (recorders[c], traffics[c], *listeners), recorders, bar))
+            if bar is not None:
+                for c, recorder in enumerate(recorders):
+                    bar.bars[c].check(recorder.trace)
+        except AboveBar as stop:
+            raise AboveBound(math.ceil(stop.cycles)) from None
         outputs: list[tuple[Any, ...]] = []
     else:
         if args is None or len(args) != mesh.chips:
