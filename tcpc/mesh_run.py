@@ -270,7 +270,8 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
     cost-only on every chip of `machine` (lower-topk's default strategy, the routing scenario
     `routing`), where compile_file simulates one chip at the global T.
 
-    A block and chunk count whose chips' commands' roofline passes the fewest cycles simulated
+    A block and chunk count whose chips' commands' lower bound (their roofline, their busiest
+    unit's cycles) passes the fewest cycles simulated
     so far cannot win: its simulation stops there (simulate_mesh's `bound_above`), and the
     choice lists that bound as the candidate's cycles (Choice.bounded)."""
     from runtime_sim.perf.mesh_simulate import AboveBound
@@ -392,7 +393,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
     `verify` says when each compile is verified (apply_pipeline's VERIFY_MODES): a choice's
     candidates that are only costed, never; top-k strategies, the chosen one of which is the
     run, after their last pass. `bound_above` (cost-only, a named strategy and chunk count):
-    a run whose chips' roofline passes it stops with mesh_simulate.AboveBound."""
+    a run whose chips' lower bound passes it stops with mesh_simulate.AboveBound."""
     from runtime_sim.perf.graph_work import graph_work
     from runtime_sim.perf.report import Choice
     from target.mesh_machine import MeshMachine, load_mesh_machine

@@ -37,7 +37,7 @@ from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
 from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, link_parts, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
-from runtime_sim.perf.cost_only import (AboveBar, LoopReplay, Lazy, RooflineBar, SharedViews, is_placeholder,
+from runtime_sim.perf.cost_only import (AboveBar, LoopReplay, Lazy, LowerBoundBar, SharedViews, is_placeholder,
                                          placeholder, shape_only_interpreter)
 from runtime_sim.perf.graph_work import GraphWork
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
@@ -62,7 +62,8 @@ class MeshError(Exception):
 
 class AboveBound(Exception):
     """A cost-only mesh run stopped (`simulate_mesh`'s `bound_above`): a chip's commands'
-    roofline, `cycles`, passed the bound, so the mesh takes more cycles than it."""
+    lower bound (`LowerBoundBar`), `cycles`, passed the bound, so the mesh takes more cycles
+    than it."""
 
     def __init__(self, cycles: int):
         super().__init__(cycles)
@@ -70,14 +71,15 @@ class AboveBound(Exception):
 
 
 class MeshBar:
-    """Every chip's `RooflineBar` against one bound: the mesh takes at least the cycles of its
-    slowest chip, which no schedule ends below its commands' roofline. The first chip past the
-    bound stops the run; the others stop at their next check or collective."""
+    """Every chip's `LowerBoundBar` against one bound: the mesh takes at least the cycles of its
+    slowest chip, which no schedule ends below its commands' bound (their roofline, their
+    busiest unit's cycles). The first chip past the bound stops the run; the others stop at
+    their next check or collective."""
 
     def __init__(self, machine: Machine, above: float, chips: int):
         self.bars = [_ChipBar(self, c, machine, above) for c in range(chips)]
         self.passed: float | None = None
-        """The roofline that passed the bound, once one has."""
+        """The chip bound that passed the bound, once one has."""
         self.exchange: MeshExchange | None = None
 
     def stop(self, cycles: float) -> None:
@@ -87,7 +89,7 @@ class MeshBar:
             self.exchange.abort()
 
 
-class _ChipBar(RooflineBar):
+class _ChipBar(LowerBoundBar):
     """One chip's bar in a `MeshBar`."""
 
     def __init__(self, mesh: MeshBar, chip: int, machine: Machine, above: float):
@@ -390,7 +392,7 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
     program's (graph_work.py): each chip's roofline counts its useful FLOPs.
 
     A choice needs no more of a cost-only candidate than that it takes more cycles than the
-    best so far, `bound_above`: once a chip's commands' roofline is above it (`MeshBar`, checked
+    best so far, `bound_above`: once a chip's commands' lower bound is above it (`MeshBar`, checked
     after every loop iteration and at the end), the run stops, neither planned nor scheduled,
     with AboveBound."""
     fn = function_named(module, function)
