@@ -101,12 +101,17 @@ class FRegion:
     def window(self, value: SSAValue, columns: tuple[int, int]) -> tuple[list[int], list[int]]:
         """The part of each row of `value` (a gather's: of each expert's row of its source)
         an F tile reads: offsets and sizes in every axis after the first."""
-        a = self.axes[value]
-        sizes = list(shape_of(value.type)[1:])
-        offsets = [0] * len(sizes)
-        offsets[a.axis - 1] = columns[0] // a.per
-        sizes[a.axis - 1] = (columns[1] - columns[0]) // a.per
-        return offsets, sizes
+        return axis_window(value, self.axes[value], columns)
+
+
+def axis_window(value: SSAValue, a: FAxis, span: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """The part of each row of `value`, which holds an axis at `a`, that holds `span` of that
+    axis (an F tile's columns, a K piece's rows): offsets and sizes in every axis after the first."""
+    sizes = list(shape_of(value.type)[1:])
+    offsets = [0] * len(sizes)
+    offsets[a.axis - 1] = span[0] // a.per
+    sizes[a.axis - 1] = (span[1] - span[0]) // a.per
+    return offsets, sizes
 
 
 def last_dim(value: SSAValue | None) -> int | None:
