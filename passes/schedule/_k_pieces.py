@@ -14,7 +14,7 @@ piece's f32 sum (`acc`); the lhs, its scales and scales gathered before the loop
 addressed in place by window (`tile.slice ... at`, no DMA).
 Smaller commands end the stream, and the engines finish closer together (Qwen3-30B-A3B MXFP4
 T = 1: 19,206 -> 18,552 cycles). The block's first matrix ends well before the others: cut, it
-only adds a start-up (all three cut: 18,811; every block's matrices cut: 19,527).
+only adds a start-up (all three cut: 18,768; every block's matrices cut: 19,527).
 
 The pieces load afresh (nothing follows the last block to reuse them): the tile the loop
 carries for the next block's reuse is the one it was given, never read again.
