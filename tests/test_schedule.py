@@ -371,6 +371,37 @@ def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
     assert ahead == 0 and inside == 3 * 3  # three tiles of each of the three weights' scales
 
 
+def test_large_weight_scales_go_ahead_of_the_loop_where_they_fit_and_the_weights_stream() -> None:
+    """Scales of more than one DMA piece go ahead of the loop only where they fit the weights'
+    share of the cluster's SRAM (the target's) beside the loop's weight tiles, and where the
+    loop streams its weights (decode: blocks of one row); else they load a block at a time with
+    their expert (an SRAM that holds the weights but not the scales too; blocks of 64 rows,
+    whose contractions outlast their loads). The reference's bits every way. MXFP4 Qwen3 at
+    small dims on machines whose DMA pieces are 4 KB: its gathers of 16 rows of 4 KB are 64 KB."""
+    from target.machine import default_machine
+
+    source = (Path(__file__).parent.parent / "examples" / "qwen3_moe_fp8.moe").read_text()
+    source = source.replace("f8e4m3[E", "f4e2m1[E").replace("f32[E", "e8m0[E")
+    roomy = replace(default_machine(), name="small-pieces", dma_split_bytes=4096)
+    small = replace(roomy, name="small-sram", slices=32, sram_bytes_per_slice=32768)  # 1 MB a cluster
+
+    def scale_loads(machine: object, tokens: int, block: int) -> tuple[int, int]:
+        program = tcpc.compile_source(source, dims=dict(T=tokens, B=block, D=256, F=512, E=4, K=2, **MXFP4_QWEN3),
+                                      machine=machine)
+        full = ",".join(FULL_PIPELINE)
+        module = program.lower(full)
+        ahead = [op for op in module.walk() if op.name == "tcp.dma_gather" and "scale" in op.source.name_hint]
+        inside = [op for op in module.walk() if op.name == "tile.load_expert" and "scale" in op.source.name_hint]
+        assert_same_bits(program.run(seed=block, pipeline=full).outputs, program.run(seed=block).outputs)
+        return len(ahead), len(inside)
+
+    # 3 x 64 KB beside two experts' 192 KB of weights: in 64 MB (each cluster's three gathers),
+    # not in 512 KB; at 2 x 64 x 8 / 4.25 FLOPs per weight byte (> 88) not ahead either.
+    assert scale_loads(roomy, 8, 1) == (2 * 3, 0)
+    assert scale_loads(small, 8, 1) == (0, 2 * 3)
+    assert scale_loads(roomy, 64, 64) == (0, 2 * 3)
+
+
 @pytest.mark.parametrize("mx", [False, True], ids=["fp8", "mxfp4"])
 def test_each_cluster_gathers_its_own_block_scales(mx: bool) -> None:
     """split-clusters gathers the block scales made ahead of the loop once per cluster, by the

@@ -308,6 +308,18 @@ def expert_bytes(gathers: list[tcp.DmaGatherOp]) -> int:
     return sum(stored_bytes(g.source.type) // shape_of(g.source.type)[0] for g in gathers)
 
 
+def held_weight_bytes(region: FRegion | None, gathers: list[tcp.DmaGatherOp], width: int, resident: bool) -> int:
+    """The SRAM the expert loop's weight tiles hold at once, for the weights' share of SRAM
+    (`WEIGHT_SHARE`): two experts' whole weights where they are resident or untiled (the one
+    contracting and the next, prefetched), else `TILES_IN_FLIGHT` tiles of `width` columns of
+    the tiled weights beside two of the untiled ones."""
+    if resident or region is None or width >= region.f:
+        return 2 * expert_bytes(gathers)
+    tiled = [g for g in gathers if g in region.tiled or g in region.down_loads]
+    untiled = [g for g in gathers if g not in tiled]
+    return TILES_IN_FLIGHT * expert_bytes(tiled) * width // region.f + 2 * expert_bytes(untiled)
+
+
 def idle_engine_bytes(nbytes: int, machine: Machine) -> float:
     """What a DMA command of `nbytes` leaves its engines idle, in bytes: it is cut into pieces
     of the machine's `dma.split_bytes` (the last smaller), one engine each, spread evenly over
