@@ -234,11 +234,14 @@ def scales_fit(ahead: list[tcp.DmaGatherOp], held: int, sram_bytes: int, machine
     return chosen if fits else []
 
 
-def read_only_ahead(op: Operation, ahead: list[tcp.DmaGatherOp]) -> bool:
-    """Whether `op` is read only by gathers made `ahead` of the loop (the one-expert view of a
-    shared expert's scales, which has G = 1 rows by coincidence at decode): it stays with them."""
-    uses = [u.operation for r in op.results for u in r.uses]
-    return bool(uses) and all(u in ahead for u in uses)
+def gathered_source(op: Operation, expert_ids: SSAValue) -> bool:
+    """Whether `op` is read only as the source of gathers by the plan's `expert_ids` (the
+    one-expert view of a shared expert's scales, which has G = 1 rows by coincidence at
+    decode): a gather reads its source whole, ahead of the loop or a block at a time in it
+    (`tile.load_expert`), so the source stays outside."""
+    uses = [u for r in op.results for u in r.uses]
+    return bool(uses) and all(isinstance(u.operation, tcp.DmaGatherOp) and u.index == 0
+                              and u.operation.indices is expert_ids for u in uses)
 
 
 def _root(value: SSAValue) -> Operation | None:
@@ -441,7 +444,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     blocks = shape_of(expert_ids.type)[0]
     phase = plan_phase(block, expert_ids)
     sram = sram_bytes or machine.cluster_sram_bytes
-    parallel = [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)]
+    parallel = [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
+                and not gathered_source(op, expert_ids)]
     others = [v for v in expert_id_values(block) if v is not expert_ids and plan_phase(block, v) == phase]
 
     def addressable(v: SSAValue) -> bool:
@@ -452,7 +456,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     def layout(ahead: list[tcp.DmaGatherOp]) -> _Layout | None:
         """The loop's ops, weight gathers and F tiles with the scales of `ahead` gathered
         before it; None if nothing moves."""
-        candidates = [op for op in parallel if op not in ahead and not read_only_ahead(op, ahead)]
+        candidates = [op for op in parallel if op not in ahead]
         if others:  # several plans of one phase (a mesh chip's chunks): only this plan's ops
             candidates = connected(candidates, [op for op in candidates if expert_ids in op.operands])
         ops = select_ops(block, candidates)
