@@ -101,12 +101,17 @@ class FRegion:
     def window(self, value: SSAValue, columns: tuple[int, int]) -> tuple[list[int], list[int]]:
         """The part of each row of `value` (a gather's: of each expert's row of its source)
         an F tile reads: offsets and sizes in every axis after the first."""
-        a = self.axes[value]
-        sizes = list(shape_of(value.type)[1:])
-        offsets = [0] * len(sizes)
-        offsets[a.axis - 1] = columns[0] // a.per
-        sizes[a.axis - 1] = (columns[1] - columns[0]) // a.per
-        return offsets, sizes
+        return axis_window(value, self.axes[value], columns)
+
+
+def axis_window(value: SSAValue, a: FAxis, span: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """The part of each row of `value`, which holds an axis at `a`, that holds `span` of that
+    axis (an F tile's columns, a K piece's rows): offsets and sizes in every axis after the first."""
+    sizes = list(shape_of(value.type)[1:])
+    offsets = [0] * len(sizes)
+    offsets[a.axis - 1] = span[0] // a.per
+    sizes[a.axis - 1] = (span[1] - span[0]) // a.per
+    return offsets, sizes
 
 
 def last_dim(value: SSAValue | None) -> int | None:
@@ -301,6 +306,18 @@ def expert_bytes(gathers: list[tcp.DmaGatherOp]) -> int:
     """Bytes of one expert's weights that a block loads (every gathered weight's row, at its
     stored width)."""
     return sum(stored_bytes(g.source.type) // shape_of(g.source.type)[0] for g in gathers)
+
+
+def held_weight_bytes(region: FRegion | None, gathers: list[tcp.DmaGatherOp], width: int, resident: bool) -> int:
+    """The SRAM the expert loop's weight tiles hold at once, for the weights' share of SRAM
+    (`WEIGHT_SHARE`): two experts' whole weights where they are resident or untiled (the one
+    contracting and the next, prefetched), else `TILES_IN_FLIGHT` tiles of `width` columns of
+    the tiled weights beside two of the untiled ones."""
+    if resident or region is None or width >= region.f:
+        return 2 * expert_bytes(gathers)
+    tiled = [g for g in gathers if g in region.tiled or g in region.down_loads]
+    untiled = [g for g in gathers if g not in tiled]
+    return TILES_IN_FLIGHT * expert_bytes(tiled) * width // region.f + 2 * expert_bytes(untiled)
 
 
 def idle_engine_bytes(nbytes: int, machine: Machine) -> float:

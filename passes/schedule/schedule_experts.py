@@ -73,10 +73,18 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   for reuse and wait like whole weights; streamed tiles (Mixtral, Llama-4, DeepSeek-V3, gpt-oss
   at real dims) are fetched per block, each waiting for the down-projection two tiles earlier.
   Block-scaled (fp8, MXFP4) experts tile the same way, their weights' scales with them.
-- weight scales small enough (`gathered_ahead`: fp8's, a few hundred bytes per expert and
+- one token's last block (decode, its results in SRAM, above) is a loop of its own, from G - 1
+  to G, whose weights that one DMA engine loads alone, after its first, load in two pieces
+  along K, each piece's contraction continuing the previous one's f32 sum: the stream ends
+  with smaller commands and the engines finish closer together, with the same bits
+  (passes/schedule/_k_pieces.py; Qwen3-30B-A3B MXFP4 T = 1: 19,206 -> 18,552 cycles);
+- weight scales small enough (`scales_ahead`: fp8's, a few hundred bytes per expert and
   matrix; MXFP4's where an expert's move in less than a DMA start-up, `scales_ahead_row_bytes`)
-  stay gathered for all blocks before the loop, one DMA command each; the loop
-  addresses its block's rows, and each F tile its window, in place (`tile.slice ... at`).
+  stay gathered for all blocks before the loop, one DMA command each, where they fit the
+  weights' share of SRAM beside the loop's weight tiles and are one DMA piece each or the loop
+  streams its weights (`scales_fit`: decode; Qwen3-30B-A3B MXFP4 T = 64: 271,516 -> 255,290
+  cycles); the loop addresses its block's rows, and each F tile its window, in place
+  (`tile.slice ... at`). Otherwise they load with their expert, a block at a time.
 - the loop's order (`order`): `block`, the above, one block at a time; `tile`, groups of
   consecutive blocks, each group's distinct experts (its slots) running their F tiles as a
   block does, on all of the group's rows at once (passes/schedule/_expert_groups.py): a weight
@@ -107,13 +115,17 @@ from dialects.annotations import PHASE_ATTR, SHARED, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._auto_option import AUTO, check_choice, refuse_auto
 from passes.schedule._expert_groups import GroupPlan, build_group_loops, group_blocks, groupable
-from passes.schedule._f_tiles import CONTRACTIONS, TILES_IN_FLIGHT, FRegion, choose_f_tile, find_f_region
+from passes.schedule._f_tiles import (CONTRACTIONS, TILES_IN_FLIGHT, WEIGHT_SHARE, FRegion, choose_f_tile,
+                                      find_f_region, held_weight_bytes)
+from passes.schedule._k_pieces import cut_last_block, last_block_cuts
 from passes.schedule.interleave_shared import spreads
+from passes.schedule.split_clusters import contraction_flops_per_weight_byte, own_dma_intensity
 from passes.lowering.load_arguments import load_into_sram
 from passes._loop_builder import (
     ZERO_OPERAND_VE,
     erase_unread,
     clone_rows,
+    index_constant,
     connected,
     escaping_results,
     in_hbm,
@@ -140,19 +152,17 @@ idle (11% at T = 448), and T = 448 took more cycles than T = 456 (198,532 agains
 With g - 4 the gathers are ready when an engine frees: 185,437 and 186,084 cycles; no cell of
 benchmarks/schedule.py moves. At most `WEIGHT_AHEAD` (the waits the loop carries)."""
 def scales_ahead_row_bytes(machine: Machine) -> int:
-    """Weight scales of at most this many bytes per expert are gathered for every block at once,
-    before the loop (`gathered_ahead`): a row moved in less time than a DMA command's start-up
-    (RNGD: 500 cycles x 256 B/cycle, 128 KB) would cost mostly start-up as a command of its own,
-    so one command for all blocks saves a start-up per expert and matrix: fp8's 128 x 128 blocks
-    (a few hundred bytes or KB per matrix), and MXFP4's one e8m0 per 32 weights where a matrix
-    is small (Qwen3-30B-A3B: 48 KB; at T = 1, 24 such commands held the engines for 500-1,025
-    cycles each to move 48 KB). Larger MXFP4 scales (gpt-oss-120b's 259 KB, DeepSeek-V3's
+    """Weight scales of at most this many bytes per expert may be gathered for every block at
+    once, before the loop (`scales_ahead`, `scales_fit`): a row moved in less time than a DMA
+    command's start-up (RNGD: 500 cycles x 256 B/cycle, 128 KB) would cost mostly start-up as a
+    command of its own, so one command for all blocks saves a start-up per expert and matrix:
+    fp8's 128 x 128 blocks (a few hundred bytes or KB per matrix), and MXFP4's one e8m0 per 32
+    weights where a matrix is small (Qwen3-30B-A3B: 48 KB; at T = 1, 24 such commands held the
+    engines for 500-1,025 cycles each to move 48 KB). Larger MXFP4 scales (gpt-oss-120b's 259 KB, DeepSeek-V3's
     458 KB a matrix) load with their expert, spread over the engines."""
     return machine.dma_startup_cycles * machine.dma_bytes_per_cycle
 
 
-SCALES_AHEAD_BYTES = 1 << 20
-"""... and at most this many in all (G blocks' rows: one DMA piece, under 1% of a cluster's SRAM)."""
 WEIGHT_AHEAD = 4
 """An expert's weights are fetched once block g - 4 has contracted: a weight load (megabytes,
 every few blocks) has the time of up to three blocks' contractions to arrive."""
@@ -194,22 +204,44 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: s
     return is_row_parallel_ve(op, blocks)
 
 
-def gathered_ahead(op: Operation, machine: Machine) -> bool:
-    """Whether `op` gathers block scales small enough to fetch for every block at once, before
-    the loop (one DMA command rather than one per expert: fp8's 128 x 128 weight blocks give an
-    expert's matrix a few hundred bytes of scales, each load of which would pay a DMA command's
-    whole start-up); the loop addresses each block's rows in place."""
-    return (isinstance(op, tcp.DmaGatherOp) and bool(op.result.uses)
+def scales_ahead(parallel: list[Operation], machine: Machine) -> list[tcp.DmaGatherOp]:
+    """The gathers among a plan's block-parallel ops that may fetch weight scales for every
+    block at once, before the loop (one DMA command rather than one per expert, whose rows
+    would cost mostly start-up, `scales_ahead_row_bytes`); the loop addresses each block's
+    rows in place. Whether they do is `scales_fit`'s."""
+    return [op for op in parallel if isinstance(op, tcp.DmaGatherOp) and bool(op.result.uses)
             and all(isinstance(u.operation, tcp.ScaledContractOp) and u.index == 3 for u in op.result.uses)
-            and stored_bytes(op.result.type) <= SCALES_AHEAD_BYTES
-            and stored_bytes(op.result.type) <= scales_ahead_row_bytes(machine) * shape_of(op.result.type)[0])
+            and stored_bytes(op.result.type) <= scales_ahead_row_bytes(machine) * shape_of(op.result.type)[0]]
 
 
-def read_only_ahead(op: Operation, machine: Machine) -> bool:
-    """Whether `op` is read only by gathers made ahead of the loop (the one-expert view of a
-    shared expert's scales, which has G = 1 rows by coincidence at decode): it stays with them."""
-    uses = [u.operation for r in op.results for u in r.uses]
-    return bool(uses) and all(gathered_ahead(u, machine) for u in uses)
+def scales_fit(ahead: list[tcp.DmaGatherOp], held: int, sram_bytes: int, machine: Machine) -> list[tcp.DmaGatherOp]:
+    """Which of the scales that may go `ahead` do, rather than load a block at a time with their
+    weights: each that is one DMA piece (`dma_split_bytes`: it delays the loop's first block by
+    at most a piece's transfer), and every one where the loop streams its weights (a block's
+    contraction does fewer FLOPs per weight byte than its cluster's peak over HBM's bandwidth,
+    `own_dma_intensity`: decode), where every per-block command's start-up holds an engine the
+    weights stream on; none unless they fit the weights' share of `sram_bytes` beside the `held`
+    bytes of the loop's weight tiles (`held_weight_bytes`; each cluster holds their G rows
+    through the loop, split-clusters). Where the contraction outlasts the load, per-block loads
+    hide behind it and a large gather ahead only delays the first block: Qwen3-30B-A3B MXFP4
+    (balanced, cost-only) with its 33 MB of scales ahead at T = 64 (B = 4) took 271,516 ->
+    255,290 cycles, at T = 256 (B = 16) 299,896 -> 280,154, but at T = 512 (B = 32)
+    369,094 -> 378,465 and at T = 2048 (B = 128) 1,349,310 -> 1,362,076."""
+    streams = all(contraction_flops_per_weight_byte(u.operation) < own_dma_intensity(machine)
+                  for op in ahead for u in op.result.uses if isinstance(u.operation, tcp.ScaledContractOp))
+    chosen = [op for op in ahead if streams or stored_bytes(op.result.type) <= machine.dma_split_bytes]
+    fits = sum(stored_bytes(op.result.type) for op in chosen) + held <= sram_bytes // WEIGHT_SHARE
+    return chosen if fits else []
+
+
+def gathered_source(op: Operation, expert_ids: SSAValue) -> bool:
+    """Whether `op` is read only as the source of gathers by the plan's `expert_ids` (the
+    one-expert view of a shared expert's scales, which has G = 1 rows by coincidence at
+    decode): a gather reads its source whole, ahead of the loop or a block at a time in it
+    (`tile.load_expert`), so the source stays outside."""
+    uses = [u for r in op.results for u in r.uses]
+    return bool(uses) and all(isinstance(u.operation, tcp.DmaGatherOp) and u.index == 0
+                              and u.operation.indices is expert_ids for u in uses)
 
 
 def _root(value: SSAValue) -> Operation | None:
@@ -381,6 +413,19 @@ def combine_ahead(loop: scf.ForOp) -> None:
 
 
 @dataclass
+class _Layout:
+    """A plan's loop before it is built: its ops, its weight gathers, its F region and tiles,
+    whether the tiles stay resident, and the SRAM its weight tiles hold (`held_weight_bytes`)."""
+
+    ops: list[Operation]
+    gathers: list[tcp.DmaGatherOp]
+    region: FRegion | None
+    tiles: list[tuple[int, int]]
+    resident: bool
+    held: int
+
+
+@dataclass
 class _Slot:
     """A weight load whose tile a block passes to the next (reuse): the gather it replaces and
     its F tile (None: the whole weight)."""
@@ -398,33 +443,42 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     None if nothing moves."""
     blocks = shape_of(expert_ids.type)[0]
     phase = plan_phase(block, expert_ids)
-    candidates = [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
-                  and not gathered_ahead(op, machine) and not read_only_ahead(op, machine)]
+    sram = sram_bytes or machine.cluster_sram_bytes
+    parallel = [op for op in block.ops if is_block_parallel(op, blocks, expert_ids, phase)
+                and not gathered_source(op, expert_ids)]
     others = [v for v in expert_id_values(block) if v is not expert_ids and plan_phase(block, v) == phase]
-    if others:  # several plans of one phase (a mesh chip's chunks): only this plan's ops
-        candidates = connected(candidates, [op for op in candidates if expert_ids in op.operands])
-    ops = select_ops(block, candidates)
-    if not any(isinstance(op, CONTRACTIONS) for op in ops):
-        return None
-    last = ops[-1]
-
-    escaping = escaping_results(ops)
-    if not escaping:
-        return None
-    gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and op.indices is expert_ids]
 
     def addressable(v: SSAValue) -> bool:
         """A value made before the loop that a block's tile may address in place."""
         root = _root(v)
         return leading(v) == blocks and not in_hbm(v) and not (root is not None and phase_of(root) == "dispatch")
 
-    region = find_f_region(ops, gathers, addressable)
-    tiles: list[tuple[int, int]] = []
-    resident = True
-    if region is not None:
-        width, resident = choose_f_tile(region, gathers, sram_bytes or machine.cluster_sram_bytes, f_tile, machine)
-        if width < region.f:
-            tiles = [(f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
+    def layout(ahead: list[tcp.DmaGatherOp]) -> _Layout | None:
+        """The loop's ops, weight gathers and F tiles with the scales of `ahead` gathered
+        before it; None if nothing moves."""
+        candidates = [op for op in parallel if op not in ahead]
+        if others:  # several plans of one phase (a mesh chip's chunks): only this plan's ops
+            candidates = connected(candidates, [op for op in candidates if expert_ids in op.operands])
+        ops = select_ops(block, candidates)
+        if not any(isinstance(op, CONTRACTIONS) for op in ops) or not escaping_results(ops):
+            return None
+        gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and op.indices is expert_ids]
+        region = find_f_region(ops, gathers, addressable)
+        width, resident = (0, True) if region is None else choose_f_tile(region, gathers, sram, f_tile, machine)
+        tiles = [] if region is None or width >= region.f else [
+            (f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
+        return _Layout(ops, gathers, region, tiles, resident, held_weight_bytes(region, gathers, width, resident))
+
+    ahead = scales_ahead(parallel, machine)
+    laid = layout(ahead)
+    going = [] if laid is None else scales_fit(ahead, laid.held, sram, machine)
+    if going != ahead:
+        laid = layout(going)
+    if laid is None:
+        return None
+    ops, gathers, region, tiles, resident = laid.ops, laid.gathers, laid.region, laid.tiles, laid.resident
+    last = ops[-1]
+    escaping = escaping_results(ops)
     tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g in region.down_loads)]
     skippable = all(read_by_combine(r, set(ops)) for r in escaping)
     dispatches = [op for op in ops if is_dispatch_gather(op, blocks)]
@@ -434,7 +488,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
                          last.attributes[PHASE_ATTR], shape_of(gathers[0].source.type)[0],
                          shape_of(dispatches[0].indices.type)[1], gathers, starts_from_dispatch(dispatches[0]))
         width = max(f1 - f0 for f0, f1 in plan.tiles)
-        size = group or group_blocks(plan, width, sram_bytes or machine.cluster_sram_bytes)
+        size = group or group_blocks(plan, width, sram)
         return build_group_loops(block, plan, min(size, blocks))[0]
 
     slots: list[_Slot] = []
@@ -664,12 +718,21 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     if runs is not None:
         skip_unless(body, runs).attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
 
-    loop = scf.ForOp(c0, c_blocks, c1, carried_init, body)
-    loop.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
-    replace_by_loop(block, ops, escaping, list(loop.results[:n_buf]), [*before, loop])
+    # One token's last block: a loop of its own, its weights loaded in K pieces (the docstring).
+    peel = in_sram and blocks > 1 and bool(last_block_cuts(body, machine))
+    c_last = index_constant(blocks - 1)
+    loop = scf.ForOp(c0, c_last if peel else c_blocks, c1, carried_init, body)
+    loops = [loop]
+    if peel:
+        before.append(c_last)
+        loops.append(scf.ForOp(c_last, c_blocks, c1, list(loop.results), loop.body.clone()))
+        cut_last_block(loops[-1].body.block, machine)
+    for op in [c_last, *loops]:
+        op.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
+    replace_by_loop(block, ops, escaping, list(loops[-1].results[:n_buf]), [*before, *loops])
     for op in in_place:
         erase_unread(op.indices)
-    for stored in loop.results[:n_buf]:
+    for stored in loops[-1].results[:n_buf]:
         if in_sram:
             for gather in combine_gathers(stored):
                 gather_on_vector_engine(gather)

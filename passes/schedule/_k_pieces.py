@@ -1,0 +1,173 @@
+"""The last block's weight loads in K pieces, for `schedule-experts` (one token, decode).
+
+One token's expert loop (blocks of one row, results in SRAM) is the weight stream: each block
+loads its expert's matrices, each by one DMA command, and where a matrix is at most one DMA
+piece (`dma.split_bytes`) that command runs on one engine, at most 256 B/cycle. The engines
+take the commands in program order as they free, so the last block's commands, each as large
+as the others, end staggered: Qwen3-30B-A3B MXFP4 (768 KB a matrix) left its engines running
+out of work over ~4k cycles while HBM had bandwidth to spare. schedule-experts therefore runs
+the last block as a loop of its own, whose body this module rewrites (`cut_last_block`): each
+contraction `gbd,gdf->gbf` of a whole weight one engine loads, after the block's first, is cut
+along its contraction axis K into LAST_PIECES pieces, each loading its rows of the weight
+(`tile.load_expert ... at`, an expert's rows are contiguous) and continuing the previous
+piece's f32 sum (`acc`); the lhs, its scales and scales gathered before the loop are
+addressed in place by window (`tile.slice ... at`, no DMA).
+Smaller commands end the stream, and the engines finish closer together (Qwen3-30B-A3B MXFP4
+T = 1: 19,206 -> 18,552 cycles). The block's first matrix ends well before the others: cut, it
+only adds a start-up (all three cut: 18,768; every block's matrices cut: 19,527).
+
+The pieces load afresh (nothing follows the last block to reuse them): the tile the loop
+carries for the next block's reuse is the one it was given, never read again.
+
+Exact: the pieces start at multiples of `k_grain` (the contraction grid's GRID_K and every
+K-block of the scales), so each piece is whole grid chunks and whole K-blocks, summed in K
+order onto the previous piece's sum (`numerics.contract`, `quantization.scaled_contract`): the
+last piece gives the whole contraction's bits; a bias is added by the last piece.
+"""
+
+from __future__ import annotations
+
+import math
+
+from xdsl.dialects import scf
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Block, Operation, SSAValue
+
+from dialects import tcp, tile
+from dialects.tensor_types import shape_of, stored_bytes
+from passes._loop_builder import erase_unread, index_constant
+from passes.schedule._f_tiles import CONTRACTIONS, UP_SPEC, FAxis, axis_window
+from runtime_sim.semantics.numerics import GRID_K
+from target.machine import Machine
+
+LAST_PIECES = 2
+"""The pieces of each weight of the last block after its first (module docstring)."""
+
+
+def _k_axes(op: tcp.ContractOp | tcp.ScaledContractOp) -> dict[SSAValue, FAxis]:
+    """The operands of a block contraction that hold K, and where (`per`: elements of K per
+    index, a K-block's size for scales)."""
+    k = shape_of(op.rhs.type)[1]
+    axes = {op.lhs: FAxis(2, 1), op.rhs: FAxis(1, 1)}
+    if isinstance(op, tcp.ScaledContractOp):
+        axes[op.lhs_scales] = FAxis(2, k // shape_of(op.lhs_scales.type)[2])
+        axes[op.rhs_scales] = FAxis(1, k // shape_of(op.rhs_scales.type)[1])
+    return axes
+
+
+def k_grain(op: tcp.ContractOp | tcp.ScaledContractOp) -> int:
+    """Pieces of `op`'s K start at multiples of this: the grid's GRID_K and every K-block."""
+    return math.lcm(GRID_K, *(a.per for a in _k_axes(op).values()))
+
+
+def k_pieces(k: int, grain: int, count: int) -> list[tuple[int, int]]:
+    """[0, k) cut into at most `count` pieces of whole grains, the first ones the widest."""
+    grains = -(-k // grain)
+    count = max(1, min(count, grains))
+    sizes = [grains // count + (i < grains % count) for i in range(count)]
+    bounds: list[tuple[int, int]] = []
+    k0 = 0
+    for n in sizes:
+        bounds.append((k0, min(k, k0 + n * grain)))
+        k0 += n * grain
+    return bounds
+
+
+def _whole_load(value: SSAValue) -> tile.LoadExpertOp | None:
+    """The load that made `value` when it is an expert's whole weight (no window)."""
+    owner = value.owner
+    return owner if isinstance(owner, tile.LoadExpertOp) and owner.offsets is None else None
+
+
+def splittable(op: Operation) -> bool:
+    """Whether `op` is a block contraction of a whole loaded weight that K pieces can replace."""
+    if not isinstance(op, CONTRACTIONS) or op.acc is not None or _whole_load(op.rhs) is None:
+        return False
+    if isinstance(op, tcp.ContractOp) and op.spec.data != UP_SPEC:
+        return False
+    if shape_of(op.rhs.type)[1] <= k_grain(op):  # one grain: nothing to cut
+        return False
+    if isinstance(op, tcp.ScaledContractOp) and isinstance(op.rhs_scales.owner, tile.LoadExpertOp):
+        return False  # scales loaded with their expert: only weights over one DMA piece have such
+    return all(isinstance(u.operation, scf.YieldOp) or u.operation is op for u in op.rhs.uses)
+
+
+def cut_into_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, count: int) -> None:
+    """Replace `op` (`splittable`) and its weight's whole load by `count` K pieces (the module
+    docstring), in place. The whole load's tile yielded for the next block's reuse is replaced
+    by the tile it was given (`prev_tile`): nothing follows the last block."""
+    block = op.parent_block()
+    load = _whole_load(op.rhs)
+    assert block is not None and load is not None
+    axes = _k_axes(op)
+    bounds = k_pieces(shape_of(op.rhs.type)[1], k_grain(op), count)
+    pieces = [tile.LoadExpertOp(load.source, load.ids, None, None, list(load.after),
+                                axis_window(op.rhs, axes[op.rhs], rows)) for rows in bounds]
+    for piece in pieces:
+        piece.attributes.update(load.attributes)
+        piece.location = load.location
+        piece.results[0].name_hint = load.result.name_hint
+    block.insert_ops_before(pieces, load)
+    zero = index_constant(0)
+    block.insert_op_before(zero, op)
+    acc: SSAValue | None = None
+    for i, rows in enumerate(bounds):
+        def part(v: SSAValue, rows: tuple[int, int] = rows) -> SSAValue:
+            """The piece's part of operand `v` (not the weight), addressed in place."""
+            offsets, sizes = axis_window(v, axes[v], rows)
+            t = TensorType(v.type.get_element_type(), [shape_of(v.type)[0], *sizes])  # type: ignore[attr-defined]
+            source, offset = v, zero.result
+            owner = v.owner
+            if isinstance(owner, tile.SliceOp):  # a block's rows, or their window: addressed directly
+                source, offset = owner.source, owner.offset
+                offsets = [o + w for o, w in zip(offsets, owner.window_offsets())]
+            window = tile.SliceOp(source, offset, t, offsets)
+            window.attributes.update(op.attributes)
+            window.result.name_hint = f"{v.name_hint}_piece" if v.name_hint else None
+            block.insert_op_before(window, op)
+            return window.result
+
+        weight = pieces[i].results[0]
+        bias = op.bias if i == len(bounds) - 1 else None
+        if isinstance(op, tcp.ScaledContractOp):
+            new: Operation = tcp.ScaledContractOp(part(op.lhs), weight, part(op.lhs_scales), part(op.rhs_scales),
+                                                  bias=bias, guard=op.guard, acc=acc)
+        else:
+            new = tcp.ContractOp(op.spec.data, part(op.lhs), weight, op.result.type, bias=bias, guard=op.guard, acc=acc)
+        new.attributes.update(op.attributes)
+        new.location = op.location
+        new.results[0].name_hint = op.result.name_hint
+        block.insert_op_before(new, op)
+        acc = new.results[0]
+    assert acc is not None
+    op.result.replace_all_uses_with(acc)
+    operands = [v for v in op.operands if v is not op.rhs]
+    op.detach()
+    op.erase()
+    for v in operands:
+        erase_unread(v)
+    assert load.prev_tile is not None or not load.result.uses
+    if load.prev_tile is not None:
+        load.result.replace_all_uses_with(load.prev_tile)
+    load.detach()
+    load.erase()
+
+
+def one_engine(op: Operation, machine: Machine) -> bool:
+    """Whether `op`'s weight load is one DMA command on one engine: at most one `dma.split_bytes`
+    piece (a larger one is already cut into pieces spread over the engines)."""
+    load = _whole_load(op.rhs) if isinstance(op, CONTRACTIONS) else None
+    return load is not None and stored_bytes(load.result.type) <= machine.dma_split_bytes
+
+
+def last_block_cuts(body: Block, machine: Machine) -> list[Operation]:
+    """The contractions of a loop body whose weights the last block loads in pieces (the
+    module docstring): the `splittable` ones whose weight one engine loads, after the first."""
+    return [op for op in body.walk() if splittable(op) and one_engine(op, machine)][1:]
+
+
+def cut_last_block(body: Block, machine: Machine) -> None:
+    """`last_block_cuts` of `body`, each weight in LAST_PIECES pieces."""
+    for op in last_block_cuts(body, machine):
+        assert isinstance(op, CONTRACTIONS)
+        cut_into_pieces(op, LAST_PIECES)
