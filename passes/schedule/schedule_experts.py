@@ -320,6 +320,15 @@ def combine_gathers(value: SSAValue) -> list[tcp.DmaGatherOp]:
     return found
 
 
+def contracted_as_loaded(value: SSAValue) -> bool:
+    """Whether every reader of a loaded weight tile `value` is a contraction, directly or
+    through views (gpt-oss's biases are viewed to the contraction's shape): nothing the
+    vector engine must decode first."""
+    return all(isinstance(u.operation, CONTRACTIONS)
+               or (isinstance(u.operation, tcp.ViewOp) and contracted_as_loaded(u.operation.result))
+               for u in value.uses)
+
+
 def results_in_sram(value: SSAValue) -> bool:
     """Whether the combine can read a loop result `value` from SRAM on the vector engine
     (`gather_on_vector_engine`): its elements are 32-bit lanes or bf16 (widened exactly), and
@@ -507,7 +516,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     # vector engine alone could not keep up with weights it decodes (fp4 groups, trellis codes:
     # Qwen3-30B-A3B fp4_groups T = 1 took 42.0 -> 74.2 us on one cluster).
     in_place = [op for op in dispatches if skippable and not streamed and one_row(op)]
-    contracted = all(isinstance(use.operation, CONTRACTIONS) for g in gathers for use in g.result.uses)
+    contracted = all(contracted_as_loaded(g.result) for g in gathers)
     in_sram = bool(in_place) and contracted and all(results_in_sram(r) for r in escaping)
 
     before: list[Operation] = []
