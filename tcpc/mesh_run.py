@@ -311,7 +311,7 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
         best = min(cycles for _, cycles in tried)
         by_chunks.append((best, tuple(tried), tuple(bounded)))
         # A bound below every count simulated is the candidate's: all its counts are above `above`.
-        return best, not any(cycles == best for c, cycles in tried if c not in bounded)
+        return best, not any(simulated_cycles == best for c, simulated_cycles in tried if c not in bounded)
 
     program = compile_source(source, mesh_dims(source, dims or {}, spec, graph), str(path), machine=mach.chip,
                              routing=routing, seed=seed, block_cost=cycles, cost_scope=spec.scope)

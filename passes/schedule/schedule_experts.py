@@ -423,10 +423,12 @@ def combine_ahead(loop: scf.ForOp) -> None:
 
 @dataclass
 class _Layout:
-    """A plan's loop before it is built: its ops, its weight gathers, its F region and tiles,
-    whether the tiles stay resident, and the SRAM its weight tiles hold (`held_weight_bytes`)."""
+    """A plan's loop before it is built: its ops, the results that leave it, its weight
+    gathers, its F region and tiles, whether the tiles stay resident, and the SRAM its weight
+    tiles hold (`held_weight_bytes`)."""
 
     ops: list[Operation]
+    escaping: list[SSAValue]
     gathers: list[tcp.DmaGatherOp]
     region: FRegion | None
     tiles: list[tuple[int, int]]
@@ -469,14 +471,16 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         if others:  # several plans of one phase (a mesh chip's chunks): only this plan's ops
             candidates = connected(candidates, [op for op in candidates if expert_ids in op.operands])
         ops = select_ops(block, candidates)
-        if not any(isinstance(op, CONTRACTIONS) for op in ops) or not escaping_results(ops):
+        escaping = escaping_results(ops)
+        if not any(isinstance(op, CONTRACTIONS) for op in ops) or not escaping:
             return None
         gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and op.indices is expert_ids]
         region = find_f_region(ops, gathers, addressable)
         width, resident = (0, True) if region is None else choose_f_tile(region, gathers, sram, f_tile, machine)
         tiles = [] if region is None or width >= region.f else [
             (f0, min(region.f, f0 + width)) for f0 in range(0, region.f, width)]
-        return _Layout(ops, gathers, region, tiles, resident, held_weight_bytes(region, gathers, width, resident))
+        return _Layout(ops, escaping, gathers, region, tiles, resident,
+                       held_weight_bytes(region, gathers, width, resident))
 
     ahead = scales_ahead(parallel, machine)
     laid = layout(ahead)
@@ -485,9 +489,9 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         laid = layout(going)
     if laid is None:
         return None
-    ops, gathers, region, tiles, resident = laid.ops, laid.gathers, laid.region, laid.tiles, laid.resident
+    ops, escaping, gathers, region, tiles, resident = (laid.ops, laid.escaping, laid.gathers, laid.region,
+                                                       laid.tiles, laid.resident)
     last = ops[-1]
-    escaping = escaping_results(ops)
     tiled_gathers = [g for g in gathers if tiles and region is not None and (g in region.tiled or g in region.down_loads)]
     skippable = all(read_by_combine(r, set(ops)) for r in escaping)
     dispatches = [op for op in ops if is_dispatch_gather(op, blocks)]
