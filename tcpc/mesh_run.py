@@ -35,10 +35,11 @@ from tcpc.arrays import prepare_inputs
 from tcpc.builder import build_module, evaluate_dims
 from tcpc.diagnostics import CompileError
 from tcpc.parser import parse
-from tcpc.pipelines import mesh_pipeline_spec, parse_pipeline
+from tcpc.pipelines import PassStep, mesh_pipeline_spec, parse_pipeline
 from tcpc.program import Program, compile_source, deep_recursion, function_in, print_ir, read_source
 
 if TYPE_CHECKING:  # the simulator is slow to import
+    from runtime_sim.perf.graph_work import GraphWork
     from runtime_sim.perf.report import Choice
     from target.mesh_machine import MeshMachine
     from runtime_sim.perf.mesh_simulate import MeshReport
@@ -450,10 +451,16 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
             kept.module.verify()
         module, sim = kept.module, kept
     else:
-        module = program.lower(pipeline, machine=mach.chip, verify=verify)
-        # A chip's useful work: its program after shard-experts, before lowering.
-        work = graph_work(function_in(program.lower(spec.pipeline(cost_only, lowered=False), machine=mach.chip,
-                                                    verify=verify), name))
+        # A chip's useful work: its program after shard-experts, before lowering, read as the
+        # pipeline passes it (lowering that prefix again took a tenth of a decode candidate's compile).
+        works: list[GraphWork | None] = []
+
+        def read_work(step: PassStep) -> None:
+            if step.pass_ is not None and step.pass_.name == "shard-experts":
+                works.append(graph_work(function_in(step.module, name)))
+
+        module = program.lower(pipeline, machine=mach.chip, verify=verify, after_each=read_work)
+        (work,) = works
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")

@@ -172,21 +172,32 @@ ShapeOnlyCCL = register_impls(type("ShapeOnlyCCL", (ShapeOnlyCCLFunctions,), {
     f"{_method(op)}_shape_only": impl(op)(ShapeOnlyCCLFunctions.run_now) for op in ccl.CCL.operations}))
 
 
-class _ForcedValues(Interpreter.Listener):
-    """Shows a listener the values of a ccl op's operands, computed (lazy ones) or placeholders;
-    every other op as the shape-only interpreter shows it (forcing its lazy operands too would
-    compute values no cost reads: the loops' buffers, a third of a chip's interpretation)."""
+_CCL_OPS = frozenset(op.name for op in ccl.CCL.operations)
 
-    def __init__(self, listener: Interpreter.Listener):
-        self.listener = listener
+
+class _ForcedValues(Interpreter.Listener):
+    """Shows a chip's listeners the values of a ccl op's operands, computed (lazy ones) or
+    placeholders; every other op as the shape-only interpreter shows it (forcing its lazy
+    operands too would compute values no cost reads: the loops' buffers, a third of a chip's
+    interpretation). One for all of a chip's listeners, on the path of every op: a
+    TrafficRecorder, which reads only collectives, sees only ccl ops."""
+
+    def __init__(self, listeners: Sequence[Interpreter.Listener]):
+        self.listeners = tuple(listeners)
+        self.every_op = tuple(x for x in self.listeners if not isinstance(x, TrafficRecorder))
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
-        if op.dialect_name() == ccl.CCL.name:
+        if op.name in _CCL_OPS:
             args = tuple(v.force() if isinstance(v, Lazy) else v for v in args)
-        self.listener.will_interpret_op(op, args)
+            for listener in self.listeners:
+                listener.will_interpret_op(op, args)
+        else:
+            for listener in self.every_op:
+                listener.will_interpret_op(op, args)
 
     def did_interpret_op(self, op: Operation, results: tuple[Any, ...]) -> None:
-        self.listener.did_interpret_op(op, results)
+        for listener in self.listeners if op.name in _CCL_OPS else self.every_op:
+            listener.did_interpret_op(op, results)
 
 
 def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
@@ -204,7 +215,7 @@ def shape_only_chip(listeners: Callable[[int], Sequence[Interpreter.Listener]],
             others = [x for x in chip_listeners if x is not recorders[chip]]
             chip_bar = bar.bars[chip] if bar is not None else None
             replay = LoopReplay(recorders[chip], others, chip_bar) if LoopReplay.allowed(others) else None
-        interpreter = shape_only_interpreter(module, [_ForcedValues(x) for x in chip_listeners], replay, shared)
+        interpreter = shape_only_interpreter(module, [_ForcedValues(chip_listeners)], replay, shared)
         functions = ShapeOnlyCCL(exchange, chip)
         functions.bar = bar
         if bar is not None:
