@@ -134,12 +134,13 @@ class _Thunk:
 
     __slots__ = ("semantics", "op", "inputs", "values", "readers", "consumers")
 
-    def __init__(self, semantics: Interpreter, op: Operation, inputs: tuple[Any, ...]):
+    def __init__(self, semantics: Interpreter, op: Operation, inputs: tuple[Any, ...],
+                 readers: frozenset[Operation] | None):
         self.semantics = semantics
         self.op = op
         self.inputs: tuple[Any, ...] | None = inputs
         self.values: tuple[Any, ...] | None = None
-        self.readers: set[Operation] | None = _readers_in_block(op)
+        self.readers: set[Operation] | None = None if readers is None else set(readers)
         """The ops that read a result and have not run yet; None: never let go."""
         self.consumers = 0
         """Thunks made of a result that have not computed yet."""
@@ -171,12 +172,12 @@ class _Thunk:
             self.values = ()  # computed, and gone: a read fails loudly (Lazy.get)
 
 
-def _readers_in_block(op: Operation) -> set[Operation] | None:
+def _readers_in_block(op: Operation) -> frozenset[Operation] | None:
     """The ops that read `op`'s results, when every one is a symbolic op of `op`'s block (which
     makes values of its own, never hands a read one on: a loop, a call or a terminator would);
     else None."""
     block = op.parent_block()
-    readers = {use.operation for r in op.results for use in r.uses}
+    readers = frozenset(use.operation for r in op.results for use in r.uses)
     if block is None or any(o.parent_block() is not block or not _is_symbolic(o) or o.has_trait(IsTerminator)
                             for o in readers):
         return None
@@ -227,6 +228,11 @@ def _is_symbolic(op: Operation) -> bool:
     return op.dialect_name() in _SYMBOLIC_NAMES
 
 
+_UNKNOWN: Any = object()
+"""Not worked out yet, in a cache whose values may be None (looked up once: an op's hash is
+a Python call)."""
+
+
 class ShapeOnlyFunctions(InterpreterFunctions):
     """The symbolic implementation of every op of `SYMBOLIC_DIALECTS` (see the module
     docstring), registered over the real semantics with `override=True`; `semantics` is a
@@ -235,8 +241,10 @@ class ShapeOnlyFunctions(InterpreterFunctions):
     def __init__(self, semantics: Interpreter, replay: LoopReplay | None = None, shared: SharedViews | None = None):
         self.semantics = semantics
         self.replay = replay
-        self._shaped = (shared or SharedViews()).shaped
+        shared = shared or SharedViews()
+        self._shaped = shared.shaped
         """(op, sources) -> its placeholder results: the same every iteration of a loop."""
+        self._readers = shared.readers
 
     @impl(scf.ForOp)
     def run_for(self, interpreter: Interpreter, op: scf.ForOp, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -267,7 +275,10 @@ class ShapeOnlyFunctions(InterpreterFunctions):
             if results is None:
                 results = self._shaped[key] = tuple(placeholder(r.type, sources) for r in op.results)
             return results
-        thunk = _Thunk(self.semantics, op, inputs)
+        readers = self._readers.get(op, _UNKNOWN)
+        if readers is _UNKNOWN:
+            readers = self._readers[op] = _readers_in_block(op)
+        thunk = _Thunk(self.semantics, op, inputs, readers)
         return tuple(Lazy(thunk, i) for i in range(len(op.results)))
 
 
@@ -275,11 +286,14 @@ class ShapeOnlyFunctions(InterpreterFunctions):
 class SharedViews:
     """What cost-only interpreters of one module can share (a mesh's chips run one SPMD
     program): each symbolic op's placeholder results for the sources of its operands, and what
-    the listeners see of it (`ShapeOnlyListener`). Both depend on the op alone, so a chip
-    finds them made by another; a placeholder is read-only."""
+    the listeners see of it (`ShapeOnlyListener`), and its readers. Each depends on the op alone,
+    so a chip finds them made by another; a placeholder is read-only."""
 
     shaped: dict[tuple[Operation, frozenset[str]], tuple[Any, ...]] = field(default_factory=dict)
     views: dict[Operation, _SymbolicViews | None] = field(default_factory=dict)
+    readers: dict[Operation, frozenset[Operation] | None] = field(default_factory=dict)
+    """Each op's readers whose runs let its thunk's values go (`_readers_in_block`), worked out
+    once: every run of the op makes a thunk."""
 
 
 def shape_only_functions(semantics: Interpreter, replay: LoopReplay | None = None,
@@ -558,8 +572,9 @@ class ShapeOnlyListener(Interpreter.Listener):
         """Per op running (nested ops inside), the thunks whose results it reads (`_Thunk.read_by`)."""
 
     def _views_of(self, op: Operation) -> _SymbolicViews | None:
-        if op in self._views:
-            return self._views[op]
+        views = self._views.get(op, _UNKNOWN)
+        if views is not _UNKNOWN:
+            return views  # type: ignore[return-value]
         views = None
         if _is_symbolic(op):
             operands = list(op.operands)
