@@ -47,7 +47,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import ccl, tcp, tile, ve
-from dialects.annotations import OTHER, PHASE_ATTR, SHARED, is_pair_sum, phase_of
+from dialects.annotations import OTHER, PHASE_ATTR, SHARED, is_pair_sum, phase_of, placed_in_hbm
 from dialects.tensor_types import shape_of, stored_bytes
 from passes.schedule._cluster_copies import DMA_OPS
 from passes.schedule._cluster_token_tiles import worth_splitting
@@ -292,7 +292,8 @@ def goes_to_hbm(result: SSAValue) -> bool:
     """Whether a loop's `result` is written tile by tile to HBM rather than kept in SRAM: when
     only DMA commands, collectives and the function's return read it (through views), which
     read HBM where it is, and either the function returns it (the layer's output ends in HBM,
-    each tile stored as it is made) or it is larger than a cluster's SRAM (the module's
+    each tile stored as it is made), or it is placed in HBM (shard-experts' buffers that only
+    DMA and the link touch, `tcpc.space`), or it is larger than a cluster's SRAM (the module's
     target's: a mesh chip's rows to return, at prefill). A compute engine reads SRAM, so a
     result it reads stays there, for the memory plan to place."""
     owner = result.owner
@@ -311,7 +312,7 @@ def goes_to_hbm(result: SSAValue) -> bool:
                 returned = True
             elif not isinstance(user, (*DMA_OPS, *LINK_OPS)):
                 return False
-    return returned or stored_bytes(result.type) > machine_of(owner).cluster_sram_bytes
+    return returned or placed_in_hbm(owner) or stored_bytes(result.type) > machine_of(owner).cluster_sram_bytes
 
 
 def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAValue], tokens: int) -> SSAValue | None:
