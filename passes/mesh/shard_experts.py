@@ -541,7 +541,10 @@ def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section:
     whole = {v: b.value(v) for v in slices}
     d = shape_of(combine.result.type)[1]
     out_type = TensorType(combine.result.type.get_element_type(), [tc * layer.chunks, d])  # type: ignore[attr-defined]
-    space = "hbm" if stored_bytes(out_type) > b.cluster_sram_bytes else "sram"
+    # In HBM when the function returns it as it is (the layer's output ends there: each
+    # chunk's rows are stored as they are made, not the whole output after the last chunk).
+    returned = all(isinstance(u.operation, func.ReturnOp) for u in combine.result.uses)
+    space = "hbm" if returned or stored_bytes(out_type) > b.cluster_sram_bytes else "sram"
     out = b.add(tile.BufferOp(space, out_type), f"{combine.result.name_hint or 'out'}_buffer").results[0]
     chunks: list[dict[str, Block]] = []
     for i in range(layer.chunks):
