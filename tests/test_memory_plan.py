@@ -220,6 +220,29 @@ def test_a_buffer_only_dma_touches_may_live_in_the_other_cluster() -> None:
     assert report.cluster_peak_sram_bytes == [3 * 32768, 49152] and not report.spills and not report.streams
 
 
+def test_an_all_to_alls_operands_live_until_its_done() -> None:
+    """The link reads a `ccl.all_to_all_start`'s operands until the transfer ends, which its
+    `ccl.all_to_all_done` marks: their space is not free in between. A load issued between the
+    two (the next chunk's experts under the dispatch) takes other space, not the send rows'
+    with a wait for the link, and with no other space the `error` policy stops there."""
+    from runtime_sim.perf.cost_model import DMA, LINK, NONE, TENSOR, OpCost
+    from runtime_sim.perf.memory_plan import plan_memory
+    from runtime_sim.perf.op_trace import Trace, TracedOp
+
+    size = 4096
+    trace = Trace(ops=[
+        TracedOp(0, "tcp.load", "%send = tcp.load", OpCost(DMA, 10), writes=(0,)),
+        TracedOp(1, "ccl.all_to_all_start", "%recv = ccl.all_to_all_start", OpCost(LINK, 1000), (0,), (0,), (1,)),
+        TracedOp(2, "tcp.load", "%w = tcp.load", OpCost(DMA, 10), writes=(2,)),
+        TracedOp(3, "ccl.all_to_all_done", "%got = ccl.all_to_all_done", OpCost(NONE, 0), (1,), (1,)),
+        TracedOp(4, "ve.add", "%y = ve.add", OpCost(TENSOR, 10), (2, 3), (1, 2), (3,))],
+        buffer_bytes={b: size for b in range(4)}, buffer_labels={b: f"#{b}" for b in range(4)}, outputs={3})
+    roomy = plan_memory(trace, small_sram(3 * size))
+    assert {t.key: t.after for t in roomy.tasks}[2] == () and not roomy.spills
+    with pytest.raises(SramOverflowError, match="%w = tcp.load"):
+        plan_memory(trace, small_sram(2 * size), "error")
+
+
 # --- free space ---------------------------------------------------------------------------------
 
 

@@ -15,7 +15,10 @@ any cluster's SRAM may hold, as a DMA engine reaches every DM: when its producer
 the room, it goes to the other cluster with the most free bytes, before anything is spilled.
 
 Lifetime: in issue order, a buffer is resident from the command that writes it (its producer,
-or a reload) to its last reader; the function's results stay to the end. The plan walks the
+or a reload) to its last reader; the function's results stay to the end; an asynchronous
+all-to-all's operands stay to its `ccl.all_to_all_done`, since the link reads them until the
+transfer ends (their space handed to a command issued in between, such as the next chunk's
+weight loads, would make that command wait for the link). The plan walks the
 commands in issue order and hands out space. Space a dead buffer held is reusable only once
 every command that touched it has finished, so the command that takes that space gets
 `memory` dependencies on them (only on the space it actually takes). Hence the scheduled run
@@ -90,6 +93,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dialects import ccl
 from runtime_sim.perf.cost_model import DMA, LINK, NONE, OpCost
 from runtime_sim.perf.free_space import FreeSpace
 from target.machine import Machine
@@ -281,6 +285,11 @@ class MemoryPlanner:
                 uses[b].append(t.index)
         outputs = self.trace.outputs
         last = {b: max([first.get(b, 0), *uses[b], self.end if b in outputs else 0]) for b in self.size}
+        for done in self.trace.ops:  # the link reads a started all-to-all's operands until its done
+            if done.name == ccl.AllToAllDoneOp.name:
+                for started in done.deps:
+                    for b in self.trace.ops[started].reads:
+                        last[b] = max(last[b], done.index)
         return uses, last
 
     def _moved_by_dma(self) -> set[int]:
