@@ -505,13 +505,17 @@ def test_tp_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_tp_reduction_sends_only_the_received_rows() -> None:
-    """The all_reduce over tp carries the slots that hold rows (f32), not the static buffer:
-    over the ep chips of one tp slice, the T * K = 8 pairs of the toy layer."""
+    """The reduce-scatter over tp carries the slots that hold rows (f32), not the static buffer:
+    over the ep chips of one tp slice, the T * K = 8 pairs of the toy layer, each tp chip
+    sending the other the half of their columns it sums (one ring step, half an all-reduce's).
+    Each returns its half of the columns (bf16) and the tp group gathers the outputs' halves."""
     sim = simulate_on_mesh(tcpc.compile_file("examples/toy.moe"), MeshSpec.parse("ep=2,tp=2"), seed=0)
-    sent = {x.chip: x.sent_bytes for x in sim.report.links if x.op == "ccl.all_reduce"}
-    row = 8 * 4  # D = 8, f32; 2 chips: 2 ring steps of half the rows each
-    assert sent[0] + sent[2] == sent[1] + sent[3] == 8 * row
-    assert max(sent.values()) < 2 * 4 * row  # the buffer: ep * S = 2 * 4 slots
+    sent = {x.chip: x.sent_bytes for x in sim.report.links if x.op == "ccl.reduce_scatter"}
+    row = 8 * 4  # D = 8, f32
+    assert sent[0] + sent[2] == sent[1] + sent[3] == 8 * row // 2
+    assert not any(x.op == "ccl.all_reduce" for x in sim.report.links)
+    gathered = {x.chip: x.sent_bytes for x in sim.report.links if x.op == "ccl.all_gather"}
+    assert gathered == {c: 2 * 4 * 2 for c in range(4)}  # each chip's 2 tokens' 4 columns, bf16
 
 
 def test_ccl_verifier_names_the_problem() -> None:
