@@ -718,6 +718,29 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
     restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith("%y_restored")]
     assert restored
     assert len(restored) < [o.name for o in combine].count("tile.guard")
+
+
+@pytest.mark.parametrize("strategy", ["a2a", "a2a_sum"])
+def test_receivers_combine_the_rows_they_received_packed_first(strategy: str) -> None:
+    """With 8 senders a receiver's buffers are mostly padding, a few rows at the head of every
+    slice (balanced decode routing: one token of each sender's 2 here): its combine packs the
+    rows that hold pairs first (`packed_rows`, a ve.filter) and runs in tiles of a slice's rows
+    (2 here, under a flit's 8), so one tile runs and the others are skipped (cost-only,
+    balanced), and scatters each sum back to its row: the reference's bits for a2a (the
+    seed's routing)."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 16, "D": 64, "F": 32, "E": 16, "K": 2, "B": 2})
+    spec = MeshSpec.parse(f"ep=8,strategy={strategy}")
+    assert "%packed_rows = ve.filter" in str(program.lower(spec.pipeline()))
+    sim = simulate_on_mesh(program, spec, seed=2)
+    results = check_on_mesh(program, spec, sim, seed=2)
+    assert all(c.ok for c in results), [c.message for c in results]
+    if strategy == "a2a":
+        assert all(c.identical for c in results)
+    balanced = simulate_on_mesh(program, spec, seed=2, cost_only=True, routing="balanced")
+    for chip in balanced.report.chips:
+        combine = [o for o in chip.ops if o.phase == "combine"]
+        restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith("%y_restored")]
+        assert len(restored) == 1 and [o.name for o in combine].count("tile.guard") == 8  # 8 tiles, one runs
     gathered = program.lower(MeshSpec.parse("ep=4,strategy=allgather").pipeline())
     assert "tile_has_pairs" not in str(gathered)
 
