@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, i32, i64
+from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, UnitAttr, i32, i64
 from xdsl.ir import Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -104,22 +104,28 @@ class AllToAllExchange(_Collective):
     """What an all-to-all and its asynchronous start share: input[d] (the slice for chip d of
     the group) goes to chip d; result[s] is what chip s sent here. With `rows`, only the first
     rows[d] rows of slice d are data and cross the link; the rest are zero (the packing makes
-    them so) and arrive as zero."""
+    them so) and arrive as zero. `packed` (with `rows`): the input's rows are the slices' data
+    rows one after another (slice d's rows[d] rows from the sum of rows[:d]), not each slice's
+    at the head of its own; the result is laid out as without it (a mesh receiver's sums,
+    computed over its received rows packed first, go back without being unpacked)."""
 
     input = operand_def(TensorType)
     rows = opt_operand_def(TensorType)
     result = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
+    packed = opt_prop_def(UnitAttr)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
         "$input (`rows` $rows^)? `over` $axis attr-dict `:` type($input) (`,` type($rows)^)? "
         "`->` type($result)"
     )
 
-    def __init__(self, input, axis: str, chips: int, rows=None):
-        super().__init__(operands=[input, rows], result_types=[input.type],
-                         properties=_axis_props(axis, chips))
+    def __init__(self, input, axis: str, chips: int, rows=None, packed: bool = False):
+        props = _axis_props(axis, chips)
+        if packed:
+            props["packed"] = UnitAttr()
+        super().__init__(operands=[input, rows], result_types=[input.type], properties=props)
 
     def verify_(self) -> None:
         self._verify_group()
@@ -129,6 +135,8 @@ class AllToAllExchange(_Collective):
         expect(self.result.type == self.input.type, f"result should be {format_type(self.input.type)}")
         if self.rows is not None:
             expect(self.rows.type == TensorType(i32, [self.group_size]), f"rows must be i32 [{self.group_size}]")
+        expect(self.packed is None or (self.rows is not None and len(shape) >= 2),
+               "packed needs rows (how many of the input's rows each slice takes) and slices of rows")
 
 
 @irdl_op_definition

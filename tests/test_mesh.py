@@ -518,6 +518,19 @@ def test_tp_reduction_sends_only_the_received_rows() -> None:
     assert gathered == {c: 2 * 4 * 2 for c in range(4)}  # each chip's 2 tokens' 4 columns, bf16
 
 
+def test_a_packed_all_to_all_sends_each_slice_from_where_the_last_ended() -> None:
+    """`packed`: slice d's rows[d] rows follow the earlier slices' in the input; the exchange
+    lays them out at the head of slice d, zeros after, as an unpacked send of the same rows."""
+    from runtime_sim.semantics.ccl_semantics import unpacked
+
+    x = np.arange(3 * 4 * 2, dtype=np.float32).reshape(3, 4, 2)
+    out = unpacked(x, np.array([2, 0, 3], dtype=np.int32))
+    flat = x.reshape(12, 2)
+    assert np.array_equal(out[0, :2], flat[:2]) and not out[0, 2:].any()
+    assert not out[1].any()
+    assert np.array_equal(out[2, :3], flat[2:5]) and not out[2, 3:].any()
+
+
 def test_ccl_verifier_names_the_problem() -> None:
     from xdsl.dialects.builtin import TensorType, i32
     from xdsl.ir import Block
@@ -724,13 +737,14 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
 def test_receivers_combine_the_rows_they_received_packed_first(strategy: str) -> None:
     """With 8 senders a receiver's buffers are mostly padding, a few rows at the head of every
     slice (balanced decode routing: one token of each sender's 2 here): its combine packs the
-    rows that hold pairs first (`packed_rows`, a ve.filter) and runs in tiles of a slice's rows
+    rows it received first (`packed_rows`, a ve.filter) and runs in tiles of a slice's rows
     (2 here, under a flit's 8), so one tile runs and the others are skipped (cost-only,
-    balanced), and scatters each sum back to its row: the reference's bits for a2a (the
-    seed's routing)."""
+    balanced), and its sums go back as they are, the senders' rows one after another (a
+    packed all-to-all): the reference's bits for a2a (the seed's routing)."""
     program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 16, "D": 64, "F": 32, "E": 16, "K": 2, "B": 2})
     spec = MeshSpec.parse(f"ep=8,strategy={strategy}")
-    assert "%packed_rows = ve.filter" in str(program.lower(spec.pipeline()))
+    chip = str(program.lower(spec.pipeline()))
+    assert "%packed_rows = ve.filter" in chip and "packed}" in chip and "%token_sums = tcp.dma_scatter" not in chip
     sim = simulate_on_mesh(program, spec, seed=2)
     results = check_on_mesh(program, spec, sim, seed=2)
     assert all(c.ok for c in results), [c.message for c in results]

@@ -28,7 +28,8 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
 - A mesh receiver's combine (a2a, a2a_sum) skips a tile none of whose rows holds a pair
   (`empty_tile_indices`); where a tile would span several senders' slices, it runs over the
   received rows packed first (`pack_received`), in tiles of one flit's rows (at most a
-  slice's), its sums scattered back to their rows.
+  slice's), its sums sent back packed (`ccl.all_to_all_start ... {packed}`), or scattered
+  back to their rows where something else reads them.
 
 The router's matmul joins its loop when its tiles give a second cluster a share (`shared_from`:
 an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster;
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func, scf
-from xdsl.dialects.builtin import IndexType, ModuleOp, StringAttr, TensorType, i32
+from xdsl.dialects.builtin import IndexType, ModuleOp, StringAttr, TensorType, UnitAttr, i32
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -275,21 +276,24 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
             for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
                 op.erase(safe_erase=False)  # only the decision was wanted
     skip_by = empty_tile_indices(block, ops, escaping, tokens)
-    source_rows = received_slice_rows(escaping) if skip_by is not None else None
+    back = returning_all_to_all(escaping) if skip_by is not None and len(shape_of(skip_by.type)) == 2 else None
+    source_rows = shape_of(back.input.type)[1] if back is not None else tokens
     packing: list[Operation] = []
     packed_rows = None
-    if source_rows is not None and source_rows < min(rows, tokens) and skip_by is not None:
+    if back is not None and back.rows is not None and source_rows < min(rows, tokens) and skip_by is not None:
         # A tile would hold several senders' slices, each its received rows then padding:
-        # pack the rows that hold pairs first, so the tiles past them skip (`pack_received`),
-        # in tiles of one flit of rows: each running tile's gather on an engine of its own
+        # pack the received rows first, so the tiles past them skip (`pack_received`), in
+        # tiles of one flit of rows: each running tile's gather on an engine of its own
         # (Qwen3-30B-A3B ep=8, 16 tokens a chip: 128.8 us in tiles of a slice's 16, 127.9 in 8).
-        packing, packed_rows, skip_by = pack_received(ops, skip_by, tokens)
+        packing, packed_rows, skip_by = pack_received(ops, skip_by, back.rows, source_rows)
         rows = min(source_rows, row_granule(ops))
     elif rows >= tokens:
         whole.update(ops)
         return True
     before, loop, after, results = _tile_loop(ops, escaping, rows, tokens, phase, skip_by)
-    if packed_rows is not None:  # each sum back to its received row
+    if packed_rows is not None and back is not None and escaping == [back_source(back)]:
+        back.properties["packed"] = UnitAttr()  # the sums go back as packed (ccl.all_to_all's `packed`)
+    elif packed_rows is not None:  # each result back to its received row
         unpacked = [tcp.DmaScatterOp(r, packed_rows, tokens) for r in results]
         for op, r in zip(unpacked, escaping):
             op.attributes[PHASE_ATTR] = StringAttr(phase)
@@ -354,10 +358,9 @@ def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAVal
     return gathers[0].indices if len(gathers) == 1 else None
 
 
-def received_slice_rows(escaping: list[SSAValue]) -> int | None:
-    """The rows each sender has in a mesh receiver's static buffers: the per-chip slice of the
-    all-to-all that returns `escaping` (the receiver's sums, [chips, rows, ...] through a view);
-    None when no all-to-all returns them."""
+def returning_all_to_all(escaping: list[SSAValue]) -> ccl.AllToAllExchange | None:
+    """The all-to-all that sends a mesh receiver's combine results `escaping` back (its sums,
+    [chips, rows per sender, ...] through views); None when none does."""
     for r in escaping:
         pending = [r]
         while pending:
@@ -365,22 +368,36 @@ def received_slice_rows(escaping: list[SSAValue]) -> int | None:
                 user = use.operation
                 if isinstance(user, tcp.ViewOp):
                     pending.append(user.result)
-                elif isinstance(user, ccl.AllToAllExchange) and user.input is use.operation.operands[use.index]:
-                    return shape_of(user.input.type)[1]
+                elif isinstance(user, ccl.AllToAllExchange) and use.index == 0:  # what it sends
+                    return user
     return None
 
 
-def pack_received(ops: list[Operation], indices: SSAValue, tokens: int) -> tuple[list[Operation], SSAValue, SSAValue]:
+def back_source(back: ccl.AllToAllExchange) -> SSAValue:
+    """What `back` sends, before the views that shape it into slices: a packed send is
+    possible only when that value is read by `back` alone."""
+    value = back.input
+    while isinstance(value.owner, tcp.ViewOp) and value.uses.get_length() == 1:
+        value = value.owner.input
+    return value
+
+
+def pack_received(ops: list[Operation], indices: SSAValue, counts: SSAValue,
+                  per_sender: int) -> tuple[list[Operation], SSAValue, SSAValue]:
     """The combine of a mesh receiver over its received rows packed first: a receive buffer
-    holds each sender's rows at the head of its slice, so under balanced decode routing every
-    tile of several slices holds a few rows and none could be skipped (DeepSeek-V3 on 32 chips,
-    16 tokens a chip: 512 static rows, 16 received, one in every other slice; 16 tiles of 32
-    rows ran). The rows whose gather `indices` hold a pair are packed in order (`ve.filter` of
-    their row numbers, and of the indices, padded with -1: a packed tile past them has no pair
-    and its guard skips it), every other row input of `ops` gathered by the packed row numbers
-    (a DMA gather; -1 gives a zero row, which no kept row reads); `ops` then read the packed
-    inputs, row for row the same numbers. Returns the packing ops, the packed row numbers (the
-    rows to scatter the results back to) and the packed indices."""
+    holds each sender's rows at the head of its slice (`counts` of its `per_sender`), so under
+    balanced decode routing every tile of several slices holds a few rows and none could be
+    skipped (DeepSeek-V3 on 32 chips, 16 tokens a chip: 512 static rows, 16 received, one in
+    every other slice; 16 tiles of 32 rows ran). The received rows are packed in order
+    (`ve.filter` of their row numbers, and of the gather's `indices`, padded with -1: a packed
+    tile past them has no pair and its guard skips it), every other row input of `ops`
+    gathered by the packed row numbers (a DMA gather; -1 gives a zero row, which no received
+    row reads); `ops` then read the packed inputs, row for row the same numbers, and their
+    results hold the senders' rows one after another, as a packed all-to-all sends them.
+    Returns the packing ops, the packed row numbers (where each result row belongs in the
+    buffer) and the packed indices."""
+    senders = shape_of(counts.type)[0]
+    tokens = senders * per_sender
     i32_rows = TensorType(i32, [tokens])
     made: list[Operation] = []
 
@@ -392,8 +409,9 @@ def pack_received(ops: list[Operation], indices: SSAValue, tokens: int) -> tuple
         return op.results[0]
 
     pairs = shape_of(indices.type)[1]
-    top = add(ve.ReduceMaxOp(indices, 1))
-    has = add(ve.TagOp("ge", top, add(ve.ConstOp(0, i32_rows))), "row_has_pairs")
+    place = add(ve.IotaOp(TensorType(i32, [senders, per_sender]), 1))
+    received = add(ve.TagOp("lt", place, add(ve.BroadcastOp(counts, 1, per_sender))), "received")
+    has = add(tcp.ViewOp(received, [tokens]))
     packed_rows = add(ve.FilterOp(add(ve.IotaOp(i32_rows, 0)), has, [1], 0, tokens, -1), "packed_rows")
     spread = add(ve.BroadcastOp(has, 1, pairs))
     packed_indices = add(ve.FilterOp(indices, spread, [1], 0, tokens, -1), f"{indices.name_hint or 'indices'}_packed")

@@ -38,6 +38,15 @@ func.func @all_to_all_rows(%x: tensor<2x5xi32>, %n: tensor<3xi32>) {
 
 // -----
 
+func.func @packed_needs_rows(%x: tensor<2x4x8xbf16>) {
+  %r = ccl.all_to_all %x over "ep" {chips = 2 : i64, packed} : tensor<2x4x8xbf16> -> tensor<2x4x8xbf16>
+  func.return
+}
+
+// CHECK: packed needs rows (how many of the input's rows each slice takes) and slices of rows
+
+// -----
+
 func.func @all_gather_result(%x: tensor<2x8xbf16>) {
   %r = ccl.all_gather %x over "ep" {chips = 2 : i64} : tensor<2x8xbf16> -> tensor<2x8xbf16>
   func.return
