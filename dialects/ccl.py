@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, i32, i64
+from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, UnitAttr, i32, i64
 from xdsl.ir import Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -29,6 +29,7 @@ from xdsl.irdl import (
     irdl_op_definition,
     operand_def,
     opt_operand_def,
+    opt_prop_def,
     prop_def,
     result_def,
     traits_def,
@@ -69,8 +70,19 @@ def a2a_slots(tokens: int, k: int, experts_per_chip: int, capacity: int | None =
     return bound
 
 
-def _axis_props(axis: str, chips: int) -> dict[str, object]:
-    return {"axis": StringAttr(axis), "chips": IntegerAttr(chips, i64)}
+def _axis_props(axis: str, chips: int, dim: int = 0) -> dict[str, object]:
+    """The properties of a collective over `chips` chips along mesh axis `axis`; `dim`, the
+    tensor axis a gather or scatter splits, only when not the first (the default)."""
+    props: dict[str, object] = {"axis": StringAttr(axis), "chips": IntegerAttr(chips, i64)}
+    if dim:
+        props["dim"] = IntegerAttr(dim, i64)
+    return props
+
+
+def split_dim(op: IRDLOperation) -> int:
+    """The tensor axis an all_gather concatenates or a reduce_scatter splits (`dim`, default 0)."""
+    dim = op.dim  # type: ignore[attr-defined]
+    return 0 if dim is None else dim.value.data
 
 
 class _Collective(IRDLOperation):
@@ -92,22 +104,28 @@ class AllToAllExchange(_Collective):
     """What an all-to-all and its asynchronous start share: input[d] (the slice for chip d of
     the group) goes to chip d; result[s] is what chip s sent here. With `rows`, only the first
     rows[d] rows of slice d are data and cross the link; the rest are zero (the packing makes
-    them so) and arrive as zero."""
+    them so) and arrive as zero. `packed` (with `rows`): the input's rows are the slices' data
+    rows one after another (slice d's rows[d] rows from the sum of rows[:d]), not each slice's
+    at the head of its own; the result is laid out as without it (a mesh receiver's sums,
+    computed over its received rows packed first, go back without being unpacked)."""
 
     input = operand_def(TensorType)
     rows = opt_operand_def(TensorType)
     result = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
+    packed = opt_prop_def(UnitAttr)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
         "$input (`rows` $rows^)? `over` $axis attr-dict `:` type($input) (`,` type($rows)^)? "
         "`->` type($result)"
     )
 
-    def __init__(self, input, axis: str, chips: int, rows=None):
-        super().__init__(operands=[input, rows], result_types=[input.type],
-                         properties=_axis_props(axis, chips))
+    def __init__(self, input, axis: str, chips: int, rows=None, packed: bool = False):
+        props = _axis_props(axis, chips)
+        if packed:
+            props["packed"] = UnitAttr()
+        super().__init__(operands=[input, rows], result_types=[input.type], properties=props)
 
     def verify_(self) -> None:
         self._verify_group()
@@ -117,6 +135,8 @@ class AllToAllExchange(_Collective):
         expect(self.result.type == self.input.type, f"result should be {format_type(self.input.type)}")
         if self.rows is not None:
             expect(self.rows.type == TensorType(i32, [self.group_size]), f"rows must be i32 [{self.group_size}]")
+        expect(self.packed is None or (self.rows is not None and len(shape) >= 2),
+               "packed needs rows (how many of the input's rows each slice takes) and slices of rows")
 
 
 @irdl_op_definition
@@ -166,27 +186,31 @@ class AllToAllDoneOp(IRDLOperation):
 
 @irdl_op_definition
 class AllGatherOp(_Collective):
-    """Every chip's input, concatenated along the first axis in chip order."""
+    """Every chip's input, concatenated along the first axis (`dim`, if given) in chip order."""
 
     name = "ccl.all_gather"
     input = operand_def(TensorType)
     result = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
+    dim = opt_prop_def(IntegerAttr)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$input `over` $axis attr-dict `:` type($input) `->` type($result)"
 
-    def __init__(self, input, axis: str, chips: int):
-        shape = shape_of(input.type)
-        t = TensorType(input.type.get_element_type(), [shape[0] * chips, *shape[1:]])
-        super().__init__(operands=[input], result_types=[t], properties=_axis_props(axis, chips))
+    def __init__(self, input, axis: str, chips: int, dim: int = 0):
+        shape = list(shape_of(input.type))
+        shape[dim] *= chips
+        t = TensorType(input.type.get_element_type(), shape)
+        super().__init__(operands=[input], result_types=[t], properties=_axis_props(axis, chips, dim))
 
     def verify_(self) -> None:
         self._verify_group()
-        shape = shape_of(self.input.type)
-        expect(len(shape) >= 1, "input needs a leading axis")
-        want = TensorType(self.input.type.get_element_type(), [shape[0] * self.group_size, *shape[1:]])
+        shape = list(shape_of(self.input.type))
+        dim = split_dim(self)
+        expect(0 <= dim < len(shape), f"dim {dim} is not an axis of {format_type(self.input.type)}")
+        shape[dim] *= self.group_size
+        want = TensorType(self.input.type.get_element_type(), shape)
         expect(self.result.type == want, f"result should be {format_type(want)}")
 
 
@@ -199,30 +223,45 @@ class _Reduction(_Collective):
 @irdl_op_definition
 class ReduceScatterOp(_Reduction):
     """The sum over chips (in chip order 0, 1, ..., in f32, rounded once to the type) of every
-    chip's input; chip i keeps the i-th slice of the first axis."""
+    chip's input; chip i keeps the i-th slice of the first axis (`dim`, if given: tp's slots'
+    rows, each chip summing its share of the columns). With `rows` (i32 [S], the input
+    [S, R, ...] read as S slices, `dim` > 1), only the first rows[s] rows of slice s are data
+    and cross the link, as in ccl.all_reduce."""
 
     name = "ccl.reduce_scatter"
     input = operand_def(TensorType)
+    rows = opt_operand_def(TensorType)
     result = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
+    dim = opt_prop_def(IntegerAttr)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
-    assembly_format = "$input `over` $axis attr-dict `:` type($input) `->` type($result)"
+    assembly_format = (
+        "$input (`rows` $rows^)? `over` $axis attr-dict `:` type($input) (`,` type($rows)^)? "
+        "`->` type($result)"
+    )
 
-    def __init__(self, input, axis: str, chips: int):
-        shape = shape_of(input.type)
-        t = TensorType(input.type.get_element_type(), [shape[0] // chips, *shape[1:]])
-        super().__init__(operands=[input], result_types=[t], properties=_axis_props(axis, chips))
+    def __init__(self, input, axis: str, chips: int, dim: int = 0, rows=None):
+        shape = list(shape_of(input.type))
+        shape[dim] //= chips
+        t = TensorType(input.type.get_element_type(), shape)
+        super().__init__(operands=[input, rows], result_types=[t], properties=_axis_props(axis, chips, dim))
 
     def verify_(self) -> None:
         self._verify_group()
         self._verify_float()
-        shape = shape_of(self.input.type)
-        expect(len(shape) >= 1 and shape[0] % self.group_size == 0,
-               f"input {format_type(self.input.type)}: leading axis must divide by {self.group_size}")
-        want = TensorType(self.input.type.get_element_type(), [shape[0] // self.group_size, *shape[1:]])
+        shape = list(shape_of(self.input.type))
+        dim = split_dim(self)
+        expect(0 <= dim < len(shape) and shape[dim] % self.group_size == 0,
+               f"input {format_type(self.input.type)}: axis {dim} must divide by {self.group_size}")
+        shape[dim] //= self.group_size
+        want = TensorType(self.input.type.get_element_type(), shape)
         expect(self.result.type == want, f"result should be {format_type(want)}")
+        if self.rows is not None:
+            expect(dim >= 2 and self.rows.type == TensorType(i32, [shape[0]]),
+                   f"rows must be i32 [{shape[0]}], one count per slice of the input's first axis, "
+                   "and dim past the slices' rows (at least 2)")
 
 
 @irdl_op_definition

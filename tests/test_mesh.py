@@ -505,13 +505,30 @@ def test_tp_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_tp_reduction_sends_only_the_received_rows() -> None:
-    """The all_reduce over tp carries the slots that hold rows (f32), not the static buffer:
-    over the ep chips of one tp slice, the T * K = 8 pairs of the toy layer."""
+    """The reduce-scatter over tp carries the slots that hold rows (f32), not the static buffer:
+    over the ep chips of one tp slice, the T * K = 8 pairs of the toy layer, each tp chip
+    sending the other the half of their columns it sums (one ring step, half an all-reduce's).
+    Each returns its half of the columns (bf16) and the tp group gathers the outputs' halves."""
     sim = simulate_on_mesh(tcpc.compile_file("examples/toy.moe"), MeshSpec.parse("ep=2,tp=2"), seed=0)
-    sent = {x.chip: x.sent_bytes for x in sim.report.links if x.op == "ccl.all_reduce"}
-    row = 8 * 4  # D = 8, f32; 2 chips: 2 ring steps of half the rows each
-    assert sent[0] + sent[2] == sent[1] + sent[3] == 8 * row
-    assert max(sent.values()) < 2 * 4 * row  # the buffer: ep * S = 2 * 4 slots
+    sent = {x.chip: x.sent_bytes for x in sim.report.links if x.op == "ccl.reduce_scatter"}
+    row = 8 * 4  # D = 8, f32
+    assert sent[0] + sent[2] == sent[1] + sent[3] == 8 * row // 2
+    assert not any(x.op == "ccl.all_reduce" for x in sim.report.links)
+    gathered = {x.chip: x.sent_bytes for x in sim.report.links if x.op == "ccl.all_gather"}
+    assert gathered == {c: 2 * 4 * 2 for c in range(4)}  # each chip's 2 tokens' 4 columns, bf16
+
+
+def test_a_packed_all_to_all_sends_each_slice_from_where_the_last_ended() -> None:
+    """`packed`: slice d's rows[d] rows follow the earlier slices' in the input; the exchange
+    lays them out at the head of slice d, zeros after, as an unpacked send of the same rows."""
+    from runtime_sim.semantics.ccl_semantics import unpacked
+
+    x = np.arange(3 * 4 * 2, dtype=np.float32).reshape(3, 4, 2)
+    out = unpacked(x, np.array([2, 0, 3], dtype=np.int32))
+    flat = x.reshape(12, 2)
+    assert np.array_equal(out[0, :2], flat[:2]) and not out[0, 2:].any()
+    assert not out[1].any()
+    assert np.array_equal(out[2, :3], flat[2:5]) and not out[2, 3:].any()
 
 
 def test_ccl_verifier_names_the_problem() -> None:
@@ -714,6 +731,30 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
     restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith("%y_restored")]
     assert restored
     assert len(restored) < [o.name for o in combine].count("tile.guard")
+
+
+@pytest.mark.parametrize("strategy", ["a2a", "a2a_sum"])
+def test_receivers_combine_the_rows_they_received_packed_first(strategy: str) -> None:
+    """With 8 senders a receiver's buffers are mostly padding, a few rows at the head of every
+    slice (balanced decode routing: one token of each sender's 2 here): its combine packs the
+    rows it received first (`packed_rows`, a ve.filter) and runs in tiles of a slice's rows
+    (2 here, under a flit's 8), so one tile runs and the others are skipped (cost-only,
+    balanced), and its sums go back as they are, the senders' rows one after another (a
+    packed all-to-all): the reference's bits for a2a (the seed's routing)."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 16, "D": 64, "F": 32, "E": 16, "K": 2, "B": 2})
+    spec = MeshSpec.parse(f"ep=8,strategy={strategy}")
+    chip = str(program.lower(spec.pipeline()))
+    assert "%packed_rows = ve.filter" in chip and "packed}" in chip and "%token_sums = tcp.dma_scatter" not in chip
+    sim = simulate_on_mesh(program, spec, seed=2)
+    results = check_on_mesh(program, spec, sim, seed=2)
+    assert all(c.ok for c in results), [c.message for c in results]
+    if strategy == "a2a":
+        assert all(c.identical for c in results)
+    balanced = simulate_on_mesh(program, spec, seed=2, cost_only=True, routing="balanced")
+    for chip in balanced.report.chips:
+        combine = [o for o in chip.ops if o.phase == "combine"]
+        restored = [o for o in combine if o.name == "tcp.dma_gather" and o.label.startswith("%y_restored")]
+        assert len(restored) == 1 and [o.name for o in combine].count("tile.guard") == 8  # 8 tiles, one runs
     gathered = program.lower(MeshSpec.parse("ep=4,strategy=allgather").pipeline())
     assert "tile_has_pairs" not in str(gathered)
 

@@ -49,9 +49,11 @@ sum over k is regrouped by chip, so the result may differ from one chip's in the
 tokens: the gate and up projections (grouped_matmuls of the scattered tokens) keep the chip's
 F columns, the ops on them stay per column, and the down projection (the grouped_matmul over
 F) gives the chip's f32 partial sum over its F rows, its bias added on the first tp chip only.
-`ccl.all_reduce` over "tp" adds the partial sums in chip order in f32 and the sum is rounded
-once, where one chip rounds the down projection: a2a sums the received slots' rows (the `rows`
-that hold a pair) after the unweighted combine; allgather sums the blocks. The regrouped sum
+The tp chips add the partial sums in chip order in f32 and the sum is rounded once, where one
+chip rounds the down projection: a2a sums the received slots' rows (the `rows` that hold a
+pair) after the unweighted combine, each tp chip its 1/tp of their columns
+(`ccl.reduce_scatter` along them), which it returns and weighs alone before `ccl.all_gather`
+puts the outputs' columns together; allgather sums the blocks (`ccl.all_reduce`). The regrouped sum
 over F may round an expert output to the neighbouring bf16 value: tolerance.py's TP_SCALE.
 
 `sp=S` (a2a, a2a_sum; seed 001's TP columns) makes the ep chips of one sp coordinate one
@@ -321,7 +323,7 @@ class ShardExpertsPass(ModulePass):
     over the ep chips of each group only."""
     tp: int = 1
     """Chips of the tensor-parallel axis: each holds F / tp of every expert's hidden columns,
-    the partial sums all-reduced over them."""
+    the partial sums added over them."""
     strategy: str = "a2a"
     """How tokens reach their experts' chips: `a2a`, `a2a_sum` or `allgather` (the module
     docstring compares them)."""
@@ -894,12 +896,28 @@ class _A2A(_Strategy):
         b.phase = "combine"
         if self.by_slot:
             rows = b.add(moe.CombineOp(b.value(op.input), self.route), "expert_rows").results[0]
-            if self.partial is not None:  # tp: the slots' f32 partial sums, added over the tp chips
-                partial = b.reshape(rows, [ep, slots, d], "partial_rows")
-                summed = b.add(ccl.AllReduceOp(partial, TP, layer.tp, rows=self.recv_counts), "summed_rows").results[0]
-                rows = b.reshape(b.cast(summed, op.input.type.get_element_type(), "summed_rows_out"),  # type: ignore[attr-defined]
-                                 [ep * slots, d], "expert_rows_summed")
+            if self.partial is None:
+                self._combine_by_pair(op, rows)
+                return
+            # tp: the slots' f32 partial sums added over the tp chips, each chip summing its
+            # 1/tp of the columns (a reduce-scatter, half an all-reduce's steps), which it
+            # rounds, returns and weighs alone; the outputs' columns are then gathered over tp.
+            # Column by column the same additions in the same order: the all-reduce's bits.
+            tp = layer.tp
+            partial = b.reshape(rows, [ep, slots, tp, d // tp], "partial_rows")
+            summed = b.add(ccl.ReduceScatterOp(partial, TP, tp, dim=2, rows=self.recv_counts), "summed_rows").results[0]
+            rows = b.reshape(b.cast(summed, op.input.type.get_element_type(), "summed_rows_out"),  # type: ignore[attr-defined]
+                             [ep * slots, d // tp], "expert_rows_summed")
             self._combine_by_pair(op, rows)
+            b.phase = "combine"
+            own = b.values[op.result]
+            own.name_hint = "own_columns"
+            columns = b.reshape(own, [tl, 1, d // tp])
+            gathered = b.add(ccl.AllGatherOp(columns, TP, tp, dim=1), "output_gathered").results[0]
+            out = b.reshape(gathered, [tl, d], op.result.name_hint)
+            b.values[op.result] = out
+            b.rows[out] = (layer.route.tokens.data, tl)
+            b.phase = None
             return
         if op.weights is not None and self.recv_weights is None:  # the weights computed after the dispatch
             self._send_weights(self._gathered(b.value(op.weights), "weights_row"))
@@ -959,7 +977,7 @@ class _A2A(_Strategy):
         and rounded once; with sp, the columns' f32 sums are first added over sp (chip order),
         each chip keeping its own tokens, then + 0.0."""
         b, layer = self.b, self.layer
-        tl, d = layer.tokens, shape_of(op.result.type)[1]
+        tl, d = layer.tokens, shape_of(terms.type)[-1]  # tp's combine: the chip's columns
         total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name).results[0]
         if layer.sp > 1:
             assert plus is None, "sp's combine returns a row per pair"

@@ -28,6 +28,7 @@ last piece gives the whole contraction's bits; a bias is added by the last piece
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from xdsl.dialects import scf
 from xdsl.dialects.builtin import TensorType
@@ -36,7 +37,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from dialects import tcp, tile
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import erase_unread, index_constant
-from passes.schedule._f_tiles import CONTRACTIONS, UP_SPEC, FAxis, axis_window
+from passes.schedule._f_tiles import CONTRACTIONS, UP_SPEC, FAxis, axis_window, idle_engine_bytes
 from runtime_sim.semantics.numerics import GRID_K
 from target.machine import Machine
 
@@ -92,6 +93,51 @@ def splittable(op: Operation) -> bool:
     return all(isinstance(u.operation, scf.YieldOp) or u.operation is op for u in op.rhs.uses)
 
 
+def contract_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, weights: list[SSAValue], bounds: list[tuple[int, int]],
+                    operand: Callable[[SSAValue], SSAValue]) -> list[Operation]:
+    """The ops that compute `op` from its weight's K pieces `weights` (rows `bounds` of it),
+    each piece's contraction continuing the previous one's f32 sum (`acc`), the bias added by
+    the last; `operand` gives the value to read for each of `op`'s other operands (its lhs and
+    scales are addressed in place by window, `tile.slice ... at`). The last op's result is
+    `op`'s."""
+    axes = _k_axes(op)
+    zero = index_constant(0)
+    made: list[Operation] = [zero]
+    acc: SSAValue | None = None
+    for i, rows in enumerate(bounds):
+        def part(v: SSAValue, rows: tuple[int, int] = rows) -> SSAValue:
+            """The piece's part of operand `v` (not the weight), addressed in place."""
+            offsets, sizes = axis_window(v, axes[v], rows)
+            source, offset = operand(v), zero.result
+            t = TensorType(v.type.get_element_type(), [shape_of(source.type)[0], *sizes])  # type: ignore[attr-defined]
+            owner = source.owner
+            if isinstance(owner, tile.SliceOp):  # a block's rows, or their window: addressed directly
+                source, offset = owner.source, owner.offset
+                offsets = [o + w for o, w in zip(offsets, owner.window_offsets())]
+            window = tile.SliceOp(source, offset, t, offsets)
+            window.attributes.update(op.attributes)
+            window.result.name_hint = f"{v.name_hint}_piece" if v.name_hint else None
+            made.append(window)
+            return window.result
+
+        bias = operand(op.bias) if i == len(bounds) - 1 and op.bias is not None else None
+        guard = operand(op.guard) if op.guard is not None else None
+        if isinstance(op, tcp.ScaledContractOp):
+            new: Operation = tcp.ScaledContractOp(part(op.lhs), weights[i], part(op.lhs_scales), part(op.rhs_scales),
+                                                  bias=bias, guard=guard, acc=acc)
+        else:
+            lhs = part(op.lhs)
+            result = TensorType(op.result.type.get_element_type(),  # type: ignore[attr-defined]
+                                [shape_of(lhs.type)[0], *shape_of(op.result.type)[1:]])
+            new = tcp.ContractOp(op.spec.data, lhs, weights[i], result, bias=bias, guard=guard, acc=acc)
+        new.attributes.update(op.attributes)
+        new.location = op.location
+        new.results[0].name_hint = op.result.name_hint
+        made.append(new)
+        acc = new.results[0]
+    return made
+
+
 def cut_into_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, count: int) -> None:
     """Replace `op` (`splittable`) and its weight's whole load by `count` K pieces (the module
     docstring), in place. The whole load's tile yielded for the next block's reuse is replaced
@@ -99,48 +145,17 @@ def cut_into_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, count: int) -> No
     block = op.parent_block()
     load = _whole_load(op.rhs)
     assert block is not None and load is not None
-    axes = _k_axes(op)
     bounds = k_pieces(shape_of(op.rhs.type)[1], k_grain(op), count)
-    pieces = [tile.LoadExpertOp(load.source, load.ids, None, None, list(load.after),
-                                axis_window(op.rhs, axes[op.rhs], rows)) for rows in bounds]
+    pieces = [tile.LoadExpertOp(load.source, load.ids, None, None, list(load.after), piece_window(op, op.rhs, rows))
+              for rows in bounds]
     for piece in pieces:
         piece.attributes.update(load.attributes)
         piece.location = load.location
         piece.results[0].name_hint = load.result.name_hint
     block.insert_ops_before(pieces, load)
-    zero = index_constant(0)
-    block.insert_op_before(zero, op)
-    acc: SSAValue | None = None
-    for i, rows in enumerate(bounds):
-        def part(v: SSAValue, rows: tuple[int, int] = rows) -> SSAValue:
-            """The piece's part of operand `v` (not the weight), addressed in place."""
-            offsets, sizes = axis_window(v, axes[v], rows)
-            t = TensorType(v.type.get_element_type(), [shape_of(v.type)[0], *sizes])  # type: ignore[attr-defined]
-            source, offset = v, zero.result
-            owner = v.owner
-            if isinstance(owner, tile.SliceOp):  # a block's rows, or their window: addressed directly
-                source, offset = owner.source, owner.offset
-                offsets = [o + w for o, w in zip(offsets, owner.window_offsets())]
-            window = tile.SliceOp(source, offset, t, offsets)
-            window.attributes.update(op.attributes)
-            window.result.name_hint = f"{v.name_hint}_piece" if v.name_hint else None
-            block.insert_op_before(window, op)
-            return window.result
-
-        weight = pieces[i].results[0]
-        bias = op.bias if i == len(bounds) - 1 else None
-        if isinstance(op, tcp.ScaledContractOp):
-            new: Operation = tcp.ScaledContractOp(part(op.lhs), weight, part(op.lhs_scales), part(op.rhs_scales),
-                                                  bias=bias, guard=op.guard, acc=acc)
-        else:
-            new = tcp.ContractOp(op.spec.data, part(op.lhs), weight, op.result.type, bias=bias, guard=op.guard, acc=acc)
-        new.attributes.update(op.attributes)
-        new.location = op.location
-        new.results[0].name_hint = op.result.name_hint
-        block.insert_op_before(new, op)
-        acc = new.results[0]
-    assert acc is not None
-    op.result.replace_all_uses_with(acc)
+    made = contract_pieces(op, [p.results[0] for p in pieces], bounds, lambda v: v)
+    block.insert_ops_before(made, op)
+    op.result.replace_all_uses_with(made[-1].results[0])
     operands = [v for v in op.operands if v is not op.rhs]
     op.detach()
     op.erase()
@@ -151,6 +166,38 @@ def cut_into_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, count: int) -> No
         load.result.replace_all_uses_with(load.prev_tile)
     load.detach()
     load.erase()
+
+
+def piece_window(op: tcp.ContractOp | tcp.ScaledContractOp, weight: SSAValue,
+                 rows: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """The window of each expert's row of `weight` (`op`'s rhs, or the gather it reads) that
+    holds K piece `rows`: offsets and sizes in every axis after the first."""
+    return axis_window(weight, _k_axes(op)[op.rhs], rows)
+
+
+def engine_pieces(op: Operation, machine: Machine) -> list[tuple[int, int]] | None:
+    """K pieces for the weight every block loads whole for `op` (a bf16/f32 block contraction
+    `gbd,gdf->gbf` of a gathered weight it alone reads) when one DMA command for it would
+    leave engines idle: a matrix over one `dma.split_bytes` piece but not whole pieces is cut
+    into a full part and a short one, and the command holds both engines for the full part's
+    time (tp's halved F: Qwen3-30B-A3B's [2048, 384] bf16 matrices, 1.5 MB, as 1 MB + 0.5 MB).
+    The cut that holds the engines least (bytes plus idle bytes, `idle_engine_bytes`), the
+    fewest pieces of equals; None when the whole command is as good."""
+    if not isinstance(op, tcp.ContractOp) or op.spec.data != UP_SPEC or op.acc is not None:
+        return None
+    weight = op.rhs
+    if any(u.operation is not op for u in weight.uses):
+        return None
+    k = shape_of(weight.type)[1]
+    grain = k_grain(op)
+    row_bytes = stored_bytes(weight.type) // (shape_of(weight.type)[0] * k)
+
+    def held(bounds: list[tuple[int, int]]) -> float:
+        return sum((k1 - k0) * row_bytes + idle_engine_bytes((k1 - k0) * row_bytes, machine) for k0, k1 in bounds)
+
+    cuts = [k_pieces(k, grain, n) for n in range(1, -(-k // grain) + 1)]
+    best = min(cuts, key=lambda bounds: (held(bounds), len(bounds)))
+    return best if len(best) > 1 else None
 
 
 def one_engine(op: Operation, machine: Machine) -> bool:

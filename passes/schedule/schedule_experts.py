@@ -78,6 +78,13 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   along K, each piece's contraction continuing the previous one's f32 sum: the stream ends
   with smaller commands and the engines finish closer together, with the same bits
   (passes/schedule/_k_pieces.py; Qwen3-30B-A3B MXFP4 T = 1: 19,206 -> 18,552 cycles);
+- a whole weight whose one DMA command would leave an engine idle (over one `dma.split_bytes`
+  piece, not whole pieces: tp's halved F, Qwen3-30B-A3B's [2048, 384] bf16 matrices, 1.5 MB as a
+  1 MB and a 0.5 MB part holding two engines for the 1 MB part's time) loads in every block as
+  K pieces that hold the engines least (`engine_pieces`: two of 0.75 MB, one engine each), each
+  piece reused by the expert's next block as the whole weight is and its contraction continuing
+  the previous piece's f32 sum: the same bits (Qwen3-30B-A3B ep=2,tp=2, 16 tokens a chip, B = 2:
+  357.1 -> 312.4 us; its stream at 1,049 -> 1,240 B/cycle on one chip);
 - weight scales small enough (`scales_ahead`: fp8's, a few hundred bytes per expert and
   matrix; MXFP4's where an expert's move in less than a DMA start-up, `scales_ahead_row_bytes`)
   stay gathered for all blocks before the loop, one DMA command each, where they fit the
@@ -117,7 +124,7 @@ from passes._auto_option import AUTO, check_choice, refuse_auto
 from passes.schedule._expert_groups import GroupPlan, build_group_loops, group_blocks, groupable
 from passes.schedule._f_tiles import (CONTRACTIONS, TILES_IN_FLIGHT, WEIGHT_SHARE, FRegion, choose_f_tile,
                                       find_f_region, held_weight_bytes)
-from passes.schedule._k_pieces import cut_last_block, last_block_cuts
+from passes.schedule._k_pieces import contract_pieces, cut_last_block, engine_pieces, last_block_cuts, piece_window
 from passes.schedule.interleave_shared import spreads
 from passes.schedule.split_clusters import contraction_flops_per_weight_byte, own_dma_intensity
 from passes.lowering.load_arguments import load_into_sram
@@ -444,6 +451,8 @@ class _Slot:
     gather: tcp.DmaGatherOp
     columns: tuple[int, int] | None
     type: Attribute
+    rows: tuple[int, int] | None = None
+    """The K piece of a whole weight loaded in pieces (`engine_pieces`), else None."""
 
 
 def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_bytes: int = 0,
@@ -504,9 +513,23 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         size = group or group_blocks(plan, width, sram)
         return build_group_loops(block, plan, min(size, blocks))[0]
 
+    # Whole weights whose one command would leave DMA engines idle load in K pieces, each
+    # reused as a whole weight is (passes/schedule/_k_pieces.py, `engine_pieces`).
+    pieces: dict[tcp.DmaGatherOp, tuple[Operation, list[tuple[int, int]]]] = {}
+    for op in ops:
+        rhs = op.rhs.owner if isinstance(op, tcp.ContractOp) else None
+        if isinstance(rhs, tcp.DmaGatherOp) and rhs in gathers and rhs not in tiled_gathers:
+            bounds = engine_pieces(op, machine)
+            if bounds is not None:
+                pieces[rhs] = (op, bounds)
     slots: list[_Slot] = []
     for g in gathers:
-        if g not in tiled_gathers:
+        if g in pieces:
+            op, bounds = pieces[g]
+            for rows in bounds:
+                window = piece_window(op, g.result, rows)
+                slots.append(_Slot(g, None, TensorType(g.result.type.get_element_type(), [1, *window[1]]), rows))
+        elif g not in tiled_gathers:
             slots.append(_Slot(g, None, tile_type(g.result.type)))
         elif resident:
             assert region is not None
@@ -591,12 +614,16 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     # The loop starts from the dispatch (docstring): a weight load waits for the row indices too.
     dispatched = [op.indices for op in ops if is_dispatch_gather(op, blocks) and starts_from_dispatch(op)]
 
-    def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue) -> Operation:
-        """The load of the block's tile of `gather`'s weight (`columns` of F), reusing the
-        previous block's when its slot is carried; not yet in the body."""
-        k = next((i for i, s in enumerate(slots) if s.gather is gather and s.columns == columns), None)
+    def load(gather: tcp.DmaGatherOp, columns: tuple[int, int] | None, wait: SSAValue,
+             rows: tuple[int, int] | None = None) -> Operation:
+        """The load of the block's tile of `gather`'s weight (`columns` of F, or its K piece
+        `rows`), reusing the previous block's when its slot is carried; not yet in the body."""
+        k = next((i for i, s in enumerate(slots) if s.gather is gather and s.columns == columns and s.rows == rows),
+                 None)
         prev = (prev_ids_args[k], prev_tile_args[k]) if k is not None else (None, None)
         window = None if columns is None or region is None else region.window(gather.result, columns)
+        if rows is not None:
+            window = piece_window(pieces[gather][0], gather.result, rows)
         new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait, *dispatched], window)
         new.attributes.update(gather.attributes)
         new.location = gather.location
@@ -715,8 +742,20 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
             rows.location = op.location
             mapping[op.result] = add(rows, f"{op.result.name_hint}_tile" if op.result.name_hint else None)
             continue
+        if isinstance(op, tcp.DmaGatherOp) and op in pieces:
+            mapping[op.result] = op.result  # read by its contraction, in pieces (below)
+            continue
         if isinstance(op, tcp.DmaGatherOp):
             mapping[op.result] = add(load(op, None, weight_wait))
+            continue
+        cut = pieces.get(op.rhs.owner) if isinstance(op, tcp.ContractOp) else None  # type: ignore[arg-type]
+        if cut is not None and cut[0] is op:
+            assert isinstance(op.rhs.owner, tcp.DmaGatherOp)
+            weights = [add(load(op.rhs.owner, None, weight_wait, rows)) for rows in cut[1]]
+            made = contract_pieces(op, weights, cut[1], tile_of)
+            for new in made:
+                add(new)
+            mapping[op.result] = made[-1].results[0]
             continue
         new = clone_rows(op, [tile_of(v) for v in op.operands], 1)
         body.add_op(new)

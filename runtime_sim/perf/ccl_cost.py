@@ -17,8 +17,9 @@ link model (mesh_machine.py; numbers in machines/rngd_pcie.toml):
   them wait for the link, the others do not);
 - all_gather, reduce_scatter: the ring algorithm, N - 1 steps of one chip's share each
   (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009); all_reduce is a
-  reduce_scatter then an all_gather, 2 (N - 1) steps; with `rows` only the slices' data rows
-  count (the tensor-parallel reduction of a receive buffer: its empty slots are not sent). The additions of a reduction run on the
+  reduce_scatter then an all_gather, 2 (N - 1) steps; whichever axis a gather or scatter
+  splits (`dim`), a share is 1 / N of the bytes; with `rows` (all_reduce, reduce_scatter) only
+  the slices' data rows count (the tensor-parallel reduction of a receive buffer: its empty slots are not sent). The additions of a reduction run on the
   receiving chip's vector engine, overlapped with the transfer (not charged; an assumption).
 - A collective is synchronous: it starts on every chip of its group when the last one reaches
   it and ends when the slowest chip's link is done, so a chip that receives more (skewed
@@ -146,7 +147,7 @@ def traffic(op: Operation, operands: tuple[Any, ...], group: int, me: int) -> Tr
         sent = [0 if d == me else rows[d] * per_row for d in range(group)]
         return Traffic(op.name, tuple(sent), me, 1)
     share = int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(x.dtype).itemsize
-    if isinstance(op, ccl.AllReduceOp) and op.rows is not None:  # only the slices' data rows
+    if isinstance(op, (ccl.AllReduceOp, ccl.ReduceScatterOp)) and op.rows is not None:  # only the slices' data rows
         share = sum(int(r) for r in np.asarray(operands[1])) * _row_bytes(x[0])
     if isinstance(op, (ccl.ReduceScatterOp, ccl.AllReduceOp)):
         share //= group
@@ -187,5 +188,5 @@ def register_ccl_costs() -> None:
     register_cost(*ccl.COLLECTIVES)(provisional_cost)
     register_cost(ccl.ChipIdOp)(free_cost)
     register_view(ccl.AllToAllDoneOp)
-    for op in (ccl.AllToAllOp, ccl.AllToAllStartOp, ccl.AllReduceOp):
+    for op in (ccl.AllToAllOp, ccl.AllToAllStartOp, ccl.AllReduceOp, ccl.ReduceScatterOp):
         register_data_operands(op, lambda op: () if op.rows is None else (op.rows,))  # type: ignore[attr-defined]

@@ -32,8 +32,21 @@ def all_to_all(values: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [np.stack([np.asarray(v)[c] for v in values]) for c in range(len(values))]
 
 
-def all_gather(values: Sequence[np.ndarray]) -> np.ndarray:
-    return np.concatenate([np.asarray(v) for v in values], axis=0)
+def unpacked(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """A packed all-to-all's input laid out by slice: slice d's rows[d] rows, which follow the
+    earlier slices' in `x`'s rows, at the head of slice d, zeros after."""
+    slices, per = x.shape[:2]
+    flat = x.reshape(slices * per, *x.shape[2:])
+    out = np.zeros_like(x)
+    start = 0
+    for d, n in enumerate(int(r) for r in rows):
+        out[d, :n] = flat[start:start + n]
+        start += n
+    return out
+
+
+def all_gather(values: Sequence[np.ndarray], dim: int = 0) -> np.ndarray:
+    return np.concatenate([np.asarray(v) for v in values], axis=dim)
 
 
 def reduce_sum(values: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
@@ -215,7 +228,8 @@ class CCLFunctions(InterpreterFunctions):
         return [everyone[c] for c in group], group.index(self.chip)
 
     def _all_to_all(self, op: ccl.AllToAllExchange, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        values, me = self._group(op, np.asarray(args[0]))
+        x = np.asarray(args[0])
+        values, me = self._group(op, unpacked(x, np.asarray(args[1])) if op.packed is not None else x)
         return (all_to_all(values)[me],)
 
     @impl(ccl.AllToAllOp)
@@ -234,13 +248,15 @@ class CCLFunctions(InterpreterFunctions):
     @impl(ccl.AllGatherOp)
     def run_all_gather(self, interpreter: Interpreter, op: ccl.AllGatherOp, args: tuple[Any, ...]):
         values, _ = self._group(op, np.asarray(args[0]))
-        return (all_gather(values),)
+        return (all_gather(values, ccl.split_dim(op)),)
 
     @impl(ccl.ReduceScatterOp)
     def run_reduce_scatter(self, interpreter: Interpreter, op: ccl.ReduceScatterOp, args: tuple[Any, ...]):
         values, me = self._group(op, np.asarray(args[0]))
-        rows = op.result.type.get_shape()[0]
-        return (reduce_sum([v[me * rows:(me + 1) * rows] for v in values], tensor_dtype(op.result.type)),)
+        dim = ccl.split_dim(op)
+        size = op.result.type.get_shape()[dim]
+        return (reduce_sum([np.take(v, range(me * size, (me + 1) * size), axis=dim) for v in values],
+                           tensor_dtype(op.result.type)),)
 
     @impl(ccl.AllReduceOp)
     def run_all_reduce(self, interpreter: Interpreter, op: ccl.AllReduceOp, args: tuple[Any, ...]):

@@ -38,6 +38,15 @@ func.func @all_to_all_rows(%x: tensor<2x5xi32>, %n: tensor<3xi32>) {
 
 // -----
 
+func.func @packed_needs_rows(%x: tensor<2x4x8xbf16>) {
+  %r = ccl.all_to_all %x over "ep" {chips = 2 : i64, packed} : tensor<2x4x8xbf16> -> tensor<2x4x8xbf16>
+  func.return
+}
+
+// CHECK: packed needs rows (how many of the input's rows each slice takes) and slices of rows
+
+// -----
+
 func.func @all_gather_result(%x: tensor<2x8xbf16>) {
   %r = ccl.all_gather %x over "ep" {chips = 2 : i64} : tensor<2x8xbf16> -> tensor<2x8xbf16>
   func.return
@@ -61,7 +70,7 @@ func.func @reduce_scatter_divides(%x: tensor<3x8xf32>) {
   func.return
 }
 
-// CHECK: input f32[3, 8]: leading axis must divide by 2
+// CHECK: input f32[3, 8]: axis 0 must divide by 2
 
 // -----
 
@@ -71,6 +80,33 @@ func.func @reduce_scatter_result(%x: tensor<4x8xf32>) {
 }
 
 // CHECK: result should be f32[2, 8]
+
+// -----
+
+func.func @reduce_scatter_dim(%x: tensor<4x8xf32>) {
+  %r = ccl.reduce_scatter %x over "ep" {chips = 2 : i64, dim = 2 : i64} : tensor<4x8xf32> -> tensor<4x8xf32>
+  func.return
+}
+
+// CHECK: input f32[4, 8]: axis 2 must divide by 2
+
+// -----
+
+func.func @reduce_scatter_rows(%x: tensor<2x4x8xf32>, %n: tensor<2xi32>) {
+  %r = ccl.reduce_scatter %x rows %n over "tp" {chips = 2 : i64, dim = 1 : i64} : tensor<2x4x8xf32>, tensor<2xi32> -> tensor<2x2x8xf32>
+  func.return
+}
+
+// CHECK: rows must be i32 [2], one count per slice of the input's first axis, and dim past the slices' rows (at least 2)
+
+// -----
+
+func.func @all_gather_dim(%x: tensor<2x8xbf16>) {
+  %r = ccl.all_gather %x over "ep" {chips = 2 : i64, dim = 2 : i64} : tensor<2x8xbf16> -> tensor<2x8xbf16>
+  func.return
+}
+
+// CHECK: dim 2 is not an axis of bf16[2, 8]
 
 // -----
 

@@ -21,6 +21,18 @@ func.func @capacity(%top_e: tensor<2x2xi32>, %chip_counts: tensor<2x4xi32>) -> t
   %slot_rows, %slot_experts, %send_counts = ccl.a2a_plan %top_e after %chip_counts over "ep" {chips = 2 : i64, experts = 4 : i64, capacity = 1 : i64} : tensor<2x2xi32>, tensor<2x4xi32> -> tensor<2x2xi32>, tensor<2x2xi32>, tensor<2xi32>
   func.return %slot_rows : tensor<2x2xi32>
 }
+// tp's combine: each tp chip sums its half of the slots' columns, then the outputs' columns are gathered.
+func.func @columns(%slots: tensor<2x4x2x4xf32>, %recv_counts: tensor<2xi32>, %own: tensor<2x1x4xbf16>) -> tensor<2x2x4xbf16> {
+  %summed = ccl.reduce_scatter %slots rows %recv_counts over "tp" {chips = 2 : i64, dim = 2 : i64} : tensor<2x4x2x4xf32>, tensor<2xi32> -> tensor<2x4x1x4xf32>
+  %out = ccl.all_gather %own over "tp" {chips = 2 : i64, dim = 1 : i64} : tensor<2x1x4xbf16> -> tensor<2x2x4xbf16>
+  func.return %out : tensor<2x2x4xbf16>
+}
+// A receiver's sums computed over its received rows packed first go back packed.
+func.func @packed(%sums: tensor<2x4x8xbf16>, %counts: tensor<2xi32>) -> tensor<2x4x8xbf16> {
+  %back = ccl.all_to_all_start %sums rows %counts over "ep" {chips = 2 : i64, packed} : tensor<2x4x8xbf16>, tensor<2xi32> -> tensor<2x4x8xbf16>
+  %back_done = ccl.all_to_all_done %back : tensor<2x4x8xbf16>
+  func.return %back_done : tensor<2x4x8xbf16>
+}
 
 // CHECK:      func.func @exchange(%x: tensor<2x8xbf16> {ccl.shard = "tokens"}, %w_up: tensor<2x8x8xbf16> {ccl.shard = "experts", ccl.tp_axis = 2 : i64}, %top_e: tensor<2x2xi32>, %partial: tensor<4x8xf32>, %rows: tensor<2x4x8xf32>) -> tensor<2x4x8xf32> attributes {ccl.mesh = "ep=2,tp=2", ccl.strategy = "a2a"} {
 // CHECK-NEXT:   %slot_rows, %slot_experts, %send_counts = ccl.a2a_plan %top_e over "ep" {chips = 2 : i64, experts = 4 : i64, capacity = 0 : i64} : tensor<2x2xi32> -> tensor<2x2xi32>, tensor<2x4xi32>, tensor<2xi32>
@@ -40,3 +52,8 @@ func.func @capacity(%top_e: tensor<2x2xi32>, %chip_counts: tensor<2x4xi32>) -> t
 // CHECK-NEXT:   %slot_rows, %slot_experts, %send_counts = ccl.a2a_plan %top_e after %chip_counts over "ep" {chips = 2 : i64, experts = 4 : i64, capacity = 1 : i64} : tensor<2x2xi32>, tensor<2x4xi32> -> tensor<2x2xi32>, tensor<2x2xi32>, tensor<2xi32>
 // CHECK-NEXT:   func.return %slot_rows : tensor<2x2xi32>
 // CHECK-NEXT: }
+// CHECK:      func.func @columns(%slots: tensor<2x4x2x4xf32>, %recv_counts: tensor<2xi32>, %own: tensor<2x1x4xbf16>) -> tensor<2x2x4xbf16> {
+// CHECK-NEXT:   %summed = ccl.reduce_scatter %slots rows %recv_counts over "tp" {chips = 2 : i64, dim = 2 : i64} : tensor<2x4x2x4xf32>, tensor<2xi32> -> tensor<2x4x1x4xf32>
+// CHECK-NEXT:   %out = ccl.all_gather %own over "tp" {chips = 2 : i64, dim = 1 : i64} : tensor<2x1x4xbf16> -> tensor<2x2x4xbf16>
+// CHECK:      func.func @packed(%sums: tensor<2x4x8xbf16>, %counts: tensor<2xi32>) -> tensor<2x4x8xbf16> {
+// CHECK-NEXT:   %back = ccl.all_to_all_start %sums rows %counts over "ep" {chips = 2 : i64, packed} : tensor<2x4x8xbf16>, tensor<2xi32> -> tensor<2x4x8xbf16>
