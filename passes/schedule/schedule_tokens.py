@@ -30,15 +30,19 @@ The router's matmul joins its loop when its tiles give a second cluster a share 
 an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster;
 `is_row_contraction`): tiles are then cut at multiples of GRID_M, the whole contraction's own
 output chunks (`numerics.contract`), so they give its bits. Other contractions stay
-outside. Every other op's row-tiled form computes the same numbers in the same order, so the
-pass is bit-identical.
+outside. When the rest of the phase holds its tiles to fewer rows than the matmul's own ops
+allow (still fewer than T) and the matmul's mapping is cheaper in those larger tiles
+(`contraction_cycles`), the
+matmul and the ops it reads through get a loop of their own first (`contraction_head`), its
+logits crossing to the rest in an SRAM buffer. Every other op's row-tiled form computes the
+same numbers in the same order, so the pass is bit-identical.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xdsl.context import Context
 from xdsl.dialects import func, scf
@@ -54,7 +58,7 @@ from passes.schedule._cluster_token_tiles import worth_splitting
 from passes._loop_builder import (clone_rows, connected, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
                                  replace_by_loop, select_ops, skip_unless, split_shared_constants, tile_type)
 from runtime_sim.semantics.numerics import GRID_M
-from target.contraction_mapping import ContractionShape
+from target.contraction_mapping import ContractionShape, choose
 from target.target_spec import machine_of
 
 ROW_MATMUL = "mk,kn->mn"
@@ -252,7 +256,8 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     # whose engines run it (DeepSeek-V3's f32 tokens for its router, 117 MB at T = 4096); when
     # those buffers alone exceed it, no tile size helps, and the memory plan spills.
     room = machine_of(chosen[0]).cluster_sram_bytes - sum(stored_bytes(r.type) for r in escaping if not goes_to_hbm(r))
-    rows = tile_rows(ops, tokens, min(tile_bytes, room) if room > 0 else tile_bytes)
+    budget = min(tile_bytes, room) if room > 0 else tile_bytes
+    rows = tile_rows(ops, tokens, budget)
     contractions = [op for op in ops if isinstance(op, tcp.ContractOp)]
     if contractions and (rows < min(tokens, GRID_M) or tokens < shared_from(contractions, clusters)):
         whole.update(contractions)  # tiles too small for its bits, or too few to share it out
@@ -260,16 +265,20 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     if not escaping:
         whole.update(ops)
         return True
-    if clusters > 1 and tokens >= 8 * clusters:
-        fits = rows >= tokens
-        made = sum(stored_bytes(r.type) for op in ops if op.dialect_name() == "ve" for r in op.results)
-        if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
-            even = balanced_rows(tokens, rows, clusters, row_granule(ops))
-            trial = _tile_loop(ops, escaping, even, tokens, phase)
-            if worth_splitting(trial[1], machine_of(chosen[0])):
-                rows = even
-            for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
-                op.erase(safe_erase=False)  # only the decision was wanted
+    rows, spread = cluster_rows(ops, escaping, rows, tokens, phase, clusters)
+    head = contraction_head(ops, contractions)
+    if head:
+        head_escaping = escaping_results(head)
+        head_rows, head_spread = cluster_rows(head, head_escaping, tile_rows(head, tokens, budget), tokens, phase, clusters)
+        if (head_rows < tokens and contraction_cycles(contractions, head_rows, tokens, clusters if head_spread else 1)
+                < contraction_cycles(contractions, rows, tokens, clusters if spread else 1)):
+            # The rest of the phase takes the next turn. (A head that fits whole is left in the
+            # phase's loop: whole, its matmul would wait for all of its input's load, where the
+            # tiles overlap each load with the previous tile's contraction; Llama-4-Scout's
+            # router at T = 2048 took 4,217 cycles more so.)
+            ops, escaping, rows = head, head_escaping, head_rows
+            for r in escaping:
+                r.name_hint = r.name_hint or "logits"
     if rows >= tokens:
         whole.update(ops)
         return True
@@ -281,6 +290,59 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     for v in inputs:
         _erase_unread_copy(v)
     return True
+
+
+def contraction_head(ops: list[Operation], contractions: list[tcp.ContractOp]) -> list[Operation]:
+    """The ops of a token loop's `ops` (in order) that its one row contraction reads through
+    (the tokens' tile load, their widening before an f32 router): a loop of their own, whose
+    tiles the contraction's mapping may prefer to the whole phase's. Empty when the loop has
+    another number of contractions or the head would be all of `ops`."""
+    if len(contractions) != 1:
+        return []
+    inside = set(ops)
+    found: set[Operation] = set()
+    pending: list[Operation] = [contractions[0]]
+    while pending:
+        op = pending.pop()
+        if op in found:
+            continue
+        found.add(op)
+        pending += [v.owner for v in op.operands if isinstance(v.owner, Operation) and v.owner in inside]
+    return [op for op in ops if op in found] if len(found) < len(ops) else []
+
+
+def contraction_cycles(contractions: list[tcp.ContractOp], rows: int, tokens: int, clusters: int) -> int:
+    """The mapping level's cycles (target/contraction_mapping.py) of `contractions` over
+    `tokens` rows in tiles of `rows`, a cluster's share of them on `clusters` clusters. A tile
+    of few rows leaves the TRF loads of the stationary operand unamortized: DeepSeek-V3's f32
+    router on its bf16 pieces takes 67,200 cycles for 128 rows (bound by TRF load) and 134,400
+    for 512 (bound by the MACs), so where its top-k ranking holds the router's tiles to 128
+    rows a cluster, its matmul is cheaper in a loop of its own (`contraction_head`)."""
+    tiles = [rows] * (tokens // rows) + ([tokens % rows] if tokens % rows else [])
+    machine = machine_of(contractions[0])
+    total = sum(choose(replace(ContractionShape.of(op.roles()), m=m), machine).best.cycles
+                for op in contractions for m in tiles)
+    return -(-total // clusters)
+
+
+def cluster_rows(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
+                 clusters: int) -> tuple[int, bool]:
+    """The tile rows of a loop over `ops` (at most `rows`, what SRAM allows) and whether its
+    tiles take turns on the `clusters` clusters: balanced over them (`balanced_rows`) when a
+    tile is worth running on another cluster (split-clusters' rule, `worth_splitting`, judged
+    on a trial loop), also when the ops fit whole but make at least MIN_SPLIT_VECTOR_BYTES."""
+    if clusters > 1 and tokens >= 8 * clusters:
+        fits = rows >= tokens
+        made = sum(stored_bytes(r.type) for op in ops if op.dialect_name() == "ve" for r in op.results)
+        if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
+            even = balanced_rows(tokens, rows, clusters, row_granule(ops))
+            trial = _tile_loop(ops, escaping, even, tokens, phase)
+            spread = worth_splitting(trial[1], machine_of(ops[0]))
+            for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
+                op.erase(safe_erase=False)  # only the decision was wanted
+            if spread:
+                return even, True
+    return rows, False
 
 
 LINK_OPS = ccl.COLLECTIVES
