@@ -117,7 +117,7 @@ def select_ops(block: Block, candidates: list[Operation]) -> list[Operation]:
         while todo:
             for result in todo.pop().results:
                 for use in result.uses:
-                    reader = _op_of_block(use.operation, block)
+                    reader = op_of_block(use.operation, block)
                     if reader is not None and reader not in inside and reader not in tainted:
                         tainted.add(reader)
                         todo.append(reader)
@@ -146,7 +146,7 @@ def connected(candidates: list[Operation], seeds: list[Operation]) -> list[Opera
     return [op for op in candidates if op in found]
 
 
-def _op_of_block(op: Operation, block: Block) -> Operation | None:
+def op_of_block(op: Operation, block: Block) -> Operation | None:
     """The op of `block` that is `op` or holds it; None when `op` is not in `block`."""
     while op.parent is not block:
         parent = op.parent_op()

@@ -134,6 +134,26 @@ def test_resident_shared_weights_are_fetched_once_per_cluster() -> None:
     assert sum(o.hbm_bytes for o in fetched) == 2 * 3 * 64 * 256 * 2
 
 
+def test_a_shared_expert_whose_quantization_the_dispatch_reads_is_rewritten() -> None:
+    """With lower-dispatch{quantize=tokens}, DeepSeek-V3's shared expert reads the tokens'
+    quantization that the dispatch's gathers read too: schedule-shared quantizes each row
+    block again inside its loop (the whole quantization stays, for the dispatch), so nothing
+    of the shared expert is left whole, and the IR before and after the pass (and after the
+    schedule level and split-clusters) gives the same bits."""
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3_fp8.moe",
+                                dims={"T": 256, "B": 4, "D": 128, "F": 128, "FS": 640, "E": 8, "K": 2})
+    lowered_pipeline = LOWERED.replace("lower-dispatch", "lower-dispatch{quantize=tokens}")
+    lowered = program.run(seed=4, pipeline=lowered_pipeline).outputs
+    streamed = f",schedule-shared,schedule-experts{F_TILE_MODES['streamed']}"
+    for pipeline in (lowered_pipeline + ",schedule-shared", lowered_pipeline + streamed + ",split-clusters"):
+        assert_same_bits(program.run(seed=4, pipeline=pipeline).outputs, lowered)
+    module = program.lower(lowered_pipeline + ",schedule-shared")
+    phases = {op.attributes["tcpc.phase"].data for op in module.walk() if op.name == "tcp.scaled_contract"}
+    assert "shared" in phases and "other" not in phases
+    assert any(op.name == "tcp.dma_gather" and op.attributes["tcpc.phase"].data == "dispatch"
+               and "f8" in str(op.result.type) for op in module.walk())  # the dispatch gathers quantized rows
+
+
 @pytest.mark.parametrize("tokens", [1, 256])
 def test_a_block_scaled_shared_expert_is_rewritten_and_keeps_the_bits(tokens: int) -> None:
     """DeepSeek-V3's fp8 shared expert (x quantized per group of 128, `tcp.scaled_contract` on

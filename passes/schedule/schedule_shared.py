@@ -36,7 +36,10 @@ argument and whose lhs is computed, by element-wise `ve` ops on [T, ...], from u
 block scales function arguments, the up-projections' operands made from x row by row (its
 quantization per group: views and reductions within a row, never along T), and h quantized
 the same way before the down-projection; all of it becomes the blocked loop, the
-quantization included (a row's groups are the row's alone). Anything else stays as it is.
+quantization included (a row's groups are the row's alone). x's quantization may have other
+readers (lower-dispatch{quantize=tokens}: the dispatch gathers the same quantized rows); the
+loop then quantizes its row blocks again and the whole one stays for them. Anything else
+stays as it is.
 """
 
 from __future__ import annotations
@@ -167,6 +170,7 @@ def find_dense_mlp(down: tcp.ContractOp | tcp.ScaledContractOp) -> DenseMlp | No
         return None
     tokens = _tokens_of(down)
     found: set[Operation] = set()
+    quantizing: set[Operation] = set()
     ups: list[tcp.ContractOp | tcp.ScaledContractOp] = []
     inputs: set[SSAValue] = set()
     stack = [(v, False) for v in _activations(down)]
@@ -188,6 +192,8 @@ def find_dense_mlp(down: tcp.ContractOp | tcp.ScaledContractOp) -> DenseMlp | No
                 inputs.add(owner.lhs)  # type: ignore[attr-defined]
         elif _elementwise(owner, tokens):  # type: ignore[arg-type]
             stack.extend((v, before_ups) for v in owner.operands)
+            if before_ups:
+                quantizing.add(owner)
         else:
             return None
         found.add(owner)
@@ -197,7 +203,7 @@ def find_dense_mlp(down: tcp.ContractOp | tcp.ScaledContractOp) -> DenseMlp | No
     if leading(x) != tokens or len(shape_of(x.type)) != 2:
         return None
     inside = found | {down}
-    if any(use.operation not in inside for op in found for r in op.results for use in r.uses):
+    if any(use.operation not in inside for op in found - quantizing for r in op.results for use in r.uses):
         return None  # an intermediate read elsewhere: left whole
     block = down.parent_block()
     assert block is not None
@@ -322,6 +328,8 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
     loads = [_unbatched(v).owner for v in weights]
     for op in [down, *reversed(mlp.ops), *weight_views, *loads]:
         assert isinstance(op, Operation)
+        if any(r.uses for r in op.results):
+            continue  # x's quantization that the dispatch reads too (quantize=tokens): its own again
         op.detach()
         op.erase()
 

@@ -35,15 +35,21 @@ The router's matmul joins its loop when its tiles give a second cluster a share 
 an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster;
 `is_row_contraction`): tiles are then cut at multiples of GRID_M, the whole contraction's own
 output chunks (`numerics.contract`), so they give its bits. Other contractions stay
-outside. Every other op's row-tiled form computes the same numbers in the same order, so the
-pass is bit-identical.
+outside. When the rest of the phase holds its tiles to fewer rows than the matmul's own ops
+allow (still fewer than T) and the matmul's mapping is cheaper in those larger tiles
+(`contraction_cycles`), the matmul and the ops it reads through get a loop of their own first
+(`contraction_head`), its logits crossing to the rest in an SRAM buffer; that loop loads its
+tokens a tile at a time from HBM even when the whole SRAM copy stays for another reader
+(`loaded_whole`'s `reload`; the copy's load then moves to that reader, `_sink_copy`). Every
+other op's row-tiled form computes the same numbers in the same order, so the pass is
+bit-identical.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xdsl.context import Context
 from xdsl.dialects import func, scf
@@ -57,9 +63,9 @@ from dialects.tensor_types import shape_of, stored_bytes
 from passes.schedule._cluster_copies import DMA_OPS
 from passes.schedule._cluster_token_tiles import worth_splitting
 from passes._loop_builder import (clone_rows, connected, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
-                                 replace_by_loop, select_ops, skip_unless, split_shared_constants, tile_type)
+                                 op_of_block, replace_by_loop, select_ops, skip_unless, split_shared_constants, tile_type)
 from runtime_sim.semantics.numerics import GRID_M
-from target.contraction_mapping import ContractionShape
+from target.contraction_mapping import ContractionShape, choose
 from target.target_spec import machine_of
 
 ROW_MATMUL = "mk,kn->mn"
@@ -161,12 +167,12 @@ def loop_phase(op: Operation, tail: set[Operation]) -> str:
     return "combine" if phase == OTHER or (op in tail and phase != "combine") else phase
 
 
-def tile_rows(ops: list[Operation], tokens: int, tile_bytes: int) -> int:
+def tile_rows(ops: list[Operation], tokens: int, tile_bytes: int, reload: bool = False) -> int:
     """Rows whose intermediates take at most `tile_bytes`: every result of `ops` (a view is no
     new data) and every input the tile loads from HBM (`loaded_whole`)."""
     inside = set(ops)
     loaded = {v for op in ops for v in op.operands
-              if v.owner not in inside and leading(v) == tokens and loaded_whole(v, inside) is not None}
+              if v.owner not in inside and leading(v) == tokens and loaded_whole(v, inside, reload) is not None}
     per_row = sum(math.prod(tile_type(r.type).get_shape()) * _element_bytes(r.type)
                   for r in [*(r for op in ops if not isinstance(op, tcp.ViewOp) for r in op.results), *loaded])
     rows = max(1, min(tokens, tile_bytes // max(1, per_row)))
@@ -257,7 +263,8 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     # whose engines run it (DeepSeek-V3's f32 tokens for its router, 117 MB at T = 4096); when
     # those buffers alone exceed it, no tile size helps, and the memory plan spills.
     room = machine_of(chosen[0]).cluster_sram_bytes - sum(stored_bytes(r.type) for r in escaping if not goes_to_hbm(r))
-    rows = tile_rows(ops, tokens, min(tile_bytes, room) if room > 0 else tile_bytes)
+    budget = min(tile_bytes, room) if room > 0 else tile_bytes
+    rows = tile_rows(ops, tokens, budget)
     contractions = [op for op in ops if isinstance(op, tcp.ContractOp)]
     if contractions and (rows < min(tokens, GRID_M) or tokens < shared_from(contractions, clusters)):
         whole.update(contractions)  # tiles too small for its bits, or too few to share it out
@@ -265,16 +272,22 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     if not escaping:
         whole.update(ops)
         return True
-    if clusters > 1 and tokens >= 8 * clusters:
-        fits = rows >= tokens
-        made = sum(stored_bytes(r.type) for op in ops if op.dialect_name() == "ve" for r in op.results)
-        if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
-            even = balanced_rows(tokens, rows, clusters, row_granule(ops))
-            trial = _tile_loop(ops, escaping, even, tokens, phase)
-            if worth_splitting(trial[1], machine_of(chosen[0])):
-                rows = even
-            for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
-                op.erase(safe_erase=False)  # only the decision was wanted
+    rows, spread = cluster_rows(ops, escaping, rows, tokens, phase, clusters)
+    reload = False
+    head = contraction_head(ops, contractions)
+    if head:
+        head_escaping = escaping_results(head)
+        head_rows, head_spread = cluster_rows(head, head_escaping, tile_rows(head, tokens, budget, True), tokens, phase,
+                                              clusters, True)
+        if (head_rows < tokens and contraction_cycles(contractions, head_rows, tokens, clusters if head_spread else 1)
+                < contraction_cycles(contractions, rows, tokens, clusters if spread else 1)):
+            # The rest of the phase takes the next turn. (A head that fits whole is left in the
+            # phase's loop: whole, its matmul would wait for all of its input's load, where the
+            # tiles overlap each load with the previous tile's contraction; Llama-4-Scout's
+            # router at T = 2048 took 4,217 cycles more so.)
+            ops, escaping, rows, reload = head, head_escaping, head_rows, True
+            for r in escaping:
+                r.name_hint = r.name_hint or "logits"
     skip_by = empty_tile_indices(block, ops, escaping, tokens)
     back = returning_all_to_all(escaping) if skip_by is not None and len(shape_of(skip_by.type)) == 2 else None
     source_rows = shape_of(back.input.type)[1] if back is not None else tokens
@@ -290,7 +303,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     elif rows >= tokens:
         whole.update(ops)
         return True
-    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens, phase, skip_by)
+    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens, phase, reload, skip_by)
     if packed_rows is not None and back is not None and escaping == [back_source(back)]:
         back.properties["packed"] = UnitAttr()  # the sums go back as packed (ccl.all_to_all's `packed`)
     elif packed_rows is not None:  # each result back to its received row
@@ -305,7 +318,62 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     replace_by_loop(block, ops, escaping, results, [*packing, *before, *after])
     for v in inputs:
         _erase_unread_copy(v)
+        if reload:
+            _sink_copy(block, v, loop)
     return True
+
+
+def contraction_head(ops: list[Operation], contractions: list[tcp.ContractOp]) -> list[Operation]:
+    """The ops of a token loop's `ops` (in order) that its one row contraction reads through
+    (the tokens' tile load, their widening before an f32 router): a loop of their own, whose
+    tiles the contraction's mapping may prefer to the whole phase's. Empty when the loop has
+    another number of contractions or the head would be all of `ops`."""
+    if len(contractions) != 1:
+        return []
+    inside = set(ops)
+    found: set[Operation] = set()
+    pending: list[Operation] = [contractions[0]]
+    while pending:
+        op = pending.pop()
+        if op in found:
+            continue
+        found.add(op)
+        pending += [v.owner for v in op.operands if isinstance(v.owner, Operation) and v.owner in inside]
+    return [op for op in ops if op in found] if len(found) < len(ops) else []
+
+
+def contraction_cycles(contractions: list[tcp.ContractOp], rows: int, tokens: int, clusters: int) -> int:
+    """The mapping level's cycles (target/contraction_mapping.py) of `contractions` over
+    `tokens` rows in tiles of `rows`, a cluster's share of them on `clusters` clusters. A tile
+    of few rows leaves the TRF loads of the stationary operand unamortized: DeepSeek-V3's f32
+    router on its bf16 pieces takes 67,200 cycles for 128 rows (bound by TRF load) and 134,400
+    for 512 (bound by the MACs), so where its top-k ranking holds the router's tiles to 128
+    rows a cluster, its matmul is cheaper in a loop of its own (`contraction_head`)."""
+    tiles = [rows] * (tokens // rows) + ([tokens % rows] if tokens % rows else [])
+    machine = machine_of(contractions[0])
+    total = sum(choose(replace(ContractionShape.of(op.roles()), m=m), machine).best.cycles
+                for op in contractions for m in tiles)
+    return -(-total // clusters)
+
+
+def cluster_rows(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
+                 clusters: int, reload: bool = False) -> tuple[int, bool]:
+    """The tile rows of a loop over `ops` (at most `rows`, what SRAM allows) and whether its
+    tiles take turns on the `clusters` clusters: balanced over them (`balanced_rows`) when a
+    tile is worth running on another cluster (split-clusters' rule, `worth_splitting`, judged
+    on a trial loop), also when the ops fit whole but make at least MIN_SPLIT_VECTOR_BYTES."""
+    if clusters > 1 and tokens >= 8 * clusters:
+        fits = rows >= tokens
+        made = sum(stored_bytes(r.type) for op in ops if op.dialect_name() == "ve" for r in op.results)
+        if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
+            even = balanced_rows(tokens, rows, clusters, row_granule(ops))
+            trial = _tile_loop(ops, escaping, even, tokens, phase, reload)
+            spread = worth_splitting(trial[1], machine_of(ops[0]))
+            for op in [*reversed(trial[2]), trial[1], *reversed(trial[0])]:
+                op.erase(safe_erase=False)  # only the decision was wanted
+            if spread:
+                return even, True
+    return rows, False
 
 
 LINK_OPS = ccl.COLLECTIVES
@@ -428,12 +496,16 @@ def pack_received(ops: list[Operation], indices: SSAValue, counts: SSAValue,
     return made, packed_rows, packed_indices
 
 
-def loaded_whole(value: SSAValue, inside: set[Operation]) -> SSAValue | None:
+def loaded_whole(value: SSAValue, inside: set[Operation], reload: bool = False) -> SSAValue | None:
     """The HBM value that `value`, an SRAM input of a token loop over `inside`, copies whole (a
     `tcp.load`, through views: the tokens loaded for the router, a shared expert's rows loaded
     after its loop) when only `inside` reads that copy. The loop then loads each tile's rows
     from HBM (`tile.load`) and the whole copy goes: it held all T rows in one cluster's SRAM
-    for a loop that reads them a tile at a time. None otherwise."""
+    for a loop that reads them a tile at a time. With `reload` (a router matmul's own loop,
+    `contraction_head`) also when others read the copy, which then stays: a tile on another
+    cluster loads its rows rather than copying them from cluster 0's SRAM (DeepSeek-V3 fp8 at
+    T = 4096 with quantize=tokens: the router's tiles on both clusters, 1,224,303 -> 714,043
+    cycles). None otherwise."""
     source = value
     while isinstance(source.owner, tcp.ViewOp):
         source = source.owner.input
@@ -445,7 +517,7 @@ def loaded_whole(value: SSAValue, inside: set[Operation]) -> SSAValue | None:
         return all(use.operation in inside
                    or (isinstance(use.operation, tcp.ViewOp) and read_inside(use.operation.result)) for use in v.uses)
 
-    return load.input if read_inside(load.result) else None
+    return load.input if reload or read_inside(load.result) else None
 
 
 def _erase_unread_copy(value: SSAValue) -> None:
@@ -480,8 +552,37 @@ def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: l
     return tops.result
 
 
+def _sink_copy(block: Block, value: SSAValue, loop: Operation) -> None:
+    """Move the whole `tcp.load` that `value` is (through views), when the loop reloading its
+    tiles no longer reads it, to just before the first op of `block` that still does, as
+    load-arguments places a load: the tokens loaded whole for the router and kept for the
+    dispatch's quantization (quantize=tokens) then take a cluster's SRAM from the dispatch on,
+    not through the router and the routing, where DeepSeek-V3 fp8 at T = 4096 spilled them."""
+    chain: list[Operation] = []
+    source = value
+    while isinstance(source.owner, tcp.ViewOp):
+        chain.append(source.owner)
+        source = source.owner.input
+    load = source.owner
+    if not isinstance(load, tcp.LoadOp) or load.parent is not block or not value.uses:
+        return
+    chain.append(load)
+    inside = set(chain)
+    ordered = list(block.ops)
+    readers = [op_of_block(use.operation, block) for op in chain for r in op.results for use in r.uses]
+    if loop in readers:
+        return
+    first = min((ordered.index(o) for o in readers if o is not None and o not in inside), default=None)
+    if first is None or first <= ordered.index(load):
+        return
+    anchor = ordered[first]
+    for op in reversed(chain):
+        op.detach()
+        block.insert_op_before(op, anchor)
+
+
 def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
-               skip_by: SSAValue | None = None) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
+               reload: bool = False, skip_by: SSAValue | None = None) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
     """The token-tile loop of `phase` over `ops` in tiles of `rows` (not yet in the block): the
     ops before it, the loop, the ops after it (the loop and the remainder) and the escaping
     results. With `skip_by` (empty_tile_indices), a tile whose indices are all -1 is skipped:
@@ -506,7 +607,7 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     def rows_in_hbm(v: SSAValue) -> SSAValue | None:
         """`v`'s rows in HBM, when the loop loads them a tile at a time (`loaded_whole`)."""
         if v not in from_hbm:
-            source = loaded_whole(v, inside)
+            source = loaded_whole(v, inside, reload)
             if source is not None and source.type != v.type:  # a view of the HBM value, before the loop
                 view = tcp.ViewOp(source, list(shape_of(v.type)))
                 view.result.name_hint = v.name_hint
