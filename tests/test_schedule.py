@@ -4,7 +4,6 @@ validation against the lowered IR and the graph-level reference, and what its lo
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
