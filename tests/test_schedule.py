@@ -680,6 +680,29 @@ def test_a_router_matmul_cheaper_in_its_own_tiles_gets_its_own_loop() -> None:
     assert_same_bits(program.run(seed=4, pipeline=after).outputs, program.run(seed=4, pipeline=before).outputs)
 
 
+def test_a_router_head_whose_first_tile_load_outweighs_its_saving_stays_in_the_phase_loop() -> None:
+    """The router's own loop pays its first tile's load before its first contraction: Llama-4-
+    Scout's bf16 router at T = 4096 (D = 5120, E = 16) would take 3,200-row tiles there (a 33 MB
+    load no contraction hides) for fewer estimated contraction cycles than the phase's 384-row
+    tiles; with the load counted it keeps one loop (the real dims' router phase: 59,584 cycles
+    in two loops, 30,744 in one)."""
+    from passes.schedule.schedule_tokens import contraction_cycles, first_load_cycles
+
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "llama4.moe",
+                                dims={"T": 4096, "D": 5120, "F": 256, "FS": 256, "E": 16, "K": 1, "B": 256})
+    before = f"{LOWERED},schedule-experts"
+    scheduled = program.lower(before + ",schedule-tokens")
+    router_loops = [op for op in function_in(scheduled, program.function().sym_name.data).body.block.ops
+                    if isinstance(op, scf.ForOp) and phase_of(op) == "router"]
+    assert [constant_index(op.step) for op in router_loops] == [384]
+    matmuls = [op for op in program.lower(before).walk() if op.name == "tcp.contract" and phase_of(op) == "router"]
+    assert len(matmuls) == 1
+    # the contraction alone would have taken the head's tiles (3,200 rows, and the rest)
+    assert contraction_cycles(matmuls, 3200, 4096, 2) < contraction_cycles(matmuls, 384, 4096, 2)
+    assert (contraction_cycles(matmuls, 3200, 4096, 2) + first_load_cycles(matmuls, 3200, 4096)
+            > contraction_cycles(matmuls, 384, 4096, 2) + first_load_cycles(matmuls, 384, 4096))
+
+
 def test_resident_tile_is_the_narrowest_of_equals() -> None:
     """Resident F tiles take the width whose loads hold the DMA engines least, the narrowest of
     equals (its first tile contracts while the next arrive), one token's too: with its results

@@ -279,8 +279,11 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         head_escaping = escaping_results(head)
         head_rows, head_spread = cluster_rows(head, head_escaping, tile_rows(head, tokens, budget, True), tokens, phase,
                                               clusters, True)
-        if (head_rows < tokens and contraction_cycles(contractions, head_rows, tokens, clusters if head_spread else 1)
-                < contraction_cycles(contractions, rows, tokens, clusters if spread else 1)):
+        if (head_rows < tokens
+                and contraction_cycles(contractions, head_rows, tokens, clusters if head_spread else 1)
+                + first_load_cycles(contractions, head_rows, tokens)
+                < contraction_cycles(contractions, rows, tokens, clusters if spread else 1)
+                + first_load_cycles(contractions, rows, tokens)):
             # The rest of the phase takes the next turn. (A head that fits whole is left in the
             # phase's loop: whole, its matmul would wait for all of its input's load, where the
             # tiles overlap each load with the previous tile's contraction; Llama-4-Scout's
@@ -354,6 +357,18 @@ def contraction_cycles(contractions: list[tcp.ContractOp], rows: int, tokens: in
     total = sum(choose(replace(ContractionShape.of(op.roles()), m=m), machine).best.cycles
                 for op in contractions for m in tiles)
     return -(-total // clusters)
+
+
+def first_load_cycles(contractions: list[tcp.ContractOp], rows: int, tokens: int) -> int:
+    """The cycles before a token loop's first contraction can start: its first tile's rows of
+    the contractions' lhs brought from HBM at the machine's HBM rate (docs/hardware.md), which
+    no earlier tile's contraction hides. Larger tiles trade it against contraction_cycles'
+    amortized TRF loads: Llama-4-Scout's bf16 router at T = 4096 in a loop of its own took
+    3,200-row tiles, 30,744 -> 59,584 cycles of the router phase, though its contraction alone
+    was estimated cheaper there."""
+    machine = machine_of(contractions[0])
+    row_bytes = sum(stored_bytes(op.lhs.type) // tokens for op in contractions)  # the lhs holds the loop's T rows
+    return math.ceil(min(rows, tokens) * row_bytes / machine.hbm_bytes_per_cycle)
 
 
 def cluster_rows(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
