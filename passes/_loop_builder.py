@@ -223,6 +223,35 @@ def move_readers_after(block: Block, anchor: Operation, produced: list[SSAValue]
         anchor = op
 
 
+def load_chain(value: SSAValue) -> list[Operation]:
+    """The `tcp.load` that `value` is, through views, and those views, in program order; empty
+    when `value` is not a load's (through views)."""
+    chain: list[Operation] = []
+    while isinstance(value.owner, tcp.ViewOp):
+        chain.append(value.owner)
+        value = value.owner.input
+    return [value.owner, *reversed(chain)] if isinstance(value.owner, tcp.LoadOp) else []
+
+
+def sink_to_first_reader(block: Block, chain: list[Operation], unless: Operation | None = None) -> None:
+    """Move `chain` (ops of `block` in program order: a whole `tcp.load` and the views around
+    it) to just before the first other op of `block` that reads one of their results (in its
+    body too), as load-arguments places a load: the copy then takes SRAM from that reader on.
+    No move when nothing reads them, that reader comes before the chain's first op, or
+    `unless` reads them."""
+    inside = set(chain)
+    ordered = list(block.ops)
+    readers = [op_of_block(use.operation, block) for op in chain for r in op.results for use in r.uses]
+    if unless is not None and unless in readers:
+        return
+    first = min((ordered.index(o) for o in readers if o is not None and o not in inside), default=None)
+    if first is None or first <= ordered.index(chain[0]):
+        return
+    for op in chain:
+        op.detach()
+    block.insert_ops_before(chain, ordered[first])
+
+
 def escaping_results(ops: list[Operation]) -> list[SSAValue]:
     """The results of `ops` read outside them: what a loop over them must store and return."""
     inside = set(ops)

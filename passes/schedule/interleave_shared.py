@@ -50,7 +50,7 @@ from xdsl.passes import ModulePass
 from dialects import ccl, tcp, tile
 from dialects.annotations import PHASE_ATTR, SHARED, expert_indices, phase_of
 from dialects.tensor_types import shape_of
-from passes._loop_builder import constant_index, erase_unread, index_constant, move_readers_after
+from passes._loop_builder import constant_index, erase_unread, index_constant, move_readers_after, sink_to_first_reader
 from passes.schedule._f_tiles import CONTRACTIONS
 from passes.schedule.split_clusters import addressed, contraction_flops_per_weight_byte, expert_loops
 from target.machine import Machine
@@ -228,21 +228,16 @@ def _defer_shared_result(block: Block) -> None:
         return
     values: set[SSAValue] = set(shared[0].results)
     chain: list[Operation] = []
-    reader: Operation | None = None
     op = shared[0].next_op
-    while op is not None and reader is None:
+    while op is not None:
         if any(v in values for nested in op.walk() for v in nested.operands):  # a loop reads inside its body too
-            if isinstance(op, (tcp.LoadOp, tcp.ViewOp)):
-                chain.append(op)
-                values.update(op.results)
-            else:
-                reader = op
+            if not isinstance(op, (tcp.LoadOp, tcp.ViewOp)):
+                break  # the first reader
+            chain.append(op)
+            values.update(op.results)
         op = op.next_op
-    if reader is None or not chain:
-        return
-    for moved in chain:
-        moved.detach()
-    block.insert_ops_before(chain, reader)
+    if chain:
+        sink_to_first_reader(block, chain)
 
 
 def interleave(block: Block, machine: Machine) -> None:

@@ -64,7 +64,8 @@ from passes.schedule._cluster_copies import DMA_OPS
 from passes.schedule._cluster_token_tiles import worth_splitting
 from passes.schedule._received_rows import back_source, pack_received, returning_all_to_all
 from passes._loop_builder import (clone_rows, connected, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
-                                 op_of_block, replace_by_loop, select_ops, skip_unless, split_shared_constants, tile_type)
+                                 load_chain, replace_by_loop, select_ops, sink_to_first_reader, skip_unless,
+                                 split_shared_constants, tile_type)
 from runtime_sim.semantics.numerics import GRID_M
 from target.contraction_mapping import ContractionShape, choose
 from target.target_spec import machine_of
@@ -501,31 +502,13 @@ def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: l
 
 def _sink_copy(block: Block, value: SSAValue, loop: Operation) -> None:
     """Move the whole `tcp.load` that `value` is (through views), when the loop reloading its
-    tiles no longer reads it, to just before the first op of `block` that still does, as
-    load-arguments places a load: the tokens loaded whole for the router and kept for the
+    tiles no longer reads it, to just before the first op of `block` that still does
+    (`sink_to_first_reader`): the tokens loaded whole for the router and kept for the
     dispatch's quantization (quantize=tokens) then take a cluster's SRAM from the dispatch on,
     not through the router and the routing, where DeepSeek-V3 fp8 at T = 4096 spilled them."""
-    chain: list[Operation] = []
-    source = value
-    while isinstance(source.owner, tcp.ViewOp):
-        chain.append(source.owner)
-        source = source.owner.input
-    load = source.owner
-    if not isinstance(load, tcp.LoadOp) or load.parent is not block or not value.uses:
-        return
-    chain.append(load)
-    inside = set(chain)
-    ordered = list(block.ops)
-    readers = [op_of_block(use.operation, block) for op in chain for r in op.results for use in r.uses]
-    if loop in readers:
-        return
-    first = min((ordered.index(o) for o in readers if o is not None and o not in inside), default=None)
-    if first is None or first <= ordered.index(load):
-        return
-    anchor = ordered[first]
-    for op in reversed(chain):
-        op.detach()
-        block.insert_op_before(op, anchor)
+    chain = load_chain(value)
+    if chain and chain[0].parent is block and value.uses:
+        sink_to_first_reader(block, chain, unless=loop)
 
 
 def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
