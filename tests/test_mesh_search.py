@@ -38,6 +38,25 @@ def test_a_bound_stops_the_mesh_run_above_it() -> None:
     assert json.dumps(at.to_json(), default=str) == json.dumps(full.to_json(), default=str)
 
 
+DECODE = dict(T=32, D=512, F=256, E=16, K=4, B=4)
+"""Qwen3-30B-A3B's layer on 2 chips at 16 tokens each, a decode step: its chunks' collectives
+and expert loops wait on one another (2 chunks: 35,100 cycles, 1 chunk: 21,078)."""
+
+
+def test_a_chunked_decode_stops_on_its_chips_longest_path() -> None:
+    """A decode step in 2 chunks stops below one chunk's cycles although its chips' roofline
+    is below them: its commands' longest path (a collective at least its own link time, a
+    tensor unit and the link running their commands in issue order) passes them, at a bound
+    at most the run's cycles."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims=DECODE)
+    one = simulate_on_mesh(program, MeshSpec.parse("ep=2"), cost_only=True).report.total_cycles
+    two = simulate_on_mesh(program, MeshSpec.parse("ep=2,chunks=2"), cost_only=True).report
+    assert max(r.roofline.cycles for r in two.chips) < one < two.total_cycles
+    with pytest.raises(AboveBound) as stopped:
+        simulate_on_mesh(program, MeshSpec.parse("ep=2,chunks=2"), cost_only=True, bound_above=one)
+    assert one < stopped.value.cycles <= two.total_cycles
+
+
 def test_bounded_chunk_counts_change_no_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """chunks=auto with the bound makes the choice of every count simulated whole, at the same
     cycles; the counts it bounded are listed with a bound above the chosen count's cycles and

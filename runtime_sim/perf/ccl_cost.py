@@ -174,6 +174,15 @@ def link_parts(mesh: MeshMachine, group: list[Traffic], me: int) -> tuple[int, i
     return t.steps * mesh.link_latency_cycles, int(np.ceil(volume / mesh.link_bytes_per_cycle))
 
 
+def least_link_cycles(mesh: MeshMachine, t: Traffic) -> int:
+    """The fewest cycles chip's link takes in a collective from its own traffic `t` alone:
+    `link_parts` with none of the group's bytes received (the collective lasts as long as the
+    busiest link of its group, its wait besides)."""
+    if len(t.sent) == 1:
+        return 0
+    return t.steps * mesh.link_latency_cycles + int(np.ceil(sum(t.sent) / mesh.link_bytes_per_cycle))
+
+
 def provisional_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     """Zero cycles on the link until the mesh simulation knows every chip's traffic."""
     return OpCost(LINK, 0, bound="link")

@@ -59,12 +59,12 @@ from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.cost_model import (TENSOR, UNTRACED, OpCost, data_operands, engine_units, forwarded_operand, is_fused,
+from runtime_sim.perf.cost_model import (LINK, TENSOR, UNTRACED, OpCost, data_operands, engine_units, forwarded_operand, is_fused,
                                          unread_operands)
 from runtime_sim.perf.graph_work import GraphWork
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, MemoryPlan, SramPolicy
-from runtime_sim.perf.op_trace import LoopTemplate, Trace, TraceRecorder
+from runtime_sim.perf.op_trace import LoopTemplate, Trace, TracedOp, TraceRecorder
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, scenario_choices
 from runtime_sim.perf.simulate import (
     SimResult,
@@ -350,9 +350,19 @@ class LowerBoundBar:
     share their commands' `least_unit_cycles` at best evenly. A run's prefix bound by the
     tensor units (Qwen3-30B-A3B at T = 4096, B = 128: 1.81 M cycles of one cluster's commands
     against 1.19 M of roofline, 1.88 M simulated) thus stops early. The sums only grow, so a
-    run stopped there takes more cycles than the bar."""
+    run stopped there takes more cycles than the bar.
 
-    def __init__(self, machine: Machine, above: float):
+    With `paths` (a mesh chip's bar, `mesh_simulate.MeshBar`), also the longest path through
+    the commands: a command starts after the commands it reads (its `deps`; the memory plan
+    only adds waits) and, on a unit that runs its commands in issue order (a tensor command's
+    cluster unit, the link), after the one before it there, and takes at least
+    `least_command_cycles` (a link command its `link_cycles`). A decode step's chunks and
+    collectives wait on one another far beyond the weights' HBM time this bound is otherwise
+    (Qwen3-30B-A3B ep=8 at 16 a chip: 8 chunks take 288 k cycles, 1 chunk 127 k, their
+    roofline 101 k). Unlike the sums, the path depends on the commands' order, so a bound of a
+    program before a pass that reorders them (autotune's `cost_only_bound`) takes none."""
+
+    def __init__(self, machine: Machine, above: float, paths: bool = False):
         self.machine, self.above = machine, above
         self.flops = self.fp8_flops = self.hbm_bytes = 0
         self.units = {e: n for e, n in engine_units(machine).items() if n}
@@ -360,11 +370,24 @@ class LowerBoundBar:
         """Engine -> its commands' least_unit_cycles, summed."""
         self.pinned = [0] * self.units[TENSOR]
         """Per tensor unit, its one-unit commands' cycles."""
+        self.paths = paths
+        self.path = 0
+        """The longest path's cycles so far (with `paths`)."""
+        self._ends: list[int] = []
+        """Per command, the earliest cycle it can end (with `paths`)."""
+        self._unit_ends: dict[tuple[str, int], int] = {}
+        """Per unit that runs its commands in issue order, its last command's earliest end."""
         self._seen = 0
+
+    def link_cycles(self, traced: TracedOp) -> int:
+        """The fewest cycles a link command takes: its recorded cost (a mesh chip's bar knows
+        its traffic, which the cost leaves to the mesh's schedule)."""
+        return least_command_cycles(traced.cost)
 
     def least(self, trace: Trace) -> float:
         """The bound, with the commands recorded since the last call added."""
         ops, pinned, busy = trace.ops, self.pinned, self.busy
+        ends, unit_ends, paths = self._ends, self._unit_ends, self.paths
         for i in range(self._seen, len(ops)):
             t = ops[i]
             cost = t.cost
@@ -376,14 +399,36 @@ class LowerBoundBar:
                 pinned[t.cluster % len(pinned)] += cost.cycles
             if engine in busy:
                 busy[engine] += least_unit_cycles(cost)
+            if paths:
+                ready = max((ends[d] for d in t.deps), default=0)
+                unit: tuple[str, int] | None = None
+                if engine == LINK:
+                    cycles, unit = self.link_cycles(t), (LINK, 0)
+                else:
+                    cycles = least_command_cycles(cost)
+                    if engine == TENSOR and cost.parts == 1:
+                        unit = (TENSOR, t.cluster % len(pinned))
+                if unit is not None:
+                    ready = max(ready, unit_ends.get(unit, 0))
+                    unit_ends[unit] = ready + cycles
+                ends.append(ready + cycles)
+                if ready + cycles > self.path:
+                    self.path = ready + cycles
         self._seen = len(ops)
         return max(roofline(self.machine, self.flops, self.hbm_bytes, self.fp8_flops).cycles, max(pinned),
-                   *(busy[e] / n for e, n in self.units.items()))
+                   *(busy[e] / n for e, n in self.units.items()), self.path)
 
     def check(self, trace: Trace) -> None:
         least = self.least(trace)
         if least > self.above:
             raise AboveBar(least)
+
+
+def least_command_cycles(cost: OpCost) -> int:
+    """The fewest cycles a command takes, however it is scheduled: a DMA command spread over
+    k engines ends with its parts, each taking `part_cycles[k - 1]` at least (the shared HBM
+    bandwidth only lengthens a part; scheduler.py)."""
+    return min(cost.part_cycles) if cost.part_cycles else cost.cycles
 
 
 class LoopReplay:

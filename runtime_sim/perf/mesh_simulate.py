@@ -35,14 +35,14 @@ from xdsl.ir import Operation
 from dialects import ccl
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, link_parts, traffic
+from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, least_link_cycles, link_parts, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
 from runtime_sim.perf.cost_only import (AboveBar, LoopReplay, Lazy, LowerBoundBar, SharedViews, is_placeholder,
                                          placeholder, shape_only_interpreter)
 from runtime_sim.perf.graph_work import GraphWork
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, SramPolicy, plan_memory
 from target.mesh_machine import MeshMachine
-from runtime_sim.perf.op_trace import Trace, TraceRecorder
+from runtime_sim.perf.op_trace import Trace, TracedOp, TraceRecorder
 from runtime_sim.perf.report import Choice, SimReport, TileLoop
 from runtime_sim.perf.scheduler import Placer, Task
 from runtime_sim.perf.tcp_cost import hbm_sharing
@@ -73,11 +73,12 @@ class AboveBound(Exception):
 class MeshBar:
     """Every chip's `LowerBoundBar` against one bound: the mesh takes at least the cycles of its
     slowest chip, which no schedule ends below its commands' bound (their roofline, their
-    busiest unit's cycles). The first chip past the bound stops the run; the others stop at
-    their next check or collective."""
+    busiest unit's cycles, their longest path with each collective at least its own link
+    time, `least_link_cycles`). The first chip past the bound stops the run; the others stop
+    at their next check or collective."""
 
-    def __init__(self, machine: Machine, above: float, chips: int):
-        self.bars = [_ChipBar(self, c, machine, above) for c in range(chips)]
+    def __init__(self, machine: MeshMachine, above: float, traffics: Sequence[TrafficRecorder]):
+        self.bars = [_ChipBar(self, machine, above, t) for t in traffics]
         self.passed: float | None = None
         """The chip bound that passed the bound, once one has."""
         self.exchange: MeshExchange | None = None
@@ -90,11 +91,20 @@ class MeshBar:
 
 
 class _ChipBar(LowerBoundBar):
-    """One chip's bar in a `MeshBar`."""
+    """One chip's bar in a `MeshBar`, its collectives timed by its `traffic` (in program
+    order, as schedule_mesh pairs them with the trace's commands)."""
 
-    def __init__(self, mesh: MeshBar, chip: int, machine: Machine, above: float):
-        super().__init__(machine, above)
-        self.mesh, self.chip = mesh, chip
+    def __init__(self, mesh: MeshBar, machine: MeshMachine, above: float, traffic: TrafficRecorder):
+        super().__init__(machine.chip, above, paths=True)
+        self.mesh, self.mesh_machine, self.traffic = mesh, machine, traffic
+        self._collectives = 0
+
+    def link_cycles(self, traced: TracedOp) -> int:
+        if traced.name not in _COLLECTIVE_NAMES:
+            return super().link_cycles(traced)
+        t = self.traffic.traffic[self._collectives]
+        self._collectives += 1
+        return least_link_cycles(self.mesh_machine, t)
 
     def check(self, trace: Trace) -> None:
         if self.mesh.passed is not None:
@@ -429,7 +439,7 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
                 else:
                     row.append(placeholder(t, frozenset([names[i]])))
             per_chip.append(row)
-        bar = MeshBar(chip_machine, bound_above, mesh.chips) if bound_above < math.inf else None
+        bar = MeshBar(machine, bound_above, traffics) if bound_above < math.inf else None
         try:
             run_mesh(module, function, mesh, per_chip,
                      shape_only_chip(lambda c: (recorders[c], traffics[c], *listeners), recorders, bar))
@@ -444,6 +454,9 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
             raise MeshError(f"the mesh {mesh} needs arguments for {mesh.chips} chips")
         outputs = run_mesh(module, function, mesh, args, plain_chip(lambda c: (recorders[c], traffics[c], *listeners)))
     report = schedule_mesh(machine, mesh, [r.trace for r in recorders], traffics, sram_policy, work)
+    if cost_only and bar is not None:
+        assert all(r.total_cycles >= b.least(t.trace) for r, b, t in zip(report.chips, bar.bars, recorders)), \
+            "a chip's schedule below its bar's lower bound"
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
     report.routing = {names[i]: r for i, r in chosen.items()}
     return MeshResult(outputs, report)
