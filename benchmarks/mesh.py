@@ -185,7 +185,7 @@ class Row:
     other work on the machine inflates."""
     bounded: tuple[int, ...] = ()
     """The blocks of `tried` whose cycles are a lower bound: their simulation stopped once a chip's
-    lower bound (its roofline, its busiest unit) passed the fewest cycles found (they cannot win)."""
+    lower bound (its roofline, its busiest unit, its longest path) passed the fewest cycles found (they cannot win)."""
 
     @property
     def mesh(self) -> str:
@@ -269,7 +269,8 @@ def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
     """Every block size the cost model tried for each row, with its simulated µs."""
     us = 1e6 / clock_hz
     lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy; >= a lower bound, where the "
-             "simulation stopped once a chip's lower bound (its roofline, its busiest unit) passed the fewest µs found):", ""]
+             "simulation stopped once a chip's lower bound (its roofline, its busiest unit, its longest path) passed "
+             "the fewest µs found):", ""]
     for r in rows:
         mesh = r.mesh
         tried = ", ".join(f"{b}: {'>= ' if b in r.bounded else ''}{c * us:,.1f}" for b, c in r.tried) or f"given, {r.block}"

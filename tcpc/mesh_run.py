@@ -272,7 +272,7 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
     `routing`), where compile_file simulates one chip at the global T.
 
     A block and chunk count whose chips' commands' lower bound (their roofline, their busiest
-    unit's cycles) passes the fewest cycles simulated
+    unit's cycles, their longest path: mesh_simulate.MeshBar) passes the fewest cycles simulated
     so far cannot win: its simulation stops there (simulate_mesh's `bound_above`), and the
     choice lists that bound as the candidate's cycles (Choice.bounded)."""
     from runtime_sim.perf.mesh_simulate import AboveBound

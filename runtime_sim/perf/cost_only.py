@@ -59,8 +59,8 @@ from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
 from dialects.tensor_types import shape_of
-from runtime_sim.perf.cost_model import (LINK, TENSOR, UNTRACED, OpCost, data_operands, engine_units, forwarded_operand, is_fused,
-                                         unread_operands)
+from runtime_sim.perf.cost_model import (LINK, TENSOR, UNTRACED, OpCost, data_operands, engine_units, forwarded_operand,
+                                         is_fused, unread_operands)
 from runtime_sim.perf.graph_work import GraphWork
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import DEFAULT_SRAM_POLICY, MemoryPlan, SramPolicy
