@@ -47,7 +47,6 @@ from runtime_sim.perf.report import Choice, SimReport, TileLoop
 from runtime_sim.perf.scheduler import Placer, Task
 from runtime_sim.perf.tcp_cost import hbm_sharing
 from runtime_sim.perf.routing_scenarios import DEFAULT_SCENARIO, Routing, RoutingError, scenario_choices
-from target.machine import Machine
 from runtime_sim.perf.simulate import own_dma_units, pinned_units, trace_recorder, trace_report
 from runtime_sim.semantics.ccl_semantics import (CCLFunctions, ChipInterpreter, MeshExchange, collective_label,
                                                    plain_chip, run_mesh)
@@ -426,6 +425,7 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
     recorders = [first, *(first.sibling() for _ in range(mesh.chips - 1))]
     traffics = [TrafficRecorder(mesh, c) for c in range(mesh.chips)]
     chosen: dict[int, Routing] = {}
+    bar: MeshBar | None = None
     if cost_only:
         chosen = mesh_routing(fn, mesh, routing, seed)
         names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
@@ -454,7 +454,7 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
             raise MeshError(f"the mesh {mesh} needs arguments for {mesh.chips} chips")
         outputs = run_mesh(module, function, mesh, args, plain_chip(lambda c: (recorders[c], traffics[c], *listeners)))
     report = schedule_mesh(machine, mesh, [r.trace for r in recorders], traffics, sram_policy, work)
-    if cost_only and bar is not None:
+    if bar is not None:
         assert all(r.total_cycles >= b.least(t.trace) for r, b, t in zip(report.chips, bar.bars, recorders)), \
             "a chip's schedule below its bar's lower bound"
     names = [a.name_hint or f"arg{i}" for i, a in enumerate(fn.body.blocks.first.args)]  # type: ignore[union-attr]
