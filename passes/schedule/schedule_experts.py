@@ -72,6 +72,8 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   bit. Tiles of experts that fit (two of them in half the SRAM) are carried to the next block
   for reuse and wait like whole weights; streamed tiles (Mixtral, Llama-4, DeepSeek-V3, gpt-oss
   at real dims) are fetched per block, each waiting for the down-projection two tiles earlier.
+  A mesh chip's shared expert at decode, whose weights load before any routed weight, has its
+  tiles chosen for a whole cluster's SRAM (`loads_before_routed`).
   Block-scaled (fp8, MXFP4) experts tile the same way, their weights' scales with them.
 - one token's last block (decode, its results in SRAM, above) is a loop of its own, from G - 1
   to G, whose weights that one DMA engine loads alone, after its first, load in two pieces
@@ -116,7 +118,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.traits import Pure
 
-from dialects import tcp, tile, ve
+from dialects import ccl, tcp, tile, ve
 from dialects.ve import is_lane_type
 from dialects.annotations import PHASE_ATTR, SHARED, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
@@ -827,6 +829,20 @@ def spread_through_routed(block: Block, expert_ids: SSAValue, plans: list[SSAVal
     return bool(routed) and spreads(shape_of(expert_ids.type)[0], routed[0], machine)
 
 
+def loads_before_routed(block: Block, expert_ids: SSAValue) -> bool:
+    """Whether `expert_ids`' plan is a mesh chip's shared expert at decode (one row block):
+    schedule-shared puts it under the dispatch's all-to-alls, after the router, and its weights
+    load while the router computes and the link moves the tokens, before any routed weight
+    (those wait for the routing). Its F tiles are then chosen for the whole SRAM of a cluster
+    rather than half: the two in flight hold the whole expert (DeepSeek-V3: two tiles of 1,024
+    columns, 88 MB), all loaded under the router, where with tiles of 512 the last two waited
+    for the first ones' contractions and then delayed the routed weight stream (8 chips, 128
+    tokens each, a2a, B = 32: 2,227.5 -> 2,209.4 us). On one chip the same tiles are not
+    better at every T (DeepSeek-V3 at T = 128, B = 1: 16,013.8 -> 16,155.7 us)."""
+    return (plan_phase(block, expert_ids) == SHARED and shape_of(expert_ids.type)[0] == 1
+            and any(isinstance(op, ccl.AllToAllDoneOp) for op in block.ops))
+
+
 @dataclass(frozen=True)
 class ScheduleExpertsPass(ModulePass):
     """Expert work -> static loops over the blocks (the module docstring says how)."""
@@ -860,4 +876,6 @@ class ScheduleExpertsPass(ModulePass):
                     sram = self.sram_bytes or machine.cluster_sram_bytes
                     if spread_through_routed(body, expert_ids, plans, machine):
                         sram //= 2  # its weight tiles share SRAM with the routed loop's
+                    elif loads_before_routed(body, expert_ids):
+                        sram *= WEIGHT_SHARE  # the weights' share is the whole cluster's
                     schedule_plan(body, expert_ids, machine, sram, self.f_tile, self.order, self.group)
