@@ -86,7 +86,9 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   K pieces that hold the engines least (`engine_pieces`: two of 0.75 MB, one engine each), each
   piece reused by the expert's next block as the whole weight is and its contraction continuing
   the previous piece's f32 sum: the same bits (Qwen3-30B-A3B ep=2,tp=2, 16 tokens a chip, B = 2:
-  357.1 -> 312.4 us; its stream at 1,049 -> 1,240 B/cycle on one chip);
+  357.1 -> 312.4 us; its stream at 1,049 -> 1,240 B/cycle on one chip); a weight whose K is one
+  grain (that layer's down matrix, [384, 2048]) in N pieces instead, each contraction making
+  its columns of the result in an SRAM buffer (`column_pieces`; 289.3 -> 266.0 us);
 - weight scales small enough (`scales_ahead`: fp8's, a few hundred bytes per expert and
   matrix; MXFP4's where an expert's move in less than a DMA start-up, `scales_ahead_row_bytes`)
   stay gathered for all blocks before the loop, one DMA command each, where they fit the
@@ -126,7 +128,8 @@ from passes._auto_option import AUTO, check_choice, refuse_auto
 from passes.schedule._expert_groups import GroupPlan, build_group_loops, group_blocks, groupable
 from passes.schedule._f_tiles import (CONTRACTIONS, TILES_IN_FLIGHT, WEIGHT_SHARE, FRegion, choose_f_tile,
                                       find_f_region, held_weight_bytes)
-from passes.schedule._k_pieces import contract_pieces, cut_last_block, engine_pieces, last_block_cuts, piece_window
+from passes.schedule._k_pieces import (K_AXIS, Pieces, column_pieces, contract_pieces, cut_last_block, engine_pieces,
+                                       last_block_cuts, piece_window)
 from passes.schedule.interleave_shared import spreads
 from passes.schedule.split_clusters import contraction_flops_per_weight_byte, own_dma_intensity
 from passes.lowering.load_arguments import load_into_sram
@@ -454,7 +457,7 @@ class _Slot:
     columns: tuple[int, int] | None
     type: Attribute
     rows: tuple[int, int] | None = None
-    """The K piece of a whole weight loaded in pieces (`engine_pieces`), else None."""
+    """The K piece (or N columns) of a whole weight loaded in pieces (`engine_pieces`), else None."""
 
 
 def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_bytes: int = 0,
@@ -515,21 +518,21 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         size = group or group_blocks(plan, width, sram)
         return build_group_loops(block, plan, min(size, blocks))[0]
 
-    # Whole weights whose one command would leave DMA engines idle load in K pieces, each
-    # reused as a whole weight is (passes/schedule/_k_pieces.py, `engine_pieces`).
-    pieces: dict[tcp.DmaGatherOp, tuple[Operation, list[tuple[int, int]]]] = {}
+    # Whole weights whose one command would leave DMA engines idle load in K (or N) pieces,
+    # each reused as a whole weight is (passes/schedule/_k_pieces.py, `engine_pieces`).
+    pieces: dict[tcp.DmaGatherOp, tuple[Operation, Pieces]] = {}
     for op in ops:
         rhs = op.rhs.owner if isinstance(op, tcp.ContractOp) else None
         if isinstance(rhs, tcp.DmaGatherOp) and rhs in gathers and rhs not in tiled_gathers:
-            bounds = engine_pieces(op, machine)
-            if bounds is not None:
-                pieces[rhs] = (op, bounds)
+            cut = engine_pieces(op, machine)
+            if cut is not None:
+                pieces[rhs] = (op, cut)
     slots: list[_Slot] = []
     for g in gathers:
         if g in pieces:
-            op, bounds = pieces[g]
-            for rows in bounds:
-                window = piece_window(op, g.result, rows)
+            op, cut = pieces[g]
+            for rows in cut.bounds:
+                window = piece_window(op, g.result, rows, cut.axis)
                 slots.append(_Slot(g, None, TensorType(g.result.type.get_element_type(), [1, *window[1]]), rows))
         elif g not in tiled_gathers:
             slots.append(_Slot(g, None, tile_type(g.result.type)))
@@ -625,7 +628,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         prev = (prev_ids_args[k], prev_tile_args[k]) if k is not None else (None, None)
         window = None if columns is None or region is None else region.window(gather.result, columns)
         if rows is not None:
-            window = piece_window(pieces[gather][0], gather.result, rows)
+            window = piece_window(pieces[gather][0], gather.result, rows, pieces[gather][1].axis)
         new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait, *dispatched], window)
         new.attributes.update(gather.attributes)
         new.location = gather.location
@@ -753,8 +756,10 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         cut = pieces.get(op.rhs.owner) if isinstance(op, tcp.ContractOp) else None  # type: ignore[arg-type]
         if cut is not None and cut[0] is op:
             assert isinstance(op.rhs.owner, tcp.DmaGatherOp)
-            weights = [add(load(op.rhs.owner, None, weight_wait, rows)) for rows in cut[1]]
-            made = contract_pieces(op, weights, cut[1], tile_of)
+            bounds, axis = cut[1].bounds, cut[1].axis
+            weights = [add(load(op.rhs.owner, None, weight_wait, rows)) for rows in bounds]
+            made = (contract_pieces(op, weights, list(bounds), tile_of) if axis == K_AXIS
+                    else column_pieces(op, weights, bounds, tile_of))
             for new in made:
                 add(new)
             mapping[op.result] = made[-1].results[0]
