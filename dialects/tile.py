@@ -14,7 +14,8 @@ from and goes to, so the placement is in the IR, not guessed by the simulator:
   copied into a new SRAM tile by one DMA command: a block's token rows, gathered straight from
   the tokens by the block's row -> token index (the dispatch, done a block at a time);
 - `tile.store %tile, %dst[%offset]`: a tile written into rows of a buffer, in place (DMA to HBM,
-  or the producing engine's commit into SRAM); the result is the same buffer;
+  or the producing engine's commit into SRAM); the result is the same buffer; with
+  `at array<i64: ...>`, into a window of each of those rows (a contraction's column piece);
 - `tile.load_expert %w[%ids] reuse %prev_ids, %prev_tile`: the weight rows of a block's expert,
   fetched by DMA only when the block's expert differs from the previous block's: consecutive
   blocks of one expert (the canonical layout keeps them adjacent) load its weights once
@@ -197,25 +198,43 @@ class GatherOp(IRDLOperation):
 class StoreOp(IRDLOperation):
     """`tile` written into rows [offset, offset + n) of `dest`, in place: the result is `dest`'s
     buffer, which must not be read through the operand afterwards (the schedule level threads
-    it through its loop as an iteration argument)."""
+    it through its loop as an iteration argument). With `at array<i64: ...>` (one offset per
+    axis after the first), into the window of the tile's shape starting there in each row."""
 
     name = "tile.store"
     tile = operand_def(TensorType)
     dest = operand_def(TensorType)
     offset = operand_def(IndexType)
     guard = opt_operand_def(TensorType)
+    offsets = opt_prop_def(AnyAttr())
     result = result_def(TensorType)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
-        "$tile `,` $dest `[` $offset `]` (`guard` $guard^)? `:` type($tile) `,` type($dest) (`guard` type($guard)^)? "
-        "`->` type($result) attr-dict"
+        "$tile `,` $dest `[` $offset `]` (`at` $offsets^)? (`guard` $guard^)? `:` type($tile) `,` type($dest) "
+        "(`guard` type($guard)^)? `->` type($result) attr-dict"
     )
 
-    def __init__(self, tile: SSAValue, dest: SSAValue, offset: SSAValue, guard: SSAValue | None = None):
-        super().__init__(operands=[tile, dest, offset, guard], result_types=[dest.type])
+    def __init__(self, tile: SSAValue, dest: SSAValue, offset: SSAValue, guard: SSAValue | None = None,
+                 window: list[int] | None = None):
+        """`window`: the offsets of the window in each axis after the first (None: whole rows)."""
+        properties = {} if window is None else {"offsets": DenseArrayBase.from_list(i64, window)}
+        super().__init__(operands=[tile, dest, offset, guard], result_types=[dest.type], properties=properties)
+
+    def window_offsets(self) -> tuple[int, ...]:
+        """Where the window starts in each axis after the first (zeros without `offsets`)."""
+        if self.offsets is None:
+            return (0,) * (len(shape_of(self.dest.type)) - 1)
+        return tuple(self.offsets.get_values())
 
     def verify_(self) -> None:
-        _rows_match(self.tile.type, self.dest.type, self.name)
+        if self.offsets is None:
+            _rows_match(self.tile.type, self.dest.type, self.name)
+        else:
+            expect(isinstance(self.offsets, DenseArrayBase), "tile.store: offsets must be an array<i64: ...>")
+            expect(self.guard is None, "tile.store: a store into a window takes no guard")
+            _check_window(self.name, self.tile.type, self.dest.type, self.window_offsets())
+            expect(shape_of(self.tile.type)[0] <= shape_of(self.dest.type)[0],
+                   f"tile.store: a tile of {format_type(self.dest.type)} cannot be {format_type(self.tile.type)}")
         expect(self.result.type == self.dest.type, "tile.store: the result is the destination buffer")
         if self.guard is not None:
             parts = shape_of(self.guard.type)

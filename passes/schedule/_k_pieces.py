@@ -1,4 +1,6 @@
-"""The last block's weight loads in K pieces, for `schedule-experts` (one token, decode).
+"""Weight loads in pieces, for `schedule-experts`: the last block's in K pieces (one token,
+decode), and every block's whole weight whose one DMA command would leave an engine idle
+(`engine_pieces`: in K pieces, or in N pieces where K is one grain, `column_pieces`).
 
 One token's expert loop (blocks of one row, results in SRAM) is the weight stream: each block
 loads its expert's matrices, each by one DMA command, and where a matrix is at most one DMA
@@ -22,13 +24,15 @@ carries for the next block's reuse is the one it was given, never read again.
 Exact: the pieces start at multiples of `k_grain` (the contraction grid's GRID_K and every
 K-block of the scales), so each piece is whole grid chunks and whole K-blocks, summed in K
 order onto the previous piece's sum (`numerics.contract`, `quantization.scaled_contract`): the
-last piece gives the whole contraction's bits; a bias is added by the last piece.
+last piece gives the whole contraction's bits; a bias is added by the last piece. N pieces
+start at multiples of GRID_N, so each piece's output chunks are the whole contraction's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from xdsl.dialects import scf
 from xdsl.dialects.builtin import TensorType
@@ -38,7 +42,7 @@ from dialects import tcp, tile
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import erase_unread, index_constant
 from passes.schedule._f_tiles import CONTRACTIONS, UP_SPEC, FAxis, axis_window, idle_engine_bytes
-from runtime_sim.semantics.numerics import GRID_K
+from runtime_sim.semantics.numerics import GRID_K, GRID_N
 from target.machine import Machine
 
 LAST_PIECES = 2
@@ -168,36 +172,86 @@ def cut_into_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, count: int) -> No
     load.erase()
 
 
+K_AXIS, N_AXIS = 1, 2
+"""The axes of a block weight [G, K, N] that `engine_pieces` cuts: its contraction's K (rows)
+or its output's N (columns)."""
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A whole weight's pieces along `axis` (K_AXIS or N_AXIS): the spans `bounds` of it."""
+
+    axis: int
+    bounds: tuple[tuple[int, int], ...]
+
+
 def piece_window(op: tcp.ContractOp | tcp.ScaledContractOp, weight: SSAValue,
-                 rows: tuple[int, int]) -> tuple[list[int], list[int]]:
+                 rows: tuple[int, int], axis: int = K_AXIS) -> tuple[list[int], list[int]]:
     """The window of each expert's row of `weight` (`op`'s rhs, or the gather it reads) that
-    holds K piece `rows`: offsets and sizes in every axis after the first."""
-    return axis_window(weight, _k_axes(op)[op.rhs], rows)
+    holds K piece `rows` (or, along N_AXIS, those columns): offsets and sizes in every axis
+    after the first."""
+    return axis_window(weight, _k_axes(op)[op.rhs] if axis == K_AXIS else FAxis(N_AXIS, 1), rows)
 
 
-def engine_pieces(op: Operation, machine: Machine) -> list[tuple[int, int]] | None:
-    """K pieces for the weight every block loads whole for `op` (a bf16/f32 block contraction
+def engine_pieces(op: Operation, machine: Machine) -> Pieces | None:
+    """Pieces for the weight every block loads whole for `op` (a bf16/f32 block contraction
     `gbd,gdf->gbf` of a gathered weight it alone reads) when one DMA command for it would
     leave engines idle: a matrix over one `dma.split_bytes` piece but not whole pieces is cut
     into a full part and a short one, and the command holds both engines for the full part's
     time (tp's halved F: Qwen3-30B-A3B's [2048, 384] bf16 matrices, 1.5 MB, as 1 MB + 0.5 MB).
     The cut that holds the engines least (bytes plus idle bytes, `idle_engine_bytes`), the
-    fewest pieces of equals; None when the whole command is as good."""
+    fewest pieces of equals, along K (`contract_pieces`); where K is one grain (the down
+    matrix [384, 2048]), along N at multiples of GRID_N (`column_pieces`: each output chunk is
+    the whole contraction's); None when the whole command is as good."""
     if not isinstance(op, tcp.ContractOp) or op.spec.data != UP_SPEC or op.acc is not None:
         return None
     weight = op.rhs
     if any(u.operation is not op for u in weight.uses):
         return None
-    k = shape_of(weight.type)[1]
-    grain = k_grain(op)
-    row_bytes = stored_bytes(weight.type) // (shape_of(weight.type)[0] * k)
+    shape = shape_of(weight.type)
+    for axis, grain in ((K_AXIS, k_grain(op)), (N_AXIS, GRID_N)):
+        if axis == N_AXIS and op.bias is not None:
+            break
+        extent = shape[axis]
+        unit_bytes = stored_bytes(weight.type) // (shape[0] * extent)
 
-    def held(bounds: list[tuple[int, int]]) -> float:
-        return sum((k1 - k0) * row_bytes + idle_engine_bytes((k1 - k0) * row_bytes, machine) for k0, k1 in bounds)
+        def held(bounds: list[tuple[int, int]], unit_bytes: int = unit_bytes) -> float:
+            return sum((b - a) * unit_bytes + idle_engine_bytes((b - a) * unit_bytes, machine) for a, b in bounds)
 
-    cuts = [k_pieces(k, grain, n) for n in range(1, -(-k // grain) + 1)]
-    best = min(cuts, key=lambda bounds: (held(bounds), len(bounds)))
-    return best if len(best) > 1 else None
+        cuts = [k_pieces(extent, grain, n) for n in range(1, -(-extent // grain) + 1)]
+        best = min(cuts, key=lambda bounds: (held(bounds), len(bounds)))
+        if len(best) > 1:
+            return Pieces(axis, tuple(best))
+        if len(cuts) > 1:  # K could be cut, and is as good whole
+            return None
+    return None
+
+
+def column_pieces(op: tcp.ContractOp, weights: list[SSAValue], bounds: tuple[tuple[int, int], ...],
+                  operand: Callable[[SSAValue], SSAValue]) -> list[Operation]:
+    """The ops that compute `op` from its weight's N pieces `weights` (columns `bounds` of it):
+    each piece's contraction makes its columns of the result, stored into their window of a
+    zero-filled SRAM buffer (`tile.store ... at`, the engine's commit in place); `operand` gives
+    the value to read for each of `op`'s other operands. The last op's result is `op`'s."""
+    lhs = operand(op.lhs)
+    guard = operand(op.guard) if op.guard is not None else None
+    element = op.result.type.get_element_type()  # type: ignore[attr-defined]
+    rows = [shape_of(lhs.type)[0], *shape_of(op.result.type)[1:-1]]
+    zero = index_constant(0)
+    whole = tile.BufferOp("sram", TensorType(element, [*rows, shape_of(op.result.type)[-1]]))
+    made: list[Operation] = [zero, whole]
+    out = whole.result
+    for weight, (n0, n1) in zip(weights, bounds):
+        piece = tcp.ContractOp(op.spec.data, lhs, weight, TensorType(element, [*rows, n1 - n0]), guard=guard)
+        store = tile.StoreOp(piece.result, out, zero.result, window=[0] * (len(rows) - 1) + [n0])
+        for new in (piece, store):
+            new.attributes.update(op.attributes)
+            new.location = op.location
+        piece.result.name_hint = f"{op.result.name_hint}_columns" if op.result.name_hint else None
+        store.result.name_hint = op.result.name_hint
+        made += [piece, store]
+        out = store.result
+    return made
 
 
 def one_engine(op: Operation, machine: Machine) -> bool:

@@ -72,6 +72,8 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   bit. Tiles of experts that fit (two of them in half the SRAM) are carried to the next block
   for reuse and wait like whole weights; streamed tiles (Mixtral, Llama-4, DeepSeek-V3, gpt-oss
   at real dims) are fetched per block, each waiting for the down-projection two tiles earlier.
+  A mesh chip's shared expert at decode, whose weights load before any routed weight, has its
+  tiles chosen for a whole cluster's SRAM (`loads_before_routed`).
   Block-scaled (fp8, MXFP4) experts tile the same way, their weights' scales with them.
 - one token's last block (decode, its results in SRAM, above) is a loop of its own, from G - 1
   to G, whose weights that one DMA engine loads alone, after its first, load in two pieces
@@ -84,7 +86,9 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   K pieces that hold the engines least (`engine_pieces`: two of 0.75 MB, one engine each), each
   piece reused by the expert's next block as the whole weight is and its contraction continuing
   the previous piece's f32 sum: the same bits (Qwen3-30B-A3B ep=2,tp=2, 16 tokens a chip, B = 2:
-  357.1 -> 312.4 us; its stream at 1,049 -> 1,240 B/cycle on one chip);
+  357.1 -> 312.4 us; its stream at 1,049 -> 1,240 B/cycle on one chip); a weight whose K is one
+  grain (that layer's down matrix, [384, 2048]) in N pieces instead, each contraction making
+  its columns of the result in an SRAM buffer (`column_pieces`; 289.3 -> 266.0 us);
 - weight scales small enough (`scales_ahead`: fp8's, a few hundred bytes per expert and
   matrix; MXFP4's where an expert's move in less than a DMA start-up, `scales_ahead_row_bytes`)
   stay gathered for all blocks before the loop, one DMA command each, where they fit the
@@ -116,7 +120,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.traits import Pure
 
-from dialects import tcp, tile, ve
+from dialects import ccl, tcp, tile, ve
 from dialects.ve import is_lane_type
 from dialects.annotations import PHASE_ATTR, SHARED, phase_of
 from dialects.tensor_types import shape_of, stored_bytes
@@ -124,7 +128,8 @@ from passes._auto_option import AUTO, check_choice, refuse_auto
 from passes.schedule._expert_groups import GroupPlan, build_group_loops, group_blocks, groupable
 from passes.schedule._f_tiles import (CONTRACTIONS, TILES_IN_FLIGHT, WEIGHT_SHARE, FRegion, choose_f_tile,
                                       find_f_region, held_weight_bytes)
-from passes.schedule._k_pieces import contract_pieces, cut_last_block, engine_pieces, last_block_cuts, piece_window
+from passes.schedule._k_pieces import (K_AXIS, Pieces, column_pieces, contract_pieces, cut_last_block, engine_pieces,
+                                       last_block_cuts, piece_window)
 from passes.schedule.interleave_shared import spreads
 from passes.schedule.split_clusters import contraction_flops_per_weight_byte, own_dma_intensity
 from passes.lowering.load_arguments import load_into_sram
@@ -452,7 +457,7 @@ class _Slot:
     columns: tuple[int, int] | None
     type: Attribute
     rows: tuple[int, int] | None = None
-    """The K piece of a whole weight loaded in pieces (`engine_pieces`), else None."""
+    """The K piece (or N columns) of a whole weight loaded in pieces (`engine_pieces`), else None."""
 
 
 def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_bytes: int = 0,
@@ -513,21 +518,21 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         size = group or group_blocks(plan, width, sram)
         return build_group_loops(block, plan, min(size, blocks))[0]
 
-    # Whole weights whose one command would leave DMA engines idle load in K pieces, each
-    # reused as a whole weight is (passes/schedule/_k_pieces.py, `engine_pieces`).
-    pieces: dict[tcp.DmaGatherOp, tuple[Operation, list[tuple[int, int]]]] = {}
+    # Whole weights whose one command would leave DMA engines idle load in K (or N) pieces,
+    # each reused as a whole weight is (passes/schedule/_k_pieces.py, `engine_pieces`).
+    pieces: dict[tcp.DmaGatherOp, tuple[Operation, Pieces]] = {}
     for op in ops:
         rhs = op.rhs.owner if isinstance(op, tcp.ContractOp) else None
         if isinstance(rhs, tcp.DmaGatherOp) and rhs in gathers and rhs not in tiled_gathers:
-            bounds = engine_pieces(op, machine)
-            if bounds is not None:
-                pieces[rhs] = (op, bounds)
+            cut = engine_pieces(op, machine)
+            if cut is not None:
+                pieces[rhs] = (op, cut)
     slots: list[_Slot] = []
     for g in gathers:
         if g in pieces:
-            op, bounds = pieces[g]
-            for rows in bounds:
-                window = piece_window(op, g.result, rows)
+            op, cut = pieces[g]
+            for rows in cut.bounds:
+                window = piece_window(op, g.result, rows, cut.axis)
                 slots.append(_Slot(g, None, TensorType(g.result.type.get_element_type(), [1, *window[1]]), rows))
         elif g not in tiled_gathers:
             slots.append(_Slot(g, None, tile_type(g.result.type)))
@@ -623,7 +628,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         prev = (prev_ids_args[k], prev_tile_args[k]) if k is not None else (None, None)
         window = None if columns is None or region is None else region.window(gather.result, columns)
         if rows is not None:
-            window = piece_window(pieces[gather][0], gather.result, rows)
+            window = piece_window(pieces[gather][0], gather.result, rows, pieces[gather][1].axis)
         new = tile.LoadExpertOp(gather.source, ids_tile, *prev, [wait, *dispatched], window)
         new.attributes.update(gather.attributes)
         new.location = gather.location
@@ -751,8 +756,10 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         cut = pieces.get(op.rhs.owner) if isinstance(op, tcp.ContractOp) else None  # type: ignore[arg-type]
         if cut is not None and cut[0] is op:
             assert isinstance(op.rhs.owner, tcp.DmaGatherOp)
-            weights = [add(load(op.rhs.owner, None, weight_wait, rows)) for rows in cut[1]]
-            made = contract_pieces(op, weights, cut[1], tile_of)
+            bounds, axis = cut[1].bounds, cut[1].axis
+            weights = [add(load(op.rhs.owner, None, weight_wait, rows)) for rows in bounds]
+            made = (contract_pieces(op, weights, list(bounds), tile_of) if axis == K_AXIS
+                    else column_pieces(op, weights, bounds, tile_of))
             for new in made:
                 add(new)
             mapping[op.result] = made[-1].results[0]
@@ -827,6 +834,20 @@ def spread_through_routed(block: Block, expert_ids: SSAValue, plans: list[SSAVal
     return bool(routed) and spreads(shape_of(expert_ids.type)[0], routed[0], machine)
 
 
+def loads_before_routed(block: Block, expert_ids: SSAValue) -> bool:
+    """Whether `expert_ids`' plan is a mesh chip's shared expert at decode (one row block):
+    schedule-shared puts it under the dispatch's all-to-alls, after the router, and its weights
+    load while the router computes and the link moves the tokens, before any routed weight
+    (those wait for the routing). Its F tiles are then chosen for the whole SRAM of a cluster
+    rather than half: the two in flight hold the whole expert (DeepSeek-V3: two tiles of 1,024
+    columns, 88 MB), all loaded under the router, where with tiles of 512 the last two waited
+    for the first ones' contractions and then delayed the routed weight stream (8 chips, 128
+    tokens each, a2a, B = 32: 2,227.5 -> 2,209.4 us). On one chip the same tiles are not
+    better at every T (DeepSeek-V3 at T = 128, B = 1: 16,013.8 -> 16,155.7 us)."""
+    return (plan_phase(block, expert_ids) == SHARED and shape_of(expert_ids.type)[0] == 1
+            and any(isinstance(op, ccl.AllToAllDoneOp) for op in block.ops))
+
+
 @dataclass(frozen=True)
 class ScheduleExpertsPass(ModulePass):
     """Expert work -> static loops over the blocks (the module docstring says how)."""
@@ -860,4 +881,6 @@ class ScheduleExpertsPass(ModulePass):
                     sram = self.sram_bytes or machine.cluster_sram_bytes
                     if spread_through_routed(body, expert_ids, plans, machine):
                         sram //= 2  # its weight tiles share SRAM with the routed loop's
+                    elif loads_before_routed(body, expert_ids):
+                        sram *= WEIGHT_SHARE  # the weights' share is the whole cluster's
                     schedule_plan(body, expert_ids, machine, sram, self.f_tile, self.order, self.group)

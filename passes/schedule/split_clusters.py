@@ -95,10 +95,13 @@ def expert_loops(block: Block) -> list[scf.ForOp]:
 
 
 def _is_stored(value: SSAValue) -> bool:
-    """Whether `value` is a buffer a `tile.store` wrote, directly or as a branch's result."""
+    """Whether `value` is a buffer a `tile.store` wrote, directly or as a branch's result; not
+    a buffer the body makes itself (a contraction's column pieces, passes/schedule/_k_pieces.py)."""
     owner = value.owner
     if isinstance(owner, tile.StoreOp):
-        return True
+        while isinstance(owner, tile.StoreOp):
+            owner = owner.dest.owner
+        return not isinstance(owner, tile.BufferOp)
     if isinstance(owner, scf.IfOp) and isinstance(value, OpResult):
         then_yield = owner.true_region.block.last_op
         return isinstance(then_yield, scf.YieldOp) and _is_stored(then_yield.operands[value.index])
@@ -596,7 +599,7 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
             elif isinstance(op, tile.GatherOp):
                 new = tile.GatherOp(mapping.get(op.source, op.source), mapping[op.indices],
                                     [mapping[a] for a in op.after], guard=block_guard)
-            elif isinstance(op, tile.StoreOp):
+            elif isinstance(op, tile.StoreOp) and op.offsets is None:  # (a window store writes the body's own buffer)
                 new = tile.StoreOp(mapping[op.tile], mapping[op.dest], mapping[op.offset], guard=block_guard)
             else:
                 new = op.clone(value_mapper=mapping)

@@ -67,7 +67,9 @@ class TileFunctions(InterpreterFunctions):
     @impl(tile.StoreOp)
     def run_store(self, interpreter: Interpreter, op: tile.StoreOp, args: tuple[Any, ...]):
         value, dest, offset = args[:3]
-        rows = _rows(op.name, dest, offset, value.shape[0])
+        rows: Any = _rows(op.name, dest, offset, value.shape[0])
+        if op.offsets is not None:  # a window of each row
+            rows = (rows, *(slice(o, o + n) for o, n in zip(op.window_offsets(), value.shape[1:])))
         if op.guard is None:
             dest[rows] = value
         elif tile.guards_parts(op):  # one guard per part of the tile: only the parts whose guard is not negative

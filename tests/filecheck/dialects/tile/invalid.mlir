@@ -119,6 +119,24 @@ func.func @store_parts(%t: tensor<3x4xf32>, %d: tensor<8x4xf32>, %i: index, %g: 
 
 // -----
 
+func.func @store_window_outside(%t: tensor<1x2x4xf32>, %d: tensor<1x2x8xf32>, %i: index) {
+  %r = tile.store %t, %d[%i] at array<i64: 0, 6> : tensor<1x2x4xf32>, tensor<1x2x8xf32> -> tensor<1x2x8xf32>
+  func.return
+}
+
+// CHECK: tile.store: f32[1, 2, 4] at [0, 6] is not a window of the rows of f32[1, 2, 8]
+
+// -----
+
+func.func @store_window_guard(%t: tensor<1x2x4xf32>, %d: tensor<1x2x8xf32>, %i: index, %g: tensor<1xi32>) {
+  %r = tile.store %t, %d[%i] at array<i64: 0, 4> guard %g : tensor<1x2x4xf32>, tensor<1x2x8xf32> guard tensor<1xi32> -> tensor<1x2x8xf32>
+  func.return
+}
+
+// CHECK: tile.store: a store into a window takes no guard
+
+// -----
+
 func.func @guard_ids(%ids: tensor<2x1xi32>) {
   %g = tile.guard %ids : tensor<2x1xi32>
   func.return

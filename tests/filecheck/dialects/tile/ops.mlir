@@ -18,6 +18,10 @@ func.func @parts(%c: tensor<4x8xbf16>, %buf: tensor<16x8xbf16>, %i: index, %bloc
   %out = tile.store %c, %buf[%i] guard %blocks : tensor<4x8xbf16>, tensor<16x8xbf16> guard tensor<2xi32> -> tensor<16x8xbf16>
   func.return %out : tensor<16x8xbf16>
 }
+func.func @columns(%c: tensor<1x2x4xf32>, %buf: tensor<1x2x8xf32>, %i: index) -> tensor<1x2x8xf32> {
+  %out = tile.store %c, %buf[%i] at array<i64: 0, 4> : tensor<1x2x4xf32>, tensor<1x2x8xf32> -> tensor<1x2x8xf32>
+  func.return %out : tensor<1x2x8xf32>
+}
 func.func @experts(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>, %prev_ids: tensor<1xi32>, %prev: tensor<1x4x3xbf16>) -> (tensor<1x4x3xbf16>, tensor<1x4x10xbf16>) {
   %window = tile.load_expert %w[%ids] at array<i64: 0, 6> : tensor<3x4x10xbf16>, tensor<1xi32> -> tensor<1x4x3xbf16>
   %reused = tile.load_expert %w[%ids] reuse %prev_ids, %window after %prev : tensor<3x4x10xbf16>, tensor<1xi32>, tensor<1xi32>, tensor<1x4x3xbf16> after tensor<1x4x3xbf16> -> tensor<1x4x3xbf16>
@@ -39,6 +43,10 @@ func.func @experts(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>, %prev_ids: tens
 // CHECK:      func.func @parts(%c: tensor<4x8xbf16>, %buf: tensor<16x8xbf16>, %i: index, %blocks: tensor<2xi32>) -> tensor<16x8xbf16> {
 // CHECK-NEXT:   %out = tile.store %c, %buf[%i] guard %blocks : tensor<4x8xbf16>, tensor<16x8xbf16> guard tensor<2xi32> -> tensor<16x8xbf16>
 // CHECK-NEXT:   func.return %out : tensor<16x8xbf16>
+// CHECK-NEXT: }
+// CHECK:      func.func @columns(%c: tensor<1x2x4xf32>, %buf: tensor<1x2x8xf32>, %i: index) -> tensor<1x2x8xf32> {
+// CHECK-NEXT:   %out = tile.store %c, %buf[%i] at array<i64: 0, 4> : tensor<1x2x4xf32>, tensor<1x2x8xf32> -> tensor<1x2x8xf32>
+// CHECK-NEXT:   func.return %out : tensor<1x2x8xf32>
 // CHECK-NEXT: }
 // CHECK:      func.func @experts(%w: tensor<3x4x10xbf16>, %ids: tensor<1xi32>, %prev_ids: tensor<1xi32>, %prev: tensor<1x4x3xbf16>) -> (tensor<1x4x3xbf16>, tensor<1x4x10xbf16>) {
 // CHECK-NEXT:   %window = tile.load_expert %w[%ids] at array<i64: 0, 6> : tensor<3x4x10xbf16>, tensor<1xi32> -> tensor<1x4x3xbf16>
