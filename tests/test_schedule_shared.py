@@ -174,3 +174,17 @@ def test_a_block_scaled_shared_expert_is_rewritten_and_keeps_the_bits(tokens: in
                 and op.attributes["tcpc.phase"].data == "other"]  # nothing of it left whole
     assert any(op.name == "tcp.scaled_contract" and op.acc is not None for op in shared)
     assert any(op.name == "scf.for" for op in shared)
+
+
+def test_a_block_scaled_shared_expert_rounds_its_rows_in_its_loop() -> None:
+    """The fp8 shared expert's down-projection gives f32 sums that the program rounds to bf16
+    (lower-quant's [T, D] view, then `ve.narrow`): schedule-shared moves that rounding into the
+    blocked loop, so the loop stores bf16 rows (half the HBM bytes of the f32 sums, stored and
+    loaded back); same bits as before."""
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3_fp8.moe",
+                                dims={"T": 256, "B": 4, "D": 128, "F": 128, "FS": 256, "E": 8, "K": 2})
+    lowered = program.run(seed=6, pipeline=LOWERED).outputs
+    assert_same_bits(program.run(seed=6, pipeline=LOWERED + ",schedule-shared,schedule-experts").outputs, lowered)
+    module = program.lower(LOWERED + ",schedule-shared,schedule-experts")
+    stores = [op for op in module.walk() if op.name == "tile.store" and op.attributes["tcpc.phase"].data == "shared"]
+    assert stores and all("bf16" in str(op.operands[0].type) for op in stores)
