@@ -245,7 +245,9 @@ def _rounding_after(down: tcp.ContractOp | tcp.ScaledContractOp) -> ve.NarrowOp 
     """The rounding of a block-scaled down-projection's f32 rows to bf16 (lower-quant's [T, D]
     view of its [1, T, D] result, then `ve.narrow`), when nothing else reads the view or the
     f32 rows: the blocked loop then rounds each block itself, and its results cross HBM in
-    bf16 rather than f32 (DeepSeek-V3 fp8 at T = 4096: 117 MB stored and loaded back, not 235)."""
+    bf16 rather than f32 (DeepSeek-V3 fp8 at T = 4096: 117 MB stored and loaded back, not 235).
+    Not for one token (`rewrite`): its row stays in SRAM, so the rounding saves no bytes and
+    would only lengthen the shared expert's chain (DeepSeek-V3 fp8 T = 1: 373 cycles more)."""
     readers = [use.operation for use in down.result.uses]
     view = readers[0] if len(readers) == 1 else None
     if not isinstance(view, tcp.ViewOp) or not view.result.has_one_use():
@@ -331,7 +333,7 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
             r.name_hint = old.name_hint
             mapping[old] = r
     down = mlp.down
-    rounded = _rounding_after(down)
+    rounded = _rounding_after(down) if tokens > 1 else None
     out = down.result if rounded is None else rounded.result
     out_type = out.type
     summed = add(contraction(down, TensorType(f32, [blocks, rows, shape_of(out_type)[-1]])), "shared_acc")
