@@ -36,6 +36,7 @@ from xdsl.passes import ModulePass
 from passes.lowering.lower_dispatch import QUANTIZE_PLACES
 from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES
 from passes.schedule.schedule_experts import ORDERS
+from passes.schedule.schedule_shared import MOST_ROWS
 from passes.schedule.interleave_shared import InterleaveSharedPass, interleaves
 from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_bound, cost_only_cycles, cost_only_run
 from runtime_sim.perf.report import BetterBlock, Choice
@@ -366,10 +367,12 @@ AUTO_CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "lower-topk": ("strategy", STRATEGIES),
     "lower-dispatch": ("quantize", QUANTIZE_PLACES),
     "schedule-experts": ("order", ORDERS),
+    "schedule-shared": ("most_rows", MOST_ROWS),
 }
 """Pass -> the option the driver chooses when it is `auto` and its alternatives, the pass's
 default first (a tie keeps it): lower-topk's strategy, where lower-dispatch quantizes
-block-scaled activations (each block's rows or each token once), schedule-experts' loop order."""
+block-scaled activations (each block's rows or each token once), schedule-experts' loop order,
+schedule-shared's largest row block (the shared weights' passes through HBM against SRAM)."""
 
 
 def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Sequence[str], machine: Machine,

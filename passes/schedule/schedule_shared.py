@@ -58,29 +58,36 @@ from xdsl.passes import ModulePass
 from dialects import ccl, tcp, ve
 from dialects.annotations import PHASE_ATTR, SHARED, phase_of
 from dialects.tensor_types import shape_of
+from passes._auto_option import check_choice, refuse_auto
 from passes._loop_builder import ZERO_OPERAND_VE, leading, works_along_axis_zero
 from runtime_sim.semantics.numerics import GRID_M
 
 DENSE_SPEC = "mk,kn->mn"
 BLOCK_SPEC = "gbd,gdf->gbf"
 MAX_ROWS = 512
-"""The largest row block: a block's rows, its [R, F tile] column work and its f32 [R, D] sums
+"""The largest row block by default: a block's rows, its [R, F tile] column work and its f32 [R, D] sums
 take tens of MB at Llama-4's sizes (R = 512, D = 5120, F tile 512 or 1024), next to the streamed
 weight tiles (passes/schedule/_f_tiles.py); Llama-4-Scout's layer peaks at 153 MB of the chip's 256 MB at
 T = 2048, its shared expert spread through the routed loop (benchmarks/schedule.py). A compiler
 choice, not a machine number."""
+MOST_ROWS = (str(MAX_ROWS), str(2 * MAX_ROWS))
+"""`most_rows`, the largest row block (the default first): every row block streams the shared
+weights' F tiles through SRAM once, so twice the rows cross HBM with half the weight bytes
+(DeepSeek-V3 fp8 at T = 4096: 176 MB rather than 352), for twice the SRAM a block holds; which
+is cheaper is the cost model's choice (`most_rows=auto`, tcpc/autotune.py), where the SRAM
+decides (at 2,048 rows the same layer's blocks spilled 37 buffers)."""
 ROUTING_PHASES = ("routing", "dispatch", "experts", "combine")
 """Phases whose ops depend on the routing: the rewritten shared expert goes before them."""
 
 
-def choose_rows(tokens: int, forced: int = 0) -> int:
+def choose_rows(tokens: int, forced: int = 0, most: int = MAX_ROWS) -> int:
     """The row block: `forced` when it divides T, else the largest multiple of GRID_M that
-    divides T, is at most MAX_ROWS and leaves at least two blocks, an even number of them when
+    divides T, is at most `most` and leaves at least two blocks, an even number of them when
     one does (split-clusters then gives both clusters a block per iteration); T itself (one
     block) when there is none (decode, or T not a multiple of GRID_M)."""
     if forced > 0 and tokens % forced == 0:
         return forced
-    fitting = [rows for rows in range(GRID_M, min(MAX_ROWS, tokens // 2) + 1, GRID_M) if tokens % rows == 0]
+    fitting = [rows for rows in range(GRID_M, min(most, tokens // 2) + 1, GRID_M) if tokens % rows == 0]
     even = [rows for rows in fitting if (tokens // rows) % 2 == 0]
     return max(even or fitting or [tokens])
 
@@ -213,6 +220,17 @@ def find_dense_mlp(down: tcp.ContractOp | tcp.ScaledContractOp) -> DenseMlp | No
     return DenseMlp(x, ups, ops, down)
 
 
+def chooses_rows(module: ModuleOp) -> bool:
+    """Whether `most_rows` could change `module` (graph level): a dense MLP of weight arguments
+    beside the router (two or more matmuls `x @ w` of a 2-D function argument, block-scaled or
+    not) on T rows that the row caps of `MOST_ROWS` cut differently. The driver leaves
+    `most_rows` to the cost model only then (prefill with a shared expert)."""
+    dense = [op for op in module.walk() if op.name in ("tmath.matmul", "lowp.scaled_matmul") and len(op.operands) >= 2
+             and isinstance(op.operands[1], BlockArgument) and len(shape_of(op.operands[1].type)) == 2]
+    return len(dense) >= 2 and any(
+        len({choose_rows(shape_of(op.operands[0].type)[0], 0, int(most)) for most in MOST_ROWS}) > 1 for op in dense)
+
+
 def _source_rows(x: SSAValue) -> SSAValue:
     """Where a block's rows of x are read: the HBM argument x was loaded from, else x."""
     owner = x.owner
@@ -258,10 +276,10 @@ def _rounding_after(down: tcp.ContractOp | tcp.ScaledContractOp) -> ve.NarrowOp 
     return narrow
 
 
-def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
+def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0, most_rows: int = MAX_ROWS) -> None:
     """Replace `mlp` by its blocked form (the module docstring)."""
     tokens, width = shape_of(mlp.x.type)
-    rows = choose_rows(tokens, forced_rows)
+    rows = choose_rows(tokens, forced_rows, most_rows)
     blocks = tokens // rows
     new: list[Operation] = []
 
@@ -370,8 +388,15 @@ class ScheduleSharedPass(ModulePass):
 
     rows: int = 0
     """The row block when positive and dividing T (else chosen, see `choose_rows`)."""
+    most_rows: int | str = MAX_ROWS
+    """The largest row block `choose_rows` takes (one of `MOST_ROWS`), or `auto`, which the
+    driver resolves by the cost model (tcpc/autotune.py)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.name, "most_rows", str(self.most_rows), MOST_ROWS)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        refuse_auto(self.name, "most_rows", str(self.most_rows), MOST_ROWS)
         for fn in op.ops:
             if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
                 continue
@@ -381,4 +406,4 @@ class ScheduleSharedPass(ModulePass):
                     continue
                 mlp = find_dense_mlp(down)  # type: ignore[arg-type]
                 if mlp is not None and isinstance(mlp.down.result.type.get_element_type(), (BFloat16Type, Float32Type)):
-                    rewrite(body, mlp, self.rows)
+                    rewrite(body, mlp, self.rows, int(self.most_rows))
