@@ -36,6 +36,7 @@ from xdsl.passes import ModulePass
 from passes.lowering.lower_dispatch import QUANTIZE_PLACES
 from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES
 from passes.schedule.schedule_experts import ORDERS
+from passes.schedule.schedule_shared import MOST_ROWS
 from passes.schedule.interleave_shared import InterleaveSharedPass, interleaves
 from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_bound, cost_only_cycles, cost_only_run
 from runtime_sim.perf.report import BetterBlock, Choice
@@ -111,6 +112,9 @@ COSTS_KEPT = 1024
 _costs: dict[tuple[object, ...], int] = {}
 _bounds: dict[tuple[object, ...], int] = {}
 """Lower bounds `cost_cycles` gave in place of cycles, by the same keys as `_costs`."""
+_spilling: dict[tuple[object, ...], int] = {}
+"""Buffers spilled or streamed by the memory plans `cost_cycles` simulated, by the same keys
+as `_costs`, where there were any (`spilled`)."""
 COMPILED_KEPT = 2
 """How many programs `cost_cycles` keeps a compiled form (and run) of for `take_compiled`: the
 latest, and the cheapest of the others (a block search's choice, which the strategy and order
@@ -228,6 +232,8 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
             if run.bound:
                 raise _AboveBest(run.cycles)
             total = run.cycles
+            if run.spills and full is not None:
+                _remember(_spilling, full, run.spills)
         else:
             run = None
             total = sum(cost_only_cycles(lowered, name, machine, routing=routing, seed=seed) for name in functions)
@@ -253,6 +259,15 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
         if full is not None:
             _remember(_bounds, full, e.bound)
         return e.bound, True
+
+
+def spilled(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
+            routing: str | Path, seed: int) -> bool:
+    """Whether `cost_cycles` found, for the same arguments, a memory plan that spilled or
+    streamed a buffer (remembered for a routing scenario; False when not known)."""
+    key = (print_ir(module), tuple(functions), tuple(map(repr, passes)), repr(machine))
+    full = _remembered_key(key, routing, seed)
+    return full is not None and full in _spilling
 
 
 def _remembered_key(key: tuple[object, ...], routing: str | Path, seed: int) -> tuple[object, ...] | None:
@@ -366,10 +381,12 @@ AUTO_CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "lower-topk": ("strategy", STRATEGIES),
     "lower-dispatch": ("quantize", QUANTIZE_PLACES),
     "schedule-experts": ("order", ORDERS),
+    "schedule-shared": ("most_rows", MOST_ROWS),
 }
 """Pass -> the option the driver chooses when it is `auto` and its alternatives, the pass's
 default first (a tie keeps it): lower-topk's strategy, where lower-dispatch quantizes
-block-scaled activations (each block's rows or each token once), schedule-experts' loop order."""
+block-scaled activations (each block's rows or each token once), schedule-experts' loop order,
+schedule-shared's largest row block (the shared weights' passes through HBM against SRAM)."""
 
 
 def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Sequence[str], machine: Machine,
@@ -389,21 +406,30 @@ def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Seq
         named = {q.name for q in resolved}
         rest = [q for q in full if q.name not in named]
 
-        def cycles_of(value: str, above: float, i: int = i, p: ModulePass = p,
-                      option: str = option) -> tuple[int, bool]:
+        def trial_of(value: str, i: int = i, p: ModulePass = p, option: str = option) -> list[ModulePass]:
             trial = [replace(p, **{option: value}) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]  # type: ignore[type-var]
-            return cost_cycles(module, functions, [*trial, *rest], machine, routing, seed, keep_below=math.inf,
-                               above=above)
+            return [*trial, *rest]
 
         costed: dict[str, tuple[int, bool]] = {}
         for v in alternatives:  # an alternative bounded above the best so far can neither win nor tie
-            costed[v] = cycles_of(v, min((c for c, _ in costed.values()), default=math.inf))
+            costed[v] = cost_cycles(module, functions, trial_of(v), machine, routing, seed, keep_below=math.inf,
+                                    above=min((c for c, _ in costed.values()), default=math.inf))
         tried = tuple((v, c) for v, (c, _) in costed.items())
-        best = min(tried, key=lambda t: (t[1], alternatives.index(t[0])))[0]  # ties: the pass's default
+        fitting = [(v, c) for v, c in tried if not (p.name in FITTING_CHOICES and v != alternatives[0]
+                                                    and spilled(module, functions, trial_of(v), machine, routing, seed))]
+        best = min(fitting, key=lambda t: (t[1], alternatives.index(t[0])))[0]  # ties: the pass's default
         resolved[i] = replace(p, **{option: best})  # type: ignore[type-var]
         choices.append(Choice(f"{p.name} {option}", f"pass {i + 1} of the pipeline", f"{option}=auto", best, tried,
                               str(routing), bounded=tuple(v for v, (_, bound) in costed.items() if bound)))
     return resolved, choices
+
+
+FITTING_CHOICES = ("schedule-shared",)
+"""Passes whose `auto` alternatives other than the default are taken only when the memory
+plan fits every buffer in SRAM (no spill or stream): schedule-shared's larger row blocks,
+which buy their fewer weight passes with SRAM (Llama-4-Scout at T = 2048 spilled 3 buffers
+with 1,024 rows; its spills cost less than the weights they saved, but the schedule level
+places every buffer in SRAM itself and the memory plan only checks it: docs/architecture.md)."""
 
 
 def _default_if_auto(p: ModulePass) -> ModulePass:

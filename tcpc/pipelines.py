@@ -99,14 +99,14 @@ the routing scenario fills (runtime_sim/perf/cost_only.py)."""
 
 def pipeline_spec(passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str | None = "auto",
                   options: Mapping[str, object] | None = None, expert_order: str | None = None,
-                  dispatch_quantize: str | None = None) -> str:
+                  dispatch_quantize: str | None = None, shared_rows: str | None = None) -> str:
     """`passes` as a pipeline string: lower-topk's strategy left to the cost model by default
     (`strategy=auto`, resolved by the driver: rank's all-pairs ranking wins at small E, rounds
     at large E x T; None: the pass's own default), schedule-experts' loop order as
     `expert_order` (`auto`, what a run compiles with, is the cost model's choice of block or
     tile order; None: the pass's default), lower-dispatch's `quantize` as `dispatch_quantize`
     (where block-scaled activations are quantized, blocks or tokens; None: the pass's default),
-    then `options` ("pass.option" -> value, a sweep's) over them. No machine number is written: every pass reads the machine from the module's
+    schedule-shared's `most_rows` as `shared_rows` (None: the pass's default), then `options` ("pass.option" -> value, a sweep's) over them. No machine number is written: every pass reads the machine from the module's
     target (target/target_spec.py), which the driver attaches; an option given here overrides
     it."""
     by_pass: dict[str, dict[str, str]] = {}
@@ -114,6 +114,8 @@ def pipeline_spec(passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str | 
         by_pass["lower-topk"] = {"strategy": topk_strategy}
     if dispatch_quantize is not None and "lower-dispatch" in passes:
         by_pass["lower-dispatch"] = {"quantize": dispatch_quantize}
+    if shared_rows is not None and "schedule-shared" in passes:
+        by_pass["schedule-shared"] = {"most_rows": shared_rows}
     if expert_order is not None and "schedule-experts" in passes:
         by_pass["schedule-experts"] = {"order": expert_order}
     for key, value in (options or {}).items():
@@ -123,10 +125,11 @@ def pipeline_spec(passes: tuple[str, ...] = FULL_PIPELINE, topk_strategy: str | 
                     for p in passes)
 
 
-AUTO_OPTIONS: dict[str, str] = {"lower-topk": "strategy", "lower-dispatch": "quantize", "schedule-experts": "order"}
+AUTO_OPTIONS: dict[str, str] = {"lower-topk": "strategy", "lower-dispatch": "quantize", "schedule-experts": "order",
+                                "schedule-shared": "most_rows"}
 """The pass options the driver may be given as `auto` and resolves by the cost model
 (tcpc/autotune.py): lower-topk's strategy, where lower-dispatch quantizes block-scaled
-activations, schedule-experts' loop order."""
+activations, schedule-experts' loop order, schedule-shared's largest row block."""
 
 
 def is_auto(p: ModulePass) -> bool:

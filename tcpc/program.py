@@ -147,9 +147,11 @@ class Program:
         if self.is_ir:
             return ""
         from passes.lowering.lower_dispatch import quantizes_dispatched_tokens
+        from passes.schedule.schedule_shared import chooses_rows
 
         return pipeline_spec(LEVELS[level], expert_order="auto",
-                             dispatch_quantize="auto" if quantizes_dispatched_tokens(self.module) else None)
+                             dispatch_quantize="auto" if quantizes_dispatched_tokens(self.module) else None,
+                             shared_rows="auto" if chooses_rows(self.module) else None)
 
     def lower(self, pipeline: str | None = None, *, level: str = "scheduled", graph: str | None = None,
               machine: Machine | str | Path | None = None, routing: str | Path = "balanced", seed: int = 0,
@@ -315,6 +317,8 @@ class Program:
                 spec = spec.replace("order=auto", f"order={choice.chosen}", 1)
             elif choice.what == "lower-dispatch quantize":
                 spec = spec.replace("quantize=auto", f"quantize={choice.chosen}", 1)
+            elif choice.what == "schedule-shared most_rows":
+                spec = spec.replace("most_rows=auto", f"most_rows={choice.chosen}", 1)
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")

@@ -174,3 +174,71 @@ def test_a_block_scaled_shared_expert_is_rewritten_and_keeps_the_bits(tokens: in
                 and op.attributes["tcpc.phase"].data == "other"]  # nothing of it left whole
     assert any(op.name == "tcp.scaled_contract" and op.acc is not None for op in shared)
     assert any(op.name == "scf.for" for op in shared)
+
+
+def test_a_block_scaled_shared_expert_rounds_its_rows_in_its_loop() -> None:
+    """The fp8 shared expert's down-projection gives f32 sums that the program rounds to bf16
+    (lower-quant's [T, D] view, then `ve.narrow`): schedule-shared moves that rounding into the
+    blocked loop, so the loop stores bf16 rows (half the HBM bytes of the f32 sums, stored and
+    loaded back); same bits as before."""
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3_fp8.moe",
+                                dims={"T": 256, "B": 4, "D": 128, "F": 128, "FS": 256, "E": 8, "K": 2})
+    lowered = program.run(seed=6, pipeline=LOWERED).outputs
+    assert_same_bits(program.run(seed=6, pipeline=LOWERED + ",schedule-shared,schedule-experts").outputs, lowered)
+    module = program.lower(LOWERED + ",schedule-shared,schedule-experts")
+    stores = [op for op in module.walk() if op.name == "tile.store" and op.attributes["tcpc.phase"].data == "shared"]
+    assert stores and all("bf16" in str(op.operands[0].type) for op in stores)
+
+
+def test_the_largest_row_block_is_a_choice_the_driver_leaves_to_the_cost_model_at_prefill() -> None:
+    """`most_rows` cuts T = 1280 into 10 blocks of 128 (at most 512 rows: 640 would leave an
+    odd count below it) or 2 of 640 (at most 1024), 4096 into 8 of 512 or 4 of 1024; the driver
+    asks the cost model only where a shared expert's blocks could differ."""
+    assert choose_rows(1280) == 128 and choose_rows(1280, most=1024) == 640
+    assert choose_rows(4096, most=1024) == 1024 and choose_rows(1024, most=1024) == 512
+    def pipeline(example: str, tokens: int) -> str:
+        return tcpc.compile_file(EXAMPLES / f"{example}.moe", dims={"T": tokens, "B": 64}).full_pipeline()
+
+    assert "schedule-shared{most_rows=auto}" in pipeline("llama4", 1280)
+    assert "most_rows" not in pipeline("llama4", 1024) and "most_rows" not in pipeline("qwen3_moe", 4096)
+
+
+@pytest.mark.parametrize(("dims", "chosen"), [({"D": 64, "FS": 256}, "1024"), ({"D": 2048, "FS": 512}, "512")])
+def test_the_cost_model_chooses_the_shared_row_block_both_ways(dims: dict[str, int], chosen: str) -> None:
+    """Llama-4 at T = 1280 (cost-only, balanced): with small shared weights two blocks of 640
+    rows take fewer cycles (fewer blocks and commands: 15,444 -> 14,212 cycles); with D = 2048
+    ten blocks of 128 do (the 640-row blocks' [640, 2048] f32 sums and rows hold SRAM the
+    routed loop's tiles want: 87,241 against 93,065)."""
+    program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims={"T": 1280, "B": 64, **dims})
+    spec = program.full_pipeline().replace("strategy=auto", "strategy=rank").replace("order=auto", "order=block")
+    _, choices = program.passes(spec, routing="balanced")
+    (choice,) = [c for c in choices if c.what == "schedule-shared most_rows"]
+    assert choice.chosen == chosen and dict(choice.alternatives)[chosen] < dict(choice.alternatives)[
+        next(v for v in ("512", "1024") if v != chosen)]
+
+
+def test_wider_shared_row_blocks_keep_the_bits() -> None:
+    """The same layer with the shared expert in 2 row blocks of 640 (most_rows=1024) or 10 of
+    128 (512), run on the same inputs: the same bits, the reference's."""
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3_fp8.moe",
+                                dims={"T": 1280, "B": 64, "D": 128, "F": 128, "FS": 256, "E": 8, "K": 2})
+    reference = program.run(seed=7).outputs
+    for most in ("512", "1024"):
+        spec = program.full_pipeline().replace("most_rows=auto", f"most_rows={most}").replace(
+            "strategy=auto", "strategy=rank").replace("order=auto", "order=block").replace("quantize=auto", "quantize=tokens")
+        assert_same_bits(program.run(seed=7, pipeline=spec).outputs, reference)
+
+
+def test_a_larger_shared_row_block_whose_buffers_spill_is_not_taken(tmp_path: Path) -> None:
+    """On a chip of 5.5 KB of SRAM a slice (2.75 MB), Llama-4's two 640-row blocks take fewer
+    cycles than ten of 128 but their memory plan spills: the schedule level places every buffer
+    in SRAM, so the driver keeps the default (tcpc/autotune.py, FITTING_CHOICES)."""
+    machine = tmp_path / "small.toml"
+    machine.write_text('extends = "rngd"\nname = "small-sram"\n[sram]\n'
+                       'bytes_per_slice = { value = 5632, assumption = "test" }\n')
+    program = tcpc.compile_file(EXAMPLES / "llama4.moe", dims={"T": 1280, "B": 64, "D": 64, "FS": 256})
+    spec = program.full_pipeline().replace("strategy=auto", "strategy=rank").replace("order=auto", "order=block")
+    _, choices = program.passes(spec, routing="balanced", machine=machine)
+    (choice,) = [c for c in choices if c.what == "schedule-shared most_rows"]
+    cycles = dict(choice.alternatives)
+    assert cycles["1024"] < cycles["512"] and choice.chosen == "512"

@@ -13,7 +13,9 @@ the clusters:
 - each weight becomes a one-expert tensor `[1, K, N]` (a view of the HBM argument) gathered by
   `ids`, G zeros (every block uses "expert" 0); each contraction `mk,kn->mn` becomes the block
   contraction `gbd,gdf->gbf` guarded by `ids`; the down-projection gives f32 and is rounded
-  after (`ve.narrow`), the rounding the whole contraction applied at its end;
+  after (`ve.narrow`), the rounding the whole contraction applied at its end (a block-scaled
+  one's, which the program applies after lower-quant's [T, D] view, moves into the blocks too,
+  so the loop stores bf16 rows rather than f32 sums);
 - x is read straight from HBM (the function argument its load came from), so each block's rows
   are loaded by DMA like a dispatch's blocked rows, on whichever cluster runs the block;
 - the ops take the phase `shared`, which makes them one plan for `schedule-experts` (a plan is
@@ -56,29 +58,36 @@ from xdsl.passes import ModulePass
 from dialects import ccl, tcp, ve
 from dialects.annotations import PHASE_ATTR, SHARED, phase_of
 from dialects.tensor_types import shape_of
+from passes._auto_option import check_choice, refuse_auto
 from passes._loop_builder import ZERO_OPERAND_VE, leading, works_along_axis_zero
 from runtime_sim.semantics.numerics import GRID_M
 
 DENSE_SPEC = "mk,kn->mn"
 BLOCK_SPEC = "gbd,gdf->gbf"
 MAX_ROWS = 512
-"""The largest row block: a block's rows, its [R, F tile] column work and its f32 [R, D] sums
+"""The largest row block by default: a block's rows, its [R, F tile] column work and its f32 [R, D] sums
 take tens of MB at Llama-4's sizes (R = 512, D = 5120, F tile 512 or 1024), next to the streamed
 weight tiles (passes/schedule/_f_tiles.py); Llama-4-Scout's layer peaks at 153 MB of the chip's 256 MB at
 T = 2048, its shared expert spread through the routed loop (benchmarks/schedule.py). A compiler
 choice, not a machine number."""
+MOST_ROWS = (str(MAX_ROWS), str(2 * MAX_ROWS))
+"""`most_rows`, the largest row block (the default first): every row block streams the shared
+weights' F tiles through SRAM once, so twice the rows cross HBM with half the weight bytes
+(DeepSeek-V3 fp8 at T = 4096: 176 MB rather than 352), for twice the SRAM a block holds; which
+is cheaper is the cost model's choice (`most_rows=auto`, tcpc/autotune.py), where the SRAM
+decides (at 2,048 rows the same layer's blocks spilled 37 buffers)."""
 ROUTING_PHASES = ("routing", "dispatch", "experts", "combine")
 """Phases whose ops depend on the routing: the rewritten shared expert goes before them."""
 
 
-def choose_rows(tokens: int, forced: int = 0) -> int:
+def choose_rows(tokens: int, forced: int = 0, most: int = MAX_ROWS) -> int:
     """The row block: `forced` when it divides T, else the largest multiple of GRID_M that
-    divides T, is at most MAX_ROWS and leaves at least two blocks, an even number of them when
+    divides T, is at most `most` and leaves at least two blocks, an even number of them when
     one does (split-clusters then gives both clusters a block per iteration); T itself (one
     block) when there is none (decode, or T not a multiple of GRID_M)."""
     if forced > 0 and tokens % forced == 0:
         return forced
-    fitting = [rows for rows in range(GRID_M, min(MAX_ROWS, tokens // 2) + 1, GRID_M) if tokens % rows == 0]
+    fitting = [rows for rows in range(GRID_M, min(most, tokens // 2) + 1, GRID_M) if tokens % rows == 0]
     even = [rows for rows in fitting if (tokens // rows) % 2 == 0]
     return max(even or fitting or [tokens])
 
@@ -211,6 +220,17 @@ def find_dense_mlp(down: tcp.ContractOp | tcp.ScaledContractOp) -> DenseMlp | No
     return DenseMlp(x, ups, ops, down)
 
 
+def chooses_rows(module: ModuleOp) -> bool:
+    """Whether `most_rows` could change `module` (graph level): a dense MLP of weight arguments
+    beside the router (two or more matmuls `x @ w` of a 2-D function argument, block-scaled or
+    not) on T rows that the row caps of `MOST_ROWS` cut differently. The driver leaves
+    `most_rows` to the cost model only then (prefill with a shared expert)."""
+    dense = [op for op in module.walk() if op.name in ("tmath.matmul", "lowp.scaled_matmul") and len(op.operands) >= 2
+             and isinstance(op.operands[1], BlockArgument) and len(shape_of(op.operands[1].type)) == 2]
+    return len(dense) >= 2 and any(
+        len({choose_rows(shape_of(op.operands[0].type)[0], 0, int(most)) for most in MOST_ROWS}) > 1 for op in dense)
+
+
 def _source_rows(x: SSAValue) -> SSAValue:
     """Where a block's rows of x are read: the HBM argument x was loaded from, else x."""
     owner = x.owner
@@ -239,10 +259,27 @@ def _anchor(block: Block, mlp: DenseMlp) -> Operation:
     return first
 
 
-def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
+def _rounding_after(down: tcp.ContractOp | tcp.ScaledContractOp) -> ve.NarrowOp | None:
+    """The rounding of a block-scaled down-projection's f32 rows to bf16 (lower-quant's [T, D]
+    view of its [1, T, D] result, then `ve.narrow`), when nothing else reads the view or the
+    f32 rows: the blocked loop then rounds each block itself, and its results cross HBM in
+    bf16 rather than f32 (DeepSeek-V3 fp8 at T = 4096: 117 MB stored and loaded back, not 235).
+    Not for one token (`rewrite`): its row stays in SRAM, so the rounding saves no bytes and
+    would only lengthen the shared expert's chain (DeepSeek-V3 fp8 T = 1: 373 cycles more)."""
+    readers = [use.operation for use in down.result.uses]
+    view = readers[0] if len(readers) == 1 else None
+    if not isinstance(view, tcp.ViewOp) or not view.result.has_one_use():
+        return None
+    narrow = next(iter(view.result.uses)).operation
+    if not isinstance(narrow, ve.NarrowOp) or narrow.truncate is not None or narrow.parent_block() is not down.parent_block():
+        return None
+    return narrow
+
+
+def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0, most_rows: int = MAX_ROWS) -> None:
     """Replace `mlp` by its blocked form (the module docstring)."""
     tokens, width = shape_of(mlp.x.type)
-    rows = choose_rows(tokens, forced_rows)
+    rows = choose_rows(tokens, forced_rows, most_rows)
     blocks = tokens // rows
     new: list[Operation] = []
 
@@ -314,15 +351,23 @@ def rewrite(block: Block, mlp: DenseMlp, forced_rows: int = 0) -> None:
             r.name_hint = old.name_hint
             mapping[old] = r
     down = mlp.down
-    out_type = down.result.type
+    rounded = _rounding_after(down) if tokens > 1 else None
+    out = down.result if rounded is None else rounded.result
+    out_type = out.type
     summed = add(contraction(down, TensorType(f32, [blocks, rows, shape_of(out_type)[-1]])), "shared_acc")
     if not isinstance(out_type.get_element_type(), Float32Type):
         summed = add(ve.NarrowOp(summed, TensorType(out_type.get_element_type(), shape_of(summed.type))), "shared_blocks")
-    result = add(tcp.ViewOp(summed, list(shape_of(out_type))), down.result.name_hint)
+    result = add(tcp.ViewOp(summed, list(shape_of(out_type))), out.name_hint)
 
     anchor = _anchor(block, mlp)
     block.insert_ops_before(new, anchor)
-    down.result.replace_all_uses_with(result)
+    out.replace_all_uses_with(result)
+    if rounded is not None:
+        view = rounded.input.owner
+        for op in (rounded, view):
+            assert isinstance(op, Operation)
+            op.detach()
+            op.erase()
     weights = [v for u in [*mlp.ups, down] for v in ([u.rhs, u.rhs_scales] if isinstance(u, tcp.ScaledContractOp) else [u.rhs])]
     weight_views = [v.owner for v in weights if isinstance(v.owner, tcp.ViewOp)]
     loads = [_unbatched(v).owner for v in weights]
@@ -343,8 +388,15 @@ class ScheduleSharedPass(ModulePass):
 
     rows: int = 0
     """The row block when positive and dividing T (else chosen, see `choose_rows`)."""
+    most_rows: int | str = MAX_ROWS
+    """The largest row block `choose_rows` takes (one of `MOST_ROWS`), or `auto`, which the
+    driver resolves by the cost model (tcpc/autotune.py)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.name, "most_rows", str(self.most_rows), MOST_ROWS)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        refuse_auto(self.name, "most_rows", str(self.most_rows), MOST_ROWS)
         for fn in op.ops:
             if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
                 continue
@@ -354,4 +406,4 @@ class ScheduleSharedPass(ModulePass):
                     continue
                 mlp = find_dense_mlp(down)  # type: ignore[arg-type]
                 if mlp is not None and isinstance(mlp.down.result.type.get_element_type(), (BFloat16Type, Float32Type)):
-                    rewrite(body, mlp, self.rows)
+                    rewrite(body, mlp, self.rows, int(self.most_rows))

@@ -728,6 +728,9 @@ class CostOnlyRun:
     bound: bool = False
     """True when `cycles` is not simulated but a lower bound (`LowerBoundBar`), which was
     above the `bound_above` asked for (`cost_only_run`)."""
+    spills: int = 0
+    """Buffers the memory plan spilled or streamed through HBM (0 for a bound): a schedule
+    whose buffers do not all fit SRAM."""
 
     def result(self, machine: Machine, sram_policy: SramPolicy = DEFAULT_SRAM_POLICY,
                work: GraphWork | None = None) -> SimResult:
@@ -765,9 +768,10 @@ def cost_only_run(module: ModuleOp, function: str, machine: Machine | None = Non
         plan, sched = plan_and_schedule(trace, machine, sram_policy)
         checked_roofline(machine, trace, None, sched.makespan)
         assert bar is None or sched.makespan >= bar.least(trace), "a schedule below the bar's lower bound"
+        spills = len(plan.spills) + len(plan.streams)
         if sched.makespan < keep_below:
-            return CostOnlyRun(sched.makespan, trace, plan, sched, routings)
-        return CostOnlyRun(sched.makespan)
+            return CostOnlyRun(sched.makespan, trace, plan, sched, routings, spills=spills)
+        return CostOnlyRun(sched.makespan, spills=spills)
 
     with without_gc_pauses():
         return run()
