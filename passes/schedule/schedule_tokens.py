@@ -26,7 +26,8 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
 - The function's results end in HBM (`store_results`): one the loops did not store there is
   stored by a `tcp.store` before the return.
 - A mesh receiver's combine (a2a, a2a_sum) skips a tile none of whose rows holds a pair
-  (`empty_tile_indices`); where a tile would span several senders' slices, it runs over the
+  (`empty_tile_indices`), and a2a's gather of split pairs a sender's slice none of whose
+  tokens split; where a tile would span several senders' slices, it runs over the
   received rows packed first (`pack_received`), in tiles of one flit's rows (at most a
   slice's), its sums sent back packed (`ccl.all_to_all_start ... {packed}`), or scattered
   back to their rows where something else reads them.
@@ -430,18 +431,23 @@ def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAVal
     pair: on a mesh chip of an all-to-all strategy, whose receive buffers are the static worst
     case (every token, or every slot, that every chip of the group could send) and mostly
     empty, when every result the loop stores is a pair sum (`is_pair_sum`: such a token's
-    row is +0.0, what the zero-filled buffer holds). On one chip every token has its pairs,
-    and allgather's combine runs over the group's real tokens, whose pairs interleave: there
-    the check would cost without saving (Qwen3-30B-A3B ep=2 allgather prefill: 3,135 -> 3,201
-    us with it). None otherwise."""
+    row is +0.0, what the zero-filled buffer holds) or that gather's own rows (a row of index
+    -1 is zero too: a2a's split pairs gathered from the blocks to go home, one row per slot
+    that every chip could send, which a routing that splits no token leaves all -1; Qwen3-30B-A3B
+    ep=8, 4,096 tokens a chip, 8 chunks: 91,480 cycles of HBM stores a chunk). On one chip
+    every token has its pairs, and allgather's combine runs over the group's real tokens, whose
+    pairs interleave: there the check would cost without saving (Qwen3-30B-A3B ep=2 allgather
+    prefill: 3,135 -> 3,201 us with it). None otherwise."""
     fn = block.parent_op()
     strategy = fn.attributes.get(ccl.STRATEGY_ATTR) if isinstance(fn, func.FuncOp) else None
     if not (isinstance(strategy, StringAttr) and strategy.data in RECEIVING_STRATEGIES):
         return None
-    if not all(isinstance(r.owner, Operation) and is_pair_sum(r.owner) for r in escaping):
-        return None
     gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and leading(op.indices) == tokens]
-    return gathers[0].indices if len(gathers) == 1 else None
+    if len(gathers) != 1:
+        return None
+    if not all(isinstance(r.owner, Operation) and (is_pair_sum(r.owner) or r.owner is gathers[0]) for r in escaping):
+        return None
+    return gathers[0].indices
 
 
 def loaded_whole(value: SSAValue, inside: set[Operation], reload: bool = False) -> SSAValue | None:
@@ -490,11 +496,15 @@ def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: l
         before.append(head)
         head = head.results[0]
     tiles = main // rows
-    per_tile = tcp.ViewOp(head, [tiles, rows * math.prod(shape[1:])])
-    maxima = ve.ReduceMaxOp(per_tile.result, 1)
+    by_tile = [tiles, rows * math.prod(shape[1:])]
+    if by_tile != list(shape_of(head.type)):
+        per_tile = tcp.ViewOp(head, by_tile)
+        before.append(per_tile)
+        head = per_tile.result
+    maxima = ve.ReduceMaxOp(head, 1)
     spread = ve.BroadcastOp(maxima.result, 1, rows)
     tops = tcp.ViewOp(spread.result, [main])
-    before += [per_tile, maxima, spread, tops]
+    before += [maxima, spread, tops]
     for op, name in ((maxima, "tile_tops"), (spread, "tile_top_rows"), (tops, "tile_top_at_row")):
         op.result.name_hint = name
     return tops.result
