@@ -309,7 +309,8 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     elif rows >= tokens:
         whole.update(ops)
         return True
-    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens, phase, reload, skip_by)
+    counts = back.rows if back is not None and packed_rows is None and shape_of(back.input.type)[0] == tokens else None
+    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens, phase, reload, skip_by, counts)
     if packed_rows is not None and back is not None and escaping == [back_source(back)]:
         back.properties["packed"] = UnitAttr()  # the sums go back as packed (ccl.all_to_all's `packed`)
     elif packed_rows is not None:  # each result back to its received row
@@ -482,13 +483,28 @@ def _erase_unread_copy(value: SSAValue) -> None:
         owner.erase()
 
 
-def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: list[Operation]) -> SSAValue:
+def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: list[Operation],
+               counts: SSAValue | None = None) -> SSAValue:
     """The largest of each tile's `indices` (the first `main` of them, tiles of `rows`), over
     each of the tile's rows ([main]: a tile's guard slices it at the tile's offset), made by
     ops appended to `before`: one reduction over all the tiles at once before the loop, not
     one per tile in it, where each paid the reduction's fill over the tile's elements (1,040
     cycles a tile of 128 tokens x 8 at prefill, 32 tiles a combine loop: Qwen3-30B-A3B's
-    receivers on 8 chips at 4,096 tokens each, 8 chunks, spent 266 us in them)."""
+    receivers on 8 chips at 4,096 tokens each, 8 chunks, spent 266 us in them).
+
+    With `counts` (the loop's rows are whole sender slices of the all-to-all that returns its
+    results, and `counts` that all-to-all's `rows`: the slices' rows that cross), each slice's
+    count less one stands for its largest index: a slice none of whose rows cross needs
+    nothing made, and its gather's indices are then all -1 too. That reads [chips] counts
+    where the reduction reads every index (a2a's split pairs: [8, 4,096] on 8 chips, 8,241
+    cycles of the reduction's fill a chunk)."""
+    if counts is not None:
+        column = tcp.ViewOp(counts, [shape_of(counts.type)[0], 1])
+        one = ve.ConstOp(1, column.result.type)  # type: ignore[arg-type]
+        last = ve.SubOp(column.result, one.result)
+        last.result.name_hint = "last_row_sent"
+        before += [column, one, last]
+        indices = last.result
     shape = shape_of(indices.type)
     head = indices
     if main < shape[0]:
@@ -497,6 +513,11 @@ def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: l
         head = head.results[0]
     tiles = main // rows
     by_tile = [tiles, rows * math.prod(shape[1:])]
+    if by_tile[1] == 1:  # a value a tile: its own largest
+        tops = tcp.ViewOp(head, [main])
+        tops.result.name_hint = "tile_top_at_row"
+        before.append(tops)
+        return tops.result
     if by_tile != list(shape_of(head.type)):
         per_tile = tcp.ViewOp(head, by_tile)
         before.append(per_tile)
@@ -522,12 +543,13 @@ def _sink_copy(block: Block, value: SSAValue, loop: Operation) -> None:
 
 
 def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
-               reload: bool = False, skip_by: SSAValue | None = None) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
+               reload: bool = False, skip_by: SSAValue | None = None,
+               counts: SSAValue | None = None) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
     """The token-tile loop of `phase` over `ops` in tiles of `rows` (not yet in the block): the
     ops before it, the loop, the ops after it (the loop and the remainder) and the escaping
     results. With `skip_by` (empty_tile_indices), a tile whose indices are all -1 is skipped:
-    its largest index (a vector reduction) decides an `scf.if` (`tile.guard`) around the tile's
-    work."""
+    its largest index (a vector reduction; with `counts`, its slices' counts: `_tile_tops`)
+    decides an `scf.if` (`tile.guard`) around the tile's work."""
     main = tokens - tokens % rows
     marker = {PHASE_ATTR: StringAttr(phase)}
 
@@ -569,7 +591,7 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     add = add_to(body)
     runs = None
     if skip_by is not None:
-        tops = _tile_tops(skip_by, main, rows, c0, before)
+        tops = _tile_tops(skip_by, main, rows, c0, before, counts)
         indices = add(tile.SliceOp(skip_by, offset, tile_type(skip_by.type, rows)),
                       f"{skip_by.name_hint}_tile" if skip_by.name_hint else None)
         mapping[skip_by] = indices
