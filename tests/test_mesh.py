@@ -736,9 +736,11 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
 def test_a2a_skips_the_split_pairs_gather_when_no_token_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     """a2a's receiver gathers a split token's pairs from the blocks into a worst-case buffer,
     a slice per sender, in tiles guarded like the combine's: a sender none of whose tokens it
-    split is skipped (the zero-filled buffer is what a gather of -1 rows makes). Under the
-    seed's routing some tokens split and the outputs are one chip's bit for bit; under
-    balanced routing (a token's 2 experts on one chip) no split gather runs."""
+    split is skipped (the zero-filled buffer is what a gather of -1 rows makes). The home chip
+    gathers and sums the pairs that came back only in a tile that holds one (else the sum is
+    +0.0, beside the receivers' sums of whole tokens). Under the seed's routing some tokens
+    split and the outputs are one chip's bit for bit; under balanced routing (a token's 2
+    experts on one chip) neither gather runs."""
 
     from tcpc import pipelines
 
@@ -750,13 +752,14 @@ def test_a2a_skips_the_split_pairs_gather_when_no_token_splits(monkeypatch: pyte
     results = check_on_mesh(program, spec, sim, seed=2)
     assert all(c.identical for c in results), [c.message for c in results]
 
-    def split_gathers(report) -> int:
-        return sum(1 for c in report.chips for o in c.ops
-                   if o.name == "tcp.dma_gather" and o.label.startswith("%split_rows"))
+    assert "tile_has_split_pairs" in str(program.lower(spec.pipeline()))
 
-    assert split_gathers(sim.report) > 0
+    def gathers(report, label: str) -> int:
+        return sum(1 for c in report.chips for o in c.ops if o.name == "tcp.dma_gather" and o.label.startswith(label))
+
+    assert gathers(sim.report, "%split_rows") > 0 and gathers(sim.report, "%pair_rows") > 0
     balanced = simulate_on_mesh(program, spec, seed=2, cost_only=True, routing="balanced")
-    assert split_gathers(balanced.report) == 0
+    assert gathers(balanced.report, "%split_rows") == 0 and gathers(balanced.report, "%pair_rows") == 0
 
 
 @pytest.mark.parametrize("strategy", ["a2a", "a2a_sum"])

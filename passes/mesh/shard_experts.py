@@ -86,7 +86,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from dialects import ccl, moe, tcp, tile, tmath
-from dialects.annotations import PHASE_ATTR, place_in_hbm, routing_arguments
+from dialects.annotations import PHASE_ATTR, mark_pair_sum, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import index_constant
 from target.target_spec import machine_of
@@ -983,7 +983,13 @@ class _A2A(_Strategy):
         each chip keeping its own tokens, then + 0.0."""
         b, layer = self.b, self.layer
         tl, d = layer.tokens, shape_of(terms.type)[-1]  # tp's combine: the chip's columns
-        total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name).results[0]
+        summed = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name)
+        if plus is not None:
+            # A token none of whose pairs came back (every whole token: a routing that splits
+            # none) sums zero rows with weights forced to 0: exactly +0.0, which lets
+            # schedule-tokens skip a tile of such tokens' pair sums.
+            mark_pair_sum(summed)
+        total = summed.results[0]
         if layer.sp > 1:
             assert plus is None, "sp's combine returns a row per pair"
             tl = layer.own_tokens
