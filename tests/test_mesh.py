@@ -762,6 +762,19 @@ def test_a2a_skips_the_split_pairs_gather_when_no_token_splits(monkeypatch: pyte
     assert gathers(balanced.report, "%split_rows") == 0 and gathers(balanced.report, "%pair_rows") == 0
 
 
+def test_a2a_home_guard_when_its_pair_sum_leaves_the_loop() -> None:
+    """DeepSeek-V3's layer adds its shared expert after the routed sum; at D = 7168 and 16
+    tokens a chip the home chip's token loop (tiles of 8 rows) stores its pair sum for the add
+    that follows it, so the tile's store reads the guarded sum, not the one inside the branch
+    (an interpreter KeyError before)."""
+    dims = dict(T=128, D=7168, F=64, FS=64, E=256, K=8, NG=8, TG=4, B=4)
+    program = tcpc.compile_file("examples/deepseek_v3.moe", dims=dims)
+    spec = MeshSpec.parse("ep=8,strategy=a2a")
+    assert "tile_has_split_pairs" in str(program.lower(spec.pipeline()))
+    report = simulate_on_mesh(program, spec, cost_only=True, routing="balanced").report
+    assert report.total_cycles > 0
+
+
 @pytest.mark.parametrize("strategy", ["a2a", "a2a_sum"])
 def test_receivers_combine_the_rows_they_received_packed_first(strategy: str) -> None:
     """With 8 senders a receiver's buffers are mostly padding, a few rows at the head of every

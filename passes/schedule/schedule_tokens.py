@@ -649,8 +649,9 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     _clone_rows(ops, rows, offset, tokens, add, mapping, rows_in_hbm)
     if part is not None:
         tops = _tile_tops(part.indices, main, rows, c0, before)
-        _guard_part(body, [mapping[r].owner for op in ops if op in part.ops for r in op.results[:1]],  # type: ignore[misc]
-                    mapping[part.total.results[0]], tops, offset, marker)
+        total = part.total.results[0]
+        mapping[total] = _guard_part(body, [mapping[r].owner for op in ops if op in part.ops for r in op.results[:1]],  # type: ignore[misc]
+                                     mapping[total], tops, offset, marker)
     stored = [add(tile.StoreOp(mapping[r], buf, offset)) for r, buf in zip(escaping, buffer_args)]
     body.add_op(scf.YieldOp(*stored))
     if runs is not None:
@@ -675,10 +676,11 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
 
 
 def _guard_part(body: Block, part: list[Operation], total: SSAValue, tops: SSAValue, offset: SSAValue,
-                marker: dict[str, StringAttr]) -> None:
+                marker: dict[str, StringAttr]) -> SSAValue:
     """Move the tile's `part` ops (in order, `total` the last one's result) into an `scf.if`
     on the tile's largest gather index (`tops` at `offset`) at `total`'s place; the other
-    branch yields +0.0, what the part makes of a tile of -1 indices."""
+    branch yields +0.0, what the part makes of a tile of -1 indices. Returns the branch's
+    result, which the tile's readers of `total` now read."""
     first = part[0]
     top = tile.SliceOp(tops, offset, TensorType(tops.type.get_element_type(), [1]))  # type: ignore[attr-defined]
     guard = tile.GuardOp(top.result)
@@ -700,6 +702,7 @@ def _guard_part(body: Block, part: list[Operation], total: SSAValue, tops: SSAVa
     branch.results[0].name_hint = total.name_hint
     for use in readers:
         use.operation.operands[use.index] = branch.results[0]
+    return branch.results[0]
 
 
 def token_counts(fn: func.FuncOp) -> list[int]:
