@@ -88,9 +88,10 @@ def expert_indices(op: Operation) -> int | None:
 
 
 PAIR_SUM_ATTR = "tcpc.pair_sum"
-"""Unit attribute of the op that makes a lowered `moe.combine`'s result (lower-dispatch): row t
-is the sum over its pairs, so a row whose indices are all -1 (a token with no pair, such as a
-mesh chip's receive slots that nothing filled) is exactly +0.0, whatever the weights."""
+"""Unit attribute of the op that makes a lowered `moe.combine`'s result (lower-dispatch), or a
+mesh home chip's sum of the pair rows that came back (shard-experts' a2a, kept by lower-math):
+row t is the sum over its pairs, so a row whose indices are all -1 (a token with no pair, such
+as a mesh chip's receive slots that nothing filled) is exactly +0.0, whatever the weights."""
 
 
 def is_pair_sum(op: Operation) -> bool:

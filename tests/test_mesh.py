@@ -733,6 +733,48 @@ def test_receivers_skip_combine_tiles_without_pairs(strategy: str, monkeypatch: 
     assert len(restored) < [o.name for o in combine].count("tile.guard")
 
 
+def test_a2a_skips_the_split_pairs_gather_when_no_token_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """a2a's receiver gathers a split token's pairs from the blocks into a worst-case buffer,
+    a slice per sender, in tiles guarded like the combine's: a sender none of whose tokens it
+    split is skipped (the zero-filled buffer is what a gather of -1 rows makes). The home chip
+    gathers and sums the pairs that came back only in a tile that holds one (else the sum is
+    +0.0, beside the receivers' sums of whole tokens). Under the seed's routing some tokens
+    split and the outputs are one chip's bit for bit; under balanced routing (a token's 2
+    experts on one chip) neither gather runs."""
+
+    from tcpc import pipelines
+
+    tiled = tuple("schedule-tokens{tile_bytes=4096}" if p == "schedule-tokens" else p for p in pipelines.FULL_PIPELINE)
+    monkeypatch.setitem(pipelines.LEVELS, "scheduled", tiled)
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32, "D": 64, "F": 32, "E": 8, "K": 2, "B": 4})
+    spec = MeshSpec.parse("ep=4,strategy=a2a")
+    sim = simulate_on_mesh(program, spec, seed=2)
+    results = check_on_mesh(program, spec, sim, seed=2)
+    assert all(c.identical for c in results), [c.message for c in results]
+
+    assert "tile_has_split_pairs" in str(program.lower(spec.pipeline()))
+
+    def gathers(report, label: str) -> int:
+        return sum(1 for c in report.chips for o in c.ops if o.name == "tcp.dma_gather" and o.label.startswith(label))
+
+    assert gathers(sim.report, "%split_rows") > 0 and gathers(sim.report, "%pair_rows") > 0
+    balanced = simulate_on_mesh(program, spec, seed=2, cost_only=True, routing="balanced")
+    assert gathers(balanced.report, "%split_rows") == 0 and gathers(balanced.report, "%pair_rows") == 0
+
+
+def test_a2a_home_guard_when_its_pair_sum_leaves_the_loop() -> None:
+    """DeepSeek-V3's layer adds its shared expert after the routed sum; at D = 7168 and 16
+    tokens a chip the home chip's token loop (tiles of 8 rows) stores its pair sum for the add
+    that follows it, so the tile's store reads the guarded sum, not the one inside the branch
+    (an interpreter KeyError before)."""
+    dims = dict(T=128, D=7168, F=64, FS=64, E=256, K=8, NG=8, TG=4, B=4)
+    program = tcpc.compile_file("examples/deepseek_v3.moe", dims=dims)
+    spec = MeshSpec.parse("ep=8,strategy=a2a")
+    assert "tile_has_split_pairs" in str(program.lower(spec.pipeline()))
+    report = simulate_on_mesh(program, spec, cost_only=True, routing="balanced").report
+    assert report.total_cycles > 0
+
+
 @pytest.mark.parametrize("strategy", ["a2a", "a2a_sum"])
 def test_receivers_combine_the_rows_they_received_packed_first(strategy: str) -> None:
     """With 8 senders a receiver's buffers are mostly padding, a few rows at the head of every

@@ -60,7 +60,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.utils.exceptions import DiagnosticException
 
 from dialects import tcp, tensor_types, tmath, ve
-from dialects.annotations import OTHER, mark, phase_of
+from dialects.annotations import OTHER, is_pair_sum, mark, mark_pair_sum, phase_of
 from dialects.tensor_types import is_bool_type, is_float_type, is_int_type, shape_of
 from passes.lowering._builder import LoweringBuilder, element_of, lane_type
 from runtime_sim.semantics.tmath_semantics import constant_value
@@ -260,6 +260,8 @@ def lower(op: Operation) -> tuple[list[Operation], SSAValue]:
 def _replace(op: Operation, rewriter: PatternRewriter, phases: dict[Operation, str]) -> None:
     ops, value = lower(op)
     mark(ops, phases.get(op, OTHER))
+    if is_pair_sum(op) and isinstance(value.owner, Operation):
+        mark_pair_sum(value.owner)  # a sum over pairs stays one (a mesh home chip's sum of returned pairs)
     unnamed = [r for new in ops for r in new.results if r.name_hint is None and r is not value]
     rewriter.replace(op, ops, [value])
     for r in unnamed:  # the rewriter gives every new result the op's name; keep it for the result

@@ -86,7 +86,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from dialects import ccl, moe, tcp, tile, tmath
-from dialects.annotations import PHASE_ATTR, place_in_hbm, routing_arguments
+from dialects.annotations import PHASE_ATTR, mark_pair_sum, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import index_constant
 from target.target_spec import machine_of
@@ -531,12 +531,16 @@ def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section:
     into a block per stage, and the blocks are issued so that chunk i+1's dispatch is under
     chunk i's experts and chunk i's home sum under chunk i+1's experts:
 
-        dispatch 0, dispatch 1, receive 0, experts 0, combine 0,
-        dispatch 2, receive 1, experts 1, combine 1, home 0, ..., home n-1
+        dispatch 0, dispatch 1, receive 0, experts 0, receive 1, combine 0, dispatch 2,
+        experts 1, receive 2, combine 1, dispatch 3, home 0, ..., home n-1
 
     (the link runs its commands in issue order: chunk i+1's dispatch, then chunk i's return
-    once its experts are done). Each chunk's output rows are stored into the layer's output
-    (a `tile.store` into a `tile.buffer`, in HBM when larger than a cluster's SRAM)."""
+    once its experts are done). Chunk i+1's receive (its routing, whose tokens crossed under
+    chunk i's experts) goes before chunk i's combine, and chunk i+2's dispatch before chunk
+    i-1's home sum: commands issue in order, so what the next expert loop waits for is issued
+    first (Qwen3-30B-A3B ep=8, 8 chunks, a2a_sum: 1,863.7 -> 1,787.9 us). Each chunk's output
+    rows are stored into the layer's output (a `tile.store` into a `tile.buffer`, in HBM when
+    larger than a cluster's SRAM)."""
     scatter = layer.scatter
     main, tc = b.block, layer.own_tokens
     slices = [v for v in (scatter.input, scatter.expert_idx, combine.weights) if v is not None]
@@ -573,11 +577,12 @@ def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section:
         out = store.results[0]
         chunks.append(b.stages)
     b.stages, b.block = None, main
-    order = [(0, "dispatch")]
-    for i in range(layer.chunks):
-        order += [(i + 1, "dispatch")] if i + 1 < layer.chunks else []
-        order += [(i, "receive"), (i, "experts"), (i, "combine")] + ([(i - 1, "home")] if i else [])
-    order.append((layer.chunks - 1, "home"))
+    n = layer.chunks
+    order = [(0, "dispatch"), (1, "dispatch"), (0, "receive")] if n > 1 else [(0, "dispatch"), (0, "receive")]
+    for i in range(n):
+        order += [(i, "experts")] + ([(i + 1, "receive")] if i + 1 < n else [])
+        order += [(i, "combine")] + ([(i + 2, "dispatch")] if i + 2 < n else []) + ([(i - 1, "home")] if i else [])
+    order.append((n - 1, "home"))
     for i, stage in order:
         for op in list(chunks[i][stage].ops):
             op.detach()
@@ -978,7 +983,13 @@ class _A2A(_Strategy):
         each chip keeping its own tokens, then + 0.0."""
         b, layer = self.b, self.layer
         tl, d = layer.tokens, shape_of(terms.type)[-1]  # tp's combine: the chip's columns
-        total = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name).results[0]
+        summed = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name)
+        if plus is not None:
+            # A token none of whose pairs came back (every whole token: a routing that splits
+            # none) sums zero rows with weights forced to 0: exactly +0.0, which lets
+            # schedule-tokens skip a tile of such tokens' pair sums.
+            mark_pair_sum(summed)
+        total = summed.results[0]
         if layer.sp > 1:
             assert plus is None, "sp's combine returns a row per pair"
             tl = layer.own_tokens

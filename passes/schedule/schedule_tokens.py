@@ -30,7 +30,9 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
 - The function's results end in HBM (`store_results`): one the loops did not store there is
   stored by a `tcp.store` before the return.
 - A mesh receiver's combine (a2a, a2a_sum) skips a tile none of whose rows holds a pair
-  (`empty_tile_indices`); where a tile would span several senders' slices, it runs over the
+  (`empty_tile_indices`), a2a's gather of split pairs a sender's slice none of whose tokens
+  split, and a2a's home chip the gather and sum of a tile's returned split pairs when it
+  holds none (`guarded_pair_sum`); where a tile would span several senders' slices, it runs over the
   received rows packed first (`pack_received`), in tiles of one flit's rows (at most a
   slice's), its sums sent back packed (`ccl.all_to_all_start ... {packed}`), or scattered
   back to their rows where something else reads them.
@@ -309,10 +311,15 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         # (Qwen3-30B-A3B ep=8, 16 tokens a chip: 128.8 us in tiles of a slice's 16, 127.9 in 8).
         packing, packed_rows, skip_by = pack_received(ops, skip_by, back.rows, source_rows)
         rows = min(source_rows, row_granule(ops))
+    elif (__import__("os").environ.get("MP2P") and back is not None and back.rows is not None and skip_by is not None
+          and rows < tokens and source_rows < tokens and len(shape_of(skip_by.type)) == 2):
+        packing, packed_rows, skip_by = pack_received(ops, skip_by, back.rows, source_rows)
     elif rows >= tokens:
         whole.update(ops)
         return True
-    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens, phase, reload, skip_by)
+    counts = back.rows if back is not None and packed_rows is None and shape_of(back.input.type)[0] == tokens else None
+    part = guarded_pair_sum(block, ops, tokens) if skip_by is None else None
+    before, loop, after, results = _tile_loop(ops, escaping, rows, tokens, phase, reload, skip_by, counts, part)
     if packed_rows is not None and back is not None and escaping == [back_source(back)]:
         back.properties["packed"] = UnitAttr()  # the sums go back as packed (ccl.all_to_all's `packed`)
     elif packed_rows is not None:  # each result back to its received row
@@ -434,18 +441,65 @@ def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAVal
     pair: on a mesh chip of an all-to-all strategy, whose receive buffers are the static worst
     case (every token, or every slot, that every chip of the group could send) and mostly
     empty, when every result the loop stores is a pair sum (`is_pair_sum`: such a token's
-    row is +0.0, what the zero-filled buffer holds). On one chip every token has its pairs,
-    and allgather's combine runs over the group's real tokens, whose pairs interleave: there
-    the check would cost without saving (Qwen3-30B-A3B ep=2 allgather prefill: 3,135 -> 3,201
-    us with it). None otherwise."""
+    row is +0.0, what the zero-filled buffer holds) or that gather's own rows (a row of index
+    -1 is zero too: a2a's split pairs gathered from the blocks to go home, one row per slot
+    that every chip could send, which a routing that splits no token leaves all -1; Qwen3-30B-A3B
+    ep=8, 4,096 tokens a chip, 8 chunks: 91,480 cycles of HBM stores a chunk). On one chip
+    every token has its pairs, and allgather's combine runs over the group's real tokens, whose
+    pairs interleave: there the check would cost without saving (Qwen3-30B-A3B ep=2 allgather
+    prefill: 3,135 -> 3,201 us with it). None otherwise."""
     fn = block.parent_op()
     strategy = fn.attributes.get(ccl.STRATEGY_ATTR) if isinstance(fn, func.FuncOp) else None
     if not (isinstance(strategy, StringAttr) and strategy.data in RECEIVING_STRATEGIES):
         return None
-    if not all(isinstance(r.owner, Operation) and is_pair_sum(r.owner) for r in escaping):
-        return None
     gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and leading(op.indices) == tokens]
-    return gathers[0].indices if len(gathers) == 1 else None
+    if len(gathers) != 1:
+        return None
+    if not all(isinstance(r.owner, Operation) and (is_pair_sum(r.owner) or r.owner is gathers[0]) for r in escaping):
+        return None
+    return gathers[0].indices
+
+
+@dataclass(frozen=True)
+class GuardedPart:
+    """The ops of a token loop that make a pair sum (`is_pair_sum`) from a gather of pair rows
+    and nothing else reads: a tile whose gather indices are all -1 skips them and takes +0.0."""
+
+    indices: SSAValue
+    """The gather's [T, ...] indices, whose tile's largest decides."""
+    ops: frozenset[Operation]
+    total: Operation
+    """The pair sum."""
+
+
+def guarded_pair_sum(block: Block, ops: list[Operation], tokens: int) -> GuardedPart | None:
+    """On a mesh chip of an all-to-all strategy, the part of a token loop's `ops` that makes
+    its one pair sum from its one gather of [T, ...] rows by [T, ...] indices, where the loop
+    stores more than pair sums (so `empty_tile_indices` cannot skip whole tiles): a2a's home
+    chip sums a split token's pairs that came back with the receivers' sums of whole tokens,
+    and a tile of whole tokens (every tile, under a routing that splits none) needs only the
+    latter (Qwen3-30B-A3B ep=2, 4,096 tokens a chip: 9 tiles of 2,243 cycles after the last
+    return). The part is every op the sum reads through, within `ops`, whose results only the
+    part reads; it must hold the gather. None otherwise."""
+    fn = block.parent_op()
+    strategy = fn.attributes.get(ccl.STRATEGY_ATTR) if isinstance(fn, func.FuncOp) else None
+    if not (isinstance(strategy, StringAttr) and strategy.data in RECEIVING_STRATEGIES):
+        return None
+    totals = [op for op in ops if is_pair_sum(op)]
+    gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and leading(op.indices) == tokens]
+    if len(totals) != 1:
+        return None
+    total, inside = totals[0], set(ops)
+    part: set[Operation] = {total}
+    for op in reversed(ops):  # users come after their producers: one backward pass
+        if op in part or op not in inside:
+            continue
+        if all(use.operation in part for r in op.results for use in r.uses) and any(r.uses for r in op.results):
+            part.add(op)
+    found = [g for g in gathers if g in part]
+    if len(found) != 1 or len(part) == len(ops):
+        return None
+    return GuardedPart(found[0].indices, frozenset(part), total)
 
 
 def loaded_whole(value: SSAValue, inside: set[Operation], reload: bool = False) -> SSAValue | None:
@@ -480,13 +534,28 @@ def _erase_unread_copy(value: SSAValue) -> None:
         owner.erase()
 
 
-def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: list[Operation]) -> SSAValue:
+def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: list[Operation],
+               counts: SSAValue | None = None) -> SSAValue:
     """The largest of each tile's `indices` (the first `main` of them, tiles of `rows`), over
     each of the tile's rows ([main]: a tile's guard slices it at the tile's offset), made by
     ops appended to `before`: one reduction over all the tiles at once before the loop, not
     one per tile in it, where each paid the reduction's fill over the tile's elements (1,040
     cycles a tile of 128 tokens x 8 at prefill, 32 tiles a combine loop: Qwen3-30B-A3B's
-    receivers on 8 chips at 4,096 tokens each, 8 chunks, spent 266 us in them)."""
+    receivers on 8 chips at 4,096 tokens each, 8 chunks, spent 266 us in them).
+
+    With `counts` (the loop's rows are whole sender slices of the all-to-all that returns its
+    results, and `counts` that all-to-all's `rows`: the slices' rows that cross), each slice's
+    count less one stands for its largest index: a slice none of whose rows cross needs
+    nothing made, and its gather's indices are then all -1 too. That reads [chips] counts
+    where the reduction reads every index (a2a's split pairs: [8, 4,096] on 8 chips, 8,241
+    cycles of the reduction's fill a chunk)."""
+    if counts is not None:
+        column = tcp.ViewOp(counts, [shape_of(counts.type)[0], 1])
+        one = ve.ConstOp(1, column.result.type)  # type: ignore[arg-type]
+        last = ve.SubOp(column.result, one.result)
+        last.result.name_hint = "last_row_sent"
+        before += [column, one, last]
+        indices = last.result
     shape = shape_of(indices.type)
     head = indices
     if main < shape[0]:
@@ -494,11 +563,20 @@ def _tile_tops(indices: SSAValue, main: int, rows: int, c0: Operation, before: l
         before.append(head)
         head = head.results[0]
     tiles = main // rows
-    per_tile = tcp.ViewOp(head, [tiles, rows * math.prod(shape[1:])])
-    maxima = ve.ReduceMaxOp(per_tile.result, 1)
+    by_tile = [tiles, rows * math.prod(shape[1:])]
+    if by_tile[1] == 1:  # a value a tile: its own largest
+        tops = tcp.ViewOp(head, [main])
+        tops.result.name_hint = "tile_top_at_row"
+        before.append(tops)
+        return tops.result
+    if by_tile != list(shape_of(head.type)):
+        per_tile = tcp.ViewOp(head, by_tile)
+        before.append(per_tile)
+        head = per_tile.result
+    maxima = ve.ReduceMaxOp(head, 1)
     spread = ve.BroadcastOp(maxima.result, 1, rows)
     tops = tcp.ViewOp(spread.result, [main])
-    before += [per_tile, maxima, spread, tops]
+    before += [maxima, spread, tops]
     for op, name in ((maxima, "tile_tops"), (spread, "tile_top_rows"), (tops, "tile_top_at_row")):
         op.result.name_hint = name
     return tops.result
@@ -516,12 +594,15 @@ def _sink_copy(block: Block, value: SSAValue, loop: Operation) -> None:
 
 
 def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
-               reload: bool = False, skip_by: SSAValue | None = None) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
+               reload: bool = False, skip_by: SSAValue | None = None, counts: SSAValue | None = None,
+               part: GuardedPart | None = None) -> tuple[list[Operation], scf.ForOp, list[Operation], list[SSAValue]]:
     """The token-tile loop of `phase` over `ops` in tiles of `rows` (not yet in the block): the
     ops before it, the loop, the ops after it (the loop and the remainder) and the escaping
     results. With `skip_by` (empty_tile_indices), a tile whose indices are all -1 is skipped:
-    its largest index (a vector reduction) decides an `scf.if` (`tile.guard`) around the tile's
-    work."""
+    its largest index (a vector reduction; with `counts`, its slices' counts: `_tile_tops`)
+    decides an `scf.if` (`tile.guard`) around the tile's work. With `part`
+    (guarded_pair_sum), only the part's ops are guarded so, the sum taking +0.0 (a `ve.const`)
+    in a tile whose gather indices are all -1."""
     main = tokens - tokens % rows
     marker = {PHASE_ATTR: StringAttr(phase)}
 
@@ -563,13 +644,18 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     add = add_to(body)
     runs = None
     if skip_by is not None:
-        tops = _tile_tops(skip_by, main, rows, c0, before)
+        tops = _tile_tops(skip_by, main, rows, c0, before, counts)
         indices = add(tile.SliceOp(skip_by, offset, tile_type(skip_by.type, rows)),
                       f"{skip_by.name_hint}_tile" if skip_by.name_hint else None)
         mapping[skip_by] = indices
         top = add(tile.SliceOp(tops, offset, TensorType(tops.type.get_element_type(), [1])), "top_index")  # type: ignore[attr-defined]
         runs = add(tile.GuardOp(top), "tile_has_pairs")
     _clone_rows(ops, rows, offset, tokens, add, mapping, rows_in_hbm)
+    if part is not None:
+        tops = _tile_tops(part.indices, main, rows, c0, before)
+        total = part.total.results[0]
+        mapping[total] = _guard_part(body, [mapping[r].owner for op in ops if op in part.ops for r in op.results[:1]],  # type: ignore[misc]
+                                     mapping[total], tops, offset, marker)
     stored = [add(tile.StoreOp(mapping[r], buf, offset)) for r, buf in zip(escaping, buffer_args)]
     body.add_op(scf.YieldOp(*stored))
     if runs is not None:
@@ -591,6 +677,36 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     for op in before:
         op.attributes.update(marker)
     return before, loop, after, results
+
+
+def _guard_part(body: Block, part: list[Operation], total: SSAValue, tops: SSAValue, offset: SSAValue,
+                marker: dict[str, StringAttr]) -> SSAValue:
+    """Move the tile's `part` ops (in order, `total` the last one's result) into an `scf.if`
+    on the tile's largest gather index (`tops` at `offset`) at `total`'s place; the other
+    branch yields +0.0, what the part makes of a tile of -1 indices. Returns the branch's
+    result, which the tile's readers of `total` now read."""
+    first = part[0]
+    top = tile.SliceOp(tops, offset, TensorType(tops.type.get_element_type(), [1]))  # type: ignore[attr-defined]
+    guard = tile.GuardOp(top.result)
+    top.result.name_hint, guard.result.name_hint = "pair_top_index", "tile_has_split_pairs"
+    body.insert_ops_before([top, guard], first)
+    anchor = total.owner.next_op  # type: ignore[union-attr]
+    readers = [use for use in total.uses]
+    for op in part:
+        op.detach()
+    zero = ve.ConstOp(0.0, total.type)  # type: ignore[arg-type]
+    branch = scf.IfOp(guard.result, [total.type], [Block([*part, scf.YieldOp(total)])],
+                      [Block([zero, scf.YieldOp(zero.result)])])
+    for op in (top, guard, branch, zero):
+        op.attributes.update(marker)
+    if anchor is None:
+        body.add_op(branch)
+    else:
+        body.insert_op_before(branch, anchor)
+    branch.results[0].name_hint = total.name_hint
+    for use in readers:
+        use.operation.operands[use.index] = branch.results[0]
+    return branch.results[0]
 
 
 def token_counts(fn: func.FuncOp) -> list[int]:

@@ -30,11 +30,11 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
 from xdsl.interpreter import Interpreter, impl, register_impls
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from dialects import ccl
 from dialects.annotations import routing_arguments
-from dialects.tensor_types import shape_of
+from dialects.tensor_types import is_float_type, shape_of
 from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, least_link_cycles, link_parts, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
 from runtime_sim.perf.cost_only import (AboveBar, LoopReplay, Lazy, LowerBoundBar, SharedViews, is_placeholder,
@@ -163,7 +163,11 @@ class ShapeOnlyCCLFunctions(CCLFunctions):
             raise
 
     def _run_now(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-        shapes_only = any(is_placeholder(v) for v in inputs)
+        # Rows of floats that cross are never an index, count or guard a cost reads: exchanged
+        # as placeholders, even where a chip holds real zeros (a loop whose tiles were all
+        # skipped yields its zero-filled buffer: a2a's split pairs, 3.5 GB a chip for
+        # DeepSeek-V3 on 8 chips at 4,096 tokens each).
+        shapes_only = any(is_placeholder(v) for v in inputs) or all(_float_rows(r) for r in op.results)
         if isinstance(op, ccl.COLLECTIVES) and self.exchange is not None:
             shapes_only = any(self.exchange.collect(self.chip, shapes_only, f"{collective_label(op)} (placeholders?)"))
         if shapes_only:
@@ -171,6 +175,10 @@ class ShapeOnlyCCLFunctions(CCLFunctions):
             return tuple(placeholder(r.type, sources) for r in op.results)
         values = tuple(v.force() if isinstance(v, Lazy) else v for v in inputs)
         return tuple(getattr(CCLFunctions, _method(op))(self, interpreter, op, values).values)
+
+
+def _float_rows(value: SSAValue) -> bool:
+    return isinstance(value.type, TensorType) and is_float_type(value.type.get_element_type())
 
 
 def _method(op: Operation | type[Operation]) -> str:
@@ -196,8 +204,9 @@ class _ForcedValues(Interpreter.Listener):
         self.every_op = tuple(x for x in self.listeners if not isinstance(x, TrafficRecorder))
 
     def will_interpret_op(self, op: Operation, args: tuple[Any, ...]) -> None:
-        if op.name in _CCL_OPS:
-            args = tuple(v.force() if isinstance(v, Lazy) else v for v in args)
+        if op.name in _CCL_OPS:  # float rows: never read by a cost (ShapeOnlyCCLFunctions._run_now)
+            args = tuple((placeholder(x.type) if _float_rows(x) else v.force()) if isinstance(v, Lazy) else v
+                         for v, x in zip(args, op.operands))
             for listener in self.listeners:
                 listener.will_interpret_op(op, args)
         else:
