@@ -102,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = table(rows)
     sys.stdout.write(text)
     if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "choices.md").write_text(text)
     return 0
 

@@ -306,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             " --block rule" if args.block == "rule" else "") + (
             " --formats " + " ".join(args.formats) if args.formats else "") + (
             " --family " + " ".join(args.family) if args.family else "")
+        out.mkdir(parents=True, exist_ok=True)
         path = out / "precisions.md"
         if args.formats:
             write_section(path, f"## {', '.join(args.formats)} (`{command}`, machine {machine.name})", text)
