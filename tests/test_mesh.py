@@ -762,6 +762,17 @@ def test_a2a_skips_the_split_pairs_gather_when_no_token_splits(monkeypatch: pyte
     assert gathers(balanced.report, "%split_rows") == 0 and gathers(balanced.report, "%pair_rows") == 0
 
 
+def test_a2a_split_pairs_gather_is_never_packed_as_received_rows() -> None:
+    """a2a's split pairs gathered to go home are guarded by their own indices ([chips, slots]);
+    on 32 chips at 2 tokens a chunk their slice per sender is narrower than the tile, which
+    once sent them through the receiver's packing of [tokens, pairs] indices: a ve.filter of
+    [32, 16] values by [512, 16] tags, an IR that did not verify."""
+    program = tcpc.compile_file("examples/deepseek_v3.moe",
+                                dims=dict(T=512, D=64, F=32, FS=32, E=256, K=8, NG=8, TG=4, B=16))
+    lowered = str(program.lower(MeshSpec.parse("ep=32,strategy=a2a,chunks=8").pipeline()))
+    assert "split_rows" in lowered and "split_at_packed" not in lowered
+
+
 def test_a2a_home_guard_when_its_pair_sum_leaves_the_loop() -> None:
     """DeepSeek-V3's layer adds its shared expert after the routed sum; at D = 7168 and 16
     tokens a chip the home chip's token loop (tiles of 8 rows) stores its pair sum for the add

@@ -304,16 +304,17 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     source_rows = shape_of(back.input.type)[1] if back is not None else tokens
     packing: list[Operation] = []
     packed_rows = None
-    if back is not None and back.rows is not None and source_rows < min(rows, tokens) and skip_by is not None:
+    # a2a's split pairs gathered to go home are guarded by their own indices, a sender's slice
+    # a row ([chips, slots]), not by received rows to pack ([tokens, pairs]): never packed
+    gathers_own_rows = any(isinstance(r.owner, tcp.DmaGatherOp) and r.owner.indices is skip_by for r in escaping)
+    if (back is not None and back.rows is not None and source_rows < min(rows, tokens) and skip_by is not None
+            and not gathers_own_rows):
         # A tile would hold several senders' slices, each its received rows then padding:
         # pack the received rows first, so the tiles past them skip (`pack_received`), in
         # tiles of one flit of rows: each running tile's gather on an engine of its own
         # (Qwen3-30B-A3B ep=8, 16 tokens a chip: 128.8 us in tiles of a slice's 16, 127.9 in 8).
         packing, packed_rows, skip_by = pack_received(ops, skip_by, back.rows, source_rows)
         rows = min(source_rows, row_granule(ops))
-    elif (__import__("os").environ.get("MP2P") and back is not None and back.rows is not None and skip_by is not None
-          and rows < tokens and source_rows < tokens and len(shape_of(skip_by.type)) == 2):
-        packing, packed_rows, skip_by = pack_received(ops, skip_by, back.rows, source_rows)
     elif rows >= tokens:
         whole.update(ops)
         return True
