@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, UnitAttr, i32, i64
-from xdsl.ir import Dialect, SSAValue
+from xdsl.ir import Block, Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
@@ -571,6 +571,12 @@ class A2AReturnsOp(_Collective):
 COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)
 """The ops that exchange values between chips (every chip runs each at the same point; an
 asynchronous all-to-all at its start, its done being the chip's own wait)."""
+
+
+def first_all_to_all_done(block: Block) -> AllToAllDoneOp | None:
+    """`block`'s first wait for an asynchronous all-to-all: on a mesh chip, the point before
+    which work runs while the link moves the dispatch's rows; None where nothing is sent so."""
+    return next((op for op in block.ops if isinstance(op, AllToAllDoneOp)), None)
 
 
 

@@ -24,8 +24,8 @@ from tcpc.builder import AutoBlock, build_module, evaluate_dims
 from tcpc.diagnostics import CompileError, Loc
 from tcpc.host_memory import check_fits
 from tcpc.parser import BOM, parse
-from tcpc.pipelines import (COST_ONLY_PASSES, LEVELS, PassStep, apply_pipeline, is_auto, make_context, parse_pipeline,
-                            pipeline_spec)
+from tcpc.pipelines import (AUTO_OPTIONS, COST_ONLY_PASSES, LEVELS, PassStep, apply_pipeline, is_auto, make_context,
+                            parse_pipeline, pipeline_spec)
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -311,14 +311,9 @@ class Program:
             check_fits(self.module, name, f"simulating graph '{name}' with values")
         passes, choices = self.passes(spec, graph=name, machine=mach, routing=choice_routing(cost_only, routing), seed=seed)
         for choice in choices:  # the pipeline as run, for the report's first line
-            if choice.what == "lower-topk strategy":
-                spec = spec.replace("strategy=auto", f"strategy={choice.chosen}", 1)
-            elif choice.what == "schedule-experts order":
-                spec = spec.replace("order=auto", f"order={choice.chosen}", 1)
-            elif choice.what == "lower-dispatch quantize":
-                spec = spec.replace("quantize=auto", f"quantize={choice.chosen}", 1)
-            elif choice.what == "schedule-shared most_rows":
-                spec = spec.replace("most_rows=auto", f"most_rows={choice.chosen}", 1)
+            option = next((o for p, o in AUTO_OPTIONS.items() if choice.what == f"{p} {o}"), None)
+            if option is not None:
+                spec = spec.replace(f"{option}=auto", f"{option}={choice.chosen}", 1)
         if cost_only:
             if inputs:
                 raise CompileError("cost-only simulation takes no inputs")

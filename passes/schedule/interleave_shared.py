@@ -221,7 +221,7 @@ def _defer_shared_result(block: Block) -> None:
     through the whole routed part (DeepSeek-V3 at 4,096 tokens a chip: 58.7 MB, which the
     receiver's routing then spilled, with the next chunk's lists the link was still reading:
     16,894.5 -> 16,709.1 us on 8 chips, a2a_sum, B = 512, 2 chunks)."""
-    if not any(isinstance(op, ccl.AllToAllDoneOp) for op in block.ops):
+    if ccl.first_all_to_all_done(block) is None:
         return
     shared = [op for op in block.ops if isinstance(op, scf.ForOp) and op.attributes.get(PHASE_ATTR) == StringAttr(SHARED)]
     if len(shared) != 1:

@@ -845,7 +845,7 @@ def loads_before_routed(block: Block, expert_ids: SSAValue) -> bool:
     tokens each, a2a, B = 32: 2,227.5 -> 2,209.4 us). On one chip the same tiles are not
     better at every T (DeepSeek-V3 at T = 128, B = 1: 16,013.8 -> 16,155.7 us)."""
     return (plan_phase(block, expert_ids) == SHARED and shape_of(expert_ids.type)[0] == 1
-            and any(isinstance(op, ccl.AllToAllDoneOp) for op in block.ops))
+            and ccl.first_all_to_all_done(block) is not None)
 
 
 @dataclass(frozen=True)

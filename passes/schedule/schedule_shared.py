@@ -244,10 +244,8 @@ def _anchor(block: Block, mlp: DenseMlp) -> Operation:
     in SRAM) is made later; then the op after x's producer. On a mesh chip whose dispatch is
     an asynchronous all-to-all, its first `ccl.all_to_all_done` instead: the shared expert's
     contractions then run while the link moves the tokens, not before the transfers start."""
-    first = next((op for op in block.ops if phase_of(op) in ROUTING_PHASES), mlp.ops[0])
-    waited = next((op for op in block.ops if isinstance(op, ccl.AllToAllDoneOp)), None)
-    if waited is not None:
-        first = waited
+    waited = ccl.first_all_to_all_done(block)
+    first = waited if waited is not None else next((op for op in block.ops if phase_of(op) in ROUTING_PHASES), mlp.ops[0])
     source = _source_rows(mlp.x)
     producer = source.owner
     if isinstance(producer, Operation) and producer.parent_block() is block:

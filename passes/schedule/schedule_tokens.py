@@ -449,9 +449,7 @@ def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAVal
     every token has its pairs, and allgather's combine runs over the group's real tokens, whose
     pairs interleave: there the check would cost without saving (Qwen3-30B-A3B ep=2 allgather
     prefill: 3,135 -> 3,201 us with it). None otherwise."""
-    fn = block.parent_op()
-    strategy = fn.attributes.get(ccl.STRATEGY_ATTR) if isinstance(fn, func.FuncOp) else None
-    if not (isinstance(strategy, StringAttr) and strategy.data in RECEIVING_STRATEGIES):
+    if not _receives(block):
         return None
     gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and leading(op.indices) == tokens]
     if len(gathers) != 1:
@@ -459,6 +457,13 @@ def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAVal
     if not all(isinstance(r.owner, Operation) and (is_pair_sum(r.owner) or r.owner is gathers[0]) for r in escaping):
         return None
     return gathers[0].indices
+
+
+def _receives(block: Block) -> bool:
+    """Whether `block` is a mesh chip's function of a `RECEIVING_STRATEGIES` strategy."""
+    fn = block.parent_op()
+    strategy = fn.attributes.get(ccl.STRATEGY_ATTR) if isinstance(fn, func.FuncOp) else None
+    return isinstance(strategy, StringAttr) and strategy.data in RECEIVING_STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -482,9 +487,7 @@ def guarded_pair_sum(block: Block, ops: list[Operation], tokens: int) -> Guarded
     latter (Qwen3-30B-A3B ep=2, 4,096 tokens a chip: 9 tiles of 2,243 cycles after the last
     return). The part is every op the sum reads through, within `ops`, whose results only the
     part reads; it must hold the gather. None otherwise."""
-    fn = block.parent_op()
-    strategy = fn.attributes.get(ccl.STRATEGY_ATTR) if isinstance(fn, func.FuncOp) else None
-    if not (isinstance(strategy, StringAttr) and strategy.data in RECEIVING_STRATEGIES):
+    if not _receives(block):
         return None
     totals = [op for op in ops if is_pair_sum(op)]
     gathers = [op for op in ops if isinstance(op, tcp.DmaGatherOp) and leading(op.indices) == tokens]
@@ -649,8 +652,9 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
         indices = add(tile.SliceOp(skip_by, offset, tile_type(skip_by.type, rows)),
                       f"{skip_by.name_hint}_tile" if skip_by.name_hint else None)
         mapping[skip_by] = indices
-        top = add(tile.SliceOp(tops, offset, TensorType(tops.type.get_element_type(), [1])), "top_index")  # type: ignore[attr-defined]
-        runs = add(tile.GuardOp(top), "tile_has_pairs")
+        top, guard = _tile_guard(tops, offset)
+        add(top, "top_index")
+        runs = add(guard, "tile_has_pairs")
     _clone_rows(ops, rows, offset, tokens, add, mapping, rows_in_hbm)
     if part is not None:
         tops = _tile_tops(part.indices, main, rows, c0, before)
@@ -680,6 +684,12 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     return before, loop, after, results
 
 
+def _tile_guard(tops: SSAValue, offset: SSAValue) -> tuple[tile.SliceOp, tile.GuardOp]:
+    """The guard of the tile at `offset`: its largest index (`_tile_tops`' row there) not -1."""
+    top = tile.SliceOp(tops, offset, TensorType(tops.type.get_element_type(), [1]))  # type: ignore[attr-defined]
+    return top, tile.GuardOp(top.results[0])
+
+
 def _guard_part(body: Block, part: list[Operation], total: SSAValue, tops: SSAValue, offset: SSAValue,
                 marker: dict[str, StringAttr]) -> SSAValue:
     """Move the tile's `part` ops (in order, `total` the last one's result) into an `scf.if`
@@ -687,12 +697,11 @@ def _guard_part(body: Block, part: list[Operation], total: SSAValue, tops: SSAVa
     branch yields +0.0, what the part makes of a tile of -1 indices. Returns the branch's
     result, which the tile's readers of `total` now read."""
     first = part[0]
-    top = tile.SliceOp(tops, offset, TensorType(tops.type.get_element_type(), [1]))  # type: ignore[attr-defined]
-    guard = tile.GuardOp(top.result)
+    top, guard = _tile_guard(tops, offset)
     top.result.name_hint, guard.result.name_hint = "pair_top_index", "tile_has_split_pairs"
     body.insert_ops_before([top, guard], first)
     anchor = total.owner.next_op  # type: ignore[union-attr]
-    readers = [use for use in total.uses]
+    readers = list(total.uses)
     for op in part:
         op.detach()
     zero = ve.ConstOp(0.0, total.type)  # type: ignore[arg-type]
