@@ -168,10 +168,14 @@ def link_parts(mesh: MeshMachine, group: list[Traffic], me: int) -> tuple[int, i
         received = sum(g.sent[me] for g in group)
     else:
         received = sum(t.sent)  # a ring receives what it sends
-    volume = max(sum(t.sent), received)
     if len(group) == 1:
         return 0, 0
-    return t.steps * mesh.link_latency_cycles, int(np.ceil(volume / mesh.link_bytes_per_cycle))
+    return _link_time(mesh, t.steps, max(sum(t.sent), received))
+
+
+def _link_time(mesh: MeshMachine, steps: int, volume: int) -> tuple[int, int]:
+    """A link's latency over `steps` and its transfer of `volume` bytes, in cycles."""
+    return steps * mesh.link_latency_cycles, int(np.ceil(volume / mesh.link_bytes_per_cycle))
 
 
 def least_link_cycles(mesh: MeshMachine, t: Traffic) -> int:
@@ -180,7 +184,7 @@ def least_link_cycles(mesh: MeshMachine, t: Traffic) -> int:
     busiest link of its group, its wait besides)."""
     if len(t.sent) == 1:
         return 0
-    return t.steps * mesh.link_latency_cycles + int(np.ceil(sum(t.sent) / mesh.link_bytes_per_cycle))
+    return sum(_link_time(mesh, t.steps, sum(t.sent)))
 
 
 def provisional_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
