@@ -45,8 +45,12 @@ the format's scales floor, that limit with the experts' block-scaled contraction
 of the vector engine that scales their f32 partial sums where it is slower than the MACs (one
 pass per K-block of each result, 4 a cycle per slice against 512 fp8 MACs: MXFP4's blocks of
 32 take 4x the MAC time, gpt-oss's fp8 blocks of 64 2x, blocks of 128 1x; docs/passes.md,
-lower-quant), which no schedule beats without changing the program's arithmetic, and the
-simulated time over it; the HBM bytes the simulation moved (the layer's own
+lower-quant); for the seed's formats, that limit with every weight of the experts balanced
+routing uses decoded once on the vector engine beside the contractions (one pass of its
+chain per weight, f32 multiplies by scale (and signs) at `float_ways` a cycle per slice, on
+the tensor unit the contractions also take: the two add), and the contractions no faster
+than fetching each decoded bf16 weight once (32 B a cycle per slice), which no schedule beats without
+changing the program's arithmetic, and the simulated time over it; the HBM bytes the simulation moved (the layer's own
 commands); the critical path split into experts and the rest; and the weight stream's stages
 (the issue's "show stage by stage why"): when the first expert weight load starts (everything
 before it is the router, top-k and routing, on the critical path before the first weight
@@ -179,7 +183,10 @@ def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: 
     floor: the same, the block-scaled contractions of the experts (shared one included) at the
     slower of the fp8 MAC rate and their `vector scales` stage's (target/contraction_mapping.py:
     one f32 partial sum per K-block of the weights' block and the activations' group, whichever
-    is smaller, of each result, `float_ways` a cycle in every slice's vector engine)."""
+    is smaller, of each result, `float_ways` a cycle in every slice's vector engine); for the
+    seed's formats, the contractions (no faster than their decoded bf16 weights fetched once,
+    `fetch_bytes_per_cycle` in every slice) plus each weight decoded once (`float_ways` a cycle
+    in every slice's vector engine, the same tensor unit)."""
     d = family.dims
     pairs = tokens * d["K"]
     used = min(d["E"], pairs)
@@ -197,6 +204,10 @@ def chip_limit(machine: Machine, family: Family, fmt: str, tokens: int, blocks: 
     if scales and fmt in FP8_RATE:
         k_block = min(blocks["QK"], blocks["QG"])
         expert_cycles = max(expert_cycles, expert_flops / 2 / k_block / (machine.float_ways * machine.slices))
+    if scales and fmt in SEED_FORMATS:
+        decoded = used * expert_weights + shared_weights
+        fetched = decoded * 2 / (machine.fetch_bytes_per_cycle * machine.slices)
+        expert_cycles = max(expert_cycles, fetched) + decoded / (machine.float_ways * machine.slices)
     flop_cycles = (expert_cycles + router_flops / machine.peak_flops_per_cycle) / machine.clusters
     return max(flop_cycles, nbytes / machine.hbm_bytes_per_cycle)
 

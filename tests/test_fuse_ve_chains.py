@@ -15,6 +15,7 @@ from xdsl.parser import Parser
 
 import tcpc
 from dialects import ve
+from dialects.tensor_types import E8M0
 from dialects.ve_stages import (
     CHAIN_SLOTS,
     NOT_IN_A_CHAIN,
@@ -186,6 +187,37 @@ def test_the_stash_holds_one_value_of_a_stashable_stage_read_once() -> None:
 @pytest.mark.parametrize("op", ["ve.broadcast", "ve.scan"])
 def test_ops_that_never_join_a_chain(op: str) -> None:
     assert op in NOT_IN_A_CHAIN
+
+
+def test_stored_values_widen_in_the_fetch_stage_and_e8m0_scales_do_not() -> None:
+    # book, Fetch Adapter: f4e2m1 -> f8e4m3 by the table, f8 -> f32 by fetch_cast, the stream
+    # entering the chain; an e8m0 exponent has no table or cast there.
+    text = """
+    func.func @f(%v: tensor<8xf4E2M1FN>, %s: tensor<8xf32>, %e: tensor<8xf8E8M0FNU>) -> tensor<8xbf16> {
+      %w = ve.widen_low %v : tensor<8xf4E2M1FN> -> tensor<8xf32>
+      %m = ve.mul %w, %s : tensor<8xf32>
+      %h = ve.narrow %m : tensor<8xf32> -> tensor<8xbf16>
+      %x = ve.widen_low %e : tensor<8xf8E8M0FNU> -> tensor<8xf32>
+      %y = ve.mul %x, %s : tensor<8xf32>
+      func.return %h : tensor<8xbf16>
+    }"""
+    members = members_of(text)
+    assert chain_problem(members[:3]) is None
+    assert "e8m0 scale" in (chain_problem(members[3:]) or "")
+
+
+@pytest.mark.parametrize("example, first", [("qwen3_moe_fp4_groups", "ve.widen_low"), ("qwen3_moe_trellis3", "ve.lookup"),
+                                            ("gpt_oss_w4a16", "ve.widen_low")])
+def test_a_decoded_weight_is_one_chain(example: str, first: str) -> None:
+    """Each weight the vector engine decodes for the contraction is one invocation: the stored
+    codes widened (or looked up) as they enter, scale (and signs) multiplied, rounded to bf16 by
+    the Cast stage; no f32 copy of the weight is written to SRAM and read back."""
+    program = tcpc.compile_file(EXAMPLES[0].with_name(f"{example}.moe"))
+    module = program.lower(program.full_pipeline())
+    decodes = [c for c in chains(module) if c.result.name_hint == "w_decoded"]
+    assert decodes and all(c.members[0].name == first and c.members[-1].name == "ve.narrow" for c in decodes)
+    assert not [op for op in module.walk() if isinstance(op, ve.LookupOp | ve.WidenLowOp)
+                and not isinstance(op.parent_op(), ve.ChainOp) and op.input.type.get_element_type() != E8M0]
 
 
 # ---------------------------------------------------------------------------------------------

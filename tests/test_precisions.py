@@ -72,6 +72,30 @@ def test_the_scales_floor_runs_the_partial_sums_at_the_vector_engines_rate() -> 
     assert cycles(gpt, "mxfp4", 4096, True) == pytest.approx(4 * macs + router)
 
 
+def test_the_seed_formats_floor_decodes_every_weight_once_on_the_vector_engine() -> None:
+    """fp4_groups and trellis3 decode each weight with f32 multiplies (scale, signs) in one pass
+    of the vector engine's chain, `float_ways` a cycle per slice, on the tensor unit that also
+    contracts, whose contraction then fetches each decoded bf16 weight at 32 B a cycle per
+    slice: at one token those two, not HBM, are the floor (Qwen3-30B-A3B: 8 experts' 37.7 M
+    weights over 2 x 256 slices, 18.4k cycles decoding 4 a cycle, 4.6k fetching 16 a cycle,
+    above the 13.3k of the weights' bytes); at prefill the MACs outlast the fetch."""
+    machine = load_machine()
+    qwen = precisions.FAMILIES[1]
+    chip = machine.slices * machine.clusters
+    weights = 8 * 3 * 2048 * 768
+    decode, fetch = weights / (machine.float_ways * chip), weights * 2 / (machine.fetch_bytes_per_cycle * chip)
+    router = 2 * 2048 * 128 / (machine.peak_flops_per_cycle * machine.clusters)
+    for fmt in precisions.SEED_FORMATS:
+        floor = precisions.chip_limit(machine, qwen, fmt, 1, qwen.sources[fmt][1], scales=True)
+        assert floor == pytest.approx(decode + fetch + router)
+        assert floor > precisions.chip_limit(machine, qwen, fmt, 1, qwen.sources[fmt][1])
+    every = 128 * 3 * 2048 * 768
+    macs = 2 * 2048 * 8 * 3 * 2048 * 768 / (machine.peak_flops_per_cycle * machine.clusters)
+    router = 2 * 2048 * 2048 * 128 / (machine.peak_flops_per_cycle * machine.clusters)
+    prefill = precisions.chip_limit(machine, qwen, "fp4_groups", 2048, qwen.sources["fp4_groups"][1], scales=True)
+    assert prefill == pytest.approx(macs + every / (machine.float_ways * chip) + router)
+
+
 def test_row_at_small_dims_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
     machine = load_machine()
     family = precisions.Family("small Qwen3", SMALL["Qwen3-30B-A3B"], 0, 2,
