@@ -926,16 +926,12 @@ class _A2A(_Strategy):
             return
         if op.weights is not None and self.recv_weights is None:  # the weights computed after the dispatch
             self._send_weights(self._gathered(b.value(op.weights), "weights_row"))
-        # A token whose kept pairs all sit here is summed here, straight from the blocks: the
-        # combine over its list adds its weighted terms in k order from +0.0 in f32 and rounds
-        # once, as one chip's combine does (a dropped pair adds nothing there either). One row
-        # per token received goes back; a split token's is not read at home, where its pairs
-        # come back one row each and are summed: bit-identical either way.
         blocks = b.value(op.input)
-        sums = b.add(moe.CombineOp(blocks, self.route, self.recv_weights), "token_sums").results[0]
-        sums_back = self._start_return(sums, tl, self.recv_token_counts, "returned_sums", "send_sums")
-        # Where the split pairs' rows are in the blocks: index tables of the receiver's routing,
-        # not rows (no token loop of the combine's takes them; balanced routing has none).
+        # The split pairs' rows go back first: their all-to-all's step runs on the link while the
+        # combine below sums the tokens, and the sums then go back at once (the link runs its
+        # commands in issue order). Where those rows are in the blocks: index tables of the
+        # receiver's routing, not rows (no token loop of the combine's takes them; balanced
+        # routing has none).
         b.phase = "routing"
         at = b.reshape(b.add(moe.PairRowsOp(self.route), "pair_block_rows").results[0], [ep * tl * self.entries, 1])
         at = b.add(tmath.AddOp(at, b.const(1, i32), at.type), "pair_block_rows_1").results[0]  # type: ignore[arg-type]
@@ -950,6 +946,13 @@ class _A2A(_Strategy):
         # the combine's token loop, whose rows it does not follow.
         pairs = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(rows, split_at), b.cluster_sram_bytes), "split_rows").results[0]
         pairs_back = self._start_return(pairs, slots, self.recv_pair_counts, "returned", "send_back")
+        # A token whose kept pairs all sit here is summed here, straight from the blocks: the
+        # combine over its list adds its weighted terms in k order from +0.0 in f32 and rounds
+        # once, as one chip's combine does (a dropped pair adds nothing there either). One row
+        # per token received goes back; a split token's is not read at home, where its pairs
+        # come back one row each and are summed: bit-identical either way.
+        sums = b.add(moe.CombineOp(blocks, self.route, self.recv_weights), "token_sums").results[0]
+        sums_back = self._start_return(sums, tl, self.recv_token_counts, "returned_sums", "send_sums")
         b.to_stage("home")
         returns = self.returns
         whole = self._returned(sums_back, tl, returns.token_returns, "whole_sums")

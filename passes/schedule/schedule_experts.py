@@ -73,7 +73,8 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   for reuse and wait like whole weights; streamed tiles (Mixtral, Llama-4, DeepSeek-V3, gpt-oss
   at real dims) are fetched per block, each waiting for the down-projection two tiles earlier.
   A mesh chip's shared expert at decode, whose weights load before any routed weight, has its
-  tiles chosen for a whole cluster's SRAM (`loads_before_routed`).
+  tiles chosen for a whole cluster's SRAM (`loads_before_routed`), and so are a mesh chip's
+  routed experts at decode, whose blocks stream their weights (`streams_on_mesh`).
   Block-scaled (fp8, MXFP4) experts tile the same way, their weights' scales with them.
 - one token's last block (decode, its results in SRAM, above) is a loop of its own, from G - 1
   to G, whose weights that one DMA engine loads alone, after its first, load in two pieces
@@ -848,6 +849,24 @@ def loads_before_routed(block: Block, expert_ids: SSAValue) -> bool:
             and ccl.first_all_to_all_done(block) is not None)
 
 
+def streams_on_mesh(block: Block, expert_ids: SSAValue, machine: Machine) -> bool:
+    """Whether `expert_ids`' plan is a mesh chip's routed experts at decode: its blocks'
+    contractions do fewer FLOPs per weight byte than `own_dma_intensity` (the loop streams its
+    weights at HBM's bandwidth, a few rows a block). Its F tiles are then chosen for the whole
+    SRAM of a cluster rather than half, as the shared expert's are (`loads_before_routed`): the
+    rows take little of it, and each weight command moves twice the bytes for the start-ups of
+    its parts, which otherwise leave HBM idle one part's start-up in ten (DeepSeek-V3, two tiles
+    of 1,024 columns rather than four of 512; 8 chips, 128 tokens each, a2a, B = 32,
+    topk=rounds: 2,207.3 -> 2,158.6 us). A compute-bound block keeps the half (DeepSeek-V3,
+    skewed, B = 128: 2,451.1 us, 2,459.8 with the whole cluster); on one chip the loop's
+    results and the router's tiles share the cluster."""
+    if plan_phase(block, expert_ids) != "experts" or ccl.first_all_to_all_done(block) is None:
+        return False
+    contractions = [op for op in block.ops if isinstance(op, CONTRACTIONS) and op.guard is expert_ids]
+    return bool(contractions) and all(contraction_flops_per_weight_byte(op) < own_dma_intensity(machine)
+                                      for op in contractions)
+
+
 @dataclass(frozen=True)
 class ScheduleExpertsPass(ModulePass):
     """Expert work -> static loops over the blocks (the module docstring says how)."""
@@ -881,6 +900,6 @@ class ScheduleExpertsPass(ModulePass):
                     sram = self.sram_bytes or machine.cluster_sram_bytes
                     if spread_through_routed(body, expert_ids, plans, machine):
                         sram //= 2  # its weight tiles share SRAM with the routed loop's
-                    elif loads_before_routed(body, expert_ids):
+                    elif loads_before_routed(body, expert_ids) or streams_on_mesh(body, expert_ids, machine):
                         sram *= WEIGHT_SHARE  # the weights' share is the whole cluster's
                     schedule_plan(body, expert_ids, machine, sram, self.f_tile, self.order, self.group)
