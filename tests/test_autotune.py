@@ -289,6 +289,35 @@ def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch
     assert sim.report.to_json() == again.report.to_json()
 
 
+def test_a_chosen_options_default_is_the_parsed_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A choice's alternatives take their options' parsed types (`most_rows=512` parses as an
+    int), so the program the block search costed with every pass at its default is not compiled
+    and simulated again by the choices that cost it as their default: DeepSeek-V3 at prefill
+    chooses lower-topk's strategy, then schedule-shared's most_rows, then the loop order, and
+    compiles only rounds, 1024 rows and the tile order."""
+    from passes.schedule.schedule_shared import ScheduleSharedPass
+    from tcpc.pipelines import parse_pipeline
+
+    parsed = parse_pipeline("schedule-shared{most_rows=512}")[0]
+    assert tcpc.autotune.with_option(ScheduleSharedPass(most_rows="auto"), "most_rows", "512") == parsed
+    for memo in ("_costs", "_bounds", "_compiled"):
+        monkeypatch.setattr(tcpc.autotune, memo, {})
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe", {"T": 4096, "B": "auto"})
+    apply = tcpc.autotune.apply_pipeline
+    compiles: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        compiles.append("compile")
+        return apply(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
+    sim = program.simulate(cost_only=True)
+    assert [(c.what, c.chosen) for c in sim.report.choices[1:]] == [
+        ("lower-topk strategy", "rounds"), ("schedule-shared most_rows", "1024"), ("schedule-experts order", "block")]
+    assert len(compiles) == 3
+    assert sim.report.total_cycles == min(dict(sim.report.choices[-1].alternatives).values())
+
+
 def test_a_new_choice_lets_the_runs_of_earlier_programs_go(monkeypatch: pytest.MonkeyPatch) -> None:
     """The block search's run is kept for its own run only: another program's choice lets it
     go (a run is large), and the first program's run then simulates it again."""
