@@ -378,8 +378,7 @@ class MeshSimulation:
     routing: dict = field(default_factory=dict)
     topk_cycles: dict[str, int] = field(default_factory=dict)
     """With `topk=auto`: each lower-topk strategy's simulated cycles (cost-only, the run's
-    routing), or the lower bound above the fewest at which its run stopped (the choice's
-    `bounded`); the run used the one of fewest (ties: the default)."""
+    routing); the run used the one of fewest (ties: the default)."""
 
 
 def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.ndarray] | None = None, *,
@@ -399,7 +398,7 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
     from runtime_sim.perf.graph_work import graph_work
     from runtime_sim.perf.report import Choice
     from target.mesh_machine import MeshMachine, load_mesh_machine
-    from runtime_sim.perf.mesh_simulate import AboveBound, simulate_mesh
+    from runtime_sim.perf.mesh_simulate import simulate_mesh
     from tcpc.schedule_summary import contraction_mappings, tile_loops
 
     if program.is_ir:
@@ -426,28 +425,18 @@ def simulate_on_mesh(program: Program, spec: MeshSpec, inputs: Mapping[str, np.n
                 report.choices = [*report.choices, chosen]
         return sim
     if spec.topk == TOPK_AUTO:
-        trials: dict[str, MeshSimulation] = {}
-        cycles: dict[str, int] = {}
-        for s in TOPK_STRATEGIES:
-            # A strategy whose chips' lower bound passes the fewest cycles so far can neither win nor
-            # tie: its run stops there (MeshBar), and its bound stands for its cycles. A listener sees
-            # every strategy's whole run.
-            bar = min(cycles.values(), default=math.inf) if not listeners else math.inf
-            try:
-                trials[s] = simulate_on_mesh(program, replace(spec, topk=s), seed=seed, graph=graph, machine=mach,
-                                             sram_policy=sram_policy, cost_only=True, routing=routing,
-                                             listeners=listeners, verify="last" if verify == "each" else verify,
-                                             bound_above=bar)
-                cycles[s] = trials[s].report.total_cycles
-            except AboveBound as e:
-                cycles[s] = e.cycles
+        trials = {s: simulate_on_mesh(program, replace(spec, topk=s), seed=seed, graph=graph, machine=mach,
+                                      sram_policy=sram_policy, cost_only=True, routing=routing, listeners=listeners,
+                                      verify="last" if verify == "each" else verify)
+                  for s in TOPK_STRATEGIES}
+        cycles = {s: t.report.total_cycles for s, t in trials.items()}
         best = min(TOPK_STRATEGIES, key=lambda s: (cycles[s], TOPK_STRATEGIES.index(s)))
         chosen = trials[best] if cost_only else simulate_on_mesh(
             program, replace(spec, topk=best), inputs, seed=seed, graph=graph, machine=mach, sram_policy=sram_policy,
             listeners=listeners)
         where = [p.name for p in parse_pipeline(chosen.pipeline)].index("lower-topk") + 1
         choice = Choice("lower-topk strategy", f"pass {where} of the pipeline", "topk=auto", best,
-                        tuple(cycles.items()), str(routing), spec.scope, tuple(s for s in cycles if s not in trials))
+                        tuple(cycles.items()), str(routing), spec.scope)
         for report in (chosen.report, *chosen.report.chips):
             report.choices = [*report.choices, choice]
         return replace(chosen, topk_cycles=cycles)

@@ -604,26 +604,6 @@ def test_benchmark_chip_limit_is_each_chips_own_work() -> None:
     assert limits == pytest.approx([limit(5, 3), limit(3, 1)])
 
 
-def test_a_bounded_topk_strategy_changes_no_choice() -> None:
-    """topk=auto stops the second strategy's mesh run once a chip's lower bound passes the
-    first's cycles (MeshBar): the choice, its run and its cycles are those of every strategy
-    simulated in full (as a listener, which sees every run whole, has them), the stopped one
-    listed at its bound, above the chosen one's cycles and at most its own."""
-    from xdsl.interpreter import Interpreter
-
-    program = tcpc.compile_file("examples/deepseek_v3.moe")
-    spec = MeshSpec.parse("ep=2,topk=auto")
-    bounded = simulate_on_mesh(program, spec, cost_only=True)
-    full = simulate_on_mesh(program, spec, cost_only=True, listeners=[Interpreter.Listener()])
-    (stopped,) = [c for c in bounded.report.choices if c.what == "lower-topk strategy"]
-    (whole,) = [c for c in full.report.choices if c.what == "lower-topk strategy"]
-    assert stopped.bounded == ("rounds",) and whole.bounded == ()
-    assert stopped.chosen == whole.chosen == "rank"
-    assert whole.alternatives[0] == stopped.alternatives[0]
-    assert dict(whole.alternatives)["rank"] < dict(stopped.alternatives)["rounds"] <= dict(whole.alternatives)["rounds"]
-    assert bounded.report.total_cycles == full.report.total_cycles == dict(whole.alternatives)["rank"]
-
-
 def test_reference_scatter_drops_pairs_routed_to_no_expert() -> None:
     from runtime_sim.semantics.moe_semantics import route_plan
 
