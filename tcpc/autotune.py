@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 
 from xdsl.dialects.builtin import ModuleOp
@@ -407,7 +407,7 @@ def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Seq
         rest = [q for q in full if q.name not in named]
 
         def trial_of(value: str, i: int = i, p: ModulePass = p, option: str = option) -> list[ModulePass]:
-            trial = [replace(p, **{option: value}) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]  # type: ignore[type-var]
+            trial = [with_option(p, option, value) if j == i else _default_if_auto(q) for j, q in enumerate(resolved)]
             return [*trial, *rest]
 
         costed: dict[str, tuple[int, bool]] = {}
@@ -418,7 +418,7 @@ def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Seq
         fitting = [(v, c) for v, c in tried if not (p.name in FITTING_CHOICES and v != alternatives[0]
                                                     and spilled(module, functions, trial_of(v), machine, routing, seed))]
         best = min(fitting, key=lambda t: (t[1], alternatives.index(t[0])))[0]  # ties: the pass's default
-        resolved[i] = replace(p, **{option: best})  # type: ignore[type-var]
+        resolved[i] = with_option(p, option, best)
         choices.append(Choice(f"{p.name} {option}", f"pass {i + 1} of the pipeline", f"{option}=auto", best, tried,
                               str(routing), bounded=tuple(v for v, (_, bound) in costed.items() if bound)))
     return resolved, choices
@@ -436,5 +436,15 @@ def _default_if_auto(p: ModulePass) -> ModulePass:
     """A later `auto` costs as its pass's default while an earlier one is chosen."""
     if is_auto(p):
         option, alternatives = AUTO_CHOICES[p.name]
-        return replace(p, **{option: alternatives[0]})  # type: ignore[type-var]
+        return with_option(p, option, alternatives[0])
     return p
+
+
+def with_option(p: ModulePass, option: str, value: str) -> ModulePass:
+    """`p` with `option` = `value`, of the type of the option's default, as the pipeline's
+    parser gives it (`most_rows=512` parses as an int): the same pass then has the same repr,
+    which `cost_cycles` remembers it by, whether parsed or chosen (an alternative costed by
+    the block search is not simulated again by a choice)."""
+    default = next(f.default for f in fields(p) if f.name == option)
+    typed = value if default is MISSING or isinstance(default, str) else type(default)(value)
+    return replace(p, **{option: typed})  # type: ignore[type-var]

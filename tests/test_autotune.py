@@ -289,6 +289,47 @@ def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch
     assert sim.report.to_json() == again.report.to_json()
 
 
+def test_a_chosen_options_default_is_the_parsed_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A choice's alternatives take their options' parsed types (`most_rows=512` parses as an
+    int), so the program the block search costed with every pass at its default is not compiled
+    and simulated again by the choices that cost it as their default: DeepSeek-V3 at prefill
+    chooses lower-topk's strategy, then schedule-shared's most_rows, then the loop order, and
+    compiles only rounds, 1024 rows and the tile order. The choices and the run are those of
+    options taken as given (strings), which costed the defaults again."""
+    from passes.schedule.schedule_shared import ScheduleSharedPass
+    from tcpc.pipelines import parse_pipeline
+
+    parsed = parse_pipeline("schedule-shared{most_rows=512}")[0]
+    assert tcpc.autotune.with_option(ScheduleSharedPass(most_rows="auto"), "most_rows", "512") == parsed
+    apply = tcpc.autotune.apply_pipeline
+    compiles: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        compiles.append("compile")
+        return apply(*args, **kwargs)  # type: ignore[arg-type]
+
+    def simulated() -> tuple[tcpc.SimulationResult, int, int]:
+        """The run, and the compiles of the block search and of the choices after it."""
+        for memo in ("_costs", "_bounds", "_compiled"):
+            monkeypatch.setattr(tcpc.autotune, memo, {})
+        compiles.clear()
+        program = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe", {"T": 4096, "B": "auto"})
+        searched = len(compiles)
+        sim = program.simulate(cost_only=True)
+        return sim, searched, len(compiles) - searched
+
+    monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
+    sim, searched, chosen = simulated()
+    assert [(c.what, c.chosen) for c in sim.report.choices[1:]] == [
+        ("lower-topk strategy", "rounds"), ("schedule-shared most_rows", "1024"), ("schedule-experts order", "block")]
+    assert chosen == 3
+    assert sim.report.total_cycles == min(dict(sim.report.choices[-1].alternatives).values())
+    monkeypatch.setattr(tcpc.autotune, "with_option", lambda p, option, value: replace(p, **{option: value}))
+    again, searched_again, chosen_again = simulated()
+    assert (searched_again, chosen_again) == (searched, 4)  # rank at 512 rows compiled again
+    assert again.report.to_json() == sim.report.to_json()
+
+
 def test_a_new_choice_lets_the_runs_of_earlier_programs_go(monkeypatch: pytest.MonkeyPatch) -> None:
     """The block search's run is kept for its own run only: another program's choice lets it
     go (a run is large), and the first program's run then simulates it again."""
