@@ -862,6 +862,19 @@ def test_chunked_a2a_sum_within_tolerance() -> None:
     assert all(c.ok for c in results), [c.message for c in results]
 
 
+def test_chunked_router_is_tiled_at_the_chips_tokens() -> None:
+    """A chip whose token loop is in chunks gathers a chunk's tokens at home, yet its router is
+    a token loop at the chip's own tokens (schedule-tokens' token_counts), and the chunks' rows
+    of the tokens are read by the dispatch's DMA from HBM (load-arguments). Before, that router
+    stayed whole (DeepSeek-V3 ep=8 at 4,096 tokens a chip, 2 chunks: 15,780 us, not 16,712)."""
+    program = tcpc.compile_file("examples/deepseek_v3.moe", dims={"T": 2048, "E": 256, "K": 8, "NG": 8, "TG": 4,
+                                                                  "B": 16})
+    report = simulate_on_mesh(program, MeshSpec.parse("ep=8,chunks=2"), cost_only=True).report
+    assert [t.describe() for t in report.loops if t.phase == "router"] == [
+        "router loop %row: 16 x step 16; tiles f32[8, 256]"]
+    assert report.total_cycles == 118_383  # 216,273 with the router whole
+
+
 def test_chunk_count_is_chosen_by_cycles_and_reported() -> None:
     """chunks=auto simulates every count that divides the chip's tokens and keeps the fewest
     cycles; the mesh report and its JSON say so, with every count's cycles."""
