@@ -268,9 +268,9 @@ def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
 def tried_blocks(rows: list[Row], clock_hz: float = 1e9) -> str:
     """Every block size the cost model tried for each row, with its simulated µs."""
     us = 1e6 / clock_hz
-    lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy; >= a lower bound, where the "
-             "simulation stopped once a chip's lower bound (its roofline, its busiest unit, its longest path) passed "
-             "the fewest µs found):", ""]
+    lines = ["Blocks tried (B: simulated µs, lower-topk's default strategy; >= the fewest µs found when it was tried, "
+             "where the simulation stopped once a chip's lower bound (its roofline, its busiest unit, its longest path) "
+             "passed them):", ""]
     for r in rows:
         mesh = r.mesh
         tried = ", ".join(f"{b}: {'>= ' if b in r.bounded else ''}{c * us:,.1f}" for b, c in r.tried) or f"given, {r.block}"

@@ -274,7 +274,7 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
     A block and chunk count whose chips' commands' lower bound (their roofline, their busiest
     unit's cycles, their longest path: mesh_simulate.MeshBar) passes the fewest cycles simulated
     so far cannot win: its simulation stops there (simulate_mesh's `bound_above`), and the
-    choice lists that bound as the candidate's cycles (Choice.bounded)."""
+    choice lists the next cycle above them as the candidate's cycles (Choice.bounded)."""
     from runtime_sim.perf.mesh_simulate import AboveBound
     from target.mesh_machine import MeshMachine, load_mesh_machine
     from tcpc.autotune import remembered

@@ -61,8 +61,9 @@ class MeshError(Exception):
 
 class AboveBound(Exception):
     """A cost-only mesh run stopped (`simulate_mesh`'s `bound_above`): a chip's commands'
-    lower bound (`LowerBoundBar`), `cycles`, passed the bound, so the mesh takes more cycles
-    than it."""
+    lower bound (`LowerBoundBar`) passed the bound, so the mesh takes at least `cycles`, the
+    bound's next whole cycle. Not the passing chip's own bound: which chip passes first, and
+    how far the others got, depends on the threads' timing, and a rerun must list the same."""
 
     def __init__(self, cycles: int):
         super().__init__(cycles)
@@ -455,8 +456,8 @@ def simulate_mesh(module: ModuleOp, function: str, machine: MeshMachine,
             if bar is not None:
                 for c, recorder in enumerate(recorders):
                     bar.bars[c].check(recorder.trace)
-        except AboveBar as stop:
-            raise AboveBound(math.ceil(stop.cycles)) from None
+        except AboveBar:
+            raise AboveBound(math.floor(bound_above) + 1) from None
         outputs: list[tuple[Any, ...]] = []
     else:
         if args is None or len(args) != mesh.chips:
