@@ -215,11 +215,11 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
     def cycles() -> int:
         if bound_first and above < math.inf and len(functions) == 1 and passes and passes[-1].name == InterleaveSharedPass.name:
             lowered = compiled_cost_only(module, passes[:-1], machine, verify="none")
-            if interleaves(lowered):  # else the pass leaves it as it is
+            if interleaves(lowered):  # its commands' bound is the same before the pass
                 bound = cost_only_bound(lowered, functions[0], machine, above, routing=routing, seed=seed)
                 if bound is not None:
                     raise _AboveBest(bound)
-                lowered = apply_pipeline(lowered, list(passes[-1:]), machine=machine, verify="none")
+            lowered = apply_pipeline(lowered, list(passes[-1:]), machine=machine, verify="none")
         else:
             lowered = compiled_cost_only(module, passes, machine, verify="none")
         program = (text, repr(machine))

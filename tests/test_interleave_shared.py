@@ -5,17 +5,19 @@ where the routed loop waits for HBM."""
 from pathlib import Path
 
 import pytest
-from xdsl.dialects import scf
+from xdsl.dialects import func, scf
 
 import tcpc
 from tcpc.program import Program
-from dialects import tcp
-from dialects.annotations import phase_of
+from dialects import tcp, tile
+from dialects.annotations import cluster_of, phase_of
 from passes.schedule._f_tiles import CONTRACTIONS
 from passes.schedule.interleave_shared import interleaves, spreads
 from passes.schedule.split_clusters import contraction_flops_per_weight_byte
 from target.machine import default_machine
 from tcpc.pipelines import LOWERED_PIPELINE
+from runtime_sim.semantics.tolerance import compare_outputs
+from tcpc.mesh_run import MeshSpec, simulate_on_mesh
 from tests.test_schedule import F_TILE_MODES, assert_same_bits
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -155,3 +157,31 @@ def test_the_pass_only_reorders_the_commands_so_a_bound_before_it_holds_after_it
         assert len(traces) == 2
         assert Counter((t.name, t.cost) for t in traces[0].ops) == Counter((t.name, t.cost) for t in traces[1].ops)
         assert LowerBoundBar(machine, math.inf).least(traces[0]) == LowerBoundBar(machine, math.inf).least(traces[1])
+
+
+def test_a_mesh_chips_one_block_shared_expert_shares_the_clusters_and_keeps_the_bits(tmp_path: Path) -> None:
+    """At decode a mesh chip's shared loop runs one block: 128 tokens a chip on 8 chips, FS =
+    1,024 in two F tiles of 512 (a test chip of 1 KB of SRAM a slice, so that small dims tile).
+    Its block does 128 FLOPs per weight byte, more than a cluster's peak over HBM's bandwidth,
+    so the second tile's gate and up projections go to cluster 0 and their hidden rows cross
+    to cluster 1 by one `tile.copy`, before the second down projection; its result's store
+    follows the routed loop. Every chip's outputs are one chip's bits."""
+    (tmp_path / "chip.toml").write_text(
+        'extends = "rngd"\nname = "rngd-small-sram"\ndescription = "RNGD with 1 KB of SRAM a slice"\n'
+        '[sram]\nbytes_per_slice = { value = 1024, assumption = "a test chip: F tiles at small dims" }\n')
+    (tmp_path / "mesh.toml").write_text('extends = "rngd_pcie"\nname = "small-sram-pcie"\n'
+                                        'description = "RNGD cards of 1 KB SRAM slices"\nchip = "chip.toml"\n')
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe", dims={"T": 1024, "D": 64, "FS": 1024})
+    sim = simulate_on_mesh(program, MeshSpec.parse("ep=8"), seed=3, machine=tmp_path / "mesh.toml")
+    assert all(c.identical for c in compare_outputs(sim.outputs, program.run(seed=3).outputs))
+    body = next(op for op in sim.module.walk() if isinstance(op, func.FuncOp)).body.block
+    assert not any(isinstance(op, scf.ForOp) and phase_of(op) == "shared" for op in body.ops)
+    (copy,) = [op for op in body.ops if isinstance(op, tile.CopyOp) and phase_of(op) == "shared"]
+    down = next(iter(copy.result.uses)).operation
+    assert isinstance(down, tcp.ContractOp) and cluster_of(down) == cluster_of(copy) == 1
+    assert cluster_of(copy.operands[0].owner) == 0
+    shared = [op for op in body.ops if isinstance(op, tcp.ContractOp) and phase_of(op) == "shared"]
+    assert [cluster_of(op) for op in shared] == [1, 1, 1, 0, 0, 1]
+    routed = [op for op in body.ops if isinstance(op, scf.ForOp) and phase_of(op) == "experts"]
+    stores = [op for op in body.ops if isinstance(op, tile.StoreOp) and phase_of(op) == "shared"]
+    assert len(stores) == 1 and list(body.ops).index(stores[0]) > list(body.ops).index(routed[-1])

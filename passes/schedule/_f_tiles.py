@@ -180,7 +180,8 @@ def _is_up(op: Operation, weights: Mapping[SSAValue, tcp.DmaGatherOp]) -> bool:
     return isinstance(op, tcp.ScaledContractOp) and op.rhs in weights and op.acc is None
 
 
-def _ancestors(value: SSAValue, inside: set[Operation]) -> set[Operation]:
+def ancestors(value: SSAValue, inside: set[Operation]) -> set[Operation]:
+    """The ops of `inside` that `value` is computed from."""
     seen: set[Operation] = set()
     stack = [value]
     while stack:
@@ -220,7 +221,7 @@ def find_f_region(ops: list[Operation], gathers: list[tcp.DmaGatherOp],
     inside = set(ops)
     weights = {g.result: g for g in gathers}
     matmuls = [op for op in ops if _is_up(op, weights)]
-    downs = [c for c in matmuls if _ancestors(c.lhs, inside) & set(matmuls)]
+    downs = [c for c in matmuls if ancestors(c.lhs, inside) & set(matmuls)]
     if len(downs) != 1:
         return None
     down = downs[0]

@@ -34,6 +34,16 @@ Each op runs on the same values in the same order within its own loop, so the ou
 their bits. The shared weight tiles are in SRAM beside the routed loop's, so schedule-experts
 chooses them for half a cluster's SRAM when the shared expert will be spread
 (`schedule_experts.spread_through_routed`).
+
+On a mesh chip at decode (one shared block, one routed loop) nothing spreads, but the shared
+loop is placed (`_place_one_block`): unrolled, the gate and up projections of its F tiles after
+the first on the other clusters, after the routing (split-clusters left it whole on the last
+cluster, where its contractions outlasted the dispatch and held that cluster's first routed
+blocks), when its block is bound by its contractions on one cluster; and its result's store
+after the routed loop, not holding DMA engines while it waits. DeepSeek-V3 on 8 chips, 128
+tokens each, a2a, B = 32 (tcpc run --cost-only, balanced): 2,158.6 -> 2,152.0 us. That adds
+commands (a `tile.copy` of each moved tile's hidden rows, its rows of x loaded again), so it
+is not what `interleaves` reports.
 """
 
 from __future__ import annotations
@@ -42,17 +52,19 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func, scf
+from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from dialects import ccl, tcp, tile
-from dialects.annotations import PHASE_ATTR, SHARED, expert_indices, phase_of
+from dialects import ccl, tcp, tile, ve
+from dialects.annotations import PHASE_ATTR, SHARED, cluster_of, expert_indices, phase_of, place_on_cluster
 from dialects.tensor_types import shape_of
-from passes._loop_builder import constant_index, erase_unread, index_constant, move_readers_after, sink_to_first_reader
-from passes.schedule._f_tiles import CONTRACTIONS
-from passes.schedule.split_clusters import addressed, contraction_flops_per_weight_byte, expert_loops
+from passes._loop_builder import (constant_index, erase_unread, index_constant, move_readers_after, op_of_block,
+                                  sink_to_first_reader)
+from passes.schedule._cluster_copies import pin
+from passes.schedule._f_tiles import CONTRACTIONS, ancestors
+from passes.schedule.split_clusters import addressed, contraction_flops_per_weight_byte, expert_loops, own_dma_intensity
 from target.machine import Machine
 from target.target_spec import machine_of
 
@@ -204,11 +216,11 @@ def _spread(block: Block, machine: Machine) -> tuple[scf.ForOp, scf.ForOp, list[
 
 
 def interleaves(module: ModuleOp) -> bool:
-    """Whether the pass would change `module`: a function's shared loop spreads through its
-    routed loop. The commands are the same either way, only their order changes, so a lower
-    bound on the commands' cycles (a roofline, a unit's busy cycles) is the same before the
-    pass as after it; the cost model bounds a candidate before interleaving it
-    (tcpc/autotune.py)."""
+    """Whether the pass would spread a function's shared loop through its routed loop (it may
+    also place a mesh chip's one-block shared loop, `_place_one_block`). The commands are the
+    same either way, only their order changes, so a lower bound on the commands' cycles (a
+    roofline, a unit's busy cycles) is the same before the pass as after it; the cost model
+    bounds a candidate before interleaving it (tcpc/autotune.py)."""
     machine = machine_of(module)
     return any(_spread(fn.body.block, machine) is not None
                for fn in module.ops if isinstance(fn, func.FuncOp) and fn.body.blocks)
@@ -240,12 +252,138 @@ def _defer_shared_result(block: Block) -> None:
         sink_to_first_reader(block, chain)
 
 
+def _one_block_shared(block: Block) -> tuple[scf.ForOp, scf.ForOp] | None:
+    """On a mesh chip, `block`'s shared loop when it runs one block (decode) of more than one
+    token and its results are read only after the routed expert loop, with that routed loop;
+    else None (one token a chip: 563.7 -> 564.3 us for DeepSeek-V3 on 8 chips)."""
+    if ccl.first_all_to_all_done(block) is None:
+        return None
+    shared = [op for op in block.ops if isinstance(op, scf.ForOp) and phase_of(op) == SHARED]
+    routed = [op for op in expert_loops(block) if phase_of(op) == "experts"]
+    if len(shared) != 1 or len(routed) != 1 or len(_trips(shared[0]) or ()) != 1:
+        return None
+    if any(isinstance(op, tile.StoreOp) and shape_of(op.operands[0].type)[-2] == 1 for op in shared[0].body.walk()):
+        return None  # one token: its store, after the routed loop, would start on the combine's path
+    ordered = list(block.ops)
+    at = ordered.index(routed[0])
+    readers = [op_of_block(use.operation, block) for r in shared[0].results for use in r.uses]
+    if ordered.index(shared[0]) > at or any(op is None or ordered.index(op) <= at for op in readers):
+        return None
+    return shared[0], routed[0]
+
+
+def _reloadable(op: Operation) -> bool:
+    """An op another cluster makes again rather than copying its result: a row load from HBM,
+    an address computation on a constant."""
+    return isinstance(op, tile.LoadOp) or (isinstance(op, tile.SliceOp)
+                                           and isinstance(op.operands[0].owner, ve.ConstOp))
+
+
+def _hidden_projections(ops: list[Operation], machine: Machine
+                        ) -> list[tuple[tcp.ContractOp | tcp.ScaledContractOp, int, set[Operation]]]:
+    """The F tiles of an unrolled one-block shared loop (`ops`, on one cluster) whose gate and up
+    projections go to another cluster: (the tile's down projection, that cluster, the ops that
+    make its hidden rows and nothing else). Tile j goes to cluster home - j mod `clusters`; its
+    down projection stays home, the tiles' partial sums accumulating there in F order. None
+    when the block does fewer FLOPs per weight byte than `own_dma_intensity` (its contractions
+    on one cluster then take less time than its weights take to load: DeepSeek-V3 at 16 tokens
+    a chip), or a moved op would read a value of the home cluster other than HBM rows or
+    constants."""
+    within = set(ops)
+    downs = [op for op in ops if isinstance(op, CONTRACTIONS)
+             and any(isinstance(o, CONTRACTIONS) for o in ancestors(op.operands[0], within))]
+    clusters = machine.clusters
+    if len(downs) < 2 or clusters < 2 or contraction_flops_per_weight_byte(downs[0]) < own_dma_intensity(machine):
+        return []
+    home = cluster_of(downs[0])
+    made = [ancestors(d.operands[0], within) for d in downs]
+    moves = []
+    for j, down in enumerate(downs):
+        cluster = (home - j) % clusters
+        if cluster == home:
+            continue
+        own = made[j].difference(*(m for i, m in enumerate(made) if i != j), (down,))
+        read = {v.owner for op in own for nested in op.walk() for v in nested.operands}
+        if any(isinstance(o, Operation) and o in within and o not in own and not isinstance(o, arith.ConstantOp)
+               and not _reloadable(o) for o in read):
+            return []
+        moves.append((down, cluster, own))
+    return moves
+
+
+def _share_clusters(block: Block, ops: list[Operation], routed: scf.ForOp, machine: Machine) -> None:
+    """The gate and up projections of a one-block shared loop's later F tiles on the other
+    clusters (`_hidden_projections`), issued after the routing, just before the routed loop.
+    split-clusters runs a shared loop of fewer blocks than clusters whole on the last cluster,
+    beside the router on cluster 0; at decode its six contractions there (DeepSeek-V3 at 128
+    tokens a chip: 87 us) ran past the tokens' arrival and held that cluster's first routed
+    blocks, whose weight loads then held the DMA engines. Each moved tile loads the rows of x
+    it reads again, on its cluster, and its hidden rows are copied home (`tile.copy`, 256 KB)
+    for its down projection; its cluster runs them once the routing is done, while the link
+    moves the tokens. Each contraction reads the same values, so the bits are the same."""
+    moves = _hidden_projections(ops, machine)
+    if not moves:
+        return
+    within = set(ops)
+    issued: list[Operation] = []
+    for down, cluster, own in moves:
+        again: dict[SSAValue, SSAValue] = {}
+        for op in (o for o in ops if o in own):
+            for nested in op.walk():
+                for i, v in enumerate(nested.operands):
+                    source = v.owner
+                    if isinstance(source, Operation) and source in within and source not in own and _reloadable(source):
+                        if v not in again:
+                            made = source.clone()
+                            pin(made, cluster)
+                            block.insert_op_before(made, op)
+                            again[v] = made.results[0]
+                        nested.operands[i] = again[v]
+            pin(op, cluster)
+            if not isinstance(op, (tile.LoadExpertOp, arith.ConstantOp)):
+                issued.append(op)
+        copy = tile.CopyOp(down.operands[0])
+        copy.attributes[PHASE_ATTR] = StringAttr(SHARED)
+        place_on_cluster(copy, cluster_of(down))
+        block.insert_op_before(copy, down)
+        down.operands[0] = copy.result
+        issued.append(copy)
+    ordered = list(block.ops)
+    tail = [op for op in ordered[min(ordered.index(op) for op in issued):]
+            if op in issued or (op in within and not isinstance(op, (tile.LoadExpertOp, arith.ConstantOp)))]
+    for op in tail:
+        op.detach()
+    block.insert_ops_before(tail, routed)
+
+
+def _place_one_block(block: Block, machine: Machine) -> None:
+    """On a mesh chip with one routed expert loop, a one-block shared loop (decode) unrolled, its
+    later F tiles' gate and up projections on the other clusters (`_share_clusters`) and its
+    result's store issued after the routed loop, which the store's readers follow (the
+    combine adds the rows): DMA engines run their commands in issue order, and the store,
+    waiting for the shared expert's last contraction, held two of them until then while the
+    routed weights streamed on the others."""
+    found = _one_block_shared(block)
+    if found is None:
+        return
+    shared, routed = found
+    last = routed
+    ops, _ = unroll(shared)
+    _share_clusters(block, ops, routed, machine)
+    for store in [op for op in ops if isinstance(op, tile.StoreOp)]:
+        store.detach()
+        block.insert_op_after(store, last)
+        last = store
+
+
 def interleave(block: Block, machine: Machine) -> None:
     """Spread `block`'s shared loop through its routed loop, when it `spreads` (the module
-    docstring); else, on a mesh chip, defer the load of its result (`_defer_shared_result`)."""
+    docstring); else, on a mesh chip, defer the load of its result (`_defer_shared_result`) and
+    its one block's work (`_place_one_block`)."""
     spread = _spread(block, machine)
     if spread is None:
         _defer_shared_result(block)
+        _place_one_block(block, machine)
         return
     loop, routed, routed_trips = spread
     ops, results = unroll(loop)
