@@ -26,11 +26,12 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   (Qwen3-30B-A3B bf16 T = 1: 59,308 -> 59,202 cycles on one cluster with the results still in
   HBM). Its weight loads then no longer queue behind six scale gathers (two clusters' three):
   the loads of each cluster's first expert, issued before those gathers (issue #30), went with it;
-- at prefill (at least PREFILL_PAIRS_PER_EXPERT routed pairs per expert) a group loop
-  (schedule-experts{order=tile}) starts from each cluster's guessed first weights
-  (`guessed_loads`): expert c's tiles, loaded on cluster c while the router computes, which
-  the first slot reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048, B = 128,
-  cost-only, balanced: 1,039,088 -> 1,026,998 cycles);
+- at prefill (at least PREFILL_PAIRS_PER_EXPERT routed pairs per expert) the plan's first loop
+  starts from each cluster's guessed first weights (`guessed_loads`): expert c's tiles, loaded
+  on cluster c while the router computes, which the first slot (a group loop,
+  schedule-experts{order=tile}) or the first block cluster c owns (a block loop: block-scaled
+  experts keep block order) reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048,
+  B = 128, cost-only, balanced: 1,039,088 -> 1,026,998 cycles; in fp8, 621,375 -> 619,387);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -221,10 +222,10 @@ def _owned_rows(tokens: SSAValue, owned: SSAValue, cluster: int, before: list[Op
 
 
 PREFILL_PAIRS_PER_EXPERT = 64
-"""The routed pairs per expert (T x K / E, at least, by the plan's G, E and B) from which a group
+"""The routed pairs per expert (T x K / E, at least, by the plan's G, E and B) from which an expert
 loop is prefill's: its first weights are guessed (`guessed_loads`; under uniform routing an
 expert is then left unused with probability about exp(-64), where at decode a guess is often
-wrong and its loads would take HBM from the loop's own) and its clusters' copies alternate slot
+wrong and its loads would take HBM from the loop's own) and a group loop's clusters' copies alternate slot
 by slot (`interleaved_slots`). Below it (decode, small batches) neither: interleaved, Qwen3-30B-A3B
 T = 64, B = 4, skewed (4 pairs per expert) took 696,526 -> 698,102 cycles, and with 16 as the
 bound Mixtral-8x7B T = 64, B = 4, skewed (16 per expert) 2,039,108 -> 2,047,591. Every
@@ -234,7 +235,7 @@ prefill row of benchmarks/schedule.py (T >= 2048) has at least 64."""
 def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, own_dma: bool
                   ) -> tuple[dict[tuple[int, int], SSAValue], list[Operation]]:
     """Each cluster's first weight tiles at prefill, loaded before the routing is known: for
-    every weight load of the group loop's first slot that the body carries for reuse, the load
+    every weight load of the loop's first slot (or block) that the body carries for reuse, the load
     of expert c on cluster c, the first expert c owns whenever the routing uses expert c (the
     canonical layout puts the experts' blocks in ascending order). The loop starts from them as
     its previous ids and tiles, so the first slot reuses them when its expert is c
@@ -527,10 +528,12 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     inits = list(loop.iter_args)
     firsts: dict[tuple[int, int], SSAValue] = {}
     guessed: list[Operation] = []
-    prefill = bool(group_rows) and routed_pairs_at_least(
-        shape_of(expert_ids.type)[0], experts, shape_of(group_rows[0].type)[1]) >= PREFILL_PAIRS_PER_EXPERT * experts
-    if grouped and expert_ids not in made.guessed:
-        made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first slot's expert is the lowest
+    row_index = group_rows[0] if group_rows else next(
+        (addressed(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)), None)
+    prefill = row_index is not None and routed_pairs_at_least(
+        shape_of(expert_ids.type)[0], experts, shape_of(row_index.type)[1]) >= PREFILL_PAIRS_PER_EXPERT * experts
+    if expert_ids not in made.guessed:
+        made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first block's expert is the lowest
         if prefill:
             firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma)
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
