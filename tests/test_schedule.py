@@ -16,7 +16,6 @@ from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.report import SimReport
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
-from target.machine import default_machine
 from tcpc.program import function_in
 from passes._loop_builder import constant_index
 from xdsl.dialects import scf
@@ -93,9 +92,7 @@ QWEN3_SMALL_PREFILL = dict(T=256, D=256, F=128, E=16, K=4, B=16)
 def test_each_expert_is_loaded_once_per_run_of_its_blocks() -> None:
     """Balanced routing, 64 pairs per expert in blocks of 16: each of the 16 experts' three
     weights is fetched once, and the other 3 blocks of each expert reuse it. Every one of the
-    G blocks is guarded; the unused ones (G - 64) stop at their guard. At prefill each cluster
-    also loads its guessed first expert's three (split-clusters' `guessed_loads`), which the
-    first block of that expert reuses."""
+    G blocks is guarded; the unused ones (G - 64) stop at their guard."""
     report = cost_only("qwen3_moe.moe", QWEN3_SMALL_PREFILL)
     loads = [o for o in report.ops if o.name == "tile.load_expert"]
     fetched = [o for o in loads if o.hbm_bytes > 0]
@@ -103,8 +100,7 @@ def test_each_expert_is_loaded_once_per_run_of_its_blocks() -> None:
     clusters = report.machine.clusters
     # every cluster guards every block (a block whose expert another cluster owns, or no expert, is skipped whole)
     assert len([o for o in report.ops if o.name == "tile.guard"]) == clusters * max_blocks(d["T"], d["K"], d["E"], d["B"])
-    # one per weight per used block, on the cluster that owns its expert, and the guessed ones
-    assert len(loads) == 3 * 16 * 4 + 3 * clusters
+    assert len(loads) == 3 * 16 * 4  # one per weight per used block, on the cluster that owns its expert
     assert len(fetched) == 3 * 16
     assert all(o.hbm_bytes >= 256 * 128 * 2 for o in fetched)
 
@@ -124,8 +120,7 @@ def test_a_reused_weight_tile_is_passed_through() -> None:
         return ops[i].name == "tile.load_expert" and ops[i].cost.bound != "guard (reused)"
 
     reused = {t.index for t in ops if t.name == "tile.load_expert" and t.cost.bound == "guard (reused)"}
-    # each expert's 3 weights, in the 3 blocks after its first, and each cluster's guessed expert in its first
-    assert len(reused) == 3 * 16 * 3 + 3 * default_machine().clusters
+    assert len(reused) == 3 * 16 * 3  # each expert's 3 weights, in the 3 blocks after its first
     assert all(not any(fetches(d) for d in ops[i].deps) and not ops[i].writes for i in reused)
     readers = [t for t in ops if t.name == "tcp.contract" and reused & set(t.deps)]
     assert readers and all(any(fetches(d) for d in t.deps) for t in readers)
@@ -186,6 +181,7 @@ def test_the_pipeline_writes_no_machine_number() -> None:
     every machine; the machine-derived figures the passes compute are RNGD's on RNGD."""
     from passes.lowering.lower_routing import scan_rows_of
     from passes.schedule.split_clusters import own_dma_intensity
+    from target.machine import default_machine
     from tcpc.pipelines import FULL_PIPELINE, pipeline_spec
 
     rngd = default_machine()
@@ -381,6 +377,8 @@ def test_large_weight_scales_go_ahead_of_the_loop_where_they_fit_and_the_weights
     their expert (an SRAM that holds the weights but not the scales too; blocks of 64 rows,
     whose contractions outlast their loads). The reference's bits every way. MXFP4 Qwen3 at
     small dims on machines whose DMA pieces are 4 KB: its gathers of 16 rows of 4 KB are 64 KB."""
+    from target.machine import default_machine
+
     source = (Path(__file__).parent.parent / "examples" / "qwen3_moe_fp8.moe").read_text()
     source = source.replace("f8e4m3[E", "f4e2m1[E").replace("f32[E", "e8m0[E")
     roomy = replace(default_machine(), name="small-pieces", dma_split_bytes=4096)

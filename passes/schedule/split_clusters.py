@@ -29,8 +29,8 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
 - at prefill (at least PREFILL_PAIRS_PER_EXPERT routed pairs per expert) the plan's first loop
   starts from each cluster's guessed first weights (`guessed_loads`): expert c's tiles, loaded
   on cluster c while the router computes, which the first slot (a group loop,
-  schedule-experts{order=tile}) or the first block cluster c owns (a block loop: block-scaled
-  experts keep block order) reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048,
+  schedule-experts{order=tile}) or the first block cluster c owns (a block loop of block-scaled
+  experts, which keep block order) reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048,
   B = 128, cost-only, balanced: 1,039,088 -> 1,026,998 cycles; in fp8, 621,375 -> 619,387);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
@@ -532,9 +532,12 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
         (addressed(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)), None)
     prefill = row_index is not None and routed_pairs_at_least(
         shape_of(expert_ids.type)[0], experts, shape_of(row_index.type)[1]) >= PREFILL_PAIRS_PER_EXPERT * experts
+    # A block loop guesses only with block-scaled experts (they keep block order, `groupable`): bf16 ones
+    # took longer so (Llama-4-Scout T = 1024, B = 128, its shared expert interleaved: 49,082 -> 50,856 cycles).
+    scaled = any(isinstance(op, tcp.ScaledContractOp) for op in body.walk())
     if expert_ids not in made.guessed:
         made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first block's expert is the lowest
-        if prefill:
+        if prefill and (grouped or scaled):
             firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma)
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
                                               for k, i in enumerate(private)]
