@@ -17,6 +17,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType, i32
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 import tcpc
+from dialects.annotations import cluster_of
 from passes.schedule import _expert_groups
 from passes.schedule._expert_groups import chunk_rows, slot_tables
 from runtime_sim.perf.cost_only import simulate_cost_only
@@ -315,3 +316,18 @@ def test_qwen3_prefill_at_real_dims_alternates_its_clusters() -> None:
     program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=dict(D=2048, F=768, E=128, K=8, T=2048, B=128))
     clusters = branch_clusters(program.lower("pin-routing," + scheduled("order=tile")))
     assert len(clusters) > 2 and clusters == [0, 1] * (len(clusters) // 2)
+
+
+def test_the_tokens_quantization_runs_beside_the_routing_and_gives_the_same_bits() -> None:
+    """Prefill with the tokens quantized once (lower-dispatch{quantize=tokens}) and the router's
+    loop on both clusters: split-clusters runs the quantization on cluster 1, from its own load
+    of the tokens, while cluster 0 computes the routing; the output is the reference's bits."""
+    dims = dict(T=1024, B=16)
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe_fp8.moe", dims=dims)
+    pipeline = scheduled("order=block").replace("lower-dispatch", "lower-dispatch{quantize=tokens}")
+    module = program.lower(pipeline)
+    (load,) = [op for op in module.walk() if op.name == "tcp.load" and op.results[0].name_hint == "x_sram_c1"]
+    (xq,) = [op for op in module.walk() if op.results and op.results[0].name_hint == "xq_tokens"]
+    assert cluster_of(load) == cluster_of(xq) == 1
+    assert all(cluster_of(u.operation) == 1 for u in load.results[0].uses)
+    assert_same_bits(program.run(seed=5, pipeline=pipeline).outputs, program.run(seed=5).outputs)
