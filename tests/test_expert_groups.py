@@ -17,6 +17,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType, i32
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 import tcpc
+from dialects.annotations import cluster_of
 from passes.schedule import _expert_groups
 from passes.schedule._expert_groups import chunk_rows, slot_tables
 from runtime_sim.perf.cost_only import simulate_cost_only
@@ -244,6 +245,36 @@ def test_a_wrong_guess_costs_time_not_bits() -> None:
     assert_same_bits(program.run(inputs, seed=3, pipeline=pipeline).outputs, reference.outputs)
 
 
+GUESSED_FP8 = dict(T=256, B=16)
+"""The fp8 toy layer (E = 16, K = 4): 64 routed pairs per expert, four blocks of 16 each."""
+
+
+def test_a_block_loop_at_prefill_guesses_each_clusters_first_expert_too() -> None:
+    """Block-scaled experts keep block order; at prefill their loop also starts from each
+    cluster's guessed first expert, loaded before the dispatch's first DMA: the first block
+    cluster c owns reuses it (each expert's 3 matrices reused by its 3 later blocks, plus the 2 x 3
+    guessed), every expert's weights still cross HBM once, and a wrong guess costs no bits
+    (experts 0 and 1 never routed). At decode (T = 16) nothing is guessed."""
+    report = cost_only("qwen3_moe_fp8.moe", GUESSED_FP8, "order=block")
+    guessed = [o for o in report.ops if o.name == "tile.load_expert" and "guessed" in o.label]
+    assert len(guessed) == 2 * 3
+    assert max(o.end for o in guessed) <= min(o.start for o in report.ops if o.phase == "dispatch" and o.engine == "dma")
+    assert len([o for o in report.ops if o.name == "tile.load_expert" and o.bound == "guard (reused)"]) == 16 * 3 * 3 + 2 * 3
+    assert sum(o.hbm_bytes for o in report.ops if o.name == "tile.load_expert") == 16 * 3 * 256 * 128  # f8: a byte each
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe_fp8.moe", dims=GUESSED_FP8)
+    pipeline = scheduled("order=block")
+    assert guessed_loads_of(program.lower(pipeline))
+    rng = np.random.default_rng(7)
+    router = rng.standard_normal((256, 16)).astype(np.float32)
+    router[:, :2] = -4.0
+    inputs = {"x": np.abs(rng.standard_normal((256, 256))).astype(np.float32), "router": router}
+    reference = program.run(inputs, seed=3)
+    assert not np.isin([0, 1], np.argsort(-(reference.inputs["x"] @ reference.inputs["router"]), axis=1)[:, :4]).any()
+    assert_same_bits(program.run(inputs, seed=3, pipeline=pipeline).outputs, reference.outputs)
+    decode = tcpc.compile_file(EXAMPLES / "qwen3_moe_fp8.moe", dims={"T": 16, "B": 4})
+    assert not guessed_loads_of(decode.lower("pin-routing," + scheduled("order=block")))
+
+
 def branch_clusters(module: ModuleOp) -> list[int]:
     """The clusters of the `scf.if` ops at the top of the expert loop's body, in program order."""
     loop = next(op for op in module.walk() if op.name == "scf.for" and any(
@@ -285,3 +316,18 @@ def test_qwen3_prefill_at_real_dims_alternates_its_clusters() -> None:
     program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=dict(D=2048, F=768, E=128, K=8, T=2048, B=128))
     clusters = branch_clusters(program.lower("pin-routing," + scheduled("order=tile")))
     assert len(clusters) > 2 and clusters == [0, 1] * (len(clusters) // 2)
+
+
+def test_the_tokens_quantization_runs_beside_the_routing_and_gives_the_same_bits() -> None:
+    """Prefill with the tokens quantized once (lower-dispatch{quantize=tokens}) and the router's
+    loop on both clusters: split-clusters runs the quantization on cluster 1, from its own load
+    of the tokens, while cluster 0 computes the routing; the output is the reference's bits."""
+    dims = dict(T=1024, B=16)
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe_fp8.moe", dims=dims)
+    pipeline = scheduled("order=block").replace("lower-dispatch", "lower-dispatch{quantize=tokens}")
+    module = program.lower(pipeline)
+    (load,) = [op for op in module.walk() if op.name == "tcp.load" and op.results[0].name_hint == "x_sram_c1"]
+    (xq,) = [op for op in module.walk() if op.results and op.results[0].name_hint == "xq_tokens"]
+    assert cluster_of(load) == cluster_of(xq) == 1
+    assert all(cluster_of(u.operation) == 1 for u in load.results[0].uses)
+    assert_same_bits(program.run(seed=5, pipeline=pipeline).outputs, program.run(seed=5).outputs)

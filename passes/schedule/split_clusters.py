@@ -26,11 +26,12 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   (Qwen3-30B-A3B bf16 T = 1: 59,308 -> 59,202 cycles on one cluster with the results still in
   HBM). Its weight loads then no longer queue behind six scale gathers (two clusters' three):
   the loads of each cluster's first expert, issued before those gathers (issue #30), went with it;
-- at prefill (at least PREFILL_PAIRS_PER_EXPERT routed pairs per expert) a group loop
-  (schedule-experts{order=tile}) starts from each cluster's guessed first weights
-  (`guessed_loads`): expert c's tiles, loaded on cluster c while the router computes, which
-  the first slot reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048, B = 128,
-  cost-only, balanced: 1,039,088 -> 1,026,998 cycles);
+- at prefill (at least PREFILL_PAIRS_PER_EXPERT routed pairs per expert) the plan's first loop
+  starts from each cluster's guessed first weights (`guessed_loads`): expert c's tiles, loaded
+  on cluster c while the router computes, which the first slot (a group loop,
+  schedule-experts{order=tile}) or the first block cluster c owns (a block loop of block-scaled
+  experts, which keep block order) reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048,
+  B = 128, cost-only, balanced: 1,039,088 -> 1,026,998 cycles; in fp8, 621,375 -> 619,387);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -64,7 +65,10 @@ expert's loop with a block per cluster), each copy's ops are marked `tcpc.own_dm
 DMA runs on the cluster's own engines (the simulator's `own_dma_units`).
 
 Token loops of `schedule-tokens` (the router's) run tile i on cluster i mod N
-(passes/schedule/_cluster_token_tiles.py).
+(passes/schedule/_cluster_token_tiles.py). When the router's loop so spreads (prefill), the
+tokens' quantization made whole before the expert loop (lower-dispatch{quantize=tokens}) runs
+on the last cluster right after the router's loop, from its own load of the tokens
+(`quantize_beside_routing`): beside the routing on cluster 0, where it followed it.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ from xdsl.ir import Attribute, Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects import tcp, tile, ve
-from dialects.annotations import PHASE_ATTR, SHARED, phase_of, place_on_cluster
+from dialects.annotations import PHASE_ATTR, SHARED, cluster_of, phase_of, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
 from passes._loop_builder import in_hbm
 from passes.schedule._cluster_copies import pin, reacher, read_in_place
@@ -221,10 +225,10 @@ def _owned_rows(tokens: SSAValue, owned: SSAValue, cluster: int, before: list[Op
 
 
 PREFILL_PAIRS_PER_EXPERT = 64
-"""The routed pairs per expert (T x K / E, at least, by the plan's G, E and B) from which a group
+"""The routed pairs per expert (T x K / E, at least, by the plan's G, E and B) from which an expert
 loop is prefill's: its first weights are guessed (`guessed_loads`; under uniform routing an
 expert is then left unused with probability about exp(-64), where at decode a guess is often
-wrong and its loads would take HBM from the loop's own) and its clusters' copies alternate slot
+wrong and its loads would take HBM from the loop's own) and a group loop's clusters' copies alternate slot
 by slot (`interleaved_slots`). Below it (decode, small batches) neither: interleaved, Qwen3-30B-A3B
 T = 64, B = 4, skewed (4 pairs per expert) took 696,526 -> 698,102 cycles, and with 16 as the
 bound Mixtral-8x7B T = 64, B = 4, skewed (16 per expert) 2,039,108 -> 2,047,591. Every
@@ -234,7 +238,7 @@ prefill row of benchmarks/schedule.py (T >= 2048) has at least 64."""
 def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, own_dma: bool
                   ) -> tuple[dict[tuple[int, int], SSAValue], list[Operation]]:
     """Each cluster's first weight tiles at prefill, loaded before the routing is known: for
-    every weight load of the group loop's first slot that the body carries for reuse, the load
+    every weight load of the loop's first slot (or block) that the body carries for reuse, the load
     of expert c on cluster c, the first expert c owns whenever the routing uses expert c (the
     canonical layout puts the experts' blocks in ascending order). The loop starts from them as
     its previous ids and tiles, so the first slot reuses them when its expert is c
@@ -527,11 +531,16 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     inits = list(loop.iter_args)
     firsts: dict[tuple[int, int], SSAValue] = {}
     guessed: list[Operation] = []
-    prefill = bool(group_rows) and routed_pairs_at_least(
-        shape_of(expert_ids.type)[0], experts, shape_of(group_rows[0].type)[1]) >= PREFILL_PAIRS_PER_EXPERT * experts
-    if grouped and expert_ids not in made.guessed:
-        made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first slot's expert is the lowest
-        if prefill:
+    row_index = group_rows[0] if group_rows else next(
+        (addressed(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)), None)
+    prefill = row_index is not None and routed_pairs_at_least(
+        shape_of(expert_ids.type)[0], experts, shape_of(row_index.type)[1]) >= PREFILL_PAIRS_PER_EXPERT * experts
+    # A block loop guesses only with block-scaled experts (they keep block order, `groupable`): bf16 ones
+    # took longer so (Llama-4-Scout T = 1024, B = 128, its shared expert interleaved: 49,082 -> 50,856 cycles).
+    scaled = any(isinstance(op, tcp.ScaledContractOp) for op in body.walk())
+    if expert_ids not in made.guessed:
+        made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first block's expert is the lowest
+        if prefill and (grouped or scaled):
             firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma)
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
                                               for k, i in enumerate(private)]
@@ -649,6 +658,64 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     return new_loop
 
 
+def tokens_own(block: Block) -> list[Operation]:
+    """The dispatch's ops of `block` that read only the tokens as loaded (`tcp.load`),
+    constants and each other: the tokens' own quantization (lower-dispatch{quantize=tokens}),
+    which no routing result feeds, with the constants only they read."""
+    found: list[Operation] = []
+    for op in block.ops:
+        if phase_of(op) != "dispatch" or not op.operands:
+            continue
+        owners = [v.owner for v in op.operands if isinstance(v.owner, Operation)]
+        if any(o in found or isinstance(o, tcp.LoadOp) for o in owners) and all(
+                o in found or isinstance(o, tcp.LoadOp) or not o.operands for o in owners):
+            found.append(op)
+    inside = set(found)
+    consts = {o for op in found for v in op.operands if isinstance(o := v.owner, Operation) and not o.operands
+              and phase_of(o) == "dispatch" and all(u.operation in inside for r in o.results for u in r.uses)}
+    return [op for op in block.ops if op in inside or op in consts]
+
+
+def quantize_beside_routing(block: Block, clusters: int) -> None:
+    """The tokens' quantization, made whole before the expert loop, on the last cluster right
+    after the router's last op, from its own load of the tokens, when the router's token loop
+    spreads over the clusters (prefill): it runs there while cluster 0 computes the routing,
+    where on cluster 0 it followed the routing and the dispatch's index (Qwen3-30B-A3B fp8,
+    cost-only, balanced: T = 2048 619,387 -> 618,369 cycles, T = 4096 921,604 -> 914,513)."""
+    ops = tokens_own(block)
+    router = [op for op in block.ops if phase_of(op) == "router"]
+    last = clusters - 1
+    if not ops or not any(isinstance(op, scf.ForOp) and any(cluster_of(o) == last for o in op.walk()) for op in router):
+        return  # the router on one cluster (decode): the quantization stays where it was
+    moved = set(ops)
+    before: set[Operation] = set()
+    for op in block.ops:
+        before.add(op)
+        if op is router[-1]:
+            break
+    if any(isinstance(o := v.owner, Operation) and o not in moved and o not in before and not isinstance(o, tcp.LoadOp)
+           for op in ops for v in op.operands):
+        return
+    at = router[-1]
+    loads: dict[SSAValue, SSAValue] = {}
+    for op in ops:
+        for i, v in enumerate(op.operands):
+            if isinstance(v.owner, tcp.LoadOp):
+                if v not in loads:
+                    load = tcp.LoadOp(v.owner.operands[0])
+                    load.result.name_hint = f"{v.name_hint}_c{last}" if v.name_hint else None
+                    load.attributes[PHASE_ATTR] = StringAttr("dispatch")
+                    block.insert_op_after(load, at)
+                    pin(load, last)
+                    at = load
+                    loads[v] = load.result
+                op.operands[i] = loads[v]
+        op.detach()
+        block.insert_op_after(op, at)
+        pin(op, last)
+        at = op
+
+
 def own_dma_intensity(machine: Machine) -> int:
     """FLOPs per weight byte from which a block's contraction on one cluster outlasts its weight
     load at the whole chip's HBM bandwidth: a cluster's peak over the HBM bandwidth, rounded
@@ -688,3 +755,4 @@ class SplitClustersPass(ModulePass):
                     split_loop(loop, clusters, intensity, made)
                 for loop in tokens:
                     split_token_loop(loop, clusters)
+                quantize_beside_routing(fn.body.block, clusters)
