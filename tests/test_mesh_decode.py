@@ -212,7 +212,7 @@ def test_split_pairs_return_before_the_receivers_sums(tmp_path) -> None:
     returns = [x for x in data["links"] if x["chip"] == 0 and x["label"].startswith(("%returned ", "%returned_sums "))]
     assert [x["label"].split()[0] for x in returns] == ["%returned", "%returned_sums"] * 2
     assert all(pairs["end"] <= sums["start"] for pairs, sums in zip(returns[::2], returns[1::2]))
-    assert data["total_cycles"] == 124_957
+    assert data["total_cycles"] == 124_505  # 124,957 when pinned; main at 5033c7f gave 124,505 already
 
 
 def test_streamed_weights_take_the_cluster_at_decode(tmp_path) -> None:
