@@ -3,7 +3,9 @@
 The token loops of `schedule-tokens` (the router's ranking, softmax or sigmoid and weights)
 run token tile i on cluster i mod N: each iteration runs N tiles, one per cluster, pinned; the
 full tiles left over (fewer than N) follow the loop on clusters N - 1, N - 2, ..., and the
-partial remainder tile stays on cluster 0. Every cluster has its own vector engine (the chain
+partial remainder tile stays on cluster 0. A loop that skips its empty tiles (a mesh
+receiver's combine) runs contiguous runs of tiles instead, cluster c the c-th run
+(`skips_empty_tiles`). Every cluster has its own vector engine (the chain
 sits in each slice, and a tensor-unit command, contraction and vector chain, occupies one
 cluster's slices: docs/hardware.md#pes-clusters-and-slices; the simulator's `tensor` engine has
 a unit per cluster), so the tiles run side by side; the 8 DMA engines are the chip's, shared.
@@ -11,7 +13,8 @@ Off cluster 0 a tile's SRAM input slice is copied to its cluster (`tile.copy`; a
 reads its source where it lives instead, `cluster_copies.read_in_place`) and its results
 are copied back before they are stored into the loop's SRAM buffers, which are cluster 0's
 (the routing after the loop runs there). A loop that gathers from HBM (the combine) stays on
-cluster 0: the clusters share the HBM its time goes to, and a second one would only add copies.
+cluster 0: the clusters share the HBM its time goes to, and a second one would only add copies;
+unless it skips its empty tiles (`worth_splitting`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ def token_loops(block: Block) -> list[scf.ForOp]:
     return [op for op in block.ops if isinstance(op, scf.ForOp)
             and not any(isinstance(inner, tile.LoadExpertOp) for inner in op.body.walk())
             and constant_index(op.lb) == 0 and constant_index(op.ub) is not None and constant_index(op.step)]
+
+
+def skips_empty_tiles(loop: scf.ForOp) -> bool:
+    """Whether `loop`'s tiles run only when they hold pairs: its body's work in an `scf.if` on a
+    `tile.guard` (schedule-tokens' `skip_by`: a mesh receiver's combine, whose received rows sit
+    at the head of each sender's range)."""
+    return any(isinstance(op, scf.IfOp) and isinstance(op.cond.owner, tile.GuardOp) for op in loop.body.block.ops)
 
 
 def _bytes(value: SSAValue) -> int:
@@ -65,21 +75,32 @@ def worth_splitting(loop: scf.ForOp, machine: Machine) -> bool:
     No when the loop gathers rows from HBM (the combine): its time is the gather's HBM traffic,
     and the clusters share one HBM and its 8 DMA engines (docs/hardware.md#moving-data), so a
     second cluster adds only the copies between them (Qwen3-30B-A3B at T = 4096: combine
-    93,679 -> 148,465 cycles when split). No when what crosses the clusters for a tile (the SRAM
+    93,679 -> 148,465 cycles when split). Unless it `skips_empty_tiles`: a mesh receiver's
+    combine gathers only the tiles that hold pairs, half of whose rows are empty under balanced
+    routing, so its vector work (every row's K slots) outlasts its gathers on one cluster
+    (Qwen3-30B-A3B on 8 chips, a2a_sum, 8 chunks: 17 us of vector work against 15 of gathers
+    between two chunks' expert loops, 1,742.5 -> 1,706.3 us split), when a tile's vector work
+    (its bytes at a flit per slice per cycle) outlasts a DMA start-up per SRAM value it slices
+    or stores, a rule of thumb for tiles too small to pay for their cluster's copies
+    (DeepSeek-V3's toy dims on 8 chips, 2 chunks: 8-row tiles of 64 columns, 117,793 ->
+    118,143 cycles split). No when what crosses the clusters for a tile (the SRAM
     tiles it slices, copied to it, and the tiles it stores into SRAM buffers, copied back)
     is more than a `vector_bytes_per_copied_byte`-th of what its vector-engine ops make
     (Llama-4's router, which scales each token's whole input row by its routing weight)."""
     body = loop.body.block
-    made = crossing = 0
+    made = crossing = copies = 0
+    skips = skips_empty_tiles(loop)
     for op in body.walk():
-        if isinstance(op, tcp.DmaGatherOp) and in_hbm(op.source):
+        if isinstance(op, tcp.DmaGatherOp) and in_hbm(op.source) and not skips:
             return False
-        if isinstance(op, tile.SliceOp):
-            crossing += 0 if in_hbm(op.source) else _bytes(op.result)
-        elif isinstance(op, tile.StoreOp):
-            crossing += 0 if _stores_to_hbm(op, loop) else _bytes(op.tile)
+        if isinstance(op, tile.SliceOp) and not in_hbm(op.source):
+            crossing, copies = crossing + _bytes(op.result), copies + 1
+        elif isinstance(op, tile.StoreOp) and not _stores_to_hbm(op, loop):
+            crossing, copies = crossing + _bytes(op.tile), copies + 1
         elif op.dialect_name() == "ve":
             made += sum(_bytes(r) for r in op.results)
+    if skips and made / (machine.flit_bytes * machine.slices) < copies * machine.dma_startup_cycles:
+        return False
     return made >= vector_bytes_per_copied_byte(machine) * crossing
 
 
@@ -97,7 +118,13 @@ def _tile_on_cluster(loop: scf.ForOp, offset: SSAValue, carried: list[SSAValue],
     """One tile of `loop`'s body, at row `offset`, on `cluster` (every op pinned to it), with
     the carried buffers `carried`; returns what it yields. Off cluster 0, an SRAM tile it
     slices is copied to it (`tile.copy`) and a tile it stores into an SRAM buffer is copied back
-    first: the buffers are cluster 0's, where the phases after the loop run."""
+    first: the buffers are cluster 0's, where the phases after the loop run. In a loop that
+    `skips_empty_tiles` it slices a copy of the whole SRAM value instead, made once before the
+    loop: a skipped tile then costs its guard alone, not two copies' start-ups ahead of it
+    (Qwen3-30B-A3B on 2 chips, a2a_sum, 2 chunks: a receiver's 32 tiles of 128 rows, each
+    holding pairs, 1,769.2 us with a copy of each tile's indices, 1,765.0 so; 1,764.8 on one
+    cluster)."""
+    whole = skips_empty_tiles(loop)
     body = loop.body.block
     yielded = body.last_op
     assert isinstance(yielded, scf.YieldOp)
@@ -120,9 +147,10 @@ def _tile_on_cluster(loop: scf.ForOp, offset: SSAValue, carried: list[SSAValue],
         if op is yielded:
             break
         if isinstance(op, tile.SliceOp) and op.source not in defined:
-            new: Operation = place(tile.SliceOp(op.source, mapping[op.offset], op.result.type), cluster, op)
+            source = reach(op.source, cluster) if whole else op.source
+            new: Operation = place(tile.SliceOp(source, mapping[op.offset], op.result.type), cluster, op)
             new.results[0].name_hint = op.result.name_hint
-            if cluster != 0 and not in_hbm(op.source):
+            if cluster != 0 and not in_hbm(op.source) and not whole:
                 new = place(tile.CopyOp(new.results[0]), cluster, op)
                 new.results[0].name_hint = op.result.name_hint
             mapping[op.result] = new.results[0]
@@ -147,6 +175,10 @@ def split_token_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp | None:
     """Rebuild a token-tile loop so that tile i runs on cluster i mod N: each iteration runs N
     tiles, one per cluster; the tiles left over (fewer than N) follow the loop, on clusters
     N - 1, N - 2, ... (cluster 0 runs schedule-tokens' partial remainder tile after them).
+    A loop that `skips_empty_tiles` runs tile r + c R on cluster c instead (R the rounds):
+    a receiver's pairs sit at the head of each sender's rows, so the tiles that hold them
+    are every (rows a sender / rows a tile)-th, all on cluster 0 when taken in turn, and
+    contiguous runs give each cluster its share of the senders.
     None (the loop left as it is, on cluster 0) when splitting it would not pay
     (`_worth_splitting`)."""
     if not worth_splitting(loop, machine_of(loop)):
@@ -155,6 +187,7 @@ def split_token_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp | None:
     assert rows and main is not None
     tiles = main // rows
     rounds, leftover = divmod(tiles, clusters)
+    run = rounds if skips_empty_tiles(loop) else 1  # cluster c's first tile
     marker = {k: v for k, v in loop.attributes.items() if k == PHASE_ATTR}
     before: list[Operation] = []
     reach = reacher(before)
@@ -165,7 +198,7 @@ def split_token_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp | None:
         if c == 0:
             offset: SSAValue = row
         else:
-            shift = index_constant(c * rows)
+            shift = index_constant(c * run * rows)
             step_to = arith.AddiOp(row, shift.result)
             step_to.result.name_hint = f"{row.name_hint or 'row'}_c{c}"
             for op in (shift, step_to):
@@ -175,7 +208,8 @@ def split_token_loop(loop: scf.ForOp, clusters: int) -> scf.ForOp | None:
             offset = step_to.result
         carried = _tile_on_cluster(loop, offset, carried, c, new_body.add_op, reach)
     new_body.add_op(scf.YieldOp(*carried))
-    bounds = [index_constant(0), index_constant(rounds * clusters * rows), index_constant(clusters * rows)]
+    step = rows * (1 if run > 1 else clusters)
+    bounds = [index_constant(0), index_constant(rounds * step), index_constant(step)]
     new_loop = scf.ForOp(*(b.result for b in bounds), loop.iter_args, new_body)
     new_loop.attributes.update(loop.attributes)
     after: list[Operation] = []
