@@ -661,10 +661,11 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
 def tokens_own(block: Block) -> list[Operation]:
     """The dispatch's ops of `block` that read only the tokens as loaded (`tcp.load`),
     constants and each other: the tokens' own quantization (lower-dispatch{quantize=tokens}),
-    which no routing result feeds, with the constants only they read."""
+    which no routing result feeds, with the constants only they read. A mesh chip's
+    collectives (a chunk's tokens sent as loaded) are not: they stay with the dispatch."""
     found: list[Operation] = []
     for op in block.ops:
-        if phase_of(op) != "dispatch" or not op.operands:
+        if phase_of(op) != "dispatch" or not op.operands or op.dialect_name() == "ccl":
             continue
         owners = [v.owner for v in op.operands if isinstance(v.owner, Operation)]
         if any(o in found or isinstance(o, tcp.LoadOp) for o in owners) and all(
@@ -687,13 +688,16 @@ def quantize_beside_routing(block: Block, clusters: int) -> None:
     last = clusters - 1
     if not ops or not any(isinstance(op, scf.ForOp) and any(cluster_of(o) == last for o in op.walk()) for op in router):
         return  # the router on one cluster (decode): the quantization stays where it was
-    moved = set(ops)
     before: set[Operation] = set()
     for op in block.ops:
         before.add(op)
         if op is router[-1]:
             break
-    if any(isinstance(o := v.owner, Operation) and o not in moved and o not in before and not isinstance(o, tcp.LoadOp)
+    # Only ops after the router move (to just after it, earlier): one before it (a mesh chip's
+    # chunk of tokens, sliced for the dispatch's scatter) has readers there, which it would follow.
+    ops = [op for op in ops if op not in before]
+    moved = set(ops)
+    if not ops or any(isinstance(o := v.owner, Operation) and o not in moved and o not in before and not isinstance(o, tcp.LoadOp)
            for op in ops for v in op.operands):
         return
     at = router[-1]
