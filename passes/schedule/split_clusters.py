@@ -688,17 +688,14 @@ def quantize_beside_routing(block: Block, clusters: int) -> None:
     last = clusters - 1
     if not ops or not any(isinstance(op, scf.ForOp) and any(cluster_of(o) == last for o in op.walk()) for op in router):
         return  # the router on one cluster (decode): the quantization stays where it was
-    before: set[Operation] = set()
-    for op in block.ops:
-        before.add(op)
-        if op is router[-1]:
-            break
+    ordered = list(block.ops)
+    before = set(ordered[:ordered.index(router[-1]) + 1])
     # Only ops after the router move (to just after it, earlier): one before it (a mesh chip's
     # chunk of tokens, sliced for the dispatch's scatter) has readers there, which it would follow.
     ops = [op for op in ops if op not in before]
     moved = set(ops)
-    if not ops or any(isinstance(o := v.owner, Operation) and o not in moved and o not in before and not isinstance(o, tcp.LoadOp)
-           for op in ops for v in op.operands):
+    if not ops or any(isinstance(o := v.owner, Operation) and o not in moved and o not in before
+                      and not isinstance(o, tcp.LoadOp) for op in ops for v in op.operands):
         return
     at = router[-1]
     loads: dict[SSAValue, SSAValue] = {}
