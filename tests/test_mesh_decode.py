@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
+import tcpc
 from runtime_sim.perf.routing_scenarios import balanced
 from tcpc.cli import main
+from tcpc.mesh_run import MeshSpec, check_on_mesh, simulate_on_mesh
 
 DEEPSEEK_ROUTING = [a for d in ("E=256", "K=8", "NG=8", "TG=4") for a in ("--set", d)]
 """DeepSeek-V3's routing (top-8 of 256 experts, 4 of 8 groups) at examples/deepseek_v3.moe's small D and F."""
@@ -203,7 +205,8 @@ def test_split_pairs_return_before_the_receivers_sums(tmp_path) -> None:
     the link's latency under balanced routing, which splits no token) runs while the combine
     sums the received tokens, and the sums go back once made instead of queuing behind it on
     the link. Qwen3-30B-A3B on 8 chips at 16 tokens each, B = 8, 2 chunks: 125,930 -> 124,957
-    cycles; 124,505 with the chunks' router tiled over the chip's tokens (pinned)."""
+    cycles; 124,505 with the chunks' router tiled over the chip's tokens; 118,886 with the first
+    chunk's weights guessed (pinned)."""
     out = tmp_path / "r.json"
     assert main(["run", "examples/qwen3_moe.moe", *(a for d in ("D=2048", "F=768", "E=128", "K=8", "T=128", "B=8")
                                                    for a in ("--set", d)),
@@ -212,7 +215,48 @@ def test_split_pairs_return_before_the_receivers_sums(tmp_path) -> None:
     returns = [x for x in data["links"] if x["chip"] == 0 and x["label"].startswith(("%returned ", "%returned_sums "))]
     assert [x["label"].split()[0] for x in returns] == ["%returned", "%returned_sums"] * 2
     assert all(pairs["end"] <= sums["start"] for pairs, sums in zip(returns[::2], returns[1::2]))
-    assert data["total_cycles"] == 124_505
+    assert data["total_cycles"] == 118_886
+
+
+QWEN3 = {"D": 2048, "F": 768, "E": 128, "K": 8}
+"""Qwen3-30B-A3B's dims."""
+
+
+def test_the_first_chunk_guesses_its_first_weights_at_decode() -> None:
+    """A mesh chip's first routed loop at decode streams its weights, and starts from each
+    cluster's guessed first expert (expert c on cluster c, every F tile), loaded while the router
+    ranks and the link moves the expert lists, which the routing and every other weight load
+    wait for. Qwen3-30B-A3B on 8 chips at 16 tokens each, B = 8, 2 chunks, balanced: the first
+    blocks reuse the guesses, every expert's weights cross HBM once, and the first weights load
+    from the start, not after the routing: 124,505 -> 118,886 cycles (pinned)."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={**QWEN3, "T": 128, "B": 8})
+    report = simulate_on_mesh(program, MeshSpec.parse("ep=8,chunks=2"), cost_only=True).report
+    chip = report.chips[0]
+    loads = [o for o in chip.ops if o.name == "tile.load_expert"]
+    guessed = [o for o in loads if "guessed" in o.label]
+    assert len(guessed) == 2 * 3 * 2  # two clusters' gate, up and down in two F tiles (512 and 256 columns)
+    assert min(o.start for o in guessed) < min(o.end for o in chip.ops if o.engine == "link" and o.cycles)
+    assert max(o.start for o in guessed) < min(o.start for o in loads if o.hbm_bytes and o not in guessed)
+    assert sum(o.hbm_bytes for o in loads) == 16 * 3 * 2048 * 768 * 2  # the chip's 16 experts, each once
+    assert report.total_cycles == 118_886
+
+
+def test_a_wrong_guess_on_a_mesh_costs_time_not_bits() -> None:
+    """The guessed first weights of a mesh chip at decode give one chip's bits whatever the
+    routing: with random tokens, and with a router that never picks either chip's first two
+    experts (0, 1 and 8, 9 on ep=2), whose first blocks then load their own weights."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32, "B": 4})
+    spec = MeshSpec.parse("ep=2,chunks=2")
+    rng = np.random.default_rng(7)
+    router = rng.standard_normal((64, 16)).astype(np.float32)
+    router[:, [0, 1, 8, 9]] = -4.0
+    for inputs in (None, {"x": np.abs(rng.standard_normal((32, 64))).astype(np.float32), "router": router}):
+        sim = simulate_on_mesh(program, spec, inputs, seed=3)
+        assert all(any("guessed" in o.label for o in chip.ops) for chip in sim.report.chips)
+        results = check_on_mesh(program, spec, sim, seed=3)
+        assert all(c.identical for c in results), [c.message for c in results]
+    chosen = np.argsort(-(sim.inputs["x"].astype(np.float32) @ sim.inputs["router"].astype(np.float32)), axis=1)
+    assert not np.isin([0, 1, 8, 9], chosen[:, :4]).any()
 
 
 def test_streamed_weights_take_the_cluster_at_decode(tmp_path) -> None:

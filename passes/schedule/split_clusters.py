@@ -32,6 +32,14 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   schedule-experts{order=tile}) or the first block cluster c owns (a block loop of block-scaled
   experts, which keep block order) reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048,
   B = 128, cost-only, balanced: 1,039,088 -> 1,026,998 cycles; in fp8, 621,375 -> 619,387);
+- on a mesh chip at decode, the first routed loop (the first chunk's) guesses them too when it
+  streams its weights (fewer FLOPs per weight byte than `own_dma_intensity`), its guessed loads
+  issued before the first `ccl.all_to_all_done`: HBM is idle while the router ranks and the link
+  moves the expert lists and the tokens, which the routing and the first block wait for. A chip
+  holds few experts and receives a batch from every chip (Qwen3-30B-A3B on 8 chips at 16 tokens
+  a chip: 8 pairs per expert), so its lowest experts are used; a wrong guess costs HBM the loop
+  had no use for yet (same model, cost-only, balanced, B = 8, 2 chunks: 124,505 -> 118,886
+  cycles; on 4 chips, B = 4: 230,238 -> 224,703);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -82,7 +90,7 @@ from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp, StringAttr, 
 from xdsl.ir import Attribute, Block, OpResult, Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from dialects import tcp, tile, ve
+from dialects import ccl, tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, SHARED, cluster_of, phase_of, place_on_cluster
 from dialects.tensor_types import shape_of, stored_bits
 from passes._loop_builder import in_hbm
@@ -235,19 +243,21 @@ bound Mixtral-8x7B T = 64, B = 4, skewed (16 per expert) 2,039,108 -> 2,047,591.
 prefill row of benchmarks/schedule.py (T >= 2048) has at least 64."""
 
 
-def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, own_dma: bool
-                  ) -> tuple[dict[tuple[int, int], SSAValue], list[Operation]]:
+def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, own_dma: bool,
+                  before: Operation | None = None) -> tuple[dict[tuple[int, int], SSAValue], list[Operation]]:
     """Each cluster's first weight tiles at prefill, loaded before the routing is known: for
     every weight load of the loop's first slot (or block) that the body carries for reuse, the load
     of expert c on cluster c, the first expert c owns whenever the routing uses expert c (the
     canonical layout puts the experts' blocks in ascending order). The loop starts from them as
     its previous ids and tiles, so the first slot reuses them when its expert is c
     (`tile.load_expert` fetches only ids that differ) and loads its own otherwise: the same
-    values either way. Only at prefill (PREFILL_PAIRS_PER_EXPERT), in the plan's first loop
-    (from block 0). Returns the loop's new initial values by (cluster, position among
-    `private`) and the ops, for `issue_after_router`."""
+    values either way. Only at prefill (PREFILL_PAIRS_PER_EXPERT) or in a mesh chip's first routed
+    loop at decode, in the plan's first loop (from block 0); with `before`, only the loads whose weights are made before it (a mesh
+    chip's tp bias, masked after the dispatch, is not). Returns the loop's new initial values by
+    (cluster, position among `private`) and the ops, for `issue_after_router`."""
     args = list(body.args[1:])
-    loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp) and op.prev_ids in args]
+    loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp) and op.prev_ids in args
+             and (before is None or _made_before(op.source, before))]
     inits: dict[tuple[int, int], SSAValue] = {}
     ops: list[Operation] = []
     if not loads or any(op.prev_tile not in args for op in loads):
@@ -270,6 +280,14 @@ def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, 
             pin(op, c, own_dma)
         ops += made
     return inits, ops
+
+
+def _made_before(value: SSAValue, op: Operation) -> bool:
+    """Whether `value` is an argument or made by an op ahead of `op` in `op`'s block."""
+    owner = value.owner
+    if not isinstance(owner, Operation):
+        return True
+    return owner.parent_block() is op.parent_block() and owner.is_before_in_block(op)
 
 
 def routed_pairs_at_least(blocks: int, experts: int, rows: int) -> int:
@@ -465,6 +483,8 @@ class Made:
     """The gathers made again on each cluster (`regathered`): erased once no loop reads them."""
     guessed: set[SSAValue] = field(default_factory=set)
     """The expert ids whose first group loop was seen (`guessed_loads`: only it starts from block 0)."""
+    guessed_on_mesh: bool = False
+    """Whether a mesh chip's first routed loop at decode guessed its first weights (only it does)."""
 
 
 def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made: Made | None = None) -> scf.ForOp:
@@ -538,10 +558,17 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     # A block loop guesses only with block-scaled experts (they keep block order, `groupable`): bf16 ones
     # took longer so (Llama-4-Scout T = 1024, B = 128, its shared expert interleaved: 49,082 -> 50,856 cycles).
     scaled = any(isinstance(op, tcp.ScaledContractOp) for op in body.walk())
+    parent = loop.parent_block()
+    assert parent is not None
+    waited = ccl.first_all_to_all_done(parent)
+    # A mesh chip's first routed loop at decode streams its weights: it guesses them while the link moves the tokens.
+    on_mesh = (not prefill and not by_block and waited is not None and not made.guessed_on_mesh
+               and flops_per_weight_byte(body) < own_dma_intensity)
     if expert_ids not in made.guessed:
         made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first block's expert is the lowest
-        if prefill and (grouped or scaled):
-            firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma)
+        if prefill and (grouped or scaled) or on_mesh:
+            firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma, waited if on_mesh else None)
+            made.guessed_on_mesh = on_mesh
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
                                               for k, i in enumerate(private)]
     new_body = Block(arg_types=[index.type, *(v.type for v in new_inits)])
@@ -639,14 +666,17 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     for op in before:
         if phase is not None:
             op.attributes.setdefault(PHASE_ATTR, phase)
-    parent = loop.parent_block()
-    assert parent is not None
     parent.insert_op_before(new_loop, loop)
     insert_early(before, parent, new_loop)
     for op in guessed:
         if phase is not None:
             op.attributes.setdefault(PHASE_ATTR, phase)
-    issue_after_router(guessed, parent, new_loop)
+    if on_mesh:
+        assert waited is not None
+        for op in guessed:
+            parent.insert_op_before(op, waited)
+    else:
+        issue_after_router(guessed, parent, new_loop)
     for k, i in enumerate(shared):
         loop.results[i].replace_all_uses_with(new_loop.results[k])
     loop.detach()
