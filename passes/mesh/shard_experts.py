@@ -64,7 +64,10 @@ tokens, in token order), keeps the pairs of its column's experts (the others bec
 pair) and runs the strategy over ep on them; the home sum stays f32 and `ccl.reduce_scatter`
 over sp adds the columns' parts in chip order and hands each chip its own tokens, rounded once.
 Everything outside the MoE ops (router, shared expert) runs on the chip's own tokens. The sum
-over k is regrouped by column, as allgather's by chip (the same tolerance).
+over k is regrouped by column, as allgather's by chip (the same tolerance). `sp_sum=bf16` rounds
+each column's f32 sum to the output's type (bf16) before the reduce-scatter, as seed 001's bf16
+reduce-scatter does: half the bytes of its largest transfer, for one more rounding of a token's
+part (runtime_sim/semantics/tolerance.py's RECEIVER_SUM_SCALE, as a2a_sum's).
 
 Errors (PassFailedException): no or several scatters, E, T or F that the mesh does not divide,
 allgather with fewer experts per chip than K (its local routing keeps a token's K choices),
@@ -95,6 +98,9 @@ STRATEGIES = ("a2a", "a2a_sum", "allgather")
 CHUNKED_STRATEGIES = ("a2a", "a2a_sum")
 """The strategies whose token loop can be split into chunks (`chunks`): allgather's dispatch
 and reduction are over the whole group's tokens."""
+SP_SUMS = ("f32", "bf16")
+"""How a column's sum crosses sp's reduce-scatter (`sp_sum`): f32, rounded once after it (the
+default), or rounded to the output's type before it (seed 001's bf16 reduce-scatter)."""
 CHUNK_STAGES = ("dispatch", "receive", "experts", "combine", "home")
 """A chunk's stages, in its own order: the dispatch's plan and all-to-alls started; their
 completion and the receiver's routing; the experts; the receiver's combine and the return
@@ -283,6 +289,8 @@ class _Layer:
     """The chip's tokens are dispatched, computed and combined in this many chunks."""
     sp: int = 1
     """Chips of the sp axis (the module docstring): `chips` counts them among the token shards."""
+    sp_sum: str = "f32"
+    """The type a column's sum crosses sp's reduce-scatter in (SP_SUMS)."""
 
     @property
     def tokens(self) -> int:
@@ -334,6 +342,10 @@ class ShardExpertsPass(ModulePass):
     """Chips of the sp axis: each holds its own tokens and E / (ep * sp) experts; the tokens are
     all-gathered over sp before the all-to-all over ep and the outputs reduce-scattered back
     (a2a, a2a_sum; the module docstring)."""
+    sp_sum: str = "f32"
+    """With sp: `f32`, the columns' f32 sums added over sp and rounded once, or `bf16`, each
+    column's sum rounded to the output's type before it crosses (half the bytes; the module
+    docstring gives its tolerance)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
@@ -344,6 +356,10 @@ class ShardExpertsPass(ModulePass):
         if self.sp > 1 and (self.strategy not in CHUNKED_STRATEGIES or self.tp > 1):
             raise _fail(f"sp = {self.sp} gathers the tokens for an all-to-all over ep: it takes strategy "
                         f"{' or '.join(CHUNKED_STRATEGIES)} without tp (got strategy={self.strategy}, tp={self.tp})")
+        if self.sp_sum not in SP_SUMS:
+            raise _fail(f"unknown sp_sum '{self.sp_sum}' (expected {', '.join(SP_SUMS)})")
+        if self.sp_sum != "f32" and self.sp == 1:
+            raise _fail(f"sp_sum = {self.sp_sum} rounds the columns' sums of sp's reduce-scatter: it needs sp > 1")
         if self.chunks > 1 and self.strategy not in CHUNKED_STRATEGIES:
             raise _fail(f"chunks = {self.chunks}: only {' and '.join(CHUNKED_STRATEGIES)} split the token loop "
                         f"into chunks, not {self.strategy}")
@@ -386,7 +402,8 @@ class ShardExpertsPass(ModulePass):
             if route.capacity_limit is not None:
                 raise _fail(f"chunks = {self.chunks} with a capacity: an expert keeps its first C pairs over all "
                             "tokens, which a chunk's receiver cannot count; use chunks=1")
-        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks, sp=self.sp)
+        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks, sp=self.sp,
+                       sp_sum=self.sp_sum)
         if self.tp > 1:
             layer.hidden = self._hidden(fn, layer)
         return layer
@@ -983,7 +1000,8 @@ class _A2A(_Strategy):
         order from +0.0, plus `plus` (f32 [T/n, D]: the receivers' sums, zero where `terms`
         hold a token's pairs) or + 0.0 (either makes a -0.0 sum +0.0, as moe.combine does),
         and rounded once; with sp, the columns' f32 sums are first added over sp (chip order),
-        each chip keeping its own tokens, then + 0.0."""
+        each chip keeping its own tokens, then + 0.0; with sp_sum=bf16 each column's sum is
+        rounded to the output's type before, and the reduce-scatter's one rounding is the last."""
         b, layer = self.b, self.layer
         tl, d = layer.tokens, shape_of(terms.type)[-1]  # tp's combine: the chip's columns
         summed = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name)
@@ -996,6 +1014,14 @@ class _A2A(_Strategy):
         if layer.sp > 1:
             assert plus is None, "sp's combine returns a row per pair"
             tl = layer.own_tokens
+            element = op.result.type.get_element_type()  # type: ignore[attr-defined]
+            if layer.sp_sum == "bf16":
+                rounded = b.cast(total, element, f"{name}_rounded")
+                out = b.add(ccl.ReduceScatterOp(rounded, SP, layer.sp), op.result.name_hint or f"{name}_own").results[0]
+                b.values[op.result] = out
+                b.rows[out] = (layer.route.tokens.data, tl)
+                b.phase = None
+                return
             total = b.add(ccl.ReduceScatterOp(total, SP, layer.sp), f"{name}_own").results[0]
         total = b.add(tmath.AddOp(total, plus if plus is not None else b.const(0.0, f32),
                                   TensorType(f32, [tl, d]))).results[0]
