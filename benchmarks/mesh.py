@@ -40,8 +40,9 @@ neither of which the simulator can beat:
 On seed 001's meshes (`--seed-mesh`: ep=R,sp=8, R rows of 8 chips, each chip with its own
 tokens and E / (8R) experts) the link limit adds the sp all-gather of the row's tokens and the
 reduce-scatter of its outputs, (sp - 1) rows of the chip's own tokens each way for each, bf16
-(the minimum: seed 001 moves bf16 activations; tcpc's reduce-scatter moves f32 partial sums),
-to the all-to-all's rows within the chip's column, counted as above among the column's chips.
+(the minimum: seed 001 moves bf16 activations, as these rows' reduce-scatter does with
+`sp_sum=bf16`, SEED_SP_SUM), to the all-to-all's rows within the chip's column, counted as
+above among the column's chips.
 The bound is the larger (compute and communication overlapping perfectly). The last column is
 where the slowest chip's time goes: its critical path by phase (dispatch and combine include
 their collectives, waits included).
@@ -99,6 +100,13 @@ SEED_DECODE = 4
 """Tokens per chip of the seed's decode step: 32 a row of 8 chips (its B_local per device row)."""
 SEED_PREFILL = 128
 """Tokens per chip of a prefill row on the seed's meshes (1,024 a row of 8)."""
+SEED_CHUNKS = (1, 2)
+"""The chunk counts a seed prefill row simulates, the fewest cycles kept (the `chunks` column;
+`Chunks tried` under the table). Not chunks=auto's four: a 128-chip prefill simulation takes
+about 10 CPU s in one chunk, 25 in two. Decode rows run one chunk (not tried)."""
+SEED_SP_SUM = "bf16"
+"""The seed rows' reduce-scatter: each column's sum rounded to bf16 before it crosses, as seed
+001's bf16 reduce-scatter (docs/mesh.md: a2a_sum's kind of tolerance); f32 moves twice the bytes."""
 SEED_BLOCK = 0
 """A seed row's block: 0 for the pairs an expert receives under balanced routing
 (T * K / E, as autotune's centre candidate), not searched: the search simulates every
@@ -186,11 +194,16 @@ class Row:
     bounded: tuple[int, ...] = ()
     """The blocks of `tried` whose cycles are a lower bound: their simulation stopped once a chip's
     lower bound (its roofline, its busiest unit, its longest path) passed the fewest cycles found (they cannot win)."""
+    sp_sum: str = "f32"
+    """With sp, the type the columns' sums cross the reduce-scatter in (`--mesh ...,sp_sum=`)."""
+    chunks_tried: tuple[tuple[int, int], ...] = ()
+    """(chunks, cycles) of every count simulated (`mesh_row`'s chunk_counts; empty: not tried)."""
 
     @property
     def mesh(self) -> str:
         return (f"ep={self.chips // self.tp // self.sp}" + (f",sp={self.sp}" if self.sp > 1 else "")
-                + (f",tp={self.tp}" if self.tp > 1 else ""))
+                + (f",tp={self.tp}" if self.tp > 1 else "")
+                + (f",sp_sum={self.sp_sum}" if self.sp_sum != "f32" else ""))
 
     @property
     def bound(self) -> float:
@@ -203,31 +216,47 @@ class Row:
 
 def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
              dims: dict[str, int] | None = None, machine: MeshMachine | None = None, tp: int = 1,
-             block: int | None = None, sp: int = 1, search: bool = True) -> Row:
+             block: int | None = None, sp: int = 1, search: bool = True, sp_sum: str = "f32",
+             chunk_counts: tuple[int, ...] = ()) -> Row:
     """One cost-only run of `model` with `tokens` per token shard on `chips` chips
     (ep = chips / (tp * sp); the tp chips of a group share their tokens, the sp chips do not);
     the block size `block`, or chosen by the cost model on the mesh
     (`tcpc.mesh_run.compile_for_mesh`). `search`: the chunk count and lower-topk's strategy
-    chosen by simulating each (chunks=auto, topk=auto); else 1 chunk and the default."""
+    chosen by simulating each (chunks=auto, topk=auto); else 1 chunk and the default. `sp_sum`:
+    the type of sp's reduce-scatter (f32, bf16). `chunk_counts` (with a given block, no search):
+    each count simulated, its block `block` / count (an expert's pairs in a chunk), the fewest
+    cycles kept (the row's chunks and B)."""
     machine = machine or load_mesh_machine()
     ep = chips // tp // sp
     d = dict(dims or model.dims)
     d["T"] = tokens * ep * sp
     start, cpu = time.perf_counter(), time.process_time()
-    spec = f"ep={ep}" + (f",sp={sp}" if sp > 1 else "") + (f",tp={tp}" if tp > 1 else "") + f",strategy={strategy}" + (
+    spec = (f"ep={ep}" + (f",sp={sp},sp_sum={sp_sum}" if sp > 1 else "") + (f",tp={tp}" if tp > 1 else "")
+            + f",strategy={strategy}") + (
         ",chunks=auto" if strategy in CHUNKED_STRATEGIES and search else "")
     tried: tuple[tuple[int, int], ...] = ()
+    chunks_tried: tuple[tuple[int, int], ...] = ()
     bounded: tuple[int, ...] = ()
     if block is None:  # as `tcpc run --mesh` chooses block=auto: on the mesh, for the row's routing
         program = compile_for_mesh(EXAMPLES / f"{model.name}.moe", d, MeshSpec.parse(spec), machine=machine,
                                    routing=routing, seed=1)
         choice = next(c for c in program.choices if c.what == "block")
         block, tried, bounded = int(choice.chosen), choice.alternatives, choice.bounded  # type: ignore[assignment]
+    elif chunk_counts:
+        runs = []
+        for count in chunk_counts:
+            b = max(1, block // count)
+            trial = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": b})
+            runs.append((simulate_on_mesh(trial, MeshSpec.parse(f"{spec},chunks={count}"), cost_only=True,
+                                          routing=routing, seed=1, machine=machine), trial, b))
+        chunks_tried = tuple((count, r[0].report.total_cycles) for count, r in zip(chunk_counts, runs))
+        sim, program, block = min(runs, key=lambda r: r[0].report.total_cycles)
     else:
         program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": block})
     d["B"] = block
-    sim = simulate_on_mesh(program, MeshSpec.parse(spec + (",topk=auto" if search else "")), cost_only=True,
-                           routing=routing, seed=1, machine=machine)
+    if not chunk_counts or search:
+        sim = simulate_on_mesh(program, MeshSpec.parse(spec + (",topk=auto" if search else "")), cost_only=True,
+                               routing=routing, seed=1, machine=machine)
     report: MeshReport = sim.report
     choices = next(iter(report.routing.values())).choices
     # The chip's own work, whatever its chunks (one chunk's weights loaded once is the minimum).
@@ -236,14 +265,16 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     busy = [report.compute_busy(c) for c in range(chips)]
     slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
     topk = min(sim.topk_cycles, key=sim.topk_cycles.__getitem__) if sim.topk_cycles else "" if search else "rank"
-    chunks = next((int(c.chosen) for c in report.choices if c.what == "chunk count"), 1)
+    chunks = next((int(c.chosen) for c in report.choices if c.what == "chunk count"),
+                  min(chunks_tried, key=lambda t: t[1])[0] if chunks_tried else 1)
     link = (sp_link_bound_cycles(choices, ep, sp, d["E"], row_bytes, machine) if sp > 1
             else link_bound_cycles(choices, ep, d["E"], row_bytes, machine))
     return Row(model.title, chips, tokens, strategy, routing, report.total_cycles, report.communication_cycles,
                max(chip_limits), link,
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
                tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried, chunks,
-               report.link_busy(slowest), sp, time.process_time() - cpu, bounded)
+               report.link_busy(slowest), sp, time.process_time() - cpu, bounded, sp_sum if sp > 1 else "f32",
+               chunks_tried)
 
 
 def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
@@ -262,6 +293,15 @@ def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
                      f"{r.communication_cycles / r.total_cycles:.0%} | {r.chip_bound * us:,.1f} | {r.link_bound * us:,.1f} | "
                      f"{r.ratio:.2f} | {r.chunks} | {r.link_busy / r.total_cycles:.0%} | {r.hot_chip} | {r.imbalance:.2f} | "
                      f"{r.topk} | {r.block} | {phases} | {r.seconds:.1f} |" + (f" {r.cpu_seconds:.1f} |" if cpu else ""))
+    return "\n".join(lines) + "\n"
+
+
+def tried_chunks(rows: list[Row], clock_hz: float = 1e9) -> str:
+    """Every chunk count simulated for each row that tried several, with its simulated µs."""
+    us = 1e6 / clock_hz
+    lines = ["Chunks tried (chunks: simulated µs; B is the pairs an expert receives in a chunk):", ""]
+    lines += [f"- {r.model}, {r.mesh}, T = {r.tokens} per chip, {r.strategy}: "
+              + ", ".join(f"{c}: {cycles * us:,.1f}" for c, cycles in r.chunks_tried) for r in rows if r.chunks_tried]
     return "\n".join(lines) + "\n"
 
 
@@ -316,7 +356,7 @@ def seed_rows(machine: MeshMachine, chips: int | None = None, tokens: int | None
               strategy: str | None = None) -> list[Row]:
     """Seed 001's meshes: DeepSeek-V3 on ep=R,sp=8 for R in SEED_ROWS, decode (SEED_DECODE per
     chip) and prefill (SEED_PREFILL per chip), a2a and a2a_sum, balanced routing, one chunk,
-    lower-topk's default strategy and the block SEED_BLOCK says; `chips`, `tokens` and
+    lower-topk's default strategy, the block SEED_BLOCK says and SEED_SP_SUM's reduce-scatter; `chips`, `tokens` and
     `strategy` filter them. Each row's line is printed as it is done."""
     deepseek = MODELS[0]
     rows = []
@@ -328,7 +368,8 @@ def seed_rows(machine: MeshMachine, chips: int | None = None, tokens: int | None
                 n = r * SEED_COLUMNS
                 block = SEED_BLOCK or max(1, t * n * deepseek.dims["K"] // deepseek.dims["E"])
                 rows.append(mesh_row(deepseek, n, t, s, "balanced", machine=machine, block=block,
-                                     sp=SEED_COLUMNS, search=False))
+                                     sp=SEED_COLUMNS, search=False, sp_sum=SEED_SP_SUM,
+                                     chunk_counts=SEED_CHUNKS if t == SEED_PREFILL else ()))
                 print(table(rows[-1:], cpu=True).splitlines()[-1], flush=True)
     return rows
 
@@ -351,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.seed_mesh:
         rows = seed_rows(machine, args.chips, args.tokens, args.strategy)
-        text = table(rows, cpu=True) + f"\nWall time of the run: {time.perf_counter() - start:,.0f} s (one process).\n"
+        text = (table(rows, cpu=True) + f"\nWall time of the run: {time.perf_counter() - start:,.0f} s (one process).\n\n"
+                + tried_chunks(rows))
         print(text)
         if args.out:
             Path(args.out).write_text(text)

@@ -28,7 +28,7 @@ from dialects import ccl, moe
 from passes.lowering.lower_topk import AUTO_STRATEGY as TOPK_AUTO
 from passes.lowering.lower_topk import DEFAULT_STRATEGY as TOPK_DEFAULT
 from passes.lowering.lower_topk import STRATEGIES as TOPK_STRATEGIES
-from passes.mesh.shard_experts import CHUNKED_STRATEGIES, STRATEGIES, token_sources
+from passes.mesh.shard_experts import CHUNKED_STRATEGIES, SP_SUMS, STRATEGIES, token_sources
 from runtime_sim.semantics.tolerance import RECEIVER_SUM_SCALE, TP_SCALE, Comparison, combine_scale, compare_outputs
 from tcpc import syntax
 from tcpc.arrays import prepare_inputs
@@ -92,12 +92,15 @@ class MeshSpec:
     chunks: int | None = 1
     """How many chunks the chip's token loop is split into (shard-experts' `chunks`); None
     (`chunks=auto`): the count of fewest simulated cycles (`simulate_on_mesh`)."""
+    sp_sum: str = "f32"
+    """With sp, the type a column's sum crosses the reduce-scatter in (shard-experts' `sp_sum`):
+    bf16 is seed 001's, half the bytes, within a2a_sum's kind of tolerance (`check_on_mesh`)."""
 
     @staticmethod
     def parse(spec: str) -> MeshSpec:
         items = [i.strip() for i in spec.split(",") if i.strip()]
-        options = {"strategy": "a2a", "topk": TOPK_DEFAULT, "tokens": "global", "chunks": "1"}
-        choices = {"strategy": STRATEGIES, "topk": (*TOPK_STRATEGIES, TOPK_AUTO), "tokens": TOKENS}
+        options = {"strategy": "a2a", "topk": TOPK_DEFAULT, "tokens": "global", "chunks": "1", "sp_sum": "f32"}
+        choices = {"strategy": STRATEGIES, "topk": (*TOPK_STRATEGIES, TOPK_AUTO), "tokens": TOKENS, "sp_sum": SP_SUMS}
         axes = []
         for item in items:
             name, _, value = item.partition("=")
@@ -120,7 +123,8 @@ class MeshSpec:
                                         + ("; a capacity is the program's: scatter(..., capacity=C)"
                                            if name.strip() == "capacity" else ""))
         chunks = None if options["chunks"] == "auto" else int(options["chunks"])
-        return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"], options["tokens"], chunks)
+        return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"], options["tokens"], chunks,
+                        options["sp_sum"])
 
     @property
     def scope(self) -> str:
@@ -147,7 +151,7 @@ class MeshSpec:
                                     "name a count to compile")
         return mesh_pipeline_spec(m.size("ep"), m.size("dp"), m.size("tp"), self.strategy,
                                   None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level, self.chunks,
-                                  m.size("sp"))
+                                  m.size("sp"), self.sp_sum)
 
 
 def _scatter(fn: func.FuncOp) -> moe.ScatterOp | None:
@@ -196,7 +200,7 @@ def _run_key(text: str, name: str, spec: MeshSpec, machine: MeshMachine, routing
 
     if str(routing) not in SCENARIOS:
         return None
-    return (text, name, str(spec.mesh), spec.strategy, spec.topk, spec.chunks, repr(machine), str(routing), seed,
+    return (text, name, str(spec.mesh), spec.strategy, spec.topk, spec.chunks, spec.sp_sum, repr(machine), str(routing), seed,
             sram_policy)
 
 
@@ -499,10 +503,11 @@ def check_on_mesh(program: Program, spec: MeshSpec, sim: MeshSimulation, *, seed
                   graph: str | None = None) -> list[Comparison]:
     """The mesh run's outputs against the single-chip reference on the same inputs: bit for
     bit or within the tolerance (runtime_sim/semantics/tolerance.py), and with tp also within
-    TP_SCALE of the combine's scale where an output has the combine's shape (a2a_sum:
-    RECEIVER_SUM_SCALE more)."""
+    TP_SCALE of the combine's scale where an output has the combine's shape (a2a_sum, and sp's
+    bf16 reduce-scatter: RECEIVER_SUM_SCALE more each, one rounding of a token's parts each)."""
     listener = _CombineScale()
     factor = (TP_SCALE if spec.mesh.size("tp") > 1 else 0.0) + (RECEIVER_SUM_SCALE if spec.strategy == "a2a_sum" else 0.0)
+    factor += RECEIVER_SUM_SCALE if spec.sp_sum == "bf16" and spec.mesh.size("sp") > 1 else 0.0
     ref = program.run(sim.inputs, seed=seed, graph=graph, reference=True, listeners=[listener] if factor else [])
     allowances = None
     if listener.scale is not None:

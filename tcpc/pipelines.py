@@ -139,12 +139,12 @@ def is_auto(p: ModulePass) -> bool:
 
 
 def mesh_pipeline_spec(ep: int, dp: int, tp: int, strategy: str, topk: str | None, cost_only: bool = False,
-                       level: str | None = "scheduled", chunks: int = 1, sp: int = 1) -> str:
+                       level: str | None = "scheduled", chunks: int = 1, sp: int = 1, sp_sum: str = "f32") -> str:
     """A mesh chip's pipeline: shard-experts over the mesh (its token loop in `chunks`), then
     (unless `level` is None) the single-chip lowering up to `level`, lower-topk's strategy
     `topk` (None: the pass's default), after the cost-only passes when `cost_only`."""
     shard = (f"shard-experts{{ep={ep} dp={dp} tp={tp} strategy={strategy}" + (f" chunks={chunks}" if chunks > 1 else "")
-             + (f" sp={sp}" if sp > 1 else "") + "}")
+             + (f" sp={sp}" if sp > 1 else "") + (f" sp_sum={sp_sum}" if sp_sum != "f32" else "") + "}")
     lowering = pipeline_spec(LEVELS[level], topk_strategy=topk) if level is not None else ""
     return ",".join(p for p in (*COST_ONLY_PASSES[:len(COST_ONLY_PASSES) * cost_only], shard, lowering) if p)
 

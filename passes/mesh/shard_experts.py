@@ -64,7 +64,10 @@ tokens, in token order), keeps the pairs of its column's experts (the others bec
 pair) and runs the strategy over ep on them; the home sum stays f32 and `ccl.reduce_scatter`
 over sp adds the columns' parts in chip order and hands each chip its own tokens, rounded once.
 Everything outside the MoE ops (router, shared expert) runs on the chip's own tokens. The sum
-over k is regrouped by column, as allgather's by chip (the same tolerance).
+over k is regrouped by column, as allgather's by chip (the same tolerance). `sp_sum=bf16` rounds
+each column's f32 sum to the output's type (bf16) before the reduce-scatter, as seed 001's bf16
+reduce-scatter does: half the bytes of its largest transfer, for one more rounding of a token's
+part (runtime_sim/semantics/tolerance.py's RECEIVER_SUM_SCALE, as a2a_sum's).
 
 Errors (PassFailedException): no or several scatters, E, T or F that the mesh does not divide,
 allgather with fewer experts per chip than K (its local routing keeps a token's K choices),
@@ -95,10 +98,14 @@ STRATEGIES = ("a2a", "a2a_sum", "allgather")
 CHUNKED_STRATEGIES = ("a2a", "a2a_sum")
 """The strategies whose token loop can be split into chunks (`chunks`): allgather's dispatch
 and reduction are over the whole group's tokens."""
-CHUNK_STAGES = ("dispatch", "receive", "experts", "combine", "home")
-"""A chunk's stages, in its own order: the dispatch's plan and all-to-alls started; their
-completion and the receiver's routing; the experts; the receiver's combine and the return
-started; its completion and the home chip's sum, stored into the output."""
+SP_SUMS = ("f32", "bf16")
+"""How a column's sum crosses sp's reduce-scatter (`sp_sum`): f32, rounded once after it (the
+default), or rounded to the output's type before it (seed 001's bf16 reduce-scatter)."""
+CHUNK_STAGES = ("gather", "dispatch", "receive", "experts", "combine", "home", "output")
+"""A chunk's stages, in its own order: its rows sliced (and with sp all-gathered); the
+dispatch's plan and all-to-alls started; their completion and the receiver's routing; the
+experts; the receiver's combine and the return started; its completion and the home chip's
+sum (with sp reduce-scattered); the sum stored into the output."""
 DP = "dp"
 EP = "ep"
 SP = "sp"
@@ -283,6 +290,8 @@ class _Layer:
     """The chip's tokens are dispatched, computed and combined in this many chunks."""
     sp: int = 1
     """Chips of the sp axis (the module docstring): `chips` counts them among the token shards."""
+    sp_sum: str = "f32"
+    """The type a column's sum crosses sp's reduce-scatter in (SP_SUMS)."""
 
     @property
     def tokens(self) -> int:
@@ -334,6 +343,10 @@ class ShardExpertsPass(ModulePass):
     """Chips of the sp axis: each holds its own tokens and E / (ep * sp) experts; the tokens are
     all-gathered over sp before the all-to-all over ep and the outputs reduce-scattered back
     (a2a, a2a_sum; the module docstring)."""
+    sp_sum: str = "f32"
+    """With sp: `f32`, the columns' f32 sums added over sp and rounded once, or `bf16`, each
+    column's sum rounded to the output's type before it crosses (half the bytes; the module
+    docstring gives its tolerance)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
@@ -344,6 +357,10 @@ class ShardExpertsPass(ModulePass):
         if self.sp > 1 and (self.strategy not in CHUNKED_STRATEGIES or self.tp > 1):
             raise _fail(f"sp = {self.sp} gathers the tokens for an all-to-all over ep: it takes strategy "
                         f"{' or '.join(CHUNKED_STRATEGIES)} without tp (got strategy={self.strategy}, tp={self.tp})")
+        if self.sp_sum not in SP_SUMS:
+            raise _fail(f"unknown sp_sum '{self.sp_sum}' (expected {', '.join(SP_SUMS)})")
+        if self.sp_sum != "f32" and self.sp == 1:
+            raise _fail(f"sp_sum = {self.sp_sum} rounds the columns' sums of sp's reduce-scatter: it needs sp > 1")
         if self.chunks > 1 and self.strategy not in CHUNKED_STRATEGIES:
             raise _fail(f"chunks = {self.chunks}: only {' and '.join(CHUNKED_STRATEGIES)} split the token loop "
                         f"into chunks, not {self.strategy}")
@@ -386,7 +403,8 @@ class ShardExpertsPass(ModulePass):
             if route.capacity_limit is not None:
                 raise _fail(f"chunks = {self.chunks} with a capacity: an expert keeps its first C pairs over all "
                             "tokens, which a chunk's receiver cannot count; use chunks=1")
-        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks, sp=self.sp)
+        layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks, sp=self.sp,
+                       sp_sum=self.sp_sum)
         if self.tp > 1:
             layer.hidden = self._hidden(fn, layer)
         return layer
@@ -538,7 +556,8 @@ def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section:
     once its experts are done). Chunk i+1's receive (its routing, whose tokens crossed under
     chunk i's experts) goes before chunk i's combine, and chunk i+2's dispatch before chunk
     i-1's home sum: commands issue in order, so what the next expert loop waits for is issued
-    first (Qwen3-30B-A3B ep=8, 8 chunks, a2a_sum: 1,863.7 -> 1,787.9 us). Each chunk's output
+    first (Qwen3-30B-A3B ep=8, 8 chunks, a2a_sum: 1,863.7 -> 1,787.9 us). With sp the order is
+    `_sp_order`'s (a chunk's all-gather one chunk ahead). Each chunk's output
     rows are stored into the layer's output (a `tile.store` into a `tile.buffer`, in HBM when
     larger than a cluster's SRAM)."""
     scatter = layer.scatter
@@ -555,12 +574,13 @@ def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section:
     chunks: list[dict[str, Block]] = []
     for i in range(layer.chunks):
         b.stages = {stage: Block() for stage in CHUNK_STAGES}
-        b.to_stage("dispatch")
+        b.to_stage("gather")
         offset = b.add(index_constant(i * tc), f"chunk{i}").results[0]
         for v in slices:
             source = whole[v]
             part = TensorType(source.type.get_element_type(), [tc, *shape_of(source.type)[1:]])  # type: ignore[attr-defined]
             b.values[v] = b.add(tile.SliceOp(source, offset, part), f"{v.name_hint or 'rows'}_chunk{i}").results[0]
+        b.to_stage("dispatch")
         emit = strategy(b, layer)
         emit.scatter(scatter)
         for op in section:
@@ -571,18 +591,13 @@ def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section:
             else:
                 b.copy(op)
         emit.combine(combine)
-        b.to_stage("home")
+        b.to_stage("output")
         store = b.add(tile.StoreOp(b.value(combine.result), out, offset))
         store.attributes[PHASE_ATTR] = StringAttr("combine")
         out = store.results[0]
         chunks.append(b.stages)
     b.stages, b.block = None, main
-    n = layer.chunks
-    order = [(0, "dispatch"), (1, "dispatch"), (0, "receive")] if n > 1 else [(0, "dispatch"), (0, "receive")]
-    for i in range(n):
-        order += [(i, "experts")] + ([(i + 1, "receive")] if i + 1 < n else [])
-        order += [(i, "combine")] + ([(i + 2, "dispatch")] if i + 2 < n else []) + ([(i - 1, "home")] if i else [])
-    order.append((n - 1, "home"))
+    order = _sp_order(layer.chunks) if layer.sp > 1 else _order(layer.chunks)
     for i, stage in order:
         for op in list(chunks[i][stage].ops):
             op.detach()
@@ -592,6 +607,39 @@ def _emit_chunks(b: _Builder, layer: _Layer, strategy: type[_Strategy], section:
     out.name_hint = combine.result.name_hint
     b.values[combine.result] = out
     b.rows[out] = (layer.route.tokens.data, tc * layer.chunks)
+
+
+def _order(n: int) -> list[tuple[int, str]]:
+    """`_emit_chunks`' issue order of the chunks' stages without sp."""
+    def dispatch(i: int) -> list[tuple[int, str]]:
+        return [(i, "gather"), (i, "dispatch")] if i < n else []
+
+    def home(i: int) -> list[tuple[int, str]]:
+        return [(i, "home"), (i, "output")] if i >= 0 else []
+
+    order = dispatch(0) + dispatch(1) + [(0, "receive")]
+    for i in range(n):
+        order += [(i, "experts")] + ([(i + 1, "receive")] if i + 1 < n else [])
+        order += [(i, "combine")] + dispatch(i + 2) + home(i - 1)
+    return order + home(n - 1)
+
+
+def _sp_order(n: int) -> list[tuple[int, str]]:
+    """`_emit_chunks`' issue order with sp, whose chunks' all-gathers and reduce-scatters are the
+    longest transfers: chunk i+1's all-gather before chunk i's experts, and its dispatch (a DMA
+    row scatter of the gathered tokens into the send buffer) after them, where its tokens have
+    arrived (before, waiting for them, it held DMA engines that chunk i's weight loads queue
+    on); chunk i's home sum and reduce-scatter right after its combine, before chunk i+2's
+    all-gather on the link, and its output (the reduce-scatter's rows stored) after chunk i+1's
+    experts. DeepSeek-V3 on ep=16,sp=8, 128 tokens a chip, a2a_sum, 2 chunks: 2,380.9 us in
+    `_order`'s order, 2,102.8 in this one (one chunk: 2,333.8); with sp_sum=bf16 1,622.9 (one
+    chunk: 1,900.5)."""
+    order = [(0, "gather"), (0, "dispatch")] + ([(1, "gather")] if n > 1 else []) + [(0, "receive")]
+    for i in range(n):
+        order += [(i, "experts")] + ([(i + 1, "dispatch"), (i + 1, "receive")] if i + 1 < n else [])
+        order += [(i, "combine"), (i, "home")] + ([(i + 2, "gather")] if i + 2 < n else [])
+        order += [(i - 1, "output")] if i else []
+    return order + [(n - 1, "output")]
 
 
 class _Strategy(ABC):
@@ -664,7 +712,12 @@ class _Strategy(ABC):
             return v
         if v in self.gathered:
             return self.gathered[v]
-        self.gathered[v] = self.b.add(ccl.AllGatherOp(v, SP, self.layer.sp), name).results[0]
+        b = self.b
+        block = b.block
+        if b.stages is not None and block is b.stages["dispatch"]:
+            b.to_stage("gather")
+        self.gathered[v] = b.add(ccl.AllGatherOp(v, SP, self.layer.sp), name).results[0]
+        b.block = block
         return self.gathered[v]
 
     def _column_experts(self, ids: SSAValue) -> SSAValue:
@@ -983,7 +1036,8 @@ class _A2A(_Strategy):
         order from +0.0, plus `plus` (f32 [T/n, D]: the receivers' sums, zero where `terms`
         hold a token's pairs) or + 0.0 (either makes a -0.0 sum +0.0, as moe.combine does),
         and rounded once; with sp, the columns' f32 sums are first added over sp (chip order),
-        each chip keeping its own tokens, then + 0.0."""
+        each chip keeping its own tokens, then + 0.0; with sp_sum=bf16 each column's sum is
+        rounded to the output's type before, and the reduce-scatter's one rounding is the last."""
         b, layer = self.b, self.layer
         tl, d = layer.tokens, shape_of(terms.type)[-1]  # tp's combine: the chip's columns
         summed = b.add(tmath.ReduceSumOp(terms, [1], False, TensorType(f32, [tl, d])), name)
@@ -996,7 +1050,17 @@ class _A2A(_Strategy):
         if layer.sp > 1:
             assert plus is None, "sp's combine returns a row per pair"
             tl = layer.own_tokens
+            element = op.result.type.get_element_type()  # type: ignore[attr-defined]
+            if layer.sp_sum == "bf16":
+                rounded = b.cast(total, element, f"{name}_rounded")
+                out = b.add(ccl.ReduceScatterOp(rounded, SP, layer.sp), op.result.name_hint or f"{name}_own").results[0]
+                b.to_stage("output")
+                b.values[op.result] = out
+                b.rows[out] = (layer.route.tokens.data, tl)
+                b.phase = None
+                return
             total = b.add(ccl.ReduceScatterOp(total, SP, layer.sp), f"{name}_own").results[0]
+            b.to_stage("output")
         total = b.add(tmath.AddOp(total, plus if plus is not None else b.const(0.0, f32),
                                   TensorType(f32, [tl, d]))).results[0]
         out = b.cast(total, op.result.type.get_element_type(), op.result.name_hint)

@@ -44,6 +44,11 @@ final rounding may then land on the neighbour of the reference's (one ulp of the
 result, at most 2^-7 A), which ops after the combine (a shared expert) pass on even where
 they cancel. So a2a_sum is allowed RECEIVER_SUM_SCALE * A = (2^-8 + 2^-7) A. A token whose
 pairs all sit on one chip is rounded once, as on one chip (its bits, up to the sign of a zero).
+A mesh's sp axis with `sp_sum=bf16` rounds each column's f32 part of a token's sum to bf16
+before the reduce-scatter adds the columns in f32 and rounds once: the same argument, so it is
+allowed RECEIVER_SUM_SCALE * A more (with a2a_sum, whose receivers round first, both: each
+rounding stage moves the parts by at most 2^-8 of their magnitudes, a bound the sum of the two
+allowances covers).
 
 These are the only tolerance numbers; `tcpc run --check` and the tests use them.
 """
