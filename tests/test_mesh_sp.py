@@ -92,6 +92,38 @@ def test_chips_of_one_trace_are_costed_once(monkeypatch: pytest.MonkeyPatch) -> 
     assert all(len(set(c)) < len(c) for c in seen)  # chips did share a trace
 
 
+def test_a_trace_differing_in_one_field_is_a_class_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`trace_classes` tells chips apart by every field of every command (the IR op by
+    identity) and by the routings' loads: one changed field splits a chip from its class."""
+    import copy
+    import dataclasses
+
+    import runtime_sim.perf.mesh_simulate as mesh_simulate
+
+    program = tcpc.compile_file("examples/toy.moe", dims={**TINY, "T": 32, "E": 8})
+    seen: list[list] = []
+    classes = mesh_simulate.trace_classes
+
+    def keep(traces: list) -> list[int]:
+        seen.append(list(traces))
+        return classes(traces)
+
+    monkeypatch.setattr(mesh_simulate, "trace_classes", keep)
+    simulate_on_mesh(program, MeshSpec.parse("ep=8"), cost_only=True, routing="balanced", seed=1)
+    trace = seen[0][0]
+    last = len(trace.ops) - 1
+    variants = []
+    for change in ({"cluster": 1 - trace.ops[last].cluster}, {"deps": (*trace.ops[last].deps, 0)},
+                   {"op": None}, {"label": trace.ops[last].label + "'"}):
+        other = copy.copy(trace)
+        other.ops = [*trace.ops[:last], dataclasses.replace(trace.ops[last], **change)]
+        variants.append(other)
+    same = copy.copy(trace)
+    same.ops = [dataclasses.replace(o) for o in trace.ops]
+    assert mesh_simulate.same_trace(trace, same)
+    assert classes([trace, same, *variants, same]) == [0, 0, 2, 3, 4, 5, 0]
+
+
 def test_sp_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
     for spec, message in [
         ("ep=2,sp=3", "T = 16 tokens do not divide over dp * ep * sp = 6 chips"),
