@@ -164,6 +164,41 @@ def take_compiled(module: ModuleOp, passes: Sequence[ModulePass], machine: Machi
     return compiled_cost_only(module, passes, machine, after_each), None
 
 
+_prefixes: dict[tuple[str, ...], ModuleOp] = {}
+"""The passes (their reprs) -> the program `_prefixes_of` names after the cost-only passes and
+those passes, for the alternatives of the choices that fork after them (`compiled_candidate`)."""
+_prefixes_of: tuple[ModuleOp | None, str] = (None, "")
+"""The program and the machine (its repr) of `_prefixes`: the program itself, not its text,
+which has no source locations (two programs of one text would share their reports' lines)."""
+
+
+def compiled_candidate(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine) -> ModuleOp:
+    """`compiled_cost_only(module, passes, machine, verify="none")`, from the longest prefix of
+    `passes` kept compiled: the IR before each pass a choice forks at (AUTO_CHOICES) is kept, so
+    that alternatives which differ only from there on (a loop order after the lowering and the
+    shared expert's rows chosen) compile what they share once. Kept for one program and
+    machine at a time."""
+    global _prefixes_of
+    if _prefixes_of[0] is not module or _prefixes_of[1] != repr(machine):
+        _prefixes.clear()
+        _prefixes_of = (module, repr(machine))
+    names = tuple(map(repr, passes))
+    forks = [i for i, p in enumerate(passes) if i > 0 and p.name in AUTO_CHOICES]
+    start = next((i for i in reversed(forks) if names[:i] in _prefixes), None)
+    if not forks:
+        return compiled_cost_only(module, passes, machine, verify="none")
+    if start is None:
+        start = forks[0]
+        _prefixes[names[:start]] = compiled_cost_only(module, passes[:start], machine, verify="none")
+    lowered = _prefixes[names[:start]]
+    for end in [i for i in forks if i > start] + [len(passes)]:
+        lowered = apply_pipeline(lowered, list(passes[start:end]), machine=machine, verify="none")  # a copy
+        if end < len(passes):
+            _prefixes[names[:end]] = lowered
+        start = end
+    return lowered
+
+
 def compiled_cost_only(module: ModuleOp, passes: Sequence[ModulePass], machine: Machine,
                        after_each: Callable[[PassStep], None] | None = None, verify: str = "each") -> ModuleOp:
     """`module` after the cost-only passes (COST_ONLY_PASSES) and `passes`, for `machine`,
@@ -182,14 +217,16 @@ class _AboveBest(Exception):
 
 def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[ModulePass], machine: Machine,
                 routing: str | Path, seed: int, keep_below: float = 0, keep_commands: float = math.inf,
-                above: float = math.inf, bound_first: bool = False) -> tuple[int, bool]:
+                above: float = math.inf, bound_first: bool = False, fork: bool = False) -> tuple[int, bool]:
     """Total cycles of `functions` after `passes`, simulated cost-only with the routing scenario;
     and whether they are a lower bound instead: with `above` (the fewest cycles of the
     alternatives a choice costed so far) and one function, a program whose commands' lower
     bound (LowerBoundBar: their roofline, their busiest unit's cycles) is above it is neither
     planned nor scheduled (cost_only_run's `bound_above`): it cannot win, and the bound says
-    by how much at least. With `bound_first` (a block search's later candidates, which seldom
-    win), a program that interleave-shared, last, would reorder is bounded before that pass
+    by how much at least. With `fork` (a choice's alternatives), what the program shares with
+    the alternatives costed before it is not compiled again (`compiled_candidate`). With
+    `bound_first` (a block search's later candidates, which seldom win), a program that
+    interleave-shared, last, would reorder is bounded before that pass
     (cost_only_bound; `interleaves`), whose pieces are then built only for a candidate the
     bound does not rule out (DeepSeek-V3 at T = 4096: none of five).
 
@@ -221,7 +258,8 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
                     raise _AboveBest(bound)
             lowered = apply_pipeline(lowered, list(passes[-1:]), machine=machine, verify="none")
         else:
-            lowered = compiled_cost_only(module, passes, machine, verify="none")
+            lowered = (compiled_candidate(module, passes, machine) if fork
+                       else compiled_cost_only(module, passes, machine, verify="none"))
         program = (text, repr(machine))
         kept = _compiled.get(program)
         if len(functions) == 1:
@@ -413,7 +451,7 @@ def resolve_autos(module: ModuleOp, passes: Sequence[ModulePass], functions: Seq
         costed: dict[str, tuple[int, bool]] = {}
         for v in alternatives:  # an alternative bounded above the best so far can neither win nor tie
             costed[v] = cost_cycles(module, functions, trial_of(v), machine, routing, seed, keep_below=math.inf,
-                                    above=min((c for c, _ in costed.values()), default=math.inf))
+                                    above=min((c for c, _ in costed.values()), default=math.inf), fork=True)
         tried = tuple((v, c) for v, (c, _) in costed.items())
         fitting = [(v, c) for v, c in tried if not (p.name in FITTING_CHOICES and v != alternatives[0]
                                                     and spilled(module, functions, trial_of(v), machine, routing, seed))]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from xdsl.passes import ModulePass
 
 import tcpc
 import tcpc.autotune
@@ -165,9 +166,10 @@ def test_a_run_reports_the_program_its_choices_compiled_and_simulated(monkeypatc
     apply = tcpc.autotune.apply_pipeline
     compiles: list[str] = []
 
-    def counted(*args: object, **kwargs: object) -> object:
-        compiles.append("compile")
-        return apply(*args, **kwargs)  # type: ignore[arg-type]
+    def counted(module: object, passes: list[ModulePass], *args: object, **kwargs: object) -> object:
+        if passes[-1:] and passes[-1].name == FULL_PIPELINE[-1]:  # a program compiled (its prefix may be kept)
+            compiles.append("compile")
+        return apply(module, passes, *args, **kwargs)  # type: ignore[arg-type]
 
     simulate = cost_only.simulate_cost_only
     simulations: list[str] = []
@@ -264,9 +266,10 @@ def test_the_block_searchs_choice_stays_compiled(monkeypatch: pytest.MonkeyPatch
     apply = tcpc.autotune.apply_pipeline
     compiles: list[str] = []
 
-    def counted(*args: object, **kwargs: object) -> object:
-        compiles.append("compile")
-        return apply(*args, **kwargs)  # type: ignore[arg-type]
+    def counted(module: object, passes: list[ModulePass], *args: object, **kwargs: object) -> object:
+        if passes[-1:] and passes[-1].name == FULL_PIPELINE[-1]:  # a program compiled (its prefix may be kept)
+            compiles.append("compile")
+        return apply(module, passes, *args, **kwargs)  # type: ignore[arg-type]
 
     simulate = cost_only.simulate_cost_only
     simulations: list[str] = []
@@ -294,38 +297,42 @@ def test_a_chosen_options_default_is_the_parsed_pass(monkeypatch: pytest.MonkeyP
     int), so the program the block search costed with every pass at its default is not compiled
     and simulated again by the choices that cost it as their default: DeepSeek-V3 at prefill
     chooses lower-topk's strategy, then schedule-shared's most_rows, then the loop order, and
-    compiles only rounds, 1024 rows and the tile order. The choices and the run are those of
-    options taken as given (strings), which costed the defaults again."""
+    compiles only rounds, 1024 rows and the tile order; each forks from the IR it shares with
+    the one before (compiled_candidate): 1024 rows after the lowering, the tile order after
+    the shared expert's rows, 30 passes run of the three programs' 45. The choices and the run
+    are those of options taken as given (strings), which costed the defaults again."""
     from passes.schedule.schedule_shared import ScheduleSharedPass
     from tcpc.pipelines import parse_pipeline
 
     parsed = parse_pipeline("schedule-shared{most_rows=512}")[0]
     assert tcpc.autotune.with_option(ScheduleSharedPass(most_rows="auto"), "most_rows", "512") == parsed
     apply = tcpc.autotune.apply_pipeline
-    compiles: list[str] = []
+    compiles: list[list[str]] = []
 
-    def counted(*args: object, **kwargs: object) -> object:
-        compiles.append("compile")
-        return apply(*args, **kwargs)  # type: ignore[arg-type]
+    def counted(module: object, passes: list[ModulePass], *args: object, **kwargs: object) -> object:
+        compiles.append([p.name for p in passes])
+        return apply(module, passes, *args, **kwargs)  # type: ignore[arg-type]
 
-    def simulated() -> tuple[tcpc.SimulationResult, int, int]:
-        """The run, and the compiles of the block search and of the choices after it."""
-        for memo in ("_costs", "_bounds", "_compiled"):
+    def simulated() -> tuple[tcpc.SimulationResult, int, int, int]:
+        """The run, the programs the block search compiled, those the choices after it
+        compiled (a compile that ends the pipeline) and the passes these ran."""
+        for memo in ("_costs", "_bounds", "_compiled", "_prefixes"):
             monkeypatch.setattr(tcpc.autotune, memo, {})
         compiles.clear()
         program = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe", {"T": 4096, "B": "auto"})
         searched = len(compiles)
         sim = program.simulate(cost_only=True)
-        return sim, searched, len(compiles) - searched
+        chosen = compiles[searched:]
+        return sim, searched, sum(c[-1:] == [FULL_PIPELINE[-1]] for c in chosen), sum(map(len, chosen))
 
     monkeypatch.setattr(tcpc.autotune, "apply_pipeline", counted)
-    sim, searched, chosen = simulated()
+    sim, searched, chosen, passes = simulated()
     assert [(c.what, c.chosen) for c in sim.report.choices[1:]] == [
         ("lower-topk strategy", "rounds"), ("schedule-shared most_rows", "1024"), ("schedule-experts order", "block")]
-    assert chosen == 3
+    assert (chosen, passes) == (3, 15 + 8 + 7)
     assert sim.report.total_cycles == min(dict(sim.report.choices[-1].alternatives).values())
     monkeypatch.setattr(tcpc.autotune, "with_option", lambda p, option, value: replace(p, **{option: value}))
-    again, searched_again, chosen_again = simulated()
+    again, searched_again, chosen_again, _ = simulated()
     assert (searched_again, chosen_again) == (searched, 4)  # rank at 512 rows compiled again
     assert again.report.to_json() == sim.report.to_json()
 
@@ -729,3 +736,25 @@ def test_a_block_bounded_before_interleaving_changes_no_choice(monkeypatch: pyte
     cycles, bounded = tcpc.autotune.cost_cycles(program.module, [program.function().sym_name.data], passes,
                                                 default_machine(), "balanced", 0)
     assert not bounded and tried[choice.chosen] < tried[32] <= cycles
+
+
+def test_an_alternative_forked_from_a_kept_prefix_is_the_program_compiled_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compiled_candidate compiles an alternative from the IR it shares with those compiled
+    before it (kept before each pass a choice forks at): the same IR as compiling it whole,
+    whichever alternatives came first, and the prefixes kept are one program's."""
+    from tcpc.autotune import compiled_candidate, compiled_cost_only
+    from tcpc.pipelines import parse_pipeline, pipeline_spec
+
+    monkeypatch.setattr(tcpc.autotune, "_prefixes", {})
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe", {"T": 256, "B": 16})
+    machine = default_machine()
+    for strategy, rows, order in [("rounds", "512", "block"), ("rounds", "1024", "block"), ("rounds", "1024", "tile"),
+                                  ("rank", "1024", "tile"), ("rounds", "512", "tile")]:
+        passes = parse_pipeline(pipeline_spec(topk_strategy=strategy, expert_order=order, shared_rows=rows))
+        whole = compiled_cost_only(program.module, passes, machine, verify="none")
+        assert print_ir(compiled_candidate(program.module, passes, machine)) == print_ir(whole)
+    # before lower-dispatch, schedule-shared and schedule-experts: rounds's three, 1024 rows', rank's three
+    assert len(tcpc.autotune._prefixes) == 3 + 1 + 3
+    other = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe", {"T": 256, "B": 32})
+    compiled_candidate(other.module, passes, machine)
+    assert len(tcpc.autotune._prefixes) == 3

@@ -528,12 +528,15 @@ class LoopTemplate:
                       stores, v.base + by if v.base is not None and v.base >= first else v.base, v.chained, v.forwarded)
 
     def copy(self, t: TracedOp, n: int) -> TracedOp:
-        """Command `t` as `n` iterations later."""
+        """Command `t` as `n` iterations later. (Lists made into tuples, not generators: a
+        replayed loop copies hundreds of thousands of commands, a third faster so.)"""
+        first, by = self.first, n * self.step
         first_buffer, by_buffers = self.first_buffer, n * self.buffer_step
-        return TracedOp(t.index + n * self.step, t.name, t.label, t.cost, self.later(t.deps, n),
-                        tuple(r + by_buffers if r >= first_buffer else r for r in t.reads),
-                        tuple(w + by_buffers for w in t.writes), t.phase, t.op, t.cluster, t.own_dma,
-                        tuple((name, nbytes, self.later(ready, n)) for name, nbytes, ready in t.hbm_reads))
+        return TracedOp(t.index + by, t.name, t.label, t.cost, tuple([i + by if i >= first else i for i in t.deps]),
+                        tuple([r + by_buffers if r >= first_buffer else r for r in t.reads]),
+                        tuple([w + by_buffers for w in t.writes]), t.phase, t.op, t.cluster, t.own_dma,
+                        tuple([(name, nbytes, self.later(ready, n)) for name, nbytes, ready in t.hbm_reads])
+                        if t.hbm_reads else ())
 
     def append(self, n: int) -> None:
         """Record the iteration `n` after the template, a copy of it."""
