@@ -32,6 +32,7 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   schedule-experts{order=tile}) or the first block cluster c owns (a block loop of block-scaled
   experts, which keep block order) reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048,
   B = 128, cost-only, balanced: 1,039,088 -> 1,026,998 cycles; in fp8, 621,375 -> 619,387);
+  not beside a shared expert, whose loads need no guess to take the HBM the routing leaves idle;
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -539,9 +540,14 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     # A block loop guesses only with block-scaled experts (they keep block order, `groupable`): bf16 ones
     # took longer so (Llama-4-Scout T = 1024, B = 128, its shared expert interleaved: 49,082 -> 50,856 cycles).
     scaled = any(isinstance(op, tcp.ScaledContractOp) for op in body.walk())
+    # Nor beside a shared expert: its loads need no routing and take the HBM the routing leaves idle, surely used,
+    # where guessed loads issued first delay them (DeepSeek-V3 MXFP4 T = 2048: 13,197,655 -> 13,229,918 cycles).
+    parent = loop.parent_block()
+    assert parent is not None
+    beside_shared = any(phase_of(op) == SHARED for op in parent.ops)
     if expert_ids not in made.guessed:
         made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first block's expert is the lowest
-        if prefill and (grouped or scaled):
+        if prefill and (grouped or scaled) and not beside_shared:
             firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma)
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
                                               for k, i in enumerate(private)]
@@ -640,8 +646,6 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     for op in before:
         if phase is not None:
             op.attributes.setdefault(PHASE_ATTR, phase)
-    parent = loop.parent_block()
-    assert parent is not None
     parent.insert_op_before(new_loop, loop)
     insert_early(before, parent, new_loop)
     for op in guessed:
