@@ -32,6 +32,7 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   schedule-experts{order=tile}) or the first block cluster c owns (a block loop of block-scaled
   experts, which keep block order) reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048,
   B = 128, cost-only, balanced: 1,039,088 -> 1,026,998 cycles; in fp8, 621,375 -> 619,387);
+  not beside a shared expert, whose loads need no guess to take the HBM the routing leaves idle;
 - on a mesh chip at decode, the first routed loop (the first chunk's) guesses them too when it
   streams its weights (fewer FLOPs per weight byte than `own_dma_intensity`), its guessed loads
   issued before the first `ccl.all_to_all_done`: HBM is idle while the router ranks and the link
@@ -76,7 +77,8 @@ Token loops of `schedule-tokens` (the router's) run tile i on cluster i mod N
 (passes/schedule/_cluster_token_tiles.py). When the router's loop so spreads (prefill), the
 tokens' quantization made whole before the expert loop (lower-dispatch{quantize=tokens}) runs
 on the last cluster right after the router's loop, from its own load of the tokens
-(`quantize_beside_routing`): beside the routing on cluster 0, where it followed it.
+(`quantize_beside_routing`): beside the routing on cluster 0, where it followed it. A load of
+the tokens that only the quantization reads (an f32 router loads its own tiles) moves with it.
 """
 
 from __future__ import annotations
@@ -558,15 +560,18 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     # A block loop guesses only with block-scaled experts (they keep block order, `groupable`): bf16 ones
     # took longer so (Llama-4-Scout T = 1024, B = 128, its shared expert interleaved: 49,082 -> 50,856 cycles).
     scaled = any(isinstance(op, tcp.ScaledContractOp) for op in body.walk())
+    # Nor beside a shared expert at prefill: its loads need no routing and take the HBM the routing leaves idle,
+    # surely used, where guessed loads issued first delay them (DeepSeek-V3 MXFP4 T = 2048: 13,197,655 -> 13,229,918).
     parent = loop.parent_block()
     assert parent is not None
+    beside_shared = any(phase_of(op) == SHARED for op in parent.ops)
     waited = ccl.first_all_to_all_done(parent)
     # A mesh chip's first routed loop at decode streams its weights: it guesses them while the link moves the tokens.
     on_mesh = (not prefill and not by_block and waited is not None and not made.guessed_on_mesh
                and flops_per_weight_byte(body) < own_dma_intensity)
     if expert_ids not in made.guessed:
         made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first block's expert is the lowest
-        if prefill and (grouped or scaled) or on_mesh:
+        if prefill and (grouped or scaled) and not beside_shared or on_mesh:
             firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma, waited if on_mesh else None)
             made.guessed_on_mesh = on_mesh
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
@@ -712,9 +717,16 @@ def quantize_beside_routing(block: Block, clusters: int) -> None:
     after the router's last op, from its own load of the tokens, when the router's token loop
     spreads over the clusters (prefill): it runs there while cluster 0 computes the routing,
     where on cluster 0 it followed the routing and the dispatch's index (Qwen3-30B-A3B fp8,
-    cost-only, balanced: T = 2048 619,387 -> 618,369 cycles, T = 4096 921,604 -> 914,513)."""
+    cost-only, balanced: T = 2048 619,387 -> 618,369 cycles, T = 4096 921,604 -> 914,513).
+    A load of the tokens only the quantization reads moves with it, where a second load would
+    cross HBM again: load-arguments put it before its first reader, after the routing, when the
+    router's loop loads its own tiles (DeepSeek-V3 fp8, T = 2048, B = 64: 9,033,204 cycles with a
+    second load, 9,013,664 with the quantization left on cluster 0, 8,993,467 with the load moved)."""
     ops = tokens_own(block)
-    router = [op for op in block.ops if phase_of(op) == "router"]
+    inside = set(ops)
+    alone = {o for op in ops for v in op.operands if isinstance(o := v.owner, tcp.LoadOp)
+             and all(u.operation in inside for u in v.uses)}
+    router = [op for op in block.ops if phase_of(op) == "router" and op not in alone]
     last = clusters - 1
     if not ops or not any(isinstance(op, scf.ForOp) and any(cluster_of(o) == last for o in op.walk()) for op in router):
         return  # the router on one cluster (decode): the quantization stays where it was
@@ -731,15 +743,18 @@ def quantize_beside_routing(block: Block, clusters: int) -> None:
     loads: dict[SSAValue, SSAValue] = {}
     for op in ops:
         for i, v in enumerate(op.operands):
-            if isinstance(v.owner, tcp.LoadOp):
-                if v not in loads:
-                    load = tcp.LoadOp(v.owner.operands[0])
+            if isinstance(load := v.owner, tcp.LoadOp) and v not in loads:
+                if load in alone and all(u.operation in moved for u in v.uses):
+                    load.detach()
+                else:
+                    load = tcp.LoadOp(load.operands[0])
                     load.result.name_hint = f"{v.name_hint}_c{last}" if v.name_hint else None
-                    load.attributes[PHASE_ATTR] = StringAttr("dispatch")
-                    block.insert_op_after(load, at)
-                    pin(load, last)
-                    at = load
-                    loads[v] = load.result
+                load.attributes[PHASE_ATTR] = StringAttr("dispatch")
+                block.insert_op_after(load, at)
+                pin(load, last)
+                at = load
+                loads[v] = load.result
+            if v in loads:
                 op.operands[i] = loads[v]
         op.detach()
         block.insert_op_after(op, at)
