@@ -110,8 +110,9 @@ def test_a_select_gives_the_bits_of_where(case) -> None:
 
 def plain_grid_matmul(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None) -> np.ndarray:
     """The contraction grid written plainly: every [GRID_M x GRID_N] output chunk of every batch
-    item, its K in GRID_K chunks, each chunk one np.matmul of contiguous f32 copies on one
-    BLAS thread, summed in K order from `acc` (or from the first chunk)."""
+    item, its K in GRID_K chunks, each chunk one np.matmul of contiguous f32 copies of GRID_M
+    rows (zeros below the operand's last) on one BLAS thread, summed in K order from `acc` (or
+    from the first chunk)."""
     batch, m, k = a.shape
     n = b.shape[2]
     out = np.zeros((batch, m, n), np.float32) if acc is None else np.array(acc, np.float32)
@@ -121,9 +122,11 @@ def plain_grid_matmul(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None) -> n
                 for n0 in range(0, n, GRID_N):
                     total = None if acc is None else acc[g, m0:m0 + GRID_M, n0:n0 + GRID_N]
                     for k0 in range(0, k, GRID_K):
-                        x = np.ascontiguousarray(a[g, m0:m0 + GRID_M, k0:k0 + GRID_K], np.float32)
+                        x = np.zeros((GRID_M, min(k, k0 + GRID_K) - k0), np.float32)
+                        rows = a[g, m0:m0 + GRID_M, k0:k0 + GRID_K]
+                        x[:len(rows)] = rows
                         y = np.ascontiguousarray(b[g, k0:k0 + GRID_K, n0:n0 + GRID_N], np.float32)
-                        part = np.matmul(x, y)
+                        part = np.matmul(x, y)[:len(rows)]
                         total = part if total is None else total + part
                     if total is not None:
                         out[g, m0:m0 + GRID_M, n0:n0 + GRID_N] = total
@@ -160,6 +163,20 @@ def test_contract_gives_the_bits_of_the_plain_grid(problem) -> None:
     a, b, acc = problem
     got = contract("gmk,gkn->gmn", a, b, acc=acc)
     assert same_bits(got, plain_grid_matmul(a, b, acc))
+
+
+@settings(max_examples=30, deadline=None)
+@given(grid_problem(), st.integers(0, 2**16))
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(problem, seed: int) -> None:
+    """Any rows of a contraction, taken alone, give the bits they have in the whole one (every
+    tile product has GRID_M rows): a mesh chip's 16 tokens, a block's rows or a tile's are
+    computed as the one-chip reference computes them, wherever the rows are cut."""
+    a, b, _ = problem
+    whole = contract("gmk,gkn->gmn", a, b)
+    rng = np.random.default_rng(seed)
+    lo = int(rng.integers(0, a.shape[1]))
+    hi = int(rng.integers(lo + 1, a.shape[1] + 1))
+    assert same_bits(contract("gmk,gkn->gmn", a[:, lo:hi], b), whole[:, lo:hi])
 
 
 def test_a_large_select_moves_bits_by_masks() -> None:

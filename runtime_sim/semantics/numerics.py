@@ -241,12 +241,13 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None
     weight gives each block the bits of its own `gbd,gdf->gbf` product (the schedule level's
     expert groups, passes/schedule/schedule_experts.py). numpy's products differ in the last
     bits with the number of rows a tile holds, where the chip's accumulation order per result
-    element does not; the blocks' own tiles keep the bits the reference gives.
+    element does not: every tile product holds GRID_M rows (zeros below the last), so any rows
+    taken alone give the bits they have in the whole contraction, wherever the rows are cut.
 
     `acc` (f32, the result's shape) is the accumulator's initial value: the K chunks are added
     to it in order. A contraction split along K at multiples of GRID_K, each piece passing the
     previous piece's f32 result as `acc`, gives the bits of the whole contraction; one split
-    along M or N at multiples of GRID_M or GRID_N gives them too (each output chunk is the
+    along M anywhere, or along N at multiples of GRID_N, gives them too (each output row is the
     same matmuls on the same data).
 
     The graph's matmul (`tmath.matmul`) and the contraction engine's op (`tcp.contract`) both
@@ -378,7 +379,7 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
     n = b.shape[2]
     if k == 0:
         return np.zeros((batch, m, n), np.float32) if acc is None else np.array(acc, np.float32)
-    one_chunk = m <= GRID_M and n <= GRID_N and k <= GRID_K
+    one_chunk = m == GRID_M and n <= GRID_N and k <= GRID_K
     lazy = isinstance(a, (_Batches, _Shared)) or isinstance(b, (_Batches, _Shared))
     if one_chunk and acc is None and a.dtype == np.float32 and b.dtype == np.float32 and not lazy:
         return np.matmul(a, b)
@@ -391,6 +392,8 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
             product = np.matmul(x, y)
             out[i:j] = product if acc is None else acc[i:j] + product
             continue
+        if m % GRID_M:  # every tile product has GRID_M rows: a row's bits never depend on how many share its tile
+            x = np.concatenate([x, np.zeros((j - i, GRID_M - m % GRID_M, k), x.dtype)], axis=1)
         for m0 in range(0, m, GRID_M):
             rows = slice(m0, min(m, m0 + GRID_M))
             for n0 in range(0, n, GRID_N):
@@ -398,11 +401,11 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
                 total = None if acc is None else acc[i:j, rows, cols]
                 for k0 in range(0, k, GRID_K):
                     ks = slice(k0, min(k, k0 + GRID_K))
-                    lhs, rhs = x[:, rows, ks], y[:, ks, cols]
-                    if 1 in (lhs.shape[1], rhs.shape[2]):  # a vector product: dot or gemv
-                        part = np.matmul(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs))
+                    lhs, rhs = x[:, m0:m0 + GRID_M, ks], y[:, ks, cols]
+                    if rhs.shape[2] == 1:  # a vector product: gemv
+                        part = np.matmul(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs))[:, :rows.stop - m0]
                     else:
-                        part = np.matmul(_blas_tile(lhs), _blas_tile(rhs))
+                        part = np.matmul(_blas_tile(lhs), _blas_tile(rhs))[:, :rows.stop - m0]
                     total = part if total is None else total + part
                 out[i:j, rows, cols] = total
     return out
