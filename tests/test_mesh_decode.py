@@ -259,6 +259,24 @@ def test_a_wrong_guess_on_a_mesh_costs_time_not_bits() -> None:
     assert not np.isin([0, 1, 8, 9], chosen[:, :4]).any()
 
 
+def test_receivers_sums_go_back_once_the_split_pairs_have(tmp_path) -> None:
+    """Under skewed routing a2a returns many split pairs (chip 0: 523 rows, 252 us on its link);
+    the receiver's sums are made under that return and their all-to-all follows it at once on the
+    link. The home's token loop (its pair sum, which waits for the split pairs) had taken the
+    receiver's tiles' largest indices (16 tiles of 8 received rows on a chip of 16 tokens), so the
+    sums waited for it: DeepSeek-V3 on 8 chips at 16 tokens each, B = 128, skewed: 2,451,627 ->
+    2,434,608 cycles (pinned)."""
+    out = tmp_path / "r.json"
+    dims = ("D=7168", "F=2048", "FS=2048", "E=256", "K=8", "NG=8", "TG=4", "T=128", "B=128")
+    assert main(["run", "examples/deepseek_v3.moe", *(a for d in dims for a in ("--set", d)),
+                 "--mesh", "ep=8,topk=rounds", "--cost-only", "--routing", "skewed", "--seed", "1",
+                 "--report-json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    returns = {x["label"].split()[0]: x for x in data["links"] if x["chip"] == 0}
+    assert returns["%returned_sums"]["start"] == returns["%returned"]["end"]
+    assert data["total_cycles"] == 2_434_608
+
+
 def test_streamed_weights_take_the_cluster_at_decode(tmp_path) -> None:
     """A mesh chip's routed experts at decode stream their weights (a block of B = 1 rows does 2
     FLOPs per weight byte): their F tiles are chosen for the whole cluster's SRAM, two of 1,024

@@ -242,11 +242,18 @@ def balanced_rows(tokens: int, rows: int, clusters: int, granule: int = 8) -> in
 
 
 def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole: set[Operation],
-                   clusters: int = 1, nested_reads: dict[Operation, tuple[Operation, ...]] | None = None) -> bool:
+                   clusters: int = 1, nested_reads: dict[Operation, tuple[Operation, ...]] | None = None,
+                   made: set[Operation] | None = None) -> bool:
     """One token-tile loop over the row-parallel ops of `phase` not in `whole` that a loop can
     take together; when they fit SRAM whole, they join `whole` instead (and the ops a
     contraction kept apart from them get their own turn: DeepSeek-V3's router after its
     matmul, when the input's widening before it fits). False when no such op is left.
+
+    `made` keeps, across calls, the ops a loop was given before it (its tiles' largest
+    indices): they belong to that loop, and another count's loop whose tiles they happen to
+    match (a receiver's 16 tiles of 8 rows on a chip of 16 tokens) must not take them, which
+    made the receiver's sums wait for the home's pair sum, behind the return of split pairs
+    (DeepSeek-V3 ep=8, 16 tokens a chip, skewed routing).
 
     With `clusters` > 1 the tiles are balanced over the clusters (`balanced_rows`) when a tile
     is worth running on another cluster (split-clusters' rule, `worth_splitting`), and a phase
@@ -254,8 +261,10 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     without it, a router that just fits whole ran on one cluster, and one just too large for
     that ran on two, faster (benchmarks/monotone.py: T = 360 took more cycles than T = 368)."""
     tail = layer_tail(block, nested_reads)
+    made = set() if made is None else made
     candidates = [op for op in block.ops
-                  if loop_phase(op, tail) == phase and is_row_parallel(op, tokens) and op not in whole]
+                  if loop_phase(op, tail) == phase and is_row_parallel(op, tokens) and op not in whole
+                  and op not in made]
     fn = block.parent_op()
     if candidates and isinstance(fn, func.FuncOp) and ccl.CHUNKS_ATTR in fn.attributes:
         candidates = connected(candidates, candidates[:1])  # one chunk's ops, a loop of their own
@@ -330,6 +339,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
             op.result.name_hint = r.name_hint
         after += unpacked
         results = [op.result for op in unpacked]
+    made.update(before)
     absorbed = set(ops)
     inputs = {v for op in ops for v in op.operands if v.owner not in absorbed}  # whole copies the tiles replace go
     replace_by_loop(block, ops, escaping, results, [*packing, *before, *after])
@@ -783,9 +793,11 @@ class ScheduleTokensPass(ModulePass):
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks:
                 nested_reads: dict[Operation, tuple[Operation, ...]] = {}
+                made: set[Operation] = set()
                 for tokens in token_counts(fn):
                     for phase in TILED_PHASES:
                         whole: set[Operation] = set()
-                        while schedule_phase(fn.body.block, phase, tokens, tile_bytes, whole, clusters, nested_reads):
+                        while schedule_phase(fn.body.block, phase, tokens, tile_bytes, whole, clusters, nested_reads,
+                                             made):
                             pass
                 store_results(fn)
