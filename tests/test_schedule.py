@@ -370,6 +370,26 @@ def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
     assert ahead == 0 and inside == 3 * 3  # three tiles of each of the three weights' scales
 
 
+@pytest.mark.parametrize("stem, dims, streams", [("gpt_oss", {"T": 1, "B": 1}, True),
+                                                 ("gpt_oss_mxfp4", {"T": 1, "B": 1}, True),
+                                                 ("gpt_oss", {"T": 8, "B": 4}, True),
+                                                 ("gpt_oss", {"T": 256, "B": 128}, False)])
+def test_biases_are_gathered_once_before_a_loop_that_streams_its_weights(stem: str, dims: dict[str, int],
+                                                                         streams: bool) -> None:
+    """gpt-oss's biases (a row of F or D per expert and matrix: 5.6 KB at its real size, a DMA
+    command of mostly start-up) are gathered for every block in one command each before a loop
+    that streams its weights (blocks of a few rows), which slices its block's row; with blocks
+    of 128 rows, whose contractions outlast their loads, they load with their expert. The
+    lowered program's bits either way."""
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / f"{stem}.moe", dims=dims)
+    pipeline = f"{LOWERED},schedule-experts"
+    module = program.lower(pipeline)
+    ahead = [op for op in module.walk() if op.name == "tcp.dma_gather" and op.source.name_hint.startswith("b_")]
+    inside = [op for op in module.walk() if op.name == "tile.load_expert" and op.source.name_hint.startswith("b_")]
+    assert (len(ahead), bool(inside)) == ((3, False) if streams else (0, True))
+    assert_same_bits(program.run(seed=4, pipeline=pipeline).outputs, program.run(seed=4, pipeline=LOWERED).outputs)
+
+
 def test_large_weight_scales_go_ahead_of_the_loop_where_they_fit_and_the_weights_stream() -> None:
     """Scales of more than one DMA piece go ahead of the loop only where they fit the weights'
     share of the cluster's SRAM (the target's) beside the loop's weight tiles, and where the

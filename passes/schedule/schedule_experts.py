@@ -96,7 +96,9 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   weights' share of SRAM beside the loop's weight tiles and are one DMA piece each or the loop
   streams its weights (`scales_fit`: decode; Qwen3-30B-A3B MXFP4 T = 64: 271,516 -> 255,290
   cycles); the loop addresses its block's rows, and each F tile its window, in place
-  (`tile.slice ... at`). Otherwise they load with their expert, a block at a time.
+  (`tile.slice ... at`). Otherwise they load with their expert, a block at a time. Biases
+  (gpt-oss-120b's, 5.6 KB an expert and matrix) go ahead the same way where the loop streams
+  its weights.
 - the loop's order (`order`): `block`, the above, one block at a time; `tile`, groups of
   consecutive blocks, each group's distinct experts (its slots) running their F tiles as a
   block does, on all of the group's rows at once (passes/schedule/_expert_groups.py): a weight
@@ -217,13 +219,32 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: s
     return is_row_parallel_ve(op, blocks)
 
 
+def ahead_readers(value: SSAValue) -> list[Operation] | None:
+    """The contractions that read `value` (a gather's result) as their weight's scales or as
+    their bias (through views), or None if anything else reads it."""
+    readers: list[Operation] = []
+    for use in value.uses:
+        op = use.operation
+        if isinstance(op, tcp.ViewOp):
+            inner = ahead_readers(op.result)
+            if inner is None:
+                return None
+            readers += inner
+        elif isinstance(op, tcp.ScaledContractOp) and use.index == 3 or \
+                isinstance(op, CONTRACTIONS) and op.bias is value:
+            readers.append(op)
+        else:
+            return None
+    return readers
+
+
 def scales_ahead(parallel: list[Operation], machine: Machine) -> list[tcp.DmaGatherOp]:
-    """The gathers among a plan's block-parallel ops that may fetch weight scales for every
-    block at once, before the loop (one DMA command rather than one per expert, whose rows
-    would cost mostly start-up, `scales_ahead_row_bytes`); the loop addresses each block's
-    rows in place. Whether they do is `scales_fit`'s."""
-    return [op for op in parallel if isinstance(op, tcp.DmaGatherOp) and bool(op.result.uses)
-            and all(isinstance(u.operation, tcp.ScaledContractOp) and u.index == 3 for u in op.result.uses)
+    """The gathers among a plan's block-parallel ops that may fetch weight scales (or biases:
+    gpt-oss-120b's, 5.6 KB an expert and matrix) for every block at once, before the loop (one
+    DMA command rather than one per expert, whose rows would cost mostly start-up,
+    `scales_ahead_row_bytes`); the loop addresses each block's rows in place. Whether they do
+    is `scales_fit`'s."""
+    return [op for op in parallel if isinstance(op, tcp.DmaGatherOp) and bool(ahead_readers(op.result))
             and stored_bytes(op.result.type) <= scales_ahead_row_bytes(machine) * shape_of(op.result.type)[0]]
 
 
@@ -233,16 +254,19 @@ def scales_fit(ahead: list[tcp.DmaGatherOp], held: int, sram_bytes: int, machine
     at most a piece's transfer), and every one where the loop streams its weights (a block's
     contraction does fewer FLOPs per weight byte than its cluster's peak over HBM's bandwidth,
     `own_dma_intensity`: decode), where every per-block command's start-up holds an engine the
-    weights stream on; none unless they fit the weights' share of `sram_bytes` beside the `held`
+    weights stream on (biases only there: gpt-oss-120b at T = 1, 12 commands of 5.6 KB, each
+    mostly its 500 cycles' start-up, became 3; cost-only, balanced: bf16 150,224 -> 149,887
+    cycles, fp8 76,554 -> 76,035, MXFP4 42,694 -> 42,344); none unless they fit the weights' share of `sram_bytes` beside the `held`
     bytes of the loop's weight tiles (`held_weight_bytes`; each cluster holds their G rows
     through the loop, split-clusters). Where the contraction outlasts the load, per-block loads
     hide behind it and a large gather ahead only delays the first block: Qwen3-30B-A3B MXFP4
     (balanced, cost-only) with its 33 MB of scales ahead at T = 64 (B = 4) took 271,516 ->
     255,290 cycles, at T = 256 (B = 16) 299,896 -> 280,154, but at T = 512 (B = 32)
     369,094 -> 378,465 and at T = 2048 (B = 128) 1,349,310 -> 1,362,076."""
-    streams = all(contraction_flops_per_weight_byte(u.operation) < own_dma_intensity(machine)
-                  for op in ahead for u in op.result.uses if isinstance(u.operation, tcp.ScaledContractOp))
-    chosen = [op for op in ahead if streams or stored_bytes(op.result.type) <= machine.dma_split_bytes]
+    streams = all(contraction_flops_per_weight_byte(reader) < own_dma_intensity(machine)
+                  for op in ahead for reader in ahead_readers(op.result) or [])
+    chosen = [op for op in ahead if streams or stored_bytes(op.result.type) <= machine.dma_split_bytes
+              and all(isinstance(u.operation, tcp.ScaledContractOp) for u in op.result.uses)]
     fits = sum(stored_bytes(op.result.type) for op in chosen) + held <= sram_bytes // WEIGHT_SHARE
     return chosen if fits else []
 
