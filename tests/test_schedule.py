@@ -356,7 +356,8 @@ def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
     every block in one DMA command each before the loop, which addresses its block's rows (and
     each F tile its window) in place; so are MXFP4's (one per 32 weights) where an expert's
     fit in a DMA start-up's worth of transfer (RNGD: 128 KB; D = 2048, F = 1088: 68 KB), and
-    beyond it (D = 4096: 136 KB) they load with their expert."""
+    beyond it (D = 4096: 136 KB) where the loop streams its weights (blocks of a few rows);
+    with blocks of 32 rows, whose contractions outlast their loads, those load with their expert."""
     def scale_loads(stem: str, dims: dict[str, int]) -> tuple[int, int]:
         program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / f"{stem}.moe", dims=dims)
         module = program.lower(f"{LOWERED},schedule-experts{{f_tile=512}}")
@@ -366,7 +367,13 @@ def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
 
     assert scale_loads("qwen3_moe_fp8", LOW_PRECISION_F_TILES["qwen3_moe_fp8"]) == (3, 0)
     assert scale_loads("gpt_oss_mxfp4", dict(T=4, D=2048, F=1088, E=4, K=2)) == (3, 0)
-    ahead, inside = scale_loads("gpt_oss_mxfp4", dict(T=4, D=4096, F=1088, E=4, K=2))
+    assert scale_loads("gpt_oss_mxfp4", dict(T=4, D=4096, F=1088, E=4, K=2)) == (3, 0)
+    wide = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "gpt_oss_mxfp4.moe",
+                             dims=dict(T=2, B=1, D=4096, F=1088, E=4, K=2))
+    assert_same_bits(wide.run(seed=1, pipeline=f"{LOWERED},schedule-experts{{f_tile=512}}").outputs,
+                     wide.run(seed=1, pipeline=LOWERED).outputs)
+    assert scale_loads("gpt_oss_mxfp4", dict(T=32, B=32, D=2048, F=1088, E=4, K=2)) == (3, 0)
+    ahead, inside = scale_loads("gpt_oss_mxfp4", dict(T=32, B=32, D=4096, F=1088, E=4, K=2))
     assert ahead == 0 and inside == 3 * 3  # three tiles of each of the three weights' scales
 
 
