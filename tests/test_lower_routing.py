@@ -310,12 +310,52 @@ def test_one_tokens_expert_ids_come_before_the_pairs_offsets(t: int, k: int, e: 
     (route,) = ops_named(after, moe.RouteOp)
     pairs = [order.index(op) for op in order if op.results and op.results[0].name_hint in
              ("mask_cumsum", "packed_cumsum", "token_rank", "pair_packed", "pair_row", "scatter_idx")]
-    counts = [order.index(op) for op in ops_named(after, ve.ReduceSumOp) if op.result.name_hint == "num_blocks"]
+    counts = [order.index(op) for op in order if op.results and op.results[0].name_hint in
+              ("counts", "kept_counts", "carried_counts")]
     assert pairs and counts and route.expert_ids is filt.result
     if t == 1:
         assert max(counts) < order.index(filt) < min(pairs)
     else:
         assert order.index(filt) > max(pairs)
+
+
+@pytest.mark.parametrize("t, k, e, b, c", [(1, 8, 128, 1, None), (1, 4, 16, 2, 1), (4, 2, 8, 8, None),
+                                           (6, 3, 5, 4, 3), (5, 2, 4, 2, 3)])
+def test_one_block_an_expert_makes_the_ids_from_the_counts(t: int, k: int, e: int, b: int, c: int | None) -> None:
+    """With one block at most an expert (R = 1: T or the capacity at most B) an expert's
+    blocks are whether it has a pair: the ids are the experts with a positive count, compacted
+    (a tag and a filter after the histogram), with no block grid; otherwise the grid."""
+    _, after = modules(t, k, e, b, c)
+    names = [op.results[0].name_hint for op in after.walk() if op.results]
+    one = blocks_per_expert_bound(route_type(t, k, e, b, c)) == 1
+    assert ("grid" in names) is not one and ("block_start" in names) is not one
+    if one:
+        assert names[names.index("expert_ids") - 2:names.index("expert_ids")] == ["has_block", "block_expert"]
+    for seed in range(3):
+        check_routing(routing(t, k, e, "random", seed), e, b, c)
+
+
+@pytest.mark.parametrize("path", ["qwen3_moe.moe", "gpt_oss_mxfp4.moe", "deepseek_v3.moe"])
+def test_one_tokens_weights_follow_the_routing(path: str) -> None:
+    """At T = 1 the graph's math that only the combine reads (the routing weights) moves from
+    before the scatter to after its lowered ops, the same ops with the routing pinned
+    (cost-only) as without; the layer keeps the reference's bits. At T = 2 nothing moves."""
+    for t in (1, 2):
+        program = tcpc.compile_file(ROOT / "examples" / path, {"T": t})
+        orders = []
+        for pipeline in ("lower-topk,lower-routing", "pin-routing,lower-topk,lower-routing"):
+            order = list(program.lower(pipeline).walk())
+            (combine,) = [o for o in order if isinstance(o, moe.CombineOp)]
+            (route,) = [o for o in order if isinstance(o, moe.RouteOp)]
+            assert combine.weights is not None
+            orders.append(([o.name for o in order if o.dialect_name() == "tmath"],
+                           order.index(combine.weights.owner) > order.index(route)))
+        assert orders[0] == orders[1]
+        assert orders[0][1] is (t == 1)
+        for seed in (0, 1):
+            ref = program.run(seed=seed)
+            got = program.run(seed=seed, reference=False, pipeline="lower-topk,lower-routing")
+            assert np.array_equal(got.outputs[0].view(np.uint8), ref.outputs[0].view(np.uint8))
 
 
 @pytest.mark.parametrize(

@@ -356,7 +356,8 @@ def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
     every block in one DMA command each before the loop, which addresses its block's rows (and
     each F tile its window) in place; so are MXFP4's (one per 32 weights) where an expert's
     fit in a DMA start-up's worth of transfer (RNGD: 128 KB; D = 2048, F = 1088: 68 KB), and
-    beyond it (D = 4096: 136 KB) they load with their expert."""
+    beyond it (D = 4096: 136 KB) where the loop streams its weights (blocks of a few rows);
+    with blocks of 32 rows, whose contractions outlast their loads, those load with their expert."""
     def scale_loads(stem: str, dims: dict[str, int]) -> tuple[int, int]:
         program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / f"{stem}.moe", dims=dims)
         module = program.lower(f"{LOWERED},schedule-experts{{f_tile=512}}")
@@ -366,8 +367,34 @@ def test_small_weight_scales_are_gathered_once_before_the_expert_loop() -> None:
 
     assert scale_loads("qwen3_moe_fp8", LOW_PRECISION_F_TILES["qwen3_moe_fp8"]) == (3, 0)
     assert scale_loads("gpt_oss_mxfp4", dict(T=4, D=2048, F=1088, E=4, K=2)) == (3, 0)
-    ahead, inside = scale_loads("gpt_oss_mxfp4", dict(T=4, D=4096, F=1088, E=4, K=2))
+    assert scale_loads("gpt_oss_mxfp4", dict(T=4, D=4096, F=1088, E=4, K=2)) == (3, 0)
+    wide = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "gpt_oss_mxfp4.moe",
+                             dims=dict(T=2, B=1, D=4096, F=1088, E=4, K=2))
+    assert_same_bits(wide.run(seed=1, pipeline=f"{LOWERED},schedule-experts{{f_tile=512}}").outputs,
+                     wide.run(seed=1, pipeline=LOWERED).outputs)
+    assert scale_loads("gpt_oss_mxfp4", dict(T=32, B=32, D=2048, F=1088, E=4, K=2)) == (3, 0)
+    ahead, inside = scale_loads("gpt_oss_mxfp4", dict(T=32, B=32, D=4096, F=1088, E=4, K=2))
     assert ahead == 0 and inside == 3 * 3  # three tiles of each of the three weights' scales
+
+
+@pytest.mark.parametrize("stem, dims, streams", [("gpt_oss", {"T": 1, "B": 1}, True),
+                                                 ("gpt_oss_mxfp4", {"T": 1, "B": 1}, True),
+                                                 ("gpt_oss", {"T": 8, "B": 4}, True),
+                                                 ("gpt_oss", {"T": 256, "B": 128}, False)])
+def test_biases_are_gathered_once_before_a_loop_that_streams_its_weights(stem: str, dims: dict[str, int],
+                                                                         streams: bool) -> None:
+    """gpt-oss's biases (a row of F or D per expert and matrix: 5.6 KB at its real size, a DMA
+    command of mostly start-up) are gathered for every block in one command each before a loop
+    that streams its weights (blocks of a few rows), which slices its block's row; with blocks
+    of 128 rows, whose contractions outlast their loads, they load with their expert. The
+    lowered program's bits either way."""
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / f"{stem}.moe", dims=dims)
+    pipeline = f"{LOWERED},schedule-experts"
+    module = program.lower(pipeline)
+    ahead = [op for op in module.walk() if op.name == "tcp.dma_gather" and op.source.name_hint.startswith("b_")]
+    inside = [op for op in module.walk() if op.name == "tile.load_expert" and op.source.name_hint.startswith("b_")]
+    assert (len(ahead), bool(inside)) == ((3, False) if streams else (0, True))
+    assert_same_bits(program.run(seed=4, pipeline=pipeline).outputs, program.run(seed=4, pipeline=LOWERED).outputs)
 
 
 def test_large_weight_scales_go_ahead_of_the_loop_where_they_fit_and_the_weights_stream() -> None:

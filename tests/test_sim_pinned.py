@@ -29,7 +29,11 @@ cost-only run), its cycles, graph, trace and outputs unchanged;
 a group of more than four slots runs the slots after the first as a loop: the same commands at
 the same cycles and the same outputs, plus two free views of the slot tables (a row per slot)
 for each cluster and for the tables split-clusters copies them from: 6 rows more in the
-report, graph and trace per group loop, 12 for qwen3 real dims T=64's two.)
+report, graph and trace per group loop, 12 for qwen3 real dims T=64's two; one token's decode
+pinned since issue #30 part 3 (its expert ids from the counts, its routing weights after them;
+gpt-oss-120b's biases gathered ahead of a loop that streams its weights: gpt_oss_mxfp4 T=40
+22,381 -> 21,789 cycles, the same output bits; and its MXFP4 scales, 259 KB an expert and matrix,
+there too: its real dims at T=1 42,344 -> 41,853).)
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from tcpc.program import SimulationResult
 
 QWEN3_REAL = dict(D=2048, F=768, E=128, K=8)
 """Qwen3-30B-A3B (examples/qwen3_moe.moe's header)."""
+GPT_OSS_REAL = dict(D=2880, F=2880, E=128, K=4)
+"""gpt-oss-120b (examples/gpt_oss_mxfp4.moe's header)."""
 
 
 def cost_only_case(example: str, dims: dict[str, int], routing: str) -> Callable[[], SimulationResult]:
@@ -66,6 +72,10 @@ CASES: dict[str, Callable[[], SimulationResult]] = {  # B fixed: the block is th
     "qwen3 T=200 B=8, values": values_case("qwen3_moe", {"T": 200, "B": 8}, 1),
     "deepseek_v3 T=48, values": values_case("deepseek_v3", {"T": 48, "B": 4}, 2),
     "gpt_oss_mxfp4 T=40, values": values_case("gpt_oss_mxfp4", {"T": 40, "B": 4}, 3),
+    "qwen3 fp8 real dims T=1, cost-only, balanced": cost_only_case("qwen3_moe_fp8", {**QWEN3_REAL, "T": 1, "B": 1},
+                                                                   "balanced"),
+    "gpt_oss_mxfp4 real dims T=1, cost-only, balanced": cost_only_case("gpt_oss_mxfp4",
+                                                                       {**GPT_OSS_REAL, "T": 1, "B": 1}, "balanced"),
 }
 
 
@@ -90,7 +100,9 @@ PINNED: dict[str, tuple[int, int, str, str, str, str]] = {
     'qwen3 T=256, cost-only, balanced': (35951, 636, 'ba99cba2b82518fc', '37c19b73e9838a15', '327a17d367cb756e', '4f53cda18c2baa0c'),
     'qwen3 T=200 B=8, values': (20481, 629, 'c1720d517c44382d', '7eb8a187d19d9cae', 'ce6e0763db91493a', 'ab6ace93d3c51875'),
     'deepseek_v3 T=48, values': (12202, 590, '3d83d9386a853f2f', '11b52c5d935a90bb', '6a325185612e5228', '82a5f6f1023632f3'),
-    'gpt_oss_mxfp4 T=40, values': (22381, 2542, 'cc79f75a67e9ca72', '6e42d18d61522dac', 'aa763a1e561fe68a', '778cfe00474e8a2b'),
+    'gpt_oss_mxfp4 T=40, values': (21789, 2545, '1cb98d01a69cdecf', '429bb0c598bbb040', '1142632a6214463c', '778cfe00474e8a2b'),
+    'qwen3 fp8 real dims T=1, cost-only, balanced': (31649, 594, 'cb572170ded37e49', 'f9caeb012f2f5ce0', '50f7faaea479b5f2', '4f53cda18c2baa0c'),
+    'gpt_oss_mxfp4 real dims T=1, cost-only, balanced': (41853, 315, 'a968d8c1a2282df6', 'f4addb5db080c78e', 'ac7c0f3b63afc6b3', '4f53cda18c2baa0c'),
 }
 
 

@@ -29,7 +29,11 @@ chapter, section 3.3 (docs/hardware.md#the-moe-chapter-of-the-book):
    runs its ops in program order, and one token's weight loads wait for the ids alone
    (schedule-experts), not for the pairs' offsets (Qwen3-30B-A3B: the first load ~550 cycles
    sooner). With more tokens the loop starts from the dispatch, which needs scatter_idx: the
-   ids come last, so as not to hold it back.
+   ids come last, so as not to hold it back. Where an expert owns one block at most (R = 1:
+   T, or the capacity, at most B), steps 3 and 7 read the counts directly: `num_blocks =
+   min(counts, 1)` and the ids the experts with a positive count, compacted (no block grid).
+   At T = 1 the graph's math that only the combine reads (the routing weights), written
+   before the scatter, moves after it (`weights_behind`), so the ids come before it too.
 
 Every cumsum is the branch-logger pattern of the book (section 4), nothing opaque: a static
 `ve.position_tag` over the scanned axis (first 0, middle 1, last 2; an axis of one element gets
@@ -281,7 +285,7 @@ def one_hot_of(b: _RoutingBuilder, pair_expert: SSAValue, experts: int, name: st
 
 
 def grouped_packed_ranks(b: _RoutingBuilder, pair_expert: SSAValue, experts: int, chunks: int, groups: int,
-                         shift: int, route_type: moe.RouteType) -> tuple[SSAValue, SSAValue, SSAValue]:
+                         shift: int, route_type: moe.RouteType) -> tuple[SSAValue, SSAValue, SSAValue | None]:
     """The chunked cumsum and its packed gather (`shift` from `packing_shift`) in `groups`
     groups of chunks (module docstring, "Pair groups"): the pairs' packed ranks [P] (what the
     one-group gather `pair_packed` holds), the experts' block counts and the block range
@@ -325,25 +329,36 @@ def grouped_packed_ranks(b: _RoutingBuilder, pair_expert: SSAValue, experts: int
 
 
 def block_counts(b: _RoutingBuilder, counts: SSAValue, route_type: moe.RouteType,
-                 ids_first: bool = False) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue | None]:
+                 ids_first: bool = False) -> tuple[SSAValue, SSAValue, SSAValue | None, SSAValue | None]:
     """Steps 3 and 4: each expert's blocks, ceil(counts / B) counted as block starts g * B below
     the count, g in [0, R), its first block, the exclusive cumsum over experts, and the block
     range [E, R] (the expert-id expansion of step 7 reuses it); with `ids_first`, the expert ids
     too (`expert_ids_of`, made between the two steps), else None."""
     (e,) = shape_of(counts.type)
     r = blocks_per_expert_bound(route_type)
-    block_range = b.iota([e, r], 1, "block_range")
-    block_start = b.binary(ve.MulOp, block_range, route_type.block.data, "block_start")
-    opens = b.tag("gt", b.broadcast(counts, 1, r, "counts_tile"), block_start, "opens_block")
-    num_blocks = b.reduce(ve.ReduceSumOp, b.select(opens, 1, 0, "opened"), 1, "num_blocks")
-    expert_ids = expert_ids_of(b, num_blocks, block_range, route_type.blocks.data) if ids_first else None
+    if r == 1:  # at most one block an expert: ceil(counts / B) is whether it has a pair
+        expert_ids = expert_ids_of(b, counts, None, route_type.blocks.data) if ids_first else None
+        num_blocks = b.binary(ve.MinOp, counts, 1, "num_blocks")
+        block_range = None
+    else:
+        block_range = b.iota([e, r], 1, "block_range")
+        block_start = b.binary(ve.MulOp, block_range, route_type.block.data, "block_start")
+        opens = b.tag("gt", b.broadcast(counts, 1, r, "counts_tile"), block_start, "opens_block")
+        num_blocks = b.reduce(ve.ReduceSumOp, b.select(opens, 1, 0, "opened"), 1, "num_blocks")
+        expert_ids = expert_ids_of(b, num_blocks, block_range, route_type.blocks.data) if ids_first else None
     blocks_cumsum = b.cumsum(num_blocks, 0, "expert_position", "blocks_cumsum")
     return num_blocks, b.binary(ve.SubOp, blocks_cumsum, num_blocks, "global_offset"), block_range, expert_ids
 
 
-def expert_ids_of(b: _RoutingBuilder, num_blocks: SSAValue, block_range: SSAValue, blocks: int) -> SSAValue:
+def expert_ids_of(b: _RoutingBuilder, num_blocks: SSAValue, block_range: SSAValue | None, blocks: int) -> SSAValue:
     """Step 7, the expert-id expansion: grid[e, g] = e where num_blocks[e] - g > 0, else -1,
-    over the block range [E, R], compacted to [G]."""
+    over the block range [E, R], compacted to [G]. Without a block range (one block at most an
+    expert, R = 1) the experts whose `num_blocks` (or counts) are positive, compacted: two ops,
+    not five, on the path to one token's first weight load."""
+    if block_range is None:
+        (e,) = shape_of(num_blocks.type)
+        has_block = b.tag("gt", num_blocks, 0, "has_block")
+        return b.emit(ve.FilterOp(b.iota([e], 0, "block_expert"), has_block, [1], 0, blocks, pad=-1), "expert_ids")
     e, r = shape_of(block_range.type)
     diff = b.binary(ve.SubOp, b.broadcast(num_blocks, 1, r, "num_blocks_tile"), block_range, "diff")
     has_block = b.tag("gt", diff, 0, "has_block")
@@ -432,6 +447,29 @@ def lower_routing(op: moe.ScatterOp, scan_rows: int,
     return b.ops, blocked, route
 
 
+def weights_behind(scatter: moe.ScatterOp) -> None:
+    """Move the graph's math that only the combine reads (the routing weights: the top-k
+    values' softmax or renormalisation), when it comes before `scatter`, to just after it: the
+    vector engine runs its commands in program order, and one token's first weight loads wait
+    for the expert ids the routing makes (module docstring, step 7), not for the weights
+    (Qwen3-30B-A3B T = 1: 97 cycles). Only the graph's math moves (`tmath`), never the top-k's
+    lowered ops: their values and indices share ops, and with the routing pinned (pin-routing)
+    the indices' own ops are dead and may be gone, so moving those would move more in
+    cost-only runs than in real ones; math that feeds the top-k never moves."""
+    block = scatter.parent_block()
+    assert block is not None
+    ahead = list(block.ops)[:block.get_operation_index(scatter)]
+    behind: set[Operation] = set()
+    for op in reversed(ahead):
+        users = [u.operation for r in op.results for u in r.uses]
+        if op.dialect_name() == "tmath" and users and all(u in behind or isinstance(u, moe.CombineOp) for u in users):
+            behind.add(op)
+    moved = [op for op in ahead if op in behind]
+    for op in moved:
+        op.detach()
+    block.insert_ops_after(moved, scatter)
+
+
 @dataclass
 class LowerRoutingPattern(RewritePattern):
     scan_rows: int
@@ -472,6 +510,9 @@ class LowerRoutingPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         machine = machine_of(op)
+        for scatter in [o for o in op.walk() if isinstance(o, moe.ScatterOp)]:
+            if scatter.route.type.tokens.data == 1:
+                weights_behind(scatter)
         rows = self.scan_rows or scan_rows_of(machine)
         budget = self.routing_bytes or machine.sram_bytes // ROUTING_SHARE
         PatternRewriteWalker(

@@ -96,7 +96,11 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   weights' share of SRAM beside the loop's weight tiles and are one DMA piece each or the loop
   streams its weights (`scales_fit`: decode; Qwen3-30B-A3B MXFP4 T = 64: 271,516 -> 255,290
   cycles); the loop addresses its block's rows, and each F tile its window, in place
-  (`tile.slice ... at`). Otherwise they load with their expert, a block at a time.
+  (`tile.slice ... at`). Where the loop streams, larger scales go too where they fit beside
+  those (gpt-oss-120b's and DeepSeek-V3's MXFP4 at T = 1). Otherwise they load with their
+  expert, a block at a time. Biases
+  (gpt-oss-120b's, 5.6 KB an expert and matrix) go ahead the same way where the loop streams
+  its weights.
 - the loop's order (`order`): `block`, the above, one block at a time; `tile`, groups of
   consecutive blocks, each group's distinct experts (its slots) running their F tiles as a
   block does, on all of the group's rows at once (passes/schedule/_expert_groups.py): a weight
@@ -172,7 +176,8 @@ def scales_ahead_row_bytes(machine: Machine) -> int:
     fp8's 128 x 128 blocks (a few hundred bytes or KB per matrix), and MXFP4's one e8m0 per 32
     weights where a matrix is small (Qwen3-30B-A3B: 48 KB; at T = 1, 24 such commands held the
     engines for 500-1,025 cycles each to move 48 KB). Larger MXFP4 scales (gpt-oss-120b's 259 KB, DeepSeek-V3's
-    458 KB a matrix) load with their expert, spread over the engines."""
+    458 KB a matrix) go ahead only where the loop streams its weights (`scales_fit`), else load
+    with their expert, spread over the engines."""
     return machine.dma_startup_cycles * machine.dma_bytes_per_cycle
 
 
@@ -217,34 +222,66 @@ def is_block_parallel(op: Operation, blocks: int, expert_ids: SSAValue, phase: s
     return is_row_parallel_ve(op, blocks)
 
 
-def scales_ahead(parallel: list[Operation], machine: Machine) -> list[tcp.DmaGatherOp]:
-    """The gathers among a plan's block-parallel ops that may fetch weight scales for every
-    block at once, before the loop (one DMA command rather than one per expert, whose rows
-    would cost mostly start-up, `scales_ahead_row_bytes`); the loop addresses each block's
-    rows in place. Whether they do is `scales_fit`'s."""
-    return [op for op in parallel if isinstance(op, tcp.DmaGatherOp) and bool(op.result.uses)
-            and all(isinstance(u.operation, tcp.ScaledContractOp) and u.index == 3 for u in op.result.uses)
-            and stored_bytes(op.result.type) <= scales_ahead_row_bytes(machine) * shape_of(op.result.type)[0]]
+def ahead_readers(value: SSAValue) -> list[Operation] | None:
+    """The contractions that read `value` (a gather's result) as their weight's scales or as
+    their bias (through views), or None if anything else reads it."""
+    readers: list[Operation] = []
+    for use in value.uses:
+        op = use.operation
+        if isinstance(op, tcp.ViewOp):
+            inner = ahead_readers(op.result)
+            if inner is None:
+                return None
+            readers += inner
+        elif isinstance(op, tcp.ScaledContractOp) and use.index == 3 or \
+                isinstance(op, CONTRACTIONS) and op.bias is value:
+            readers.append(op)
+        else:
+            return None
+    return readers
+
+
+def scales_ahead(parallel: list[Operation]) -> list[tcp.DmaGatherOp]:
+    """The gathers among a plan's block-parallel ops that may fetch weight scales (or biases:
+    gpt-oss-120b's, 5.6 KB an expert and matrix) for every block at once, before the loop (one
+    DMA command rather than one per expert); the loop addresses each block's rows in place.
+    Whether they do is `scales_fit`'s."""
+    return [op for op in parallel if isinstance(op, tcp.DmaGatherOp) and bool(ahead_readers(op.result))]
 
 
 def scales_fit(ahead: list[tcp.DmaGatherOp], held: int, sram_bytes: int, machine: Machine) -> list[tcp.DmaGatherOp]:
     """Which of the scales that may go `ahead` do, rather than load a block at a time with their
-    weights: each that is one DMA piece (`dma_split_bytes`: it delays the loop's first block by
-    at most a piece's transfer), and every one where the loop streams its weights (a block's
-    contraction does fewer FLOPs per weight byte than its cluster's peak over HBM's bandwidth,
-    `own_dma_intensity`: decode), where every per-block command's start-up holds an engine the
-    weights stream on; none unless they fit the weights' share of `sram_bytes` beside the `held`
-    bytes of the loop's weight tiles (`held_weight_bytes`; each cluster holds their G rows
-    through the loop, split-clusters). Where the contraction outlasts the load, per-block loads
+    weights. Those whose rows move in less than a command's start-up (`scales_ahead_row_bytes`:
+    as commands of their own they would cost mostly start-up): each that is one DMA piece
+    (`dma_split_bytes`: it delays the loop's first block by at most a piece's transfer), and
+    every one where the loop streams its weights (a block's contraction does fewer FLOPs per
+    weight byte than its cluster's peak over HBM's bandwidth, `own_dma_intensity`: decode),
+    where every per-block command's start-up holds an engine the weights stream on (biases only
+    there: gpt-oss-120b at T = 1, 12 commands of 5.6 KB became 3; cost-only, balanced: bf16
+    150,224 -> 149,887 cycles, fp8 76,554 -> 76,035, MXFP4 42,694 -> 42,344); none unless they
+    fit the weights' share of `sram_bytes` beside the `held` bytes of the loop's weight tiles
+    (`held_weight_bytes`; each cluster holds their G rows through the loop, split-clusters).
+    Where the loop streams, larger rows too where they fit beside those (MXFP4's of gpt-oss-120b,
+    259 KB an expert and matrix, and DeepSeek-V3, 458 KB: at T = 1, 42,344 -> 41,853 and
+    159,490 -> 157,756 cycles). Where the contraction outlasts the load, per-block loads
     hide behind it and a large gather ahead only delays the first block: Qwen3-30B-A3B MXFP4
     (balanced, cost-only) with its 33 MB of scales ahead at T = 64 (B = 4) took 271,516 ->
     255,290 cycles, at T = 256 (B = 16) 299,896 -> 280,154, but at T = 512 (B = 32)
     369,094 -> 378,465 and at T = 2048 (B = 128) 1,349,310 -> 1,362,076."""
-    streams = all(contraction_flops_per_weight_byte(u.operation) < own_dma_intensity(machine)
-                  for op in ahead for u in op.result.uses if isinstance(u.operation, tcp.ScaledContractOp))
-    chosen = [op for op in ahead if streams or stored_bytes(op.result.type) <= machine.dma_split_bytes]
-    fits = sum(stored_bytes(op.result.type) for op in chosen) + held <= sram_bytes // WEIGHT_SHARE
-    return chosen if fits else []
+    streams = all(contraction_flops_per_weight_byte(reader) < own_dma_intensity(machine)
+                  for op in ahead for reader in ahead_readers(op.result) or [])
+    small = [op for op in ahead
+             if stored_bytes(op.result.type) <= scales_ahead_row_bytes(machine) * shape_of(op.result.type)[0]]
+    chosen = [op for op in small if streams or stored_bytes(op.result.type) <= machine.dma_split_bytes
+              and all(isinstance(u.operation, tcp.ScaledContractOp) for u in op.result.uses)]
+
+    def fits(gathers: list[tcp.DmaGatherOp]) -> bool:
+        return sum(stored_bytes(op.result.type) for op in gathers) + held <= sram_bytes // WEIGHT_SHARE
+
+    if not fits(chosen):
+        return []
+    larger = [op for op in ahead if op not in small] if streams else []
+    return chosen + larger if larger and fits(chosen + larger) else chosen
 
 
 def gathered_source(op: Operation, expert_ids: SSAValue) -> bool:
@@ -497,7 +534,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         return _Layout(ops, escaping, gathers, region, tiles, resident,
                        held_weight_bytes(region, gathers, width, resident))
 
-    ahead = scales_ahead(parallel, machine)
+    ahead = scales_ahead(parallel)
     laid = layout(ahead)
     going = [] if laid is None else scales_fit(ahead, laid.held, sram, machine)
     if going != ahead:
