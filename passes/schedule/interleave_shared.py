@@ -170,7 +170,7 @@ def split(loop: scf.ForOp, bounds: list[int]) -> list[scf.ForOp]:
     return pieces
 
 
-def _block_rows(loop: scf.ForOp) -> int:
+def block_rows(loop: scf.ForOp) -> int:
     """B: the rows of a block, the row index [G, B] the routed loop's row gathers read."""
     for op in loop.body.walk():
         if isinstance(op, tile.GatherOp):
@@ -391,7 +391,7 @@ def interleave(block: Block, machine: Machine) -> None:
     step = constant_index(routed.step)
     assert step is not None
     first, end = routed_trips[0], routed_trips[-1] + step
-    filled = filled_blocks(block, end - first, _block_rows(routed))
+    filled = filled_blocks(block, end - first, block_rows(routed))
     n = max(1, min(len(cuts), filled // step))
     bounds = [first + filled * i // n // step * step for i in range(n)] + [end]
     before: list[list[Operation]] = [[] for _ in range(n)]
