@@ -24,22 +24,34 @@ def _without(pipeline: str) -> str:
     return ",".join(p for p in pipeline.split(",") if p != "interleave-chunks")
 
 
-def _expert_loops(program: Program, pipeline: str) -> int:
+def _loops(program: Program, pipeline: str, phase: str) -> int:
     module = program.lower(pipeline)
     body = next(op for op in module.walk() if isinstance(op, func.FuncOp)).body.block
-    return sum(1 for op in body.ops if isinstance(op, scf.ForOp) and phase_of(op) == "experts")
+    return sum(1 for op in body.ops if isinstance(op, scf.ForOp) and phase_of(op) == phase)
 
 
-@pytest.mark.parametrize("strategy", ["a2a", "a2a_sum"])
-def test_the_chunks_work_moved_into_the_expert_loops_keeps_the_bits(strategy: str) -> None:
+ROUTER_TILED = {"T": 4096, "D": 2048, "F": 32, "E": 128, "K": 8, "B": 512}
+"""2,048 tokens a chip in 4 chunks of 512, rounds top-k: the router's loop takes 1,024 tokens a
+trip, so chunks 0 and 1 are dispatched after its first."""
+
+
+@pytest.mark.parametrize("dims, spec, loops, routers", [
+    (SMALL, "ep=2,strategy=a2a,chunks=2", (2, 4), (0, 0)),  # the router whole
+    (SMALL, "ep=2,strategy=a2a_sum,chunks=2", (2, 4), (0, 0)),
+    (ROUTER_TILED, "ep=2,strategy=a2a,chunks=4,topk=rounds", (4, 10), (1, 2)),
+])
+def test_the_chunks_work_moved_into_the_loops_keeps_the_bits(dims: dict[str, int], spec: str,
+                                                             loops: tuple[int, int], routers: tuple[int, int]) -> None:
     """Every chip runs the IR before and after the pass on the same inputs: the same outputs,
-    bit for bit; after it, each chunk's loop is in pieces around the moved work (chunk 0's cut
-    before its last quarter, chunk 1's after its first)."""
-    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=SMALL)
-    spec = MeshSpec.parse(f"ep=2,strategy={strategy},chunks=2")
+    bit for bit; after it, each chunk's loop is in pieces around the moved work (SMALL: chunk
+    0's cut before its last quarter, chunk 1's after its first), and the first dispatches
+    follow the router's first trip (a second router loop)."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=dims)
+    spec = MeshSpec.parse(spec)
     after = spec.pipeline()
     assert "interleave-chunks" in after.split(",")
-    assert _expert_loops(program, _without(after)) == 2 and _expert_loops(program, after) == 4
+    assert (_loops(program, _without(after), "experts"), _loops(program, after, "experts")) == loops
+    assert (_loops(program, _without(after), "router"), _loops(program, after, "router")) == routers
     fn = program.function(None)
     name = fn.sym_name.data
     args = prepare_inputs(fn, {}, 3)
