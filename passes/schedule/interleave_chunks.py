@@ -174,7 +174,8 @@ def _router_first(block: Block) -> None:
 @dataclass(frozen=True)
 class InterleaveChunksPass(ModulePass):
     """The work between a chunked mesh chip's expert loops -> inside them, at a quarter and at
-    three quarters of their filled blocks (the module docstring says what goes where)."""
+    three quarters of their filled blocks; the first chunks' dispatches -> after the router
+    loop's first trip (the module docstring says what goes where)."""
 
     name = "interleave-chunks"
 
