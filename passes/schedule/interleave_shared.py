@@ -5,7 +5,7 @@ contractions held the tensor units for millions of cycles (DeepSeek-V3 at T = 40
 while HBM was mostly idle; the routed expert loop after it waits for its weights from HBM, its
 tensor units idle a third of the time. Engines issue their commands in program order and never
 back-fill a unit (runtime_sim/perf/scheduler.py), so the shared work fills that idle time only
-where the program puts it. Last in the pipeline (after split-clusters, fuse-ve-chains and
+where the program puts it. Last in the pipeline but interleave-chunks (after split-clusters, fuse-ve-chains and
 map-contractions: its pieces copy a body already fused and mapped, rather than each piece being
 fused and mapped again; the IR is the same), when `spreads` (prefill, and a routed loop that
 waits for HBM), this pass:
