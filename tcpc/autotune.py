@@ -37,6 +37,7 @@ from passes.lowering.lower_dispatch import QUANTIZE_PLACES
 from passes.lowering.lower_topk import DEFAULT_STRATEGY, STRATEGIES
 from passes.schedule.schedule_experts import ORDERS
 from passes.schedule.schedule_shared import MOST_ROWS
+from passes.schedule.interleave_chunks import InterleaveChunksPass
 from passes.schedule.interleave_shared import InterleaveSharedPass, interleaves
 from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_bound, cost_only_cycles, cost_only_run
 from runtime_sim.perf.report import BetterBlock, Choice
@@ -51,6 +52,10 @@ from tcpc.program import print_ir
 
 BLOCK_SPREAD = 4
 """Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
+
+REORDERING_PASSES = (InterleaveSharedPass.name, InterleaveChunksPass.name)
+"""The last passes of the pipeline, which only reorder the commands (split loops, move ops):
+a lower bound on the commands' cycles before them holds after them."""
 
 
 def _share(auto: AutoBlock) -> int:
@@ -226,7 +231,7 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
     by how much at least. With `fork` (a choice's alternatives), what the program shares with
     the alternatives costed before it is not compiled again (`compiled_candidate`). With
     `bound_first` (a block search's later candidates, which seldom win), a program that
-    interleave-shared, last, would reorder is bounded before that pass
+    interleave-shared, last but interleave-chunks, would reorder is bounded before the two
     (cost_only_bound; `interleaves`), whose pieces are then built only for a candidate the
     bound does not rule out (DeepSeek-V3 at T = 4096: none of five).
 
@@ -250,13 +255,16 @@ def cost_cycles(module: ModuleOp, functions: Sequence[str], passes: Sequence[Mod
         return bound, True
 
     def cycles() -> int:
-        if bound_first and above < math.inf and len(functions) == 1 and passes and passes[-1].name == InterleaveSharedPass.name:
-            lowered = compiled_cost_only(module, passes[:-1], machine, verify="none")
-            if interleaves(lowered):  # its commands' bound is the same before the pass
+        last = len(passes)
+        while last and passes[last - 1].name in REORDERING_PASSES:
+            last -= 1
+        if bound_first and above < math.inf and len(functions) == 1 and last < len(passes):
+            lowered = compiled_cost_only(module, passes[:last], machine, verify="none")
+            if interleaves(lowered):  # its commands' bound is the same before the passes
                 bound = cost_only_bound(lowered, functions[0], machine, above, routing=routing, seed=seed)
                 if bound is not None:
                     raise _AboveBest(bound)
-            lowered = apply_pipeline(lowered, list(passes[-1:]), machine=machine, verify="none")
+            lowered = apply_pipeline(lowered, list(passes[last:]), machine=machine, verify="none")
         else:
             lowered = (compiled_candidate(module, passes, machine) if fork
                        else compiled_cost_only(module, passes, machine, verify="none"))

@@ -60,6 +60,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "split-router-k": _lazy("passes.schedule.split_router_k", "SplitRouterKPass"),
     "split-clusters": _lazy("passes.schedule.split_clusters", "SplitClustersPass"),
     "interleave-shared": _lazy("passes.schedule.interleave_shared", "InterleaveSharedPass"),
+    "interleave-chunks": _lazy("passes.schedule.interleave_chunks", "InterleaveChunksPass"),
     "fuse-ve-chains": _lazy("passes.schedule.fuse_ve_chains", "FuseVeChainsPass"),
     "map-contractions": _lazy("passes.schedule.map_contractions", "MapContractionsPass"),
     "shard-experts": _lazy("passes.mesh.shard_experts", "ShardExpertsPass"),
@@ -73,7 +74,8 @@ LOWERED_PIPELINE: tuple[str, ...] = (
 working on whole tensors."""
 
 SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-router-k", "split-clusters",
-                                      "fuse-ve-chains", "map-contractions", "interleave-shared")
+                                      "fuse-ve-chains", "map-contractions", "interleave-shared",
+                                      "interleave-chunks")
 """The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
 own (schedule-shared); static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs/passes.md#the-schedule-level-schedule-shared-schedule-experts-schedule-tokens-split-router-k-split-clusters); a small router weight's load spread over the DMA engines in tiles of its reduction

@@ -27,7 +27,8 @@ def test_the_default_pipeline_is_the_full_lowering_then_the_schedule_level() -> 
     assert LOWERED_PIPELINE == ("lower-topk", "lower-routing", "lower-dispatch", "lower-quant", "lower-math",
                                 "load-arguments")
     assert SCHEDULE_PIPELINE == ("schedule-shared", "schedule-experts", "schedule-tokens", "split-router-k",
-                                 "split-clusters", "fuse-ve-chains", "map-contractions", "interleave-shared")
+                                 "split-clusters", "fuse-ve-chains", "map-contractions", "interleave-shared",
+                                 "interleave-chunks")
     assert FULL_PIPELINE == LOWERED_PIPELINE + SCHEDULE_PIPELINE
 
 

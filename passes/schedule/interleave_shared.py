@@ -5,7 +5,7 @@ contractions held the tensor units for millions of cycles (DeepSeek-V3 at T = 40
 while HBM was mostly idle; the routed expert loop after it waits for its weights from HBM, its
 tensor units idle a third of the time. Engines issue their commands in program order and never
 back-fill a unit (runtime_sim/perf/scheduler.py), so the shared work fills that idle time only
-where the program puts it. Last in the pipeline (after split-clusters, fuse-ve-chains and
+where the program puts it. Last in the pipeline but interleave-chunks (after split-clusters, fuse-ve-chains and
 map-contractions: its pieces copy a body already fused and mapped, rather than each piece being
 fused and mapped again; the IR is the same), when `spreads` (prefill, and a routed loop that
 waits for HBM), this pass:
@@ -170,7 +170,7 @@ def split(loop: scf.ForOp, bounds: list[int]) -> list[scf.ForOp]:
     return pieces
 
 
-def _block_rows(loop: scf.ForOp) -> int:
+def block_rows(loop: scf.ForOp) -> int:
     """B: the rows of a block, the row index [G, B] the routed loop's row gathers read."""
     for op in loop.body.walk():
         if isinstance(op, tile.GatherOp):
@@ -391,7 +391,7 @@ def interleave(block: Block, machine: Machine) -> None:
     step = constant_index(routed.step)
     assert step is not None
     first, end = routed_trips[0], routed_trips[-1] + step
-    filled = filled_blocks(block, end - first, _block_rows(routed))
+    filled = filled_blocks(block, end - first, block_rows(routed))
     n = max(1, min(len(cuts), filled // step))
     bounds = [first + filled * i // n // step * step for i in range(n)] + [end]
     before: list[list[Operation]] = [[] for _ in range(n)]
