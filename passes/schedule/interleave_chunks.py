@@ -67,15 +67,14 @@ def _reads(seeds: list[Operation], among: list[Operation], block: Block) -> set[
     return found
 
 
-def _read_by(loop: scf.ForOp, among: list[Operation]) -> set[Operation]:
-    """The ops of `among` (in order, after `loop`) that read `loop`'s results, directly or
-    through each other."""
-    found: set[Operation] = {loop}
+def _read_by(seeds: set[Operation], among: list[Operation]) -> set[Operation]:
+    """The ops of `among` (in order, after `seeds`) that read the seeds' results, directly or
+    through each other; not the seeds themselves."""
+    found = set(seeds)
     for op in among:
         if any(isinstance(v.owner, Operation) and v.owner in found for nested in op.walk() for v in nested.operands):
             found.add(op)
-    found.discard(loop)
-    return found
+    return found - seeds
 
 
 def _between(first: Operation, last: Operation) -> list[Operation]:
@@ -124,7 +123,7 @@ def interleave(block: Block, clusters: int) -> None:
     late: list[list[Operation]] = []
     for loop, following in zip(loops, loops[1:]):
         among = _between(loop, following)
-        after = _read_by(loop, among)
+        after = _read_by({loop}, among)
         needed = _reads([following], among, block)
         dispatch = _reads([op for op in among if phase_of(op) == "dispatch"], among, block) - needed - after
         early.append([op for op in among if (op in needed or op in dispatch) and op not in after])
@@ -169,10 +168,8 @@ def _router_first(block: Block) -> None:
     head, rest = split(router, [lb, lb + step, ub])
     for op, i in slices:
         op.operands[0] = head.results[i]
-    late = set(_read_by(rest, among)) | {op for op in among if isinstance(op, ccl.AllToAllDoneOp)}
-    for op in among:
-        if any(isinstance(v.owner, Operation) and v.owner in late for nested in op.walk() for v in nested.operands):
-            late.add(op)
+    dones = {op for op in among if isinstance(op, ccl.AllToAllDoneOp)}
+    late = _read_by({rest, *dones}, among) | dones
     moved = [op for op in among if op not in late]
     for op in moved:
         op.detach()
