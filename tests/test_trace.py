@@ -46,6 +46,7 @@ def check_process(events: list[dict[str, Any]], pid: int, process: str, report: 
     parts: Counter[tuple[int, int]] = Counter()
     spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
     args: dict[int, dict[str, Any]] = {}
+    moved: Counter[tuple[int, str]] = Counter()
     for e in mine:
         if e["ph"] in ("M", "s", "f"):  # flows: check_flows
             continue
@@ -65,6 +66,11 @@ def check_process(events: list[dict[str, Any]], pid: int, process: str, report: 
         parts[(op["key"], unit)] += 1
         spans[e["tid"]].append((begin, end))
         args.setdefault(op["key"], e["args"])
+        for figure in ("bytes", "hbm_bytes", "flops"):
+            moved[(op["key"], figure)] += e["args"][figure]
+    # A command's parts carry shares of its bytes and FLOPs: summed, the report's, never counted twice.
+    assert moved == {(o["key"], f): o[f] for o in report["ops"] if units.get(o["engine"])
+                     for f in ("bytes", "hbm_bytes", "flops")}
     # Counted engine by engine and unit by unit, the events are the report's commands.
     expected = Counter((o["engine"], u) for o in report["ops"] if units.get(o["engine"]) for u in o["units"])
     assert per_unit == expected
@@ -160,19 +166,22 @@ def test_a_mesh_trace_has_every_op_of_every_chip(tmp_path: Path) -> None:
 def test_each_part_of_a_command_on_several_units_shows_when_its_unit_ran_it() -> None:
     """`big` runs on DMA engines 0 and 1: its part on engine 1 began at 0 (engine 1 was free),
     on engine 0 at 100 when `a` ended; `c` then ran on engine 1 from 50. Drawn at `big`'s start
-    on both tracks, its part would overlap `c`, and Perfetto would drop one of them."""
+    on both tracks, its part would overlap `c`, and Perfetto would drop one of them. Each part
+carries its share of `big`'s bytes, not all of them."""
     machine = default_machine()
 
     def record(key: int, label: str, unit: int, start: int, cycles: int, units: tuple[int, ...] = (),
-               part_starts: tuple[int, ...] = ()) -> OpRecord:
-        return OpRecord(key, label, "tcp.load", "dma", unit, start, start + cycles, cycles, 0, 0, 0, "dma",
+               part_starts: tuple[int, ...] = (), nbytes: int = 0) -> OpRecord:
+        return OpRecord(key, label, "tcp.load", "dma", unit, start, start + cycles, cycles, nbytes, nbytes, 0, "dma",
                         units=units or (unit,), part_starts=part_starts)
 
-    ops = [record(0, "%a = tcp.load", 0, 0, 100), record(1, "%big = tcp.load", 0, 100, 50, (0, 1), (100, 0)),
-           record(2, "%c = tcp.load", 1, 50, 80)]
+    ops = [record(0, "%a = tcp.load", 0, 0, 100),
+           record(1, "%big = tcp.load", 0, 100, 50, (0, 1), (100, 0), nbytes=1001), record(2, "%c = tcp.load", 1, 50, 80)]
     engines = [EngineRecord("tensor", 2, 0, 0.0), EngineRecord("dma", 8, 280, 0.0), EngineRecord("none", None, 0, 0.0)]
     report = SimReport(machine, 150, roofline(machine, 0, 0), ops, engines, [0, 1], 0, machine.sram_bytes, "spill")
     trace = json.loads(json.dumps(report.chrome_trace()))
     check_process(trace["traceEvents"], 1, f"tcpc on {machine.name}", report.to_json(), RNGD_TRACKS)
     big = {e["name"]: e["ts"] for e in trace["traceEvents"] if e["ph"] == "X" and e["args"]["key"] == 1}
     assert big == {"%big = tcp.load (1/2)": 0.1, "%big = tcp.load (2/2)": 0.0}
+    shares = {e["name"]: e["args"]["hbm_bytes"] for e in trace["traceEvents"] if e["ph"] == "X" and e["args"]["key"] == 1}
+    assert shares == {"%big = tcp.load (1/2)": 501, "%big = tcp.load (2/2)": 500}  # not 1,001 each

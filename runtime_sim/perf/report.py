@@ -546,7 +546,10 @@ class SimReport:
             origin = self._origin(o)
             starts = o.part_starts or (o.start,) * len(o.units)
             ends = o.part_ends or tuple(s + o.cycles for s in starts)
-            for i, (unit, start, end) in enumerate(zip(o.units, starts, ends)):  # a command on several units shows on each
+            # A command on several units shows on each, with its part's share of the bytes and
+            # FLOPs (parts move equal shares): summed over a trace's slices they are the report's.
+            moved = zip(*(_shares(f, len(o.units)) for f in (o.bytes, o.hbm_bytes, o.flops)))
+            for i, (unit, start, end, (nbytes, hbm, flops)) in enumerate(zip(o.units, starts, ends, moved)):
                 tid = tids.get((o.engine, unit))
                 if tid is None:  # zero-cost ops run on no engine
                     continue
@@ -555,8 +558,8 @@ class SimReport:
                 spans.setdefault(o.key, (tid, ts))
                 events.append({
                     "ph": "X", "pid": pid, "tid": tid, "name": name, "cat": o.engine, "ts": ts, "dur": dur,
-                    "args": {"key": o.key, "cycles": o.cycles, "start_cycle": start, "bytes": o.bytes,
-                             "hbm_bytes": o.hbm_bytes, "flops": o.flops, "bound": o.bound, "phase": o.phase,
+                    "args": {"key": o.key, "cycles": o.cycles, "start_cycle": start, "bytes": nbytes,
+                             "hbm_bytes": hbm, "flops": flops, "bound": o.bound, "phase": o.phase,
                              "units": len(o.units), **origin, **extra_args.get(o.key, {})},
                 })
         return events + self.flow_events(pid, spans)
