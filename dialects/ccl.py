@@ -79,6 +79,11 @@ def _axis_props(axis: str, chips: int, dim: int = 0) -> dict[str, object]:
     return props
 
 
+def _order_props(whole_first: bool) -> dict[str, object]:
+    """`whole_first`: a destination's tokens ranked whole ones first (`_A2AOrder`)."""
+    return {"whole_first": UnitAttr()} if whole_first else {}
+
+
 def split_dim(op: IRDLOperation) -> int:
     """The tensor axis an all_gather concatenates or a reduce_scatter splits (`dim`, default 0)."""
     dim = op.dim  # type: ignore[attr-defined]
@@ -98,6 +103,17 @@ class _Collective(IRDLOperation):
 
     def _verify_group(self) -> None:
         expect(self.group_size >= 1, f"chips must be positive, got {self.group_size}")
+
+
+class _A2AOrder(_Collective):
+    """The order of a destination's tokens in an all-to-all plan's token send buffer: token
+    order, or with `whole_first` the *whole* tokens (every kept pair bound for one chip) first,
+    in token order, then the split ones: the receiver's sums of whole tokens are then the head
+    of each sender's slice, and only they go back (ccl.a2a_returns' `sum_counts`). Without a
+    capacity the order of a block's rows changes no row's bits; with one the receiver keeps an
+    expert's first pairs in arrival order, which must stay the tokens'."""
+
+    whole_first = opt_prop_def(UnitAttr)
 
 
 class AllToAllExchange(_Collective):
@@ -407,12 +423,13 @@ def _pair_shape(slot_rows: SSAValue) -> tuple[int, int]:
 
 
 @irdl_op_definition
-class A2ATokensOp(_Collective):
+class A2ATokensOp(_A2AOrder):
     """The deduplicated dispatch of an all-to-all plan (DeepEP's): a token's row crosses the
     link once to each chip that owns one of its pairs' slots, and that chip copies it to each
     of the token's slots. From `slot_rows` [T, K] (ccl.a2a_plan's: dest * S + slot, -1 dropped):
     `token_rows[t, d] = d * T + r`, r the token's rank among this chip's tokens with a pair
-    bound for chip d (-1: none), the rows of the token send buffer [chips * T]; `slot_tokens[d, s]`
+    bound for chip d (`whole_first`: whole ones first; -1: none), the rows of the token send
+    buffer [chips * T]; `slot_tokens[d, s]`
     where the token of slot s towards chip d lands in chip d's token receive buffer
     [chips * T]: me * T + r (me: this chip's place in the group; -1 for an empty slot);
     `counts[d]` the tokens sent to chip d. T rows per destination is the exact worst case
@@ -432,12 +449,12 @@ class A2ATokensOp(_Collective):
         "`,` type($counts)"
     )
 
-    def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int):
+    def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int, whole_first: bool = False):
         t, _ = shape_of(slot_rows.type)
         super().__init__(
             operands=[slot_rows],
             result_types=[TensorType(i32, [t, chips]), TensorType(i32, [chips, slots]), TensorType(i32, [chips])],
-            properties=_axis_props(axis, chips))
+            properties={**_axis_props(axis, chips), **_order_props(whole_first)})
 
     @property
     def slots(self) -> int:
@@ -455,12 +472,12 @@ class A2ATokensOp(_Collective):
 
 
 @irdl_op_definition
-class A2ATokenListsOp(_Collective):
+class A2ATokenListsOp(_A2AOrder):
     """A value per pair, listed per token and destination, for a receiver that sums a token's
     pairs itself (`strategy=a2a_sum`). From `slot_rows` [T, K] (ccl.a2a_plan's: dest * S + slot,
     -1 dropped) and `values` [T, K] (an expert index or a weight per pair): `lists[d, r, j]` is
     the value of the j-th kept pair, in k order, of the token of rank r among those with a pair
-    bound for chip d (the rows of ccl.a2a_tokens' send buffer); past a token's last pair, -1
+    bound for chip d (the rows of ccl.a2a_tokens' send buffer, in its order); past a token's last pair, -1
     (integers) or 0 (floats). Kk = min(K, E / chips) entries is the exact worst case (a token's
     K experts are distinct)."""
 
@@ -478,11 +495,13 @@ class A2ATokenListsOp(_Collective):
         "$slot_rows `,` $values `over` $axis attr-dict `:` type($slot_rows) `,` type($values) `->` type($lists)"
     )
 
-    def __init__(self, slot_rows: SSAValue, values: SSAValue, axis: str, chips: int, slots: int, entries: int):
+    def __init__(self, slot_rows: SSAValue, values: SSAValue, axis: str, chips: int, slots: int, entries: int,
+                 whole_first: bool = False):
         t, _ = shape_of(slot_rows.type)
         element = values.type.get_element_type()  # type: ignore[attr-defined]
         super().__init__(operands=[slot_rows, values], result_types=[TensorType(element, [chips, t, entries])],
-                         properties={**_axis_props(axis, chips), "slots": IntegerAttr(slots, i64)})
+                         properties={**_axis_props(axis, chips), "slots": IntegerAttr(slots, i64),
+                                     **_order_props(whole_first)})
 
     @property
     def entries(self) -> int:
@@ -501,7 +520,7 @@ class A2ATokenListsOp(_Collective):
 
 
 @irdl_op_definition
-class A2AReturnsOp(_Collective):
+class A2AReturnsOp(_A2AOrder):
     """Where an a2a combine's rows come back when each receiver sums the tokens it holds whole
     (`strategy=a2a`; the receiver routes the tokens it received by their lists, laid out as
     ccl.a2a_token_lists lays them). From `slot_rows` [T, K] (ccl.a2a_plan's: dest * S + slot,
@@ -519,7 +538,12 @@ class A2AReturnsOp(_Collective):
     - `token_returns` [T, 1]: where a whole token's sum lands in the home's receive buffer of
       sums, d * T + r (a2a_tokens' token row; -1: not whole);
     - `pair_returns` [T, K]: where a split token's pair's row lands in the receive buffer of
-      pair rows, d * S + its place in slice d (-1: a whole token's pair, or dropped).
+      pair rows, d * S + its place in slice d (-1: a whole token's pair, or dropped);
+    - `sum_counts` [chips]: the rows of d's slice whose sums come back, the head of it: with
+      `whole_first` the whole tokens bound for d, else every token sent there (a split one's
+      sum crosses unread).
+
+    The token rows r are ccl.a2a_tokens' with the same `whole_first`.
 
     Kk = `entries` = min(K, E / chips) is the exact worst case (a token's K experts are distinct)."""
 
@@ -529,6 +553,7 @@ class A2AReturnsOp(_Collective):
     pair_counts = result_def(TensorType)
     token_returns = result_def(TensorType)
     pair_returns = result_def(TensorType)
+    sum_counts = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
     entries = prop_def(IntegerAttr)
@@ -536,16 +561,17 @@ class A2AReturnsOp(_Collective):
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
         "$slot_rows `over` $axis attr-dict `:` type($slot_rows) `->` type($pair_slots) `,` type($pair_counts) `,` "
-        "type($token_returns) `,` type($pair_returns)"
+        "type($token_returns) `,` type($pair_returns) `,` type($sum_counts)"
     )
 
-    def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int, entries: int):
+    def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int, entries: int,
+                 whole_first: bool = False):
         t, k = shape_of(slot_rows.type)
         super().__init__(
             operands=[slot_rows],
             result_types=[TensorType(i32, [chips, slots]), TensorType(i32, [chips]), TensorType(i32, [t, 1]),
-                          TensorType(i32, [t, k])],
-            properties={**_axis_props(axis, chips), "entries": IntegerAttr(entries, i64)})
+                          TensorType(i32, [t, k]), TensorType(i32, [chips])],
+            properties={**_axis_props(axis, chips), "entries": IntegerAttr(entries, i64), **_order_props(whole_first)})
 
     @property
     def slots(self) -> int:
@@ -566,6 +592,7 @@ class A2AReturnsOp(_Collective):
         expect(self.pair_counts.type == TensorType(i32, [n]), f"pair_counts must be i32 [{n}]")
         expect(self.token_returns.type == TensorType(i32, [t, 1]), f"token_returns must be i32 [{t}, 1]")
         expect(self.pair_returns.type == TensorType(i32, [t, k]), f"pair_returns must be i32 [{t}, {k}]")
+        expect(self.sum_counts.type == TensorType(i32, [n]), f"sum_counts must be i32 [{n}]")
 
 
 COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)

@@ -132,11 +132,13 @@ def test_a2a_sum_capacity_keeps_what_one_chip_keeps(spec: str) -> None:
         assert all(c.ok for c in results), [c.message for c in results]
 
 
+@pytest.mark.parametrize("whole_first", [False, True])
 @pytest.mark.parametrize("tokens, k, experts, chips", [(3, 2, 4, 2), (2, 3, 6, 3), (4, 2, 8, 4), (2, 4, 4, 2)])
-def test_token_lists_hold_each_tokens_pairs_in_k_order(tokens: int, k: int, experts: int, chips: int) -> None:
+def test_token_lists_hold_each_tokens_pairs_in_k_order(tokens: int, k: int, experts: int, chips: int,
+                                                       whole_first: bool) -> None:
     """Every routing of small sizes (400 drawn where there are too many): the list a
-    destination gets for a token (at the token's row of the send buffer) is its kept pairs
-    there, in k order, then -1; weights alike."""
+    destination gets for a token (at the token's row of the send buffer, in either order) is
+    its kept pairs there, in k order, then -1; weights alike."""
     per_chip = experts // chips
     entries = min(k, per_chip)
     s = ccl.a2a_slots(tokens, k, per_chip)
@@ -149,9 +151,9 @@ def test_token_lists_hold_each_tokens_pairs_in_k_order(tokens: int, k: int, expe
         routings = [np.array([rows[i] for i in rng.integers(0, len(rows), tokens)], dtype=np.int32) for _ in range(400)]
     for choices in routings:
         slot_rows, _, _ = a2a_plan(choices, chips, experts, s)
-        token_rows, _, _ = a2a_tokens(slot_rows, chips, s, 0)
-        experts_at = a2a_token_lists(slot_rows, choices, chips, s, entries)
-        weights_at = a2a_token_lists(slot_rows, weights, chips, s, entries)
+        token_rows, _, _ = a2a_tokens(slot_rows, chips, s, 0, whole_first)
+        experts_at = a2a_token_lists(slot_rows, choices, chips, s, entries, whole_first)
+        weights_at = a2a_token_lists(slot_rows, weights, chips, s, entries, whole_first)
         for t in range(tokens):
             for d in range(chips):
                 pairs = [j for j in range(k) if choices[t, j] // per_chip == d]
@@ -164,23 +166,29 @@ def test_token_lists_hold_each_tokens_pairs_in_k_order(tokens: int, k: int, expe
                 assert weights_at[d, row].tolist() == [weights[t, j] for j in pairs] + [0.0] * padding
 
 
+@pytest.mark.parametrize("whole_first", [False, True])
 @pytest.mark.parametrize("tokens, k, experts, chips", [(3, 2, 4, 2), (2, 3, 6, 3), (2, 2, 8, 4)])
-def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, experts: int, chips: int) -> None:
+def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, experts: int, chips: int,
+                                                     whole_first: bool) -> None:
     """ccl.a2a_returns over every routing of small sizes, with a capacity that drops pairs: a
     token whose kept pairs all go to one chip comes home from its row there (the row
     a2a_tokens sent it in, which the receiver's combine over its list fills); every kept pair
     of a split token is listed for its chip in slot order, as its entry in the token's list
     there (the token's row, its place among the token's pairs there in k order), and comes
-    home from its own row; the counts say how many split pairs."""
+    home from its own row; the counts say how many split pairs. The sums that go back are the
+    head of each slice: with `whole_first` the whole tokens' rows, which come first, else all."""
     per_chip = experts // chips
     entries, me = min(k, per_chip), 1
     slots = ccl.a2a_slots(tokens, k, per_chip, 1)
     for choice in itertools.product(itertools.permutations(range(experts), k), repeat=tokens):
         top = np.array(choice, dtype=np.int32)
         rows, _, _ = a2a_plan(top, chips, experts, slots, capacity=1)
-        pair_slots, pair_counts, token_returns, pair_returns = a2a_returns(rows, chips, slots, entries, me)
-        token_rows, _, _ = a2a_tokens(rows, chips, slots, me)
+        pair_slots, pair_counts, token_returns, pair_returns, sum_counts = a2a_returns(rows, chips, slots, entries,
+                                                                                       me, whole_first)
+        token_rows, _, counts = a2a_tokens(rows, chips, slots, me, whole_first)
         dest = [sorted({int(r) // slots for r in rows[t] if r >= 0}) for t in range(tokens)]
+        whole = [sum(1 for t in range(tokens) if dest[t] == [d]) for d in range(chips)]
+        assert sum_counts.tolist() == (whole if whole_first else counts.tolist())
         for d in range(chips):
             split = sorted(int(r) for t in range(tokens) for r in rows[t] if r >= 0 and r // slots == d
                            and len(dest[t]) > 1)
@@ -195,6 +203,7 @@ def test_a2a_returns_sum_whole_tokens_where_they_sit(tokens: int, k: int, expert
         for t in range(tokens):
             if len(dest[t]) == 1:
                 assert token_returns[t, 0] == token_rows[t, dest[t][0]]
+                assert token_returns[t, 0] - dest[t][0] * tokens < sum_counts[dest[t][0]]  # its sum goes back
                 assert (pair_returns[t] == -1).all()
             else:
                 assert token_returns[t, 0] == -1
@@ -205,14 +214,17 @@ def test_a2a_returns_one_row_per_whole_token_bit_identical() -> None:
     """Qwen3's small layer on 2 chips (E = 16, K = 4: a token's pairs often sit on one chip,
     often on both): the receivers' sums of whole tokens and the home's sums of split tokens
     both occur, and the outputs are one chip's bit for bit; the return moves fewer rows than
-    one per pair (T = 16 tokens, K = 4)."""
+    one per pair (T = 16 tokens, K = 4). Only the whole tokens' sums go back, the head of each
+    slice (a destination's whole tokens ranked first): fewer rows than tokens were sent."""
     program = tcpc.compile_file("examples/qwen3_moe.moe")
     results, sim = _checked(program, "ep=2", seed=3)
     assert all(c.identical for c in results), [c.message for c in results]
     links = sim.report.links
     sums = sum(x.sent_bytes for x in links if x.label.startswith("%returned_sums ="))
     pairs = sum(x.sent_bytes for x in links if x.label.startswith("%returned ="))
+    tokens = sum(x.sent_bytes for x in links if x.label.startswith("%recv_x ="))
     assert sums > 0 and pairs > 0
+    assert sums < tokens  # a split token's sum stays on its receiver
     row_bytes = 2 * 64
     assert (sums + pairs) // row_bytes < 16 * 4
 
@@ -424,11 +436,14 @@ def test_cost_only_with_chips_that_receive_nothing(tmp_path) -> None:
     assert len({len([x for x in report.links if x.chip == c]) for c in range(8)}) == 1
 
 
+@pytest.mark.parametrize("whole_first", [False, True])
 @pytest.mark.parametrize("tokens, k, experts, chips", [(3, 2, 4, 2), (2, 3, 6, 3), (2, 2, 8, 4)])
-def test_token_dispatch_fills_every_slot_with_its_token(tokens: int, k: int, experts: int, chips: int) -> None:
-    """ccl.a2a_tokens over every routing of small sizes: each token crosses once to each chip
-    holding one of its pairs, and the receiver's copy by slot puts in every slot exactly the
-    token a per-pair send would have put there."""
+def test_token_dispatch_fills_every_slot_with_its_token(tokens: int, k: int, experts: int, chips: int,
+                                                        whole_first: bool) -> None:
+    """ccl.a2a_tokens over every routing of small sizes, in either order: each token crosses
+    once to each chip holding one of its pairs, and the receiver's copy by slot puts in every
+    slot exactly the token a per-pair send would have put there; with `whole_first` a
+    destination's whole tokens take its first rows."""
     from runtime_sim.semantics.ccl_semantics import a2a_tokens
 
     slots = ccl.a2a_slots(tokens, k, experts // chips)
@@ -436,9 +451,15 @@ def test_token_dispatch_fills_every_slot_with_its_token(tokens: int, k: int, exp
         top = np.array(choice, dtype=np.int32)
         rows, _, _ = a2a_plan(top, chips, experts, slots)
         me = 1
-        token_rows, slot_tokens, counts = a2a_tokens(rows, chips, slots, me)
+        token_rows, slot_tokens, counts = a2a_tokens(rows, chips, slots, me, whole_first)
         owners = top // (experts // chips)
         assert counts.tolist() == [int((owners == d).any(axis=1).sum()) for d in range(chips)]
+        if whole_first:
+            whole = (owners == owners[:, :1]).all(axis=1)
+            for d in range(chips):
+                at = token_rows[:, d] - d * tokens
+                if (at[whole] >= 0).any() and (at[~whole] >= 0).any():
+                    assert at[whole][at[whole] >= 0].max() < at[~whole][at[~whole] >= 0].min()
         sent = np.full(chips * tokens, -1)
         for t in range(tokens):
             for d in np.flatnonzero(token_rows[t] >= 0):

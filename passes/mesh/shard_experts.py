@@ -15,13 +15,15 @@ bound for that chip (`ccl.a2a_token_lists`: local experts and weights, in k orde
 owning chips, each of which routes the tokens it received with an ordinary `moe.scatter` of
 [chips * T/n] tokens with min(K, E/ep) choices each over its E/ep experts (pairs arrive in
 source-chip order, token-major within a source: the global token-major order, so a capacity
-drops exactly what one chip drops) and runs the blockwise experts. `ccl.a2a_returns` tells
+drops exactly what one chip drops; without one a source's whole tokens first, below, which moves
+rows within a block and no bits) and runs the blockwise experts. `ccl.a2a_returns` tells
 which tokens are *whole* (all kept pairs on one chip; balanced routing at real sizes) and which
 *split*: the receiver's `moe.combine` over its received tokens' lists sums every token's
 weighted rows straight from the blocks, over k in order from +0.0 in f32, rounded once, which
-for a whole token is what `moe.combine` does on one chip, and sends one row back per token it
-received; a split token's row is not read at home: its pairs' rows are gathered from the
-blocks (`moe.pair_rows`: where each listed pair sits) and come back one row each, and the home
+for a whole token is what `moe.combine` does on one chip, and sends one row back per whole
+token it received (without a capacity the plan ranks a destination's whole tokens first,
+`whole_first`, so they are the head of each slice); a split token's pairs' rows are gathered
+from the blocks (`moe.pair_rows`: where each listed pair sits) and come back one row each, and the home
 chip takes their weighted sum over k in order, adding the whole tokens' rows (zero for a
 split token) in place of + 0.0. The result is bit-identical to one chip's, and at balanced
 routing the return is one row per token and chip. With sp or tp the receiver routes per-pair
@@ -794,6 +796,9 @@ class _A2A(_Strategy):
 
     recv_counts: SSAValue | None = None
     recv_weights: SSAValue | None = None
+    whole_first = False
+    """The plan's token order (ccl `_A2AOrder`): a destination's whole tokens first, so that only
+    their sums go back, where the receiver's order changes no bits (a2a's return, no capacity)."""
 
     @property
     def by_slot(self) -> bool:
@@ -818,6 +823,7 @@ class _A2A(_Strategy):
         b.phase = "dispatch"
         ep, tl, d = layer.ep, layer.tokens, shape_of(op.input.type)[1]
         x, top_e = self._dispatched(op)
+        self.whole_first = returns and layer.route.capacity_limit is None
         tokens = self._plan_tokens(top_e)
         self.entries = min(layer.route.k.data, layer.experts_per_chip)
         # The link runs its commands in issue order: the lists first, so the receiver's routing
@@ -832,10 +838,14 @@ class _A2A(_Strategy):
         sent = self._send_rows(x)
         later: list[tuple[SSAValue, SSAValue | None, str]] = [(tokens.counts, None, "recv_token_counts")]
         if returns:
-            plan = self.returns = b.add(ccl.A2AReturnsOp(self.plan.slot_rows, EP, ep, self.plan.slots, self.entries))
-            for r, name in zip(plan.results, ("pair_slots", "pair_counts", "token_returns", "pair_returns")):
+            plan = self.returns = b.add(ccl.A2AReturnsOp(self.plan.slot_rows, EP, ep, self.plan.slots, self.entries,
+                                                         self.whole_first))
+            for r, name in zip(plan.results, ("pair_slots", "pair_counts", "token_returns", "pair_returns",
+                                              "sum_counts")):
                 r.name_hint = name
-            later = [(plan.pair_slots, plan.pair_counts, "recv_pair_slots"), *later,
+            # The sums that come back, the head of each sender's slice: with whole_first only
+            # the whole tokens' (a split token's is not read at home).
+            later = [(plan.pair_slots, plan.pair_counts, "recv_pair_slots"), (plan.sum_counts, None, "recv_sum_counts"),
                      (plan.pair_counts, None, "recv_pair_counts")]
         started = [b.start(ccl.AllToAllStartOp(v, EP, ep, rows=rows), name) for v, rows, name in later]
         b.to_stage("receive")
@@ -847,7 +857,7 @@ class _A2A(_Strategy):
         recv = b.done(sent)
         done = [b.done(v) for v in started]
         if returns:
-            self.recv_pair_slots, self.recv_token_counts, self.recv_pair_counts = done
+            self.recv_pair_slots, self.recv_sum_counts, self.recv_pair_counts = done
         else:
             (self.recv_token_counts,) = done
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
@@ -887,7 +897,7 @@ class _A2A(_Strategy):
 
     def _lists(self, values: SSAValue, name: str) -> SSAValue:
         return self.b.add(ccl.A2ATokenListsOp(self.plan.slot_rows, values, EP, self.layer.ep, self.plan.slots,
-                                              self.entries), name).results[0]
+                                              self.entries, self.whole_first), name).results[0]
 
     def _send(self, lists: SSAValue, name: str) -> SSAValue:
         """`lists` sent with the tokens (the all-to-all started)."""
@@ -900,7 +910,8 @@ class _A2A(_Strategy):
     def _plan_tokens(self, top_e: SSAValue) -> ccl.A2ATokensOp:
         """The plan of this chip's pairs (`self.plan`) and its deduplicated dispatch."""
         plan = self.plan = self._plan(top_e)
-        tokens = self.tokens = self.b.add(ccl.A2ATokensOp(plan.slot_rows, EP, self.layer.ep, plan.slots))
+        tokens = self.tokens = self.b.add(ccl.A2ATokensOp(plan.slot_rows, EP, self.layer.ep, plan.slots,
+                                                          self.whole_first))
         for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
             r.name_hint = name
         return tokens
@@ -1005,7 +1016,7 @@ class _A2A(_Strategy):
         # per token received goes back; a split token's is not read at home, where its pairs
         # come back one row each and are summed: bit-identical either way.
         sums = b.add(moe.CombineOp(blocks, self.route, self.recv_weights), "token_sums").results[0]
-        sums_back = self._start_return(sums, tl, self.recv_token_counts, "returned_sums", "send_sums")
+        sums_back = self._start_return(sums, tl, self.recv_sum_counts, "returned_sums", "send_sums")
         b.to_stage("home")
         returns = self.returns
         whole = self._returned(sums_back, tl, returns.token_returns, "whole_sums")

@@ -68,6 +68,13 @@ LIST_STREAMS = 2
 """... and for one `ccl.a2a_token_lists` (a pair's destination one-hot, the lists' values)."""
 
 
+def _rank_scans(op: ccl.A2ATokensOp | ccl.A2ATokenListsOp | ccl.A2AReturnsOp, machine: Machine) -> tuple[int, str]:
+    """The token ranks' cumsum over [T, chips], or with `whole_first` over [T, 2 chips] (the
+    whole tokens' and the split ones' side by side, one invocation), and what bounds it."""
+    t, _ = shape_of(op.slot_rows.type)
+    return scan_cycles(machine, (2 if op.whole_first is not None else 1) * op.group_size, t)
+
+
 def cost_a2a_tokens(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     """Index work as `ccl.a2a_plan`'s: each pair's destination one-hot over the chips and its
     any over K, the token rank (a cumsum over [T, chips]) and the slots' token rows."""
@@ -75,7 +82,7 @@ def cost_a2a_tokens(op: Operation, operands: tuple[Any, ...], results: tuple[Any
     t, k = shape_of(op.slot_rows.type)
     n = op.group_size
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
-    scan, bound = scan_cycles(machine, n, t)
+    scan, bound = _rank_scans(op, machine)
     return OpCost("tensor", TOKEN_STREAMS * stream + scan, bytes_moved=4 * (TOKEN_STREAMS + 1) * 2 * t * k * n,
                   bound=bound)
 
@@ -89,7 +96,7 @@ def cost_a2a_token_lists(op: Operation, operands: tuple[Any, ...], results: tupl
     t, k = shape_of(op.slot_rows.type)
     n = op.group_size
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
-    scan, bound = scan_cycles(machine, n, t)
+    scan, bound = _rank_scans(op, machine)
     over_k, _ = scan_cycles(machine, t * n, k)
     return OpCost("tensor", LIST_STREAMS * stream + scan + over_k, bytes_moved=4 * (LIST_STREAMS + 2) * 2 * t * k * n,
                   bound=bound)
@@ -109,7 +116,7 @@ def cost_a2a_returns(op: Operation, operands: tuple[Any, ...], results: tuple[An
     t, k = shape_of(op.slot_rows.type)
     n = op.group_size
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
-    tokens, bound = scan_cycles(machine, n, t)
+    tokens, bound = _rank_scans(op, machine)
     pairs, _ = scan_cycles(machine, n, t * k)
     over_k, _ = scan_cycles(machine, t * n, k)
     return OpCost("tensor", RETURN_STREAMS * stream + tokens + pairs + over_k,

@@ -85,22 +85,30 @@ def a2a_plan(experts_idx: np.ndarray, chips: int, experts: int, slots: int,
     return rows.reshape(experts_idx.shape).astype(np.int32), slot_experts.reshape(chips, slots), counts
 
 
-def _destinations(slot_rows: np.ndarray, chips: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _destinations(slot_rows: np.ndarray, chips: int, slots: int,
+                  whole_first: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Of a plan's pairs: each one's destination chip [T, K] (-1: dropped), whether it is bound
     for chip d [T, K, chips], and each token's rank among the tokens with a pair bound for chip
-    d [T, chips] (its row of that chip's slice of the token send buffer)."""
+    d [T, chips] (its row of that chip's slice of the token send buffer; `whole_first`: the
+    tokens whose kept pairs are all bound for one chip first, ccl's `_A2AOrder`)."""
     dest = np.where(slot_rows >= 0, slot_rows // max(slots, 1), -1)
     bound = dest[:, :, None] == np.arange(chips)
-    rank = np.cumsum(bound.any(axis=1), axis=0) - 1
+    has = bound.any(axis=1)  # [T, chips]
+    if not whole_first:
+        return dest, bound, np.cumsum(has, axis=0) - 1
+    whole = (has.sum(axis=1) == 1)[:, None]
+    first, then = has & whole, has & ~whole
+    rank = np.where(whole, np.cumsum(first, axis=0) - 1, first.sum(axis=0) + np.cumsum(then, axis=0) - 1)
     return dest, bound, rank
 
 
-def a2a_tokens(slot_rows: np.ndarray, chips: int, slots: int, me: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def a2a_tokens(slot_rows: np.ndarray, chips: int, slots: int, me: int,
+               whole_first: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`ccl.a2a_tokens`: token rows [T, chips] (d * T + rank, -1), slot tokens [chips, S]
     (me * T + the slot's token's rank, -1 empty), counts [chips]."""
     t = slot_rows.shape[0]
     kept = slot_rows >= 0
-    dest, bound, rank = _destinations(slot_rows, chips, slots)
+    dest, bound, rank = _destinations(slot_rows, chips, slots, whole_first)
     has = bound.any(axis=1)  # [T, chips]
     token_rows = np.where(has, np.arange(chips) * t + rank, -1)
     slot_tokens = np.full(chips * slots, -1, dtype=np.int64)
@@ -111,12 +119,12 @@ def a2a_tokens(slot_rows: np.ndarray, chips: int, slots: int, me: int) -> tuple[
 
 
 def a2a_token_lists(slot_rows: np.ndarray, values: np.ndarray, chips: int, slots: int,
-                    entries: int) -> np.ndarray:
+                    entries: int, whole_first: bool = False) -> np.ndarray:
     """`ccl.a2a_token_lists` over a plan of `slots` slots per chip: [chips, T, entries], a
     token's row at each destination its rank among the tokens sent there (as a2a_tokens'
     token rows); -1 (integers) or 0 (floats) past a token's last pair."""
     t, _ = slot_rows.shape
-    dest, bound, rank = _destinations(slot_rows, chips, slots)
+    dest, bound, rank = _destinations(slot_rows, chips, slots, whole_first)
     entry = np.cumsum(bound, axis=1) - 1  # [T, K, chips]: a pair's place in its token's list there
     tt, kk = np.nonzero(slot_rows >= 0)
     d = dest[tt, kk]
@@ -140,19 +148,22 @@ def _ranks(groups: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
-                me: int) -> tuple[np.ndarray, ...]:
+                me: int, whole_first: bool = False) -> tuple[np.ndarray, ...]:
     """`ccl.a2a_returns` over a plan of `slots` slots per chip: pair slots [chips, S]
     ((me * T + r) * entries + j + 1, 0 none), pair counts [chips], token returns [T, 1]
-    (d * T + r, -1) and pair returns [T, K] (d * S + p, -1)."""
+    (d * T + r, -1), pair returns [T, K] (d * S + p, -1) and sum counts [chips] (the whole
+    tokens bound for d with `whole_first`, else every token sent there)."""
     t, k = slot_rows.shape
-    dest, bound, rank = _destinations(slot_rows, chips, slots)
+    dest, bound, rank = _destinations(slot_rows, chips, slots, whole_first)
     kept = slot_rows >= 0
     entry = np.cumsum(bound, axis=1) - 1  # [T, K, chips]: a pair's place in its token's list there
     tt, kk = np.nonzero(kept)
     if tt.size and entry[tt, kk, dest[tt, kk]].max() >= entries:
         raise InterpretationError(f"ccl.a2a_returns: a token has {int(entry[tt, kk, dest[tt, kk]].max()) + 1} pairs "
                                   f"for one chip, more than the {entries} list entries (a token chose one expert twice?)")
-    whole = bound.any(axis=1).sum(axis=1) == 1  # [T]
+    has = bound.any(axis=1)  # [T, chips]
+    whole = has.sum(axis=1) == 1  # [T]
+    sum_counts = (has & whole[:, None] if whole_first else has).sum(axis=0).astype(np.int32)
     tokens = np.nonzero(whole)[0]
     home = dest.max(axis=1)[tokens]  # a whole token's one destination
     token_returns = np.full((t, 1), -1, dtype=np.int32)
@@ -166,7 +177,7 @@ def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
     pair_slots[d, p] = (me * t + rank[tt, d]) * entries + entry[tt, kk, d] + 1
     pair_returns = np.full((t, k), -1, dtype=np.int32)
     pair_returns[tt, kk] = d * slots + p
-    return pair_slots, pair_counts, token_returns, pair_returns
+    return pair_slots, pair_counts, token_returns, pair_returns, sum_counts
 
 
 class MeshExchange:
@@ -283,16 +294,17 @@ class CCLFunctions(InterpreterFunctions):
 
     @impl(ccl.A2ATokensOp)
     def run_a2a_tokens(self, interpreter: Interpreter, op: ccl.A2ATokensOp, args: tuple[Any, ...]):
-        return a2a_tokens(np.asarray(args[0]), op.group_size, op.slots, self._place(op))
+        return a2a_tokens(np.asarray(args[0]), op.group_size, op.slots, self._place(op), op.whole_first is not None)
 
     @impl(ccl.A2ATokenListsOp)
     def run_a2a_token_lists(self, interpreter: Interpreter, op: ccl.A2ATokenListsOp, args: tuple[Any, ...]):
         return (a2a_token_lists(np.asarray(args[0]), np.asarray(args[1]), op.group_size, op.slots.value.data,
-                                op.entries),)
+                                op.entries, op.whole_first is not None),)
 
     @impl(ccl.A2AReturnsOp)
     def run_a2a_returns(self, interpreter: Interpreter, op: ccl.A2AReturnsOp, args: tuple[Any, ...]):
-        return a2a_returns(np.asarray(args[0]), op.group_size, op.slots, op.list_entries, self._place(op))
+        return a2a_returns(np.asarray(args[0]), op.group_size, op.slots, op.list_entries, self._place(op),
+                           op.whole_first is not None)
 
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]

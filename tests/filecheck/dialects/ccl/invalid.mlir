@@ -219,8 +219,17 @@ func.func @a2a_token_lists_lists(%sr: tensor<2x2xi32>, %v: tensor<2x2xi32>) {
 // -----
 
 func.func @a2a_returns_entries(%sr: tensor<2x2xi32>) {
-  %ps, %pc, %tr, %pr = ccl.a2a_returns %sr over "ep" {chips = 2 : i64, entries = 3 : i64} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>
+  %ps, %pc, %tr, %pr, %sc = ccl.a2a_returns %sr over "ep" {chips = 2 : i64, entries = 3 : i64} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
   func.return
 }
 
 // CHECK: entries must be in [1, 2]
+
+// -----
+
+func.func @a2a_returns_sum_counts(%sr: tensor<2x2xi32>) {
+  %ps, %pc, %tr, %pr, %sc = ccl.a2a_returns %sr over "ep" {chips = 2 : i64, entries = 2 : i64, whole_first} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<3xi32>
+  func.return
+}
+
+// CHECK: sum_counts must be i32 [2]

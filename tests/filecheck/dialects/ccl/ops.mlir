@@ -6,8 +6,8 @@
 func.func @exchange(%x: tensor<2x8xbf16> {ccl.shard = "tokens"}, %w_up: tensor<2x8x8xbf16> {ccl.shard = "experts", ccl.tp_axis = 2 : i64}, %top_e: tensor<2x2xi32>, %partial: tensor<4x8xf32>, %rows: tensor<2x4x8xf32>) -> tensor<2x4x8xf32> attributes {ccl.mesh = "ep=2,tp=2", ccl.strategy = "a2a"} {
   %slot_rows, %slot_experts, %send_counts = ccl.a2a_plan %top_e over "ep" {chips = 2 : i64, experts = 4 : i64, capacity = 0 : i64} : tensor<2x2xi32> -> tensor<2x2xi32>, tensor<2x4xi32>, tensor<2xi32>
   %token_rows, %slot_tokens, %token_counts = ccl.a2a_tokens %slot_rows over "ep" {chips = 2 : i64} : tensor<2x2xi32> -> tensor<2x2xi32>, tensor<2x4xi32>, tensor<2xi32>
-  %expert_lists = ccl.a2a_token_lists %slot_rows, %top_e over "ep" {chips = 2 : i64, slots = 4 : i64} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x2x2xi32>
-  %pair_slots, %pair_counts, %token_returns, %pair_returns = ccl.a2a_returns %slot_rows over "ep" {chips = 2 : i64, entries = 2 : i64} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>
+  %expert_lists = ccl.a2a_token_lists %slot_rows, %top_e over "ep" {chips = 2 : i64, slots = 4 : i64, whole_first} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x2x2xi32>
+  %pair_slots, %pair_counts, %token_returns, %pair_returns, %sum_counts = ccl.a2a_returns %slot_rows over "ep" {chips = 2 : i64, entries = 2 : i64, whole_first} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
   %recv_counts = ccl.all_to_all %send_counts over "ep" {chips = 2 : i64} : tensor<2xi32> -> tensor<2xi32>
   %lists = ccl.all_to_all %expert_lists rows %token_counts over "ep" {chips = 2 : i64} : tensor<2x2x2xi32>, tensor<2xi32> -> tensor<2x2x2xi32>
   %x_all = ccl.all_gather %x over "ep" {chips = 2 : i64} : tensor<2x8xbf16> -> tensor<4x8xbf16>
@@ -37,8 +37,8 @@ func.func @packed(%sums: tensor<2x4x8xbf16>, %counts: tensor<2xi32>) -> tensor<2
 // CHECK:      func.func @exchange(%x: tensor<2x8xbf16> {ccl.shard = "tokens"}, %w_up: tensor<2x8x8xbf16> {ccl.shard = "experts", ccl.tp_axis = 2 : i64}, %top_e: tensor<2x2xi32>, %partial: tensor<4x8xf32>, %rows: tensor<2x4x8xf32>) -> tensor<2x4x8xf32> attributes {ccl.mesh = "ep=2,tp=2", ccl.strategy = "a2a"} {
 // CHECK-NEXT:   %slot_rows, %slot_experts, %send_counts = ccl.a2a_plan %top_e over "ep" {chips = 2 : i64, experts = 4 : i64, capacity = 0 : i64} : tensor<2x2xi32> -> tensor<2x2xi32>, tensor<2x4xi32>, tensor<2xi32>
 // CHECK-NEXT:   %token_rows, %slot_tokens, %token_counts = ccl.a2a_tokens %slot_rows over "ep" {chips = 2 : i64} : tensor<2x2xi32> -> tensor<2x2xi32>, tensor<2x4xi32>, tensor<2xi32>
-// CHECK-NEXT:   %expert_lists = ccl.a2a_token_lists %slot_rows, %top_e over "ep" {chips = 2 : i64, slots = 4 : i64} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x2x2xi32>
-// CHECK-NEXT: %pair_slots, %pair_counts, %token_returns, %pair_returns = ccl.a2a_returns %slot_rows over "ep" {chips = 2 : i64, entries = 2 : i64} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>
+// CHECK-NEXT:   %expert_lists = ccl.a2a_token_lists %slot_rows, %top_e over "ep" {chips = 2 : i64, slots = 4 : i64, whole_first} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x2x2xi32>
+// CHECK-NEXT: %pair_slots, %pair_counts, %token_returns, %pair_returns, %sum_counts = ccl.a2a_returns %slot_rows over "ep" {chips = 2 : i64, entries = 2 : i64, whole_first} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
 // CHECK-NEXT:   %recv_counts = ccl.all_to_all %send_counts over "ep" {chips = 2 : i64} : tensor<2xi32> -> tensor<2xi32>
 // CHECK-NEXT:   %lists = ccl.all_to_all %expert_lists rows %token_counts over "ep" {chips = 2 : i64} : tensor<2x2x2xi32>, tensor<2xi32> -> tensor<2x2x2xi32>
 // CHECK-NEXT:   %x_all = ccl.all_gather %x over "ep" {chips = 2 : i64} : tensor<2x8xbf16> -> tensor<4x8xbf16>
