@@ -81,6 +81,7 @@ from runtime_sim.perf.scheduler import Schedule
 from runtime_sim.semantics.collector import without_gc_pauses
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
+from runtime_sim.semantics.tile_semantics import guard_runs, sliced
 
 
 class CostOnlyError(Exception):
@@ -442,8 +443,7 @@ class GuardProbe:
     passed its arguments on unchanged, it runs exactly the same ops on the same arguments, so
     the interpreter need not run it (`LoopReplay._run_values` takes the one before's ops)."""
 
-    def __init__(self, loop: scf.ForOp, guards: list[tuple[tile.SliceOp, int, int]]):
-        self.loop = loop
+    def __init__(self, guards: list[tuple[tile.SliceOp, int, int]]):
         self.guards = guards
         """Each guard's slice, and its offset as (index, constant): the loop index times the
         first plus the second."""
@@ -482,7 +482,7 @@ class GuardProbe:
                 return None
             if any(v in offsets for v in op.operands) and not isinstance(op, (arith.AddiOp, tile.SliceOp)):
                 return None  # the index read otherwise than through a slice's offset
-        return GuardProbe(loop, found) if found else None
+        return GuardProbe(found) if found else None
 
     def skips(self, interpreter: Interpreter, i: int) -> bool:
         """Whether iteration `i` skips every guarded block: each guard's slice at `i` has no
@@ -493,9 +493,7 @@ class GuardProbe:
                 source = source.force()
             if is_placeholder(source):
                 return False
-            start, shape = scale * i + base, shape_of(op.result.type)
-            window = tuple(slice(o, o + n) for o, n in zip(op.window_offsets(), shape[1:]))
-            if (np.asarray(source)[(slice(start, start + shape[0]), *window)] >= 0).any():
+            if guard_runs(sliced(op, np.asarray(source), scale * i + base)):
                 return False
         return True
 
