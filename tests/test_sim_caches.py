@@ -182,3 +182,23 @@ def test_loop_iterations_that_read_no_values_are_copied_not_interpreted(routing:
     assert copied.report.to_json() == interpreted.report.to_json()
     assert copied.report.chrome_trace() == interpreted.report.chrome_trace()
     assert nx.utils.graphs_equal(copied.graph, interpreted.graph)
+
+
+def test_iterations_that_skip_every_guarded_block_are_not_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expert loop runs over the worst case's blocks, of which balanced routing fills the
+    first 64 of 191 here: once an iteration has skipped every block it guards and passed its
+    arguments on, a later one whose guards skip too runs the same ops (cost_only.GuardProbe),
+    and is not interpreted; the report is that of a run interpreting each of them."""
+    from runtime_sim.perf import cost_only
+
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"D": 2048, "F": 768, "E": 128, "K": 8, "T": 1024, "B": 128})
+    pipeline = pipeline_spec(topk_strategy="rank", expert_order="block")
+    probed, unprobed = _Counting(), _Counting()
+    fast = program.simulate(cost_only=True, routing="balanced", pipeline=pipeline, listeners=[probed])
+    monkeypatch.setattr(cost_only.GuardProbe, "of", staticmethod(lambda loop: None))
+    slow = program.simulate(cost_only=True, routing="balanced", pipeline=pipeline, listeners=[unprobed])
+    assert probed.ops + probed.skipped == unprobed.ops + unprobed.skipped
+    # Most of the unused blocks' iterations (each cluster's slice, guard and branch, the yields): 558 ops.
+    assert probed.skipped - unprobed.skipped >= 400
+    assert fast.report.to_json() == slow.report.to_json()
+    assert fast.report.chrome_trace() == slow.report.chrome_trace()

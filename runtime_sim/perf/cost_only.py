@@ -46,15 +46,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xdsl.dialects import func, scf
-from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
-from xdsl.ir import Attribute, Dialect, Operation
+from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.traits import IsTerminator
 
 from dialects.annotations import expert_indices, routing_arguments
 from dialects.moe import MoE
 from dialects.tcp import TCP
+from dialects import tile
 from dialects.tile import Tile
 from dialects.tmath import TMath
 from dialects.ve import VE
@@ -80,6 +81,7 @@ from runtime_sim.perf.scheduler import Schedule
 from runtime_sim.semantics.collector import without_gc_pauses
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
+from runtime_sim.semantics.tile_semantics import guard_runs, sliced
 
 
 class CostOnlyError(Exception):
@@ -431,6 +433,71 @@ def least_command_cycles(cost: OpCost) -> int:
     return min(cost.part_cycles) if cost.part_cycles else cost.cycles
 
 
+class GuardProbe:
+    """Whether an iteration of a `values` loop skips every block it guards, worked out without
+    running it. Such a loop's body (an expert or combine loop over the worst case's blocks or
+    tiles, of which a routing fills a few) is, at its top level, index arithmetic, slices of
+    values made before the loop at the index, guards of those slices and branches on the
+    guards whose second region only yields. An iteration whose guards are all false runs
+    those ops and the yields alone, whatever its index; if the iteration before it did too and
+    passed its arguments on unchanged, it runs exactly the same ops on the same arguments, so
+    the interpreter need not run it (`LoopReplay._run_values` takes the one before's ops)."""
+
+    def __init__(self, guards: list[tuple[tile.SliceOp, int, int]]):
+        self.guards = guards
+        """Each guard's slice, and its offset as (index, constant): the loop index times the
+        first plus the second."""
+
+    @staticmethod
+    def of(loop: scf.ForOp) -> GuardProbe | None:
+        """The probe of `loop`, or None when its body is not of that form."""
+        body = loop.body.block
+        index = body.args[0]
+        constants: dict[SSAValue, int] = {}
+        offsets: dict[SSAValue, tuple[int, int]] = {index: (1, 0)}
+        slices: set[SSAValue] = set()
+        guards: dict[SSAValue, tuple[tile.SliceOp, int, int]] = {}
+        found: list[tuple[tile.SliceOp, int, int]] = []
+        for op in body.ops:
+            if isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):
+                constants[op.result] = op.value.value.data
+            elif isinstance(op, arith.AddiOp) and op.lhs in offsets and op.rhs in constants:
+                scale, base = offsets[op.lhs]
+                offsets[op.result] = (scale, base + constants[op.rhs])
+            elif isinstance(op, tile.SliceOp):
+                if op.operands[1] not in offsets or op.operands[0].owner in body.ops:
+                    return None
+                slices.add(op.result)
+            elif isinstance(op, tile.GuardOp):
+                source = op.operands[0].owner
+                if op.operands[0] not in slices or not isinstance(source, tile.SliceOp):
+                    return None
+                guards[op.result] = (source, *offsets[source.operands[1]])
+            elif isinstance(op, scf.IfOp):
+                second = list(op.false_region.blocks.first.ops) if op.false_region.blocks.first is not None else []
+                if op.cond not in guards or [type(o) for o in second] != [scf.YieldOp]:
+                    return None
+                found.append(guards[op.cond])
+            elif not isinstance(op, scf.YieldOp):
+                return None
+            if any(v in offsets for v in op.operands) and not isinstance(op, (arith.AddiOp, tile.SliceOp)):
+                return None  # the index read otherwise than through a slice's offset
+        return GuardProbe(found) if found else None
+
+    def skips(self, interpreter: Interpreter, i: int) -> bool:
+        """Whether iteration `i` skips every guarded block: each guard's slice at `i` has no
+        entry >= 0 (tile.guard's semantics)."""
+        for op, scale, base in self.guards:
+            (source,) = interpreter.get_values((op.operands[0],))
+            if isinstance(source, Lazy):
+                source = source.force()
+            if is_placeholder(source):
+                return False
+            if guard_runs(sliced(op, np.asarray(source), scale * i + base)):
+                return False
+        return True
+
+
 class LoopReplay:
     """Cost-only runs of loops whose iterations record the same commands, moved on by one
     iteration (TraceRecorder.template says when an iteration is such a template).
@@ -460,6 +527,7 @@ class LoopReplay:
         self.bar = bar
         """Checked after every iteration: a run that cannot win a choice stops in its first loop past the bar."""
         self._kinds: dict[scf.ForOp, str] = {}
+        self._probes: dict[scf.ForOp, GuardProbe | None] = {}
 
     @staticmethod
     def allowed(listeners: Sequence[Interpreter.Listener]) -> bool:
@@ -521,11 +589,23 @@ class LoopReplay:
         period = copies = 0
         pending: list[list[tuple[bool, Operation, tuple[Any, ...]]]] = []
         """The iterations since the last copy, whose signatures match the template's so far."""
+        probe = self._probes[loop] if loop in self._probes else self._probes.setdefault(loop, GuardProbe.of(loop))
+        skipped: tuple[list[tuple[bool, Operation, tuple[Any, ...]]], tuple[tuple[object, ...], ...]] | None = None
+        """The ops and signature of the iteration before, when it skipped every block and passed its arguments on."""
         for i in iterations:
-            recorder.defer()
-            loop_args = interpreter.run_ssacfg_region(loop.body, (i, *loop_args), "for_loop")
-            events = recorder.deferred()
-            signature = recorder.signature(events)
+            skips = probe is not None and probe.skips(interpreter, i)
+            if skips and skipped is not None:  # the same ops on the same arguments (GuardProbe)
+                events, signature = skipped
+                for listener in self.listeners:
+                    listener.did_skip_ops(sum(will for will, _, _ in events))  # type: ignore[attr-defined]
+            else:
+                recorder.defer()
+                before = loop_args
+                loop_args = interpreter.run_ssacfg_region(loop.body, (i, *loop_args), "for_loop")
+                events = recorder.deferred()
+                signature = recorder.signature(events)
+                passed_on = len(before) == len(loop_args) and all(a is b for a, b in zip(before, loop_args))
+                skipped = (events, signature) if skips and passed_on else None
             if template is not None:
                 if signature == template.signature[len(pending)]:
                     pending.append(events)

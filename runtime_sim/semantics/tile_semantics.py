@@ -25,6 +25,18 @@ def _rows(op_name: str, source: np.ndarray, offset: int, n: int) -> slice:
     return slice(offset, offset + n)
 
 
+def sliced(op: tile.SliceOp, source: np.ndarray, offset: int) -> np.ndarray:
+    """`tile.slice`: the tile of `source` at row `offset` (and the op's window of each row)."""
+    shape = shape_of(op.result.type)
+    window = tuple(slice(o, o + n) for o, n in zip(op.window_offsets(), shape[1:]))
+    return source[(_rows(op.name, source, offset, shape[0]), *window)]
+
+
+def guard_runs(ids: np.ndarray) -> bool:
+    """`tile.guard`: whether its block runs (an entry >= 0)."""
+    return bool(np.any(np.asarray(ids) >= 0))
+
+
 def _skipped(guard: np.ndarray) -> bool:
     """A guard of one entry: negative skips the command."""
     return bool(np.asarray(guard).reshape(-1)[0] < 0)
@@ -44,10 +56,7 @@ class TileFunctions(InterpreterFunctions):
 
     @impl(tile.SliceOp)
     def run_slice(self, interpreter: Interpreter, op: tile.SliceOp, args: tuple[Any, ...]):
-        source, offset = args
-        shape = shape_of(op.result.type)
-        window = tuple(slice(o, o + n) for o, n in zip(op.window_offsets(), shape[1:]))
-        return (source[(_rows(op.name, source, offset, shape[0]), *window)],)
+        return (sliced(op, *args),)
 
     @impl(tile.LoadOp)
     def run_load(self, interpreter: Interpreter, op: tile.LoadOp, args: tuple[Any, ...]):
@@ -86,7 +95,7 @@ class TileFunctions(InterpreterFunctions):
 
     @impl(tile.GuardOp)
     def run_guard(self, interpreter: Interpreter, op: tile.GuardOp, args: tuple[Any, ...]):
-        return (bool(np.any(np.asarray(args[0]) >= 0)),)
+        return (guard_runs(args[0]),)
 
     @impl(tile.LoadExpertOp)
     def run_load_expert(self, interpreter: Interpreter, op: tile.LoadExpertOp, args: tuple[Any, ...]):
