@@ -38,6 +38,7 @@ trip, so chunks 0 and 1 are dispatched after its first."""
 @pytest.mark.parametrize("dims, spec, loops, routers", [
     (SMALL, "ep=2,strategy=a2a,chunks=2", (2, 4), (0, 0)),  # the router whole
     (SMALL, "ep=2,strategy=a2a_sum,chunks=2", (2, 4), (0, 0)),
+    (SMALL, "ep=2,tp=2,chunks=2", (2, 5), (0, 0)),  # chunk 0's all-gather over tp before chunk 1's last quarter
     (ROUTER_TILED, "ep=2,strategy=a2a,chunks=4,topk=rounds", (4, 10), (1, 2)),
 ])
 def test_the_chunks_work_moved_into_the_loops_keeps_the_bits(dims: dict[str, int], spec: str,
@@ -65,17 +66,33 @@ def test_the_chunks_work_moved_into_the_loops_keeps_the_bits(dims: dict[str, int
         assert np.array_equal(before.view(np.uint8), moved.view(np.uint8))
 
 
+def _cycles(dims: dict[str, int], spec: str) -> list[int]:
+    """Qwen3-MoE at `dims` on the mesh `spec`, cost-only under balanced routing: the slowest
+    chip's cycles without interleave-chunks and with it."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=dims)
+    mesh = MeshSpec.parse(spec)
+    machine = load_mesh_machine()
+    cycles = []
+    for pipeline in (_without(mesh.pipeline(cost_only=True)), mesh.pipeline(cost_only=True)):
+        module = program.lower(pipeline)
+        cycles.append(simulate_mesh(module, program.function(None).sym_name.data, machine,
+                                    cost_only=True).report.total_cycles)
+    return cycles
+
+
 def test_prefill_cycles_pinned() -> None:
     """Qwen3-30B-A3B on 2 chips at 1,024 tokens a chip, a2a_sum, B = 128, 2 chunks (32 filled
     blocks a loop), cost-only under balanced routing: chunk 1's receive before chunk 0's last
     quarter, chunk 0's combine after chunk 1's first, rather than both between the loops."""
-    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe",
-                                dims={"T": 2048, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 128})
-    spec = MeshSpec.parse("ep=2,strategy=a2a_sum,chunks=2,topk=rounds")
-    machine = load_mesh_machine()
-    cycles = []
-    for pipeline in (_without(spec.pipeline(cost_only=True)), spec.pipeline(cost_only=True)):
-        module = program.lower(pipeline)
-        cycles.append(simulate_mesh(module, program.function(None).sym_name.data, machine,
-                                    cost_only=True).report.total_cycles)
-    assert cycles == [1_095_459, 1_089_836]
+    assert _cycles({"T": 2048, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 128},
+                   "ep=2,strategy=a2a_sum,chunks=2,topk=rounds") == [1_095_459, 1_089_836]
+
+
+def test_decode_tp_cycles_pinned() -> None:
+    """Qwen3-30B-A3B on ep=2,tp=2 at 16 tokens a chip, B = 2, 8 chunks (benchmarks/mesh.py's
+    row), cost-only under balanced routing: chunk 6's all-gather over tp goes on the link before
+    chunk 7's reduce-scatter and return instead of after them (240,938 cycles before), 1.3 us
+    off the tail."""
+    before, after = _cycles({"T": 32, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 2}, "ep=2,tp=2,chunks=8")
+    assert after == 239_626
+    assert after < before
