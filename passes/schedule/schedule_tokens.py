@@ -125,15 +125,20 @@ def shared_from(contractions: list[tcp.ContractOp], clusters: int) -> int:
     return GRID_M + 1 if vector else clusters * GRID_M
 
 
-def sharing_pays(contractions: list[tcp.ContractOp], tokens: int, rows: int, clusters: int) -> bool:
+def sharing_pays(contractions: list[tcp.ContractOp], tokens: int, rows: int, clusters: int, crossings: int) -> bool:
     """Whether `contractions` join a token loop of fewer than `shared_from` tokens, its tiles
     of at most `rows` balanced over the `clusters` (`balanced_rows`): when the mapping level's
     cycles they save against the whole contraction on one cluster (`contraction_cycles`)
-    outweigh copying their whole operands (the rhs, a bias) to every other cluster, a DM -> DM
-    copy that reads and writes in turn on the chip's DMA engines after its start-up
-    (docs/hardware.md#moving-data). DeepSeek-V3's f32 router at 128 tokens a chip: 67,200
-    cycles whole on one cluster, 34,744 in a 64-row tile on each, for a 7.3 MB copy of about
-    7,700 cycles (ep=8, a2a: 2,147.7 -> 2,133.6 us); at 16, 18,062 against 14,336 does not pay."""
+    outweigh what another cluster's tile adds. Its copy of their whole operands (the rhs, a
+    bias: a DM -> DM copy reading and writing in turn on the chip's DMA engines after a
+    start-up, docs/hardware.md#moving-data) counts twice: the tile waits for it, and it holds
+    the engines the weights' loads need, which decide a decode layer's time; and a DMA start-up
+    for each of the tile's `crossings` (its tokens' load, each result copied back). DeepSeek-V3's
+    f32 router at 128 tokens a chip: 67,200 cycles whole on one cluster, 34,744 in a 64-row tile
+    on each, against 2 x 7,668 + 3 x 500 (ep=8, a2a: 2,147.7 -> 2,133.6 us). Measured where it
+    does not pay (ep=8, F = 2,048, cost-only): D = 512, E = 256, 128 a chip, 2,320 saved against
+    3,524, 185.8 -> 186.3 us joined; D = 7,168, E = 256, 32 a chip, 16,210 against 16,836,
+    2,062.5 -> 2,069.8 us."""
     if clusters < 2 or tokens < 8 * clusters:
         return False
     machine = machine_of(contractions[0])
@@ -142,7 +147,7 @@ def sharing_pays(contractions: list[tcp.ContractOp], tokens: int, rows: int, clu
              - contraction_cycles(contractions, even, tokens, clusters))
     copied = sum(stored_bytes(v.type) for op in contractions for v in row_operands(op) if not in_hbm(v))
     copy = machine.dma_startup_cycles + math.ceil(2 * copied / (machine.dma_engines * machine.dma_bytes_per_cycle))
-    return saved > (clusters - 1) * copy
+    return saved > (clusters - 1) * (2 * copy + crossings * machine.dma_startup_cycles)
 
 
 def row_operands(op: Operation) -> set[SSAValue]:
@@ -307,7 +312,8 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     rows = tile_rows(ops, tokens, budget)
     contractions = [op for op in ops if isinstance(op, tcp.ContractOp)]
     few = bool(contractions) and tokens < shared_from(contractions, clusters)
-    if contractions and (rows < min(tokens, GRID_M) or (few and not sharing_pays(contractions, tokens, rows, clusters))):
+    if contractions and (rows < min(tokens, GRID_M)
+                         or (few and not sharing_pays(contractions, tokens, rows, clusters, 1 + len(escaping)))):
         # tiles of fewer rows than a grid tile, each fetching the whole rhs again (the combine's
         # 16-row tiles would take a shared expert's matmuls), or too few to share it out
         whole.update(contractions)
