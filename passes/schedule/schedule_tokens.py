@@ -39,8 +39,8 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
 
 The router's matmul joins its loop when its tiles give a second cluster a share (`shared_from`:
 an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster; with
-fewer tokens, when the cycles the second cluster's share saves outweigh copying the matmul's
-weight to it, `sharing_pays`; `is_row_contraction`). Its tiles may be cut at any row: every
+fewer tokens, when the cycles the second cluster's share saves outweigh what its tile adds,
+the matmul's weight copied to it above all, `sharing_pays`; `is_row_contraction`). Its tiles may be cut at any row: every
 tile product of `numerics.contract` holds GRID_M rows, so a row's bits do not depend on the
 rows beside it. Other contractions stay outside. When the rest of the phase holds its tiles
 to fewer rows than the matmul's own ops allow (still fewer than T) and the matmul's mapping is
