@@ -64,6 +64,18 @@ def test_a2a_is_bit_identical_where_a_chips_rows_are_fewer_than_a_tiles() -> Non
     assert all(c.identical for c in results), [c.message for c in results]
 
 
+def test_a2a_is_bit_identical_where_a_chips_router_is_cut_into_a_tile_per_cluster() -> None:
+    """DeepSeek-V3 at D = 2048, E = 64 on 8 chips at 128 tokens each: each chip's f32 router runs
+    in two 64-row tiles, one per cluster (schedule-tokens' `sharing_pays`), rows the reference
+    multiplies in one 1,024-row product, and gives its bits."""
+    dims = {"T": 1024, "E": 64, "K": 8, "NG": 8, "TG": 4, "D": 2048, "B": 16}
+    program = tcpc.compile_file("examples/deepseek_v3.moe", dims=dims)
+    results, sim = _checked(program, "ep=8,topk=rounds")
+    router = [loop for loop in sim.report.loops if loop.phase == "router"]
+    assert len(router) == 1 and "bf16[64, 2048]" in router[0].tiles, router  # the tokens' tile: the matmul's
+    assert all(c.identical for c in results), [c.message for c in results]
+
+
 def test_a2a_capacity_drops_what_one_chip_drops() -> None:
     program = tcpc.compile_source(CAPACITY_LAYER)
     for seed in range(3):

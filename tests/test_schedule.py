@@ -686,6 +686,37 @@ def test_a_router_matmul_in_token_tiles_is_exact(example: str, tokens: int) -> N
     assert_same_bits(program.run(seed=5, pipeline=",".join(FULL_PIPELINE)).outputs, program.run(seed=5).outputs)
 
 
+def test_a_router_matmul_shared_by_the_clusters_below_two_grid_tiles_is_exact() -> None:
+    """Under 129 tokens an f32 router's matmul joins the token loop where the cycles the second
+    cluster's tile saves outweigh what it adds (`sharing_pays`): DeepSeek-V3 at D = 2048, E = 64,
+    T = 128 (the mapping level: 4,728 cycles whole, 2,364 a 64-row tile, against 2 x 1,012 for
+    the router weight's copy and 3 x 500 start-ups; on 8 chips at 128 tokens each, F = 2,048:
+    217.5 -> 216.2 us), its two 64-row tiles then one per cluster. Cut off the contraction
+    grid's 128 rows, a tile's rows keep their bits (numerics.contract): the IR before and after
+    the pass, and the full pipeline, give the same bits. Its toy router (D = 64) stays whole."""
+    from passes.schedule.schedule_tokens import sharing_pays
+
+    examples = Path(__file__).parent.parent / "examples"
+    program = tcpc.compile_file(examples / "deepseek_v3.moe", dims={"T": 128, "D": 2048, "E": 64, "B": 4})
+    before = f"{LOWERED},schedule-experts"
+    after = before + ",schedule-tokens"
+    matmuls = [op for op in function_in(program.lower(after), "deepseek_v3").body.block.walk()
+               if op.name == "tcp.contract" and phase_of(op) == "router"]
+    assert [shape_of(op.result.type) for op in matmuls] == [(64, 64)]
+    assert isinstance(matmuls[0].parent_op(), scf.ForOp)
+    assert sharing_pays(matmuls, 128, 128, 2, 3) and not sharing_pays(matmuls, 128, 128, 1, 3)
+    scheduled = program.lower(",".join(FULL_PIPELINE))
+    clusters = sorted(cluster_of(op) for op in scheduled.walk()
+                      if op.name == "tcp.contract" and phase_of(op) == "router")
+    assert clusters == [0, 1]
+    want = program.run(seed=6, pipeline=before).outputs
+    assert_same_bits(program.run(seed=6, pipeline=after).outputs, want)
+    assert_same_bits(program.run(seed=6, pipeline=",".join(FULL_PIPELINE)).outputs, want)
+    toy = tcpc.compile_file(examples / "deepseek_v3.moe", dims={"T": 128, "B": 4}).lower(after)
+    assert not any(isinstance(op.parent_op(), scf.ForOp) for op in toy.walk()
+                   if op.name == "tcp.contract" and phase_of(op) == "router")
+
+
 def test_a_router_matmul_cheaper_in_its_own_tiles_gets_its_own_loop() -> None:
     """Where the top-k's ranking keeps the router phase's tiles small, the router's matmul (and
     the widening it reads through) runs in a loop of its own, in the larger tiles its own ops

@@ -38,17 +38,18 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
   back to their rows where something else reads them.
 
 The router's matmul joins its loop when its tiles give a second cluster a share (`shared_from`:
-an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster;
-`is_row_contraction`): tiles are then cut at multiples of GRID_M, the whole contraction's own
-output chunks (`numerics.contract`), so they give its bits. Other contractions stay
-outside. When the rest of the phase holds its tiles to fewer rows than the matmul's own ops
-allow (still fewer than T) and the matmul's mapping is cheaper in those larger tiles
-(`contraction_cycles`), the matmul and the ops it reads through get a loop of their own first
-(`contraction_head`), its logits crossing to the rest in an SRAM buffer; that loop loads its
-tokens a tile at a time from HBM even when the whole SRAM copy stays for another reader
-(`loaded_whole`'s `reload`; the copy's load then moves to that reader, `_sink_copy`). Every
-other op's row-tiled form computes the same numbers in the same order, so the pass is
-bit-identical.
+an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster; with
+fewer tokens, when the cycles the second cluster's share saves outweigh what its tile adds,
+the matmul's weight copied to it above all, `sharing_pays`; `is_row_contraction`). Its tiles may be cut at any row: every
+tile product of `numerics.contract` holds GRID_M rows, so a row's bits do not depend on the
+rows beside it. Other contractions stay outside. When the rest of the phase holds its tiles
+to fewer rows than the matmul's own ops allow (still fewer than T) and the matmul's mapping is
+cheaper in those larger tiles (`contraction_cycles`), the matmul and the ops it reads through
+get a loop of their own first (`contraction_head`), its logits crossing to the rest in an SRAM
+buffer; that loop loads its tokens a tile at a time from HBM even when the whole SRAM copy
+stays for another reader (`loaded_whole`'s `reload`; the copy's load then moves to that
+reader, `_sink_copy`). Every other op's row-tiled form computes the same numbers in the same
+order, so the pass is bit-identical.
 """
 
 from __future__ import annotations
@@ -104,13 +105,12 @@ def is_row_parallel(op: Operation, tokens: int) -> bool:
 
 def is_row_contraction(op: tcp.ContractOp, tokens: int) -> bool:
     """A matmul whose lhs rows are the tokens and whose rhs is not (the router's logits, x @
-    W): row t of the result is row t of lhs times the whole rhs. Tiles of rows starting at
-    multiples of GRID_M are the whole contraction's output chunks, so they give its bits
-    (`numerics.contract`); `tile_rows` keeps a loop holding one to such tiles. It joins a
-    loop only from `shared_from` tokens: the gain is the clusters sharing it (DeepSeek-V3's
-    f32 router at T = 4096: over a million cycles on its bf16 pieces, half on each of two);
-    with fewer, a bf16 one's tiles cost more in start-ups and copies than they share
-    (Qwen3-30B-A3B's at T = 200: 765 cycles more)."""
+    W): row t of the result is row t of lhs times the whole rhs, with the same bits however
+    the rows are cut (`numerics.contract`: every tile product holds GRID_M rows). It joins a
+    loop only from `shared_from` tokens, or fewer where `sharing_pays`: the gain is the
+    clusters sharing it (DeepSeek-V3's f32 router at T = 4096: over a million cycles on its
+    bf16 pieces, half on each of two); with fewer, a bf16 one's tiles cost more in start-ups
+    and copies than they share (Qwen3-30B-A3B's at T = 200: 765 cycles more)."""
     return (op.spec.data == ROW_MATMUL and op.guard is None and op.acc is None
             and leading(op.lhs) == tokens and leading(op.result) == tokens)
 
@@ -123,6 +123,31 @@ def shared_from(contractions: list[tcp.ContractOp], clusters: int) -> int:
     when this waited for two tiles), else a whole tile per cluster."""
     vector = any(ContractionShape.of(op.roles()).vector for op in contractions)
     return GRID_M + 1 if vector else clusters * GRID_M
+
+
+def sharing_pays(contractions: list[tcp.ContractOp], tokens: int, rows: int, clusters: int, crossings: int) -> bool:
+    """Whether `contractions` join a token loop of fewer than `shared_from` tokens, its tiles
+    of at most `rows` balanced over the `clusters` (`balanced_rows`): when the mapping level's
+    cycles they save against the whole contraction on one cluster (`contraction_cycles`)
+    outweigh what another cluster's tile adds. Its copy of their whole operands (the rhs, a
+    bias: a DM -> DM copy reading and writing in turn on the chip's DMA engines after a
+    start-up, docs/hardware.md#moving-data) counts twice: the tile waits for it, and it holds
+    the engines the weights' loads need, which decide a decode layer's time; and a DMA start-up
+    for each of the tile's `crossings` (its tokens' load, each result copied back). DeepSeek-V3's
+    f32 router at 128 tokens a chip: 67,200 cycles whole on one cluster, 34,744 in a 64-row tile
+    on each, against 2 x 7,668 + 3 x 500 (ep=8, a2a: 2,147.7 -> 2,133.6 us). Measured where it
+    does not pay (ep=8, F = 2,048, cost-only): D = 512, E = 256, 128 a chip, 2,320 saved against
+    3,524, 185.8 -> 186.3 us joined; D = 7,168, E = 256, 32 a chip, 16,210 against 16,836,
+    2,062.5 -> 2,069.8 us."""
+    if clusters < 2 or tokens < 8 * clusters:
+        return False
+    machine = machine_of(contractions[0])
+    even = balanced_rows(tokens, rows, clusters, row_granule(contractions))
+    saved = (contraction_cycles(contractions, tokens, tokens, 1)
+             - contraction_cycles(contractions, even, tokens, clusters))
+    copied = sum(stored_bytes(v.type) for op in contractions for v in row_operands(op) if not in_hbm(v))
+    copy = machine.dma_startup_cycles + math.ceil(2 * copied / (machine.dma_engines * machine.dma_bytes_per_cycle))
+    return saved > (clusters - 1) * (2 * copy + crossings * machine.dma_startup_cycles)
 
 
 def row_operands(op: Operation) -> set[SSAValue]:
@@ -189,8 +214,11 @@ def tile_rows(ops: list[Operation], tokens: int, tile_bytes: int, reload: bool =
 
 
 def row_granule(ops: list[Operation]) -> int:
-    """The multiple a token tile's rows are rounded down to: GRID_M with a contraction inside
-    (its bits: `is_row_contraction`), else 8 (one flit of 32-bit values per slice lane)."""
+    """The multiple a token tile's rows are rounded down to: GRID_M with a contraction inside,
+    else 8 (one flit of 32-bit values per slice lane). Not for the contraction's bits (any rows
+    give them: `is_row_contraction`) but to keep the whole grid tiles every prefill router was
+    measured in; a tile fewer than GRID_M rows, two 64-row tiles of a 128-token router on two
+    clusters, is not rounded (`balanced_rows`)."""
     return GRID_M if any(isinstance(op, tcp.ContractOp) for op in ops) else 8
 
 
@@ -283,13 +311,17 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     budget = min(tile_bytes, room) if room > 0 else tile_bytes
     rows = tile_rows(ops, tokens, budget)
     contractions = [op for op in ops if isinstance(op, tcp.ContractOp)]
-    if contractions and (rows < min(tokens, GRID_M) or tokens < shared_from(contractions, clusters)):
-        whole.update(contractions)  # tiles too small for its bits, or too few to share it out
+    few = bool(contractions) and tokens < shared_from(contractions, clusters)
+    if contractions and (rows < min(tokens, GRID_M)
+                         or (few and not sharing_pays(contractions, tokens, rows, clusters, 1 + len(escaping)))):
+        # tiles of fewer rows than a grid tile, each fetching the whole rhs again (the combine's
+        # 16-row tiles would take a shared expert's matmuls), or too few to share it out
+        whole.update(contractions)
         return True
     if not escaping:
         whole.update(ops)
         return True
-    rows, spread = cluster_rows(ops, escaping, rows, tokens, phase, clusters)
+    rows, spread = cluster_rows(ops, escaping, rows, tokens, phase, clusters, shares=few)
     reload = False
     head = contraction_head(ops, contractions)
     if head:
@@ -396,15 +428,16 @@ def first_load_cycles(contractions: list[tcp.ContractOp], rows: int, tokens: int
 
 
 def cluster_rows(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
-                 clusters: int, reload: bool = False) -> tuple[int, bool]:
+                 clusters: int, reload: bool = False, shares: bool = False) -> tuple[int, bool]:
     """The tile rows of a loop over `ops` (at most `rows`, what SRAM allows) and whether its
     tiles take turns on the `clusters` clusters: balanced over them (`balanced_rows`) when a
     tile is worth running on another cluster (split-clusters' rule, `worth_splitting`, judged
-    on a trial loop), also when the ops fit whole but make at least MIN_SPLIT_VECTOR_BYTES."""
+    on a trial loop), also when the ops fit whole but make at least MIN_SPLIT_VECTOR_BYTES or
+    hold a contraction that joined them to be shared (`shares`, `sharing_pays`)."""
     if clusters > 1 and tokens >= 8 * clusters:
         fits = rows >= tokens
         made = sum(stored_bytes(r.type) for op in ops if op.dialect_name() == "ve" for r in op.results)
-        if not fits or made >= MIN_SPLIT_VECTOR_BYTES:
+        if not fits or made >= MIN_SPLIT_VECTOR_BYTES or shares:
             even = balanced_rows(tokens, rows, clusters, row_granule(ops))
             trial = _tile_loop(ops, escaping, even, tokens, phase, reload)
             spread = worth_splitting(trial[1], machine_of(ops[0]))
