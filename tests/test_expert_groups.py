@@ -347,6 +347,22 @@ def test_the_tokens_quantization_runs_beside_the_routing_and_gives_the_same_bits
     assert_same_bits(program.run(seed=5, pipeline=pipeline).outputs, program.run(seed=5).outputs)
 
 
+def test_the_routers_tiles_off_cluster_0_load_from_hbm_and_give_the_same_bits() -> None:
+    """The router's token loop on both clusters: cluster 1's tiles of the tokens' SRAM copy
+    (load-arguments' `tcp.load %x`, on cluster 0) are loaded from HBM by rows (`tile.load %x`),
+    not sliced there and copied across SRAM -> SRAM; the output is the reference's bits."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe_fp8.moe", dims=dict(T=1024, B=16))
+    pipeline = scheduled("order=block").replace("lower-dispatch", "lower-dispatch{quantize=tokens}")
+    module = program.lower(pipeline)
+    router = [op for op in module.walk() if phase_of(op) == "router"]
+    (tile_load,) = [op for op in router if op.name == "tile.load"]
+    assert tile_load.operands[0].name_hint == "x" and cluster_of(tile_load) == 1
+    sliced = [op for op in router if op.name == "tile.slice" and op.operands[0].name_hint == "x_sram"]
+    assert [cluster_of(op) for op in sliced] == [0]
+    assert not [op for op in router if op.name == "tile.copy" and op.operands[0].owner in sliced]
+    assert_same_bits(program.run(seed=5, pipeline=pipeline).outputs, program.run(seed=5).outputs)
+
+
 def test_the_tokens_load_only_the_quantization_reads_moves_with_it() -> None:
     """DeepSeek-V3's f32 router loads its own token tiles, so the whole copy of the tokens is read
     by the quantization alone: split-clusters moves that load with it onto cluster 1, before the

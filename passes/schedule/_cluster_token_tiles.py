@@ -10,7 +10,8 @@ sits in each slice, and a tensor-unit command, contraction and vector chain, occ
 cluster's slices: docs/hardware.md#pes-clusters-and-slices; the simulator's `tensor` engine has
 a unit per cluster), so the tiles run side by side; the 8 DMA engines are the chip's, shared.
 Off cluster 0 a tile's SRAM input slice is copied to its cluster (`tile.copy`; a DMA gather
-reads its source where it lives instead, `cluster_copies.read_in_place`) and its results
+reads its source where it lives instead, `cluster_copies.read_in_place`; a slice of an
+argument's SRAM copy is loaded from HBM by rows, `loaded_whole`) and its results
 are copied back before they are stored into the loop's SRAM buffers, which are cluster 0's
 (the routing after the loop runs there). A loop that gathers from HBM (the combine) stays on
 cluster 0: the clusters share the HBM its time goes to, and a second one would only add copies;
@@ -104,6 +105,17 @@ def worth_splitting(loop: scf.ForOp, machine: Machine) -> bool:
     return made >= vector_bytes_per_copied_byte(machine) * crossing
 
 
+def loaded_whole(value: SSAValue) -> SSAValue | None:
+    """The HBM tensor `value` is a whole SRAM copy of (its `tcp.load`, load-arguments' copy of
+    an argument), else None: a tile of it is also rows of that tensor, which another cluster
+    loads from HBM, pipelined, rather than copying cluster 0's rows SRAM -> SRAM (reads and
+    writes in turn: docs/hardware.md#moving-data). `worth_splitting` still counts such a tile as
+    crossing (docs/passes.md, split-clusters: counted free, gpt-oss-120b fp8 at T = 4096 split
+    its router and lost 5k cycles)."""
+    owner = value.owner
+    return owner.input if isinstance(owner, tcp.LoadOp) and in_hbm(owner.input) else None
+
+
 def _stores_to_hbm(store: tile.StoreOp, loop: scf.ForOp) -> bool:
     """Whether `store` writes a buffer in HBM (its destination a carried buffer of `loop`)."""
     dest = store.dest
@@ -117,7 +129,8 @@ def _tile_on_cluster(loop: scf.ForOp, offset: SSAValue, carried: list[SSAValue],
                      add: Callable[[Operation], None], reach: Callable[[SSAValue, int], SSAValue]) -> list[SSAValue]:
     """One tile of `loop`'s body, at row `offset`, on `cluster` (every op pinned to it), with
     the carried buffers `carried`; returns what it yields. Off cluster 0, an SRAM tile it
-    slices is copied to it (`tile.copy`) and a tile it stores into an SRAM buffer is copied back
+    slices is copied to it (`tile.copy`; rows of an argument's SRAM copy are loaded from HBM,
+    `loaded_whole`) and a tile it stores into an SRAM buffer is copied back
     first: the buffers are cluster 0's, where the phases after the loop run. In a loop that
     `skips_empty_tiles` it slices a copy of the whole SRAM value instead, made once before the
     loop: a skipped tile then costs its guard alone, not two copies' start-ups ahead of it
@@ -148,9 +161,13 @@ def _tile_on_cluster(loop: scf.ForOp, offset: SSAValue, carried: list[SSAValue],
             break
         if isinstance(op, tile.SliceOp) and op.source not in defined:
             source = reach(op.source, cluster) if whole else op.source
-            new: Operation = place(tile.SliceOp(source, mapping[op.offset], op.result.type), cluster, op)
+            hbm = loaded_whole(op.source) if cluster != 0 and not whole else None
+            if hbm is not None:  # rows of an argument's SRAM copy: loaded from HBM, not copied across
+                new: Operation = place(tile.LoadOp(hbm, mapping[op.offset], op.result.type), cluster, op)
+            else:
+                new = place(tile.SliceOp(source, mapping[op.offset], op.result.type), cluster, op)
             new.results[0].name_hint = op.result.name_hint
-            if cluster != 0 and not in_hbm(op.source) and not whole:
+            if cluster != 0 and not in_hbm(op.source) and not whole and hbm is None:
                 new = place(tile.CopyOp(new.results[0]), cluster, op)
                 new.results[0].name_hint = op.result.name_hint
             mapping[op.result] = new.results[0]
