@@ -14,9 +14,14 @@ and three quarters through the blocks a routing balanced over the chips fills (t
 pairs over B, `_filled`; rounded to whole rounds of the clusters, which take blocks in turn),
 with interleave-shared's `split`, and moves the ops between loops i and i+1:
 
-- those loop i+1 reads (its receive) and do not read loop i, and the next chunk's dispatch,
-  before loop i's last quarter: its routing and its first token gather are done when loop i
-  ends, and the dispatch's all-to-alls start a quarter loop earlier;
+- the next chunk's routing (the vector work of its receive, which loop i+1 reads and which reads
+  nothing of loop i) after loop i's first quarter, behind chunk i-1's combine (before loop i's
+  last quarter for loop 0, when chunk 1's tokens may still be crossing the link);
+- the rest of that receive (its DMA row marks, and what reads them) and chunk i+2's dispatch
+  before loop i's last quarter. A DMA command issued right behind the routing waited for it,
+  and with it every DMA command issued after it (engines never back-fill): loop i's last
+  quarter's first token gather waited for cluster 0 to end loop i's previous piece and route,
+  a bubble on both tensor units at every cut (ep=8 below: 8-13 us a chunk);
 - the rest (chunk i's combine and return, chunk i-1's home sum) after loop i+1's first
   quarter, under whose contractions the combine's gathers run.
 
@@ -25,10 +30,17 @@ cost-only runs the routing is an argument and only the weights come from the rou
 that trip, before the rest of the router's, so the link starts sending a trip after the
 router starts rather than after it ends (ep=8 as below: 1,675.3 -> 1,664.7 us).
 
-Cuts elsewhere paid less (Qwen3-30B-A3B on 8 chips, 4,096 tokens a chip, 8 chunks of 16
-filled blocks, a2a_sum: cut after 4 and before the last 4 blocks 1,675.3 us; 3 and 5 blocks
-1,695.1; everything after loop i+1's first 4 blocks 1,698.9; main's order 1,706.3). Each op
-reads the same values as before, so the outputs keep their bits.
+The later chunks' dispatch plans (`ccl.a2a_plan`, `a2a_tokens`, `a2a_token_lists`: vector work
+on the router's results alone) go before the first expert loop, where cluster 0 would otherwise
+wait for the first chunk's tokens to cross the link; between the loops they held cluster 0
+while cluster 1 waited for the next block.
+
+Measured (Qwen3-30B-A3B on 8 chips, 4,096 tokens a chip, 8 chunks of 16 filled blocks, a2a_sum):
+main's order 1,706.3 us; the receive and dispatch before the last quarter, the combine after
+the next loop's first 1,675.3; the router first 1,664.7; the routing apart from its row marks
+1,641.7; the plans first as well 1,611.4. Cuts elsewhere paid less (3 and 5 blocks 1,695.1;
+everything after loop i+1's first 4 blocks 1,698.9). Each op reads the same values as before,
+so the outputs keep their bits.
 """
 
 from __future__ import annotations
@@ -37,12 +49,12 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func, scf
+from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from dialects import ccl, tile
+from dialects import ccl, tcp, tile
 from dialects.annotations import phase_of
 from dialects.tensor_types import shape_of
 from passes._loop_builder import constant_index, op_of_block
@@ -77,7 +89,7 @@ def _read_by(seeds: set[Operation], among: list[Operation]) -> set[Operation]:
     return found - seeds
 
 
-def _between(first: Operation, last: Operation) -> list[Operation]:
+def _between(first: Operation, last: Operation | None) -> list[Operation]:
     ops: list[Operation] = []
     op = first.next_op
     while op is not None and op is not last:
@@ -119,6 +131,7 @@ def interleave(block: Block, clusters: int) -> None:
     if lb is None or ub is None or not step or not quarter or lb + (filled - quarter) * step >= ub:
         return
     cuts = [lb + quarter * step, lb + (filled - quarter) * step]
+    routing: list[list[Operation]] = []
     early: list[list[Operation]] = []
     late: list[list[Operation]] = []
     for loop, following in zip(loops, loops[1:]):
@@ -126,11 +139,15 @@ def interleave(block: Block, clusters: int) -> None:
         after = _read_by({loop}, among)
         needed = _reads([following], among, block)
         dispatch = _reads([op for op in among if phase_of(op) == "dispatch"], among, block) - needed - after
-        early.append([op for op in among if (op in needed or op in dispatch) and op not in after])
+        marks = {op for op in among if isinstance(op, (tcp.DmaScatterOp, tile.CopyOp))} & needed
+        marks = (marks | _read_by(marks, among)) & needed
+        routing.append([op for op in among if op in needed and op not in after and op not in marks])
+        early.append([op for op in among if (op in marks or op in dispatch) and op not in after])
         late.append([op for op in among if op not in needed and op not in dispatch])
     for j, loop in enumerate(loops):
-        at = {cut: moved for cut, moved in zip(cuts, (late[j - 1] if j else [], early[j] if j < len(early) else []))
-              if moved}
+        first = (late[j - 1] if j else []) + (routing[j] if 0 < j < len(routing) else [])
+        second = (routing[j] if j == 0 and routing else []) + (early[j] if j < len(early) else [])
+        at = {cut: moved for cut, moved in zip(cuts, (first, second)) if moved}
         if not at:
             continue
         pieces = split(loop, [lb, *at, ub])
@@ -176,6 +193,27 @@ def _router_first(block: Block) -> None:
     block.insert_ops_before(moved, rest)
 
 
+_PLANS = (ccl.A2APlanOp, ccl.A2ATokensOp, ccl.A2ATokenListsOp)
+
+
+def _plans_first(block: Block) -> None:
+    """The later chunks' dispatch plans (vector work on the router's results alone) before the
+    first expert loop, where cluster 0 waits for the first chunk's tokens to cross the link."""
+    first = next(iter(expert_loops(block)), None)
+    if first is None:
+        return
+    after = _between(first, None)
+    moved: set[Operation] = set()
+    for plan in (op for op in after if isinstance(op, _PLANS)):
+        reads = _reads([plan], after, block)
+        if all(isinstance(op, (*_PLANS, tile.SliceOp, arith.ConstantOp)) for op in reads):
+            moved |= reads
+    ops = [op for op in after if op in moved]
+    for op in ops:
+        op.detach()
+    block.insert_ops_before(ops, first)
+
+
 @dataclass(frozen=True)
 class InterleaveChunksPass(ModulePass):
     """The work between a chunked mesh chip's expert loops -> inside them, at a quarter and at
@@ -191,3 +229,4 @@ class InterleaveChunksPass(ModulePass):
                     and not _gathers_over_sp(fn.body.block):
                 interleave(fn.body.block, clusters)
                 _router_first(fn.body.block)
+                _plans_first(fn.body.block)
