@@ -40,6 +40,7 @@ trip, so chunks 0 and 1 are dispatched after its first."""
     (SMALL, "ep=2,strategy=a2a_sum,chunks=2", (2, 4), (0, 0)),
     (SMALL, "ep=2,tp=2,chunks=2", (2, 5), (0, 0)),  # chunk 0's all-gather over tp before chunk 1's last quarter
     (ROUTER_TILED, "ep=2,strategy=a2a,chunks=4,topk=rounds", (4, 10), (1, 2)),
+    ({**SMALL, "T": 1024}, "ep=2,strategy=a2a_sum,chunks=4", (4, 11), (0, 0)),  # its golden: four_chunks.moe
 ])
 def test_the_chunks_work_moved_into_the_loops_keeps_the_bits(dims: dict[str, int], spec: str,
                                                              loops: tuple[int, int], routers: tuple[int, int]) -> None:
@@ -80,12 +81,24 @@ def _cycles(dims: dict[str, int], spec: str) -> list[int]:
     return cycles
 
 
-def test_prefill_cycles_pinned() -> None:
-    """Qwen3-30B-A3B on 2 chips at 1,024 tokens a chip, a2a_sum, B = 128, 2 chunks (32 filled
-    blocks a loop), cost-only under balanced routing: chunk 1's receive before chunk 0's last
-    quarter, chunk 0's combine after chunk 1's first, rather than both between the loops."""
-    assert _cycles({"T": 2048, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 128},
-                   "ep=2,strategy=a2a_sum,chunks=2,topk=rounds") == [1_095_459, 1_089_836]
+@pytest.mark.parametrize("dims, spec, pinned", [
+    ({"T": 2048, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 128}, "ep=2,strategy=a2a_sum,chunks=2,topk=rounds",
+     [1_091_363, 1_082_035]),
+    ({"T": 8192, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 128}, "ep=4,strategy=a2a_sum,chunks=4,topk=rounds",
+     [1_204_206, 1_168_953]),
+])
+def test_prefill_cycles_pinned(dims: dict[str, int], spec: str, pinned: list[int]) -> None:
+    """Qwen3-30B-A3B at 1,024 tokens a chip on 2 chips in 2 chunks, and at 2,048 on 4 in 4 (32
+    filled blocks a loop), cost-only under balanced routing: the next chunk's receive before a
+    loop's last quarter, the combine after the next loop's first, rather than both between the
+    loops, and loop 0's DMA work that reads chunk 1's routing a round of the clusters' blocks
+    after it; with 4 chunks the later dispatch plans before the first loop, and from the second
+    loop on the next chunk's routing after a loop's first quarter (chunk 2's on the last
+    cluster), its DMA row marks before the last (the routing and marks together before the last
+    quarter, no plan moved, on main at 947c7aa: 1,095,459 -> 1,089,836 and 1,208,185 ->
+    1,186,569 cycles; the first cycles here, without the pass, have schedule-tokens' router
+    tiles of a chunk and home sums in HBM)."""
+    assert _cycles(dims, spec) == pinned
 
 
 def test_decode_tp_cycles_pinned() -> None:

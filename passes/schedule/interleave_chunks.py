@@ -14,9 +14,18 @@ and three quarters through the blocks a routing balanced over the chips fills (t
 pairs over B, `_filled`; rounded to whole rounds of the clusters, which take blocks in turn),
 with interleave-shared's `split`, and moves the ops between loops i and i+1:
 
-- those loop i+1 reads (its receive) and do not read loop i, and the next chunk's dispatch,
-  before loop i's last quarter: its routing and its first token gather are done when loop i
-  ends, and the dispatch's all-to-alls start a quarter loop earlier;
+- the next chunk's routing (the vector work of its receive, which loop i+1 reads and which reads
+  nothing of loop i) after loop i's first quarter, behind chunk i-1's combine (for loop 0, when
+  chunk 1's tokens may still be crossing the link, before its last quarter, and the DMA work
+  below a round of the clusters' blocks after it); every other chunk's routing runs on the last
+  cluster (`_on_last_cluster`), reading the received lists there, its results that cluster 0's
+  compute reads copied back by DMA with the row marks: cluster 0 routed every chunk while the
+  last cluster's tensor unit waited for its next block;
+- the rest of that receive (its DMA row marks, and what reads them) and chunk i+2's dispatch
+  before loop i's last quarter. A DMA command issued right behind the routing waited for it,
+  and with it every DMA command issued after it (engines never back-fill): loop i's last
+  quarter's first token gather waited for cluster 0 to end loop i's previous piece and route,
+  a bubble on both tensor units at every cut (ep=8 below: 8-13 us a chunk);
 - the rest (chunk i's combine and return, chunk i-1's home sum) after loop i+1's first
   quarter, under whose contractions the combine's gathers run;
 - after the last loop, the collectives that read none of it (with tp, the all-gather over tp
@@ -29,10 +38,22 @@ cost-only runs the routing is an argument and only the weights come from the rou
 that trip, before the rest of the router's, so the link starts sending a trip after the
 router starts rather than after it ends (ep=8 as below: 1,675.3 -> 1,664.7 us).
 
-Cuts elsewhere paid less (Qwen3-30B-A3B on 8 chips, 4,096 tokens a chip, 8 chunks of 16
-filled blocks, a2a_sum: cut after 4 and before the last 4 blocks 1,675.3 us; 3 and 5 blocks
-1,695.1; everything after loop i+1's first 4 blocks 1,698.9; main's order 1,706.3). Each op
-reads the same values as before, so the outputs keep their bits.
+The later chunks' dispatch plans (`ccl.a2a_plan`, `a2a_tokens`, `a2a_token_lists`: vector work
+on the router's results alone) go before the first expert loop, where cluster 0 would otherwise
+wait for the first chunk's tokens to cross the link; between the loops they held cluster 0
+while cluster 1 waited for the next block. a2a's return plans (`ccl.a2a_returns`, which the link
+and DMA read, and one guard of the home's pair sum) run on the last cluster, for the same
+reason (`_returns_on_last_cluster`).
+
+Measured (Qwen3-30B-A3B on 8 chips, 4,096 tokens a chip, 8 chunks of 16 filled blocks, a2a_sum):
+main's order 1,706.3 us; the receive and dispatch before the last quarter, the combine after
+the next loop's first 1,675.3; the router first 1,664.7; the routing apart from its row marks
+1,641.7; the plans first as well 1,611.4; every other routing on the last cluster 1,601.4; loop
+0's DMA work a round later 1,591.7 (with schedule-tokens' router tiles of a chunk and home sums
+in HBM, 1,578.4; a2a, with its return plans on the last cluster, 1,584.5). Cuts elsewhere paid
+less (3 and 5 blocks 1,695.1; everything after loop i+1's first 4 blocks 1,698.9). Each op reads
+the same values as before (from a DMA copy where another cluster made them), so the outputs keep
+their bits.
 """
 
 from __future__ import annotations
@@ -41,17 +62,18 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func, scf
+from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from dialects import ccl, tile
-from dialects.annotations import phase_of
+from dialects import ccl, tcp, tile, ve
+from dialects.annotations import CLUSTER_ATTR, cluster_of, phase_of, place_on_cluster
 from dialects.tensor_types import shape_of
 from passes._loop_builder import constant_index, op_of_block
+from passes.schedule._cluster_copies import DMA_OPS, reacher
 from passes.schedule.interleave_shared import block_rows, split
-from passes.schedule.split_clusters import expert_loops
+from passes.schedule.split_clusters import PREFILL_PAIRS_PER_EXPERT, expert_loops
 from target.target_spec import machine_of
 
 
@@ -81,7 +103,7 @@ def _read_by(seeds: set[Operation], among: list[Operation]) -> set[Operation]:
     return found - seeds
 
 
-def _between(first: Operation, last: Operation) -> list[Operation]:
+def _between(first: Operation, last: Operation | None) -> list[Operation]:
     ops: list[Operation] = []
     op = first.next_op
     while op is not None and op is not last:
@@ -112,17 +134,19 @@ def _gathers_over_sp(block: Block) -> bool:
     return any(isinstance(op, (ccl.AllGatherOp, ccl.ReduceScatterOp)) and op.axis_name == "sp" for op in block.ops)
 
 
-def interleave(block: Block, clusters: int) -> None:
-    """Spread the ops between `block`'s chunk expert loops into them (the module docstring)."""
+def interleave(block: Block, clusters: int) -> bool:
+    """Spread the ops between `block`'s chunk expert loops into them (the module docstring);
+    whether it cut them."""
     loops = [op for op in expert_loops(block) if phase_of(op) == "experts"]
     if len(loops) < 2 or _chained(loops):
-        return
+        return False
     lb, ub, step = (constant_index(v) for v in (loops[0].lb, loops[0].ub, loops[0].step))
     filled = _filled(block, loops[0])
     quarter = filled // 4 // clusters * clusters
     if lb is None or ub is None or not step or not quarter or lb + (filled - quarter) * step >= ub:
-        return
+        return False
     cuts = [lb + quarter * step, lb + (filled - quarter) * step]
+    routing: list[list[Operation]] = []
     early: list[list[Operation]] = []
     late: list[list[Operation]] = []
     for loop, following in zip(loops, loops[1:]):
@@ -130,19 +154,84 @@ def interleave(block: Block, clusters: int) -> None:
         after = _read_by({loop}, among)
         needed = _reads([following], among, block)
         dispatch = _reads([op for op in among if phase_of(op) == "dispatch"], among, block) - needed - after
-        early.append([op for op in among if (op in needed or op in dispatch) and op not in after])
+        marks = {op for op in among if isinstance(op, (tcp.DmaScatterOp, tile.CopyOp))} & needed
+        marks = (marks | _read_by(marks, among)) & needed
+        routing.append([op for op in among if op in needed and op not in after and op not in marks])
+        early.append([op for op in among if (op in marks or op in dispatch) and op not in after])
         late.append([op for op in among if op not in needed and op not in dispatch])
     early.append(_earlier_homes(block, loops[-1]))
+    back: list[list[Operation]] = [[] for _ in routing]
+    for j in range(1, len(routing), 2):  # every other chunk's: the clusters' tensor units share it
+        routing[j], back[j], dropped = _on_last_cluster(routing[j], clusters)
+        early[j] = [op for op in early[j] if op not in dropped]
+        for op in dropped:
+            op.detach()
+            op.erase()
+    round_later = cuts[1] + clusters * step
     for j, loop in enumerate(loops):
-        at = {cut: moved for cut, moved in zip(cuts, (late[j - 1] if j else [], early[j] if j < len(early) else []))
-              if moved}
+        first = (late[j - 1] if j else []) + (routing[j] if 0 < j < len(routing) else [])
+        second = (back[j] if j < len(back) else []) + (early[j] if j < len(early) else [])
+        places = [(cuts[0], first), (cuts[1], second)]
+        if j == 0 and routing and round_later < lb + filled * step:  # a filled round after it
+            places = [(cuts[1], routing[0]), (round_later, second)]
+        elif j == 0 and routing:
+            places = [(cuts[1], routing[0] + second)]
+        at = {cut: moved for cut, moved in places if moved}
         if not at:
             continue
         pieces = split(loop, [lb, *at, ub])
         for moved, piece in zip(at.values(), pieces[1:]):
             for op in moved:
-                op.detach()
+                if op.parent is not None:
+                    op.detach()
             block.insert_ops_before(moved, piece)
+    return True
+
+
+_KEPT = (ve.ConstOp, arith.ConstantOp, tile.BufferOp)
+"""Ops a cluster rebuilds or that hold no data: left where they are."""
+
+
+def _on_last_cluster(routing: list[Operation], clusters: int
+                     ) -> tuple[list[Operation], list[Operation], set[Operation]]:
+    """`routing`'s unpinned ops on the last cluster, whose tensor unit waits at the chunks' cuts
+    while cluster 0 routes: (those ops, in order; the DMA copies of their results that cluster 0's
+    compute reads, with the ops of `routing` that read those copies, to issue later, once the
+    routing is done, so that no DMA queue waits for it; the last cluster's copies of the
+    routing's results, which it now reads where they are, to erase)."""
+    last = clusters - 1
+    if last == 0:
+        return routing, [], set()
+    moved = {op for op in routing if CLUSTER_ATTR not in op.attributes and not isinstance(op, _KEPT)}
+    copies: dict[SSAValue, tile.CopyOp] = {}
+    dropped: set[Operation] = set()
+    for op in routing:
+        if op not in moved:
+            continue
+        place_on_cluster(op, last)
+        for r in op.results:
+            for use in list(r.uses):
+                user = use.operation
+                outer = user
+                while outer.parent_op() is not None and outer.parent_block() is not op.parent_block():
+                    outer = outer.parent_op()
+                if outer in moved or isinstance(user, DMA_OPS) and not isinstance(user, tile.CopyOp):
+                    continue
+                if isinstance(user, tile.CopyOp) and cluster_of(user) == last:
+                    user.result.replace_all_uses_with(r)
+                    dropped.add(user)
+                    continue
+                if cluster_of(user) == last:
+                    continue
+                if r not in copies:
+                    copies[r] = tile.CopyOp(r)
+                    copies[r].result.name_hint = f"{r.name_hint}_back" if r.name_hint else None
+                    place_on_cluster(copies[r], 0)
+                user.operands[use.index] = copies[r].result
+    routing = [op for op in routing if op not in dropped]
+    later = _read_by(set(copies.values()), routing)
+    return ([op for op in routing if op not in later], [*copies.values(), *(op for op in routing if op in later)],
+            dropped)
 
 
 def _earlier_homes(block: Block, last: scf.ForOp) -> list[Operation]:
@@ -194,6 +283,66 @@ def _router_first(block: Block) -> None:
     block.insert_ops_before(moved, rest)
 
 
+_PLANS = (ccl.A2APlanOp, ccl.A2ATokensOp, ccl.A2ATokenListsOp)
+
+
+def _plans_first(block: Block) -> None:
+    """The later chunks' dispatch plans (vector work on the router's results alone) before the
+    first expert loop, where cluster 0 waits for the first chunk's tokens to cross the link."""
+    first = next(iter(expert_loops(block)), None)
+    if first is None:
+        return
+    after = _between(first, None)
+    moved: set[Operation] = set()
+    for plan in (op for op in after if isinstance(op, _PLANS)):
+        reads = _reads([plan], after, block)
+        if all(isinstance(op, (*_PLANS, tile.SliceOp, arith.ConstantOp)) for op in reads):
+            moved |= reads
+    ops = [op for op in after if op in moved]
+    for op in ops:
+        op.detach()
+    block.insert_ops_before(ops, first)
+
+
+def _prefill(block: Block) -> bool:
+    """Whether a chunk's experts receive prefill's pairs (split-clusters' PREFILL_PAIRS_PER_EXPERT
+    each, under a routing balanced over the chips): their contractions then keep the tensor units
+    busy, and a return plan on cluster 0 holds them up. At decode the home's sum waits for the
+    plan's copy back instead (Qwen3-30B-A3B ep=8, 16 tokens a chip, B = 8, 2 chunks: 118.7 ->
+    120.4 us with it on the last cluster)."""
+    plan = next((op for op in block.ops if isinstance(op, ccl.A2APlanOp)), None)
+    return plan is not None and math.prod(shape_of(plan.experts_idx.type)) * plan.chips.value.data \
+        >= PREFILL_PAIRS_PER_EXPERT * plan.experts.value.data
+
+
+def _returns_on_last_cluster(block: Block, clusters: int) -> None:
+    """a2a's return plans (`ccl.a2a_returns`: vector work that mostly the link and DMA commands
+    read) on the last cluster, from a DMA copy of the slots they read, and copied back to cluster
+    0 just before the first of its ops that computes on a result: on cluster 0 they held its
+    tensor unit at every chunk while the last cluster's waited."""
+    last = clusters - 1
+    if last == 0:
+        return
+    for op in [op for op in block.ops if isinstance(op, ccl.A2AReturnsOp)]:
+        before: list[Operation] = []
+        reach = reacher(before)
+        for i, v in enumerate(op.operands):
+            op.operands[i] = reach(v, last)
+        block.insert_ops_before(before, op)
+        place_on_cluster(op, last)
+        for r in op.results:
+            uses = [use for use in r.uses if not isinstance(use.operation, (*DMA_OPS, *ccl.COLLECTIVES))
+                    and cluster_of(use.operation) != last]
+            if not uses:
+                continue
+            copy = tile.CopyOp(r)
+            place_on_cluster(copy, 0)
+            for use in uses:
+                use.operation.operands[use.index] = copy.result
+            first = min((op_of_block(use.operation, block) for use in uses), key=block.get_operation_index)
+            block.insert_op_before(copy, first)
+
+
 @dataclass(frozen=True)
 class InterleaveChunksPass(ModulePass):
     """The work between a chunked mesh chip's expert loops -> inside them, at a quarter and at
@@ -207,5 +356,8 @@ class InterleaveChunksPass(ModulePass):
         for fn in op.ops:
             if isinstance(fn, func.FuncOp) and fn.body.blocks and ccl.CHUNKS_ATTR in fn.attributes \
                     and not _gathers_over_sp(fn.body.block):
-                interleave(fn.body.block, clusters)
+                cut = interleave(fn.body.block, clusters)
                 _router_first(fn.body.block)
+                _plans_first(fn.body.block)
+                if cut and _prefill(fn.body.block):
+                    _returns_on_last_cluster(fn.body.block, clusters)

@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 
 from xdsl.context import Context
 from xdsl.dialects import func, scf
-from xdsl.dialects.builtin import DictionaryAttr, IndexType, ModuleOp, StringAttr, TensorType, UnitAttr
+from xdsl.dialects.builtin import DictionaryAttr, IndexType, IntegerAttr, ModuleOp, StringAttr, TensorType, UnitAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -321,6 +321,12 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     if not escaping:
         whole.update(ops)
         return True
+    chunks = fn.attributes.get(ccl.CHUNKS_ATTR) if isinstance(fn, func.FuncOp) else None
+    if phase == "router" and isinstance(chunks, IntegerAttr) and rows < tokens:
+        # A chunked chip's first dispatch waits for the router's first tiles: a chunk's rows a
+        # tile, where the router is tiled at all (Qwen3-30B-A3B ep=8, 8 chunks of 512: 1,024-row
+        # tiles on each cluster made the first chunk's tokens leave 9 us later).
+        rows = min(rows, max(row_granule(ops), tokens // chunks.value.data))
     rows, spread = cluster_rows(ops, escaping, rows, tokens, phase, clusters, shares=few)
     reload = False
     head = contraction_head(ops, contractions)
@@ -457,7 +463,10 @@ def goes_to_hbm(result: SSAValue) -> bool:
     """Whether a loop's `result` is written tile by tile to HBM rather than kept in SRAM: when
     only DMA commands, collectives and the function's return read it (through views), which
     read HBM where it is, and either the function returns it (the layer's output ends in HBM,
-    each tile stored as it is made), or it is placed in HBM (shard-experts' buffers that only
+    each tile stored as it is made; or a chunked chip's home sum, which a `tile.store` puts in
+    the layer's output in HBM: in SRAM, the last cluster's tiles crossed to cluster 0's buffer
+    by DMA first, and the last chunk's did so after the link's last transfer, 4 us on
+    Qwen3-30B-A3B ep=8), or it is placed in HBM (shard-experts' buffers that only
     DMA and the link touch, `tcpc.space`), or it is larger than a cluster's SRAM (the module's
     target's: a mesh chip's rows to return, at prefill). A compute engine reads SRAM, so a
     result it reads stays there, for the memory plan to place."""
@@ -475,6 +484,8 @@ def goes_to_hbm(result: SSAValue) -> bool:
                     pending.append(user.result)
             elif isinstance(user, func.ReturnOp):
                 returned = True
+            elif isinstance(user, tile.StoreOp) and use.index == 0 and in_hbm(user.dest):
+                returned = True  # stored into a buffer in HBM: a chunk's home sum into the layer's output
             elif not isinstance(user, (*DMA_OPS, *LINK_OPS)):
                 return False
     return returned or placed_in_hbm(owner) or stored_bytes(result.type) > machine_of(owner).cluster_sram_bytes
