@@ -26,7 +26,9 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
 - The tile height: the largest number of rows whose intermediates (every result of the body,
   as if none were freed, and the tiles it loads) fit `tile_bytes` and, beside the SRAM buffers
   the loop stores into, one cluster's SRAM; rounded down to a multiple of 8 (one flit of 32-bit
-  values per slice lane) when at least 8, and at most T.
+  values per slice lane) when at least 8, and at most T. Ops that fit whole but gather more
+  than one DMA piece of rows from HBM (the combine at decode) take a tile per DMA engine
+  instead (`spread_rows`), so that the tiles' gathers run on every engine.
 - The function's results end in HBM (`store_results`): one the loops did not store there is
   stored by a `tcp.store` before the return.
 - A mesh receiver's combine (a2a, a2a_sum) skips a tile none of whose rows holds a pair
@@ -362,7 +364,7 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         # (Qwen3-30B-A3B ep=8, 16 tokens a chip: 128.8 us in tiles of a slice's 16, 127.9 in 8).
         packing, packed_rows, skip_by = pack_received(ops, skip_by, back.rows, source_rows)
         rows = min(source_rows, row_granule(ops))
-    elif rows >= tokens:
+    elif rows >= tokens and (rows := spread_rows(ops, tokens)) >= tokens:
         whole.update(ops)
         return True
     counts = back.rows if back is not None and packed_rows is None and shape_of(back.input.type)[0] == tokens else None
@@ -431,6 +433,23 @@ def first_load_cycles(contractions: list[tcp.ContractOp], rows: int, tokens: int
     machine = machine_of(contractions[0])
     row_bytes = sum(stored_bytes(op.lhs.type) // tokens for op in contractions)  # the lhs holds the loop's T rows
     return math.ceil(min(rows, tokens) * row_bytes / machine.hbm_bytes_per_cycle)
+
+
+def spread_rows(ops: list[Operation], tokens: int) -> int:
+    """Tile rows for ops that fit SRAM whole but gather more than one DMA piece of rows from HBM
+    (`dma_split_bytes`; the combine's gather of each token's K rows at decode, Qwen3-30B-A3B at
+    T = 64: 2 MB): whole, its pieces run on as few engines as it has pieces, at most 256 B/cycle
+    each, and the output's store on one; in a tile per engine (rows a multiple of
+    `row_granule`), the tiles' gathers run side by side on every engine, each tile's vector work
+    and store behind its own gather. `tokens` (whole) otherwise."""
+    machine = machine_of(ops[0])
+    gathered = sum(stored_bytes(op.result.type) for op in ops
+                   if isinstance(op, tcp.DmaGatherOp) and in_hbm(op.source))
+    granule = row_granule(ops)
+    tiles = min(machine.dma_engines, tokens // granule)
+    if gathered <= machine.dma_split_bytes or tiles < 2:
+        return tokens
+    return -(-tokens // (tiles * granule)) * granule
 
 
 def cluster_rows(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,

@@ -33,6 +33,8 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   experts, which keep block order) reuses when the routing uses expert c (Qwen3-30B-A3B T = 2048,
   B = 128, cost-only, balanced: 1,039,088 -> 1,026,998 cycles; in fp8, 621,375 -> 619,387);
   not beside a shared expert, whose loads need no guess to take the HBM the routing leaves idle;
+  so does one chip's decode from GUESS_PAIRS_PER_EXPERT pairs per expert (Qwen3-30B-A3B at T = 64),
+  where expert c is almost surely used and HBM is idle while the router ranks;
 - on a mesh chip at decode, the first routed loop (the first chunk's) guesses them too when it
   streams its weights (fewer FLOPs per weight byte than `own_dma_intensity`), its guessed loads
   issued before the first `ccl.all_to_all_done`: HBM is idle while the router ranks and the link
@@ -245,6 +247,17 @@ bound Mixtral-8x7B T = 64, B = 4, skewed (16 per expert) 2,039,108 -> 2,047,591.
 prefill row of benchmarks/schedule.py (T >= 2048) has at least 64."""
 
 
+GUESS_PAIRS_PER_EXPERT = 4
+"""The routed pairs per expert (as PREFILL_PAIRS_PER_EXPERT's) from which a chip's first expert loop
+guesses its first weights (`guessed_loads`), at decode too: under uniform routing expert c is then
+unused with probability about exp(-4), 2% (Qwen3-30B-A3B at T = 64: 512 pairs over 128 experts,
+(1 - 8 / 128) ** 64 = 1.6%), and the guessed loads run while the router ranks, HBM otherwise idle,
+ending before the routing's ids (MXFP4, B = 4, balanced: 251,784 -> 248,518 cycles; skewed
+229,747 -> 226,332; one-expert 89,243 -> 85,361). Below it a guess is
+often wrong (T = 1: 8 of 128 experts, expert c used with probability 1 / 16), and a right one in
+the benchmarks' balanced routing would be their luck, not the program's."""
+
+
 def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, own_dma: bool,
                   before: Operation | None = None) -> tuple[dict[tuple[int, int], SSAValue], list[Operation]]:
     """Each cluster's first weight tiles at prefill, loaded before the routing is known: for
@@ -253,8 +266,9 @@ def guessed_loads(body: Block, private: list[int], clusters: int, experts: int, 
     canonical layout puts the experts' blocks in ascending order). The loop starts from them as
     its previous ids and tiles, so the first slot reuses them when its expert is c
     (`tile.load_expert` fetches only ids that differ) and loads its own otherwise: the same
-    values either way. Only at prefill (PREFILL_PAIRS_PER_EXPERT) or in a mesh chip's first routed
-    loop at decode, in the plan's first loop (from block 0); with `before`, only the loads whose weights are made before it (a mesh
+    values either way. Only at prefill (PREFILL_PAIRS_PER_EXPERT), on one chip from
+    GUESS_PAIRS_PER_EXPERT, or in a mesh chip's first routed loop at decode, in the plan's first
+    loop (from block 0); with `before`, only the loads whose weights are made before it (a mesh
     chip's tp bias, masked after the dispatch, is not). Returns the loop's new initial values by
     (cluster, position among `private`) and the ops, for `issue_after_router`."""
     args = list(body.args[1:])
@@ -555,8 +569,9 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     guessed: list[Operation] = []
     row_index = group_rows[0] if group_rows else next(
         (addressed(g.indices) for g in body.walk() if isinstance(g, tile.GatherOp)), None)
-    prefill = row_index is not None and routed_pairs_at_least(
-        shape_of(expert_ids.type)[0], experts, shape_of(row_index.type)[1]) >= PREFILL_PAIRS_PER_EXPERT * experts
+    pairs = 0 if row_index is None else routed_pairs_at_least(shape_of(expert_ids.type)[0], experts,
+                                                              shape_of(row_index.type)[1])
+    prefill = pairs >= PREFILL_PAIRS_PER_EXPERT * experts
     # A block loop guesses only with block-scaled experts (they keep block order, `groupable`): bf16 ones
     # took longer so (Llama-4-Scout T = 1024, B = 128, its shared expert interleaved: 49,082 -> 50,856 cycles).
     scaled = any(isinstance(op, tcp.ScaledContractOp) for op in body.walk())
@@ -569,9 +584,11 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     # A mesh chip's first routed loop at decode streams its weights: it guesses them while the link moves the tokens.
     on_mesh = (not prefill and not by_block and waited is not None and not made.guessed_on_mesh
                and flops_per_weight_byte(body) < own_dma_intensity)
+    # One chip at decode guesses where expert c is almost surely used (GUESS_PAIRS_PER_EXPERT).
+    likely = prefill or pairs >= GUESS_PAIRS_PER_EXPERT * experts and waited is None
     if expert_ids not in made.guessed:
         made.guessed.add(expert_ids)  # the plan's first loop, from block 0: its first block's expert is the lowest
-        if prefill and (grouped or scaled) and not beside_shared or on_mesh:
+        if likely and (grouped or scaled) and not beside_shared or on_mesh:
             firsts, guessed = guessed_loads(body, private, clusters, experts, own_dma, waited if on_mesh else None)
             made.guessed_on_mesh = on_mesh
     new_inits = [inits[i] for i in shared] + [firsts.get((c, k), inits[i]) for c in range(clusters)
