@@ -105,7 +105,8 @@ def test_decode_tp_cycles_pinned() -> None:
     """Qwen3-30B-A3B on ep=2,tp=2 at 16 tokens a chip, B = 2, 8 chunks (benchmarks/mesh.py's
     row), cost-only under balanced routing: chunk 6's all-gather over tp goes on the link before
     chunk 7's reduce-scatter and return instead of after them (240,938 cycles before), 1.3 us
-    off the tail."""
+    off the tail (239,626; 239,783 with the chunked router's tiles of a chunk and the home sums
+    in HBM, which this row does not gain from)."""
     before, after = _cycles({"T": 32, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 2}, "ep=2,tp=2,chunks=8")
-    assert after == 239_626
+    assert after == 239_783
     assert after < before

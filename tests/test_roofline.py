@@ -12,6 +12,16 @@ from tcpc.program import load_ir, print_ir
 from tests.test_mesh import CAPACITY_LAYER
 
 
+
+def test_full_blocks_stored_by_both_clusters_are_no_padding() -> None:
+    """Qwen3-MoE at T 256, B 4, balanced: 1,024 pairs fill 256 of 268 blocks exactly. Each
+    cluster stores the blocks it ran into the whole [268, 4, D] buffer (one command each, fewer
+    bytes than the buffer): none of those rows is padding (the buffer's share, 48 of 1,072 rows,
+    counted 5,868 bytes)."""
+    report = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 256, "B": 4}).simulate(
+        cost_only=True, routing="balanced").report
+    assert report.roofline.padding.flops == 0 and report.roofline.padding.hbm_bytes == 0
+
 def test_the_roofline_does_not_grow_with_the_block() -> None:
     """Mixtral at its default dims (T 16, D 64, F 128, E 8, K 2), balanced: 4 pairs per expert."""
     t, d, f, e, k = 16, 64, 128, 8, 2

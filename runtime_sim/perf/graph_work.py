@@ -25,7 +25,8 @@ do exactly the graph's work, tests/test_roofline.py), and the HBM bytes the expe
 for padding rows. Those are the blocked buffers' tiles in HBM (`tile.store` / `tile.load` of
 an experts-phase buffer [G, B, ...] of a routing): every block that runs moves its tile, so over
 the run a share (B x blocks run - kept pairs) / (B x blocks run) of those bytes is padding rows
-(a whole-buffer move, G blocks, the share of G x B rows). Gathers and scatters by row index
+(a whole-buffer move of the whole buffer's bytes, G blocks, the share of G x B rows; one that
+moved fewer bytes moved only blocks that ran). Gathers and scatters by row index
 skip the padding rows (index -1), and weights do not depend on them.
 """
 
@@ -42,7 +43,7 @@ from xdsl.ir import Operation, SSAValue
 
 from dialects import lowp, moe, tcp, tile, tmath
 from dialects.annotations import phase_of
-from dialects.tensor_types import shape_of
+from dialects.tensor_types import shape_of, stored_bytes
 from runtime_sim.perf.cost_model import CostModelError, in_hbm
 from runtime_sim.perf.op_trace import RoutingChoices, TracedOp
 
@@ -191,8 +192,11 @@ def padding_hbm_bytes(ops: Sequence[TracedOp], pairs: Sequence[RoutedPairs]) -> 
         if p is None:
             continue
         g, b = shape[:2]
-        # The rows a buffer's moves cover over the run: all of it, or each block that runs.
-        rows = g * b if shape_of(moved)[0] == g else p.blocks_run * b
+        # The rows a buffer's moves cover over the run: all of it, or each block that runs (a
+        # whole-buffer command that moved fewer bytes than the buffer moved only those blocks:
+        # a cluster's store of the blocks it ran, its guessed first weights shifting them).
+        whole = shape_of(moved)[0] == g and t.cost.hbm_bytes >= stored_bytes(buffer)
+        rows = g * b if whole else p.blocks_run * b
         if rows:
             padding += Fraction(t.cost.hbm_bytes * (rows - p.kept), rows)
     return int(padding)
