@@ -11,7 +11,7 @@ cluster's slices: docs/hardware.md#pes-clusters-and-slices; the simulator's `ten
 a unit per cluster), so the tiles run side by side; the 8 DMA engines are the chip's, shared.
 Off cluster 0 a tile's SRAM input slice is copied to its cluster (`tile.copy`; a DMA gather
 reads its source where it lives instead, `cluster_copies.read_in_place`; a slice of an
-argument's SRAM copy is loaded from HBM by rows, `loaded_whole`) and its results
+argument's SRAM copy is loaded from HBM by rows, `hbm_copied`) and its results
 are copied back before they are stored into the loop's SRAM buffers, which are cluster 0's
 (the routing after the loop runs there). A loop that gathers from HBM (the combine) stays on
 cluster 0: the clusters share the HBM its time goes to, and a second one would only add copies;
@@ -105,7 +105,7 @@ def worth_splitting(loop: scf.ForOp, machine: Machine) -> bool:
     return made >= vector_bytes_per_copied_byte(machine) * crossing
 
 
-def loaded_whole(value: SSAValue) -> SSAValue | None:
+def hbm_copied(value: SSAValue) -> SSAValue | None:
     """The HBM tensor `value` is a whole SRAM copy of (its `tcp.load`, load-arguments' copy of
     an argument), else None: a tile of it is also rows of that tensor, which another cluster
     loads from HBM, pipelined, rather than copying cluster 0's rows SRAM -> SRAM (reads and
@@ -130,7 +130,7 @@ def _tile_on_cluster(loop: scf.ForOp, offset: SSAValue, carried: list[SSAValue],
     """One tile of `loop`'s body, at row `offset`, on `cluster` (every op pinned to it), with
     the carried buffers `carried`; returns what it yields. Off cluster 0, an SRAM tile it
     slices is copied to it (`tile.copy`; rows of an argument's SRAM copy are loaded from HBM,
-    `loaded_whole`) and a tile it stores into an SRAM buffer is copied back
+    `hbm_copied`) and a tile it stores into an SRAM buffer is copied back
     first: the buffers are cluster 0's, where the phases after the loop run. In a loop that
     `skips_empty_tiles` it slices a copy of the whole SRAM value instead, made once before the
     loop: a skipped tile then costs its guard alone, not two copies' start-ups ahead of it
@@ -161,7 +161,7 @@ def _tile_on_cluster(loop: scf.ForOp, offset: SSAValue, carried: list[SSAValue],
             break
         if isinstance(op, tile.SliceOp) and op.source not in defined:
             source = reach(op.source, cluster) if whole else op.source
-            hbm = loaded_whole(op.source) if cluster != 0 and not whole else None
+            hbm = hbm_copied(op.source) if cluster != 0 and not whole else None
             if hbm is not None:  # rows of an argument's SRAM copy: loaded from HBM, not copied across
                 new: Operation = place(tile.LoadOp(hbm, mapping[op.offset], op.result.type), cluster, op)
             else:

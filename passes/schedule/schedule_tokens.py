@@ -70,7 +70,7 @@ from dialects import ccl, tcp, tile, ve
 from dialects.annotations import OTHER, PHASE_ATTR, SHARED, is_pair_sum, phase_of, placed_in_hbm
 from dialects.tensor_types import shape_of, stored_bytes
 from passes.schedule._cluster_copies import DMA_OPS
-from passes.schedule._cluster_token_tiles import worth_splitting
+from passes.schedule._cluster_token_tiles import hbm_copied, worth_splitting
 from passes.schedule._received_rows import back_source, pack_received, returning_all_to_all
 from passes._loop_builder import (clone_rows, connected, escaping_results, in_hbm, index_constant, is_row_parallel_ve, leading,
                                  load_chain, replace_by_loop, select_ops, sink_to_first_reader, skip_unless,
@@ -592,15 +592,13 @@ def loaded_whole(value: SSAValue, inside: set[Operation], reload: bool = False) 
     source = value
     while isinstance(source.owner, tcp.ViewOp):
         source = source.owner.input
-    load = source.owner
-    if not isinstance(load, tcp.LoadOp) or not in_hbm(load.input):
-        return None
+    hbm = hbm_copied(source)
 
     def read_inside(v: SSAValue) -> bool:
         return all(use.operation in inside
                    or (isinstance(use.operation, tcp.ViewOp) and read_inside(use.operation.result)) for use in v.uses)
 
-    return load.input if reload or read_inside(load.result) else None
+    return hbm if hbm is not None and (reload or read_inside(source)) else None
 
 
 def _erase_unread_copy(value: SSAValue) -> None:

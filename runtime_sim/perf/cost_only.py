@@ -589,7 +589,9 @@ class LoopReplay:
         period = copies = 0
         pending: list[list[tuple[bool, Operation, tuple[Any, ...]]]] = []
         """The iterations since the last copy, whose signatures match the template's so far."""
-        probe = self._probes[loop] if loop in self._probes else self._probes.setdefault(loop, GuardProbe.of(loop))
+        if loop not in self._probes:
+            self._probes[loop] = GuardProbe.of(loop)
+        probe = self._probes[loop]
         skipped: tuple[list[tuple[bool, Operation, tuple[Any, ...]]], tuple[tuple[object, ...], ...]] | None = None
         """The ops and signature of the iteration before, when it skipped every block and passed its arguments on."""
         for i in iterations:
