@@ -209,13 +209,12 @@ def _on_last_cluster(routing: list[Operation], clusters: int
         if op not in moved:
             continue
         place_on_cluster(op, last)
+        block = op.parent_block()
+        assert block is not None
         for r in op.results:
             for use in list(r.uses):
                 user = use.operation
-                outer = user
-                while outer.parent_op() is not None and outer.parent_block() is not op.parent_block():
-                    outer = outer.parent_op()
-                if outer in moved or isinstance(user, DMA_OPS) and not isinstance(user, tile.CopyOp):
+                if block.find_ancestor_op_in_block(user) in moved or isinstance(user, DMA_OPS) and not isinstance(user, tile.CopyOp):
                     continue
                 if isinstance(user, tile.CopyOp) and cluster_of(user) == last:
                     user.result.replace_all_uses_with(r)
@@ -330,6 +329,8 @@ def _returns_on_last_cluster(block: Block, clusters: int) -> None:
             op.operands[i] = reach(v, last)
         block.insert_ops_before(before, op)
         place_on_cluster(op, last)
+        block = op.parent_block()
+        assert block is not None
         for r in op.results:
             uses = [use for use in r.uses if not isinstance(use.operation, (*DMA_OPS, *ccl.COLLECTIVES))
                     and cluster_of(use.operation) != last]
