@@ -21,7 +21,9 @@ chosen by cost as well (`topk=auto`: each strategy simulated on the mesh, the ch
 so is the chunk count of a2a and a2a_sum (`chunks=auto`: the chip's token loop in 1, 2, 4 or 8
 software-pipelined chunks, each count simulated with each candidate block; the `chunks`
 column). `link busy` is the slowest chip's link busy time (its collectives' transfers and
-waits) over its total time.
+waits) over its total time. Every row draws its routing from seed 1 (a skewed routing's hot
+experts depend on it): `tcpc run ... --mesh ... --seed 1` reproduces a row, where the CLI's
+default seed, 0, gives another skewed draw.
 
 Each row: the simulated time (the slowest chip), the share of it the slowest chip spends in
 collectives (waiting included), and the ratio to a lower bound computed here from two limits,
