@@ -370,8 +370,8 @@ def runs(quick: bool, full: bool = False) -> list[Run]:
 def seed_rows(machine: MeshMachine, chips: int | None = None, tokens: int | None = None,
               strategy: str | None = None) -> list[Row]:
     """Seed 001's meshes: DeepSeek-V3 on ep=R,sp=8 for R in SEED_ROWS, decode (SEED_DECODE per
-    chip) and prefill (SEED_PREFILL per chip), a2a and a2a_sum, balanced routing, one chunk,
-    lower-topk's default strategy, the block SEED_BLOCK says and SEED_SP_SUM's reduce-scatter; `chips`, `tokens` and
+    chip) and prefill (SEED_PREFILL per chip), a2a and a2a_sum, balanced routing, one chunk at
+    decode and SEED_CHUNKS' counts at prefill, lower-topk's default strategy, the block SEED_BLOCK says and SEED_SP_SUM's reduce-scatter; `chips`, `tokens` and
     `strategy` filter them. Each row's line is printed as it is done."""
     deepseek = MODELS[0]
     rows = []
