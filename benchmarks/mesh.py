@@ -68,7 +68,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 import tcpc  # noqa: E402
 from tcpc.program import function_in  # noqa: E402
 from target.mesh_machine import MeshMachine, load_mesh_machine  # noqa: E402
-from runtime_sim.perf.mesh_simulate import MeshReport  # noqa: E402
+from runtime_sim.perf.mesh_simulate import AboveBound, MeshReport  # noqa: E402
 from dialects.annotations import PHASES  # noqa: E402
 from tcpc.mesh_run import MeshSpec, compile_for_mesh, simulate_on_mesh  # noqa: E402
 from passes.mesh.shard_experts import CHUNKED_STRATEGIES  # noqa: E402
@@ -102,9 +102,10 @@ SEED_DECODE = 4
 """Tokens per chip of the seed's decode step: 32 a row of 8 chips (its B_local per device row)."""
 SEED_PREFILL = 128
 """Tokens per chip of a prefill row on the seed's meshes (1,024 a row of 8)."""
-SEED_CHUNKS = (1, 2)
+SEED_CHUNKS = (2, 1)
 """The chunk counts a seed prefill row simulates, the fewest cycles kept (the `chunks` column;
-`Chunks tried` under the table). Not chunks=auto's four: a 128-chip prefill simulation takes
+`Chunks tried` under the table), the one that wins first: the next stops once a chip's lower bound
+passes its cycles (`mesh_row`). Not chunks=auto's four: a 128-chip prefill simulation takes
 about 10 CPU s in one chunk, 25 in two. Decode rows run one chunk (not tried)."""
 SEED_SP_SUM = "bf16"
 """The seed rows' reduce-scatter: each column's sum rounded to bf16 before it crosses, as seed
@@ -200,6 +201,8 @@ class Row:
     """With sp, the type the columns' sums cross the reduce-scatter in (`--mesh ...,sp_sum=`)."""
     chunks_tried: tuple[tuple[int, int], ...] = ()
     """(chunks, cycles) of every count simulated (`mesh_row`'s chunk_counts; empty: not tried)."""
+    chunks_bounded: tuple[int, ...] = ()
+    """The counts of `chunks_tried` whose cycles are a lower bound (as `bounded`'s blocks)."""
 
     @property
     def mesh(self) -> str:
@@ -226,8 +229,9 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     (`tcpc.mesh_run.compile_for_mesh`). `search`: the chunk count and lower-topk's strategy
     chosen by simulating each (chunks=auto, topk=auto); else 1 chunk and the default. `sp_sum`:
     the type of sp's reduce-scatter (f32, bf16). `chunk_counts` (with a given block, no search):
-    each count simulated, its block `block` / count (an expert's pairs in a chunk), the fewest
-    cycles kept (the row's chunks and B)."""
+    each count simulated in turn, its block `block` / count (an expert's pairs in a chunk), the fewest
+    cycles kept (the row's chunks and B); a count stops once a chip's lower bound passes the fewest so
+    far (its cycles then that bound, `chunks_bounded`)."""
     machine = machine or load_mesh_machine()
     ep = chips // tp // sp
     d = dict(dims or model.dims)
@@ -238,6 +242,7 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
         ",chunks=auto" if strategy in CHUNKED_STRATEGIES and search else "")
     tried: tuple[tuple[int, int], ...] = ()
     chunks_tried: tuple[tuple[int, int], ...] = ()
+    chunks_bounded: tuple[int, ...] = ()
     bounded: tuple[int, ...] = ()
     if block is None:  # as `tcpc run --mesh` chooses block=auto: on the mesh, for the row's routing
         program = compile_for_mesh(EXAMPLES / f"{model.name}.moe", d, MeshSpec.parse(spec), machine=machine,
@@ -246,12 +251,19 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
         block, tried, bounded = int(choice.chosen), choice.alternatives, choice.bounded  # type: ignore[assignment]
     elif chunk_counts:
         runs = []
+        tried_counts: list[tuple[int, int]] = []
         for count in chunk_counts:
             b = max(1, block // count)
             trial = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": b})
-            runs.append((simulate_on_mesh(trial, MeshSpec.parse(f"{spec},chunks={count}"), cost_only=True,
-                                          routing=routing, seed=1, machine=machine), trial, b))
-        chunks_tried = tuple((count, r[0].report.total_cycles) for count, r in zip(chunk_counts, runs))
+            bar = min((r[0].report.total_cycles for r in runs), default=math.inf)
+            try:  # stopped once a chip's lower bound passes the fewest cycles so far (it cannot win)
+                runs.append((simulate_on_mesh(trial, MeshSpec.parse(f"{spec},chunks={count}"), cost_only=True,
+                                              routing=routing, seed=1, machine=machine, bound_above=bar), trial, b))
+                tried_counts.append((count, runs[-1][0].report.total_cycles))
+            except AboveBound as e:
+                tried_counts.append((count, e.cycles))
+                chunks_bounded += (count,)
+        chunks_tried = tuple(tried_counts)
         sim, program, block = min(runs, key=lambda r: r[0].report.total_cycles)
     else:
         program = tcpc.compile_file(EXAMPLES / f"{model.name}.moe", dims={**d, "B": block})
@@ -268,7 +280,8 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
     topk = min(sim.topk_cycles, key=sim.topk_cycles.__getitem__) if sim.topk_cycles else "" if search else "rank"
     chunks = next((int(c.chosen) for c in report.choices if c.what == "chunk count"),
-                  min(chunks_tried, key=lambda t: t[1])[0] if chunks_tried else 1)
+                  min((t for t in chunks_tried if t[0] not in chunks_bounded), key=lambda t: t[1])[0]
+                  if chunks_tried else 1)
     link = (sp_link_bound_cycles(choices, ep, sp, d["E"], row_bytes, machine) if sp > 1
             else link_bound_cycles(choices, ep, d["E"], row_bytes, machine))
     return Row(model.title, chips, tokens, strategy, routing, report.total_cycles, report.communication_cycles,
@@ -276,7 +289,7 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
                tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried, chunks,
                report.link_busy(slowest), sp, time.process_time() - cpu, bounded, sp_sum if sp > 1 else "f32",
-               chunks_tried)
+               chunks_tried, chunks_bounded)
 
 
 def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
@@ -301,9 +314,11 @@ def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:
 def tried_chunks(rows: list[Row], clock_hz: float = 1e9) -> str:
     """Every chunk count simulated for each row that tried several, with its simulated µs."""
     us = 1e6 / clock_hz
-    lines = ["Chunks tried (chunks: simulated µs; B is the pairs an expert receives in a chunk):", ""]
+    lines = ["Chunks tried (chunks: simulated µs; B is the pairs an expert receives in a chunk; >= a lower bound "
+             "where the simulation stopped once a chip's passed the fewest µs found):", ""]
     lines += [f"- {r.model}, {r.mesh}, T = {r.tokens} per chip, {r.strategy}: "
-              + ", ".join(f"{c}: {cycles * us:,.1f}" for c, cycles in r.chunks_tried) for r in rows if r.chunks_tried]
+              + ", ".join(f"{c}: {'>= ' if c in r.chunks_bounded else ''}{cycles * us:,.1f}" for c, cycles in r.chunks_tried)
+              for r in rows if r.chunks_tried]
     return "\n".join(lines) + "\n"
 
 
@@ -357,8 +372,8 @@ def runs(quick: bool, full: bool = False) -> list[Run]:
 def seed_rows(machine: MeshMachine, chips: int | None = None, tokens: int | None = None,
               strategy: str | None = None) -> list[Row]:
     """Seed 001's meshes: DeepSeek-V3 on ep=R,sp=8 for R in SEED_ROWS, decode (SEED_DECODE per
-    chip) and prefill (SEED_PREFILL per chip), a2a and a2a_sum, balanced routing, one chunk,
-    lower-topk's default strategy, the block SEED_BLOCK says and SEED_SP_SUM's reduce-scatter; `chips`, `tokens` and
+    chip) and prefill (SEED_PREFILL per chip), a2a and a2a_sum, balanced routing, one chunk at
+    decode and SEED_CHUNKS' counts at prefill, lower-topk's default strategy, the block SEED_BLOCK says and SEED_SP_SUM's reduce-scatter; `chips`, `tokens` and
     `strategy` filter them. Each row's line is printed as it is done."""
     deepseek = MODELS[0]
     rows = []

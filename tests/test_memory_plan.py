@@ -244,6 +244,29 @@ def test_an_all_to_alls_operands_live_until_its_done() -> None:
         plan_memory(trace, small_sram(2 * size), "error")
 
 
+def test_an_all_gathers_operands_live_until_its_result_is_read() -> None:
+    """A collective without a done (sp's all-gather of the next chunk's rows, issued before this
+    chunk's experts) is read by the link until the first command that reads its result: a load
+    issued in between does not take its operand's space (with a wait for the link, 64 chips of
+    DeepSeek-V3, ep=8,sp=8 prefill: cluster 0's experts idled 200 us), and with no other space
+    the `error` policy stops there."""
+    from runtime_sim.perf.cost_model import DMA, LINK, TENSOR, OpCost
+    from runtime_sim.perf.memory_plan import plan_memory
+    from runtime_sim.perf.op_trace import Trace, TracedOp
+
+    size = 4096
+    trace = Trace(ops=[
+        TracedOp(0, "tcp.load", "%x = tcp.load", OpCost(DMA, 10), writes=(0,)),
+        TracedOp(1, "ccl.all_gather", "%x_row = ccl.all_gather", OpCost(LINK, 1000), (0,), (0,), (1,)),
+        TracedOp(2, "tcp.load", "%w = tcp.load", OpCost(DMA, 10), writes=(2,)),
+        TracedOp(3, "ve.add", "%y = ve.add", OpCost(TENSOR, 10), (1, 2), (1, 2), (3,))],
+        buffer_bytes={b: size for b in range(4)}, buffer_labels={b: f"#{b}" for b in range(4)}, outputs={3})
+    roomy = plan_memory(trace, small_sram(4 * size))
+    assert {t.key: t.after for t in roomy.tasks}[2] == () and not roomy.spills
+    with pytest.raises(SramOverflowError, match="%w = tcp.load"):
+        plan_memory(trace, small_sram(2 * size), "error")
+
+
 # --- free space ---------------------------------------------------------------------------------
 
 

@@ -177,6 +177,7 @@ def test_benchmark_seed_row_keeps_the_chunk_count_of_fewest_cycles() -> None:
                          sp_sum="bf16", chunk_counts=(1, 2))
     counts = dict(row.chunks_tried)
     assert sorted(counts) == [1, 2] and row.chunks == min(counts, key=counts.__getitem__)
+    assert row.chunks not in row.chunks_bounded and all(counts[c] >= row.total_cycles for c in row.chunks_bounded)
     assert row.total_cycles == counts[row.chunks] and row.block == 2 // row.chunks
     assert "ep=2,sp=2,sp_sum=bf16, T = 4 per chip, a2a: 1: " in bench.tried_chunks([row])
 

@@ -18,7 +18,9 @@ Lifetime: in issue order, a buffer is resident from the command that writes it (
 or a reload) to its last reader; the function's results stay to the end; an asynchronous
 all-to-all's operands stay to its `ccl.all_to_all_done`, since the link reads them until the
 transfer ends (their space handed to a command issued in between, such as the next chunk's
-weight loads, would make that command wait for the link). The plan walks the
+weight loads, would make that command wait for the link), and another collective's operands
+to the first command that reads its result (sp's all-gather of the next chunk's rows, issued
+before this chunk's experts). The plan walks the
 commands in issue order and hands out space. Space a dead buffer held is reusable only once
 every command that touched it has finished, so the command that takes that space gets
 `memory` dependencies on them (only on the space it actually takes). Hence the scheduled run
@@ -104,6 +106,8 @@ from runtime_sim.perf.tcp_cost import dma_copy_cost, requests, with_hbm_bytes
 SramPolicy = Literal["spill", "error"]
 SRAM_POLICIES: tuple[str, ...] = ("spill", "error")
 DEFAULT_SRAM_POLICY: SramPolicy = "spill"
+_LINK_READS_UNTIL_READ = {c.name for c in ccl.COLLECTIVES if c is not ccl.AllToAllStartOp}
+"""Collectives without a done: the link reads their operands until a command reads their result."""
 
 class SramOverflowError(Exception):
     """A command whose buffers do not fit in SRAM."""
@@ -290,6 +294,16 @@ class MemoryPlanner:
                 for started in done.deps:
                     for b in self.trace.ops[started].reads:
                         last[b] = max(last[b], done.index)
+        # Another collective's operands likewise until the first command that reads its result
+        # (the chip's wait for it): the link reads them while commands issued after it run.
+        links = {t.index: t.reads for t in self.trace.ops if t.name in _LINK_READS_UNTIL_READ}
+        waits: dict[int, int] = {}
+        for t in self.trace.ops if links else ():
+            for d in t.deps:
+                if d in links and d not in waits:
+                    waits[d] = t.index
+                    for b in links[d]:
+                        last[b] = max(last[b], t.index)
         return uses, last
 
     def _moved_by_dma(self) -> set[int]:
