@@ -718,13 +718,15 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     its largest index (a vector reduction; with `counts`, its slices' counts: `_tile_tops`)
     decides an `scf.if` (`tile.guard`) around the tile's work. With `part`
     (guarded_pair_sum), only the part's ops are guarded so, the sum taking +0.0 (a `ve.const`)
-    in a tile whose gather indices are all -1."""
+    in a tile whose gather indices are all -1. A result that only a store into the layer's
+    output reads (`output_store`) has no buffer: the loop stores its tiles there."""
     main = tokens - tokens % rows
     marker = {PHASE_ATTR: StringAttr(phase)}
 
     before: list[Operation] = [c0 := index_constant(0), c_main := index_constant(main), c_rows := index_constant(rows)]
     into = [output_store(r) for r in escaping]
-    buffers = {r: tile.BufferOp("hbm" if goes_to_hbm(r) else "sram", r.type) for r, s in zip(escaping, into) if s is None}
+    buffers = {r: tile.BufferOp("hbm" if goes_to_hbm(r) else "sram", r.type)
+               for r, s in zip(escaping, into) if s is None}
     before += buffers.values()
     for r, b in buffers.items():
         b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
