@@ -15,7 +15,7 @@ import pytest
 from xdsl.utils.exceptions import InterpretationError, PassFailedException
 
 import tcpc
-from dialects import ccl, moe
+from dialects import ccl, moe, tile
 from target.machine import MachineError
 from target.mesh_machine import load_mesh_machine
 from runtime_sim.semantics.ccl_semantics import (MeshExchange, a2a_plan, a2a_returns, a2a_token_lists, a2a_tokens,
@@ -916,6 +916,38 @@ def test_chunked_router_is_tiled_at_the_chips_tokens() -> None:
     assert [t.describe() for t in report.loops if t.phase == "router"] == [
         "router loop %row: 16 x step 16; tiles f32[8, 256]"]
     assert report.total_cycles == 117_793  # 216,273 with the router whole; 118,383 before a2a's split pairs returned first
+
+
+def test_a_chunks_home_sum_in_tiles_is_stored_where_the_output_holds_it() -> None:
+    """A chunked chip's home sum tiled (schedule-tokens at 96 KB tiles, which would hold 32 of
+    a chunk's 128 rows; at real dims SRAM's budget tiles it): each chunk's loop stores its tiles
+    into the layer's output past the chunk's offset, not into a buffer of its own that a
+    `tile.store` copied into the output after the loop, and the last chunk's, after the last
+    return, in a tile per DMA engine (8 of 16 rows). Every chip's outputs keep their bits
+    against the home sums made whole."""
+    from xdsl.dialects import arith, func, scf
+    from runtime_sim.perf.mesh_simulate import simulate_mesh
+    from tcpc.arrays import prepare_inputs
+    from tcpc.mesh_run import split_arguments, token_outputs
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 512, "E": 8, "K": 2, "B": 16})
+    spec = MeshSpec.parse("ep=2,chunks=2")
+    whole = spec.pipeline()
+    tiled = whole.replace("schedule-tokens,", "schedule-tokens{tile_bytes=98304},")
+    name = program.function(None).sym_name.data
+    args = prepare_inputs(program.function(None), {}, 3)
+    outputs = []
+    for pipeline in (whole, tiled):
+        module = program.lower(pipeline)
+        outputs.append(token_outputs(spec.mesh, simulate_mesh(module, name, load_mesh_machine(), split_arguments(
+            module, name, spec.mesh, args)).outputs))
+    body = next(op for op in module.walk() if isinstance(op, func.FuncOp)).body.block
+    homes = [op for op in body.ops if isinstance(op, scf.ForOp)
+             and any(isinstance(o, arith.AddiOp) and o.rhs.name_hint and o.rhs.name_hint.startswith("chunk")
+                     for o in op.body.block.ops)]
+    assert [(h.ub.owner.value.value.data, h.step.owner.value.value.data) for h in homes] == [(128, 32), (128, 16)]
+    assert not any(isinstance(op, tile.StoreOp) and isinstance(op.tile.owner, scf.ForOp) for op in body.ops)
+    for before, after in zip(*outputs):
+        assert np.array_equal(before.view(np.uint8), after.view(np.uint8))
 
 
 def test_chunk_count_is_chosen_by_cycles_and_reported() -> None:

@@ -19,7 +19,9 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
   padding included (DeepSeek-V3 on 8 chips at 128 tokens each: 117 MB, 82 us).
 - Results used after the loop are written a tile at a time into SRAM buffers (`tile.buffer`,
   `tile.store`: the producing engine commits each tile at its place), or into HBM ones when
-  the function returns them or they are larger than a cluster's SRAM (`goes_to_hbm`).
+  the function returns them or they are larger than a cluster's SRAM (`goes_to_hbm`); a
+  chunk's home sum, which shard-experts' `tile.store` puts into the layer's output in HBM,
+  straight into the output past the chunk's offset (`output_store`).
 - The combine's loop also takes the row-parallel ops that follow it, the layer's tail (a
   shared expert's rows added to the routed ones, casts of the result): the layer's output is
   made a tile at a time (`loop_phase`).
@@ -28,7 +30,8 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
   the loop stores into, one cluster's SRAM; rounded down to a multiple of 8 (one flit of 32-bit
   values per slice lane) when at least 8, and at most T. Ops that fit whole but gather more
   than one DMA piece of rows from HBM (the combine at decode) take a tile per DMA engine
-  instead (`spread_rows`), so that the tiles' gathers run on every engine.
+  instead (`spread_rows`), so that the tiles' gathers run on every engine; so does a chunk's
+  home sum at most (`engine_rows`: after the last return it has nothing else to run under).
 - The function's results end in HBM (`store_results`): one the loops did not store there is
   stored by a `tcp.store` before the return.
 - A mesh receiver's combine (a2a, a2a_sum) skips a tile none of whose rows holds a pair
@@ -61,7 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from xdsl.context import Context
-from xdsl.dialects import func, scf
+from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import DictionaryAttr, IndexType, IntegerAttr, ModuleOp, StringAttr, TensorType, UnitAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -329,6 +332,11 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         # tile, where the router is tiled at all (Qwen3-30B-A3B ep=8, 8 chunks of 512: 1,024-row
         # tiles on each cluster made the first chunk's tokens leave 9 us later).
         rows = min(rows, max(row_granule(ops), tokens // chunks.value.data))
+    if rows < tokens and any(last_output_store(r) for r in escaping):
+        # The last chunk's home sum, after the last return with nothing to run under: a tile per
+        # DMA engine at most, each tile's gather of the chips' rows on an engine of its own
+        # (Qwen3-30B-A3B ep=4, 4,096 tokens a chip: 4 tiles of 256 rows took 8.7 us to gather).
+        rows = min(rows, engine_rows(ops, tokens))
     rows, spread = cluster_rows(ops, escaping, rows, tokens, phase, clusters, shares=few)
     reload = False
     head = contraction_head(ops, contractions)
@@ -382,7 +390,13 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
     made.update(before)
     absorbed = set(ops)
     inputs = {v for op in ops for v in op.operands if v.owner not in absorbed}  # whole copies the tiles replace go
+    folded = [output_store(r) for r in escaping]
     replace_by_loop(block, ops, escaping, results, [*packing, *before, *after])
+    for store in folded:
+        if store is not None:  # the loop stored its tiles into the output already
+            store.result.replace_all_uses_with(store.tile)
+            store.detach()
+            store.erase()
     for v in inputs:
         _erase_unread_copy(v)
         if reload:
@@ -442,14 +456,17 @@ def spread_rows(ops: list[Operation], tokens: int) -> int:
     each, and the output's store on one; in a tile per engine (rows a multiple of
     `row_granule`), the tiles' gathers run side by side on every engine, each tile's vector work
     and store behind its own gather. `tokens` (whole) otherwise."""
-    machine = machine_of(ops[0])
     gathered = sum(stored_bytes(op.result.type) for op in ops
                    if isinstance(op, tcp.DmaGatherOp) and in_hbm(op.source))
+    return tokens if gathered <= machine_of(ops[0]).dma_split_bytes else engine_rows(ops, tokens)
+
+
+def engine_rows(ops: list[Operation], tokens: int) -> int:
+    """Rows of a tile per DMA engine over `tokens` (a multiple of `row_granule`); `tokens` when
+    they make fewer than two such tiles."""
     granule = row_granule(ops)
-    tiles = min(machine.dma_engines, tokens // granule)
-    if gathered <= machine.dma_split_bytes or tiles < 2:
-        return tokens
-    return -(-tokens // (tiles * granule)) * granule
+    tiles = min(machine_of(ops[0]).dma_engines, tokens // granule)
+    return tokens if tiles < 2 else -(-tokens // (tiles * granule)) * granule
 
 
 def cluster_rows(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,
@@ -508,6 +525,30 @@ def goes_to_hbm(result: SSAValue) -> bool:
             elif not isinstance(user, (*DMA_OPS, *LINK_OPS)):
                 return False
     return returned or placed_in_hbm(owner) or stored_bytes(result.type) > machine_of(owner).cluster_sram_bytes
+
+
+def output_store(result: SSAValue) -> tile.StoreOp | None:
+    """The `tile.store` of a chunked chip's home sum `result` into the layer's output in HBM
+    (shard-experts' chunks), when it is the result's only reader: the loop making `result`
+    stores its tiles there (into the store's destination past its offset), not into a buffer of
+    its own that the store then copied, HBM to HBM, after the loop's last tile (4.6 us after
+    the last return on Qwen3-30B-A3B ep=4)."""
+    uses = list(result.uses)
+    if len(uses) != 1:
+        return None
+    use = uses[0]
+    store = use.operation
+    if (isinstance(store, tile.StoreOp) and use.index == 0 and store.guard is None and store.offsets is None
+            and in_hbm(store.dest)):
+        return store
+    return None
+
+
+def last_output_store(result: SSAValue) -> bool:
+    """Whether `result` is the last chunk's home sum: stored into the layer's output
+    (`output_store`) by the last store there, whose output no other chunk's store takes."""
+    store = output_store(result)
+    return store is not None and not any(isinstance(u.operation, tile.StoreOp) for u in store.result.uses)
 
 
 def empty_tile_indices(block: Block, ops: list[Operation], escaping: list[SSAValue], tokens: int) -> SSAValue | None:
@@ -677,17 +718,31 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
     its largest index (a vector reduction; with `counts`, its slices' counts: `_tile_tops`)
     decides an `scf.if` (`tile.guard`) around the tile's work. With `part`
     (guarded_pair_sum), only the part's ops are guarded so, the sum taking +0.0 (a `ve.const`)
-    in a tile whose gather indices are all -1."""
+    in a tile whose gather indices are all -1. A result that only a store into the layer's
+    output reads (`output_store`) has no buffer: the loop stores its tiles there."""
     main = tokens - tokens % rows
     marker = {PHASE_ATTR: StringAttr(phase)}
 
     before: list[Operation] = [c0 := index_constant(0), c_main := index_constant(main), c_rows := index_constant(rows)]
-    buffers = [tile.BufferOp("hbm" if goes_to_hbm(r) else "sram", r.type) for r in escaping]
-    before += buffers
-    for b, r in zip(buffers, escaping):
+    into = [output_store(r) for r in escaping]
+    buffers = {r: tile.BufferOp("hbm" if goes_to_hbm(r) else "sram", r.type)
+               for r, s in zip(escaping, into) if s is None}
+    before += buffers.values()
+    for r, b in buffers.items():
         b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
+    inits = [s.dest if s is not None else buffers[r].result for r, s in zip(escaping, into)]
 
-    body = Block(arg_types=[IndexType(), *(b.result.type for b in buffers)])
+    def at(row: SSAValue, store: tile.StoreOp | None, target: Block) -> SSAValue:
+        """Where a tile of rows from `row` goes: there in its own buffer, or past `store`'s offset
+        in the layer's output."""
+        if store is None:
+            return row
+        shifted = arith.AddiOp(row, store.offset)
+        shifted.attributes.update(marker)
+        target.add_op(shifted)
+        return shifted.result
+
+    body = Block(arg_types=[IndexType(), *(v.type for v in inits)])
     offset, *buffer_args = body.args
     offset.name_hint = "row"
 
@@ -732,11 +787,11 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
         total = part.total.results[0]
         mapping[total] = _guard_part(body, [mapping[r].owner for op in ops if op in part.ops for r in op.results[:1]],  # type: ignore[misc]
                                      mapping[total], tops, offset, marker)
-    stored = [add(tile.StoreOp(mapping[r], buf, offset)) for r, buf in zip(escaping, buffer_args)]
+    stored = [add(tile.StoreOp(mapping[r], buf, at(offset, s, body))) for r, buf, s in zip(escaping, buffer_args, into)]
     body.add_op(scf.YieldOp(*stored))
     if runs is not None:
         skip_unless(body, runs).attributes.update(marker)
-    loop = scf.ForOp(c0, c_main, c_rows, [b.result for b in buffers], body)
+    loop = scf.ForOp(c0, c_main, c_rows, inits, body)
     loop.attributes.update(marker)
     after: list[Operation] = [loop]
     results: list[SSAValue] = list(loop.results)
@@ -746,7 +801,8 @@ def _tile_loop(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens
         c_rest = add_rest(index_constant(main))
         rest_mapping: dict[SSAValue, SSAValue] = {}
         _clone_rows(ops, tokens - main, c_rest, tokens, add_rest, rest_mapping, rows_in_hbm)
-        results = [add_rest(tile.StoreOp(rest_mapping[r], buf, c_rest)) for r, buf in zip(escaping, results)]
+        results = [add_rest(tile.StoreOp(rest_mapping[r], buf, at(c_rest, s, rest)))
+                   for r, buf, s in zip(escaping, results, into)]
         after += list(rest.ops)
         for op in after[1:]:
             op.detach()
