@@ -288,7 +288,8 @@ def test_one_chip_at_decode_guesses_where_every_expert_is_almost_surely_used() -
     expert too, loaded while the router ranks: the reference's bits, for a routing that never
     picks experts 0 and 1 as well; below (T = 8, 2 pairs per expert) nothing. At real dims
     (MXFP4, B = 4, balanced) the guessed loads end before the routing's ids and the first blocks
-    reuse them: 251,784 -> 248,518 cycles."""
+    reuse them: 251,784 -> 248,518 cycles (248,436 since the scales' gathers go right before the
+    loop, after the dispatch's commands)."""
     program = tcpc.compile_file(EXAMPLES / "qwen3_moe_fp8.moe", dims={"T": 16, "B": 4})
     pipeline = scheduled("order=block")
     assert len(guessed_loads_of(program.lower(pipeline))) == 2 * 3
@@ -301,7 +302,7 @@ def test_one_chip_at_decode_guesses_where_every_expert_is_almost_surely_used() -
     guessed = [o for o in report.ops if o.name == "tile.load_expert" and "guessed" in o.label]
     ids = min(o.start for o in report.ops if o.phase == "experts" and o.name == "tcp.dma_gather")
     assert len(guessed) == 2 * 3 and max(o.end for o in guessed) <= ids
-    assert report.total_cycles == 248_518
+    assert report.total_cycles == 248_436
 
 
 def test_a_block_loop_beside_a_shared_expert_guesses_nothing() -> None:
@@ -376,19 +377,20 @@ def test_the_tokens_quantization_runs_beside_the_routing_and_gives_the_same_bits
     assert_same_bits(program.run(seed=5, pipeline=pipeline).outputs, program.run(seed=5).outputs)
 
 
-def test_the_routers_tiles_off_cluster_0_load_from_hbm_and_give_the_same_bits() -> None:
-    """The router's token loop on both clusters: cluster 1's tiles of the tokens' SRAM copy
-    (load-arguments' `tcp.load %x`, on cluster 0) are loaded from HBM by rows (`tile.load %x`),
-    not sliced there and copied across SRAM -> SRAM; the output is the reference's bits."""
+def test_the_routers_tiles_load_from_hbm_and_give_the_same_bits() -> None:
+    """The router's token loop on both clusters: cluster 1's tiles of the tokens are loaded from
+    HBM by rows (`tile.load %x`), not sliced from cluster 0's SRAM copy and copied across
+    SRAM -> SRAM; and with the tokens' quantization on cluster 1 from a load of its own, cluster
+    0's tiles load theirs too, so no whole copy of the tokens is made for the router; the output
+    is the reference's bits."""
     program = tcpc.compile_file(EXAMPLES / "qwen3_moe_fp8.moe", dims=dict(T=1024, B=16))
     pipeline = scheduled("order=block").replace("lower-dispatch", "lower-dispatch{quantize=tokens}")
     module = program.lower(pipeline)
     router = [op for op in module.walk() if phase_of(op) == "router"]
-    (tile_load,) = [op for op in router if op.name == "tile.load"]
-    assert tile_load.operands[0].name_hint == "x" and cluster_of(tile_load) == 1
-    sliced = [op for op in router if op.name == "tile.slice" and op.operands[0].name_hint == "x_sram"]
-    assert [cluster_of(op) for op in sliced] == [0]
-    assert not [op for op in router if op.name == "tile.copy" and op.operands[0].owner in sliced]
+    tile_loads = [op for op in router if op.name == "tile.load"]
+    assert {op.operands[0].name_hint for op in tile_loads} == {"x"}
+    assert sorted(cluster_of(op) for op in tile_loads) == [0, 1]
+    assert not [op for op in router if op.name in ("tile.slice", "tcp.load") and "x" in (op.operands[0].name_hint or "")]
     assert_same_bits(program.run(seed=5, pipeline=pipeline).outputs, program.run(seed=5).outputs)
 
 

@@ -116,6 +116,29 @@ def hbm_copied(value: SSAValue) -> SSAValue | None:
     return owner.input if isinstance(owner, tcp.LoadOp) and in_hbm(owner.input) else None
 
 
+def load_sliced_rows(copy: tcp.LoadOp) -> None:
+    """Where every reader of `copy`, a whole SRAM copy of an HBM tensor, slices whole rows of it
+    (a token loop's tiles), each tile loads its rows from HBM instead (`tile.load`) and the copy
+    goes, as schedule-tokens' `loaded_whole` does for a copy only its loop reads: the first
+    tile's work then waits for that tile's rows, not for all T."""
+    slices = [use.operation for use in copy.result.uses]
+    if not slices or not all(isinstance(op, tile.SliceOp) and op.offsets is None for op in slices):
+        return
+    for op in slices:
+        assert isinstance(op, tile.SliceOp)
+        load = tile.LoadOp(copy.input, op.offset, op.result.type)
+        load.attributes.update(op.attributes)
+        load.result.name_hint = op.result.name_hint
+        block = op.parent_block()
+        assert block is not None
+        block.insert_op_before(load, op)
+        op.result.replace_all_uses_with(load.result)
+        op.detach()
+        op.erase()
+    copy.detach()
+    copy.erase()
+
+
 def _stores_to_hbm(store: tile.StoreOp, loop: scf.ForOp) -> bool:
     """Whether `store` writes a buffer in HBM (its destination a carried buffer of `loop`)."""
     dest = store.dest
