@@ -360,3 +360,45 @@ def test_the_receivers_tiles_gather_a_start_ups_worth() -> None:
     combine = [loop for loop in sim.report.loops if loop.phase == "combine"]
     assert [loop.step for loop in combine] == [4]
     assert all(c.identical for c in check_on_mesh(program, spec, sim, seed=2))
+
+
+def test_an_all_to_all_checks_the_rows_it_expects() -> None:
+    """`expects` is what this chip knows the others send it: the exchange checks it, an error on
+    the chip whose expectation the group does not meet (a plan's counts out of step with the
+    receivers' would skip rows that cross)."""
+    import threading
+
+    from xdsl.dialects.builtin import TensorType, bf16, i32
+    from xdsl.utils.exceptions import InterpretationError
+    from xdsl.utils.test_value import create_ssa_value
+
+    from dialects import ccl
+    from runtime_sim.semantics.ccl_semantics import CCLFunctions, MeshExchange
+
+    counts = TensorType(i32, [2])
+    op = ccl.AllToAllStartOp(create_ssa_value(TensorType(bf16, [2, 2, 4])), "ep", 2,
+                             rows=create_ssa_value(counts), expects=create_ssa_value(counts))
+    rows = {0: [0, 1], 1: [2, 0]}  # chip 0 sends one row to chip 1, chip 1 two to chip 0
+
+    def run(expects: dict[int, list[int]]) -> dict[int, object]:
+        exchange = MeshExchange(ccl.Mesh.parse("ep=2"))
+        out: dict[int, object] = {}
+
+        def chip(c: int) -> None:
+            args = (np.zeros((2, 2, 4), np.float32), np.array(rows[c], np.int32), np.array(expects[c], np.int32))
+            try:
+                out[c] = CCLFunctions(exchange, c)._all_to_all(op, args)[0]
+            except InterpretationError as e:
+                out[c] = e
+
+        threads = [threading.Thread(target=chip, args=(c,)) for c in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        return out
+
+    assert not any(isinstance(v, Exception) for v in run({0: [0, 2], 1: [1, 0]}).values())
+    wrong = run({0: [0, 1], 1: [1, 0]})
+    assert isinstance(wrong[0], InterpretationError) and "expects rows [0, 1]" in str(wrong[0])
+    assert not isinstance(wrong[1], Exception)
