@@ -22,6 +22,7 @@ from typing import ClassVar
 from xdsl.dialects.builtin import IntegerAttr, StringAttr, TensorType, UnitAttr, i32, i64
 from xdsl.ir import Block, Dialect, SSAValue
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     IRDLOperation,
     ParsePropInAttrDict,
     VarConstraint,
@@ -123,25 +124,30 @@ class AllToAllExchange(_Collective):
     them so) and arrive as zero. `packed` (with `rows`): the input's rows are the slices' data
     rows one after another (slice d's rows[d] rows from the sum of rows[:d]), not each slice's
     at the head of its own; the result is laid out as without it (a mesh receiver's sums,
-    computed over its received rows packed first, go back without being unpacked)."""
+    computed over its received rows packed first, go back without being unpacked).
+    `expects` (with `rows`): the rows each chip s of the group sends here, which this chip knew
+    before (a2a's split pairs coming home: its own plan's counts); a chip that sends no row and
+    expects none has nothing to exchange and skips it (no step on its link, no wait for the
+    group: nobody sends it a row nor waits for one from it)."""
 
     input = operand_def(TensorType)
     rows = opt_operand_def(TensorType)
+    expects = opt_operand_def(TensorType)
     result = result_def(TensorType)
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
     packed = opt_prop_def(UnitAttr)
-    irdl_options = (ParsePropInAttrDict(),)
+    irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
     assembly_format = (
-        "$input (`rows` $rows^)? `over` $axis attr-dict `:` type($input) (`,` type($rows)^)? "
-        "`->` type($result)"
+        "$input (`rows` $rows^)? (`expects` $expects^)? `over` $axis attr-dict `:` type($input) (`,` type($rows)^)? "
+        "(`,` type($expects)^)? `->` type($result)"
     )
 
-    def __init__(self, input, axis: str, chips: int, rows=None, packed: bool = False):
+    def __init__(self, input, axis: str, chips: int, rows=None, packed: bool = False, expects=None):
         props = _axis_props(axis, chips)
         if packed:
             props["packed"] = UnitAttr()
-        super().__init__(operands=[input, rows], result_types=[input.type], properties=props)
+        super().__init__(operands=[input, rows, expects], result_types=[input.type], properties=props)
 
     def verify_(self) -> None:
         self._verify_group()
@@ -153,6 +159,10 @@ class AllToAllExchange(_Collective):
             expect(self.rows.type == TensorType(i32, [self.group_size]), f"rows must be i32 [{self.group_size}]")
         expect(self.packed is None or (self.rows is not None and len(shape) >= 2),
                "packed needs rows (how many of the input's rows each slice takes) and slices of rows")
+        if self.expects is not None:
+            expect(self.rows is not None, "expects needs rows (what this chip sends)")
+            expect(self.expects.type == TensorType(i32, [self.group_size]),
+                   f"expects must be i32 [{self.group_size}]")
 
 
 @irdl_op_definition

@@ -939,11 +939,13 @@ class _A2A(_Strategy):
         self.b.to_stage("home")
         return self._returned(started, per_chip, indices, name)
 
-    def _start_return(self, rows: SSAValue, per_chip: int, counts: SSAValue, name: str, send_name: str) -> SSAValue:
+    def _start_return(self, rows: SSAValue, per_chip: int, counts: SSAValue, name: str, send_name: str,
+                      expects: SSAValue | None = None) -> SSAValue:
         """The all-to-all of `rows` (`per_chip` for each source chip, `counts` of them data)
-        back to the chips they came from, started."""
+        back to the chips they came from, started; `expects`: the rows each chip sends back
+        here, when this chip's plan knows them."""
         back = self.b.reshape(rows, [self.layer.ep, per_chip, shape_of(rows.type)[-1]], send_name)
-        return self.b.start(ccl.AllToAllStartOp(back, EP, self.layer.ep, rows=counts), name)
+        return self.b.start(ccl.AllToAllStartOp(back, EP, self.layer.ep, rows=counts, expects=expects), name)
 
     def _returned(self, started: SSAValue, per_chip: int, indices: SSAValue, name: str) -> SSAValue:
         """The rows of the return `started`, gathered at home by `indices`."""
@@ -1009,7 +1011,10 @@ class _A2A(_Strategy):
         # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
         # the combine's token loop, whose rows it does not follow.
         pairs = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(rows, split_at), b.cluster_sram_bytes), "split_rows").results[0]
-        pairs_back = self._start_return(pairs, slots, self.recv_pair_counts, "returned", "send_back")
+        # Each chip's plan knows the split pairs that come home (the counts it sent them): a chip
+        # with none to send or get back skips this all-to-all (balanced routing: every chip).
+        pairs_back = self._start_return(pairs, slots, self.recv_pair_counts, "returned", "send_back",
+                                        expects=self.returns.pair_counts)
         # A token whose kept pairs all sit here is summed here, straight from the blocks: the
         # combine over its list adds its weighted terms in k order from +0.0 in f32 and rounds
         # once, as one chip's combine does (a dropped pair adds nothing there either). One row

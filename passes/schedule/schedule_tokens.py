@@ -39,8 +39,9 @@ not divide T, so the largest intermediate is a tile's, sized to fit `tile_bytes`
   split, and a2a's home chip the gather and sum of a tile's returned split pairs when it
   holds none (`guarded_pair_sum`); where a tile would span several senders' slices, it runs over the
   received rows packed first (`pack_received`), in tiles of one flit's rows (at most a
-  slice's), its sums sent back packed (`ccl.all_to_all_start ... {packed}`), or scattered
-  back to their rows where something else reads them.
+  slice's; fewer where their gather moves more than a DMA start-up's worth, `start_up_rows`),
+  its sums sent back packed (`ccl.all_to_all_start ... {packed}`), or scattered back to their
+  rows where something else reads them.
 
 The router's matmul joins its loop when its tiles give a second cluster a share (`shared_from`:
 an f32 one from more than one tile of GRID_M rows, a bf16 one from a tile per cluster; with
@@ -368,10 +369,11 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
             and not gathers_own_rows):
         # A tile would hold several senders' slices, each its received rows then padding:
         # pack the received rows first, so the tiles past them skip (`pack_received`), in
-        # tiles of one flit of rows: each running tile's gather on an engine of its own
+        # tiles of one flit of rows at most, fewer where their gather moves more than a DMA
+        # start-up's worth (`start_up_rows`): each running tile's gather on an engine of its own
         # (Qwen3-30B-A3B ep=8, 16 tokens a chip: 128.8 us in tiles of a slice's 16, 127.9 in 8).
         packing, packed_rows, skip_by = pack_received(ops, skip_by, back.rows, source_rows)
-        rows = min(source_rows, row_granule(ops))
+        rows = min(source_rows, row_granule(ops), start_up_rows(ops, tokens))
     elif rows >= tokens and (rows := spread_rows(ops, tokens)) >= tokens:
         whole.update(ops)
         return True
@@ -467,6 +469,21 @@ def engine_rows(ops: list[Operation], tokens: int) -> int:
     granule = row_granule(ops)
     tiles = min(machine_of(ops[0]).dma_engines, tokens // granule)
     return tokens if tiles < 2 else -(-tokens // (tiles * granule)) * granule
+
+
+def start_up_rows(ops: list[Operation], tokens: int) -> int:
+    """The fewest rows whose gathers from HBM (a mesh receiver's rows of each token's pairs)
+    move what one DMA engine moves in a command's start-up: a tile of fewer spends most of its
+    gather starting, one of more leaves engines idle that would gather the next rows beside it
+    (Qwen3-30B-A3B ep=8, 16 tokens a chip, 8 pairs of 4 KB a row: 4 rows, the received 8 rows'
+    gather in two commands of 1,012 cycles side by side where one took 1,524). `tokens` without
+    such gathers."""
+    machine = machine_of(ops[0])
+    per_row = sum(stored_bytes(op.result.type) for op in ops
+                  if isinstance(op, tcp.DmaGatherOp) and in_hbm(op.source)) // tokens
+    if not per_row:
+        return tokens
+    return max(1, -(-machine.dma_startup_cycles * machine.dma_bytes_per_cycle // per_row))
 
 
 def cluster_rows(ops: list[Operation], escaping: list[SSAValue], rows: int, tokens: int, phase: str,

@@ -14,7 +14,10 @@ link model (mesh_machine.py; numbers in machines/rngd_pcie.toml):
   switch); only the rows that hold data cross (the `rows` operand), a chip's own slice stays
   on chip; an asynchronous one (`ccl.all_to_all_start`) costs the same on the link, and its
   `ccl.all_to_all_done` is free (a view of the received rows: the chip's commands that read
-  them wait for the link, the others do not);
+  them wait for the link, the others do not); a chip that sends no row and, by the op's
+  `expects`, knows none comes (a2a's split pairs going home under balanced routing) skips it:
+  no step, no wait for the group, only the check of its counts (the machine's guard cycles,
+  as a guarded block's skip costs);
 - all_gather, reduce_scatter: the ring algorithm, N - 1 steps of one chip's share each
   (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009); all_reduce is a
   reduce_scatter then an all_gather, 2 (N - 1) steps; whichever axis a gather or scatter
@@ -140,6 +143,9 @@ class Traffic:
     sent: tuple[int, ...]
     me: int
     steps: int
+    skips: bool = False
+    """The chip sends nothing and knows nothing comes (an all-to-all's `expects`): it skips the
+    collective."""
 
 
 def traffic(op: Operation, operands: tuple[Any, ...], group: int, me: int) -> Traffic:
@@ -152,7 +158,10 @@ def traffic(op: Operation, operands: tuple[Any, ...], group: int, me: int) -> Tr
         else:
             rows = [int(np.shape(x)[1]) if np.ndim(x) > 1 else 1] * group
         sent = [0 if d == me else rows[d] * per_row for d in range(group)]
-        return Traffic(op.name, tuple(sent), me, 1)
+        expected = [int(r) for r in np.asarray(operands[2])] if op.expects is not None else None
+        skips = expected is not None and not any(r for d, r in enumerate(rows) if d != me) and not any(
+            r for s, r in enumerate(expected) if s != me)
+        return Traffic(op.name, tuple(sent), me, 1, skips)
     share = int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(x.dtype).itemsize
     if isinstance(op, (ccl.AllReduceOp, ccl.ReduceScatterOp)) and op.rows is not None:  # only the slices' data rows
         share = sum(int(r) for r in np.asarray(operands[1])) * _row_bytes(x[0])
@@ -177,6 +186,8 @@ def link_parts(mesh: MeshMachine, group: list[Traffic], me: int) -> tuple[int, i
         received = sum(t.sent)  # a ring receives what it sends
     if len(group) == 1:
         return 0, 0
+    if t.skips:
+        return 0, mesh.chip.guard_cycles
     return _link_time(mesh, t.steps, max(sum(t.sent), received))
 
 
@@ -191,12 +202,21 @@ def least_link_cycles(mesh: MeshMachine, t: Traffic) -> int:
     busiest link of its group, its wait besides)."""
     if len(t.sent) == 1:
         return 0
+    if t.skips:
+        return mesh.chip.guard_cycles
     return sum(_link_time(mesh, t.steps, sum(t.sent)))
 
 
 def provisional_cost(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
     """Zero cycles on the link until the mesh simulation knows every chip's traffic."""
     return OpCost(LINK, 0, bound="link")
+
+
+def _count_operands(op: Operation) -> tuple[Any, ...]:
+    """The operands whose values a collective's cost reads: its `rows` and an all-to-all's
+    `expects`."""
+    counts = (op.rows, op.expects if isinstance(op, ccl.AllToAllExchange) else None)  # type: ignore[attr-defined]
+    return tuple(v for v in counts if v is not None)
 
 
 def register_ccl_costs() -> None:
@@ -209,4 +229,4 @@ def register_ccl_costs() -> None:
     register_cost(ccl.ChipIdOp)(free_cost)
     register_view(ccl.AllToAllDoneOp)
     for op in (ccl.AllToAllOp, ccl.AllToAllStartOp, ccl.AllReduceOp, ccl.ReduceScatterOp):
-        register_data_operands(op, lambda op: () if op.rows is None else (op.rows,))  # type: ignore[attr-defined]
+        register_data_operands(op, _count_operands)

@@ -4,7 +4,8 @@ Every chip runs the function on its own interpreter and thread (ccl_semantics.ru
 the single-chip simulator's listener costing its ops (op_trace), so each chip gets its own
 trace, memory plan and schedule on its own engines plus its link. Collectives couple the
 chips: one starts on every chip of its group when the last of them reaches it and lasts as long
-as the busiest link of the group (ccl_cost.py). The schedules are found collective by
+as the busiest link of the group (ccl_cost.py; a chip that skips an all-to-all, knowing it has
+nothing to exchange, waits for nobody and nobody for it). The schedules are found collective by
 collective: schedule every chip, align collective j's start on its group's latest, fix that
 wait, and go on with j + 1 (a collective's start depends only on what comes before it, so each
 step is final).
@@ -265,11 +266,15 @@ class LinkRecord:
     end: int
     key: int
     """The collective's command in the chip's report (its op record and trace event)."""
+    skipped: bool = False
+    """The chip had nothing to exchange and knew it (an all-to-all's `expects`, ccl_cost.py)."""
 
     @property
     def bound(self) -> str:
         """`latency` when the steps' latency is at least the transfer (a small collective, as a
-        decode step's), else `bandwidth`."""
+        decode step's), else `bandwidth`; `skipped` when the chip skipped it."""
+        if self.skipped:
+            return "skipped"
         return "latency" if self.latency_cycles >= self.busy_cycles - self.latency_cycles else "bandwidth"
 
     def to_json(self) -> dict[str, Any]:
@@ -525,9 +530,10 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
                 flows = [traffics[g].traffic[j] for g in group]
                 parts = [link_parts(machine, flows, i) for i in range(len(group))]
                 own = [sum(p) for p in parts]
+                taking = [o for o, f in zip(own, flows) if not f.skips]  # a chip that skips waits for nobody
                 for i, g in enumerate(group):
                     busy[g][j], latency[g][j] = own[i], parts[i][0]
-                    duration[g][j] = max(own)
+                    duration[g][j] = own[i] if flows[i].skips else max(taking)
         groups.append(seen)
     wait = [[0] * count for _ in range(n)]
 
@@ -607,8 +613,9 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             ready = max((placer.slots[d].end for d in (*task.deps, *task.after)), default=0)
             starts[c][j] = max(ready, placer.free[LINK][0])
         for group in groups[j]:
-            sync = max(starts[c][j] for c in group)
-            for c in group:
+            taking = [c for c in group if not traffics[c].traffic[j].skips]
+            sync = max((starts[c][j] for c in taking), default=0)
+            for c in taking:
                 wait[c][j] = sync - starts[c][j]
     made: dict[tuple[int, tuple[int, ...], tuple[int, ...]], SimReport] = {}
     reports = []
@@ -634,5 +641,5 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             flows = [traffics[g].traffic[j] for g in group]
             received = (sum(f.sent[t.me] for f in flows) if t.op in ALL_TO_ALLS else sum(t.sent))
             links.append(LinkRecord(c, j, t.op, record.label, sum(t.sent), received, busy[c][j], latency[c][j],
-                                    wait[c][j], record.start, record.end, key))
+                                    wait[c][j], record.start, record.end, key, t.skips))
     return MeshReport(machine, mesh, reports, links)

@@ -240,8 +240,18 @@ class CCLFunctions(InterpreterFunctions):
 
     def _all_to_all(self, op: ccl.AllToAllExchange, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x = np.asarray(args[0])
-        values, me = self._group(op, unpacked(x, np.asarray(args[1])) if op.packed is not None else x)
-        return (all_to_all(values)[me],)
+        sent = unpacked(x, np.asarray(args[1])) if op.packed is not None else x
+        if op.expects is None:
+            values, me = self._group(op, sent)
+            return (all_to_all(values)[me],)
+        # What this chip expects is what the others send it: a chip skips the exchange on it.
+        both, me = self._group(op, (sent, np.asarray(args[1])))
+        coming = [int(rows[me]) for _, rows in both]
+        expected = [int(r) for r in np.asarray(args[2])]
+        if any(c != e for s, (c, e) in enumerate(zip(coming, expected)) if s != me):
+            raise InterpretationError(f"{collective_label(op)}: chip {self.chip} expects rows {expected}, "
+                                      f"the group sends it {coming}")
+        return (all_to_all([v for v, _ in both])[me],)
 
     @impl(ccl.AllToAllOp)
     def run_all_to_all(self, interpreter: Interpreter, op: ccl.AllToAllOp, args: tuple[Any, ...]):
