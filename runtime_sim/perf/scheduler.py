@@ -226,18 +226,16 @@ class _Bookings:
         """Add `rate` bytes per cycle and `parts` parts from `start` to `end`, cutting the pieces
         there (in one pass: every piece of every DMA command's transfer is booked so)."""
         times, used, busy = self.times, self.used, self.busy
-        first = bisect_right(times, start) - 1
-        if times[first] != start:
-            first += 1
-            times.insert(first, start)
-            used.insert(first, used[first - 1])
-            busy.insert(first, busy[first - 1])
-        stop = bisect_right(times, end) - 1
-        if times[stop] != end:
-            stop += 1
-            times.insert(stop, end)
-            used.insert(stop, used[stop - 1])
-            busy.insert(stop, busy[stop - 1])
+        edges: list[int] = []
+        for t in (start, end):  # the end cut after the start's: its index is the later one
+            i = bisect_right(times, t) - 1
+            if times[i] != t:
+                i += 1
+                times.insert(i, t)
+                used.insert(i, used[i - 1])
+                busy.insert(i, busy[i - 1])
+            edges.append(i)
+        first, stop = edges
         peak = self.peak
         for i in range(first, stop):
             used[i] += rate
