@@ -202,3 +202,27 @@ def test_iterations_that_skip_every_guarded_block_are_not_interpreted(monkeypatc
     assert probed.skipped - unprobed.skipped >= 400
     assert fast.report.to_json() == slow.report.to_json()
     assert fast.report.chrome_trace() == slow.report.chrome_trace()
+
+
+def test_a_loop_templates_appended_iterations_are_its_copies() -> None:
+    """LoopTemplate.append moves on only what the loop made (commands from its first, buffers
+    from its first buffer), each command's waits and reads split once into what stays and what
+    moves; a command reading an operand streamed from HBM is copied whole. Every appended
+    command is LoopTemplate.copy's."""
+    from types import SimpleNamespace
+
+    from runtime_sim.perf.op_trace import LoopTemplate, Trace, TracedOp
+
+    cost = cost_model.OpCost("dma", 10)
+    before = TracedOp(0, "tcp.load", "%w = tcp.load", cost, writes=(0,))
+    made = TracedOp(1, "tcp.dma", "%a = tcp.dma", cost, deps=(0,), reads=(0,), writes=(1,))
+    reader = TracedOp(2, "tcp.contract", "%b = tcp.contract", cost, deps=(0, 1), reads=(0, 1), writes=(2,))
+    streamed = TracedOp(3, "tcp.contract", "tcp.contract", cost, deps=(2,), reads=(2,),
+                        hbm_reads=(("%w", 64, (0, 2)),))
+    trace = Trace([before, made, reader, streamed], {0: 64, 1: 32, 2: 32}, {0: "%w", 1: "%a", 2: "%b"})
+    template = LoopTemplate(SimpleNamespace(trace=trace), None, 1, 1, 1, 4, 1, 3, [])  # type: ignore[arg-type]
+    for n in (1, 2):
+        template.append(n)
+    assert trace.ops[4:] == [template.copy(t, n) for n in (1, 2) for t in trace.ops[1:4]]
+    assert trace.ops[5].deps == (0, 4) and trace.ops[5].reads == (0, 3) and trace.ops[9].hbm_reads == (("%w", 64, (0, 8)),)
+    assert [trace.buffer_labels[b] for b in range(3, 7)] == ["%a", "%b", "%a", "%b"] and trace.buffer_bytes[6] == 32

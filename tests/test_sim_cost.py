@@ -290,3 +290,18 @@ def test_a_row_gather_by_token_reads_hbm_or_sram_as_its_source_lives() -> None:
     assert sram.hbm_bytes == 0 and sram.bytes == 2 * 3 * row
     assert sram.cycles == 500 + 2 * 3 * 16 > hbm.cycles  # reads, then writes
     assert skipped.cycles == M.guard_cycles and skipped.bytes == 0
+
+
+@pytest.mark.parametrize("ids, prev_ids", [
+    (np.array([3, -1], np.int32), np.array([3, -1], np.int32)),
+    (np.array([3, -1], np.int32), np.array([3, 4], np.int32)),
+    (np.array([3], np.int32), np.array([3, 3], np.int32)),
+    (np.array([3, 5], np.int32), np.array([3, 5], np.int64)),  # equal values of two dtypes
+    (np.arange(8, dtype=np.int32)[::2], np.array([0, 2, 4, 6], np.int32)),  # a strided view
+    (np.int32(7), np.array(7, np.int32)),
+    (np.array([1.0, -0.0], np.float32), np.array([1.0, 0.0], np.float32)),  # equal floats, other bits
+])
+def test_same_expert_ids_is_array_equal(ids: np.ndarray, prev_ids: np.ndarray) -> None:
+    from runtime_sim.perf.tile_cost import same_expert_ids
+
+    assert same_expert_ids(ids, prev_ids) == np.array_equal(ids, prev_ids)

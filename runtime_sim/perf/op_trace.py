@@ -492,6 +492,20 @@ class TraceRecorder(Interpreter.Listener):
         return True
 
 
+def _moving(t: TracedOp, first: int, first_buffer: int) -> tuple[tuple[int, ...], ...] | None:
+    """`t`'s commands waited for and buffers read, each as what stays (those made before the
+    loop, `first` and `first_buffer`) and what moves on with the iterations: its sorted deps and
+    reads have the ones that stay first. None for a command that `LoopTemplate.copy` moves
+    otherwise (operands streamed from HBM, which no pass leaves)."""
+    if t.hbm_reads:
+        return None
+    deps = sum(1 for i in t.deps if i < first)
+    reads = sum(1 for r in t.reads if r < first_buffer)
+    if any(i < first for i in t.deps[deps:]) or any(r < first_buffer for r in t.reads[reads:]):
+        return None
+    return t.deps[:deps], t.deps[deps:], t.reads[:reads], t.reads[reads:]
+
+
 class LoopTemplate:
     """An iteration of a loop that the iterations after it copy, moved on by one iteration each
     (TraceRecorder.template says when): what the copies need of it."""
@@ -515,6 +529,8 @@ class LoopTemplate:
                         if labels[buffer] == f"{t.name}#{t.index}"}
         self.signature: tuple[tuple[object, ...], ...] | None = None
         """What its ops read of values (TraceRecorder.signature), when a copy must match it."""
+        self.moving = [_moving(t, first, first_buffer) for t in self.iteration]
+        """Per command, what `append` moves on (`_moving`)."""
 
     def later(self, indices: tuple[int, ...], n: int) -> tuple[int, ...]:
         first, by = self.first, n * self.step
@@ -539,11 +555,22 @@ class LoopTemplate:
                         if t.hbm_reads else ())
 
     def append(self, n: int) -> None:
-        """Record the iteration `n` after the template, a copy of it."""
+        """Record the iteration `n` after the template, a copy of it (`copy`, from each command's
+        split into what stays and what moves on: a replayed loop copies hundreds of thousands)."""
         trace = self.recorder.trace
-        trace.ops.extend(self.copy(t, n) for t in self.iteration)
-        labels, sizes = trace.buffer_labels, trace.buffer_bytes
         by, by_buffers = n * self.step, n * self.buffer_step
+        ops = trace.ops
+        for t, split in zip(self.iteration, self.moving):
+            if split is None:
+                ops.append(self.copy(t, n))
+                continue
+            deps, moved, reads, moved_reads = split
+            ops.append(TracedOp(t.index + by, t.name, t.label, t.cost,
+                                deps + tuple([i + by for i in moved]) if moved else deps,
+                                reads + tuple([r + by_buffers for r in moved_reads]) if moved_reads else reads,
+                                tuple([w + by_buffers for w in t.writes]) if t.writes else (),
+                                t.phase, t.op, t.cluster, t.own_dma))
+        labels, sizes = trace.buffer_labels, trace.buffer_bytes
         for buffer in self.buffers:
             maker = self.unnamed.get(buffer)
             sizes[buffer + by_buffers] = sizes[buffer]

@@ -222,20 +222,27 @@ class _Bookings:
         if i > 0:
             del self.times[:i], self.used[:i], self.busy[:i]
 
-    def _cut(self, t: int) -> None:
-        i = bisect_right(self.times, t) - 1
-        if self.times[i] != t:
-            self.times.insert(i + 1, t)
-            self.used.insert(i + 1, self.used[i])
-            self.busy.insert(i + 1, self.busy[i])
-
     def _book(self, start: int, end: int, rate: float, parts: int) -> None:
-        self._cut(start)
-        self._cut(end)
-        for i in range(bisect_right(self.times, start) - 1, bisect_right(self.times, end) - 1):
-            self.used[i] += rate
-            self.busy[i] += parts
-            self.peak = max(self.peak, self.used[i])
+        """Add `rate` bytes per cycle and `parts` parts from `start` to `end`, cutting the pieces
+        there (in one pass: every piece of every DMA command's transfer is booked so)."""
+        times, used, busy = self.times, self.used, self.busy
+        edges: list[int] = []
+        for t in (start, end):  # the end cut after the start's: its index is the later one
+            i = bisect_right(times, t) - 1
+            if times[i] != t:
+                i += 1
+                times.insert(i, t)
+                used.insert(i, used[i - 1])
+                busy.insert(i, busy[i - 1])
+            edges.append(i)
+        first, stop = edges
+        peak = self.peak
+        for i in range(first, stop):
+            used[i] += rate
+            busy[i] += parts
+            if used[i] > peak:
+                peak = used[i]
+        self.peak = peak
 
     def plan(self, bw: SharedBandwidth, begins: Sequence[int], cycles: int, nbytes: int, units: int) -> _Placement:
         """When each of one command's parts ends, starting at `begins` and each moving `nbytes`
@@ -246,30 +253,39 @@ class _Bookings:
         # Parts that start together move alike: one group each, [start, parts, bytes left, end].
         groups = [[b + bw.lead, begins.count(b), float(nbytes), b + cycles] for b in sorted(set(begins))]
         times, used, busy = self.times, self.used, self.busy
+        # bw.rate and _ceil written out (the same arithmetic): this loop runs for every piece of
+        # every DMA command's transfer, of every spread `_spread` tries.
+        capacity, floor, inf, ceil = bw.bytes_per_cycle, bw.floor, math.inf, math.ceil
         booked: list[tuple[int, int, float, int]] = []
         active: list[list] = []
         n = waiting = 0
+        count = len(groups)
         t = groups[0][0]
         i = bisect_right(times, t) - 1
         last = len(times) - 1
-        while active or waiting < len(groups):
-            while waiting < len(groups) and groups[waiting][0] <= t:
+        while active or waiting < count:
+            while waiting < count and groups[waiting][0] <= t:
                 active.append(groups[waiting])
                 n += groups[waiting][1]
                 waiting += 1
-            until = times[i + 1] if i < last else math.inf
-            if waiting < len(groups) and groups[waiting][0] < until:
+            until = times[i + 1] if i < last else inf
+            if waiting < count and groups[waiting][0] < until:
                 until = groups[waiting][0]
             if active:
-                rate = bw.rate(used[i], units - busy[i] - n, n, own)
+                share = (capacity - used[i] - floor * (units - busy[i] - n)) / n
+                rate = share if share < own else own
                 # The group that started first has the fewest bytes left.
-                finish = max(t + 1, _ceil(t + active[0][2] / rate))
+                finish = ceil(t + active[0][2] / rate - 1e-6)
+                if finish < t + 1:
+                    finish = t + 1
                 if finish < until:
                     until = finish
                 booked.append((t, until, rate * n, n))
+                done = until + 1e-6
                 for g in active:
-                    if t + g[2] / rate <= until + 1e-6:
-                        g[3] = max(g[3], until)
+                    if t + g[2] / rate <= done:
+                        if until > g[3]:
+                            g[3] = until
                         g[2] = 0.0
                         n -= g[1]
                     else:
