@@ -53,6 +53,10 @@ CHUNKS_ATTR = "ccl.chunks"
 """Function attribute of a chip program whose token loop shard-experts split into chunks (an
 integer > 1): each chunk's dispatch, experts and combine are ops of their own, of one shape,
 which the schedule level keeps in loops of their own."""
+WAVE_BLOCKS_ATTR = "ccl.wave_blocks"
+"""Attribute of an all_to_all_start returning one wave of a2a's split pairs: the receiver's blocks
+that hold them, at most (the expert loop's first ones); schedule-level return-waves issues it
+after those (passes/schedule/return_waves.py)."""
 STRATEGY_ATTR = "ccl.strategy"
 """Function attribute: the expert-parallel strategy the sharding pass used (a2a, allgather)."""
 
@@ -545,10 +549,17 @@ class A2AReturnsOp(_A2AOrder):
 
     The token rows r are ccl.a2a_tokens' with the same `whole_first`.
 
-    Kk = `entries` = min(K, E / chips) is the exact worst case (a token's K experts are distinct)."""
+    Kk = `entries` = min(K, E / chips) is the exact worst case (a token's K experts are distinct).
+
+    With `experts %experts_idx` (the pairs' experts, i32 [T, K]) and `wave = w, waves = W`, the
+    split pairs' tables hold only wave w's pairs (`pair_slots`, `pair_counts`, `pair_returns`; the
+    others as without): those whose local expert e mod (E / chips) is in the w-th of W equal
+    ranges of the chip's E / chips experts (`experts` = E), the blocks a receiver's expert loop
+    has finished by then, so that they go back while it computes the next (shard-experts' waves)."""
 
     name = "ccl.a2a_returns"
     slot_rows = operand_def(TensorType)
+    experts_idx = opt_operand_def(TensorType)
     pair_slots = result_def(TensorType)
     pair_counts = result_def(TensorType)
     token_returns = result_def(TensorType)
@@ -557,21 +568,29 @@ class A2AReturnsOp(_A2AOrder):
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
     entries = prop_def(IntegerAttr)
+    experts = opt_prop_def(IntegerAttr)
+    wave = opt_prop_def(IntegerAttr)
+    waves = opt_prop_def(IntegerAttr)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
-        "$slot_rows `over` $axis attr-dict `:` type($slot_rows) `->` type($pair_slots) `,` type($pair_counts) `,` "
-        "type($token_returns) `,` type($pair_returns) `,` type($sum_counts)"
+        "$slot_rows (`experts` $experts_idx^)? `over` $axis attr-dict `:` type($slot_rows) (`,` type($experts_idx)^)? "
+        "`->` type($pair_slots) `,` type($pair_counts) `,` type($token_returns) `,` type($pair_returns) `,` "
+        "type($sum_counts)"
     )
 
     def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int, entries: int,
-                 whole_first: bool = False):
+                 whole_first: bool = False, wave: tuple[SSAValue, int, int, int] | None = None):
+        """`wave`: (the pairs' experts, E, w, W) for wave w of W's split pairs only."""
         t, k = shape_of(slot_rows.type)
+        props = {**_axis_props(axis, chips), "entries": IntegerAttr(entries, i64), **_order_props(whole_first)}
+        if wave is not None:
+            props.update({name: IntegerAttr(v, i64) for name, v in zip(("experts", "wave", "waves"), wave[1:])})
         super().__init__(
-            operands=[slot_rows],
+            operands=[slot_rows, wave[0] if wave is not None else None],
             result_types=[TensorType(i32, [chips, slots]), TensorType(i32, [chips]), TensorType(i32, [t, 1]),
                           TensorType(i32, [t, k]), TensorType(i32, [chips])],
-            properties={**_axis_props(axis, chips), "entries": IntegerAttr(entries, i64), **_order_props(whole_first)})
+            properties=props)
 
     @property
     def slots(self) -> int:
@@ -580,6 +599,13 @@ class A2AReturnsOp(_A2AOrder):
     @property
     def list_entries(self) -> int:
         return self.entries.value.data
+
+    @property
+    def wave_of(self) -> tuple[int, int, int] | None:
+        """(E, w, W) of a wave's tables (the class docstring); None: every split pair."""
+        if self.wave is None or self.waves is None or self.experts is None:
+            return None
+        return self.experts.value.data, self.wave.value.data, self.waves.value.data
 
     def verify_(self) -> None:
         self._verify_group()
@@ -593,6 +619,13 @@ class A2AReturnsOp(_A2AOrder):
         expect(self.token_returns.type == TensorType(i32, [t, 1]), f"token_returns must be i32 [{t}, 1]")
         expect(self.pair_returns.type == TensorType(i32, [t, k]), f"pair_returns must be i32 [{t}, {k}]")
         expect(self.sum_counts.type == TensorType(i32, [n]), f"sum_counts must be i32 [{n}]")
+        given = (self.experts_idx is not None, self.experts is not None, self.wave is not None, self.waves is not None)
+        expect(all(given) or not any(given), "a wave needs the pairs' experts, experts, wave and waves")
+        if (wave := self.wave_of) is not None:
+            e, w, waves = wave
+            expect(self.experts_idx.type == TensorType(i32, [t, k]), f"the pairs' experts must be i32 [{t}, {k}]")
+            expect(e >= 1 and e % n == 0, f"{e} experts do not divide over {n} chips")
+            expect(1 <= waves <= e // n and 0 <= w < waves, f"wave = {w} must be in [0, waves) and waves = {waves} in [1, {e // n}] (a chip's experts)")
 
 
 COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)

@@ -294,6 +294,8 @@ class _Layer:
     """Chips of the sp axis (the module docstring): `chips` counts them among the token shards."""
     sp_sum: str = "f32"
     """The type a column's sum crosses sp's reduce-scatter in (SP_SUMS)."""
+    waves: int = 1
+    """a2a's split pairs go back in this many waves, by the receiver's experts (`_A2A.combine`)."""
 
     @property
     def tokens(self) -> int:
@@ -349,6 +351,10 @@ class ShardExpertsPass(ModulePass):
     """With sp: `f32`, the columns' f32 sums added over sp and rounded once, or `bf16`, each
     column's sum rounded to the output's type before it crosses (half the bytes; the module
     docstring gives its tolerance)."""
+    waves: int = 1
+    """a2a without tp, sp, chunks or a capacity: the split pairs' rows go back in this many
+    all-to-alls, one per equal range of the receiver's experts, each issued once the blocks of
+    its experts are computed (the module docstring)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
@@ -363,6 +369,10 @@ class ShardExpertsPass(ModulePass):
             raise _fail(f"unknown sp_sum '{self.sp_sum}' (expected {', '.join(SP_SUMS)})")
         if self.sp_sum != "f32" and self.sp == 1:
             raise _fail(f"sp_sum = {self.sp_sum} rounds the columns' sums of sp's reduce-scatter: it needs sp > 1")
+        if self.waves < 1 or (self.waves > 1 and (self.strategy != "a2a" or self.tp > 1 or self.sp > 1
+                                                  or self.chunks > 1)):
+            raise _fail(f"waves = {self.waves}: a2a returns its split pairs in waves, without tp, sp or chunks "
+                        f"(got strategy={self.strategy}, tp={self.tp}, sp={self.sp}, chunks={self.chunks})")
         if self.chunks > 1 and self.strategy not in CHUNKED_STRATEGIES:
             raise _fail(f"chunks = {self.chunks}: only {' and '.join(CHUNKED_STRATEGIES)} split the token loop "
                         f"into chunks, not {self.strategy}")
@@ -405,8 +415,11 @@ class ShardExpertsPass(ModulePass):
             if route.capacity_limit is not None:
                 raise _fail(f"chunks = {self.chunks} with a capacity: an expert keeps its first C pairs over all "
                             "tokens, which a chunk's receiver cannot count; use chunks=1")
+        if self.waves > 1 and (route.capacity_limit is not None or self.waves > e // self.ep):
+            raise _fail(f"waves = {self.waves}: each wave takes some of a chip's {e // self.ep} experts' pairs, "
+                        "all of them without a capacity")
         layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks, sp=self.sp,
-                       sp_sum=self.sp_sum)
+                       sp_sum=self.sp_sum, waves=self.waves)
         if self.tp > 1:
             layer.hidden = self._hidden(fn, layer)
         return layer
@@ -845,8 +858,11 @@ class _A2A(_Strategy):
                 r.name_hint = name
             # The sums that come back, the head of each sender's slice: with whole_first only
             # the whole tokens' (a split token's is not read at home).
-            later = [(plan.pair_slots, plan.pair_counts, "recv_pair_slots"), (plan.sum_counts, None, "recv_sum_counts"),
-                     (plan.pair_counts, None, "recv_pair_counts")]
+            self.wave_returns = [plan] if layer.waves == 1 else [self._wave(top_e, w) for w in range(layer.waves)]
+            tags = [str(w) if layer.waves > 1 else "" for w in range(layer.waves)]
+            later = ([(r.pair_slots, r.pair_counts, f"recv_pair_slots{t}") for r, t in zip(self.wave_returns, tags)]
+                     + [(plan.sum_counts, None, "recv_sum_counts")]
+                     + [(r.pair_counts, None, f"recv_pair_counts{t}") for r, t in zip(self.wave_returns, tags)])
         started = [b.start(ccl.AllToAllStartOp(v, EP, ep, rows=rows), name) for v, rows, name in later]
         b.to_stage("receive")
         recv_experts = b.reshape(b.done(sent_experts), [ep * tl, self.entries])
@@ -857,7 +873,8 @@ class _A2A(_Strategy):
         recv = b.done(sent)
         done = [b.done(v) for v in started]
         if returns:
-            self.recv_pair_slots, self.recv_sum_counts, self.recv_pair_counts = done
+            n = len(self.wave_returns)
+            self.recv_pair_slots, self.recv_sum_counts, self.recv_pair_counts = done[:n], done[n], done[n + 1:]
         else:
             (self.recv_token_counts,) = done
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
@@ -915,6 +932,15 @@ class _A2A(_Strategy):
         for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
             r.name_hint = name
         return tokens
+
+    def _wave(self, top_e: SSAValue, w: int) -> ccl.A2AReturnsOp:
+        """The return plan of wave w's split pairs (their tables only: `ccl.a2a_returns`)."""
+        layer = self.layer
+        wave = self.b.add(ccl.A2AReturnsOp(self.plan.slot_rows, EP, layer.ep, self.plan.slots, self.entries,
+                                           self.whole_first, (top_e, layer.experts, w, layer.waves)))
+        for r, name in zip(wave.results, ("pair_slots", "pair_counts", "token_returns", "pair_returns", "sum_counts")):
+            r.name_hint = f"{name}{w}"
+        return wave
 
     def _send_rows(self, x: SSAValue) -> SSAValue:
         """Each token's row once to each chip holding one of its pairs (a DMA row scatter into
@@ -999,17 +1025,28 @@ class _A2A(_Strategy):
         b.phase = "routing"
         at = b.reshape(b.add(moe.PairRowsOp(self.route), "pair_block_rows").results[0], [ep * tl * self.entries, 1])
         at = b.add(tmath.AddOp(at, b.const(1, i32), at.type), "pair_block_rows_1").results[0]  # type: ignore[arg-type]
-        listed = self.recv_pair_slots  # their places in the received lists, plus one (0: none)
-        place = b.add(tmath.SubOp(listed, b.const(1, i32), listed.type)).results[0]  # type: ignore[arg-type]
-        found = b.reshape(b.add(tcp.DmaGatherOp(at, place)).results[0], [ep, slots])  # no pair reads 0
-        split_at = b.add(tmath.SubOp(found, b.const(1, i32), found.type), "split_at").results[0]  # type: ignore[arg-type]
-        b.phase = "combine"
         g, block = shape_of(blocks.type)[:2]
-        rows = b.reshape(blocks, [g * block, d], "y_rows")
-        # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
-        # the combine's token loop, whose rows it does not follow.
-        pairs = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(rows, split_at), b.cluster_sram_bytes), "split_rows").results[0]
-        pairs_back = self._start_return(pairs, slots, self.recv_pair_counts, "returned", "send_back")
+        waves = len(self.recv_pair_slots)
+        backs = []
+        for w, (listed, counts) in enumerate(zip(self.recv_pair_slots, self.recv_pair_counts)):
+            tag = str(w) if waves > 1 else ""
+            b.phase = "routing"
+            # Their places in the received lists, plus one (0: none).
+            place = b.add(tmath.SubOp(listed, b.const(1, i32), listed.type)).results[0]  # type: ignore[arg-type]
+            found = b.reshape(b.add(tcp.DmaGatherOp(at, place)).results[0], [ep, slots])  # no pair reads 0
+            split_at = b.add(tmath.SubOp(found, b.const(1, i32), found.type),  # type: ignore[arg-type]
+                             f"split_at{tag}").results[0]
+            b.phase = "combine"
+            rows = b.reshape(blocks, [g * block, d], f"y_rows{tag}")
+            # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
+            # the combine's token loop, whose rows it does not follow.
+            gather = in_hbm_if_oversize(tcp.DmaGatherOp(rows, split_at), b.cluster_sram_bytes)
+            if waves > 1:  # gathered while the experts use SRAM, and apart from the other waves' gathers
+                place_in_hbm(gather)
+            pairs = b.add(gather, f"split_rows{tag}").results[0]
+            backs.append(self._start_return(pairs, slots, counts, f"returned{tag}", f"send_back{tag}"))
+            if waves > 1:  # the blocks of this wave's experts, at most: schedule-level return-waves cuts there
+                backs[-1].owner.attributes[ccl.WAVE_BLOCKS_ATTR] = IntegerAttr(self._wave_blocks(w, g, block), i64)
         # A token whose kept pairs all sit here is summed here, straight from the blocks: the
         # combine over its list adds its weighted terms in k order from +0.0 in f32 and rounds
         # once, as one chip's combine does (a dropped pair adds nothing there either). One row
@@ -1021,8 +1058,27 @@ class _A2A(_Strategy):
         returns = self.returns
         whole = self._returned(sums_back, tl, returns.token_returns, "whole_sums")
         whole = b.cast(b.reshape(whole, [tl, d]), f32, "whole_sums_f32")
-        terms = b.cast(self._returned(pairs_back, slots, returns.pair_returns, "pair_rows"), f32, "pair_rows_f32")
+        # A pair's row comes back in one wave, +0.0 in the others: adding those changes a -0.0
+        # term to +0.0 at most, which the sum from +0.0 at home does anyway.
+        terms: SSAValue | None = None
+        for w, (back, wave) in enumerate(zip(backs, self.wave_returns)):
+            tag = str(w) if waves > 1 else ""
+            part = b.cast(self._returned(back, slots, wave.pair_returns, f"pair_rows{tag}"), f32, f"pair_rows{tag}_f32")
+            if terms is not None:
+                part = b.add(tmath.AddOp(terms, part, part.type), "pair_rows_f32").results[0]  # type: ignore[arg-type]
+            terms = part
+        assert terms is not None
         self._sum_at_home(op, self._weighted(op, terms, returns.pair_returns), "pair_sum", whole)
+
+    def _wave_blocks(self, w: int, g: int, block: int) -> int:
+        """The receiver's blocks that hold wave w's pairs, at most: its experts are the chip's
+        first `end` (a wave's are a range, the blocks in expert order), each with ceil(n / B)
+        blocks of its n pairs, at most floor(N / B) + end over them, N <= T' * min(Kk, end)
+        (a received token lists distinct experts)."""
+        local = self.layer.experts_per_chip
+        end = -(-(w + 1) * local // self.layer.waves)
+        pairs = self.layer.ep * self.layer.tokens * min(self.entries, end)
+        return min(g, pairs // block + end)
 
     def _combine_by_pair(self, op: moe.CombineOp, rows: SSAValue) -> None:
         """sp's combine: every slot's row back to its home, weighted and summed there."""
