@@ -107,12 +107,13 @@ about 10 CPU s in one chunk, 25 in two. Decode rows run one chunk (not tried).""
 SEED_SP_SUM = "bf16"
 """The seed rows' reduce-scatter: each column's sum rounded to bf16 before it crosses, as seed
 001's bf16 reduce-scatter (docs/mesh.md: a2a_sum's kind of tolerance); f32 moves twice the bytes."""
-SKEWED_WAVES = {"deepseek_v3": 8, "qwen3_moe": 2}
-"""A skewed a2a row's split pairs go back in this many waves (`--mesh ...,waves=N`: each once the
-receiver's blocks of its range of experts are computed, docs/mesh.md), the `mesh` column says
-so. Chosen by hand from simulating 1, 2, 4, 8 and 16 waves of each row (DeepSeek-V3 at 16 a
-chip: 2,386.7 / 2,212.3 / 2,209.0 / 2,188.3 / 2,381.4 us; Qwen3-30B-A3B ep=2: 408.6 / 398.6 /
-400.1 / 402.1 us at 1-8): not yet a choice of the cost model as chunks=auto is."""
+SKEWED_WAVES = {"deepseek_v3": 5, "qwen3_moe": 3}
+"""A skewed a2a row's split pairs go back in this many waves under the expert loop and one after
+it (`--mesh ...,waves=N`: each once the receiver's blocks of its range of experts are computed,
+docs/passes.md, return-waves), the `mesh` column says so. Chosen by hand from simulating each
+row (DeepSeek-V3 at 16 a chip, waves = 1, 3, 4, 5, 6, 8: 2,386.7 / 2,175.6 / 2,177.1 / 2,172.2
+/ 2,175.5 / 2,236.6 us; Qwen3-30B-A3B ep=2, waves = 1, 2, 3, 4: 408.6 / 400.7 / 399.7 / 402.2
+us): not yet a choice of the cost model as chunks=auto is."""
 SEED_BLOCK = 0
 """A seed row's block: 0 for the pairs an expert receives under balanced routing
 (T * K / E, as autotune's centre candidate), not searched: the search simulates every

@@ -551,11 +551,11 @@ class A2AReturnsOp(_A2AOrder):
 
     Kk = `entries` = min(K, E / chips) is the exact worst case (a token's K experts are distinct).
 
-    With `experts %experts_idx` (the pairs' experts, i32 [T, K]) and `wave = w, waves = W`, the
-    split pairs' tables hold only wave w's pairs (`pair_slots`, `pair_counts`, `pair_returns`; the
-    others as without): those whose local expert e mod (E / chips) is in the w-th of W equal
-    ranges of the chip's E / chips experts (`experts` = E), the blocks a receiver's expert loop
-    has finished by then, so that they go back while it computes the next (shard-experts' waves)."""
+    With `experts %experts_idx` (the pairs' experts, i32 [T, K]) and `local_from = a, local_to = b`,
+    the split pairs' tables hold only a wave's pairs (`pair_slots`, `pair_counts`, `pair_returns`;
+    the others as without): those whose local expert e mod (E / chips) is in [a, b) (`experts` =
+    E), whose blocks a receiver's expert loop computes before the later experts', so that they go
+    back while it computes those (shard-experts' waves)."""
 
     name = "ccl.a2a_returns"
     slot_rows = operand_def(TensorType)
@@ -569,8 +569,8 @@ class A2AReturnsOp(_A2AOrder):
     chips = prop_def(IntegerAttr)
     entries = prop_def(IntegerAttr)
     experts = opt_prop_def(IntegerAttr)
-    wave = opt_prop_def(IntegerAttr)
-    waves = opt_prop_def(IntegerAttr)
+    local_from = opt_prop_def(IntegerAttr)
+    local_to = opt_prop_def(IntegerAttr)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
@@ -581,11 +581,12 @@ class A2AReturnsOp(_A2AOrder):
 
     def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int, entries: int,
                  whole_first: bool = False, wave: tuple[SSAValue, int, int, int] | None = None):
-        """`wave`: (the pairs' experts, E, w, W) for wave w of W's split pairs only."""
+        """`wave`: (the pairs' experts, E, a, b) for the split pairs of local experts [a, b) only."""
         t, k = shape_of(slot_rows.type)
         props = {**_axis_props(axis, chips), "entries": IntegerAttr(entries, i64), **_order_props(whole_first)}
         if wave is not None:
-            props.update({name: IntegerAttr(v, i64) for name, v in zip(("experts", "wave", "waves"), wave[1:])})
+            names = ("experts", "local_from", "local_to")
+            props.update({name: IntegerAttr(v, i64) for name, v in zip(names, wave[1:])})
         super().__init__(
             operands=[slot_rows, wave[0] if wave is not None else None],
             result_types=[TensorType(i32, [chips, slots]), TensorType(i32, [chips]), TensorType(i32, [t, 1]),
@@ -602,10 +603,10 @@ class A2AReturnsOp(_A2AOrder):
 
     @property
     def wave_of(self) -> tuple[int, int, int] | None:
-        """(E, w, W) of a wave's tables (the class docstring); None: every split pair."""
-        if self.wave is None or self.waves is None or self.experts is None:
+        """(E, a, b) of a wave's tables (the class docstring); None: every split pair."""
+        if self.local_from is None or self.local_to is None or self.experts is None:
             return None
-        return self.experts.value.data, self.wave.value.data, self.waves.value.data
+        return self.experts.value.data, self.local_from.value.data, self.local_to.value.data
 
     def verify_(self) -> None:
         self._verify_group()
@@ -619,13 +620,14 @@ class A2AReturnsOp(_A2AOrder):
         expect(self.token_returns.type == TensorType(i32, [t, 1]), f"token_returns must be i32 [{t}, 1]")
         expect(self.pair_returns.type == TensorType(i32, [t, k]), f"pair_returns must be i32 [{t}, {k}]")
         expect(self.sum_counts.type == TensorType(i32, [n]), f"sum_counts must be i32 [{n}]")
-        given = (self.experts_idx is not None, self.experts is not None, self.wave is not None, self.waves is not None)
-        expect(all(given) or not any(given), "a wave needs the pairs' experts, experts, wave and waves")
+        given = (self.experts_idx is not None, self.experts is not None, self.local_from is not None,
+                 self.local_to is not None)
+        expect(all(given) or not any(given), "a wave needs the pairs' experts, experts, local_from and local_to")
         if (wave := self.wave_of) is not None:
-            e, w, waves = wave
+            e, a, b = wave
             expect(self.experts_idx.type == TensorType(i32, [t, k]), f"the pairs' experts must be i32 [{t}, {k}]")
             expect(e >= 1 and e % n == 0, f"{e} experts do not divide over {n} chips")
-            expect(1 <= waves <= e // n and 0 <= w < waves, f"wave = {w} must be in [0, waves) and waves = {waves} in [1, {e // n}] (a chip's experts)")
+            expect(0 <= a < b <= e // n, f"local experts [{a}, {b}) are not a range of a chip's {e // n}")
 
 
 COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)

@@ -96,8 +96,8 @@ class MeshSpec:
     """With sp, the type a column's sum crosses the reduce-scatter in (shard-experts' `sp_sum`):
     bf16 is seed 001's, half the bytes, within a2a_sum's kind of tolerance (`check_on_mesh`)."""
     waves: int = 1
-    """a2a's split pairs go back in this many all-to-alls, each once the receiver's blocks of its
-    experts are computed (shard-experts' `waves`)."""
+    """a2a's split pairs go back in this many all-to-alls under the expert loop (and one after it),
+    each once the receiver's blocks of its experts are computed (shard-experts' `waves`)."""
 
     @staticmethod
     def parse(spec: str) -> MeshSpec:

@@ -26,8 +26,11 @@ token it received (without a capacity the plan ranks a destination's whole token
 from the blocks (`moe.pair_rows`: where each listed pair sits) and come back one row each, and the home
 chip takes their weighted sum over k in order, adding the whole tokens' rows (zero for a
 split token) in place of + 0.0. The result is bit-identical to one chip's, and at balanced
-routing the return is one row per token and chip. With sp or tp the receiver routes per-pair
-slots instead (each token copied to its slots there by a DMA gather), makes one row per slot
+routing the return is one row per token and chip. With `waves` the split pairs go back in
+several all-to-alls, one per range of the receiver's experts, each tagged with the receiver's
+blocks that can hold its pairs (`ccl.wave_blocks`), after which schedule-level return-waves
+issues it; the home adds the waves' rows (each pair's is zero in all waves but one). With sp
+or tp the receiver routes per-pair slots instead (each token copied to its slots there by a DMA gather), makes one row per slot
 (tp sums those rows, not the padded blocks, over the tp chips) and every pair's row comes back.
 
 `strategy=a2a_sum` (seed 001's "local reduction"; DeepEP's combine takes one row per received
@@ -353,8 +356,9 @@ class ShardExpertsPass(ModulePass):
     docstring gives its tolerance)."""
     waves: int = 1
     """a2a without tp, sp, chunks or a capacity: the split pairs' rows go back in this many
-    all-to-alls, one per equal range of the receiver's experts, each issued once the blocks of
-    its experts are computed (the module docstring)."""
+    all-to-alls under the expert loop, one per equal range of the receiver's experts whose blocks
+    can end before the loop's last, and one of the rest after it (`_A2A._wave_ends`), each issued
+    once the blocks of its experts are computed (schedule-level return-waves)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
@@ -858,8 +862,10 @@ class _A2A(_Strategy):
                 r.name_hint = name
             # The sums that come back, the head of each sender's slice: with whole_first only
             # the whole tokens' (a split token's is not read at home).
-            self.wave_returns = [plan] if layer.waves == 1 else [self._wave(top_e, w) for w in range(layer.waves)]
-            tags = [str(w) if layer.waves > 1 else "" for w in range(layer.waves)]
+            self.wave_ends = self._wave_ends() if layer.waves > 1 else [layer.experts_per_chip]
+            self.wave_returns = [plan] if len(self.wave_ends) == 1 else [
+                self._wave(top_e, w, a, b) for w, (a, b) in enumerate(zip([0, *self.wave_ends], self.wave_ends))]
+            tags = [str(w) if len(self.wave_ends) > 1 else "" for w in range(len(self.wave_ends))]
             later = ([(r.pair_slots, r.pair_counts, f"recv_pair_slots{t}") for r, t in zip(self.wave_returns, tags)]
                      + [(plan.sum_counts, None, "recv_sum_counts")]
                      + [(r.pair_counts, None, f"recv_pair_counts{t}") for r, t in zip(self.wave_returns, tags)])
@@ -933,11 +939,12 @@ class _A2A(_Strategy):
             r.name_hint = name
         return tokens
 
-    def _wave(self, top_e: SSAValue, w: int) -> ccl.A2AReturnsOp:
-        """The return plan of wave w's split pairs (their tables only: `ccl.a2a_returns`)."""
+    def _wave(self, top_e: SSAValue, w: int, first: int, end: int) -> ccl.A2AReturnsOp:
+        """The return plan of wave w's split pairs, those of local experts [first, end) (their
+        tables only: `ccl.a2a_returns`)."""
         layer = self.layer
         wave = self.b.add(ccl.A2AReturnsOp(self.plan.slot_rows, EP, layer.ep, self.plan.slots, self.entries,
-                                           self.whole_first, (top_e, layer.experts, w, layer.waves)))
+                                           self.whole_first, (top_e, layer.experts, first, end)))
         for r, name in zip(wave.results, ("pair_slots", "pair_counts", "token_returns", "pair_returns", "sum_counts")):
             r.name_hint = f"{name}{w}"
         return wave
@@ -1046,7 +1053,8 @@ class _A2A(_Strategy):
             pairs = b.add(gather, f"split_rows{tag}").results[0]
             backs.append(self._start_return(pairs, slots, counts, f"returned{tag}", f"send_back{tag}"))
             if waves > 1:  # the blocks of this wave's experts, at most: schedule-level return-waves cuts there
-                backs[-1].owner.attributes[ccl.WAVE_BLOCKS_ATTR] = IntegerAttr(self._wave_blocks(w, g, block), i64)
+                backs[-1].owner.attributes[ccl.WAVE_BLOCKS_ATTR] = IntegerAttr(
+                    self._wave_blocks(self.wave_ends[w], g, block), i64)
         # A token whose kept pairs all sit here is summed here, straight from the blocks: the
         # combine over its list adds its weighted terms in k order from +0.0 in f32 and rounds
         # once, as one chip's combine does (a dropped pair adds nothing there either). One row
@@ -1070,15 +1078,25 @@ class _A2A(_Strategy):
         assert terms is not None
         self._sum_at_home(op, self._weighted(op, terms, returns.pair_returns), "pair_sum", whole)
 
-    def _wave_blocks(self, w: int, g: int, block: int) -> int:
-        """The receiver's blocks that hold wave w's pairs, at most: its experts are the chip's
-        first `end` (a wave's are a range, the blocks in expert order), each with ceil(n / B)
-        blocks of its n pairs, at most floor(N / B) + end over them, N <= T' * min(Kk, end)
-        (a received token lists distinct experts)."""
-        local = self.layer.experts_per_chip
-        end = -(-(w + 1) * local // self.layer.waves)
+    def _wave_blocks(self, end: int, g: int, block: int) -> int:
+        """The receiver's blocks that hold the pairs of its first `end` experts, at most (of `g`
+        blocks of `block` rows; they go in expert order): each expert's n pairs take ceil(n / B)
+        blocks, at most floor(N / B) + end over them, N <= T' * min(Kk, end) (a received token
+        lists distinct experts)."""
         pairs = self.layer.ep * self.layer.tokens * min(self.entries, end)
         return min(g, pairs // block + end)
+
+    def _wave_ends(self) -> list[int]:
+        """Where the waves' ranges of the chip's experts end: `waves` equal ranges of the experts
+        whose blocks can end before the loop's last (`_wave_blocks` below G), then the rest, whose
+        wave follows the loop, in one more."""
+        layer = self.layer
+        route = moe.RouteType.make(layer.ep * layer.tokens, self.entries, layer.experts_per_chip,
+                                   layer.route.block.data, self._receiver_capacity())
+        g, block, local = route.blocks.data, route.block.data, layer.experts_per_chip
+        inside = max((e for e in range(1, local + 1) if self._wave_blocks(e, g, block) < g), default=0)
+        ends = sorted({-(-(w + 1) * inside // layer.waves) for w in range(layer.waves)} - {0})
+        return ends + [local] if not ends or ends[-1] < local else ends
 
     def _combine_by_pair(self, op: moe.CombineOp, rows: SSAValue) -> None:
         """sp's combine: every slot's row back to its home, weighted and summed there."""

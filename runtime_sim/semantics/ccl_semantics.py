@@ -154,7 +154,7 @@ def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
     ((me * T + r) * entries + j + 1, 0 none), pair counts [chips], token returns [T, 1]
     (d * T + r, -1), pair returns [T, K] (d * S + p, -1) and sum counts [chips] (the whole
     tokens bound for d with `whole_first`, else every token sent there). `wave` (the pairs'
-    experts [T, K], E, w, W): the split pairs' tables of wave w's only."""
+    experts [T, K], E, a, b): the split pairs' tables of those of local experts [a, b) only."""
     t, k = slot_rows.shape
     dest, bound, rank = _destinations(slot_rows, chips, slots, whole_first)
     kept = slot_rows >= 0
@@ -172,9 +172,9 @@ def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
     token_returns[tokens, 0] = home * t + rank[tokens, home]
     split = kept & ~whole[:, None]
     if wave is not None:
-        experts_idx, e, w, waves = wave
-        local = e // chips
-        split &= experts_idx % local * waves // local == w
+        experts_idx, e, a, b = wave
+        local = experts_idx % (e // chips)
+        split &= (a <= local) & (local < b)
     tt, kk = np.nonzero(split)
     order = np.argsort(slot_rows[tt, kk], kind="stable")  # slot order within each destination
     tt, kk = tt[order], kk[order]
