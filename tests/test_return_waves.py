@@ -15,8 +15,8 @@ from runtime_sim.perf.mesh_simulate import simulate_mesh
 from runtime_sim.semantics.ccl_semantics import a2a_plan, a2a_returns
 from runtime_sim.semantics.tolerance import compare_outputs
 from target.mesh_machine import load_mesh_machine
-from tcpc.arrays import prepare_inputs
-from tcpc.mesh_run import MeshSpec, split_arguments, token_outputs
+from support import assert_same_bits, mesh_outputs
+from tcpc.mesh_run import MeshSpec
 from tcpc.program import Program
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -42,18 +42,9 @@ def test_waves_issued_inside_the_expert_loop_keep_the_bits() -> None:
     spec = MeshSpec.parse("ep=2,waves=8")
     after = spec.pipeline()
     assert (_expert_loops(program.lower(_without(after))), _expert_loops(program.lower(after))) == (1, 8)
-    fn = program.function(None)
-    name = fn.sym_name.data
-    args = prepare_inputs(fn, {}, 3)
-    machine = load_mesh_machine()
-    outputs = []
-    for pipeline in (_without(after), after):
-        module = program.lower(pipeline)
-        result = simulate_mesh(module, name, machine, split_arguments(module, name, spec.mesh, args))
-        outputs.append(token_outputs(spec.mesh, result.outputs))
-    for before, moved in zip(*outputs):
-        assert np.array_equal(before.view(np.uint8), moved.view(np.uint8))
-    results = compare_outputs(outputs[1], program.run(seed=3).outputs)
+    before, moved = mesh_outputs(program, spec, [_without(after), after], 3)
+    assert_same_bits(moved, before)
+    results = compare_outputs(moved, program.run(seed=3).outputs)
     assert all(c.identical for c in results), [c.message for c in results]
 
 
