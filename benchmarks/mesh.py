@@ -110,6 +110,13 @@ about 10 CPU s in one chunk, 25 in two. Decode rows run one chunk (not tried).""
 SEED_SP_SUM = "bf16"
 """The seed rows' reduce-scatter: each column's sum rounded to bf16 before it crosses, as seed
 001's bf16 reduce-scatter (docs/mesh.md: a2a_sum's kind of tolerance); f32 moves twice the bytes."""
+SKEWED_WAVES = {"deepseek_v3": 5, "qwen3_moe": 3}
+"""A skewed a2a row's split pairs go back in this many waves under the expert loop and one after
+it (`--mesh ...,waves=N`: each once the receiver's blocks of its range of experts are computed,
+docs/passes.md, return-waves), the `mesh` column says so. Chosen by hand from simulating each
+row (DeepSeek-V3 at 16 a chip, waves = 1, 3, 4, 5, 6, 8: 2,386.7 / 2,175.6 / 2,177.1 / 2,172.2
+/ 2,175.5 / 2,236.6 us; Qwen3-30B-A3B ep=2, waves = 1, 2, 3, 4: 408.6 / 400.7 / 399.7 / 402.2
+us): not yet a choice of the cost model as chunks=auto is."""
 SEED_BLOCK = 0
 """A seed row's block: 0 for the pairs an expert receives under balanced routing
 (T * K / E, as autotune's centre candidate), not searched: the search simulates every
@@ -203,12 +210,15 @@ class Row:
     """(chunks, cycles) of every count simulated (`mesh_row`'s chunk_counts; empty: not tried)."""
     chunks_bounded: tuple[int, ...] = ()
     """The counts of `chunks_tried` whose cycles are a lower bound (as `bounded`'s blocks)."""
+    waves: int = 1
+    """a2a's split pairs returned in this many waves (SKEWED_WAVES)."""
 
     @property
     def mesh(self) -> str:
         return (f"ep={self.chips // self.tp // self.sp}" + (f",sp={self.sp}" if self.sp > 1 else "")
                 + (f",tp={self.tp}" if self.tp > 1 else "")
-                + (f",sp_sum={self.sp_sum}" if self.sp_sum != "f32" else ""))
+                + (f",sp_sum={self.sp_sum}" if self.sp_sum != "f32" else "")
+                + (f",waves={self.waves}" if self.waves > 1 else ""))
 
     @property
     def bound(self) -> float:
@@ -237,9 +247,10 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
     d = dict(dims or model.dims)
     d["T"] = tokens * ep * sp
     start, cpu = time.perf_counter(), time.process_time()
+    waves = SKEWED_WAVES.get(model.name, 1) if routing == "skewed" and strategy == "a2a" and sp == tp == 1 else 1
     spec = (f"ep={ep}" + (f",sp={sp},sp_sum={sp_sum}" if sp > 1 else "") + (f",tp={tp}" if tp > 1 else "")
-            + f",strategy={strategy}") + (
-        ",chunks=auto" if strategy in CHUNKED_STRATEGIES and search else "")
+            + f",strategy={strategy}" + (f",waves={waves}" if waves > 1 else "")) + (
+        ",chunks=auto" if strategy in CHUNKED_STRATEGIES and search and waves == 1 else "")
     tried: tuple[tuple[int, int], ...] = ()
     chunks_tried: tuple[tuple[int, int], ...] = ()
     chunks_bounded: tuple[int, ...] = ()
@@ -273,8 +284,8 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
                                routing=routing, seed=1, machine=machine)
     report: MeshReport = sim.report
     choices = next(iter(report.routing.values())).choices
-    # The chip's own work, whatever its chunks (one chunk's weights loaded once is the minimum).
-    chip_limits = chip_limit_cycles(program, replace(MeshSpec.parse(spec), chunks=1), choices, d["E"], machine)
+    # The chip's own work, whatever its chunks and waves (one chunk's weights loaded once is the minimum).
+    chip_limits = chip_limit_cycles(program, replace(MeshSpec.parse(spec), chunks=1, waves=1), choices, d["E"], machine)
     row_bytes = 2 * d["D"]
     busy = [report.compute_busy(c) for c in range(chips)]
     slowest = max(range(chips), key=lambda c: report.chips[c].total_cycles)
@@ -289,7 +300,7 @@ def mesh_row(model: Model, chips: int, tokens: int, strategy: str, routing: str,
                max(range(chips), key=busy.__getitem__), report.imbalance(busy), time.perf_counter() - start,
                tp, topk, {p.name: p.critical_cycles for p in report.chips[slowest].phases}, block, tried, chunks,
                report.link_busy(slowest), sp, time.process_time() - cpu, bounded, sp_sum if sp > 1 else "f32",
-               chunks_tried, chunks_bounded)
+               chunks_tried, chunks_bounded, waves)
 
 
 def table(rows: list[Row], clock_hz: float = 1e9, cpu: bool = False) -> str:

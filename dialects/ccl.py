@@ -54,6 +54,10 @@ CHUNKS_ATTR = "ccl.chunks"
 """Function attribute of a chip program whose token loop shard-experts split into chunks (an
 integer > 1): each chunk's dispatch, experts and combine are ops of their own, of one shape,
 which the schedule level keeps in loops of their own."""
+WAVE_BLOCKS_ATTR = "ccl.wave_blocks"
+"""Attribute of an all_to_all_start returning one wave of a2a's split pairs: the receiver's blocks
+that hold them, at most (the expert loop's first ones); schedule-level return-waves issues it
+after those (passes/schedule/return_waves.py)."""
 STRATEGY_ATTR = "ccl.strategy"
 """Function attribute: the expert-parallel strategy the sharding pass used (a2a, allgather)."""
 
@@ -555,10 +559,17 @@ class A2AReturnsOp(_A2AOrder):
 
     The token rows r are ccl.a2a_tokens' with the same `whole_first`.
 
-    Kk = `entries` = min(K, E / chips) is the exact worst case (a token's K experts are distinct)."""
+    Kk = `entries` = min(K, E / chips) is the exact worst case (a token's K experts are distinct).
+
+    With `experts %experts_idx` (the pairs' experts, i32 [T, K]) and `local_from = a, local_to = b`,
+    the split pairs' tables hold only a wave's pairs (`pair_slots`, `pair_counts`, `pair_returns`;
+    the others as without): those whose local expert e mod (E / chips) is in [a, b) (`experts` =
+    E), whose blocks a receiver's expert loop computes before the later experts', so that they go
+    back while it computes those (shard-experts' waves)."""
 
     name = "ccl.a2a_returns"
     slot_rows = operand_def(TensorType)
+    experts_idx = opt_operand_def(TensorType)
     pair_slots = result_def(TensorType)
     pair_counts = result_def(TensorType)
     token_returns = result_def(TensorType)
@@ -567,21 +578,30 @@ class A2AReturnsOp(_A2AOrder):
     axis = prop_def(StringAttr)
     chips = prop_def(IntegerAttr)
     entries = prop_def(IntegerAttr)
+    experts = opt_prop_def(IntegerAttr)
+    local_from = opt_prop_def(IntegerAttr)
+    local_to = opt_prop_def(IntegerAttr)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
-        "$slot_rows `over` $axis attr-dict `:` type($slot_rows) `->` type($pair_slots) `,` type($pair_counts) `,` "
-        "type($token_returns) `,` type($pair_returns) `,` type($sum_counts)"
+        "$slot_rows (`experts` $experts_idx^)? `over` $axis attr-dict `:` type($slot_rows) (`,` type($experts_idx)^)? "
+        "`->` type($pair_slots) `,` type($pair_counts) `,` type($token_returns) `,` type($pair_returns) `,` "
+        "type($sum_counts)"
     )
 
     def __init__(self, slot_rows: SSAValue, axis: str, chips: int, slots: int, entries: int,
-                 whole_first: bool = False):
+                 whole_first: bool = False, wave: tuple[SSAValue, int, int, int] | None = None):
+        """`wave`: (the pairs' experts, E, a, b) for the split pairs of local experts [a, b) only."""
         t, k = shape_of(slot_rows.type)
+        props = {**_axis_props(axis, chips), "entries": IntegerAttr(entries, i64), **_order_props(whole_first)}
+        if wave is not None:
+            names = ("experts", "local_from", "local_to")
+            props.update({name: IntegerAttr(v, i64) for name, v in zip(names, wave[1:])})
         super().__init__(
-            operands=[slot_rows],
+            operands=[slot_rows, wave[0] if wave is not None else None],
             result_types=[TensorType(i32, [chips, slots]), TensorType(i32, [chips]), TensorType(i32, [t, 1]),
                           TensorType(i32, [t, k]), TensorType(i32, [chips])],
-            properties={**_axis_props(axis, chips), "entries": IntegerAttr(entries, i64), **_order_props(whole_first)})
+            properties=props)
 
     @property
     def slots(self) -> int:
@@ -590,6 +610,13 @@ class A2AReturnsOp(_A2AOrder):
     @property
     def list_entries(self) -> int:
         return self.entries.value.data
+
+    @property
+    def wave_of(self) -> tuple[int, int, int] | None:
+        """(E, a, b) of a wave's tables (the class docstring); None: every split pair."""
+        if self.local_from is None or self.local_to is None or self.experts is None:
+            return None
+        return self.experts.value.data, self.local_from.value.data, self.local_to.value.data
 
     def verify_(self) -> None:
         self._verify_group()
@@ -603,6 +630,14 @@ class A2AReturnsOp(_A2AOrder):
         expect(self.token_returns.type == TensorType(i32, [t, 1]), f"token_returns must be i32 [{t}, 1]")
         expect(self.pair_returns.type == TensorType(i32, [t, k]), f"pair_returns must be i32 [{t}, {k}]")
         expect(self.sum_counts.type == TensorType(i32, [n]), f"sum_counts must be i32 [{n}]")
+        given = (self.experts_idx is not None, self.experts is not None, self.local_from is not None,
+                 self.local_to is not None)
+        expect(all(given) or not any(given), "a wave needs the pairs' experts, experts, local_from and local_to")
+        if (wave := self.wave_of) is not None:
+            e, a, b = wave
+            expect(self.experts_idx.type == TensorType(i32, [t, k]), f"the pairs' experts must be i32 [{t}, {k}]")
+            expect(e >= 1 and e % n == 0, f"{e} experts do not divide over {n} chips")
+            expect(0 <= a < b <= e // n, f"local experts [{a}, {b}) are not a range of a chip's {e // n}")
 
 
 COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)

@@ -39,6 +39,7 @@ from passes.schedule.schedule_experts import ORDERS
 from passes.schedule.schedule_shared import MOST_ROWS
 from passes.schedule.interleave_chunks import InterleaveChunksPass
 from passes.schedule.interleave_shared import InterleaveSharedPass, interleaves
+from passes.schedule.return_waves import ReturnWavesPass
 from runtime_sim.perf.cost_only import CostOnlyRun, cost_only_bound, cost_only_cycles, cost_only_run
 from runtime_sim.perf.report import BetterBlock, Choice
 from runtime_sim.perf.routing_scenarios import SCENARIOS
@@ -53,7 +54,7 @@ from tcpc.program import print_ir
 BLOCK_SPREAD = 4
 """Candidate blocks range over [share / BLOCK_SPREAD, share * BLOCK_SPREAD], share = T * K / E."""
 
-REORDERING_PASSES = (InterleaveSharedPass.name, InterleaveChunksPass.name)
+REORDERING_PASSES = (InterleaveSharedPass.name, InterleaveChunksPass.name, ReturnWavesPass.name)
 """The last passes of the pipeline, which only reorder the commands (split loops, move ops):
 a lower bound on the commands' cycles before them holds after them."""
 

@@ -173,7 +173,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "batch: --set T=1 --mesh ep=8,tokens=per-chip is one token per chip), chunks=N|auto (a2a, "
                         "a2a_sum: the chip's token loop in N software-pipelined chunks; auto: the count of fewest "
                         "simulated cycles), sp_sum=f32|bf16 (with sp: the columns' sums cross the reduce-scatter "
-                        "in f32, or rounded to bf16 first as seed 001's do: half the bytes, a2a_sum's tolerance)")
+                        "in f32, or rounded to bf16 first as seed 001's do: half the bytes, a2a_sum's tolerance), "
+                        "waves=N (a2a: the split pairs go back in N all-to-alls under the expert loop, each once the "
+                        "blocks of its range of the receiver's experts are computed, and one after it)")
     r.add_argument("--max-chips", type=int, default=None, metavar="N",
                    help=f"--mesh: simulate meshes of up to N chips (default {MAX_SIMULATED_CHIPS}; every chip is "
                         "simulated, and the time grows faster than the chip count)")

@@ -95,11 +95,15 @@ class MeshSpec:
     sp_sum: str = "f32"
     """With sp, the type a column's sum crosses the reduce-scatter in (shard-experts' `sp_sum`):
     bf16 is seed 001's, half the bytes, within a2a_sum's kind of tolerance (`check_on_mesh`)."""
+    waves: int = 1
+    """a2a's split pairs go back in this many all-to-alls under the expert loop (and one after it),
+    each once the receiver's blocks of its experts are computed (shard-experts' `waves`)."""
 
     @staticmethod
     def parse(spec: str) -> MeshSpec:
         items = [i.strip() for i in spec.split(",") if i.strip()]
-        options = {"strategy": "a2a", "topk": TOPK_DEFAULT, "tokens": "global", "chunks": "1", "sp_sum": "f32"}
+        options = {"strategy": "a2a", "topk": TOPK_DEFAULT, "tokens": "global", "chunks": "1", "sp_sum": "f32",
+                   "waves": "1"}
         choices = {"strategy": STRATEGIES, "topk": (*TOPK_STRATEGIES, TOPK_AUTO), "tokens": TOKENS, "sp_sum": SP_SUMS}
         axes = []
         for item in items:
@@ -109,6 +113,10 @@ class MeshSpec:
                 if value.strip() != "auto" and not (value.strip().isdigit() and int(value.strip()) >= 1):
                     raise ccl.MeshSpecError(f"mesh '{spec}': chunks = {value.strip()!r} is neither a positive "
                                             "integer nor auto")
+            elif name.strip() == "waves":
+                options["waves"] = value.strip()
+                if not (value.strip().isdigit() and int(value.strip()) >= 1):
+                    raise ccl.MeshSpecError(f"mesh '{spec}': waves = {value.strip()!r} is not a positive integer")
             elif name.strip() in options:
                 options[name.strip()] = value.strip()
                 if value.strip() not in choices[name.strip()]:
@@ -124,7 +132,7 @@ class MeshSpec:
                                            if name.strip() == "capacity" else ""))
         chunks = None if options["chunks"] == "auto" else int(options["chunks"])
         return MeshSpec(ccl.Mesh.parse(",".join(axes)), options["strategy"], options["topk"], options["tokens"], chunks,
-                        options["sp_sum"])
+                        options["sp_sum"], int(options["waves"]))
 
     @property
     def scope(self) -> str:
@@ -151,7 +159,7 @@ class MeshSpec:
                                     "name a count to compile")
         return mesh_pipeline_spec(m.size("ep"), m.size("dp"), m.size("tp"), self.strategy,
                                   None if self.topk == TOPK_DEFAULT else self.topk, cost_only, level, self.chunks,
-                                  m.size("sp"), self.sp_sum)
+                                  m.size("sp"), self.sp_sum, self.waves)
 
 
 def _scatter(fn: func.FuncOp) -> moe.ScatterOp | None:
@@ -200,7 +208,8 @@ def _run_key(text: str, name: str, spec: MeshSpec, machine: MeshMachine, routing
 
     if str(routing) not in SCENARIOS:
         return None
-    return (text, name, str(spec.mesh), spec.strategy, spec.topk, spec.chunks, spec.sp_sum, repr(machine), str(routing), seed,
+    return (text, name, str(spec.mesh), spec.strategy, spec.topk, spec.chunks, spec.sp_sum, spec.waves, repr(machine),
+            str(routing), seed,
             sram_policy)
 
 
@@ -308,7 +317,7 @@ def compile_for_mesh(path: str | Path, dims: Mapping[str, int | str] | None, spe
                 _keep(_run_key(text, name, replace(trial, chunks=c), mach, routing, seed, "spill"), sim)
                 return sim.report.total_cycles
             try:
-                tried.append((c, remembered((text, name, str(trial.mesh), trial.strategy, c, repr(mach)), routing,
+                tried.append((c, remembered((text, name, str(trial.mesh), trial.strategy, c, trial.waves, repr(mach)), routing,
                                             seed, simulated)))
             except AboveBound as e:  # neither remembered nor kept: a later, higher bar simulates it
                 tried.append((c, e.cycles))

@@ -61,6 +61,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "split-clusters": _lazy("passes.schedule.split_clusters", "SplitClustersPass"),
     "interleave-shared": _lazy("passes.schedule.interleave_shared", "InterleaveSharedPass"),
     "interleave-chunks": _lazy("passes.schedule.interleave_chunks", "InterleaveChunksPass"),
+    "return-waves": _lazy("passes.schedule.return_waves", "ReturnWavesPass"),
     "fuse-ve-chains": _lazy("passes.schedule.fuse_ve_chains", "FuseVeChainsPass"),
     "map-contractions": _lazy("passes.schedule.map_contractions", "MapContractionsPass"),
     "shard-experts": _lazy("passes.mesh.shard_experts", "ShardExpertsPass"),
@@ -75,7 +76,7 @@ working on whole tensors."""
 
 SCHEDULE_PIPELINE: tuple[str, ...] = ("schedule-shared", "schedule-experts", "schedule-tokens", "split-router-k", "split-clusters",
                                       "fuse-ve-chains", "map-contractions", "interleave-shared",
-                                      "interleave-chunks")
+                                      "interleave-chunks", "return-waves")
 """The schedule level, after the lowering: a shared expert rewritten as an expert loop of its
 own (schedule-shared); static loops over blocks and token tiles whose
 tiles fit SRAM, weights loaded once per expert and prefetched (docs/passes.md#the-schedule-level-schedule-shared-schedule-experts-schedule-tokens-split-router-k-split-clusters); a small router weight's load spread over the DMA engines in tiles of its reduction
@@ -141,12 +142,15 @@ def is_auto(p: ModulePass) -> bool:
 
 
 def mesh_pipeline_spec(ep: int, dp: int, tp: int, strategy: str, topk: str | None, cost_only: bool = False,
-                       level: str | None = "scheduled", chunks: int = 1, sp: int = 1, sp_sum: str = "f32") -> str:
-    """A mesh chip's pipeline: shard-experts over the mesh (its token loop in `chunks`), then
+                       level: str | None = "scheduled", chunks: int = 1, sp: int = 1, sp_sum: str = "f32",
+                       waves: int = 1) -> str:
+    """A mesh chip's pipeline: shard-experts over the mesh (its token loop in `chunks`, a2a's
+    split pairs returned in `waves`), then
     (unless `level` is None) the single-chip lowering up to `level`, lower-topk's strategy
     `topk` (None: the pass's default), after the cost-only passes when `cost_only`."""
     shard = (f"shard-experts{{ep={ep} dp={dp} tp={tp} strategy={strategy}" + (f" chunks={chunks}" if chunks > 1 else "")
-             + (f" sp={sp}" if sp > 1 else "") + (f" sp_sum={sp_sum}" if sp_sum != "f32" else "") + "}")
+             + (f" sp={sp}" if sp > 1 else "") + (f" sp_sum={sp_sum}" if sp_sum != "f32" else "")
+             + (f" waves={waves}" if waves > 1 else "") + "}")
     lowering = pipeline_spec(LEVELS[level], topk_strategy=topk) if level is not None else ""
     return ",".join(p for p in (*COST_ONLY_PASSES[:len(COST_ONLY_PASSES) * cost_only], shard, lowering) if p)
 

@@ -3,7 +3,6 @@ expert loops spread into them keeps the bits, and pays at prefill."""
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp
@@ -12,8 +11,8 @@ import tcpc
 from dialects.annotations import phase_of
 from runtime_sim.perf.mesh_simulate import simulate_mesh
 from target.mesh_machine import load_mesh_machine
-from tcpc.arrays import prepare_inputs
-from tcpc.mesh_run import MeshSpec, split_arguments, token_outputs
+from support import assert_same_bits, mesh_outputs
+from tcpc.mesh_run import MeshSpec
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 SMALL = {"T": 256, "E": 8, "K": 2, "B": 16}
@@ -54,16 +53,8 @@ def test_the_chunks_work_moved_into_the_loops_keeps_the_bits(dims: dict[str, int
     modules = [program.lower(pipeline) for pipeline in (_without(after), after)]
     assert tuple(_loops(module, "experts") for module in modules) == loops
     assert tuple(_loops(module, "router") for module in modules) == routers
-    fn = program.function(None)
-    name = fn.sym_name.data
-    args = prepare_inputs(fn, {}, 3)
-    machine = load_mesh_machine()
-    outputs = []
-    for module in modules:
-        result = simulate_mesh(module, name, machine, split_arguments(module, name, spec.mesh, args))
-        outputs.append(token_outputs(spec.mesh, result.outputs))
-    for before, moved in zip(*outputs):
-        assert np.array_equal(before.view(np.uint8), moved.view(np.uint8))
+    before, moved = mesh_outputs(program, spec, modules, 3)
+    assert_same_bits(moved, before)
 
 
 def _cycles(dims: dict[str, int], spec: str) -> list[int]:

@@ -366,8 +366,8 @@ def test_mesh_mixups_are_clear(capsys: pytest.CaptureFixture[str], tmp_path) -> 
     """A chip machine given as the mesh file, a mesh file given as the chip, an option --mesh
     does not have: each named, exit 1; a built-in mesh file by name works as --machine's do."""
     for spec, message in [("ep=2,capacity=4", "unknown 'capacity' (expected axes dp, ep, sp, tp as NAME=SIZE, and the "
-                                              "options strategy=, topk=, tokens=, chunks=, sp_sum=); a capacity is the "
-                                              "program's"),
+                                              "options strategy=, topk=, tokens=, chunks=, sp_sum=, waves=); a "
+                                              "capacity is the program's"),
                           ("ep=2,chunks=0", "chunks = '0' is neither a positive integer nor auto"),
                           ("strategy=a2a,xp=2", "unknown 'xp'"), ("ep=-1", "ep must be positive, got -1"),
                           ("ep=2,dp=3", "T = 16 tokens do not divide over dp * ep = 6 chips"),

@@ -28,7 +28,7 @@ def test_the_default_pipeline_is_the_full_lowering_then_the_schedule_level() -> 
                                 "load-arguments")
     assert SCHEDULE_PIPELINE == ("schedule-shared", "schedule-experts", "schedule-tokens", "split-router-k",
                                  "split-clusters", "fuse-ve-chains", "map-contractions", "interleave-shared",
-                                 "interleave-chunks")
+                                 "interleave-chunks", "return-waves")
     assert FULL_PIPELINE == LOWERED_PIPELINE + SCHEDULE_PIPELINE
 
 

@@ -26,8 +26,11 @@ token it received (without a capacity the plan ranks a destination's whole token
 from the blocks (`moe.pair_rows`: where each listed pair sits) and come back one row each, and the home
 chip takes their weighted sum over k in order, adding the whole tokens' rows (zero for a
 split token) in place of + 0.0. The result is bit-identical to one chip's, and at balanced
-routing the return is one row per token and chip. With sp or tp the receiver routes per-pair
-slots instead (each token copied to its slots there by a DMA gather), makes one row per slot
+routing the return is one row per token and chip. With `waves` the split pairs go back in
+several all-to-alls, one per range of the receiver's experts, each tagged with the receiver's
+blocks that can hold its pairs (`ccl.wave_blocks`), after which schedule-level return-waves
+issues it; the home adds the waves' rows (each pair's is zero in all waves but one). With sp
+or tp the receiver routes per-pair slots instead (each token copied to its slots there by a DMA gather), makes one row per slot
 (tp sums those rows, not the padded blocks, over the tp chips) and every pair's row comes back.
 
 `strategy=a2a_sum` (seed 001's "local reduction"; DeepEP's combine takes one row per received
@@ -294,6 +297,8 @@ class _Layer:
     """Chips of the sp axis (the module docstring): `chips` counts them among the token shards."""
     sp_sum: str = "f32"
     """The type a column's sum crosses sp's reduce-scatter in (SP_SUMS)."""
+    waves: int = 1
+    """a2a's split pairs go back in this many waves, by the receiver's experts (`_A2A.combine`)."""
 
     @property
     def tokens(self) -> int:
@@ -349,6 +354,11 @@ class ShardExpertsPass(ModulePass):
     """With sp: `f32`, the columns' f32 sums added over sp and rounded once, or `bf16`, each
     column's sum rounded to the output's type before it crosses (half the bytes; the module
     docstring gives its tolerance)."""
+    waves: int = 1
+    """a2a without tp, sp, chunks or a capacity: the split pairs' rows go back in this many
+    all-to-alls under the expert loop, one per equal range of the receiver's experts whose blocks
+    can end before the loop's last, and one of the rest after it (`_A2A._wave_ends`), each issued
+    once the blocks of its experts are computed (schedule-level return-waves)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in STRATEGIES:
@@ -363,6 +373,10 @@ class ShardExpertsPass(ModulePass):
             raise _fail(f"unknown sp_sum '{self.sp_sum}' (expected {', '.join(SP_SUMS)})")
         if self.sp_sum != "f32" and self.sp == 1:
             raise _fail(f"sp_sum = {self.sp_sum} rounds the columns' sums of sp's reduce-scatter: it needs sp > 1")
+        if self.waves < 1 or (self.waves > 1 and (self.strategy != "a2a" or self.tp > 1 or self.sp > 1
+                                                  or self.chunks > 1)):
+            raise _fail(f"waves = {self.waves}: a2a returns its split pairs in waves, without tp, sp or chunks "
+                        f"(got strategy={self.strategy}, tp={self.tp}, sp={self.sp}, chunks={self.chunks})")
         if self.chunks > 1 and self.strategy not in CHUNKED_STRATEGIES:
             raise _fail(f"chunks = {self.chunks}: only {' and '.join(CHUNKED_STRATEGIES)} split the token loop "
                         f"into chunks, not {self.strategy}")
@@ -405,8 +419,11 @@ class ShardExpertsPass(ModulePass):
             if route.capacity_limit is not None:
                 raise _fail(f"chunks = {self.chunks} with a capacity: an expert keeps its first C pairs over all "
                             "tokens, which a chunk's receiver cannot count; use chunks=1")
+        if self.waves > 1 and (route.capacity_limit is not None or self.waves > e // self.ep):
+            raise _fail(f"waves = {self.waves}: each wave takes some of a chip's {e // self.ep} experts' pairs, "
+                        "all of them without a capacity")
         layer = _Layer(scatter, route, self.ep, chips, self.tp, dp=self.dp, chunks=self.chunks, sp=self.sp,
-                       sp_sum=self.sp_sum)
+                       sp_sum=self.sp_sum, waves=self.waves)
         if self.tp > 1:
             layer.hidden = self._hidden(fn, layer)
         return layer
@@ -845,8 +862,13 @@ class _A2A(_Strategy):
                 r.name_hint = name
             # The sums that come back, the head of each sender's slice: with whole_first only
             # the whole tokens' (a split token's is not read at home).
-            later = [(plan.pair_slots, plan.pair_counts, "recv_pair_slots"), (plan.sum_counts, None, "recv_sum_counts"),
-                     (plan.pair_counts, None, "recv_pair_counts")]
+            self.wave_ends = self._wave_ends() if layer.waves > 1 else [layer.experts_per_chip]
+            self.wave_returns = [plan] if len(self.wave_ends) == 1 else [
+                self._wave(top_e, w, a, b) for w, (a, b) in enumerate(zip([0, *self.wave_ends], self.wave_ends))]
+            tags = [str(w) if len(self.wave_ends) > 1 else "" for w in range(len(self.wave_ends))]
+            later = ([(r.pair_slots, r.pair_counts, f"recv_pair_slots{t}") for r, t in zip(self.wave_returns, tags)]
+                     + [(plan.sum_counts, None, "recv_sum_counts")]
+                     + [(r.pair_counts, None, f"recv_pair_counts{t}") for r, t in zip(self.wave_returns, tags)])
         started = [b.start(ccl.AllToAllStartOp(v, EP, ep, rows=rows), name) for v, rows, name in later]
         b.to_stage("receive")
         recv_experts = b.reshape(b.done(sent_experts), [ep * tl, self.entries])
@@ -857,7 +879,8 @@ class _A2A(_Strategy):
         recv = b.done(sent)
         done = [b.done(v) for v in started]
         if returns:
-            self.recv_pair_slots, self.recv_sum_counts, self.recv_pair_counts = done
+            n = len(self.wave_returns)
+            self.recv_pair_slots, self.recv_sum_counts, self.recv_pair_counts = done[:n], done[n], done[n + 1:]
         else:
             (self.recv_token_counts,) = done
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
@@ -915,6 +938,16 @@ class _A2A(_Strategy):
         for r, name in zip(tokens.results, ("token_rows", "slot_tokens", "token_counts")):
             r.name_hint = name
         return tokens
+
+    def _wave(self, top_e: SSAValue, w: int, first: int, end: int) -> ccl.A2AReturnsOp:
+        """The return plan of wave w's split pairs, those of local experts [first, end) (their
+        tables only: `ccl.a2a_returns`)."""
+        layer = self.layer
+        wave = self.b.add(ccl.A2AReturnsOp(self.plan.slot_rows, EP, layer.ep, self.plan.slots, self.entries,
+                                           self.whole_first, (top_e, layer.experts, first, end)))
+        for r, name in zip(wave.results, ("pair_slots", "pair_counts", "token_returns", "pair_returns", "sum_counts")):
+            r.name_hint = f"{name}{w}"
+        return wave
 
     def _send_rows(self, x: SSAValue) -> SSAValue:
         """Each token's row once to each chip holding one of its pairs (a DMA row scatter into
@@ -1001,20 +1034,34 @@ class _A2A(_Strategy):
         b.phase = "routing"
         at = b.reshape(b.add(moe.PairRowsOp(self.route), "pair_block_rows").results[0], [ep * tl * self.entries, 1])
         at = b.add(tmath.AddOp(at, b.const(1, i32), at.type), "pair_block_rows_1").results[0]  # type: ignore[arg-type]
-        listed = self.recv_pair_slots  # their places in the received lists, plus one (0: none)
-        place = b.add(tmath.SubOp(listed, b.const(1, i32), listed.type)).results[0]  # type: ignore[arg-type]
-        found = b.reshape(b.add(tcp.DmaGatherOp(at, place)).results[0], [ep, slots])  # no pair reads 0
-        split_at = b.add(tmath.SubOp(found, b.const(1, i32), found.type), "split_at").results[0]  # type: ignore[arg-type]
-        b.phase = "combine"
         g, block = shape_of(blocks.type)[:2]
-        rows = b.reshape(blocks, [g * block, d], "y_rows")
-        # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
-        # the combine's token loop, whose rows it does not follow.
-        pairs = b.add(in_hbm_if_oversize(tcp.DmaGatherOp(rows, split_at), b.cluster_sram_bytes), "split_rows").results[0]
-        # Each chip's plan knows the split pairs that come home (the counts it sent them): a chip
-        # with none to send or get back skips this all-to-all (balanced routing: every chip).
-        pairs_back = self._start_return(pairs, slots, self.recv_pair_counts, "returned", "send_back",
-                                        expects=self.returns.pair_counts)
+        waves = len(self.recv_pair_slots)
+        backs = []
+        for w, (listed, counts, wave) in enumerate(zip(self.recv_pair_slots, self.recv_pair_counts,
+                                                       self.wave_returns)):
+            tag = str(w) if waves > 1 else ""
+            b.phase = "routing"
+            # Their places in the received lists, plus one (0: none).
+            place = b.add(tmath.SubOp(listed, b.const(1, i32), listed.type)).results[0]  # type: ignore[arg-type]
+            found = b.reshape(b.add(tcp.DmaGatherOp(at, place)).results[0], [ep, slots])  # no pair reads 0
+            split_at = b.add(tmath.SubOp(found, b.const(1, i32), found.type),  # type: ignore[arg-type]
+                             f"split_at{tag}").results[0]
+            b.phase = "combine"
+            rows = b.reshape(blocks, [g * block, d], f"y_rows{tag}")
+            # [chips, S] indices (the send buffer's shape): one gather, not a row-parallel op of
+            # the combine's token loop, whose rows it does not follow.
+            gather = in_hbm_if_oversize(tcp.DmaGatherOp(rows, split_at), b.cluster_sram_bytes)
+            if waves > 1:  # gathered while the experts use SRAM, and apart from the other waves' gathers
+                place_in_hbm(gather)
+            pairs = b.add(gather, f"split_rows{tag}").results[0]
+            # Each chip's plan knows the split pairs that come home in this wave (the counts it sent
+            # them): a chip with none to send or get back skips this all-to-all (balanced routing:
+            # every chip).
+            backs.append(self._start_return(pairs, slots, counts, f"returned{tag}", f"send_back{tag}",
+                                            expects=wave.pair_counts))
+            if waves > 1:  # the blocks of this wave's experts, at most: schedule-level return-waves cuts there
+                backs[-1].owner.attributes[ccl.WAVE_BLOCKS_ATTR] = IntegerAttr(
+                    self._wave_blocks(self.wave_ends[w], g, block), i64)
         # A token whose kept pairs all sit here is summed here, straight from the blocks: the
         # combine over its list adds its weighted terms in k order from +0.0 in f32 and rounds
         # once, as one chip's combine does (a dropped pair adds nothing there either). One row
@@ -1026,8 +1073,37 @@ class _A2A(_Strategy):
         returns = self.returns
         whole = self._returned(sums_back, tl, returns.token_returns, "whole_sums")
         whole = b.cast(b.reshape(whole, [tl, d]), f32, "whole_sums_f32")
-        terms = b.cast(self._returned(pairs_back, slots, returns.pair_returns, "pair_rows"), f32, "pair_rows_f32")
+        # A pair's row comes back in one wave, +0.0 in the others: adding those changes a -0.0
+        # term to +0.0 at most, which the sum from +0.0 at home does anyway.
+        terms: SSAValue | None = None
+        for w, (back, wave) in enumerate(zip(backs, self.wave_returns)):
+            tag = str(w) if waves > 1 else ""
+            part = b.cast(self._returned(back, slots, wave.pair_returns, f"pair_rows{tag}"), f32, f"pair_rows{tag}_f32")
+            if terms is not None:
+                part = b.add(tmath.AddOp(terms, part, part.type), "pair_rows_f32").results[0]  # type: ignore[arg-type]
+            terms = part
+        assert terms is not None
         self._sum_at_home(op, self._weighted(op, terms, returns.pair_returns), "pair_sum", whole)
+
+    def _wave_blocks(self, end: int, g: int, block: int) -> int:
+        """The receiver's blocks that hold the pairs of its first `end` experts, at most (of `g`
+        blocks of `block` rows; they go in expert order): each expert's n pairs take ceil(n / B)
+        blocks, at most floor(N / B) + end over them, N <= T' * min(Kk, end) (a received token
+        lists distinct experts)."""
+        pairs = self.layer.ep * self.layer.tokens * min(self.entries, end)
+        return min(g, pairs // block + end)
+
+    def _wave_ends(self) -> list[int]:
+        """Where the waves' ranges of the chip's experts end: `waves` equal ranges of the experts
+        whose blocks can end before the loop's last (`_wave_blocks` below G), then the rest, whose
+        wave follows the loop, in one more."""
+        layer = self.layer
+        route = moe.RouteType.make(layer.ep * layer.tokens, self.entries, layer.experts_per_chip,
+                                   layer.route.block.data, self._receiver_capacity())
+        g, block, local = route.blocks.data, route.block.data, layer.experts_per_chip
+        inside = max((e for e in range(1, local + 1) if self._wave_blocks(e, g, block) < g), default=0)
+        ends = sorted({-(-(w + 1) * inside // layer.waves) for w in range(layer.waves)} - {0})
+        return ends + [local] if not ends or ends[-1] < local else ends
 
     def _combine_by_pair(self, op: moe.CombineOp, rows: SSAValue) -> None:
         """sp's combine: every slot's row back to its home, weighted and summed there."""

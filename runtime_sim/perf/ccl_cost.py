@@ -114,16 +114,18 @@ def cost_a2a_returns(op: Operation, operands: tuple[Any, ...], results: tuple[An
     """Index work as `ccl.a2a_token_lists`': each pair's destination one-hot over the chips,
     whether a token's pairs sit on one chip, a pair's place in its token's list (a cumsum over
     K), the tokens' and the split pairs' ranks per destination (two cumsums over [T, chips] and
-    over [T*K, chips]) and the tables' values."""
+    over [T*K, chips]) and the tables' values; a wave's, one stream more (its pairs' experts'
+    range)."""
     assert isinstance(op, ccl.A2AReturnsOp)
     t, k = shape_of(op.slot_rows.type)
     n = op.group_size
+    streams = RETURN_STREAMS + (op.wave_of is not None)
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
     tokens, bound = _rank_scans(op, machine)
     pairs, _ = scan_cycles(machine, n, t * k)
     over_k, _ = scan_cycles(machine, t * n, k)
-    return OpCost("tensor", RETURN_STREAMS * stream + tokens + pairs + over_k,
-                  bytes_moved=4 * (RETURN_STREAMS + 3) * 2 * t * k * n, bound=bound)
+    return OpCost("tensor", streams * stream + tokens + pairs + over_k,
+                  bytes_moved=4 * (streams + 3) * 2 * t * k * n, bound=bound)
 
 
 def _row_bytes(value: Any) -> int:

@@ -148,11 +148,13 @@ def _ranks(groups: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
-                me: int, whole_first: bool = False) -> tuple[np.ndarray, ...]:
+                me: int, whole_first: bool = False,
+                wave: tuple[np.ndarray, int, int, int] | None = None) -> tuple[np.ndarray, ...]:
     """`ccl.a2a_returns` over a plan of `slots` slots per chip: pair slots [chips, S]
     ((me * T + r) * entries + j + 1, 0 none), pair counts [chips], token returns [T, 1]
     (d * T + r, -1), pair returns [T, K] (d * S + p, -1) and sum counts [chips] (the whole
-    tokens bound for d with `whole_first`, else every token sent there)."""
+    tokens bound for d with `whole_first`, else every token sent there). `wave` (the pairs'
+    experts [T, K], E, a, b): the split pairs' tables of those of local experts [a, b) only."""
     t, k = slot_rows.shape
     dest, bound, rank = _destinations(slot_rows, chips, slots, whole_first)
     kept = slot_rows >= 0
@@ -168,7 +170,12 @@ def a2a_returns(slot_rows: np.ndarray, chips: int, slots: int, entries: int,
     home = dest.max(axis=1)[tokens]  # a whole token's one destination
     token_returns = np.full((t, 1), -1, dtype=np.int32)
     token_returns[tokens, 0] = home * t + rank[tokens, home]
-    tt, kk = np.nonzero(kept & ~whole[:, None])
+    split = kept & ~whole[:, None]
+    if wave is not None:
+        experts_idx, e, a, b = wave
+        local = experts_idx % (e // chips)
+        split &= (a <= local) & (local < b)
+    tt, kk = np.nonzero(split)
     order = np.argsort(slot_rows[tt, kk], kind="stable")  # slot order within each destination
     tt, kk = tt[order], kk[order]
     d = slot_rows[tt, kk] // slots
@@ -313,8 +320,9 @@ class CCLFunctions(InterpreterFunctions):
 
     @impl(ccl.A2AReturnsOp)
     def run_a2a_returns(self, interpreter: Interpreter, op: ccl.A2AReturnsOp, args: tuple[Any, ...]):
+        wave = op.wave_of
         return a2a_returns(np.asarray(args[0]), op.group_size, op.slots, op.list_entries, self._place(op),
-                           op.whole_first is not None)
+                           op.whole_first is not None, None if wave is None else (np.asarray(args[1]), *wave))
 
 
 ChipInterpreter = Callable[[ModuleOp, "MeshExchange", int], Interpreter]

@@ -233,3 +233,21 @@ func.func @a2a_returns_sum_counts(%sr: tensor<2x2xi32>) {
 }
 
 // CHECK: sum_counts must be i32 [2]
+
+// -----
+
+func.func @a2a_returns_wave(%sr: tensor<2x2xi32>, %e: tensor<2x2xi32>) {
+  %ps, %pc, %tr, %pr, %sc = ccl.a2a_returns %sr experts %e over "ep" {chips = 2 : i64, entries = 2 : i64, experts = 4 : i64, local_from = 1 : i64, local_to = 3 : i64} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
+  func.return
+}
+
+// CHECK: local experts [1, 3) are not a range of a chip's 2
+
+// -----
+
+func.func @a2a_returns_wave_experts(%sr: tensor<2x2xi32>) {
+  %ps, %pc, %tr, %pr, %sc = ccl.a2a_returns %sr over "ep" {chips = 2 : i64, entries = 2 : i64, local_from = 0 : i64, local_to = 1 : i64} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
+  func.return
+}
+
+// CHECK: a wave needs the pairs' experts, experts, local_from and local_to

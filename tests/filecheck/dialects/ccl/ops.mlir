@@ -8,6 +8,7 @@ func.func @exchange(%x: tensor<2x8xbf16> {ccl.shard = "tokens"}, %w_up: tensor<2
   %token_rows, %slot_tokens, %token_counts = ccl.a2a_tokens %slot_rows over "ep" {chips = 2 : i64} : tensor<2x2xi32> -> tensor<2x2xi32>, tensor<2x4xi32>, tensor<2xi32>
   %expert_lists = ccl.a2a_token_lists %slot_rows, %top_e over "ep" {chips = 2 : i64, slots = 4 : i64, whole_first} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x2x2xi32>
   %pair_slots, %pair_counts, %token_returns, %pair_returns, %sum_counts = ccl.a2a_returns %slot_rows over "ep" {chips = 2 : i64, entries = 2 : i64, whole_first} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
+  %pair_slots0, %pair_counts0, %token_returns0, %pair_returns0, %sum_counts0 = ccl.a2a_returns %slot_rows experts %top_e over "ep" {chips = 2 : i64, entries = 2 : i64, whole_first, experts = 4 : i64, local_from = 0 : i64, local_to = 1 : i64} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
   %recv_counts = ccl.all_to_all %send_counts over "ep" {chips = 2 : i64} : tensor<2xi32> -> tensor<2xi32>
   %lists = ccl.all_to_all %expert_lists rows %token_counts over "ep" {chips = 2 : i64} : tensor<2x2x2xi32>, tensor<2xi32> -> tensor<2x2x2xi32>
   %x_all = ccl.all_gather %x over "ep" {chips = 2 : i64} : tensor<2x8xbf16> -> tensor<4x8xbf16>
@@ -39,6 +40,7 @@ func.func @packed(%sums: tensor<2x4x8xbf16>, %counts: tensor<2xi32>) -> tensor<2
 // CHECK-NEXT:   %token_rows, %slot_tokens, %token_counts = ccl.a2a_tokens %slot_rows over "ep" {chips = 2 : i64} : tensor<2x2xi32> -> tensor<2x2xi32>, tensor<2x4xi32>, tensor<2xi32>
 // CHECK-NEXT:   %expert_lists = ccl.a2a_token_lists %slot_rows, %top_e over "ep" {chips = 2 : i64, slots = 4 : i64, whole_first} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x2x2xi32>
 // CHECK-NEXT: %pair_slots, %pair_counts, %token_returns, %pair_returns, %sum_counts = ccl.a2a_returns %slot_rows over "ep" {chips = 2 : i64, entries = 2 : i64, whole_first} : tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
+// CHECK-NEXT: %pair_slots0, %pair_counts0, %token_returns0, %pair_returns0, %sum_counts0 = ccl.a2a_returns %slot_rows experts %top_e over "ep" {chips = 2 : i64, entries = 2 : i64, whole_first, experts = 4 : i64, local_from = 0 : i64, local_to = 1 : i64} : tensor<2x2xi32>, tensor<2x2xi32> -> tensor<2x4xi32>, tensor<2xi32>, tensor<2x1xi32>, tensor<2x2xi32>, tensor<2xi32>
 // CHECK-NEXT:   %recv_counts = ccl.all_to_all %send_counts over "ep" {chips = 2 : i64} : tensor<2xi32> -> tensor<2xi32>
 // CHECK-NEXT:   %lists = ccl.all_to_all %expert_lists rows %token_counts over "ep" {chips = 2 : i64} : tensor<2x2x2xi32>, tensor<2xi32> -> tensor<2x2x2xi32>
 // CHECK-NEXT:   %x_all = ccl.all_gather %x over "ep" {chips = 2 : i64} : tensor<2x8xbf16> -> tensor<4x8xbf16>
