@@ -40,6 +40,7 @@ import tcpc
 from runtime_sim.perf.free_space import FreeSpace
 from target.machine import Machine, default_machine
 from runtime_sim.perf.memory_plan import MemoryPlan, SramOverflowError
+from runtime_sim.perf.op_trace import Trace, TracedOp
 from runtime_sim.perf.report import SimReport
 
 scale = load_script("scale")
@@ -221,47 +222,37 @@ def test_a_buffer_only_dma_touches_may_live_in_the_other_cluster() -> None:
     assert report.cluster_peak_sram_bytes == [3 * 32768, 49152] and not report.spills and not report.streams
 
 
-def test_an_all_to_alls_operands_live_until_its_done() -> None:
-    """The link reads a `ccl.all_to_all_start`'s operands until the transfer ends, which its
-    `ccl.all_to_all_done` marks: their space is not free in between. A load issued between the
-    two (the next chunk's experts under the dispatch) takes other space, not the send rows'
-    with a wait for the link, and with no other space the `error` policy stops there."""
+def _link_reader_trace(collective: str) -> tuple[Trace, int]:
+    """A collective reading buffer 0 on the link, a load issued while it runs, then a reader of
+    both results; with its done for an all-to-all start. The trace and its buffers' size."""
     from runtime_sim.perf.cost_model import DMA, LINK, NONE, TENSOR, OpCost
-    from runtime_sim.perf.memory_plan import plan_memory
-    from runtime_sim.perf.op_trace import Trace, TracedOp
 
+    ops = [TracedOp(0, "tcp.load", "%x = tcp.load", OpCost(DMA, 10), writes=(0,)),
+           TracedOp(1, collective, f"%recv = {collective}", OpCost(LINK, 1000), (0,), (0,), (1,)),
+           TracedOp(2, "tcp.load", "%w = tcp.load", OpCost(DMA, 10), writes=(2,))]
+    if collective == "ccl.all_to_all_start":
+        ops.append(TracedOp(3, "ccl.all_to_all_done", "%got = ccl.all_to_all_done", OpCost(NONE, 0), (1,), (1,)))
+        ops.append(TracedOp(4, "ve.add", "%y = ve.add", OpCost(TENSOR, 10), (2, 3), (1, 2), (3,)))
+    else:
+        ops.append(TracedOp(3, "ve.add", "%y = ve.add", OpCost(TENSOR, 10), (1, 2), (1, 2), (3,)))
     size = 4096
-    trace = Trace(ops=[
-        TracedOp(0, "tcp.load", "%send = tcp.load", OpCost(DMA, 10), writes=(0,)),
-        TracedOp(1, "ccl.all_to_all_start", "%recv = ccl.all_to_all_start", OpCost(LINK, 1000), (0,), (0,), (1,)),
-        TracedOp(2, "tcp.load", "%w = tcp.load", OpCost(DMA, 10), writes=(2,)),
-        TracedOp(3, "ccl.all_to_all_done", "%got = ccl.all_to_all_done", OpCost(NONE, 0), (1,), (1,)),
-        TracedOp(4, "ve.add", "%y = ve.add", OpCost(TENSOR, 10), (2, 3), (1, 2), (3,))],
-        buffer_bytes={b: size for b in range(4)}, buffer_labels={b: f"#{b}" for b in range(4)}, outputs={3})
-    roomy = plan_memory(trace, small_sram(3 * size))
-    assert {t.key: t.after for t in roomy.tasks}[2] == () and not roomy.spills
-    with pytest.raises(SramOverflowError, match="%w = tcp.load"):
-        plan_memory(trace, small_sram(2 * size), "error")
+    return Trace(ops=ops, buffer_bytes={b: size for b in range(4)},
+                 buffer_labels={b: f"#{b}" for b in range(4)}, outputs={3}), size
 
 
-def test_an_all_gathers_operands_live_until_its_result_is_read() -> None:
-    """A collective without a done (sp's all-gather of the next chunk's rows, issued before this
-    chunk's experts) is read by the link until the first command that reads its result: a load
-    issued in between does not take its operand's space (with a wait for the link, 64 chips of
-    DeepSeek-V3, ep=8,sp=8 prefill: cluster 0's experts idled 200 us), and with no other space
-    the `error` policy stops there."""
-    from runtime_sim.perf.cost_model import DMA, LINK, TENSOR, OpCost
+@pytest.mark.parametrize("collective, roomy_buffers", [("ccl.all_to_all_start", 3), ("ccl.all_gather", 4)])
+def test_a_collectives_operands_live_while_the_link_reads_them(collective: str, roomy_buffers: int) -> None:
+    """The link reads a `ccl.all_to_all_start`'s operands until the transfer ends, which its
+    `ccl.all_to_all_done` marks, and a collective without a done's (sp's all-gather of the next
+    chunk's rows, issued before this chunk's experts) until the first command that reads its
+    result: their space is not free in between. A load issued between (the next chunk's experts
+    under the dispatch) takes other space, not the operands' with a wait for the link (64 chips
+    of DeepSeek-V3, ep=8,sp=8 prefill: cluster 0's experts idled 200 us), and with no other
+    space the `error` policy stops there."""
     from runtime_sim.perf.memory_plan import plan_memory
-    from runtime_sim.perf.op_trace import Trace, TracedOp
 
-    size = 4096
-    trace = Trace(ops=[
-        TracedOp(0, "tcp.load", "%x = tcp.load", OpCost(DMA, 10), writes=(0,)),
-        TracedOp(1, "ccl.all_gather", "%x_row = ccl.all_gather", OpCost(LINK, 1000), (0,), (0,), (1,)),
-        TracedOp(2, "tcp.load", "%w = tcp.load", OpCost(DMA, 10), writes=(2,)),
-        TracedOp(3, "ve.add", "%y = ve.add", OpCost(TENSOR, 10), (1, 2), (1, 2), (3,))],
-        buffer_bytes={b: size for b in range(4)}, buffer_labels={b: f"#{b}" for b in range(4)}, outputs={3})
-    roomy = plan_memory(trace, small_sram(4 * size))
+    trace, size = _link_reader_trace(collective)
+    roomy = plan_memory(trace, small_sram(roomy_buffers * size))
     assert {t.key: t.after for t in roomy.tasks}[2] == () and not roomy.spills
     with pytest.raises(SramOverflowError, match="%w = tcp.load"):
         plan_memory(trace, small_sram(2 * size), "error")

@@ -297,12 +297,10 @@ class MemoryPlanner:
         # Another collective's operands likewise until the first command that reads its result
         # (the chip's wait for it): the link reads them while commands issued after it run.
         links = {t.index: t.reads for t in self.trace.ops if t.name in _LINK_READS_UNTIL_READ}
-        waits: dict[int, int] = {}
         for t in self.trace.ops if links else ():
             for d in t.deps:
-                if d in links and d not in waits:
-                    waits[d] = t.index
-                    for b in links[d]:
+                if d in links:
+                    for b in links.pop(d):  # its first reader only
                         last[b] = max(last[b], t.index)
         return uses, last
 
