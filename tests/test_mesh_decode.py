@@ -264,6 +264,27 @@ def test_a_wrong_guess_on_a_mesh_costs_time_not_bits() -> None:
     assert not np.isin([0, 1, 8, 9], chosen[:, :4]).any()
 
 
+def test_an_all_gathering_chip_guesses_its_first_weights_too() -> None:
+    """A chip that all-gathers every token (strategy allgather) guesses its first weights at
+    decode as an all-to-all's receiver does, before the all-gather of the expert choices
+    (Qwen3-30B-A3B on 2 chips at 16 tokens each, B = 2: 447,587 -> 439,927 cycles); with a router
+    that never picks either chip's first two experts, one chip's output within allgather's
+    tolerance (its sum regrouped by chip)."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32, "B": 4})
+    spec = MeshSpec.parse("ep=2,strategy=allgather")
+    rng = np.random.default_rng(7)
+    router = rng.standard_normal((64, 16)).astype(np.float32)
+    router[:, [0, 1, 8, 9]] = -4.0
+    inputs = {"x": np.abs(rng.standard_normal((32, 64))).astype(np.float32), "router": router}
+    sim = simulate_on_mesh(program, spec, inputs, seed=3)
+    for chip in sim.report.chips:
+        guessed = [o for o in chip.ops if "guessed" in o.label]
+        choices = next(o for o in chip.ops if o.label.startswith("%experts_all"))
+        assert guessed and max(o.start for o in guessed) < choices.start
+    results = check_on_mesh(program, spec, sim, seed=3)
+    assert all(c.ok for c in results), [c.message for c in results]
+
+
 def test_receivers_sums_go_back_once_the_split_pairs_have(tmp_path) -> None:
     """Under skewed routing a2a returns many split pairs (chip 0: 523 rows, 252 us on its link);
     the receiver's sums are made under that return and their all-to-all follows it at once on the
