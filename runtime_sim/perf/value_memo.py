@@ -52,7 +52,7 @@ class ValueMemo:
         self._values: dict[int, tuple[Any, ...]] = {}
         self._bytes = 0
         self.hits = 0
-        """Values taken from the memo (tests/test_value_memo.py)."""
+        """Values taken from the memo (tests/test_cost_only.py counts them)."""
 
     def clear(self) -> None:
         self._ids.clear()
