@@ -36,8 +36,9 @@ VALUE_BYTES = 1 << 20
 """The largest value kept (a DeepSeek-V3 T = 4096 block table of [T K] indices is 256 KB)."""
 MEMO_BYTES = 64 << 20
 """The most bytes of values kept; past it, everything is forgotten (and keys start afresh)."""
-KEYS_KEPT = 1 << 20
-"""The most keys interned; past it, everything is forgotten."""
+KEYS_KEPT = 1 << 17
+"""The most keys interned (a few hundred bytes each); past it, everything is forgotten. A
+DeepSeek-V3 T = 4096 row of benchmarks/schedule.md interns about 15,000 over its 9 runs."""
 CONTENT_BYTES = 4 << 20
 """The largest real operand named by its content (a routing argument: [T, K] indices)."""
 
