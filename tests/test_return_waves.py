@@ -125,7 +125,8 @@ def test_a_wave_ends_at_the_blocks_its_experts_can_fill() -> None:
     and 8 of 8. No routing of the received tokens puts a wave's pairs past its blocks."""
     program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims={"T": 8, "K": 8, "B": 8})
     module = program.lower(MeshSpec.parse("ep=2,waves=4").pipeline(lowered=False))
-    starts = [op for op in module.walk() if isinstance(op, ccl.AllToAllStartOp) and ccl.WAVE_BLOCKS_ATTR in op.attributes]
+    starts = [op for op in module.walk()
+              if isinstance(op, ccl.AllToAllStartOp) and ccl.WAVE_BLOCKS_ATTR in op.attributes]
     waves = [op.attributes[ccl.WAVE_BLOCKS_ATTR].value.data for op in starts]  # type: ignore[attr-defined]
     assert waves == [2, 4, 6, 7, 8]
     route = moe.RouteType.make(8, 8, 8, 8, 8)
