@@ -414,12 +414,15 @@ def _stores_row_by_row(module: object) -> bool:
     return bool(stores) and all(tile.guards_parts(op) for op in stores)
 
 
-def test_a_receivers_padded_blocks_store_only_their_pairs_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dims, mesh", [({"T": 8, "B": 8}, "ep=2"), ({"T": 16, "K": 8, "B": 16}, "ep=2,waves=3")])
+def test_a_receivers_padded_blocks_store_only_their_pairs_rows(monkeypatch: pytest.MonkeyPatch, dims: dict[str, int],
+                                                               mesh: str) -> None:
     """Decode on 2 chips at 4 tokens a chip, B = 8: a receiver's 8 tokens give each of its experts
     at most 8 pairs, one block (G = E = 8), mostly padding, and schedule-experts stores only the
     rows that hold a pair (a guard per row: tests/filecheck/schedule/schedule_experts/
     mesh_row_stores.moe); the outputs are one chip's, bit for bit, with the blocks' buffer
-    starting as NaN (a row nobody stored and somebody read would show)."""
+    starting as NaN (a row nobody stored and somebody read would show). So with a2a's split pairs
+    gathered in waves from the loop's pieces (K = 8, B = 16: 8 tokens a chip)."""
     from xdsl.interpreter import OpImplResult
 
     from dialects import tile
@@ -436,8 +439,8 @@ def test_a_receivers_padded_blocks_store_only_their_pairs_rows(monkeypatch: pyte
             return zeros(ft, interpreter, op, values)
         return OpImplResult((np.full(shape_of(op.result.type), np.nan, tensor_dtype(op.result.type)),), None)
 
-    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 8, "B": 8})
-    spec = MeshSpec.parse("ep=2")
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims=dims)
+    spec = MeshSpec.parse(mesh)
     module = program.lower(spec.pipeline())
     assert _stores_row_by_row(module)
     monkeypatch.setitem(vars(TileFunctions)["__impl_dict"], tile.BufferOp, nan_blocks)
