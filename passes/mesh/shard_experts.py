@@ -97,7 +97,6 @@ from dialects import ccl, moe, tcp, tile, tmath
 from dialects.annotations import PHASE_ATTR, mark_pair_sum, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import index_constant
-from passes.schedule.split_clusters import PREFILL_PAIRS_PER_EXPERT
 from target.target_spec import machine_of
 
 STRATEGIES = ("a2a", "a2a_sum", "allgather")
@@ -320,17 +319,6 @@ class _Layer:
     @property
     def experts_per_chip(self) -> int:
         return self.experts // self.ep
-
-    @property
-    def ids_first(self) -> bool:
-        """Whether sp's all-gather of the expert ids goes before the tokens' (`_Strategy._dispatched`):
-        at decode (fewer than PREFILL_PAIRS_PER_EXPERT pairs an expert in a chunk), where the expert
-        loop's weight stream, the bound, waits for the receiver's routing, which needs the ids alone;
-        at prefill the tokens' all-gather, the link's longest transfer, starts as soon as they are
-        there (the ids wait for the router: DeepSeek-V3 on ep=8,sp=8 at 128 tokens a chip, 2 chunks,
-        a2a_sum, ids first: 1,325.5 -> 1,553.4 us)."""
-        pairs = self.route.tokens.data * self.route.k.data // self.route.experts.data // self.chunks
-        return self.sp > 1 and pairs < PREFILL_PAIRS_PER_EXPERT
 
     def column_parallel(self, op: moe.GroupedMatmulOp) -> bool:
         """A grouped_matmul of the scattered tokens (gate, up): with tp its F columns split."""
@@ -766,29 +754,16 @@ class _Strategy(ABC):
         high = b.add(tmath.CmpOp("lt", local, b.const(e, i32), TensorType(i1, shape))).results[0]
         return b.add(tmath.SelectOp(high, local, b.const(-1, i32), TensorType(i32, shape)), "column_experts").results[0]
 
-    def _dispatched(self, op: moe.ScatterOp) -> tuple[SSAValue | None, SSAValue]:
+    def _dispatched(self, op: moe.ScatterOp) -> tuple[SSAValue, SSAValue]:
         """The tokens and expert ids the all-to-all over ep dispatches (with sp: gathered, the
-        ids local to the column, and the combine's weights gathered after them). With
-        `_Layer.ids_first` the ids alone (the tokens None): the caller gathers the tokens
-        (`_dispatched_rows`) and then the weights (`_gathered_weights`) once the ids' lists are sent,
-        the link running its commands in issue order (DeepSeek-V3 on ep=16,sp=8 at 4 tokens a chip:
-        the ids' all-gather is 14 us, the tokens' 27)."""
-        x = None if self.layer.ids_first else self._dispatched_rows(op)
+        ids local to the column)."""
+        x = self._gathered(self.b.value(op.input), "x_row")
         experts = self._column_experts(self._gathered(self.b.value(op.expert_idx), "experts_row"))
-        if x is not None:
-            self._gathered_weights(op)
-        return x, experts
-
-    def _dispatched_rows(self, op: moe.ScatterOp) -> SSAValue:
-        """The tokens the all-to-all over ep dispatches (with sp: gathered)."""
-        return self._gathered(self.b.value(op.input), "x_row")
-
-    def _gathered_weights(self, op: moe.ScatterOp) -> None:
-        """With sp, the combine's weights all-gathered (`self.gathered`), when the choices are
-        already computed: after the experts, the all-gather's steps' latency would follow the return."""
         combine = _combine_of(op)
         if combine is not None and combine.weights is not None and combine.weights in self.b.values:
+            # With the choices: after the experts, its steps' latency would follow the return.
             self._gathered(self.b.value(combine.weights), "weights_row")
+        return x, experts
 
     def _on_first_tp_chip(self, bias: SSAValue) -> SSAValue:
         b = self.b
@@ -870,20 +845,14 @@ class _A2A(_Strategy):
         self.entries = min(layer.route.k.data, layer.experts_per_chip)
         # The link runs its commands in issue order: the lists first, so the receiver's routing
         # and its first weight loads start while the token rows cross (decode is bound by the
-        # weight stream, not by the rows); what only the combine reads after the rows (with
-        # ids_first; else a weight list's one step goes before them).
+        # weight stream, not by the rows); what only the combine reads after the rows.
         sent_experts = self._send(self._lists(top_e, "expert_lists"), "recv_expert_lists")
         combine = _combine_of(op)
-        weighs = combine is not None and combine.weights is not None and combine.weights in b.values
         sent_weights = None
-        if x is None:
-            x = self._dispatched_rows(op)
-        elif weighs:
+        if combine is not None and combine.weights is not None and combine.weights in b.values:
             weights = self._gathered(b.value(combine.weights), "weights_row")
             sent_weights = self._send(self._lists(weights, "weight_lists"), "recv_weight_lists")
         sent = self._send_rows(x)
-        if weighs and sent_weights is None:
-            self._gathered_weights(op)
         later: list[tuple[SSAValue, SSAValue | None, str]] = [(tokens.counts, None, "recv_token_counts")]
         if returns:
             plan = self.returns = b.add(ccl.A2AReturnsOp(self.plan.slot_rows, EP, ep, self.plan.slots, self.entries,
@@ -916,10 +885,6 @@ class _A2A(_Strategy):
             (self.recv_token_counts,) = done
         recv_tokens = b.reshape(recv, [ep * tl, d], "recv_tokens")
         self._local_scatter(op, recv_tokens, local, self._receiver_capacity())
-        if weighs and sent_weights is None:
-            # With ids_first, their lists after the routing: they wait for the all-gather, and
-            # the vector engine runs its commands in issue order.
-            self._send_weights(self._gathered(b.value(combine.weights), "weights_row"))
         b.phase = None
         b.to_stage("experts")
 
@@ -938,10 +903,8 @@ class _A2A(_Strategy):
         plan, slots = self.plan, self.plan.slots
         sent_e = b.start(ccl.AllToAllStartOp(plan.slot_experts, EP, ep, rows=plan.counts), "recv_experts")
         sent_t = b.start(ccl.AllToAllStartOp(tokens.slot_tokens, EP, ep, rows=plan.counts), "recv_slot_tokens")
-        sent = self._send_rows(x if x is not None else self._dispatched_rows(op))
+        sent = self._send_rows(x)
         counts = b.start(ccl.AllToAllStartOp(plan.counts, EP, ep), "recv_counts")
-        if x is None:
-            self._gathered_weights(op)
         b.to_stage("receive")
         recv_e, recv_t, recv = (b.done(v) for v in (sent_e, sent_t, sent))
         self.recv_counts = b.done(counts)

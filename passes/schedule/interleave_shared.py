@@ -47,7 +47,7 @@ is not what `interleaves` reports. On a chip that gathers its tokens over sp (se
 and moves no tile, the loop from its first down projection's weights on goes after the combine's
 reduce-scatter instead (`_defer_down_projections`): HBM streams them while the link returns the
 experts' rows and reduce-scatters them (DeepSeek-V3 on ep=16,sp=8, 4 tokens a chip, a2a_sum:
-242.2 -> 202.0 us with shard-experts' ids first).
+241.7 -> 232.8 us).
 """
 
 from __future__ import annotations
@@ -366,11 +366,10 @@ def _defer_down_projections(block: Block, ops: list[Operation]) -> None:
     its first down projection's weights on, with its result's store, issued just before the first
     op that reads that result: after the combine's return and reduce-scatter, whose link steps HBM
     otherwise idled through (DeepSeek-V3 on ep=16,sp=8, 4 tokens a chip: 45 us). HBM then loads the
-    first F tile's gate and up weights while the expert ids cross, the routed weights once the
+    first F tile's gate and up weights while the tokens and their lists cross, the routed weights once the
     routing is done, and the rest of the shared weights while the link returns the experts' rows;
-    the combine's DMA commands, issued first, do not queue behind them. Two loads ahead, against
-    one: 202.0 against 204.8 us on ep=16,sp=8 (all six ahead: 242.2), 323.6 against 324.7 on
-    ep=8,sp=8 (a2a_sum, tcpc run --cost-only, balanced)."""
+    the combine's DMA commands, issued first, do not queue behind them (ep=16,sp=8, 4 tokens a chip,
+    a2a_sum: 241.7 -> 232.8 us, tcpc run --cost-only, balanced)."""
     within = set(ops)
     down = next((op for op in ops if isinstance(op, CONTRACTIONS)
                  and any(isinstance(o, CONTRACTIONS) for o in ancestors(op.operands[0], within))), None)
