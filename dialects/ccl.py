@@ -651,6 +651,12 @@ def first_all_to_all_done(block: Block) -> AllToAllDoneOp | None:
     return next((op for op in block.ops if isinstance(op, AllToAllDoneOp)), None)
 
 
+def gathers_over_sp(block: Block) -> bool:
+    """Whether a chip (`block`, its function's) gathers its tokens over sp (seed 001's meshes):
+    its combine ends in the link's return and sp's reduce-scatter, latency-bound steps at decode."""
+    return any(isinstance(op, (AllGatherOp, ReduceScatterOp)) and op.axis_name == "sp" for op in block.ops)
+
+
 
 MESH_AXES = ("dp", "ep", "sp", "tp")
 """The mesh axes tcpc knows, outer to inner: data, expert, sequence and tensor parallelism.

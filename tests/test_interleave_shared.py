@@ -19,6 +19,7 @@ from tcpc.pipelines import LOWERED_PIPELINE
 from runtime_sim.semantics.tolerance import compare_outputs
 from tcpc.mesh_run import MeshSpec, simulate_on_mesh
 from tests.test_schedule import F_TILE_MODES, assert_same_bits
+from tests.support import mesh_outputs
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 SPLIT = ",".join(LOWERED_PIPELINE) + f",schedule-shared,schedule-experts{F_TILE_MODES['streamed']},split-clusters"
@@ -186,3 +187,24 @@ def test_a_mesh_chips_one_block_shared_expert_shares_the_clusters_and_keeps_the_
     routed = [op for op in body.ops if isinstance(op, scf.ForOp) and phase_of(op) == "experts"]
     stores = [op for op in body.ops if isinstance(op, tile.StoreOp) and phase_of(op) == "shared"]
     assert len(stores) == 1 and list(body.ops).index(stores[0]) > list(body.ops).index(routed[-1])
+
+
+def test_a_chip_gathering_over_sp_loads_its_shared_down_projections_after_the_reduce_scatter() -> None:
+    """DeepSeek-V3 at 2 tokens a chip on ep=2,sp=2 (a2a_sum): the shared expert's gate and up
+    weights load before the routing, its down projection's from its weights on after the
+    combine's reduce-scatter over sp, with the result's store; the outputs keep their bits."""
+    program = tcpc.compile_file(EXAMPLES / "deepseek_v3.moe", dims={"T": 8})
+    spec = MeshSpec.parse("ep=2,sp=2,strategy=a2a_sum")
+    after = spec.pipeline()
+    before = ",".join(p for p in after.split(",") if p != "interleave-shared")
+    modules = [program.lower(pipeline) for pipeline in (before, after)]
+    body = next(op for op in modules[1].walk() if isinstance(op, func.FuncOp)).body.block
+    ordered = list(body.ops)
+    at = {name: next(i for i, op in enumerate(ordered) if op.name == name) for name in ("ccl.reduce_scatter", "scf.for")}
+    loads = [(i, op) for i, op in enumerate(ordered) if isinstance(op, tile.LoadExpertOp) and phase_of(op) == "shared"]
+    assert [i < at["scf.for"] for i, _ in loads] == [True, True, False]
+    assert loads[-1][0] > at["ccl.reduce_scatter"]
+    (store,) = [i for i, op in enumerate(ordered) if isinstance(op, tile.StoreOp) and phase_of(op) == "shared"]
+    assert store > loads[-1][0]
+    unmoved, moved = mesh_outputs(program, spec, modules, 3)
+    assert_same_bits(moved, unmoved)

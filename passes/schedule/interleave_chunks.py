@@ -9,7 +9,7 @@ DMA engine, the loop's first token gather and weight loads queued behind them, a
 units, whose contractions are the chip's critical work at prefill, stood still meanwhile.
 
 Last at the schedule level (after interleave-shared), on a chunked chip (`ccl.chunks`) whose
-routed loops are whole and that gathers no tokens over sp (`_gathers_over_sp`), this pass cuts each chunk's expert loop at block boundaries a quarter
+routed loops are whole and that gathers no tokens over sp (`ccl.gathers_over_sp`), this pass cuts each chunk's expert loop at block boundaries a quarter
 and three quarters through the blocks a routing balanced over the chips fills (the chunk's
 pairs over B, `_filled`; rounded to whole rounds of the clusters, which take blocks in turn),
 with interleave-shared's `split`, and moves the ops between loops i and i+1:
@@ -124,14 +124,6 @@ def _chained(loops: list[scf.ForOp]) -> bool:
     """Whether a loop carries another's results: one chunk's loop in pieces (interleave-shared)."""
     made = {r for loop in loops for r in loop.results}
     return any(v in made for loop in loops for v in loop.iter_args)
-
-
-def _gathers_over_sp(block: Block) -> bool:
-    """Whether the chip gathers its tokens over sp (seed 001's meshes): shard-experts already
-    orders such a chip's chunk stages for the all-gather and reduce-scatter (`_sp_order`), and
-    moving them into the loops undid it (DeepSeek-V3 D = 7168, E = 32 on ep=4,sp=4, 2 chunks:
-    855,127 -> 940,719 cycles; tests/test_mesh_sp.py)."""
-    return any(isinstance(op, (ccl.AllGatherOp, ccl.ReduceScatterOp)) and op.axis_name == "sp" for op in block.ops)
 
 
 def interleave(block: Block, clusters: int) -> bool:
@@ -355,8 +347,11 @@ class InterleaveChunksPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         clusters = machine_of(op).clusters
         for fn in op.ops:
+            # Not over sp: shard-experts already orders such a chip's chunk stages for the all-gather and
+            # reduce-scatter (`_sp_order`), and moving them into the loops undid it (DeepSeek-V3 D = 7168,
+            # E = 32 on ep=4,sp=4, 2 chunks: 855,127 -> 940,719 cycles; tests/test_mesh_sp.py).
             if isinstance(fn, func.FuncOp) and fn.body.blocks and ccl.CHUNKS_ATTR in fn.attributes \
-                    and not _gathers_over_sp(fn.body.block):
+                    and not ccl.gathers_over_sp(fn.body.block):
                 cut = interleave(fn.body.block, clusters)
                 _router_first(fn.body.block)
                 _plans_first(fn.body.block)
