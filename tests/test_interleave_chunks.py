@@ -28,27 +28,30 @@ def _loops(module: ModuleOp, phase: str) -> int:
     return sum(1 for op in body.ops if isinstance(op, scf.ForOp) and phase_of(op) == phase)
 
 
-ROUTER_TILED = {"T": 4096, "D": 2048, "F": 32, "E": 128, "K": 8, "B": 512}
-"""2,048 tokens a chip in 4 chunks of 512, rounds top-k: the router's loop takes 1,024 tokens a
-trip, so chunks 0 and 1 are dispatched after its first."""
+ROUTER_TILE_BYTES = 150_000
+"""SMALL's dims at 512 tokens a chip in 2 chunks of 256, rounds top-k, with tiles of this many
+bytes: the router takes 176 rows a trip (two tiles of 88), which schedule-tokens makes 128 so
+that two trips make chunk 0, dispatched after them (golden: router_trips.moe, real dims)."""
 
 
-@pytest.mark.parametrize("dims, spec, loops, routers", [
-    (SMALL, "ep=2,strategy=a2a,chunks=2", (2, 4), (0, 0)),  # the router whole
-    (SMALL, "ep=2,strategy=a2a_sum,chunks=2", (2, 4), (0, 0)),
-    (SMALL, "ep=2,tp=2,chunks=2", (2, 5), (0, 0)),  # chunk 0's all-gather over tp before chunk 1's last quarter
-    (ROUTER_TILED, "ep=2,strategy=a2a,chunks=4,topk=rounds", (4, 10), (1, 2)),
-    ({**SMALL, "T": 1024}, "ep=2,strategy=a2a_sum,chunks=4", (4, 11), (0, 0)),  # its golden: four_chunks.moe
+@pytest.mark.parametrize("dims, spec, loops, routers, tile_bytes", [
+    (SMALL, "ep=2,strategy=a2a,chunks=2", (2, 4), (0, 0), 0),  # the router whole
+    (SMALL, "ep=2,strategy=a2a_sum,chunks=2", (2, 4), (0, 0), 0),
+    (SMALL, "ep=2,tp=2,chunks=2", (2, 5), (0, 0), 0),  # chunk 0's all-gather over tp before chunk 1's last quarter
+    ({**SMALL, "T": 1024}, "ep=2,strategy=a2a,chunks=2,topk=rounds", (2, 5), (1, 2), ROUTER_TILE_BYTES),
+    ({**SMALL, "T": 1024}, "ep=2,strategy=a2a_sum,chunks=4", (4, 11), (0, 0), 0),  # its golden: four_chunks.moe
 ])
-def test_the_chunks_work_moved_into_the_loops_keeps_the_bits(dims: dict[str, int], spec: str,
-                                                             loops: tuple[int, int], routers: tuple[int, int]) -> None:
+def test_the_chunks_work_moved_into_the_loops_keeps_the_bits(dims: dict[str, int], spec: str, loops: tuple[int, int],
+                                                             routers: tuple[int, int], tile_bytes: int) -> None:
     """Every chip runs the IR before and after the pass on the same inputs: the same outputs,
     bit for bit; after it, each chunk's loop is in pieces around the moved work (SMALL: chunk
-    0's cut before its last quarter, chunk 1's after its first), and the first dispatches
-    follow the router's first trip (a second router loop)."""
+    0's cut before its last quarter, chunk 1's after its first), and the first dispatch follows
+    the router's trips that make its rows (a second router loop)."""
     program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=dims)
     spec = MeshSpec.parse(spec)
     after = spec.pipeline()
+    if tile_bytes:
+        after = after.replace("schedule-tokens", f"schedule-tokens{{tile_bytes={tile_bytes}}}")
     assert "interleave-chunks" in after.split(",")
     modules = [program.lower(pipeline) for pipeline in (_without(after), after)]
     assert tuple(_loops(module, "experts") for module in modules) == loops
