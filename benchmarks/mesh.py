@@ -114,9 +114,9 @@ SKEWED_WAVES = {"deepseek_v3": 5, "qwen3_moe": 3}
 """A skewed a2a row's split pairs go back in this many waves under the expert loop and one after
 it (`--mesh ...,waves=N`: each once the receiver's blocks of its range of experts are computed,
 docs/passes.md, return-waves), the `mesh` column says so. Chosen by hand from simulating each
-row (DeepSeek-V3 at 16 a chip, waves = 1, 3, 4, 5, 6, 8: 2,386.7 / 2,175.6 / 2,177.1 / 2,172.2
-/ 2,175.5 / 2,236.6 us; Qwen3-30B-A3B ep=2, waves = 1, 2, 3, 4: 408.6 / 400.7 / 399.7 / 402.2
-us): not yet a choice of the cost model as chunks=auto is."""
+row (DeepSeek-V3 at 16 a chip, waves = 1, 3, 4, 5, 6: 2,330.5 / 2,098.6 / 2,094.7 / 2,094.5 /
+2,097.3 us; Qwen3-30B-A3B ep=2, waves = 2, 3, 4, 6: 398.1 / 397.1 / 396.8 / 396.7 us): not yet a
+choice of the cost model as chunks=auto is."""
 SEED_BLOCK = 0
 """A seed row's block: 0 for the pairs an expert receives under balanced routing
 (T * K / E, as autotune's centre candidate), not searched: the search simulates every

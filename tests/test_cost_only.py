@@ -294,6 +294,7 @@ def test_routing_tables_are_let_go_once_read(monkeypatch: pytest.MonkeyPatch) ->
     tables then live a few at a time, not all through the run; the cycles are the same."""
     from runtime_sim.perf import cost_only
     from runtime_sim.perf.cost_only import cost_only_run
+    from runtime_sim.perf.value_memo import VALUES
     from target.machine import default_machine
     from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, parse_pipeline, pipeline_spec
 
@@ -315,6 +316,7 @@ def test_routing_tables_are_let_go_once_read(monkeypatch: pytest.MonkeyPatch) ->
             most = max(most, sum(getattr(v, "nbytes", 0) for t in computed for v in t.values or ()))
 
         computed.clear()
+        VALUES.clear()  # each run computes its values (none taken from the run before)
         monkeypatch.setattr(cost_only._Thunk, "compute", counted)
         cycles = cost_only_run(module, "deepseek_v3", machine).cycles
         assert cycles == expected
@@ -327,3 +329,42 @@ def test_routing_tables_are_let_go_once_read(monkeypatch: pytest.MonkeyPatch) ->
     kept = held_most()
     table = 512 * 8 * 64 * 4  # [T K, E] i32
     assert let_go + 3 * table <= kept, (let_go, kept, table)
+
+
+def test_values_remembered_across_runs_give_the_same_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run after another of the same routing takes the values its costs and branches read
+    from `VALUES` (value_memo.py) and computes none of them; its report is the one a run
+    computing everything makes, and so is that of a run of another routing or block size
+    after it (other values: other keys)."""
+    from runtime_sim.perf import cost_only
+    from runtime_sim.perf.value_memo import VALUES
+    from target.machine import default_machine
+    from tcpc.pipelines import COST_ONLY_PASSES, apply_pipeline, parse_pipeline, pipeline_spec
+
+    machine = default_machine()
+    spec = ",".join([*COST_ONLY_PASSES, pipeline_spec(topk_strategy="rounds", expert_order="block")])
+    modules = {b: apply_pipeline(tcpc.compile_file(EXAMPLES / "deepseek_v3.moe",
+                                                   dims=dict(T=64, D=64, F=32, FS=32, E=16, K=4, B=b)).module,
+                                 parse_pipeline(spec), machine=machine) for b in (4, 8)}
+    computed: list[str] = []
+    compute = cost_only._Thunk.compute
+
+    def counted(thunk: cost_only._Thunk) -> None:
+        computed.append(thunk.op.name)
+        compute(thunk)
+
+    monkeypatch.setattr(cost_only._Thunk, "compute", counted)
+
+    def report(routing: str, block: int, fresh: bool) -> str:
+        if fresh:
+            VALUES.clear()
+        return simulate_cost_only(modules[block], "deepseek_v3", machine, routing=routing, seed=1).report.to_json()
+
+    first = report("balanced", 8, fresh=True)
+    computed.clear()
+    hits = VALUES.hits
+    assert report("balanced", 8, fresh=False) == first
+    assert VALUES.hits > hits and "ve.scan" not in computed, computed  # the routing's index generation not run again
+    for routing, block in (("skewed", 8), ("balanced", 4)):
+        warm = report(routing, block, fresh=False)
+        assert warm == report(routing, block, fresh=True) != first

@@ -264,6 +264,27 @@ def test_a_wrong_guess_on_a_mesh_costs_time_not_bits() -> None:
     assert not np.isin([0, 1, 8, 9], chosen[:, :4]).any()
 
 
+def test_an_all_gathering_chip_guesses_its_first_weights_too() -> None:
+    """A chip that all-gathers every token (strategy allgather) guesses its first weights at
+    decode as an all-to-all's receiver does, before the all-gather of the expert choices
+    (Qwen3-30B-A3B on 2 chips at 16 tokens each, B = 2: 447,587 -> 439,927 cycles); with a router
+    that never picks either chip's first two experts, one chip's output within allgather's
+    tolerance (its sum regrouped by chip)."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"T": 32, "B": 4})
+    spec = MeshSpec.parse("ep=2,strategy=allgather")
+    rng = np.random.default_rng(7)
+    router = rng.standard_normal((64, 16)).astype(np.float32)
+    router[:, [0, 1, 8, 9]] = -4.0
+    inputs = {"x": np.abs(rng.standard_normal((32, 64))).astype(np.float32), "router": router}
+    sim = simulate_on_mesh(program, spec, inputs, seed=3)
+    for chip in sim.report.chips:
+        guessed = [o for o in chip.ops if "guessed" in o.label]
+        choices = next(o for o in chip.ops if o.label.startswith("%experts_all"))
+        assert guessed and max(o.start for o in guessed) < choices.start
+    results = check_on_mesh(program, spec, sim, seed=3)
+    assert all(c.ok for c in results), [c.message for c in results]
+
+
 def test_receivers_sums_go_back_once_the_split_pairs_have(tmp_path) -> None:
     """Under skewed routing a2a returns many split pairs (chip 0: 523 rows, 252 us on its link);
     the receiver's sums are made under that return and their all-to-all follows it at once on the
@@ -272,7 +293,8 @@ def test_receivers_sums_go_back_once_the_split_pairs_have(tmp_path) -> None:
     sums waited for it: DeepSeek-V3 on 8 chips at 16 tokens each, B = 128, skewed: 2,451,627 ->
     2,434,608 cycles. Only the whole tokens' sums go back (a destination's whole tokens ranked
     first, `whole_first`): chip 0 received 112 tokens of other chips, one of them whole, and its
-    sums' return moved 1.6 MB (55.5 us), one row now: 2,434,608 -> 2,386,729 cycles (pinned)."""
+    sums' return moved 1.6 MB (55.5 us), one row now: 2,434,608 -> 2,386,729 cycles; its blocks
+    (one an expert) store only their pairs' rows: 2,330,510 (pinned)."""
     out = tmp_path / "r.json"
     dims = ("D=7168", "F=2048", "FS=2048", "E=256", "K=8", "NG=8", "TG=4", "T=128", "B=128")
     assert main(["run", "examples/deepseek_v3.moe", *(a for d in dims for a in ("--set", d)),
@@ -282,7 +304,7 @@ def test_receivers_sums_go_back_once_the_split_pairs_have(tmp_path) -> None:
     returns = {x["label"].split()[0]: x for x in data["links"] if x["chip"] == 0}
     assert returns["%returned_sums"]["start"] == returns["%returned"]["end"]
     assert returns["%returned_sums"]["sent_bytes"] == 2 * 7168  # one whole token's row
-    assert data["total_cycles"] == 2_386_729
+    assert data["total_cycles"] == 2_330_510
 
 
 def test_streamed_weights_take_the_cluster_at_decode(tmp_path) -> None:
@@ -402,3 +424,57 @@ def test_an_all_to_all_checks_the_rows_it_expects() -> None:
     wrong = run({0: [0, 1], 1: [1, 0]})
     assert isinstance(wrong[0], InterpretationError) and "expects rows [0, 1]" in str(wrong[0])
     assert not isinstance(wrong[1], Exception)
+
+
+def _stores_row_by_row(module: object) -> bool:
+    """Whether the module's routed expert loop stores its blocks' results row by row (a guard per row)."""
+    from dialects import tile
+
+    stores = [op for op in module.walk() if isinstance(op, tile.StoreOp)  # type: ignore[attr-defined]
+              and op.attributes.get("tcpc.phase") is not None and op.attributes["tcpc.phase"].data == "experts"]
+    return bool(stores) and all(tile.guards_parts(op) for op in stores)
+
+
+@pytest.mark.parametrize("dims, mesh", [({"T": 8, "B": 8}, "ep=2"), ({"T": 16, "K": 8, "B": 16}, "ep=2,waves=3")])
+def test_a_receivers_padded_blocks_store_only_their_pairs_rows(monkeypatch: pytest.MonkeyPatch, dims: dict[str, int],
+                                                               mesh: str) -> None:
+    """Decode on 2 chips at 4 tokens a chip, B = 8: a receiver's 8 tokens give each of its experts
+    at most 8 pairs, one block (G = E = 8), mostly padding, and schedule-experts stores only the
+    rows that hold a pair (a guard per row: tests/filecheck/schedule/schedule_experts/
+    mesh_row_stores.moe); the outputs are one chip's, bit for bit, with the blocks' buffer
+    starting as NaN (a row nobody stored and somebody read would show). So with a2a's split pairs
+    gathered in waves from the loop's pieces (K = 8, B = 16: 8 tokens a chip)."""
+    from xdsl.interpreter import OpImplResult
+
+    from dialects import tile
+    from dialects.tensor_types import shape_of
+    from runtime_sim.semantics.numerics import tensor_dtype
+    from runtime_sim.semantics.tile_semantics import TileFunctions
+    from runtime_sim.semantics.tolerance import compare_outputs
+    from support import mesh_outputs
+
+    zeros = vars(TileFunctions)["__impl_dict"][tile.BufferOp]
+
+    def nan_blocks(ft: object, interpreter: object, op: tile.BufferOp, values: tuple) -> OpImplResult:
+        if not (op.result.name_hint or "").startswith("y_blocked"):
+            return zeros(ft, interpreter, op, values)
+        return OpImplResult((np.full(shape_of(op.result.type), np.nan, tensor_dtype(op.result.type)),), None)
+
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims=dims)
+    spec = MeshSpec.parse(mesh)
+    module = program.lower(spec.pipeline())
+    assert _stores_row_by_row(module)
+    monkeypatch.setitem(vars(TileFunctions)["__impl_dict"], tile.BufferOp, nan_blocks)
+    (outputs,) = mesh_outputs(program, spec, [module], 5)
+    results = compare_outputs(outputs, program.run(seed=5).outputs)
+    assert all(c.identical for c in results), [c.message for c in results]
+
+
+def test_a_skewed_receivers_row_stores_cost_its_pairs_rows() -> None:
+    """Qwen3-MoE with D = 2,048 on 2 chips at 32 tokens a chip, B = 64 (one block an expert),
+    skewed routing (seed 1): each block stores the rows of its pairs, not its 64 rows (with the
+    whole blocks stored: 48,404 cycles)."""
+    dims = {"T": 64, "D": 2048, "F": 256, "E": 16, "K": 4, "B": 64}
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims=dims)
+    sim = simulate_on_mesh(program, MeshSpec.parse("ep=2"), cost_only=True, routing="skewed", seed=1)
+    assert sim.report.total_cycles == 47_419

@@ -9,10 +9,11 @@ import pytest
 from xdsl.dialects import func, scf
 
 import tcpc
-from dialects import ccl
+from dialects import ccl, moe
 from dialects.annotations import phase_of
 from runtime_sim.perf.mesh_simulate import simulate_mesh
 from runtime_sim.semantics.ccl_semantics import a2a_plan, a2a_returns
+from runtime_sim.semantics.moe_semantics import route_plan
 from runtime_sim.semantics.tolerance import compare_outputs
 from target.mesh_machine import load_mesh_machine
 from support import assert_same_bits, mesh_outputs
@@ -114,3 +115,24 @@ def test_waves_that_cannot_be_are_refused(spec: str, message: str) -> None:
 def test_a_wave_count_that_is_not_a_positive_integer_is_refused() -> None:
     with pytest.raises(ccl.MeshSpecError, match="waves = '0' is not a positive integer"):
         MeshSpec.parse("ep=2,waves=0")
+
+
+def test_a_wave_ends_at_the_blocks_its_experts_can_fill() -> None:
+    """Qwen3-MoE's small layer (K = 8 of 16 experts) on 2 chips at 4 tokens a chip, B = 8: a chip
+    receives 8 tokens, so an expert has at most 8 pairs, one block, and the first e experts' pairs
+    sit in its first e blocks (moe.max_blocks over e experts), where a bound of N / B + e blocks
+    (2 e) left every wave past the first 3 experts after the loop: waves end at blocks 2, 4, 6, 7
+    and 8 of 8. No routing of the received tokens puts a wave's pairs past its blocks."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims={"T": 8, "K": 8, "B": 8})
+    module = program.lower(MeshSpec.parse("ep=2,waves=4").pipeline(lowered=False))
+    starts = [op for op in module.walk()
+              if isinstance(op, ccl.AllToAllStartOp) and ccl.WAVE_BLOCKS_ATTR in op.attributes]
+    waves = [op.attributes[ccl.WAVE_BLOCKS_ATTR].value.data for op in starts]  # type: ignore[attr-defined]
+    assert waves == [2, 4, 6, 7, 8]
+    route = moe.RouteType.make(8, 8, 8, 8, 8)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lists = np.stack([np.where(rng.random(8) < 0.7, rng.permutation(8), -1) for _ in range(8)])
+        ids = route_plan(lists, route).expert_ids
+        for end, blocks in zip((2, 4, 6, 7, 8), waves):
+            assert not ((ids[blocks:] >= 0) & (ids[blocks:] < end)).any()

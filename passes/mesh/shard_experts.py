@@ -1087,11 +1087,11 @@ class _A2A(_Strategy):
 
     def _wave_blocks(self, end: int, g: int, block: int) -> int:
         """The receiver's blocks that hold the pairs of its first `end` experts, at most (of `g`
-        blocks of `block` rows; they go in expert order): each expert's n pairs take ceil(n / B)
-        blocks, at most floor(N / B) + end over them, N <= T' * min(Kk, end) (a received token
-        lists distinct experts)."""
-        pairs = self.layer.ep * self.layer.tokens * min(self.entries, end)
-        return min(g, pairs // block + end)
+        blocks of `block` rows; they go in expert order): `moe.max_blocks` of its received tokens
+        over `end` experts, each token listing at most min(Kk, end) of them (distinct), each
+        expert at most the receiver's capacity (decode's B = T' gives each expert one block)."""
+        tokens = self.layer.ep * self.layer.tokens
+        return min(g, moe.max_blocks(tokens, min(self.entries, end), end, block, self._receiver_capacity()))
 
     def _wave_ends(self) -> list[int]:
         """Where the waves' ranges of the chip's experts end: `waves` equal ranges of the experts

@@ -43,8 +43,10 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
 - another block-parallel input made elsewhere is sliced per block when in SRAM
   (`tile.slice`), loaded a block at a time when in HBM (`tile.load`);
 - a result used after the loop is stored a block at a time into an HBM buffer (`tile.buffer`,
-  `tile.store`), which the combine's gather then reads. One token read in place (above) keeps
-  its K results in SRAM instead (`results_in_sram`): each block's result is committed where it
+  `tile.store`), which the combine's gather then reads; where an expert has at most one block
+  (G <= E, a mesh receiver's decode: mostly padding), only the rows that hold a pair (a guard
+  per row; DeepSeek-V3 ep=8, 16 a chip, skewed: 2,151.3 -> 2,094.5 us). One token read in
+  place (above) keeps its K results in SRAM instead (`results_in_sram`): each block's result is committed where it
   is made, split-clusters leaves the loop on cluster 0, and the combine picks its rows on the
   vector engine (`gather_on_vector_engine`), so neither the last block's store nor the gather
   back (516 + 628 cycles of DMA start-ups) follows the last weight byte (Qwen3-30B-A3B bf16
@@ -377,6 +379,12 @@ def contracted_as_loaded(value: SSAValue) -> bool:
     return all(isinstance(u.operation, CONTRACTIONS)
                or (isinstance(u.operation, tcp.ViewOp) and contracted_as_loaded(u.operation.result))
                for u in value.uses)
+
+
+def rows_per_part(value: SSAValue, written: SSAValue | None) -> bool:
+    """Whether `written` ([B] row -> token, -1 padding) guards the store of a block's result
+    `value` ([1, B, ...]) row by row (tile.guards_parts)."""
+    return written is not None and tuple(shape_of(value.type)[:2]) == (1, shape_of(written.type)[0])
 
 
 def results_in_sram(value: SSAValue) -> bool:
@@ -806,7 +814,14 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         body.add_op(new)
         mapping.update(zip(op.results, new.results))
 
-    stored = [add(tile.StoreOp(mapping[r], buf, index), f"{r.name_hint}_stored" if r.name_hint else None)
+    # An expert's pairs in one block (G <= E: B holds every token the chip may route, decode on a
+    # mesh receiver): the block is mostly padding, and only its rows that hold a pair go to HBM.
+    experts = shape_of(gathers[0].source.type)[0] if gathers else 0
+    padded = runs is not None and not in_sram and blocks <= experts
+    rows = next((tile_of(op.indices) for op in dispatches), None) if padded else None
+    written = None if rows is None else add(tcp.ViewOp(rows, [shape_of(rows.type)[-1]]), "row_written")
+    stored = [add(tile.StoreOp(mapping[r], buf, index, written if rows_per_part(mapping[r], written) else None),
+                  f"{r.name_hint}_stored" if r.name_hint else None)
               for r, buf in zip(escaping, buffer_args)]
     done = mapping[last_contract.result]
     assert all(r is not None for r in slot_results)

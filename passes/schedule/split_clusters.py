@@ -44,7 +44,11 @@ cluster, pinned to it (`tcpc.cluster`), and guarded so that exactly one copy run
   holds few experts and receives a batch from every chip (Qwen3-30B-A3B on 8 chips at 16 tokens
   a chip: 8 pairs per expert), so its lowest experts are used; a wrong guess costs HBM the loop
   had no use for yet (same model, cost-only, balanced, B = 8, 2 chunks: 124,505 -> 118,886
-  cycles; on 4 chips, B = 4: 230,238 -> 224,703);
+  cycles; on 4 chips, B = 4: 230,238 -> 224,703). A chip that all-gathers every token (strategy
+  allgather, no all-to-all) issues them before the all-gather of the tokens' expert choices
+  (`routing_gather`), which its routing waits for, where its first weights waited for that
+  all-gather and the routing (Qwen3-30B-A3B on 2 chips at 16 tokens a chip, B = 2: 447,587 ->
+  439,927 cycles);
 - the result buffers in HBM are shared, chained through both copies' guarded stores; every
   other loop-carried value (previous ids and weights for reuse, the double-buffering waits) is
   each cluster's own.
@@ -312,6 +316,13 @@ def routed_pairs_at_least(blocks: int, experts: int, rows: int) -> int:
     """The fewest routed pairs T x K a plan of `blocks` blocks of `rows` over `experts` experts
     can hold: G = E + (T x K - E) // B when T x K >= E (moe.max_blocks, without a capacity)."""
     return experts + (blocks - experts) * rows if blocks > experts else blocks
+
+
+def routing_gather(block: Block, loop: scf.ForOp) -> ccl.AllGatherOp | None:
+    """The last all-gather before `loop` in `block`: on a mesh chip that all-gathers every token
+    (strategy allgather), that of the tokens' expert choices, which the routing waits for."""
+    gathers = [op for op in block.ops if isinstance(op, ccl.AllGatherOp) and op.is_before_in_block(loop)]
+    return gathers[-1] if gathers else None
 
 
 def issue_after_router(ops: list[Operation], block: Block, loop: scf.ForOp) -> None:
@@ -582,8 +593,9 @@ def split_loop(loop: scf.ForOp, clusters: int, own_dma_intensity: int = 0, made:
     parent = loop.parent_block()
     assert parent is not None
     beside_shared = any(phase_of(op) == SHARED for op in parent.ops)
-    waited = ccl.first_all_to_all_done(parent)
-    # A mesh chip's first routed loop at decode streams its weights: it guesses them while the link moves the tokens.
+    waited = ccl.first_all_to_all_done(parent) or routing_gather(parent, loop)
+    # A mesh chip's first routed loop at decode streams its weights: it guesses them while the link moves the tokens
+    # (or, all-gathered, the tokens' expert choices).
     on_mesh = (not prefill and not by_block and waited is not None and not made.guessed_on_mesh
                and flops_per_weight_byte(body) < own_dma_intensity)
     # One chip at decode guesses where expert c is almost surely used (GUESS_PAIRS_PER_EXPERT).

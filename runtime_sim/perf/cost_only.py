@@ -78,6 +78,7 @@ from runtime_sim.perf.simulate import (
 )
 from runtime_sim.perf.report import roofline
 from runtime_sim.perf.scheduler import Schedule
+from runtime_sim.perf.value_memo import VALUES
 from runtime_sim.semantics.collector import without_gc_pauses
 from runtime_sim.semantics.executor import function_named, make_interpreter
 from runtime_sim.semantics.numerics import tensor_dtype
@@ -134,13 +135,15 @@ class _Thunk:
     terminator, which would hand the value on) are let go, each such reader running once: the routing's [T K, E] tables (32 MB each at DeepSeek-V3's T = 4096)
     then live one or two at a time rather than all through the run."""
 
-    __slots__ = ("semantics", "op", "inputs", "values", "readers", "consumers")
+    __slots__ = ("semantics", "op", "inputs", "values", "readers", "consumers", "key")
 
     def __init__(self, semantics: Interpreter, op: Operation, inputs: tuple[Any, ...],
-                 readers: frozenset[Operation] | None):
+                 readers: frozenset[Operation] | None, key: int | None = None):
         self.semantics = semantics
         self.op = op
         self.inputs: tuple[Any, ...] | None = inputs
+        self.key = key
+        """What names its values in `VALUES` (value_memo.py); None: not kept."""
         self.values: tuple[Any, ...] | None = None
         self.readers: set[Operation] | None = None if readers is None else set(readers)
         """The ops that read a result and have not run yet; None: never let go."""
@@ -156,6 +159,19 @@ class _Thunk:
         with np.errstate(all="ignore"):
             # The registered semantics, on an interpreter without listeners (they saw the op already).
             self.values = tuple(self.semantics.run_op(self.op, args))
+        self._let_inputs_go()
+
+    def recall(self) -> bool:
+        """Take the values from `VALUES` if a run computed them (computing nothing it reads)."""
+        values = VALUES.get(self.key) if self.key is not None else None
+        if values is None:
+            return False
+        self.values = values
+        self._let_inputs_go()
+        return True
+
+    def _let_inputs_go(self) -> None:
+        assert self.inputs is not None
         inputs, self.inputs = self.inputs, None
         for v in inputs:
             if isinstance(v, Lazy):
@@ -203,7 +219,7 @@ class Lazy:
         stack = [self.thunk]
         while stack:  # iteratively, however long the chain of ops
             t = stack[-1]
-            if t.values is not None:
+            if t.values is not None or t.recall():
                 stack.pop()
                 continue
             assert t.inputs is not None
@@ -213,6 +229,8 @@ class Lazy:
             else:
                 t.compute()
                 stack.pop()
+        if self.thunk.key is not None:  # a value a cost or a branch reads: small, and all a later run needs
+            VALUES.keep(self.thunk.key, self.thunk.values)  # type: ignore[arg-type]
         return self.get()
 
 
@@ -247,6 +265,7 @@ class ShapeOnlyFunctions(InterpreterFunctions):
         self._shaped = shared.shaped
         """(op, sources) -> its placeholder results: the same every iteration of a loop."""
         self._readers = shared.readers
+        self._op_keys = shared.op_keys
 
     @impl(scf.ForOp)
     def run_for(self, interpreter: Interpreter, op: scf.ForOp, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -280,7 +299,10 @@ class ShapeOnlyFunctions(InterpreterFunctions):
         readers = self._readers.get(op, _UNKNOWN)
         if readers is _UNKNOWN:
             readers = self._readers[op] = _readers_in_block(op)
-        thunk = _Thunk(self.semantics, op, inputs, readers)
+        op_key = self._op_keys.get(op)
+        if op_key is None:
+            op_key = self._op_keys[op] = VALUES.op_key(op)
+        thunk = _Thunk(self.semantics, op, inputs, readers, VALUES.key(op_key, inputs, Lazy))
         return tuple(Lazy(thunk, i) for i in range(len(op.results)))
 
 
@@ -296,6 +318,8 @@ class SharedViews:
     readers: dict[Operation, frozenset[Operation] | None] = field(default_factory=dict)
     """Each op's readers whose runs let its thunk's values go (`_readers_in_block`), worked out
     once: every run of the op makes a thunk."""
+    op_keys: dict[Operation, int] = field(default_factory=dict)
+    """Each op's part of its thunks' keys (`ValueMemo.op_key`)."""
 
 
 def shape_only_functions(semantics: Interpreter, replay: LoopReplay | None = None,

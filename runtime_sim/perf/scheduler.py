@@ -56,9 +56,11 @@ from bisect import bisect_right
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
+
 
 
 # Not frozen: one is built per command of a run (hundreds of thousands at prefill), and a frozen
@@ -157,6 +159,8 @@ class Schedule:
     def graph(self) -> nx.DiGraph:
         """The dependency graph (module docstring), built when first asked for: a long program
         has millions of edges, and a simulation needs none of them."""
+        import networkx as nx  # here, not at the top: 0.2 s of every tcpc process's start
+
         graph = nx.DiGraph()
         slots = self.slots
         graph.add_nodes_from(

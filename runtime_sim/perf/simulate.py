@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import networkx as nx
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr
@@ -35,6 +34,9 @@ from runtime_sim.perf.scheduler import Schedule, schedule
 from runtime_sim.perf.tcp_cost import hbm_sharing
 from runtime_sim.semantics.collector import without_gc_pauses
 from runtime_sim.semantics.executor import function_named, run_function
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["annotate_plan", "plan_and_schedule", "simulate", "simulate_trace", "trace_report", "uncosted_ops"]
 

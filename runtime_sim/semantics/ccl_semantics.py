@@ -29,7 +29,13 @@ from runtime_sim.semantics.numerics import compute, round_to, tensor_dtype
 
 def all_to_all(values: Sequence[np.ndarray]) -> list[np.ndarray]:
     """result[c][s] = values[s][c]: slice c of chip s's buffer goes to chip c."""
-    return [np.stack([np.asarray(v)[c] for v in values]) for c in range(len(values))]
+    return [received(values, c) for c in range(len(values))]
+
+
+def received(values: Sequence[np.ndarray], chip: int) -> np.ndarray:
+    """What `chip` receives in the all-to-all of `values`: slice `chip` of each chip's buffer, in
+    chip order (each chip's thread builds only its own share, not every chip's)."""
+    return np.stack([np.asarray(v)[chip] for v in values])
 
 
 def unpacked(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -250,7 +256,7 @@ class CCLFunctions(InterpreterFunctions):
         sent = unpacked(x, np.asarray(args[1])) if op.packed is not None else x
         if op.expects is None:
             values, me = self._group(op, sent)
-            return (all_to_all(values)[me],)
+            return (received(values, me),)
         # What this chip expects is what the others send it: a chip skips the exchange on it.
         both, me = self._group(op, (sent, np.asarray(args[1])))
         coming = [int(rows[me]) for _, rows in both]
@@ -258,7 +264,7 @@ class CCLFunctions(InterpreterFunctions):
         if any(c != e for s, (c, e) in enumerate(zip(coming, expected)) if s != me):
             raise InterpretationError(f"{collective_label(op)}: chip {self.chip} expects rows {expected}, "
                                       f"the group sends it {coming}")
-        return (all_to_all([v for v, _ in both])[me],)
+        return (received([v for v, _ in both], me),)
 
     @impl(ccl.AllToAllOp)
     def run_all_to_all(self, interpreter: Interpreter, op: ccl.AllToAllOp, args: tuple[Any, ...]):
