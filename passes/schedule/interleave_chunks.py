@@ -33,10 +33,12 @@ with interleave-shared's `split`, and moves the ops between loops i and i+1:
   its commands in issue order, and they queued behind chunk n-1's reduce-scatter and return
   (Qwen3-30B-A3B ep=2,tp=2, 16 tokens a chip, 8 chunks: 240.9 -> 239.6 us).
 
-The first chunks' dispatches (those whose token rows the router loop's first trip makes; in
-cost-only runs the routing is an argument and only the weights come from the router) go after
-that trip, before the rest of the router's, so the link starts sending a trip after the
-router starts rather than after it ends (ep=8 as below: 1,675.3 -> 1,664.7 us).
+The first chunks' dispatches (those whose token rows the router loop's first trips make, as
+few as hold chunk 0, at decode the first trip only; in cost-only runs the routing is an
+argument and only the weights come from the router) go after those trips, before the rest of the router's, so the link starts
+sending once chunk 0's rows are made rather than after the router ends (ep=8 as below: 1,675.3
+-> 1,664.7 us; ep=2, 2 chunks of 2,048 in trips of 1,024, after two of the four: 1,719.8 ->
+1,708.3 us with schedule-tokens' `chunk_trips`).
 
 The later chunks' dispatch plans (`ccl.a2a_plan`, `a2a_tokens`, `a2a_token_lists`: vector work
 on the router's results alone) go before the first expert loop, where cluster 0 would otherwise
@@ -245,10 +247,14 @@ def _stored_into(value: SSAValue) -> SSAValue:
     return value
 
 
-def _router_first(block: Block) -> None:
-    """The dispatches of the chunks whose rows the router loop's first trip makes (their slices
-    of its results then read that trip's), with what they read, between that trip and the
-    router's other trips: their all-to-alls start while the router computes the rest."""
+def _router_first(block: Block, prefill: bool) -> None:
+    """The dispatches of the chunks whose rows the router loop's first trips make (as few as
+    hold the first chunk; their slices of its results then read those trips'), with what they
+    read, between those trips and the router's others: their all-to-alls start while the
+    router computes the rest. Not prefill's (`prefill`), only after the first trip: the first
+    loop streams weights whatever the tokens' time, and a router cut after more trips held the
+    later chunks' plans back (DeepSeek-V3 ep=8 at 256 tokens a chip, 2 chunks, trips of 16
+    rows: 117,239 -> 117,450 cycles after 8)."""
     loops = [op for op in block.ops if isinstance(op, scf.ForOp) and phase_of(op) == "router"]
     first = next(iter(expert_loops(block)), None)
     if len(loops) != 1 or first is None:
@@ -259,11 +265,15 @@ def _router_first(block: Block) -> None:
         return
     among = _between(router, first)
     made = {r: i for i, r in enumerate(router.results)}
-    slices = [(op, made[v]) for op in among if isinstance(op, tile.SliceOp) and (v := _stored_into(op.source)) in made
-              and (at := constant_index(op.offset)) is not None and at + shape_of(op.result.type)[0] <= lb + step]
-    if not slices:
+    ends = [(op, made[v], at + shape_of(op.result.type)[0]) for op in among if isinstance(op, tile.SliceOp)
+            and (v := _stored_into(op.source)) in made and (at := constant_index(op.offset)) is not None]
+    if not ends:
         return
-    head, rest = split(router, [lb, lb + step, ub])
+    cut = lb + -(-(min(end for _, _, end in ends) - lb) // step) * step  # the trips that hold the first chunk
+    if cut >= ub or (cut > lb + step and not prefill):
+        return
+    slices = [(op, i) for op, i, end in ends if end <= cut]
+    head, rest = split(router, [lb, cut, ub])
     for op, i in slices:
         op.operands[0] = head.results[i]
     dones = {op for op in among if isinstance(op, ccl.AllToAllDoneOp)}
@@ -340,7 +350,7 @@ def _returns_on_last_cluster(block: Block, clusters: int) -> None:
 class InterleaveChunksPass(ModulePass):
     """The work between a chunked mesh chip's expert loops -> inside them, at a quarter and at
     three quarters of their filled blocks; the first chunks' dispatches -> after the router
-    loop's first trip (the module docstring says what goes where)."""
+    loop's first trips (the module docstring says what goes where)."""
 
     name = "interleave-chunks"
 
@@ -353,7 +363,7 @@ class InterleaveChunksPass(ModulePass):
             if isinstance(fn, func.FuncOp) and fn.body.blocks and ccl.CHUNKS_ATTR in fn.attributes \
                     and not ccl.gathers_over_sp(fn.body.block):
                 cut = interleave(fn.body.block, clusters)
-                _router_first(fn.body.block)
+                _router_first(fn.body.block, _prefill(fn.body.block))
                 _plans_first(fn.body.block)
                 if cut and _prefill(fn.body.block):
                     _returns_on_last_cluster(fn.body.block, clusters)

@@ -275,6 +275,20 @@ def balanced_rows(tokens: int, rows: int, clusters: int, granule: int = 8) -> in
     return min(rows, -(-even // granule) * granule if even >= granule else even)
 
 
+def chunk_trips(rows: int, clusters: int, chunk: int, granule: int) -> int:
+    """A chunked chip's router tile rows, `rows` or fewer, so that its first trips (`clusters`
+    tiles each) end where the first chunk does: interleave-chunks dispatches a chunk after the
+    trips that make its rows, and the router's rows past its end in them delayed it. Left alone
+    when those rows are under a quarter of a chunk (small tiles, or trips of whole chunks).
+    Qwen3-30B-A3B, 4,096 tokens a chip, 1,536-row trips: on 2 chips (2 chunks of 2,048) the
+    first dispatch waited for all of the router's 3 trips, on 4 (chunks of 1,024) for one
+    holding half of chunk 1."""
+    trip = clusters * rows
+    past = -(-chunk // trip) * trip % chunk
+    aligned = chunk // clusters // -(-chunk // trip) // granule * granule
+    return aligned if 4 * past >= chunk and aligned else rows
+
+
 def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole: set[Operation],
                    clusters: int = 1, nested_reads: dict[Operation, tuple[Operation, ...]] | None = None,
                    made: set[Operation] | None = None) -> bool:
@@ -339,6 +353,8 @@ def schedule_phase(block: Block, phase: str, tokens: int, tile_bytes: int, whole
         # (Qwen3-30B-A3B ep=4, 4,096 tokens a chip: 4 tiles of 256 rows took 8.7 us to gather).
         rows = min(rows, engine_rows(ops, tokens))
     rows, spread = cluster_rows(ops, escaping, rows, tokens, phase, clusters, shares=few)
+    if phase == "router" and isinstance(chunks, IntegerAttr) and rows < tokens:
+        rows = chunk_trips(rows, clusters if spread else 1, tokens // chunks.value.data, row_granule(ops))
     reload = False
     head = contraction_head(ops, contractions)
     if head:
