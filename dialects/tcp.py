@@ -46,6 +46,7 @@ from dialects.tensor_types import (
     shape_of,
     stored_bits,
 )
+from dialects.ve import WidenOp
 
 _EINSUM = re.compile(r"^([a-z]+),([a-z]+)->([a-z]*)$")
 
@@ -96,6 +97,10 @@ class ContractionRoles:
     scale_blocks: int = 0
     """A block-scaled contraction's K-blocks per result element (k / k_block): the partial sums
     the vector engine scales and adds, each in the slice that computed it; 0 otherwise."""
+    lhs_bf16: bool = False
+    """The lhs is f32 widened from bf16 (`ve.widen`): every value is exactly a bf16."""
+    rhs_bf16: bool = False
+    """The rhs likewise."""
 
 
 def contraction_roles(spec: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> ContractionRoles:
@@ -116,7 +121,8 @@ def _roles_of(op: ContractOp | ScaledContractOp, spec: str) -> ContractionRoles:
     roles = contraction_roles(spec, shape_of(lt), shape_of(rt))
     return replace(roles, lhs_bits=stored_bits(lt.get_element_type()), rhs_bits=stored_bits(rt.get_element_type()),
                    result_bits=stored_bits(out.get_element_type()), block_scaled=isinstance(op, ScaledContractOp),
-                   accumulates=op.acc is not None)
+                   accumulates=op.acc is not None, lhs_bf16=isinstance(op.lhs.owner, WidenOp),
+                   rhs_bf16=isinstance(op.rhs.owner, WidenOp))
 
 
 BATCH_LETTERS = "abcdefghijlopqrstuvwxyz"

@@ -80,7 +80,13 @@ below bf16's normal range (|a| < 2^-110) or are not finite are outside what the 
 Cost (assumptions): the bf16 contraction over K x 9 (every pair of pieces along the contracted
 axis, each piece fetched once per pair), after one split pass of the vector engine over both
 operands' elements spread over the cluster's slices at the float rate (`split` stage: a chain
-of narrow, widen and subtract per element, the pieces written to DM).
+of narrow, widen and subtract per element, the pieces written to DM). An operand widened from
+bf16 (`ve.widen`: DeepSeek-V3's router reads f32(x) of bf16 tokens) is its own hi piece, and its
+mid and lo pieces are zero: the six products with them are exact zeros, which add nothing to the
+f32 sum, so the route makes only the three with hi, over K x 3, the same values
+(`ContractionShape.lhs_pieces`; its split pass still counts, narrowing it back to bf16). This is
+not bf16x3's truncation (which drops nonzero terms of two f32 operands): no term that is not zero
+is dropped.
 """
 
 from __future__ import annotations
@@ -127,6 +133,11 @@ class ContractionShape:
     scale_blocks: int = 0
     """Block-scaled: the K-blocks of each result element, whose partial sums the vector engine
     of the computing slice scales and adds (the module docstring); 0: not block-scaled."""
+    lhs_pieces: int = PIECES
+    """bf16 pieces of each lhs value in the `bf16x9` route: 1 where the lhs is widened from bf16
+    (its mid and lo pieces are zero: the module docstring)."""
+    rhs_pieces: int = PIECES
+    """The rhs's likewise."""
 
     @property
     def macs(self) -> int:
@@ -135,7 +146,8 @@ class ContractionShape:
     def pieces(self) -> ContractionShape:
         """The bf16 contraction the `bf16x9` route runs for this f32 one: every pair of the
         operands' pieces along the contracted axis."""
-        return replace(self, k=self.k * PIECES * PIECES, lhs_bytes=2, rhs_bytes=2, mac_bytes=2, vector=False)
+        return replace(self, k=self.k * self.lhs_pieces * self.rhs_pieces, lhs_bytes=2, rhs_bytes=2, mac_bytes=2,
+                       vector=False)
 
     @staticmethod
     def of(roles: ContractionRoles) -> ContractionShape:
@@ -146,7 +158,8 @@ class ContractionShape:
         return ContractionShape(roles.g, roles.m, roles.n, roles.k, lhs_bytes=lb, rhs_bytes=rb,
                                 mac_bytes=1 if roles.block_scaled else 2, result_bytes=roles.result_bits // 8,
                                 accumulates=roles.accumulates, vector=not roles.block_scaled and max(lb, rb) == 4,
-                                scale_blocks=roles.scale_blocks)
+                                scale_blocks=roles.scale_blocks, lhs_pieces=1 if roles.lhs_bf16 else PIECES,
+                                rhs_pieces=1 if roles.rhs_bf16 else PIECES)
 
 
 class ContractionRoles(Protocol):
@@ -162,6 +175,8 @@ class ContractionRoles(Protocol):
     block_scaled: bool
     accumulates: bool
     scale_blocks: int
+    lhs_bf16: bool
+    rhs_bf16: bool
 
 
 @dataclass(frozen=True)
@@ -204,7 +219,7 @@ class Mapping:
             return f"{slice_} (vector engine: f32 x f32)"
         if self.engine == "bf16x9":
             pieces = replace(self, engine="contraction").book_form(letters, shape.pieces())
-            return f"{pieces} (f32 x f32 as bf16x9: {name['k']} x 9 piece pairs)"
+            return f"{pieces} (f32 x f32 as bf16x9: {name['k']} x {shape.lhs_pieces * shape.rhs_pieces} piece pairs)"
         stat, stream = ("n", "m") if self.trf == "rhs" else ("m", "n")
         rows = self.lanes * self.broadcast
         time = [inner("g")] if per["g"] > 1 else []

@@ -127,6 +127,34 @@ def test_an_f32_pair_runs_on_its_bf16_pieces_when_that_is_cheaper() -> None:
         check(too_long, shape, M)
 
 
+ROUTER_OF_BF16 = """func.func @router(%x: tensor<512x7168xbf16>, %w: tensor<7168x256xf32>) -> tensor<512x256xf32> {
+  %xf = ve.widen %x : tensor<512x7168xbf16> -> tensor<512x7168xf32>
+  %y = tcp.contract "mk,kn->mn" %xf, %w : tensor<512x7168xf32>, tensor<7168x256xf32> -> tensor<512x256xf32>
+  func.return %y : tensor<512x256xf32>
+}"""
+
+
+def test_a_widened_bf16_operand_is_one_piece() -> None:
+    """f32(x) of bf16 tokens (DeepSeek-V3's router tile): x is its own hi piece, its mid and lo
+    pieces are zero, so the route makes hi x the router's three pieces, over K x 3 (the same
+    split pass), not the nine pairs of two full f32 operands."""
+    module = Parser(make_context(), ROUTER_OF_BF16).parse_module()
+    op = next(o for o in module.walk() if isinstance(o, tcp.ContractOp))
+    roles = op.roles()
+    assert roles.lhs_bf16 and not roles.rhs_bf16
+    shape = ContractionShape.of(roles)
+    nine = replace(shape, lhs_pieces=3)
+    assert (shape.lhs_pieces, shape.rhs_pieces) == (1, 3)
+    assert shape.pieces().k == 3 * 7168 and nine.pieces().k == 9 * 7168
+    best, before = choose(shape, M).best, choose(nine, M).best
+    assert best.mapping.engine == "bf16x9" == before.mapping.engine
+    split = -(-(512 + 256) * 7168 // (M.slices * M.float_ways))
+    assert best.stages["split"] == split == before.stages["split"]
+    assert best.cycles == cost(replace(best.mapping, engine="contraction"), shape.pieces(), M).cycles + split
+    assert best.cycles < before.cycles / 2
+    assert "(f32 x f32 as bf16x9: k x 3 piece pairs)" in best.mapping.book_form({}, shape)
+
+
 def test_block_scales_run_in_the_vector_engine_of_each_slice() -> None:
     """A block-scaled contraction's partial sums are scaled in the slice that computed them: a
     mapping that leaves slices idle pays their share of the scales on the slices it uses, and

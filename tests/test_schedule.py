@@ -16,9 +16,11 @@ from dialects.tensor_types import shape_of
 from runtime_sim.perf.cost_only import simulate_cost_only
 from runtime_sim.perf.report import SimReport
 from tcpc.pipelines import FULL_PIPELINE, LOWERED_PIPELINE
-from tcpc.program import function_in
+from tcpc.program import compile_source, function_in
 from passes._loop_builder import constant_index
 from xdsl.dialects import scf
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.moe"))
 LOWERED = ",".join(LOWERED_PIPELINE)
@@ -724,19 +726,29 @@ def test_a_router_matmul_in_token_tiles_is_exact(example: str, tokens: int) -> N
 def test_a_router_matmul_shared_by_the_clusters_below_two_grid_tiles_is_exact() -> None:
     """Under 129 tokens an f32 router's matmul joins the token loop where the cycles the second
     cluster's tile saves outweigh what it adds (`sharing_pays`): DeepSeek-V3 at D = 2048, E = 64,
-    T = 128 (the mapping level: 4,728 cycles whole, 2,364 a 64-row tile, against 2 x 1,012 for
-    the router weight's copy and 3 x 500 start-ups; on 8 chips at 128 tokens each, F = 2,048:
-    217.5 -> 216.2 us), its two 64-row tiles then one per cluster. Cut off the contraction
-    grid's 128 rows, a tile's rows keep their bits (numerics.contract): the IR before and after
-    the pass, and the full pipeline, give the same bits. Its toy router (D = 64) stays whole."""
+    T = 128 with f32 tokens that are not a widened bf16 (f32(x) * 1.0: nine bf16 piece pairs;
+    the mapping level: 4,728 cycles whole, 2,364 a 64-row tile, against 2 x 1,012 for the router
+    weight's copy and 3 x 500 start-ups), its two 64-row tiles then one per cluster. Cut off the
+    contraction grid's 128 rows, a tile's rows keep their bits (numerics.contract): the IR before
+    and after the pass, and the full pipeline, give the same bits. The example's own router, on
+    the widened tokens' one piece (three pairs), saves too little and stays whole, as does its
+    toy router (D = 64)."""
     from passes.schedule.schedule_tokens import sharing_pays
 
     examples = Path(__file__).parent.parent / "examples"
-    program = tcpc.compile_file(examples / "deepseek_v3.moe", dims={"T": 128, "D": 2048, "E": 64, "B": 4})
+    dims = {"T": 128, "D": 2048, "E": 64, "B": 4}
+    source = (examples / "deepseek_v3.moe").read_text()
+    program = compile_source(source.replace("f32(x) @ router", "(f32(x) * 1.0) @ router"), dims=dims)
     before = f"{LOWERED},schedule-experts"
     after = before + ",schedule-tokens"
-    matmuls = [op for op in function_in(program.lower(after), "deepseek_v3").body.block.walk()
-               if op.name == "tcp.contract" and phase_of(op) == "router"]
+
+    def router_matmuls(module: ModuleOp) -> list[Operation]:
+        return [op for op in function_in(module, "deepseek_v3").body.block.walk()
+                if op.name == "tcp.contract" and phase_of(op) == "router"]
+
+    widened = router_matmuls(tcpc.compile_file(examples / "deepseek_v3.moe", dims=dims).lower(after))
+    assert [shape_of(op.result.type) for op in widened] == [(128, 64)]
+    matmuls = router_matmuls(program.lower(after))
     assert [shape_of(op.result.type) for op in matmuls] == [(64, 64)]
     assert isinstance(matmuls[0].parent_op(), scf.ForOp)
     assert sharing_pays(matmuls, 128, 128, 2, 3) and not sharing_pays(matmuls, 128, 128, 1, 3)

@@ -140,8 +140,9 @@ def sharing_pays(contractions: list[tcp.ContractOp], tokens: int, rows: int, clu
     start-up, docs/hardware.md#moving-data) counts twice: the tile waits for it, and it holds
     the engines the weights' loads need, which decide a decode layer's time; and a DMA start-up
     for each of the tile's `crossings` (its tokens' load, each result copied back). DeepSeek-V3's
-    f32 router at 128 tokens a chip: 67,200 cycles whole on one cluster, 34,744 in a 64-row tile
-    on each, against 2 x 7,668 + 3 x 500 (ep=8, a2a: 2,147.7 -> 2,133.6 us). Measured where it
+    f32 router at 128 tokens a chip, on nine bf16 piece pairs: 67,200 cycles whole on one
+    cluster, 34,744 in a 64-row tile on each, against 2 x 7,668 + 3 x 500 (ep=8, a2a: 2,147.7 ->
+    2,133.6 us); on the widened tokens' one piece (three pairs) 24,192 against 13,072: whole. Measured where it
     does not pay (ep=8, F = 2,048, cost-only): D = 512, E = 256, 128 a chip, 2,320 saved against
     3,524, 185.8 -> 186.3 us joined; D = 7,168, E = 256, 32 a chip, 16,210 against 16,836,
     2,062.5 -> 2,069.8 us."""
@@ -445,8 +446,8 @@ def contraction_cycles(contractions: list[tcp.ContractOp], rows: int, tokens: in
     """The mapping level's cycles (target/contraction_mapping.py) of `contractions` over
     `tokens` rows in tiles of `rows`, a cluster's share of them on `clusters` clusters. A tile
     of few rows leaves the TRF loads of the stationary operand unamortized: DeepSeek-V3's f32
-    router on its bf16 pieces takes 67,200 cycles for 128 rows (bound by TRF load) and 134,400
-    for 512 (bound by the MACs), so where its top-k ranking holds the router's tiles to 128
+    router on its bf16 pieces takes 24,192 cycles for 128 rows (bound by TRF load) and 48,384
+    for 512 (bound by the multipliers' outer stage), so where its top-k ranking holds the router's tiles to 128
     rows a cluster, its matmul is cheaper in a loop of its own (`contraction_head`)."""
     tiles = [rows] * (tokens // rows) + ([tokens % rows] if tokens % rows else [])
     machine = machine_of(contractions[0])
