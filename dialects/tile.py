@@ -249,6 +249,13 @@ def guards_parts(op: StoreOp) -> bool:
     return op.guard is not None and shape_of(op.guard.type)[0] > 1
 
 
+def guards_rows(tile_type: Attribute, guard_type: Attribute) -> bool:
+    """Whether a guard of `guard_type` holds one id per row of a one-block tile of `tile_type`
+    ([B] for [1, B, ...]): a store under it moves only the rows whose id is not negative, no
+    padding row (schedule-experts' row stores)."""
+    return shape_of(tile_type)[:2] == (1, shape_of(guard_type)[0])
+
+
 @irdl_op_definition
 class CopyOp(CopyOpBase):
     """A tensor copied by DMA from one cluster's SRAM to another's (the value is unchanged):

@@ -381,12 +381,6 @@ def contracted_as_loaded(value: SSAValue) -> bool:
                for u in value.uses)
 
 
-def rows_per_part(value: SSAValue, written: SSAValue | None) -> bool:
-    """Whether `written` ([B] row -> token, -1 padding) guards the store of a block's result
-    `value` ([1, B, ...]) row by row (tile.guards_parts)."""
-    return written is not None and tuple(shape_of(value.type)[:2]) == (1, shape_of(written.type)[0])
-
-
 def results_in_sram(value: SSAValue) -> bool:
     """Whether the combine can read a loop result `value` from SRAM on the vector engine
     (`gather_on_vector_engine`): its elements are 32-bit lanes or bf16 (widened exactly), and
@@ -820,7 +814,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     padded = runs is not None and not in_sram and blocks <= experts
     rows = next((tile_of(op.indices) for op in dispatches), None) if padded else None
     written = None if rows is None else add(tcp.ViewOp(rows, [shape_of(rows.type)[-1]]), "row_written")
-    stored = [add(tile.StoreOp(mapping[r], buf, index, written if rows_per_part(mapping[r], written) else None),
+    stored = [add(tile.StoreOp(mapping[r], buf, index,
+                               written if written is not None and tile.guards_rows(mapping[r].type, written.type) else None),
                   f"{r.name_hint}_stored" if r.name_hint else None)
               for r, buf in zip(escaping, buffer_args)]
     done = mapping[last_contract.result]

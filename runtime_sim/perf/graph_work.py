@@ -182,7 +182,7 @@ def padding_hbm_bytes(ops: Sequence[TracedOp], pairs: Sequence[RoutedPairs]) -> 
         if not t.cost.hbm_bytes or op is None or phase_of(op) != "experts":
             continue
         if isinstance(op, tile.StoreOp) and in_hbm(op.result):
-            if tile.guards_parts(op) and shape_of(op.tile.type)[:2] == (1, shape_of(op.guard.type)[0]):
+            if tile.guards_parts(op) and tile.guards_rows(op.tile.type, op.guard.type):
                 continue  # a guard per row of one block (schedule-experts' row stores): only pairs' rows move
             buffer, moved = op.result.type, op.tile.type
         elif isinstance(op, tile.LoadOp) and in_hbm(op.source):
