@@ -8,6 +8,8 @@ from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp
 
 import tcpc
+from tcpc.pipelines import apply_pipeline, parse_pipeline
+from dialects import tile
 from dialects.annotations import phase_of
 from runtime_sim.perf.mesh_simulate import simulate_mesh
 from target.mesh_machine import load_mesh_machine
@@ -63,6 +65,33 @@ def test_the_chunks_work_moved_into_the_loops_keeps_the_bits(dims: dict[str, int
     assert_same_bits(moved, before)
 
 
+@pytest.mark.parametrize("dims, experts, split", [
+    ({"T": 8, "D": 1024, "F": 32, "E": 2, "K": 2, "B": 1}, "schedule-experts", True),
+    ({"T": 4, "D": 1024, "F": 1024, "E": 2, "K": 2, "B": 1}, "schedule-experts{f_tile=512}", False),
+])
+def test_the_stream_ends_in_pieces_with_the_same_bits(dims: dict[str, int], experts: str, split: bool) -> None:
+    """Decode on ep=2 in 2 chunks, D = 1,024 (two GRID_K grains, two GRID_N): the last chunk's
+    last round of the clusters' blocks (a loop piece of its own where a chunk's pairs fill more
+    blocks than a round, `split`) loads its one-engine weights in pieces: each up projection's
+    [1024, F] in two K pieces, a down projection's [F, 1024] in two column pieces, continuing the
+    previous F tile's sum where F is in tiles of 512 (the second case); nothing of them is
+    carried for reuse. Every chip runs the IR before and after the pass on the same inputs: the
+    same outputs, bit for bit."""
+    program = tcpc.compile_file(EXAMPLES / "qwen3_moe.moe", dims=dims)
+    spec = MeshSpec.parse("ep=2,strategy=a2a,chunks=2")
+    names = [experts if name == "schedule-experts" else name for name in spec.pipeline().split(",")]
+    at = names.index("interleave-chunks")
+    passes = parse_pipeline(",".join(names[at:]))
+    prefix = program.lower(",".join(names[:at]))
+    before, after = apply_pipeline(prefix, passes[1:]), apply_pipeline(prefix, passes)
+    last = [op for op in after.walk() if isinstance(op, scf.ForOp) and phase_of(op) == "experts"][-1]
+    loads = [op for op in last.body.walk() if isinstance(op, tile.LoadExpertOp)]
+    assert len(loads) == 2 * 6 * (1 if split else 2) and all(op.prev_ids is None for op in loads)
+    assert _loops(after, "experts") == _loops(before, "experts") + split
+    unchanged, cut = mesh_outputs(program, spec, [before, after], 3)
+    assert_same_bits(cut, unchanged)
+
+
 def _cycles(dims: dict[str, int], spec: str) -> list[int]:
     """Qwen3-MoE at `dims` on the mesh `spec`, cost-only under balanced routing: the slowest
     chip's cycles without interleave-chunks and with it."""
@@ -104,7 +133,8 @@ def test_decode_tp_cycles_pinned() -> None:
     row), cost-only under balanced routing: chunk 6's all-gather over tp goes on the link before
     chunk 7's reduce-scatter and return instead of after them (240,938 cycles before), 1.3 us
     off the tail (239,626; 239,783 with the chunked router's tiles of a chunk and the home sums
-    in HBM, which this row does not gain from)."""
+    in HBM, which this row does not gain from; 239,514 with the last round's one-engine weights
+    in pieces, test_the_stream_ends_in_pieces_with_the_same_bits)."""
     before, after = _cycles({"T": 32, "D": 2048, "F": 768, "E": 128, "K": 8, "B": 2}, "ep=2,tp=2,chunks=8")
-    assert after == 239_783
+    assert after == 239_514
     assert after < before

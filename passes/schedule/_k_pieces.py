@@ -21,6 +21,14 @@ only adds a start-up (all three cut: 18,768; every block's matrices cut: 19,527)
 The pieces load afresh (nothing follows the last block to reuse them): the tile the loop
 carries for the next block's reuse is the one it was given, never read again.
 
+A mesh chip's weight stream at decode ends the same way, with its last chunk's last round of
+the clusters' blocks, whose F tiles' windows are one engine's each (Qwen3-30B-A3B's [2048, 256]
+bf16, 1 MB): interleave-chunks makes that round a loop piece of its own and `round_in_pieces`
+loads those windows in pieces too, along K where the contraction starts its sum, else along N
+(a down projection whose K is an F tile, continuing the previous tile's sum by columns,
+`column_pieces`); the block then carries on the tile and ids it was given, as the slot's next
+block may be of the same expert (`load_in_pieces`).
+
 Exact: the pieces start at multiples of `k_grain` (the contraction grid's GRID_K and every
 K-block of the scales), so each piece is whole grid chunks and whole K-blocks, summed in K
 order onto the previous piece's sum (`numerics.contract`, `quantization.scaled_contract`): the
@@ -39,9 +47,11 @@ from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Block, Operation, SSAValue
 
 from dialects import tcp, tile
+from dialects.annotations import CLUSTER_ATTR, PHASE_ATTR
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import erase_unread, index_constant
 from passes.schedule._f_tiles import CONTRACTIONS, UP_SPEC, FAxis, axis_window, idle_engine_bytes
+from passes.schedule.map_contractions import map_contraction
 from runtime_sim.semantics.numerics import GRID_K, GRID_N
 from target.machine import Machine
 
@@ -144,20 +154,48 @@ def contract_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, weights: list[SSA
 
 def cut_into_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, count: int) -> None:
     """Replace `op` (`splittable`) and its weight's whole load by `count` K pieces (the module
-    docstring), in place. The whole load's tile yielded for the next block's reuse is replaced
-    by the tile it was given (`prev_tile`): nothing follows the last block."""
+    docstring), in place."""
+    load_in_pieces(op, K_AXIS, k_pieces(shape_of(op.rhs.type)[1], k_grain(op), count))
+
+
+def load_in_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, axis: int, bounds: list[tuple[int, int]],
+                   slots: int = 0, machine: Machine | None = None) -> None:
+    """Replace `op` and the `tile.load_expert` of its weight (whole or a window: an F tile) by
+    loads of the spans `bounds` of it along `axis` (K_AXIS: `contract_pieces`, N_AXIS:
+    `column_pieces`), in place. The pieces are not carried for reuse: where the block yielded
+    the load's tile (and its ids, `slots` places before it: a loop body yields its slots' ids,
+    then their tiles) for the next block, it yields the tile and ids it was given, so a next
+    block of the same expert reloads, or reuses what an earlier block loaded. An `op` already
+    mapped (map-contractions) has its pieces mapped for `machine`; the new ops take its phase
+    and cluster."""
     block = op.parent_block()
-    load = _whole_load(op.rhs)
-    assert block is not None and load is not None
-    bounds = k_pieces(shape_of(op.rhs.type)[1], k_grain(op), count)
-    pieces = [tile.LoadExpertOp(load.source, load.ids, None, None, list(load.after), piece_window(op, op.rhs, rows))
-              for rows in bounds]
+    load = op.rhs.owner
+    assert block is not None and isinstance(load, tile.LoadExpertOp)
+    base = load.window_offsets()
+    pieces = []
+    for span in bounds:
+        offsets, sizes = piece_window(op, op.rhs, span, axis)
+        pieces.append(tile.LoadExpertOp(load.source, load.ids, None, None, list(load.after),
+                                        ([b + o for b, o in zip(base, offsets)], sizes)))
     for piece in pieces:
         piece.attributes.update(load.attributes)
         piece.location = load.location
         piece.results[0].name_hint = load.result.name_hint
     block.insert_ops_before(pieces, load)
-    made = contract_pieces(op, [p.results[0] for p in pieces], bounds, lambda v: v)
+    weights = [p.results[0] for p in pieces]
+    if axis == K_AXIS:
+        made = contract_pieces(op, weights, bounds, lambda v: v)
+    else:
+        assert isinstance(op, tcp.ContractOp)
+        made = column_pieces(op, weights, tuple(bounds), lambda v: v)
+    for new in made:
+        for key in (PHASE_ATTR, CLUSTER_ATTR):
+            if key in op.attributes:
+                new.attributes.setdefault(key, op.attributes[key])
+        if isinstance(new, CONTRACTIONS) and op.mapping is not None:
+            assert machine is not None
+            del new.attributes["mapping"]
+            map_contraction(new, machine)
     block.insert_ops_before(made, op)
     op.result.replace_all_uses_with(made[-1].results[0])
     operands = [v for v in op.operands if v is not op.rhs]
@@ -166,8 +204,11 @@ def cut_into_pieces(op: tcp.ContractOp | tcp.ScaledContractOp, count: int) -> No
     for v in operands:
         erase_unread(v)
     assert load.prev_tile is not None or not load.result.uses
-    if load.prev_tile is not None:
-        load.result.replace_all_uses_with(load.prev_tile)
+    for use in list(load.result.uses):
+        assert isinstance(use.operation, scf.YieldOp) and load.prev_ids is not None and load.prev_tile is not None
+        use.operation.operands[use.index] = load.prev_tile
+        if slots:
+            use.operation.operands[use.index - slots] = load.prev_ids
     load.detach()
     load.erase()
 
@@ -230,9 +271,10 @@ def engine_pieces(op: Operation, machine: Machine) -> Pieces | None:
 def column_pieces(op: tcp.ContractOp, weights: list[SSAValue], bounds: tuple[tuple[int, int], ...],
                   operand: Callable[[SSAValue], SSAValue]) -> list[Operation]:
     """The ops that compute `op` from its weight's N pieces `weights` (columns `bounds` of it):
-    each piece's contraction makes its columns of the result, stored into their window of a
-    zero-filled SRAM buffer (`tile.store ... at`, the engine's commit in place); `operand` gives
-    the value to read for each of `op`'s other operands. The last op's result is `op`'s."""
+    each piece's contraction makes its columns of the result (continuing those columns of the
+    f32 sum `op` continues, `acc`), stored into their window of a zero-filled SRAM buffer
+    (`tile.store ... at`, the engine's commit in place); `operand` gives the value to read for
+    each of `op`'s other operands. The last op's result is `op`'s."""
     lhs = operand(op.lhs)
     guard = operand(op.guard) if op.guard is not None else None
     element = op.result.type.get_element_type()  # type: ignore[attr-defined]
@@ -242,9 +284,14 @@ def column_pieces(op: tcp.ContractOp, weights: list[SSAValue], bounds: tuple[tup
     made: list[Operation] = [zero, whole]
     out = whole.result
     for weight, (n0, n1) in zip(weights, bounds):
-        piece = tcp.ContractOp(op.spec.data, lhs, weight, TensorType(element, [*rows, n1 - n0]), guard=guard)
-        store = tile.StoreOp(piece.result, out, zero.result, window=[0] * (len(rows) - 1) + [n0])
-        for new in (piece, store):
+        columns = TensorType(element, [*rows, n1 - n0])
+        window = [0] * (len(rows) - 1) + [n0]
+        acc = None if op.acc is None else tile.SliceOp(operand(op.acc), zero.result, columns, window)
+        piece = tcp.ContractOp(op.spec.data, lhs, weight, columns, guard=guard,
+                               acc=None if acc is None else acc.result)
+        store = tile.StoreOp(piece.result, out, zero.result, window=window)
+        made += [] if acc is None else [acc]
+        for new in (*([] if acc is None else [acc]), piece, store):
             new.attributes.update(op.attributes)
             new.location = op.location
         piece.result.name_hint = f"{op.result.name_hint}_columns" if op.result.name_hint else None
@@ -272,3 +319,36 @@ def cut_last_block(body: Block, machine: Machine) -> None:
     for op in last_block_cuts(body, machine):
         assert isinstance(op, CONTRACTIONS)
         cut_into_pieces(op, LAST_PIECES)
+
+
+def round_cuts(body: Block, machine: Machine) -> list[tuple[tcp.ContractOp, int, list[tuple[int, int]]]]:
+    """The contractions of a loop body whose weights `round_in_pieces` loads in pieces: those
+    one DMA engine loads (at most one `dma.split_bytes` piece), with the axis and the spans:
+    K where it has more than one grain and the contraction starts its sum, else N (an F tile's
+    down projection after the first, whose K is the tile, continuing the previous tile's sum;
+    at multiples of GRID_N), in LAST_PIECES pieces."""
+    cuts = []
+    for op in body.walk():
+        load = op.rhs.owner if isinstance(op, tcp.ContractOp) and op.spec.data == UP_SPEC else None
+        if not isinstance(load, tile.LoadExpertOp) or stored_bytes(load.result.type) > machine.dma_split_bytes:
+            continue
+        if any(u.operation is not op and not isinstance(u.operation, scf.YieldOp) for u in op.rhs.uses):
+            continue
+        assert isinstance(op, tcp.ContractOp)
+        k, n = shape_of(op.rhs.type)[1:]
+        if k > k_grain(op) and op.acc is None:
+            cuts.append((op, K_AXIS, k_pieces(k, k_grain(op), LAST_PIECES)))
+        elif n > GRID_N and op.bias is None:
+            cuts.append((op, N_AXIS, k_pieces(n, GRID_N, LAST_PIECES)))
+    return cuts
+
+
+def round_in_pieces(body: Block, machine: Machine) -> None:
+    """Load `round_cuts`' weights in pieces (`load_in_pieces`): for the loop that ends a chip's
+    weight stream (interleave-chunks: a mesh chip's last chunk at decode), as for one token's
+    last block."""
+    loads = [op for op in body.walk() if isinstance(op, tile.LoadExpertOp)]
+    slots = {b: sum(1 for op in loads if op.prev_ids is not None and op.parent_block() is b)
+             for b in {op.parent_block() for op in loads}}
+    for op, axis, bounds in round_cuts(body, machine):
+        load_in_pieces(op, axis, bounds, slots[op.rhs.owner.parent_block()], machine)  # type: ignore[union-attr]

@@ -40,6 +40,12 @@ sending once chunk 0's rows are made rather than after the router ends (ep=8 as 
 -> 1,664.7 us; ep=2, 2 chunks of 2,048 in trips of 1,024, after two of the four: 1,719.8 ->
 1,708.3 us with schedule-tokens' `chunk_trips`).
 
+At decode the last chunk's loop ends the chip's weight stream: its last round of the clusters'
+blocks (those a balanced routing fills) is a loop piece of its own whose weights one DMA engine
+loads each (at most one `dma.split_bytes` piece) load in pieces (`_k_pieces.round_in_pieces`),
+so the engines finish closer together (Qwen3-30B-A3B, 16 tokens a chip, ep=4, B = 4, 2 chunks:
+223.4 -> 222.5 us; ep=8 117.5 -> 116.6; docs/passes.md).
+
 The later chunks' dispatch plans (`ccl.a2a_plan`, `a2a_tokens`, `a2a_token_lists`: vector work
 on the router's results alone) go before the first expert loop, where cluster 0 would otherwise
 wait for the first chunk's tokens to cross the link; between the loops they held cluster 0
@@ -74,6 +80,7 @@ from dialects.annotations import CLUSTER_ATTR, cluster_of, phase_of, place_on_cl
 from dialects.tensor_types import shape_of
 from passes._loop_builder import constant_index, op_of_block
 from passes.schedule._cluster_copies import DMA_OPS, reacher
+from passes.schedule._k_pieces import round_cuts, round_in_pieces
 from passes.schedule.interleave_shared import block_rows, split
 from passes.schedule.split_clusters import PREFILL_PAIRS_PER_EXPERT, expert_loops
 from target.target_spec import machine_of
@@ -284,6 +291,22 @@ def _router_first(block: Block, prefill: bool) -> None:
     block.insert_ops_before(moved, rest)
 
 
+def _stream_end_in_pieces(block: Block, clusters: int) -> None:
+    """At decode, the last round of the clusters' blocks (a routing balanced over the chips fills,
+    `_filled`) of the last chunk's loop, the end of the chip's weight stream, a loop piece of its
+    own whose one-engine weight loads go in pieces (`_k_pieces.round_in_pieces`; docstring)."""
+    loop = expert_loops(block)[-1]
+    machine = machine_of(block.parent_op())
+    lb, ub, step = (constant_index(v) for v in (loop.lb, loop.ub, loop.step))
+    filled = _filled(block, loop)
+    if lb is None or ub is None or not step or not filled or not round_cuts(loop.body.block, machine):
+        return
+    at = (filled - clusters) * step
+    if lb < at < ub:
+        loop = split(loop, [lb, at, ub])[-1]
+    round_in_pieces(loop.body.block, machine)
+
+
 _PLANS = (ccl.A2APlanOp, ccl.A2ATokensOp, ccl.A2ATokenListsOp)
 
 
@@ -367,3 +390,5 @@ class InterleaveChunksPass(ModulePass):
                 _plans_first(fn.body.block)
                 if cut and _prefill(fn.body.block):
                     _returns_on_last_cluster(fn.body.block, clusters)
+                if not _prefill(fn.body.block):
+                    _stream_end_in_pieces(fn.body.block, clusters)

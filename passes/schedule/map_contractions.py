@@ -26,6 +26,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from dialects import tcp
 from target.contraction_mapping import ContractionShape, Mapping, MappingError, check, choose
+from target.machine import Machine
 from target.target_spec import machine_of
 
 
@@ -33,6 +34,20 @@ def mapping_attr(mapping: Mapping) -> tcp.MappingAttr:
     """The IR's form of a chosen mapping."""
     return tcp.MappingAttr.make(mapping.engine, mapping.trf, mapping.slices, mapping.lanes, mapping.broadcast,
                                 mapping.packet, mapping.k_chunk, mapping.trf_mode)
+
+
+def map_contraction(inner: tcp.ContractOp | tcp.ScaledContractOp, machine: Machine,
+                    chosen_for: dict[ContractionShape, tcp.MappingAttr] | None = None) -> None:
+    """Give `inner`, which has no mapping, the cheapest legal one (`chosen_for`: those chosen
+    so far, by shape)."""
+    shape = ContractionShape.of(inner.roles())
+    chosen = None if chosen_for is None else chosen_for.get(shape)
+    if chosen is None:
+        chosen = mapping_attr(choose(shape, machine).best.mapping)
+        if chosen_for is not None:
+            chosen_for[shape] = chosen
+    # before the other attributes: the phase and cluster stay last on the line
+    inner.attributes = {"mapping": chosen, **inner.attributes}
 
 
 @dataclass(frozen=True)
@@ -47,15 +62,11 @@ class MapContractionsPass(ModulePass):
         for inner in op.walk():
             if not isinstance(inner, tcp.ContractOp | tcp.ScaledContractOp):
                 continue
+            if inner.mapping is None:
+                map_contraction(inner, machine, chosen_for)
+                continue
             roles = inner.roles()
             shape = ContractionShape.of(roles)
-            if inner.mapping is None:
-                chosen = chosen_for.get(shape)
-                if chosen is None:
-                    chosen = chosen_for[shape] = mapping_attr(choose(shape, machine).best.mapping)
-                # before the other attributes: the phase and cluster stay last on the line
-                inner.attributes = {"mapping": chosen, **inner.attributes}
-                continue
             try:
                 check(Mapping(**inner.mapping.fields()), shape, machine)  # type: ignore[arg-type]
             except MappingError as e:
