@@ -370,7 +370,7 @@ def test_one_tokens_weights_follow_the_routing(path: str) -> None:
 def test_chunked_cumsum_is_bit_identical(t: int, k: int, e: int, b: int, c: int | None, style: str) -> None:
     """From MIN_CHUNKED_PAIRS pairs the cumsum over pairs runs in chunks: the plan's bits all
     the same (capacity drops, empty experts, a prime P that keeps one chunk)."""
-    from passes.lowering.lower_routing import MIN_CHUNKED_PAIRS, scan_chunks
+    from target.chunked_scan import MIN_CHUNKED_PAIRS, scan_chunks
 
     assert scan_chunks(t * k, e, 2048) == {256: 8, 260: 10, 257: 1, 384: 12}[t * k]
     assert t * k >= MIN_CHUNKED_PAIRS
@@ -414,7 +414,7 @@ def test_packing_needs_room_above_the_rank() -> None:
 def test_chunks_take_the_fewest_scan_steps() -> None:
     """The divisor of P whose scans take the fewest steps, counting the rounds of the target's
     scan rows (RNGD: 2,048); one chunk below MIN_CHUNKED_PAIRS or for a prime P."""
-    from passes.lowering.lower_routing import scan_chunks, scan_rows_of
+    from target.chunked_scan import scan_chunks, scan_rows_of
     from target.machine import default_machine
 
     SCAN_ROWS = scan_rows_of(default_machine())
@@ -451,7 +451,8 @@ def test_pair_groups_are_bit_identical(t: int, k: int, e: int, b: int, c: int | 
     (two passes, a carried histogram, the packed ranks stored group by group): the plan's bits
     all the same, on valid routings and on any indices (repeats, out of range), and no [P, E]
     tensor is left, only the groups' [P / groups, E]."""
-    from passes.lowering.lower_routing import pair_groups, scan_chunks
+    from passes.lowering.lower_routing import pair_groups
+    from target.chunked_scan import scan_chunks
 
     pipeline = f"lower-routing{{routing_bytes={budget}}}"
     assert pair_groups(t * k, e, scan_chunks(t * k, e, 2048), budget) == groups

@@ -344,7 +344,7 @@ def test_the_shared_experts_tiles_share_the_clusters_at_decode(tmp_path) -> None
     assert not [loop for loop in data["chips"][0]["loops"] if loop["phase"] == "shared"]
     router = [loop for loop in data["chips"][0]["loops"] if loop["phase"] == "router"]
     assert len(router) == 1 and "bf16[64, 7168]" not in router[0]["tiles"], router  # no tokens' tile: the matmul whole
-    assert data["total_cycles"] == 2_124_613
+    assert data["total_cycles"] == 2_124_406  # 2,124,613 before the plans' cumsums were chunked
 
 
 def test_a_chip_with_no_split_pair_skips_their_return() -> None:

@@ -181,7 +181,7 @@ def test_token_tiles_are_balanced_over_the_clusters() -> None:
 def test_the_pipeline_writes_no_machine_number() -> None:
     """The passes read the machine from the module's target, so the pipeline is the same for
     every machine; the machine-derived figures the passes compute are RNGD's on RNGD."""
-    from passes.lowering.lower_routing import scan_rows_of
+    from target.chunked_scan import scan_rows_of
     from passes.schedule.split_clusters import own_dma_intensity
     from target.machine import default_machine
     from tcpc.pipelines import FULL_PIPELINE, pipeline_spec

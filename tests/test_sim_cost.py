@@ -185,6 +185,21 @@ def test_cumsum_is_a_time_axis_scan() -> None:
     assert scan_cycles(M, 2048, 64, alu="float")[0] == 16 + 1 + 2 * 64
 
 
+def test_the_mesh_plans_cumsum_runs_chunked_as_lower_routings() -> None:
+    """ccl.a2a_plan's cumsum over a chunk's pairs (Qwen3-30B-A3B on 2 chips: 16,384 pairs, 2 rows)
+    charged as lower-routing's chunked cumsum: 64 chunks of 256 steps side by side, the totals'
+    cumsum and sum (64 steps each) and the offsets' add over every element, not one scan of 16,384
+    steps; below MIN_CHUNKED_PAIRS one scan, as lower-routing runs it."""
+    from runtime_sim.perf.ccl_cost import chunked_cumsum_cycles
+    from target.chunked_scan import MIN_CHUNKED_PAIRS
+
+    fixed = scan_cycles(M, 1, 1)[0] - 1
+    add = vector_chain_cycles(M, 2 * 16384, alu="int", alus_used=1)[0]
+    assert chunked_cumsum_cycles(M, 2, 16384) == (fixed + 256 + 2 * (fixed + 64) + add, "scan")
+    assert chunked_cumsum_cycles(M, 2, 16384)[0] < scan_cycles(M, 2, 16384)[0] // 10
+    assert chunked_cumsum_cycles(M, 2, MIN_CHUNKED_PAIRS - 1) == scan_cycles(M, 2, MIN_CHUNKED_PAIRS - 1)
+
+
 def test_unlowered_ir_names_every_uncosted_op() -> None:
     module = parse("""
     func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {

@@ -49,9 +49,11 @@ so the engines finish closer together (Qwen3-30B-A3B, 16 tokens a chip, ep=4, B 
 The later chunks' dispatch plans (`ccl.a2a_plan`, `a2a_tokens`, `a2a_token_lists`: vector work
 on the router's results alone) go before the first expert loop, where cluster 0 would otherwise
 wait for the first chunk's tokens to cross the link; between the loops they held cluster 0
-while cluster 1 waited for the next block. a2a's return plans (`ccl.a2a_returns`, which the link
-and DMA read, and one guard of the home's pair sum) run on the last cluster, for the same
-reason (`_returns_on_last_cluster`).
+while cluster 1 waited for the next block. a2a's return plans (`ccl.a2a_returns`) stay where
+shard-experts put them, on cluster 0: their cumsums chunked as lower-routing's, they take 0.6 us
+a chunk there (Qwen3-30B-A3B ep=8), and run on the last cluster with copies of their tables back
+to cluster 0 they cost ep=8 a2a 1,562.0 -> 1,592.4 us (those copies took DMA queues the next
+blocks' token gathers waited behind).
 
 Measured (Qwen3-30B-A3B on 8 chips, 4,096 tokens a chip, 8 chunks of 16 filled blocks, a2a_sum):
 main's order 1,706.3 us; the receive and dispatch before the last quarter, the combine after
@@ -79,7 +81,7 @@ from dialects import ccl, tcp, tile, ve
 from dialects.annotations import CLUSTER_ATTR, cluster_of, phase_of, place_on_cluster
 from dialects.tensor_types import shape_of
 from passes._loop_builder import constant_index, op_of_block
-from passes.schedule._cluster_copies import DMA_OPS, reacher
+from passes.schedule._cluster_copies import DMA_OPS
 from passes.schedule._k_pieces import round_cuts, round_in_pieces
 from passes.schedule.interleave_shared import block_rows, split
 from passes.schedule.split_clusters import PREFILL_PAIRS_PER_EXPERT, expert_loops
@@ -135,17 +137,16 @@ def _chained(loops: list[scf.ForOp]) -> bool:
     return any(v in made for loop in loops for v in loop.iter_args)
 
 
-def interleave(block: Block, clusters: int) -> bool:
-    """Spread the ops between `block`'s chunk expert loops into them (the module docstring);
-    whether it cut them."""
+def interleave(block: Block, clusters: int) -> None:
+    """Spread the ops between `block`'s chunk expert loops into them (the module docstring)."""
     loops = [op for op in expert_loops(block) if phase_of(op) == "experts"]
     if len(loops) < 2 or _chained(loops):
-        return False
+        return
     lb, ub, step = (constant_index(v) for v in (loops[0].lb, loops[0].ub, loops[0].step))
     filled = _filled(block, loops[0])
     quarter = filled // 4 // clusters * clusters
     if lb is None or ub is None or not step or not quarter or lb + (filled - quarter) * step >= ub:
-        return False
+        return
     cuts = [lb + quarter * step, lb + (filled - quarter) * step]
     routing: list[list[Operation]] = []
     early: list[list[Operation]] = []
@@ -186,7 +187,6 @@ def interleave(block: Block, clusters: int) -> bool:
                 if op.parent is not None:
                     op.detach()
             block.insert_ops_before(moved, piece)
-    return True
 
 
 _KEPT = (ve.ConstOp, arith.ConstantOp, tile.BufferOp)
@@ -331,42 +331,11 @@ def _plans_first(block: Block) -> None:
 def _prefill(block: Block) -> bool:
     """Whether a chunk's experts receive prefill's pairs (split-clusters' PREFILL_PAIRS_PER_EXPERT
     each, under a routing balanced over the chips): their contractions then keep the tensor units
-    busy, and a return plan on cluster 0 holds them up. At decode the home's sum waits for the
-    plan's copy back instead (Qwen3-30B-A3B ep=8, 16 tokens a chip, B = 8, 2 chunks: 118.7 ->
-    120.4 us with it on the last cluster)."""
+    busy, and `_router_first` cuts the router after the trips that make chunk 0 (at decode after
+    the first)."""
     plan = next((op for op in block.ops if isinstance(op, ccl.A2APlanOp)), None)
     return plan is not None and math.prod(shape_of(plan.experts_idx.type)) * plan.chips.value.data \
         >= PREFILL_PAIRS_PER_EXPERT * plan.experts.value.data
-
-
-def _returns_on_last_cluster(block: Block, clusters: int) -> None:
-    """a2a's return plans (`ccl.a2a_returns`: vector work that mostly the link and DMA commands
-    read) on the last cluster, from a DMA copy of the slots they read, and copied back to cluster
-    0 just before the first of its ops that computes on a result: on cluster 0 they held its
-    tensor unit at every chunk while the last cluster's waited."""
-    last = clusters - 1
-    if last == 0:
-        return
-    for op in [op for op in block.ops if isinstance(op, ccl.A2AReturnsOp)]:
-        before: list[Operation] = []
-        reach = reacher(before)
-        for i, v in enumerate(op.operands):
-            op.operands[i] = reach(v, last)
-        block.insert_ops_before(before, op)
-        place_on_cluster(op, last)
-        block = op.parent_block()
-        assert block is not None
-        for r in op.results:
-            uses = [use for use in r.uses if not isinstance(use.operation, (*DMA_OPS, *ccl.COLLECTIVES))
-                    and cluster_of(use.operation) != last]
-            if not uses:
-                continue
-            copy = tile.CopyOp(r)
-            place_on_cluster(copy, 0)
-            for use in uses:
-                use.operation.operands[use.index] = copy.result
-            first = min((op_of_block(use.operation, block) for use in uses), key=block.get_operation_index)
-            block.insert_op_before(copy, first)
 
 
 @dataclass(frozen=True)
@@ -385,10 +354,8 @@ class InterleaveChunksPass(ModulePass):
             # E = 32 on ep=4,sp=4, 2 chunks: 855,127 -> 940,719 cycles; tests/test_mesh_sp.py).
             if isinstance(fn, func.FuncOp) and fn.body.blocks and ccl.CHUNKS_ATTR in fn.attributes \
                     and not ccl.gathers_over_sp(fn.body.block):
-                cut = interleave(fn.body.block, clusters)
+                interleave(fn.body.block, clusters)
                 _router_first(fn.body.block, _prefill(fn.body.block))
                 _plans_first(fn.body.block)
-                if cut and _prefill(fn.body.block):
-                    _returns_on_last_cluster(fn.body.block, clusters)
                 if not _prefill(fn.body.block):
                     _stream_end_in_pieces(fn.body.block, clusters)

@@ -33,7 +33,10 @@ with chips for experts (lower-routing's pair cumsum over [T*K, chips] and five e
 invocations over it: one-hot, mask, rank gather, row, slot expert); `ccl.a2a_tokens` likewise
 (a cumsum over [T, chips] and three invocations over [T*K, chips]: one-hot, any over K, the
 slots' token rows), and `ccl.a2a_token_lists` (the same, with a cumsum over K for a pair's
-place in its token's list).
+place in its token's list). Each cumsum along T*K or T runs chunked as lower-routing's does
+(`chunked_cumsum_cycles`): with a few chips for rows, one scan of T*K steps would leave all but
+a few of the vector engine's lanes idle (Qwen3-30B-A3B on 2 chips, a chunk of 2,048 tokens: one
+plan's scan 16,384 steps, chunked 64 chunks of 256 and 2 x 64).
 """
 
 from __future__ import annotations
@@ -50,9 +53,24 @@ from runtime_sim.perf.cost_model import LINK, OpCost, free_cost, register_cost, 
 from target.machine import Machine
 from target.mesh_machine import MeshMachine
 from runtime_sim.perf.vector_cost import scan_cycles, vector_chain_cycles
+from target.chunked_scan import scan_chunks, scan_rows_of
 
 PLAN_STREAMS = 5
 """Elementwise vector invocations over [T*K, chips] charged for one `ccl.a2a_plan`."""
+
+
+def chunked_cumsum_cycles(machine: Machine, rows: int, steps: int) -> tuple[int, str]:
+    """Cycles of a cumsum over `rows` rows of `steps` as lower-routing's `chunked_cumsum` runs it:
+    in S chunks (`scan_chunks`) side by side, [S * rows] rows of steps / S, then the chunks'
+    totals' cumsum and sum (S steps each) and the offsets added back (one invocation over all
+    the elements); one scan where S is 1. The same i32 adds of the same counts."""
+    chunks = scan_chunks(steps, rows, scan_rows_of(machine))
+    if chunks == 1:
+        return scan_cycles(machine, rows, steps)
+    scan, bound = scan_cycles(machine, chunks * rows, steps // chunks)
+    totals, _ = scan_cycles(machine, rows, chunks)
+    add, _ = vector_chain_cycles(machine, rows * steps, alu="int", alus_used=1)
+    return scan + 2 * totals + add, bound
 
 
 def cost_a2a_plan(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -60,7 +78,7 @@ def cost_a2a_plan(op: Operation, operands: tuple[Any, ...], results: tuple[Any, 
     t, k = shape_of(op.experts_idx.type)
     n = op.group_size
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
-    scan, bound = scan_cycles(machine, n, t * k)
+    scan, bound = chunked_cumsum_cycles(machine, n, t * k)
     return OpCost("tensor", PLAN_STREAMS * stream + scan, bytes_moved=4 * (PLAN_STREAMS + 1) * 2 * t * k * n,
                   bound=bound)
 
@@ -75,7 +93,7 @@ def _rank_scans(op: ccl.A2ATokensOp | ccl.A2ATokenListsOp | ccl.A2AReturnsOp, ma
     """The token ranks' cumsum over [T, chips], or with `whole_first` over [T, 2 chips] (the
     whole tokens' and the split ones' side by side, one invocation), and what bounds it."""
     t, _ = shape_of(op.slot_rows.type)
-    return scan_cycles(machine, (2 if op.whole_first is not None else 1) * op.group_size, t)
+    return chunked_cumsum_cycles(machine, (2 if op.whole_first is not None else 1) * op.group_size, t)
 
 
 def cost_a2a_tokens(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -122,7 +140,7 @@ def cost_a2a_returns(op: Operation, operands: tuple[Any, ...], results: tuple[An
     streams = RETURN_STREAMS + (op.wave_of is not None)
     stream, _ = vector_chain_cycles(machine, t * k * n, alu="int", alus_used=1)
     tokens, bound = _rank_scans(op, machine)
-    pairs, _ = scan_cycles(machine, n, t * k)
+    pairs, _ = chunked_cumsum_cycles(machine, n, t * k)
     over_k, _ = scan_cycles(machine, t * n, k)
     return OpCost("tensor", streams * stream + tokens + pairs + over_k,
                   bytes_moved=4 * (streams + 3) * 2 * t * k * n, bound=bound)
