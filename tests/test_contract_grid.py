@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from runtime_sim.semantics import numerics
 from runtime_sim.semantics.numerics import GRID_K, GRID_M, GRID_N, bfloat16, contract
 from support import bits
 
@@ -97,6 +98,24 @@ def test_blocks_sharing_one_weight_keep_each_blocks_bits(blocks: int, rows: int,
     if acc is None:
         minus_zero = np.full(shared.shape, -0.0, np.float32)
         assert np.array_equal(bits(contract("gbd,df->gbf", x, w, minus_zero)), bits(shared))
+
+
+def test_blocks_sharing_one_weight_fill_its_tiles_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 blocks of 64 rows by one weight are 4 tile products of GRID_M rows, the blocks' rows
+    stacked, not 8 of 64 rows padded with zeros to GRID_M (a row's bits do not depend on the
+    rows beside it, so any rows may share a tile: half the multiplies of a Qwen3 expert block)."""
+    lhs_rows: list[int] = []
+    real = numerics._blas_tile
+
+    def counted(v: np.ndarray) -> np.ndarray:
+        if v.shape[-1] == 40:  # the lhs's tiles, [items, rows, K]
+            lhs_rows.append(v.shape[0] * v.shape[1])
+        return real(v)
+
+    monkeypatch.setattr(numerics, "_blas_tile", counted)
+    rng = np.random.default_rng(0)
+    contract("gbd,df->gbf", rng.standard_normal((8, 64, 40)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32))
+    assert lhs_rows == [GRID_M] * 4
 
 
 def blas_threads() -> int:

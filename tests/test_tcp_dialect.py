@@ -7,8 +7,11 @@ import pytest
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import InterpretationError
 
+from runtime_sim.semantics import tcp_semantics
 from runtime_sim.semantics.executor import run_function
 from runtime_sim.semantics.moe_semantics import RoutePlan, dispatch
+from runtime_sim.semantics.numerics import contract
+from support import bits
 from tcpc.pipelines import make_context
 
 IR = """
@@ -83,6 +86,40 @@ def test_contract_accumulates_onto_acc_and_a_skipped_block_keeps_it() -> None:
     acc = np.full((2, 2, 3), 0.5, np.float32)
     (y,) = run_function(module, "k", [a, w, acc, np.array([1, -1], np.int32)])
     assert (y[0] == 8.5).all() and (y[1] == 0.5).all()
+
+
+GUARDED_IR = """
+func.func @g(%a: tensor<4x3x600xbf16>, %w: tensor<600x5xbf16>, %ws: tensor<2x600x5xbf16>, %acc: tensor<4x3x5xf32>,
+             %ids: tensor<4xi32>) -> (tensor<4x3x5xf32>, tensor<4x3x5xf32>) {
+  %s = tcp.contract "gbd,df->gbf" %a, %w acc %acc guard %ids : tensor<4x3x600xbf16>, tensor<600x5xbf16> acc tensor<4x3x5xf32> guard tensor<4xi32> -> tensor<4x3x5xf32>
+  %wg = tcp.dma_gather %ws[%ids] : tensor<2x600x5xbf16>, tensor<4xi32> -> tensor<4x600x5xbf16>
+  %b = tcp.contract "gbd,gdf->gbf" %a, %wg guard %ids : tensor<4x3x600xbf16>, tensor<4x600x5xbf16> guard tensor<4xi32> -> tensor<4x3x5xf32>
+  func.return %s, %b : tensor<4x3x5xf32>, tensor<4x3x5xf32>
+}
+"""
+
+
+def test_a_guarded_contract_computes_only_the_blocks_that_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks 1 and 3 skipped: the products are taken of blocks 0 and 2 alone (by one weight, and
+    each by its own gathered weight), with the bits of the product of every block, masked."""
+    computed: list[int] = []
+
+    def counted(spec: str, lhs, rhs, acc=None):  # type: ignore[no-untyped-def]
+        computed.append(lhs.shape[0])
+        return contract(spec, lhs, rhs, acc)
+
+    monkeypatch.setattr(tcp_semantics, "contract", counted)
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((4, 3, 600)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((600, 5)).astype(ml_dtypes.bfloat16)
+    ws = rng.standard_normal((2, 600, 5)).astype(ml_dtypes.bfloat16)
+    acc = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    ids = np.array([1, -1, 0, -1], np.int32)
+    shared, own = run_function(parse(GUARDED_IR), "g", [a, w, ws, acc, ids])
+    assert computed == [2, 2]
+    runs = (ids >= 0)[:, None, None]
+    assert np.array_equal(bits(shared), bits(np.where(runs, contract("gbd,df->gbf", a, w, acc), acc)))
+    assert np.array_equal(bits(own), bits(np.where(runs, contract("gbd,gdf->gbf", a, ws[np.maximum(ids, 0)]), 0)))
 
 
 WINDOW_IR = """

@@ -235,14 +235,15 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None
     in GRID_K chunks strictly in order into an f32 accumulator), then arranged as `spec` says.
     A letter of one operand only that the result drops is summed first, left to right.
 
-    Every lhs-only letter of the result but the last is evaluated like a batch letter, the rhs
-    shared by each of its indices (`gbd,df->gbf`: one [b, d] x [d, f] product per g, the rows
-    of different g never in one tile): a contraction of several blocks' rows by one shared
-    weight gives each block the bits of its own `gbd,gdf->gbf` product (the schedule level's
-    expert groups, passes/schedule/schedule_experts.py). numpy's products differ in the last
-    bits with the number of rows a tile holds, where the chip's accumulation order per result
-    element does not: every tile product holds GRID_M rows (zeros below the last), so any rows
-    taken alone give the bits they have in the whole contraction, wherever the rows are cut.
+    numpy's products differ in the last bits with the number of rows a tile holds, where the
+    chip's accumulation order per result element does not: every tile product holds GRID_M rows
+    (zeros below the last), so any rows taken alone give the bits they have in the whole
+    contraction, wherever the rows are cut. So the lhs-only letters of a contraction by one rhs
+    are all rows, their tiles filled in turn (`gbd,df->gbf`: the g blocks' rows stacked, eight
+    blocks of 64 rows four tile products, not eight padded ones), and each block still gets the
+    bits of its own `gbd,gdf->gbf` product (the schedule level's expert groups,
+    passes/schedule/schedule_experts.py). With several rhs batch items, every lhs-only letter of
+    the result but the last is evaluated like a batch letter, the rhs shared by each of its indices.
 
     `acc` (f32, the result's shape) is the accumulator's initial value: the K chunks are added
     to it in order. A contraction split along K at multiples of GRID_K, each piece passing the
@@ -279,7 +280,10 @@ def contract(spec: str, lhs: np.ndarray, rhs: np.ndarray, acc: np.ndarray | None
     left = [c for c in out if c in a and c not in b]
     right = [c for c in out if c in b and c not in a]
     summed = [c for c in a if c in b and c not in out]
-    shared, left = left[:-1], left[-1:]  # lhs-only letters but the last: batch items sharing the rhs
+    if math.prod(size[c] for c in batch) == 1:  # one rhs: the rows of every lhs-only index fill its tiles
+        shared = []
+    else:  # lhs-only letters but the last: batch items sharing the rhs
+        shared, left = left[:-1], left[-1:]
 
     def arranged(v: np.ndarray, letters: str, order: list[str], groups: list[list[str]]) -> np.ndarray:
         shape = tuple(math.prod(size[c] for c in g) for g in groups)
@@ -392,16 +396,18 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> 
             product = np.matmul(x, y)
             out[i:j] = product if acc is None else acc[i:j] + product
             continue
-        if m % GRID_M:  # every tile product has GRID_M rows: a row's bits never depend on how many share its tile
-            x = np.concatenate([x, np.zeros((j - i, GRID_M - m % GRID_M, k), x.dtype)], axis=1)
         for m0 in range(0, m, GRID_M):
             rows = slice(m0, min(m, m0 + GRID_M))
+            tile = x[:, rows]
+            if rows.stop - m0 < GRID_M:  # every tile product has GRID_M rows: a row's bits never depend on how many share its tile
+                tile = np.zeros((j - i, GRID_M, k), np.float32)
+                tile[:, :rows.stop - m0] = x[:, rows]
             for n0 in range(0, n, GRID_N):
                 cols = slice(n0, min(n, n0 + GRID_N))
                 total = None if acc is None else acc[i:j, rows, cols]
                 for k0 in range(0, k, GRID_K):
                     ks = slice(k0, min(k, k0 + GRID_K))
-                    lhs, rhs = x[:, m0:m0 + GRID_M, ks], y[:, ks, cols]
+                    lhs, rhs = tile[:, :, ks], y[:, ks, cols]
                     if rhs.shape[2] == 1:  # a vector product: gemv
                         part = np.matmul(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs))[:, :rows.stop - m0]
                     else:
@@ -445,8 +451,6 @@ class _Shared:
         self.dtype = base.dtype
 
     def items(self, i: int, j: int) -> np.ndarray:
-        if self.batch == 1:  # one rhs for every item: a broadcast view of it
-            return np.broadcast_to(_items(self.base, 0, 1), (j - i, *self.shape[1:]))
         return np.concatenate([_items(self.base, t % self.batch, t % self.batch + 1) for t in range(i, j)])
 
 

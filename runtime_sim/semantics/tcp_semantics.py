@@ -77,6 +77,26 @@ class WidenedOperands:
             del self._spares[:-self._max_spares]
 
 
+def _blocks_to_run(spec: str, guard: np.ndarray | None) -> np.ndarray | None:
+    """The blocks a guarded contraction computes (those whose guard is not negative), or None to
+    compute them all: when some are skipped and the blocks are the lhs's first axis (and the
+    rhs's first, if it has that letter), a batch or row axis, whose results are each computed
+    alone (`numerics.contract`)."""
+    if guard is None or np.all(guard >= 0):
+        return None
+    (lhs, rhs), block = spec.split("->")[0].split(","), spec.split("->")[1][:1]
+    if lhs[:1] != block or (block in rhs and rhs[:1] != block):
+        return None
+    return np.nonzero(guard >= 0)[0]
+
+
+def _blocks(x: Any, run: np.ndarray) -> Any:
+    """Blocks `run` (indices along the first axis) of an operand, a gather left unmaterialised."""
+    if isinstance(x, GatheredRows):
+        return GatheredRows(x.source, x.indices[run])
+    return np.asarray(x)[run]
+
+
 @register_impls
 class TCPFunctions(InterpreterFunctions):
     def __init__(self) -> None:
@@ -98,7 +118,14 @@ class TCPFunctions(InterpreterFunctions):
             rhs = self.widened(rhs)
             if isinstance(lhs, np.ndarray):
                 lhs = self.widened(lhs) if _read_only_bf16(lhs) else np.asarray(lhs, np.float32)
-        out = contract(op.spec.data, lhs, rhs, acc)  # bf16 operands are widened in pieces
+        run = _blocks_to_run(op.spec.data, guard)
+        if run is None:
+            out = contract(op.spec.data, lhs, rhs, acc)  # bf16 operands are widened in pieces
+        else:  # only the blocks that run are computed: a row's bits do not depend on the rows beside it
+            out = np.zeros(tcp.shape_of(op.result.type), np.float32) if acc is None else np.array(acc, np.float32)
+            if op.spec.data.split(",")[1][:1] == op.spec.data[0]:  # a batch letter: each block its own rhs
+                rhs = _blocks(rhs, run)
+            out[run] = contract(op.spec.data, _blocks(lhs, run), rhs, None if acc is None else out[run])
         if bias is not None:
             out = out + compute(bias)
         if guard is not None:
