@@ -158,6 +158,7 @@ from passes._loop_builder import (
     in_hbm,
     is_row_parallel_ve,
     leading,
+    reopen_otherwise,
     replace_by_loop,
     select_ops,
     skip_unless,
@@ -873,12 +874,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         branch.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
         if defer:  # a block that does not run flushes what is pending if it is the last
             assert last_block is not None
-            otherwise = branch.false_region.block
-            skipped = otherwise.last_op
-            assert isinstance(skipped, scf.YieldOp)
-            carried = list(skipped.operands)
-            skipped.detach()
-            skipped.erase()
+            otherwise, carried = reopen_otherwise(branch)
             *tiles_pending, block_pending, ids_pending = pending
             at_last = tile.SliceOp(last_block, index, tile_type(last_block.type))
             is_last = tile.GuardOp(at_last.result)
