@@ -285,6 +285,18 @@ def replace_by_loop(block: Block, ops: list[Operation], escaping: list[SSAValue]
         op.erase()
 
 
+def reopen_otherwise(branch: scf.IfOp) -> tuple[Block, list[SSAValue]]:
+    """The else block of a `skip_unless` branch without its yield, and what that yielded (the
+    carried values), for ops to be added there before a new yield."""
+    otherwise = branch.false_region.block
+    skipped = otherwise.last_op
+    assert isinstance(skipped, scf.YieldOp)
+    carried = list(skipped.operands)
+    skipped.detach()
+    skipped.erase()
+    return otherwise, carried
+
+
 def skip_unless(body: Block, condition: SSAValue) -> scf.IfOp:
     """Move every op of a loop body after `condition`'s producer, up to the body's yield, into
     an `scf.if %condition`: an iteration whose condition is false yields its carried values

@@ -73,6 +73,28 @@ def test_every_example_is_bit_identical_with_streamed_f_tiles(path: Path) -> Non
     assert_same_bits(program.run(seed=4, pipeline=pipeline).outputs, program.run(seed=4).outputs)
 
 
+
+def test_streamed_tiles_store_a_blocks_results_after_the_next_blocks_loads() -> None:
+    """Streamed F tiles: a block's results are stored by the next block that runs, right after
+    its last tile's weight loads (stored at the end of its own block, a store held a DMA engine
+    idle until that block's last contraction, and the loads issued after it could not use the
+    engine); the last block stores its own. On both clusters, with unused blocks: the
+    reference's bits."""
+    program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / "qwen3_moe.moe",
+                                dims={"T": 20, "D": 16, "F": 1100, "E": 4, "K": 2, "B": 4})
+    module = program.lower(f"{LOWERED},schedule-experts{F_TILE_MODES['streamed']}")
+    loop = next(op for op in module.walk() if isinstance(op, scf.ForOp) and op.body.block.args[0].name_hint == "block")
+    runs = next(op for op in loop.body.block.ops if isinstance(op, scf.IfOp))
+    body = list(runs.true_region.block.ops)
+    names = [op.results[0].name_hint if op.results else None for op in body]
+    flushed = names.index("y_blocked_flushed")
+    loads = [i for i, op in enumerate(body) if op.name == "tile.load_expert"]
+    contractions = [i for i, op in enumerate(body) if op.name == "tcp.contract"]
+    assert loads[-1] < flushed < contractions[-1]
+    assert [op.name for op in runs.false_region.block.ops][-2:] == ["scf.if", "scf.yield"]  # the last flushes
+    full = ",".join(FULL_PIPELINE).replace("schedule-experts", f"schedule-experts{F_TILE_MODES['streamed']}")
+    assert_same_bits(program.run(seed=6, pipeline=full).outputs, program.run(seed=6).outputs)
+
 def cost_only(path: str, dims: dict[str, int], routing: str = "balanced"):
     program = tcpc.compile_file(Path(__file__).parent.parent / "examples" / path, dims=dims)
     module = program.lower("pin-routing," + ",".join(FULL_PIPELINE))

@@ -67,7 +67,8 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from dialects import tcp, tile, ve
 from dialects.annotations import PHASE_ATTR
 from dialects.tensor_types import shape_of, stored_bytes
-from passes._loop_builder import ZERO_OPERAND_VE, clone_rows, in_hbm, index_constant, leading, replace_by_loop, skip_unless, tile_type
+from passes._loop_builder import (ZERO_OPERAND_VE, clone_rows, in_hbm, index_constant, leading, reopen_otherwise,
+                                  replace_by_loop, skip_unless, tile_type)
 from passes.schedule._f_tiles import TILES_IN_FLIGHT, WEIGHT_SHARE, FRegion
 from runtime_sim.semantics.numerics import GRID_M
 
@@ -609,12 +610,7 @@ class GroupLoop:
         branch = skip_unless(body, runs)
         branch.attributes[PHASE_ATTR] = plan.phase
         if defer:  # a group that does not run stores the previous one's results; nothing is pending
-            otherwise = branch.false_region.block
-            skipped = otherwise.last_op
-            assert isinstance(skipped, scf.YieldOp)
-            carried = list(skipped.operands)
-            skipped.detach()
-            skipped.erase()
+            otherwise, carried = reopen_otherwise(branch)
             self.target = otherwise
             flushed = self.deferred_stores(pending, buffer_args, by_block=True)
             carried[:len(flushed)] = flushed

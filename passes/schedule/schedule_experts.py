@@ -51,6 +51,14 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   vector engine (`gather_on_vector_engine`), so neither the last block's store nor the gather
   back (516 + 628 cycles of DMA start-ups) follows the last weight byte (Qwen3-30B-A3B bf16
   T = 1: 59,308 -> 58,221 cycles);
+- with streamed F tiles a block's results are stored by the next block that runs, right after
+  its last tile's weight loads (carried as pending with their block and expert id, -1 before
+  the first; the loop's last block stores its own too, or flushes the pending ones if it does
+  not run): engines run their commands in program order, so a store issued at the end of its
+  own block took an engine that then sat idle until the block's last contraction, and the next
+  blocks' loads, issued after it, could not use it; an idle engine also holds its floor share
+  of HBM (tcp_cost.hbm_sharing). DeepSeek-V3 fp8, T = 4096, B = 128, cost-only, balanced:
+  10,117 -> 9,750 us (the engines idle 1.01 -> 0.34 of eight on average in the loop);
 - prefetching: a row gather or row tile load of block g waits (an `after` operand) for the last
   contraction of block g - 4 (`ROWS_AHEAD`), the last reader of that block's tiles, so the row
   tiles of four blocks are in SRAM at a time and the DMA of block g runs while blocks g - 3 to
@@ -150,6 +158,7 @@ from passes._loop_builder import (
     in_hbm,
     is_row_parallel_ve,
     leading,
+    reopen_otherwise,
     replace_by_loop,
     select_ops,
     skip_unless,
@@ -599,7 +608,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     buffers = [tile.BufferOp("sram" if in_sram else "hbm", r.type) for r in escaping]
     no_ids = ve.ConstOp(-1, TensorType(i32, [1]))
     no_tiles = [tile.BufferOp("sram", slot.type) for slot in slots]
-    before += buffers + ([no_ids] if slots else []) + no_tiles
+    before += buffers + ([no_ids] if slots or streamed else []) + no_tiles
     for b, r in zip(buffers, escaping):
         b.result.name_hint = f"{r.name_hint or 'out'}_buffer"
     carried_init: list[SSAValue] = [b.result for b in buffers]
@@ -612,6 +621,24 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     before.append(nothing)
     n_tile_waits = TILE_AHEAD if streamed else 0
     carried_init += [nothing.result] * (n_tile_waits + WEIGHT_AHEAD)
+    # An expert's pairs in one block (G <= E: B holds every token the chip may route, decode on a
+    # mesh receiver): the block is mostly padding, and only its rows that hold a pair go to HBM.
+    experts = shape_of(gathers[0].source.type)[0] if gathers else 0
+    padded = skippable and not in_sram and blocks <= experts
+    # Streamed tiles: a block's results are stored by the next block that runs, after its weight
+    # loads (the docstring); before the first nothing is pending (id -1, an unread HBM buffer).
+    defer = streamed and skippable and not in_sram and not padded
+    pending_init: list[SSAValue] = []
+    last_block: SSAValue | None = None
+    if defer:
+        none = [tile.BufferOp("hbm", tile_type(r.type)) for r in escaping]
+        for n, r in zip(none, escaping):
+            n.result.name_hint = f"{r.name_hint or 'out'}_none"
+        table = last_block_table(expert_ids)
+        before += [*none, *table]
+        pending_init = [*(n.result for n in none), c0.result, no_ids.result]
+        last_block = table[-1].results[0]
+    carried_init += pending_init
     for op in before:
         op.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
 
@@ -623,6 +650,11 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     prev_ids_args = args[n_buf:n_buf + n_slots]
     prev_tile_args = args[n_buf + n_slots:n_buf + 2 * n_slots]
     tile_done_args = args[n_buf + 2 * n_slots:n_buf + 2 * n_slots + n_tile_waits]
+    args, pending = args[:len(args) - len(pending_init)], args[len(args) - len(pending_init):]
+    for p, r in zip(pending, escaping):
+        p.name_hint = f"{r.name_hint or 'out'}_pending"
+    if defer:
+        pending[-2].name_hint, pending[-1].name_hint = "pending_block", "pending_expert"
     waits = args[len(args) - WEIGHT_AHEAD:]  # waits[i]: the last contraction of block g - 1 - i
     for i, w in enumerate(waits):
         w.name_hint = f"done_{i + 1}_ago"
@@ -679,6 +711,13 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         return new
 
     down_tiles: list[SSAValue] = []
+    flushed = list(buffer_args)
+
+    def flush() -> None:
+        """The previous block's results (`pending`), stored now: after this block's weight loads."""
+        *tiles_pending, block_pending, ids_pending = pending
+        flushed[:] = [add(tile.StoreOp(t, buf, block_pending, ids_pending), f"{r.name_hint or 'out'}_flushed")
+                      for t, buf, r in zip(tiles_pending, buffer_args, escaping)]
 
     def f_tiles() -> SSAValue:
         """Every F tile of the region: its loads, its column work, its share of the
@@ -746,6 +785,8 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
             body.add_ops(loads[0])
             for t in range(len(tiles)):
                 body.add_ops(loads[t + 1] if t + 1 < len(tiles) else [])
+                if defer and t == max(len(tiles) - 2, 0):  # the last tile's loads issued
+                    flush()
                 body.add_ops(work[t])
         assert acc is not None
         return acc
@@ -808,22 +849,43 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
         body.add_op(new)
         mapping.update(zip(op.results, new.results))
 
-    # An expert's pairs in one block (G <= E: B holds every token the chip may route, decode on a
-    # mesh receiver): the block is mostly padding, and only its rows that hold a pair go to HBM.
-    experts = shape_of(gathers[0].source.type)[0] if gathers else 0
-    padded = runs is not None and not in_sram and blocks <= experts
     rows = next((tile_of(op.indices) for op in dispatches), None) if padded else None
     written = None if rows is None else add(tcp.ViewOp(rows, [shape_of(rows.type)[-1]]), "row_written")
-    stored = [add(tile.StoreOp(mapping[r], buf, index,
-                               written if written is not None and tile.guards_rows(mapping[r].type, written.type) else None),
-                  f"{r.name_hint}_stored" if r.name_hint else None)
-              for r, buf in zip(escaping, buffer_args)]
+    if defer:  # the last block stores its own results too, as no block follows
+        assert last_block is not None
+        is_last = add(tile.GuardOp(add(tile.SliceOp(last_block, index, tile_type(last_block.type)), "if_last")),
+                      "block_is_last")
+        own = [tile.StoreOp(mapping[r], buf, index) for r, buf in zip(escaping, flushed)]
+        stored = list(add_if(body, is_last, own, flushed, last.attributes[PHASE_ATTR]).results)
+        carried_out = [*(mapping[r] for r in escaping), index, ids_tile]
+    else:
+        stored = [add(tile.StoreOp(mapping[r], buf, index,
+                                   written if written is not None and tile.guards_rows(mapping[r].type, written.type)
+                                   else None),
+                      f"{r.name_hint}_stored" if r.name_hint else None)
+                  for r, buf in zip(escaping, buffer_args)]
+        carried_out = []
     done = mapping[last_contract.result]
     assert all(r is not None for r in slot_results)
     body.add_op(scf.YieldOp(*stored, *(ids_tile for _ in slots), *slot_results, *down_tiles[len(down_tiles) - n_tile_waits:],
-                            done, *waits[:-1]))
+                            done, *waits[:-1], *carried_out))
     if runs is not None:
-        skip_unless(body, runs).attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
+        branch = skip_unless(body, runs)
+        branch.attributes[PHASE_ATTR] = last.attributes[PHASE_ATTR]
+        if defer:  # a block that does not run flushes what is pending if it is the last
+            assert last_block is not None
+            otherwise, carried = reopen_otherwise(branch)
+            *tiles_pending, block_pending, ids_pending = pending
+            at_last = tile.SliceOp(last_block, index, tile_type(last_block.type))
+            is_last = tile.GuardOp(at_last.result)
+            at_last.result.name_hint, is_last.result.name_hint = "if_last", "block_is_last"
+            otherwise.add_ops([at_last, is_last])
+            last_flush = [tile.StoreOp(t, buf, block_pending, ids_pending) for t, buf in zip(tiles_pending, buffer_args)]
+            carried[:n_buf] = list(add_if(otherwise, is_last.result, last_flush, list(buffer_args),
+                                          last.attributes[PHASE_ATTR]).results)
+            for op in otherwise.ops:
+                op.attributes.setdefault(PHASE_ATTR, last.attributes[PHASE_ATTR])
+            otherwise.add_op(scf.YieldOp(*carried))
 
     # One token's last block: a loop of its own, its weights loaded in K pieces (the docstring).
     peel = in_sram and blocks > 1 and bool(last_block_cuts(body, machine))
@@ -851,6 +913,36 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     if in_sram:
         combine_ahead(loop)
     return loop
+
+
+def last_block_table(expert_ids: SSAValue) -> list[Operation]:
+    """The ops of a table `[G]` i32, 0 at the loop's last block and -1 elsewhere (its last op's
+    result), for a `tile.guard` of its slice: the blocks numbered by an iota plus the ids and 0,
+    so that split-clusters makes each cluster its own from its own ids (`derived`)."""
+    t = expert_ids.type
+    zero = ve.ConstOp(0, t)  # type: ignore[arg-type]
+    zeros = ve.AndOp(expert_ids, zero.result)
+    iota = ve.IotaOp(t, 0)  # type: ignore[arg-type]
+    number = ve.AddOp(iota.result, zeros.result)
+    final = ve.ConstOp(shape_of(t)[0] - 1, t)  # type: ignore[arg-type]
+    last = ve.TagOp("eq", number.result, final.result)
+    off = ve.ConstOp(-1, t)  # type: ignore[arg-type]
+    table = ve.SelectOp(last.result, [1], zero.result, off.result)
+    table.result.name_hint = "zero_if_last"
+    return [zero, zeros, iota, number, final, last, off, table]
+
+
+def add_if(block: Block, condition: SSAValue, stores: list[tile.StoreOp], otherwise: list[SSAValue],
+           phase: Attribute) -> scf.IfOp:
+    """`stores` in an `scf.if %condition` at the end of `block`, yielding their results, else
+    `otherwise` (the buffers as they were)."""
+    for op in stores:
+        op.attributes[PHASE_ATTR] = phase
+    branch = scf.IfOp(condition, [v.type for v in otherwise], [Block([*stores, scf.YieldOp(*(o.result for o in stores))])],
+                      [Block([scf.YieldOp(*otherwise)])])
+    branch.attributes[PHASE_ATTR] = phase
+    block.add_op(branch)
+    return branch
 
 
 def plan_phase(block: Block, expert_ids: SSAValue) -> str:
