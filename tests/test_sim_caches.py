@@ -226,3 +226,27 @@ def test_a_loop_templates_appended_iterations_are_its_copies() -> None:
     assert trace.ops[4:] == [template.copy(t, n) for n in (1, 2) for t in trace.ops[1:4]]
     assert trace.ops[5].deps == (0, 4) and trace.ops[5].reads == (0, 3) and trace.ops[9].hbm_reads == (("%w", 64, (0, 8)),)
     assert [trace.buffer_labels[b] for b in range(3, 7)] == ["%a", "%b", "%a", "%b"] and trace.buffer_bytes[6] == 32
+
+
+def test_a_routed_loops_pieces_share_the_first_pieces_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """interleave-shared cuts the routed loop into pieces whose bodies are clones: each piece's
+    ops are costed as the first piece's (op_trace.cloned_loop_ops), so a contraction is costed
+    once per kind of block for the whole loop, not once per piece; the report is that of a run
+    that costs each piece's ops apart."""
+    from runtime_sim.perf import op_trace
+    from xdsl.dialects import scf
+
+    program = tcpc.compile_file("examples/llama4.moe", dims={"T": 256, "D": 16, "FS": 1100, "B": 4})
+    pipeline = pipeline_spec(topk_strategy="rank", expert_order="block")
+    calls = counting_costs(monkeypatch, ("tcp.contract",))
+    shared = program.simulate(cost_only=True, pipeline=pipeline)
+    shared_calls = calls["tcp.contract"]
+    assert shared.module is not None
+    loops = [op for op in shared.module.walk() if isinstance(op, scf.ForOp) and op_trace.cloned_loop_ops(op)]
+    assert len(loops) == 2  # the three pieces' last two
+    assert all(isinstance(op_trace.cloned_loop_ops(loop)[loop.body.block.first_op], Operation) for loop in loops)
+    monkeypatch.setattr(op_trace, "cloned_loop_ops", lambda loop: {})
+    apart = program.simulate(cost_only=True, pipeline=pipeline)
+    assert shared_calls + len(loops) <= calls["tcp.contract"] - shared_calls
+    assert shared.report.to_json() == apart.report.to_json()
+    assert shared.report.chrome_trace() == apart.report.chrome_trace()

@@ -10,14 +10,14 @@ that makes up routing later) can be planned, scheduled and reported the same way
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 from xdsl.dialects import func, scf
 from xdsl.interpreter import Interpreter
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation, Region, SSAValue
 from xdsl.printer import Printer
 from xdsl.traits import SymbolTable
 
@@ -157,6 +157,8 @@ class _Statics:
     """E when it reads a routing's expert choices (`tcpc.expert_indices`), which are recorded."""
     key: Callable[[Operation, tuple[Any, ...]], Hashable] | None
     """What its cost reads of its data operands' values (cost_model.register_cost_key)."""
+    costed_as: Operation
+    """The op whose costs it shares: itself, or the op it is a clone of (`cloned_loop_ops`)."""
 
 
 def op_label(op: Operation) -> str:
@@ -190,6 +192,58 @@ def ir_forms(trace: Trace) -> dict[int, dict[str, str]]:
     return {t.index: {"ir": forms[t.op]} for t in trace.ops if t.op is not None}
 
 
+def cloned_loop_ops(loop: scf.ForOp) -> dict[Operation, Operation]:
+    """Each op of `loop`'s body -> its op in the loop before it, when that loop's results are
+    `loop`'s iteration arguments and `loop`'s body is a clone of its body (interleave-shared's
+    pieces of the routed loop): the same ops with the same properties, attributes, result
+    types and value names (the objects themselves, as a clone shares them), reading the same
+    values from outside the body. Such ops are costed alike: a cost reads its op's types and
+    attributes and where its operands live, which a clone's find by the same chain of values
+    (a piece's iteration arguments start from the piece before's results). Empty otherwise."""
+    before = loop.iter_args[0].owner if loop.iter_args else None
+    if not isinstance(before, scf.ForOp) or list(before.results) != list(loop.iter_args):
+        return {}
+    pairs: dict[Operation, Operation] = {}
+    values: dict[SSAValue, SSAValue] = {}
+    return pairs if _same_regions(loop.regions, before.regions, pairs, values) else {}
+
+
+def _same_regions(regions: Sequence[Region], originals: Sequence[Region], pairs: dict[Operation, Operation],
+                  values: dict[SSAValue, SSAValue]) -> bool:
+    if len(regions) != len(originals):
+        return False
+    for region, original in zip(regions, originals):
+        blocks, original_blocks = list(region.blocks), list(original.blocks)
+        if len(blocks) != len(original_blocks):
+            return False
+        for block, original_block in zip(blocks, original_blocks):
+            if len(block.args) != len(original_block.args):
+                return False
+            values.update(zip(block.args, original_block.args))
+            ops, original_ops = list(block.ops), list(original_block.ops)
+            if len(ops) != len(original_ops):
+                return False
+            for op, first in zip(ops, original_ops):
+                if not _same_op(op, first, values) or not _same_regions(op.regions, first.regions, pairs, values):
+                    return False
+                pairs[op] = first
+                values.update(zip(op.results, first.results))
+    return True
+
+
+def _same_op(op: Operation, first: Operation, values: dict[SSAValue, SSAValue]) -> bool:
+    if (op.name != first.name or len(op.operands) != len(first.operands) or len(op.results) != len(first.results)
+            or not _same_objects(op.properties, first.properties) or not _same_objects(op.attributes, first.attributes)):
+        return False
+    if any(values.get(v, v) is not w for v, w in zip(op.operands, first.operands)):
+        return False
+    return all(r.type is q.type and r.name_hint == q.name_hint for r, q in zip(op.results, first.results))
+
+
+def _same_objects(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+
+
 class TraceRecorder(Interpreter.Listener):
     """Costs and records every op that `entry` executes (and the functions it calls)."""
 
@@ -201,6 +255,9 @@ class TraceRecorder(Interpreter.Listener):
         self._values: dict[SSAValue, _Value] = {}
         self._static: dict[Operation, _Statics] = {}
         self._costs: dict[Any, OpCost] = {}
+        self._clones: dict[Operation, Operation] = {}
+        """Op of a loop's body -> the op of the loop before it that it is a clone of (`cloned_loop_ops`)."""
+        self._loops_seen: set[Operation] = set()
         self._loop_results: dict[Operation, list[_Value]] = {}
         """A loop's (or a branch's) results as its last yield gave them."""
         self._args: list[tuple[Any, ...]] = []
@@ -215,7 +272,7 @@ class TraceRecorder(Interpreter.Listener):
         own trace, this one's op statics and cost cache, since an op's cost is a function of
         the op and its data operands' values (`_cost`), whichever chip runs it."""
         other = TraceRecorder(self.machine, self._entry, self.strict)
-        other._static, other._costs = self._static, self._costs
+        other._static, other._costs, other._clones = self._static, self._costs, self._clones
         return other
 
     def _value(self, v: SSAValue) -> _Value:
@@ -223,6 +280,8 @@ class TraceRecorder(Interpreter.Listener):
 
     def _statics(self, op: Operation) -> _Statics:
         statics = self._static.get(op)
+        if statics is None and (original := self._clones.get(op)) is not None:
+            statics = self._static[op] = self._statics(original)
         if statics is None:
             fn = cost_function(op) or (None if self.strict else not_costed)
             if fn is None:
@@ -239,7 +298,7 @@ class TraceRecorder(Interpreter.Listener):
                 tuple(alias is None and not is_unbuffered(op) and not in_hbm(r) for r in op.results),
                 tuple(f"%{r.name_hint}" if r.name_hint else None for r in op.results),
                 alias is not None and stores_disjointly(op), cluster_of(op), on_own_dma(op), unread_operands(op),
-                forwarded_operand(op), expert_indices(op), cost_key(op))
+                forwarded_operand(op), expert_indices(op), cost_key(op), op)
         return statics
 
     def _cost(self, op: Operation, statics: _Statics, args: tuple[Any, ...], results: tuple[Any, ...]) -> OpCost:
@@ -247,15 +306,15 @@ class TraceRecorder(Interpreter.Listener):
         it reads, its `key`: a guarded command in an expert loop once per kind of block, not
         once per expert id): every other operand it may read for shape and dtype only
         (cost_model), which do not change."""
-        key: Any = op
+        key: Any = statics.costed_as
         if statics.key is not None:
-            key = (op, statics.key(op, tuple(args[i] for i in statics.data)))
+            key = (key, statics.key(op, tuple(args[i] for i in statics.data)))
         elif statics.data:
             values = [np.asarray(args[i]) for i in statics.data]
             if sum(v.nbytes for v in values) > _DATA_KEY_BYTES:
                 key = None
             else:
-                key = (op, *((v.dtype.str, v.shape, v.tobytes()) for v in values))
+                key = (key, *((v.dtype.str, v.shape, v.tobytes()) for v in values))
         cost = self._costs.get(key) if key is not None else None
         if cost is None:
             cost = statics.cost_fn(op, args, results, self.machine)
@@ -279,6 +338,9 @@ class TraceRecorder(Interpreter.Listener):
                 for arg, operand in zip(callee.body.blocks.first.args, op.operands):
                     self._values[arg] = self._value(operand)
         elif isinstance(op, scf.ForOp):
+            if op not in self._loops_seen:
+                self._loops_seen.add(op)
+                self._clones.update(cloned_loop_ops(op))
             # Iteration arguments start as the initial values; a zero-trip loop returns them.
             initial = [self._value(v) for v in op.iter_args]
             for arg, value in zip(op.body.block.args[1:], initial):
