@@ -80,9 +80,9 @@ from xdsl.ir import Operation
 
 from dialects import tcp
 from dialects.tensor_types import code_tile_bytes, shape_of
-from runtime_sim.perf.cost_model import (DMA, TENSOR, OpCost, free_cost, guard_signs, in_hbm, register_alias, register_cost,
-                                         register_cost_key, register_data_operands, register_order_operands,
-                                         register_view)
+from runtime_sim.perf.cost_model import (DMA, TENSOR, OpCost, free_cost, guard_signs, in_hbm, register_alias,
+                                         register_cost, register_cost_key, register_data_operands,
+                                         register_order_operands, register_view)
 from runtime_sim.perf.cost_model import per_op
 from target.contraction_mapping import ContractionShape, MappedCost, Mapping, MappingError, check, choose, cost
 from runtime_sim.perf.scheduler import SharedBandwidth
