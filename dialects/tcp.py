@@ -15,12 +15,15 @@ import math
 import re
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr, TensorType, f32
 from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
+    VarConstraint,
+    base,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -500,4 +503,27 @@ class ViewOp(IRDLOperation):
         check_reshape(self.input.type, self.result.type, "view")
 
 
-TCP = Dialect("tcp", [ContractOp, ScaledContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp, ViewOp], [MappingAttr])
+@irdl_op_definition
+class OrderOp(IRDLOperation):
+    """`input` as it is, ready only once `after` is made: a data dependence and nothing else.
+
+    pin-routing puts one between the router's expert indices and the routing argument that
+    replaces them, so that what reads the pinned routing waits for the router as it would for
+    its indices. No data moves and no engine runs: the simulator costs it as nothing and keeps
+    the result in `after`'s buffer, where the router left its indices; `after`'s value is never
+    read (cost-only mode does not compute it)."""
+
+    name = "tcp.order"
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    input = operand_def(T)
+    after = operand_def(TensorType)
+    result = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$input `after` $after `:` type($input) `,` type($after) attr-dict"
+
+    def __init__(self, input: SSAValue, after: SSAValue):
+        super().__init__(operands=[input, after], result_types=[input.type])
+
+
+TCP = Dialect("tcp", [ContractOp, ScaledContractOp, DmaGatherOp, DmaScatterOp, LoadOp, StoreOp, ViewOp, OrderOp],
+              [MappingAttr])

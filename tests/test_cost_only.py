@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +92,9 @@ def test_pin_routing_makes_the_scatter_indices_an_argument() -> None:
     arg = fn.body.blocks.first.args[4]
     assert arg.name_hint == "routing" and str(arg.type) == "tensor<4x2xi32>"
     scatter = next(op for op in fn.walk() if op.name == "moe.scatter")
-    assert scatter.operands[1] is arg
+    order = scatter.operands[1].owner  # the routing, once the router's indices are made
+    assert order.name == "tcp.order" and order.operands[0] is arg
+    assert order.operands[1] is next(op for op in fn.walk() if op.name == "moe.topk").results[1]
     text = print_ir(pinned)
     assert f"%routing: tensor<4x2xi32> {{{ROUTING_ATTR} = 4 : i64}}" in text
     # idempotent, round-trips through the generic form, and survives lowering
@@ -127,6 +130,47 @@ def test_cost_only_equals_the_full_simulation(scenario: str, tmp_path: Path) -> 
     keys = ("label", "engine", "start", "end", "cycles", "bytes", "hbm_bytes", "flops", "bound")
     assert [[getattr(o, k) for k in keys] for o in cost.report.ops] == [[getattr(o, k) for k in keys] for o in full.report.ops]
     assert cost.report.peak_sram_bytes == full.report.peak_sram_bytes
+
+
+def ops_by_time(report) -> list[tuple[str, int, int]]:
+    """A report's commands as (label, start, end), without pin-routing's `tcp.order` (free, and
+    only in the pinned program)."""
+    return [(o.label, o.start, o.end) for o in report.ops if o.label != "%routing_ready = tcp.order"]
+
+
+def test_cost_only_of_a_graph_with_its_router_equals_the_full_simulation(tmp_path: Path) -> None:
+    """With the router in the program, pin-routing's routing stands in for its indices: read
+    from their buffer once they are made (no load of its own), the same commands at the same
+    cycles as the full simulation that computed them."""
+    program = tcpc.compile_file(EXAMPLES / "toy.moe")
+    full = program.simulate(seed=0)
+    np.savez(tmp_path / "route.npz", experts=np.concatenate([r.choices for r in full.trace.routings]))
+    cost = program.simulate(cost_only=True, routing=tmp_path / "route.npz")
+    assert ops_by_time(cost.report) == ops_by_time(full.report)
+    assert cost.report.total_cycles == full.report.total_cycles
+
+
+def test_a_collective_reading_the_pinned_routing_waits_for_the_router(tmp_path: Path) -> None:
+    """On a mesh the ids' all-gather runs on the link, not behind the router in the vector
+    engine's issue order: with a link fast enough to be free before the router's top-k ends
+    (10 cycles of latency, an assumption of this test), it starts only once the chip's top-k
+    indices are made, and the cost-only run matches the full one chip by chip, op by op."""
+    from target.mesh_machine import load_mesh_machine
+    from tcpc.mesh_run import MeshSpec, simulate_on_mesh
+
+    program = tcpc.compile_file(EXAMPLES / "toy.moe", dims={"T": 8, "E": 8})
+    spec, fast = MeshSpec.parse("ep=2,sp=2"), replace(load_mesh_machine(), link_latency_cycles=10)
+    full = simulate_on_mesh(program, spec, seed=3, machine=fast)
+    logits = full.inputs["x"].astype(np.float32) @ full.inputs["router"]  # softmax keeps the order
+    np.savez(tmp_path / "route.npz", experts=np.argsort(-logits, axis=1, kind="stable")[:, :2])
+    cost = simulate_on_mesh(program, spec, cost_only=True, routing=tmp_path / "route.npz", machine=fast)
+    for chip in cost.report.chips:
+        top_e = next(o for o in chip.ops if o.label.startswith("%top_e"))
+        ids = next(o for o in chip.ops if o.label == "%experts_row = ccl.all_gather")
+        x_row = next(o for o in chip.ops if o.label == "%x_row = ccl.all_gather")
+        assert x_row.end < top_e.end <= ids.start  # the link was free before the router was done
+    assert [ops_by_time(c) for c in cost.report.chips] == [ops_by_time(c) for c in full.report.chips]
+    assert cost.report.total_cycles == full.report.total_cycles
 
 
 def test_the_handwritten_lowering_computes_the_reference() -> None:

@@ -25,7 +25,8 @@ a broadcast bias loads its own bytes, not the broadcast's. Arguments read only b
 (the expert weights, gathered per block; the tokens whose chunks a mesh chip's dispatch scatters,
 which a whole SRAM copy kept for the chunks made wait behind the router: Qwen3-30B-A3B ep=8,
 4,096 tokens a chip in 8 chunks, a2a_sum, 1,787.9 -> 1,742.5 us) and
-results returned as they are stay in HBM. schedule-experts loads the same way an expert loop's
+results returned as they are stay in HBM, and so does a pinned routing argument
+(`tcp.order`: it stands in the router's indices' buffer). schedule-experts loads the same way an expert loop's
 result it stored in HBM when an engine reads it (`load_into_sram`).
 """
 
@@ -50,11 +51,14 @@ VIEWS = (tcp.ViewOp, ve.BroadcastOp, ve.BitcastOp, tile.SliceOp)
 the tokens, shard-experts' `chunks`): they read nothing themselves."""
 HBM_READERS = (tcp.DmaGatherOp, tcp.DmaScatterOp, tcp.LoadOp, tcp.StoreOp, func.ReturnOp)
 """Ops that may take an operand that lives in HBM."""
+STAND_INS = (tcp.OrderOp,)
+"""Ops whose result stands where another operand is: pin-routing's routing argument, read where the
+router's indices are (their buffer), so it needs no load."""
 
 
 def _computes_on(op: Operation) -> bool:
     """Whether an engine reads this user's operand from SRAM (through any views)."""
-    if isinstance(op, HBM_READERS):
+    if isinstance(op, HBM_READERS + STAND_INS):
         return False
     if isinstance(op, VIEWS):
         return any(_computes_on(use.operation) for use in op.results[0].uses)

@@ -419,7 +419,7 @@ def weights_behind(scatter: moe.ScatterOp) -> None:
     for the expert ids the routing makes (module docstring, step 7), not for the weights
     (Qwen3-30B-A3B T = 1: 97 cycles). Only the graph's math moves (`tmath`), never the top-k's
     lowered ops: their values and indices share ops, and with the routing pinned (pin-routing)
-    the indices' own ops are dead and may be gone, so moving those would move more in
+    the indices only order the routing (`tcp.order`), so moving those could move other ops in
     cost-only runs than in real ones; math that feeds the top-k never moves."""
     block = scatter.parent_block()
     assert block is not None

@@ -17,13 +17,18 @@ Before:
 After:
 
     func.func @toy(%x: tensor<4x8xbf16>, ..., %routing: tensor<4x2xi32> {tcpc.routing_experts = 4 : i64}) ...
-      %xb, %route = moe.scatter %x, %routing : ... -> ..., !moe.route<T = 4, K = 2, E = 4, B = 2, G = 6>
+      %top_p, %top_e = moe.topk %probs {k = 2 : i64} : ...
+      %routing_ready = tcp.order %routing after %top_e : tensor<4x2xi32>, tensor<4x2xi32>
+      %xb, %route = moe.scatter %x, %routing_ready : ... -> ..., !moe.route<T = 4, K = 2, E = 4, B = 2, G = 6>
 
-The router still runs (its values still weight `combine`); only its indices stop feeding the
-scatter. A scatter whose indices already are an argument of the graph (a layer that takes its
-routing as an input) gets that argument tagged instead; a scatter whose indices already are a
-routing argument is left alone, so the pass is idempotent. Functions that other functions call
-are skipped (their signature is a contract).
+The router still runs (its values still weight `combine`); its indices no longer decide the
+routing, but `tcp.order` keeps them its data dependence: what reads the routing (the index
+generation, and on a mesh the collectives that send the ids) waits for the router, as it would
+for its indices, and the simulator places the routing in their buffer, at no cost. A scatter
+whose indices already are an argument of the graph (a layer that takes its routing as an
+input) gets that argument tagged instead; a scatter whose indices already are a routing
+argument, ordered or not, is left alone, so the pass is idempotent. Functions that other
+functions call are skipped (their signature is a contract).
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FunctionType, IntegerAttr, ModuleOp, i64
 from xdsl.ir import BlockArgument
 from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
 
-from dialects import moe
-from dialects.annotations import ROUTING_ATTR, routing_arguments
+from dialects import moe, tcp
+from dialects.annotations import ROUTING_ATTR, mark, routing_arguments
 
 
 def _called(module: ModuleOp) -> set[str]:
@@ -70,6 +76,9 @@ def pin_function(fn: func.FuncOp) -> int:
     for scatter in [op for op in fn.walk() if isinstance(op, moe.ScatterOp)]:
         idx = scatter.expert_idx
         experts = scatter.route.type.experts.data
+        if isinstance(idx.owner, tcp.OrderOp) and isinstance(pin := idx.owner.input, BlockArgument) \
+                and pin.block is block and pin.index in pinned:
+            continue  # pinned already
         if isinstance(idx, BlockArgument) and idx.block is block:
             if idx.index not in pinned:  # the graph takes its routing as an input: tag that input
                 _tag(fn, idx.index, experts)
@@ -78,7 +87,11 @@ def pin_function(fn: func.FuncOp) -> int:
             continue
         arg = block.insert_arg(idx.type, len(block.args))
         arg.name_hint = _unique_name(list(block.args)[:-1])
-        scatter.operands[1] = arg
+        order = tcp.OrderOp(arg, idx)
+        order.result.name_hint = f"{arg.name_hint}_ready"
+        mark([order], "routing")
+        Rewriter.insert_op(order, InsertPoint.before(scatter))
+        scatter.operands[1] = order.result
         fn.function_type = FunctionType.from_lists([a.type for a in block.args], list(fn.function_type.outputs.data))
         _tag(fn, arg.index, experts)
         pinned.add(arg.index)

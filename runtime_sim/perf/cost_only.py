@@ -16,8 +16,10 @@ How (three parts):
    so it works at every level and for every future lowering; handwritten lowered IR declares
    its routing argument the same way. The graph's own router (matmul, softmax, top-k) still
    runs and is still costed: its cost depends on shapes only (the ve lowering is branchless).
-   Its expert indices no longer feed anything, so a pass that deleted dead code would drop the
-   few ops that unpack them (none does today).
+   Its expert indices no longer decide the routing but still order it: pin-routing reads the
+   argument through `tcp.order` after them, so what reads the routing waits for the router
+   (on a mesh, a collective sending the ids too), and the routing stands in their buffer. That
+   op hands the routing on as it is and never computes the indices.
 2. **A scenario fills the routing arguments** (balanced, skewed, one-expert, or a file of
    [T, K] indices); every other argument is a *placeholder*: a zero-stride numpy array of the
    declared shape and dtype (no memory, contents meaningless).
@@ -53,6 +55,7 @@ from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.traits import IsTerminator
 
 from dialects.annotations import expert_indices, routing_arguments
+from dialects import tcp
 from dialects.moe import MoE
 from dialects.tcp import TCP
 from dialects import tile
@@ -192,12 +195,12 @@ class _Thunk:
 
 def _readers_in_block(op: Operation) -> frozenset[Operation] | None:
     """The ops that read `op`'s results, when every one is a symbolic op of `op`'s block (which
-    makes values of its own, never hands a read one on: a loop, a call or a terminator would);
-    else None."""
+    makes values of its own, never hands a read one on: a loop, a call, a terminator or a
+    `tcp.order` would); else None."""
     block = op.parent_block()
     readers = frozenset(use.operation for r in op.results for use in r.uses)
     if block is None or any(o.parent_block() is not block or not _is_symbolic(o) or o.has_trait(IsTerminator)
-                            for o in readers):
+                            or isinstance(o, tcp.OrderOp) for o in readers):
         return None
     return readers
 
@@ -287,6 +290,12 @@ class ShapeOnlyFunctions(InterpreterFunctions):
         taken = cond.force() if isinstance(cond, Lazy) else cond
         return interpreter.run_ssacfg_region(op.true_region if taken else op.false_region, ())
 
+    @impl(tcp.OrderOp)
+    def run_order(self, interpreter: Interpreter, op: tcp.OrderOp, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The pinned routing as it is: what it waits for (the router's indices, a placeholder) is
+        only an order, never computed."""
+        return (args[0],)
+
     def run_symbolic(self, interpreter: Interpreter, op: Operation, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         shapes = [p for p in inputs if isinstance(p, (Placeholder, ShapeOnly))]
         if shapes:
@@ -329,7 +338,8 @@ def shape_only_functions(semantics: Interpreter, replay: LoopReplay | None = Non
     region (`ve.chain`) is one symbolic op too: its body runs only inside a thunk, on the
     semantics, when a value of it is needed; its terminator (`ve.yield`) never runs here."""
     methods = {f"run_{op.name.replace('.', '_')}": impl(op)(ShapeOnlyFunctions.run_symbolic)
-               for dialect in SYMBOLIC_DIALECTS for op in dialect.operations if not op.has_trait(IsTerminator)}
+               for dialect in SYMBOLIC_DIALECTS for op in dialect.operations
+               if not op.has_trait(IsTerminator) and op is not tcp.OrderOp}
     return register_impls(type("ShapeOnlyDialectFunctions", (ShapeOnlyFunctions,), methods))(semantics, replay, shared)
 
 

@@ -80,8 +80,9 @@ from xdsl.ir import Operation
 
 from dialects import tcp
 from dialects.tensor_types import code_tile_bytes, shape_of
-from runtime_sim.perf.cost_model import (DMA, TENSOR, OpCost, guard_signs, in_hbm, register_cost, register_cost_key,
-                                         register_data_operands, register_view)
+from runtime_sim.perf.cost_model import (DMA, TENSOR, OpCost, free_cost, guard_signs, in_hbm, register_alias,
+                                         register_cost, register_cost_key, register_data_operands,
+                                         register_order_operands, register_view)
 from runtime_sim.perf.cost_model import per_op
 from target.contraction_mapping import ContractionShape, MappedCost, Mapping, MappingError, check, choose, cost
 from runtime_sim.perf.scheduler import SharedBandwidth
@@ -386,6 +387,10 @@ def register_tcp_costs() -> None:
     register_cost(tcp.ContractOp)(cost_contract)
     register_cost(tcp.ScaledContractOp)(cost_scaled_contract)
     register_view(tcp.ViewOp)
+    # The pinned routing stands where the router's indices are: their buffer, once they are made.
+    register_cost(tcp.OrderOp)(free_cost)
+    register_alias(tcp.OrderOp, 1)
+    register_order_operands(tcp.OrderOp, lambda op: (op.input,))  # type: ignore[attr-defined]
     register_data_operands(tcp.DmaGatherOp, lambda op: (op.operands[1],))
     register_data_operands(tcp.DmaScatterOp, lambda op: (op.operands[1],))
     register_data_operands(tcp.ContractOp, lambda op: () if op.guard is None else (op.guard,))  # type: ignore[attr-defined]

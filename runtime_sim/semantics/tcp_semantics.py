@@ -178,6 +178,10 @@ class TCPFunctions(InterpreterFunctions):
     def run_view(self, interpreter: Interpreter, op: tcp.ViewOp, args: tuple[Any, ...]):
         return (np.reshape(args[0], tcp.shape_of(op.result.type)),)
 
+    @impl(tcp.OrderOp)
+    def run_order(self, interpreter: Interpreter, op: tcp.OrderOp, args: tuple[Any, ...]):
+        return (args[0],)
+
     @impl(tcp.LoadOp)
     def run_load(self, interpreter: Interpreter, op: tcp.LoadOp, args: tuple[Any, ...]):
         return (args[0],)

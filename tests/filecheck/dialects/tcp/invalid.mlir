@@ -98,3 +98,12 @@ func.func @mapping_slices(%a: tensor<8x64xbf16>, %w: tensor<64x16xbf16>) -> tens
 }
 
 // CHECK: mapping splits m (size 8) over 16 slices
+
+// -----
+
+func.func @order_type(%routing: tensor<4x2xi32>, %top_e: tensor<4x2xi32>) -> tensor<4x3xi32> {
+  %r = "tcp.order"(%routing, %top_e) : (tensor<4x2xi32>, tensor<4x2xi32>) -> tensor<4x3xi32>
+  func.return %r : tensor<4x3xi32>
+}
+
+// CHECK: attribute tensor<4x2xi32> expected from variable 'T', but got tensor<4x3xi32>

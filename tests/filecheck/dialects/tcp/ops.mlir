@@ -14,6 +14,7 @@ func.func @f(%x: tensor<4x8xbf16>, %si: tensor<4x2xi32>, %ei: tensor<5xi32>, %w:
   %back = tcp.dma_gather %flat[%si] : tensor<10x8xbf16>, tensor<4x2xi32> -> tensor<4x2x8xbf16>
   %s = tcp.load %back : tensor<4x2x8xbf16> -> tensor<4x2x8xbf16>
   %h = tcp.store %s : tensor<4x2x8xbf16> -> tensor<4x2x8xbf16>
+  %si_ready = tcp.order %si after %ei : tensor<4x2xi32>, tensor<5xi32>
   func.return %y, %h : tensor<5x2x6xf32>, tensor<4x2x8xbf16>
 }
 func.func @g(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %ids: tensor<3xi32>) -> tensor<3x2x5xf32> {
@@ -46,6 +47,7 @@ func.func @m(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %r: tensor<2x4xf32>
 // CHECK-NEXT:   %back = tcp.dma_gather %flat[%si] : tensor<10x8xbf16>, tensor<4x2xi32> -> tensor<4x2x8xbf16>
 // CHECK-NEXT:   %s = tcp.load %back : tensor<4x2x8xbf16> -> tensor<4x2x8xbf16>
 // CHECK-NEXT:   %h = tcp.store %s : tensor<4x2x8xbf16> -> tensor<4x2x8xbf16>
+// CHECK-NEXT:   %si_ready = tcp.order %si after %ei : tensor<4x2xi32>, tensor<5xi32>
 // CHECK-NEXT:   func.return %y, %h : tensor<5x2x6xf32>, tensor<4x2x8xbf16>
 // CHECK-NEXT: }
 // CHECK:      func.func @g(%a: tensor<3x2x4xbf16>, %w: tensor<3x4x5xbf16>, %ids: tensor<3xi32>) -> tensor<3x2x5xf32> {
