@@ -58,7 +58,8 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   own block took an engine that then sat idle until the block's last contraction, and the next
   blocks' loads, issued after it, could not use it; an idle engine also holds its floor share
   of HBM (tcp_cost.hbm_sharing). DeepSeek-V3 fp8, T = 4096, B = 128, cost-only, balanced:
-  10,117 -> 9,750 us (the engines idle 1.01 -> 0.34 of eight on average in the loop);
+  10,117 -> 9,750 us (the engines idle 1.01 -> 0.34 of eight on average in the loop); not on
+  a mesh chip's decode loop that streams its weights (`streams_on_mesh`, below);
 - prefetching: a row gather or row tile load of block g waits (an `after` operand) for the last
   contraction of block g - 4 (`ROWS_AHEAD`), the last reader of that block's tiles, so the row
   tiles of four blocks are in SRAM at a time and the DMA of block g runs while blocks g - 3 to
