@@ -58,8 +58,8 @@ over the blocks, `scf.for %g = 0 to G`, whose body does one block's work on tile
   own block took an engine that then sat idle until the block's last contraction, and the next
   blocks' loads, issued after it, could not use it; an idle engine also holds its floor share
   of HBM (tcp_cost.hbm_sharing). DeepSeek-V3 fp8, T = 4096, B = 128, cost-only, balanced:
-  10,117 -> 9,750 us (the engines idle 1.01 -> 0.34 of eight on average in the loop); not on
-  a mesh chip's decode loop that streams its weights (`streams_on_mesh`, below);
+  10,117 -> 9,750 us (the engines idle 1.01 -> 0.34 of eight on average in the loop); not
+  where the blocks' contractions are bound by their weights' bytes (`weight_bound`, below: decode);
 - prefetching: a row gather or row tile load of block g waits (an `after` operand) for the last
   contraction of block g - 4 (`ROWS_AHEAD`), the last reader of that block's tiles, so the row
   tiles of four blocks are in SRAM at a time and the DMA of block g runs while blocks g - 3 to
@@ -628,10 +628,11 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     padded = skippable and not in_sram and blocks <= experts
     # Streamed tiles: a block's results are stored by the next block that runs, after its weight
     # loads (the docstring); before the first nothing is pending (id -1, an unread HBM buffer). Not
-    # on a mesh chip's decode loop that streams its weights (`streams_on_mesh`): its blocks' stores
-    # are small and HBM-bound loads follow them anyway; deferred there, DeepSeek-V3 on 8 chips at 128
-    # and 1 token a chip took 2,124,406 -> 2,137,670 and 562,588 -> 563,818 cycles (test_mesh_decode).
-    defer = streamed and skippable and not in_sram and not padded and not streams_on_mesh(block, expert_ids, machine)
+    # where the blocks' contractions are bound by their weights' bytes (`weight_bound`: decode): their
+    # stores are small and HBM-bound loads follow them anyway; deferred there, DeepSeek-V3 at T = 64,
+    # B = 2 took 15,844,376 -> 16,191,177 cycles, and on 8 chips at 128 and 1 token a chip 2,124,406 ->
+    # 2,137,670 and 562,588 -> 563,818 (test_mesh_decode).
+    defer = streamed and skippable and not in_sram and not padded and not weight_bound(block, expert_ids, machine)
     pending_init: list[SSAValue] = []
     last_block: SSAValue | None = None
     if defer:
@@ -1005,6 +1006,12 @@ def streams_on_mesh(block: Block, expert_ids: SSAValue, machine: Machine) -> boo
     results and the router's tiles share the cluster."""
     if plan_phase(block, expert_ids) != "experts" or ccl.first_all_to_all_done(block) is None:
         return False
+    return weight_bound(block, expert_ids, machine)
+
+
+def weight_bound(block: Block, expert_ids: SSAValue, machine: Machine) -> bool:
+    """Whether `expert_ids`' blocks' contractions do fewer FLOPs per weight byte than
+    `own_dma_intensity`: the loop streams its weights at HBM's bandwidth (decode, a few rows a block)."""
     contractions = [op for op in block.ops if isinstance(op, CONTRACTIONS) and op.guard is expert_ids]
     return bool(contractions) and all(contraction_flops_per_weight_byte(op) < own_dma_intensity(machine)
                                       for op in contractions)
