@@ -358,3 +358,37 @@ if __name__ == "__main__":  # print PINNED for the current code
     for name, case in CASES.items():
         with pytest.MonkeyPatch.context() as patch:
             print(f"    {name!r}: {summarise(case, patch)!r},")
+
+
+STORE_CROSSING = """
+builtin.module {
+  func.func @f(%x: tensor<64x128xf32>) -> tensor<128x128xf32> {
+    %i0 = arith.constant 0 : index
+    %i1 = arith.constant 64 : index
+    %buf = tile.buffer "sram" : tensor<128x128xf32>
+    %a = tcp.load %x : tensor<64x128xf32> -> tensor<64x128xf32>
+    %a1 = tcp.load %x : tensor<64x128xf32> -> tensor<64x128xf32> {tcpc.cluster = 1 : i64}
+    %b = ve.exp %a : tensor<64x128xf32>
+    %c = ve.exp %a1 : tensor<64x128xf32> {tcpc.cluster = 1 : i64}
+    %s0 = tile.store %b, %buf[%i0] : tensor<64x128xf32>, tensor<128x128xf32> -> tensor<128x128xf32>
+    %s1 = tile.store %c, %s0[%i1] : tensor<64x128xf32>, tensor<128x128xf32> -> tensor<128x128xf32> {tcpc.cluster = 1 : i64}
+    %d = tile.copy %c : tensor<64x128xf32> -> tensor<64x128xf32> {tcpc.cluster = 1 : i64}
+    %e = tcp.store %s1 : tensor<128x128xf32> -> tensor<128x128xf32>
+    func.return %e : tensor<128x128xf32>
+  }
+}
+"""
+
+
+def test_a_store_into_another_clusters_sram_is_a_dma_copy() -> None:
+    """An engine writes its own cluster's SRAM only (data between clusters moves by DMA): %s0
+    commits cluster 0's %b into cluster 0's %buf in place, free, but %s1 stores cluster 1's %c
+    into it, so the plan copies %c's bytes over first (a DMA copy costed as the `tile.copy` %d
+    of the same bytes), listed with the streams; the store's readers wait for the copy."""
+    report = tcpc.load_ir(STORE_CROSSING).simulate().report
+    assert [(s.buffer, s.bytes, s.op, s.direction) for s in report.streams] == [("%buf", 32768, "%s1 = tile.store", "store")]
+    by_label = {o.label: o for o in report.ops}
+    copy = by_label["store into %buf on cluster 0"]
+    assert copy.engine == "dma" and copy.cycles == by_label["%d = tile.copy"].cycles
+    assert by_label["%c = ve.exp"].end <= copy.start and copy.end <= by_label["%e = tcp.store"].start
+    assert "streamed %buf (32,768 B) into another cluster's SRAM by %s1 = tile.store" in report.to_text()

@@ -136,12 +136,13 @@ class Stream:
     bytes: int
     """Bytes moved: the buffer, or for `in` the bytes of its HBM copy."""
     op: str
-    direction: Literal["in", "out", "fused", "read", "cluster"]
+    direction: Literal["in", "out", "fused", "read", "cluster", "store"]
     """`out`: the command writes the buffer to HBM; `in`: it reads the buffer from HBM;
     `fused`: a DMA command's result goes straight into its readers' tiles; `read`: a computing
     engine's command reads a value in HBM, streamed in before it (not a matter of size);
     `cluster`: a computing engine's command reads a buffer in another cluster's SRAM, copied
-    over before it (not a matter of size either)."""
+    over before it (not a matter of size either); `store`: an in-place store writes a tile
+    into a buffer in another cluster's SRAM, copied over by DMA."""
 
 
 @dataclass(frozen=True)
@@ -372,6 +373,8 @@ class MemoryPlanner:
             deps += self.stream_hbm_operands(t)
         if far:
             deps += self.copy_across(t, far)
+        if engine == NONE and t.cost.result_bytes and self.clusters > 1:
+            deps += self.store_across(t, cluster)
         if reloads:
             deps += self.reload(t, reloads, wait)
         if direct or stream_out:
@@ -581,6 +584,20 @@ class MemoryPlanner:
             self.streams.append(Stream(self.labels[b], nbytes, t.label, "cluster"))
             keys.append(key)
         return keys
+
+    def store_across(self, t: TracedOp, cluster: int) -> list[int]:
+        """An in-place store (`tile.store` into an SRAM buffer) from `cluster` into a buffer in
+        another cluster's SRAM: an engine writes its own cluster's SRAM only and data between
+        clusters moves by DMA (the book, DMA Engine), so the stored bytes cross in a DMA copy
+        SRAM -> SRAM before the store counts as done. Returns the commands."""
+        away = [b for b in t.reads if b in self.live and self.cluster[b] != cluster]
+        if not away:
+            return []
+        nbytes = t.cost.result_bytes or 0
+        key = self.add_command(f"store into {self.labels[away[0]]} on cluster {self.cluster[away[0]]}", "tile.copy",
+                               dma_copy_cost(self.machine, nbytes, src_hbm=False, dst_hbm=False), t, t.deps)
+        self.streams.append(Stream(self.labels[away[0]], nbytes, t.label, "store"))
+        return [key]
 
     def writes_to_hbm(self, t: TracedOp, b: int) -> bool:
         """Whether a result `t` streams goes to HBM (rather than fused into its readers): always

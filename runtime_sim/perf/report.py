@@ -464,8 +464,10 @@ class SimReport:
         ]
         lines += [f"  spilled {s.buffer} ({s.bytes:,} B) to make room for {s.evicted_at}" for s in self.spills]
         how = {"out": "out to HBM by", "in": "in from HBM by", "fused": "by its DMA command into its readers' tiles:",
-               "read": "in from HBM for", "cluster": "from another cluster's SRAM for"}
-        why = {"read": "which reads SRAM only (a value in HBM)", "cluster": "which reads its own cluster's SRAM only"}
+               "read": "in from HBM for", "cluster": "from another cluster's SRAM for",
+               "store": "into another cluster's SRAM by"}
+        why = {"read": "which reads SRAM only (a value in HBM)", "cluster": "which reads its own cluster's SRAM only",
+               "store": "whose engine writes its own cluster's SRAM only"}
         lines += [f"  streamed {s.buffer} ({s.bytes:,} B) {how[s.direction]} {s.op}, {why.get(s.direction, 'too large for SRAM')}"
                   for s in self.streams]
         lines += [f"chose {c.describe()}" for c in self.choices]

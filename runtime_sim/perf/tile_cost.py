@@ -8,7 +8,8 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
   whose index is not -1, from HBM or SRAM as the source lives).
 - `tile.store`: into an HBM buffer, one DMA copy SRAM -> HBM; into an SRAM buffer, free: the
   engine that produced the tile commits it at the buffer's address (an assumption: the
-  compiler gives the producer that destination).
+  compiler gives the producer that destination). Into another cluster's SRAM the memory plan
+  adds a DMA copy of the stored bytes (`result_bytes`; memory_plan.py, `store_across`).
 - a guarded load or store whose guard is negative: the guard only (`guard_cycles`, on DMA); a
   store guarded part by part (a group's blocks or their 128-row parts) moves the parts whose
   guard is not negative, in one command.
@@ -112,7 +113,7 @@ def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any
     elif _guarded_off(op, operands):
         return _guard_only(machine)
     if not in_hbm(op.results[0]):
-        return OpCost("none", 0, bound="committed in place")
+        return OpCost("none", 0, bound="committed in place", result_bytes=nbytes)
     return dma_copy_cost(machine, nbytes, False, True)
 
 
