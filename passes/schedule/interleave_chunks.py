@@ -34,11 +34,14 @@ with interleave-shared's `split`, and moves the ops between loops i and i+1:
   (Qwen3-30B-A3B ep=2,tp=2, 16 tokens a chip, 8 chunks: 240.9 -> 239.6 us).
 
 The first chunks' dispatches (those whose token rows the router loop's first trips make, as
-few as hold chunk 0, at decode the first trip only; in cost-only runs the routing is an
-argument and only the weights come from the router) go after those trips, before the rest of the router's, so the link starts
+few as hold chunk 0, at decode the first trip only) go after those trips, before the rest of the router's, so the link starts
 sending once chunk 0's rows are made rather than after the router ends (ep=8 as below: 1,675.3
 -> 1,664.7 us; ep=2, 2 chunks of 2,048 in trips of 1,024, after two of the four: 1,719.8 ->
-1,708.3 us with schedule-tokens' `chunk_trips`).
+1,708.3 us with schedule-tokens' `chunk_trips`). In cost-only runs those chunks' slices of
+pin-routing's routing argument wait for those trips alone, as their slices of the router's own
+indices do (a `tcp.order` after the first trips' indices): waiting for the whole router put
+its last trips before the first dispatch (Qwen3-30B-A3B at 4,096 tokens a chip, B = 256, a2a:
+ep=2 1,711.4 -> 1,694.9 us, ep=4 1,643.8 -> 1,618.9).
 
 At decode the last chunk's loop ends the chip's weight stream: its last round of the clusters'
 blocks (those a balanced routing fills) is a loop piece of its own whose weights one DMA engine
@@ -273,7 +276,8 @@ def _router_first(block: Block, prefill: bool) -> None:
     among = _between(router, first)
     made = {r: i for i, r in enumerate(router.results)}
     ends = [(op, made[v], at + shape_of(op.result.type)[0]) for op in among if isinstance(op, tile.SliceOp)
-            and (v := _stored_into(op.source)) in made and (at := constant_index(op.offset)) is not None]
+            and (v := _stored_into(_ordered_after(op.source))) in made
+            and (at := constant_index(op.offset)) is not None]
     if not ends:
         return
     cut = lb + -(-(min(end for _, _, end in ends) - lb) // step) * step  # the trips that hold the first chunk
@@ -281,14 +285,30 @@ def _router_first(block: Block, prefill: bool) -> None:
         return
     slices = [(op, i) for op, i, end in ends if end <= cut]
     head, rest = split(router, [lb, cut, ub])
+    orders: list[tuple[tcp.OrderOp, tile.SliceOp]] = []
     for op, i in slices:
-        op.operands[0] = head.results[i]
+        if isinstance(pinned := op.source.owner, tcp.OrderOp):  # the pinned routing waits for these trips alone
+            order = tcp.OrderOp(pinned.input, head.results[i])
+            order.attributes.update(pinned.attributes)
+            order.result.name_hint = pinned.result.name_hint
+            orders.append((order, op))
+            op.operands[0] = order.result
+        else:
+            op.operands[0] = head.results[i]
     dones = {op for op in among if isinstance(op, ccl.AllToAllDoneOp)}
     late = _read_by({rest, *dones}, among) | dones
     moved = [op for op in among if op not in late]
     for op in moved:
         op.detach()
     block.insert_ops_before(moved, rest)
+    for order, op in orders:
+        block.insert_op_before(order, op)
+
+
+def _ordered_after(value: SSAValue) -> SSAValue:
+    """What `value` waits for where it is pin-routing's routing argument (`tcp.order`): the
+    router's indices, whose trips make its rows; else `value`."""
+    return value.owner.after if isinstance(value.owner, tcp.OrderOp) else value
 
 
 def _stream_end_in_pieces(block: Block, clusters: int) -> None:
