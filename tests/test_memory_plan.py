@@ -373,7 +373,8 @@ builtin.module {
     %s0 = tile.store %b, %buf[%i0] : tensor<64x128xf32>, tensor<128x128xf32> -> tensor<128x128xf32>
     %s1 = tile.store %c, %s0[%i1] : tensor<64x128xf32>, tensor<128x128xf32> -> tensor<128x128xf32> {tcpc.cluster = 1 : i64}
     %d = tile.copy %c : tensor<64x128xf32> -> tensor<64x128xf32> {tcpc.cluster = 1 : i64}
-    %e = tcp.store %s1 : tensor<128x128xf32> -> tensor<128x128xf32>
+    %f = ve.exp %s1 : tensor<128x128xf32>
+    %e = tcp.store %f : tensor<128x128xf32> -> tensor<128x128xf32>
     func.return %e : tensor<128x128xf32>
   }
 }
@@ -383,12 +384,18 @@ builtin.module {
 def test_a_store_into_another_clusters_sram_is_a_dma_copy() -> None:
     """An engine writes its own cluster's SRAM only (data between clusters moves by DMA): %s0
     commits cluster 0's %b into cluster 0's %buf in place, free, but %s1 stores cluster 1's %c
-    into it, so the plan copies %c's bytes over first (a DMA copy costed as the `tile.copy` %d
-    of the same bytes), listed with the streams; the store's readers wait for the copy."""
+    into it, and cluster 0's %f reads it, so the plan copies %c's bytes over first (a DMA copy
+    costed as the `tile.copy` %d of the same bytes), listed with the streams; the store's
+    readers wait for the copy. Read by DMA alone (a DMA engine reaches every cluster's SRAM),
+    the rows each cluster stores stay in its own SRAM: no copy (a mesh receiver's partial
+    sums, stored by both clusters and sent by the link)."""
+    dma_only = STORE_CROSSING.replace("%f = ve.exp %s1 : tensor<128x128xf32>",
+                                      "%f = tile.copy %s1 : tensor<128x128xf32> -> tensor<128x128xf32>")
+    assert tcpc.load_ir(dma_only).simulate().report.streams == []
     report = tcpc.load_ir(STORE_CROSSING).simulate().report
     assert [(s.buffer, s.bytes, s.op, s.direction) for s in report.streams] == [("%buf", 32768, "%s1 = tile.store", "store")]
     by_label = {o.label: o for o in report.ops}
     copy = by_label["store into %buf on cluster 0"]
     assert copy.engine == "dma" and copy.cycles == by_label["%d = tile.copy"].cycles
-    assert by_label["%c = ve.exp"].end <= copy.start and copy.end <= by_label["%e = tcp.store"].start
+    assert by_label["%c = ve.exp"].end <= copy.start and copy.end <= by_label["%f = ve.exp"].start
     assert "streamed %buf (32,768 B) into another cluster's SRAM by %s1 = tile.store" in report.to_text()

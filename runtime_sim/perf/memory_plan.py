@@ -589,8 +589,12 @@ class MemoryPlanner:
         """An in-place store (`tile.store` into an SRAM buffer) from `cluster` into a buffer in
         another cluster's SRAM: an engine writes its own cluster's SRAM only and data between
         clusters moves by DMA (the book, DMA Engine), so the stored bytes cross in a DMA copy
-        SRAM -> SRAM before the store counts as done. Returns the commands."""
-        away = [b for b in t.reads if b in self.live and self.cluster[b] != cluster]
+        SRAM -> SRAM before the store counts as done. A buffer that only DMA commands and links
+        read needs none: they reach every cluster's SRAM, so the rows each cluster stores stay
+        in its own (as `_moved_by_dma`'s buffers may live anywhere). Returns the commands."""
+        ops = self.trace.ops
+        away = [b for b in t.reads if b in self.live and self.cluster[b] != cluster
+                and any(ops[u].cost.engine not in (DMA, LINK, NONE) for u in self.uses[b])]
         if not away:
             return []
         nbytes = t.cost.result_bytes or 0
