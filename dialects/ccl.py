@@ -75,12 +75,15 @@ def a2a_slots(tokens: int, k: int, experts_per_chip: int, capacity: int | None =
     return bound
 
 
-def _axis_props(axis: str, chips: int, dim: int = 0) -> dict[str, object]:
+def _axis_props(axis: str, chips: int, dim: int = 0, direct: bool = False) -> dict[str, object]:
     """The properties of a collective over `chips` chips along mesh axis `axis`; `dim`, the
-    tensor axis a gather or scatter splits, only when not the first (the default)."""
+    tensor axis a gather or scatter splits, only when not the first (the default); `direct`
+    (`_GatherOrScatter`) only when set."""
     props: dict[str, object] = {"axis": StringAttr(axis), "chips": IntegerAttr(chips, i64)}
     if dim:
         props["dim"] = IntegerAttr(dim, i64)
+    if direct:
+        props["direct"] = UnitAttr()
     return props
 
 
@@ -214,8 +217,23 @@ class AllToAllDoneOp(IRDLOperation):
         expect(self.result.type == self.started.type, f"result should be {format_type(self.started.type)}")
 
 
+class _GatherOrScatter(_Collective):
+    """An all-gather's or reduce-scatter's algorithm: the ring's N - 1 steps, each chip sending one
+    share to its successor (the default), or with `direct` one step, each chip sending its share
+    (a reduce-scatter: each chip's slice) straight to every other chip of the group, as an
+    all-to-all does: the same bytes on each link, one step's latency instead of N - 1 (the
+    one-shot algorithm of small, latency-bound collectives: docs/mesh.md, the sp axis). The values
+    are the same either way (a reduction adds the chips' parts in chip order in both)."""
+
+    direct = opt_prop_def(UnitAttr)
+
+    @property
+    def is_direct(self) -> bool:
+        return self.direct is not None
+
+
 @irdl_op_definition
-class AllGatherOp(_Collective):
+class AllGatherOp(_GatherOrScatter):
     """Every chip's input, concatenated along the first axis (`dim`, if given) in chip order."""
 
     name = "ccl.all_gather"
@@ -228,11 +246,11 @@ class AllGatherOp(_Collective):
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$input `over` $axis attr-dict `:` type($input) `->` type($result)"
 
-    def __init__(self, input, axis: str, chips: int, dim: int = 0):
+    def __init__(self, input, axis: str, chips: int, dim: int = 0, direct: bool = False):
         shape = list(shape_of(input.type))
         shape[dim] *= chips
         t = TensorType(input.type.get_element_type(), shape)
-        super().__init__(operands=[input], result_types=[t], properties=_axis_props(axis, chips, dim))
+        super().__init__(operands=[input], result_types=[t], properties=_axis_props(axis, chips, dim, direct))
 
     def verify_(self) -> None:
         self._verify_group()
@@ -251,7 +269,7 @@ class _Reduction(_Collective):
 
 
 @irdl_op_definition
-class ReduceScatterOp(_Reduction):
+class ReduceScatterOp(_Reduction, _GatherOrScatter):
     """The sum over chips (in chip order 0, 1, ..., in f32, rounded once to the type) of every
     chip's input; chip i keeps the i-th slice of the first axis (`dim`, if given: tp's slots'
     rows, each chip summing its share of the columns). With `rows` (i32 [S], the input
@@ -272,11 +290,11 @@ class ReduceScatterOp(_Reduction):
         "`->` type($result)"
     )
 
-    def __init__(self, input, axis: str, chips: int, dim: int = 0, rows=None):
+    def __init__(self, input, axis: str, chips: int, dim: int = 0, rows=None, direct: bool = False):
         shape = list(shape_of(input.type))
         shape[dim] //= chips
         t = TensorType(input.type.get_element_type(), shape)
-        super().__init__(operands=[input, rows], result_types=[t], properties=_axis_props(axis, chips, dim))
+        super().__init__(operands=[input, rows], result_types=[t], properties=_axis_props(axis, chips, dim, direct))
 
     def verify_(self) -> None:
         self._verify_group()
@@ -640,6 +658,7 @@ class A2AReturnsOp(_A2AOrder):
             expect(0 <= a < b <= e // n, f"local experts [{a}, {b}) are not a range of a chip's {e // n}")
 
 
+GATHER_OR_SCATTER = (AllGatherOp, ReduceScatterOp)
 COLLECTIVES = (AllToAllOp, AllToAllStartOp, AllGatherOp, ReduceScatterOp, AllReduceOp)
 """The ops that exchange values between chips (every chip runs each at the same point; an
 asynchronous all-to-all at its start, its done being the chip's own wait)."""

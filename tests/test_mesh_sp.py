@@ -3,6 +3,8 @@ expert all-to-all over the column, reduce-scattered back), and chips of one trac
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -201,13 +203,32 @@ def test_sp_chunks_pipeline_cycles() -> None:
 
 def test_sp_decode_cycles() -> None:
     """DeepSeek-V3's layer (D = 7168, 32 experts of F = 512, FS = 1024) on ep=4,sp=4 at 4 tokens a
-    chip, a2a_sum, sp_sum=bf16: the shared expert's down projections load after the reduce-scatter
-    (interleave-shared), under the combine's link steps. Before: 99,928 cycles. (Sending the expert
-    ids before the tokens took 79,820 cost-only, but with the routing computed, where the ids wait
-    for the router, 141,434 cycles against 137,505 without: not kept.) 79,614 before the pinned
-    routing was read after the router's top-k (`tcp.order`), not loaded from HBM by a DMA command
-    the real program does not make."""
+    chip, a2a_sum, sp_sum=bf16: sp's collectives go direct (one step each: shard-experts'
+    `_Layer.sp_direct`) and the shared expert's down projections load after the reduce-scatter
+    (interleave-shared), under the combine's link steps. Before both: 99,928 cycles; 79,261 with
+    the ring. (The expert ids' all-gather before the tokens', with direct: 75,152.)"""
     dims = {"T": 64, "D": 7168, "F": 512, "FS": 1024, "E": 32, "K": 8, "NG": 8, "TG": 4, "B": 16}
     program = tcpc.compile_file("examples/deepseek_v3.moe", dims=dims)
     spec = MeshSpec.parse("ep=4,sp=4,strategy=a2a_sum,sp_sum=bf16")
-    assert simulate_on_mesh(program, spec, cost_only=True).report.total_cycles == 79_261
+    assert simulate_on_mesh(program, spec, cost_only=True).report.total_cycles == 74_706
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_direct_gather_and_scatter_take_one_step(direct: bool) -> None:
+    """sp's all-gather of a decode step's tokens (4 a chip of DeepSeek-V3, 57 KB) and its
+    reduce-scatter over 8 chips: the ring's 7 steps pay 7 latencies, `direct` (one step, a share to
+    each other chip) one, for the same bytes each way."""
+    from xdsl.dialects.builtin import TensorType, bf16
+    from xdsl.utils.test_value import create_ssa_value
+
+    from dialects import ccl
+    from runtime_sim.perf.ccl_cost import link_parts, received_bytes, traffic
+    from target.mesh_machine import load_mesh_machine
+
+    machine = load_mesh_machine()
+    share = 4 * 7168 * 2
+    for op, rows in ((ccl.AllGatherOp(create_ssa_value(TensorType(bf16, [4, 7168])), "sp", 8, direct=direct), 4),
+                     (ccl.ReduceScatterOp(create_ssa_value(TensorType(bf16, [32, 7168])), "sp", 8, direct=direct), 32)):
+        group = [traffic(op, (np.zeros((rows, 7168), dtype=np.uint16),), 8, me) for me in range(8)]
+        assert sum(group[0].sent) == received_bytes(group, 0) == 7 * share
+        assert link_parts(machine, group, 0) == ((1 if direct else 7) * 2000, math.ceil(7 * share / 30))

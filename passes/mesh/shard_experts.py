@@ -72,7 +72,9 @@ Everything outside the MoE ops (router, shared expert) runs on the chip's own to
 over k is regrouped by column, as allgather's by chip (the same tolerance). `sp_sum=bf16` rounds
 each column's f32 sum to the output's type (bf16) before the reduce-scatter, as seed 001's bf16
 reduce-scatter does: half the bytes of its largest transfer, for one more rounding of a token's
-part (runtime_sim/semantics/tolerance.py's RECEIVER_SUM_SCALE, as a2a_sum's).
+part (runtime_sim/semantics/tolerance.py's RECEIVER_SUM_SCALE, as a2a_sum's). At decode sp's
+all-gathers and reduce-scatter are `direct` (one step, each chip sending its share to every other
+chip, where the ring takes sp - 1 steps: `_Layer.sp_direct`).
 
 Errors (PassFailedException): no or several scatters, E, T or F that the mesh does not divide,
 allgather with fewer experts per chip than K (its local routing keeps a token's K choices),
@@ -97,6 +99,7 @@ from dialects import ccl, moe, tcp, tile, tmath
 from dialects.annotations import PHASE_ATTR, mark_pair_sum, place_in_hbm, routing_arguments
 from dialects.tensor_types import shape_of, stored_bytes
 from passes._loop_builder import index_constant
+from passes.schedule.split_clusters import PREFILL_PAIRS_PER_EXPERT
 from target.target_spec import machine_of
 
 STRATEGIES = ("a2a", "a2a_sum", "allgather")
@@ -310,6 +313,16 @@ class _Layer:
     def own_tokens(self) -> int:
         """The tokens of one chunk of the chip's own (before sp's all-gather)."""
         return self.tokens // self.sp
+
+    @property
+    def sp_direct(self) -> bool:
+        """Whether sp's all-gathers and reduce-scatter go in one step (`ccl._GatherOrScatter`'s
+        `direct`) rather than the ring's sp - 1: at decode (fewer than PREFILL_PAIRS_PER_EXPERT pairs
+        an expert in a chunk), where each is latency-bound (DeepSeek-V3 on ep=16,sp=8 at 4 tokens a
+        chip: the tokens' all-gather 27.4 -> 15.4 us, the expert ids' 14.0 -> 2.0). The prefill rows'
+        are bandwidth-bound: the ring's latency is a few percent of them."""
+        pairs = self.route.tokens.data * self.route.k.data // self.route.experts.data // self.chunks
+        return pairs < PREFILL_PAIRS_PER_EXPERT
 
     @property
     def experts(self) -> int:
@@ -735,7 +748,7 @@ class _Strategy(ABC):
         block = b.block
         if b.stages is not None and block is b.stages["dispatch"]:
             b.to_stage("gather")
-        self.gathered[v] = b.add(ccl.AllGatherOp(v, SP, self.layer.sp), name).results[0]
+        self.gathered[v] = b.add(ccl.AllGatherOp(v, SP, self.layer.sp, direct=self.layer.sp_direct), name).results[0]
         b.block = block
         return self.gathered[v]
 
@@ -1145,13 +1158,14 @@ class _A2A(_Strategy):
             element = op.result.type.get_element_type()  # type: ignore[attr-defined]
             if layer.sp_sum == "bf16":
                 rounded = b.cast(total, element, f"{name}_rounded")
-                out = b.add(ccl.ReduceScatterOp(rounded, SP, layer.sp), op.result.name_hint or f"{name}_own").results[0]
+                out = b.add(ccl.ReduceScatterOp(rounded, SP, layer.sp, direct=layer.sp_direct),
+                            op.result.name_hint or f"{name}_own").results[0]
                 b.to_stage("output")
                 b.values[op.result] = out
                 b.rows[out] = (layer.route.tokens.data, tl)
                 b.phase = None
                 return
-            total = b.add(ccl.ReduceScatterOp(total, SP, layer.sp), f"{name}_own").results[0]
+            total = b.add(ccl.ReduceScatterOp(total, SP, layer.sp, direct=layer.sp_direct), f"{name}_own").results[0]
             b.to_stage("output")
         total = b.add(tmath.AddOp(total, plus if plus is not None else b.const(0.0, f32),
                                   TensorType(f32, [tl, d]))).results[0]

@@ -19,7 +19,9 @@ link model (mesh_machine.py; numbers in machines/rngd_pcie.toml):
   no step, no wait for the group, only the check of its counts (the machine's guard cycles,
   as a guarded block's skip costs);
 - all_gather, reduce_scatter: the ring algorithm, N - 1 steps of one chip's share each
-  (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009); all_reduce is a
+  (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009), or with `direct`
+  one step, a share sent to each other chip as an all-to-all sends its slices (the same bytes
+  on each link, one latency: the one-shot algorithm of latency-bound sizes); all_reduce is a
   reduce_scatter then an all_gather, 2 (N - 1) steps; whichever axis a gather or scatter
   splits (`dim`), a share is 1 / N of the bytes; with `rows` (all_reduce, reduce_scatter) only
   the slices' data rows count (the tensor-parallel reduction of a receive buffer: its empty slots are not sent). The additions of a reduction run on the
@@ -166,6 +168,8 @@ class Traffic:
     skips: bool = False
     """The chip sends nothing and knows nothing comes (an all-to-all's `expects`): it skips the
     collective."""
+    direct: bool = False
+    """A gather or scatter in one step, each chip sending to every other (`ccl._GatherOrScatter`)."""
 
 
 def traffic(op: Operation, operands: tuple[Any, ...], group: int, me: int) -> Traffic:
@@ -187,11 +191,22 @@ def traffic(op: Operation, operands: tuple[Any, ...], group: int, me: int) -> Tr
         share = sum(int(r) for r in np.asarray(operands[1])) * _row_bytes(x[0])
     if isinstance(op, (ccl.ReduceScatterOp, ccl.AllReduceOp)):
         share //= group
+    if isinstance(op, ccl.GATHER_OR_SCATTER) and op.is_direct:  # one step: a share to every other chip
+        return Traffic(op.name, tuple(0 if d == me else share for d in range(group)), me, 1, direct=True)
     steps = (group - 1) * (2 if isinstance(op, ccl.AllReduceOp) else 1)
     # A ring: each step a chip sends one share to its successor and receives one.
     nxt = (me + 1) % group
     sent = [share * steps if (d == nxt and group > 1) else 0 for d in range(group)]
     return Traffic(op.name, tuple(sent), me, steps)
+
+
+def received_bytes(group: list[Traffic], me: int) -> int:
+    """The bytes chip `me` (its place in `group`) receives in one collective: what every chip
+    sends it (an all-to-all, a direct gather or scatter); a ring receives what it sends."""
+    t = group[me]
+    if t.op in ALL_TO_ALLS or t.direct:
+        return sum(g.sent[me] for g in group)
+    return sum(t.sent)
 
 
 def link_parts(mesh: MeshMachine, group: list[Traffic], me: int) -> tuple[int, int]:
@@ -200,10 +215,7 @@ def link_parts(mesh: MeshMachine, group: list[Traffic], me: int) -> tuple[int, i
     (an all-to-all's messages to the other chips start together: one step), so a small
     collective is latency-bound."""
     t = group[me]
-    if t.op in ALL_TO_ALLS:
-        received = sum(g.sent[me] for g in group)
-    else:
-        received = sum(t.sent)  # a ring receives what it sends
+    received = received_bytes(group, me)
     if len(group) == 1:
         return 0, 0
     if t.skips:

@@ -36,7 +36,7 @@ from xdsl.ir import Operation, SSAValue
 from dialects import ccl
 from dialects.annotations import routing_arguments
 from dialects.tensor_types import is_float_type, shape_of
-from runtime_sim.perf.ccl_cost import ALL_TO_ALLS, Traffic, least_link_cycles, link_parts, traffic
+from runtime_sim.perf.ccl_cost import Traffic, least_link_cycles, link_parts, received_bytes, traffic
 from runtime_sim.perf.cost_model import LINK, engine_units
 from runtime_sim.perf.cost_only import (AboveBar, LoopReplay, Lazy, LowerBoundBar, SharedViews, is_placeholder,
                                          placeholder, shape_only_interpreter)
@@ -639,7 +639,7 @@ def schedule_mesh(machine: MeshMachine, mesh: ccl.Mesh, traces: list[Trace], tra
             t = traffics[c].traffic[j]
             group = mesh.group(c, traffics[c].axes[j])
             flows = [traffics[g].traffic[j] for g in group]
-            received = (sum(f.sent[t.me] for f in flows) if t.op in ALL_TO_ALLS else sum(t.sent))
+            received = received_bytes(flows, t.me)
             links.append(LinkRecord(c, j, t.op, record.label, sum(t.sent), received, busy[c][j], latency[c][j],
                                     wait[c][j], record.start, record.end, key, t.skips))
     return MeshReport(machine, mesh, reports, links)
