@@ -193,6 +193,7 @@ def test_iterations_that_skip_every_guarded_block_are_not_interpreted(monkeypatc
 
     program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"D": 2048, "F": 768, "E": 128, "K": 8, "T": 1024, "B": 128})
     pipeline = pipeline_spec(topk_strategy="rank", expert_order="block")
+    monkeypatch.setattr(cost_only.IterationProbe, "of", staticmethod(lambda loop: None))  # which takes them too
     probed, unprobed = _Counting(), _Counting()
     fast = program.simulate(cost_only=True, routing="balanced", pipeline=pipeline, listeners=[probed])
     monkeypatch.setattr(cost_only.GuardProbe, "of", staticmethod(lambda loop: None))

@@ -468,6 +468,19 @@ def least_command_cycles(cost: OpCost) -> int:
     return min(cost.part_cycles) if cost.part_cycles else cost.cycles
 
 
+def _index_arithmetic(op: Operation, constants: dict[SSAValue, int], offsets: dict[SSAValue, tuple[int, int]]) -> bool:
+    """Whether `op` is a loop's index arithmetic: an integer constant (noted in `constants`) or a
+    value of `offsets` plus one (noted there as (scale, constant) of the index)."""
+    if isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):
+        constants[op.result] = op.value.value.data
+    elif isinstance(op, arith.AddiOp) and op.lhs in offsets and op.rhs in constants:
+        scale, base = offsets[op.lhs]
+        offsets[op.result] = (scale, base + constants[op.rhs])
+    else:
+        return False
+    return True
+
+
 class GuardProbe:
     """Whether an iteration of a `values` loop skips every block it guards, worked out without
     running it. Such a loop's body (an expert or combine loop over the worst case's blocks or
@@ -494,11 +507,8 @@ class GuardProbe:
         guards: dict[SSAValue, tuple[tile.SliceOp, int, int]] = {}
         found: list[tuple[tile.SliceOp, int, int]] = []
         for op in body.ops:
-            if isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):
-                constants[op.result] = op.value.value.data
-            elif isinstance(op, arith.AddiOp) and op.lhs in offsets and op.rhs in constants:
-                scale, base = offsets[op.lhs]
-                offsets[op.result] = (scale, base + constants[op.rhs])
+            if _index_arithmetic(op, constants, offsets):
+                pass
             elif isinstance(op, tile.SliceOp):
                 if op.operands[1] not in offsets or op.operands[0].owner in body.ops:
                     return None
@@ -609,11 +619,8 @@ class IterationProbe:
 
         def scan(block: Block) -> bool:
             for op in block.ops:
-                if isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):
-                    constants[op.result] = op.value.value.data
-                elif isinstance(op, arith.AddiOp) and op.lhs in offsets and op.rhs in constants:
-                    scale, base = offsets[op.lhs]
-                    offsets[op.result] = (scale, base + constants[op.rhs])
+                if _index_arithmetic(op, constants, offsets):
+                    pass
                 elif isinstance(op, tile.SliceOp) and op.operands[1] in offsets and op.operands[0] not in inside:
                     slices[op.result] = (op, *offsets[op.operands[1]])
                 elif isinstance(op, scf.IfOp):
