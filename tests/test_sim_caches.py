@@ -193,6 +193,7 @@ def test_iterations_that_skip_every_guarded_block_are_not_interpreted(monkeypatc
 
     program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"D": 2048, "F": 768, "E": 128, "K": 8, "T": 1024, "B": 128})
     pipeline = pipeline_spec(topk_strategy="rank", expert_order="block")
+    monkeypatch.setattr(cost_only.IterationProbe, "of", staticmethod(lambda loop: None))  # which takes them too
     probed, unprobed = _Counting(), _Counting()
     fast = program.simulate(cost_only=True, routing="balanced", pipeline=pipeline, listeners=[probed])
     monkeypatch.setattr(cost_only.GuardProbe, "of", staticmethod(lambda loop: None))
@@ -250,3 +251,44 @@ def test_a_routed_loops_pieces_share_the_first_pieces_costs(monkeypatch: pytest.
     assert shared_calls + len(loops) <= calls["tcp.contract"] - shared_calls
     assert shared.report.to_json() == apart.report.to_json()
     assert shared.report.chrome_trace() == apart.report.chrome_trace()
+
+
+@pytest.mark.parametrize("routing", ["balanced", "skewed"])
+def test_iterations_that_read_what_an_earlier_one_read_are_not_interpreted(monkeypatch: pytest.MonkeyPatch,
+                                                                            routing: str) -> None:
+    """An iteration of a routed loop's piece whose guards and costed reads, worked out from its
+    index and arguments (cost_only.IterationProbe.key), are an earlier iteration's takes that
+    one's ops and is not interpreted; the report, trace and graph are those of a run that
+    interprets them. Iterations that read otherwise (skewed routing: blocks of other row
+    counts, blocks that do not run) have other keys: iterations of one key record one signature."""
+    from runtime_sim.perf import cost_only
+
+    program = tcpc.compile_file("examples/llama4.moe", dims={"T": 256, "D": 16, "FS": 1100, "B": 4})
+    pipeline = pipeline_spec(topk_strategy="rank", expert_order="block")
+    keys: list[Any] = []
+    signatures: dict[Any, set[Any]] = {}
+    taken: list[Any] = []
+    key, ran, yields = cost_only.IterationProbe.key, cost_only.IterationProbe.ran, cost_only.IterationProbe.yields
+
+    def keyed(self: Any, *args: Any) -> Any:
+        keys.append(key(self, *args))
+        return keys[-1]
+
+    def interpreted(self: Any, events: Any, signature: Any, *args: Any) -> Any:
+        signatures.setdefault((self.loop, keys[-1]), set()).add(signature)
+        return ran(self, events, signature, *args)
+
+    monkeypatch.setattr(cost_only.IterationProbe, "key", keyed)
+    monkeypatch.setattr(cost_only.IterationProbe, "ran", interpreted)
+    monkeypatch.setattr(cost_only.IterationProbe, "yields", lambda self, *args: taken.append(1) or yields(self, *args))
+    probed, unprobed = _Counting(), _Counting()
+    fast = program.simulate(cost_only=True, routing=routing, pipeline=pipeline, listeners=[probed])
+    monkeypatch.setattr(cost_only.IterationProbe, "of", staticmethod(lambda loop: None))
+    slow = program.simulate(cost_only=True, routing=routing, pipeline=pipeline, listeners=[unprobed])
+    assert len(taken) > 0 and probed.skipped > unprobed.skipped
+    assert probed.ops + probed.skipped == unprobed.ops + unprobed.skipped
+    assert all(len(s) == 1 for s in signatures.values())
+    assert len({s for loop_signatures in signatures.values() for s in loop_signatures}) > 1
+    assert fast.report.to_json() == slow.report.to_json()
+    assert fast.report.chrome_trace() == slow.report.chrome_trace()
+    assert nx.utils.graphs_equal(fast.graph, slow.graph)

@@ -51,8 +51,9 @@ import numpy as np
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType
 from xdsl.interpreter import Interpreter, InterpreterFunctions, impl, register_impls
-from xdsl.ir import Attribute, Dialect, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Dialect, Operation, SSAValue
 from xdsl.traits import IsTerminator
+from xdsl.utils.exceptions import InterpretationError
 
 from dialects.annotations import expert_indices, routing_arguments
 from dialects import tcp
@@ -467,6 +468,19 @@ def least_command_cycles(cost: OpCost) -> int:
     return min(cost.part_cycles) if cost.part_cycles else cost.cycles
 
 
+def _index_arithmetic(op: Operation, constants: dict[SSAValue, int], offsets: dict[SSAValue, tuple[int, int]]) -> bool:
+    """Whether `op` is a loop's index arithmetic: an integer constant (noted in `constants`) or a
+    value of `offsets` plus one (noted there as (scale, constant) of the index)."""
+    if isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):
+        constants[op.result] = op.value.value.data
+    elif isinstance(op, arith.AddiOp) and op.lhs in offsets and op.rhs in constants:
+        scale, base = offsets[op.lhs]
+        offsets[op.result] = (scale, base + constants[op.rhs])
+    else:
+        return False
+    return True
+
+
 class GuardProbe:
     """Whether an iteration of a `values` loop skips every block it guards, worked out without
     running it. Such a loop's body (an expert or combine loop over the worst case's blocks or
@@ -493,11 +507,8 @@ class GuardProbe:
         guards: dict[SSAValue, tuple[tile.SliceOp, int, int]] = {}
         found: list[tuple[tile.SliceOp, int, int]] = []
         for op in body.ops:
-            if isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):
-                constants[op.result] = op.value.value.data
-            elif isinstance(op, arith.AddiOp) and op.lhs in offsets and op.rhs in constants:
-                scale, base = offsets[op.lhs]
-                offsets[op.result] = (scale, base + constants[op.rhs])
+            if _index_arithmetic(op, constants, offsets):
+                pass
             elif isinstance(op, tile.SliceOp):
                 if op.operands[1] not in offsets or op.operands[0].owner in body.ops:
                     return None
@@ -532,6 +543,222 @@ class GuardProbe:
         return True
 
 
+@dataclass
+class _Ran:
+    """An iteration of a `values` loop as it ran, for later ones that read the same to take
+    (`IterationProbe`): its ops, their signature, and per result it yielded, how an iteration
+    that takes it makes that result (`IterationProbe.yields`)."""
+
+    events: list[tuple[bool, Operation, tuple[Any, ...]]]
+    signature: tuple[tuple[object, ...], ...]
+    kinds: tuple[tuple[Any, ...], ...]
+    yielded: tuple[Any, ...]
+    carried: tuple[Any, ...]
+    """The arguments it started from: kept, so that the placeholders its key names by id live on."""
+    ops: int
+    """The ops it ran, as listeners count them (`did_skip_ops`)."""
+
+
+class IterationProbe:
+    """What an iteration of a `values` loop reads, worked out without running it, so that an
+    iteration reading what an earlier one of the loop's run read takes that one's ops and
+    signature instead of being interpreted (`LoopReplay._run_values`). interleave-shared cuts
+    the routed loop into pieces of a few iterations each, too few for a template to pay much,
+    and the interpreter still runs every iteration a template copies.
+
+    What recording an iteration reads of values is its branches' conditions and what its
+    costed ops read of their data operands (TraceRecorder.signature); everything else it sees
+    of the ops (their placeholders, by type) is the same every iteration. Where each condition
+    is a guard, and each data operand is, of a slice at the index (scaled, plus a constant) of
+    a value made before the loop, an iteration argument, or a value made before the loop, those
+    reads are worked out from the index and the arguments alone (`key`, which takes the
+    branches as the guards decide). Which values are placeholders, and which placeholders,
+    follows from which arguments are which placeholders (a symbolic op of a placeholder makes
+    one for the op and its operands' sources, `ShapeOnlyFunctions.run_symbolic`), which the key
+    also names. So an iteration whose key is an earlier one's runs the same ops, records the
+    same commands, and yields the same placeholders; its other results are the index, a slice at
+    it, or an argument passed on, each made for it (`yields`), or it is not taken."""
+
+    def __init__(self, loop: scf.ForOp, slices: dict[SSAValue, tuple[tile.SliceOp, int, int]],
+                 offsets: dict[SSAValue, tuple[int, int]], inside: set[SSAValue]):
+        self.loop = loop
+        self.slices = slices
+        """Each slice at the index of a value made before the loop: its op and its offset as (scale, constant)."""
+        self.offsets = offsets
+        """The index and the index arithmetic: each value as (scale, constant) of the index."""
+        self.inside = inside
+        """The values the body makes (its ops' results, its blocks' arguments)."""
+        body = loop.body.block
+        self.arguments = {a: n for n, a in enumerate(body.args[1:])}
+        self.outside = tuple(dict.fromkeys(v for op in body.walk() for v in op.operands if v not in inside))
+        """The values made before the loop that its ops read."""
+        self.views: dict[Operation, _SymbolicViews] = {}
+        """Each costed op's views (`symbolic_views`), shared by the probes of a run's loops (LoopReplay)."""
+        self._outside: dict[SSAValue, Any] = {}
+        self._steps: tuple[tuple[Any, ...], ...] | None = None
+        self._reads: dict[tuple[Any, ...], tuple[object, ...]] = {}
+        """(op, its data operands' bytes) -> what recording it reads (TraceRecorder.reads)."""
+
+    @staticmethod
+    def of(loop: scf.ForOp) -> IterationProbe | None:
+        """The probe of `loop`, or None when a condition or a data operand is anything else (the class docstring)."""
+        body = loop.body.block
+        inside: set[SSAValue] = set(body.args)
+        for op in body.walk():
+            inside.update(op.results)
+            for region in op.regions:
+                for block in region.blocks:
+                    inside.update(block.args)
+        offsets: dict[SSAValue, tuple[int, int]] = {body.args[0]: (1, 0)}
+        constants: dict[SSAValue, int] = {}
+        slices: dict[SSAValue, tuple[tile.SliceOp, int, int]] = {}
+        readable = set(body.args[1:])
+
+        def known(v: SSAValue) -> bool:
+            return v in slices or v in readable or v not in inside
+
+        def scan(block: Block) -> bool:
+            for op in block.ops:
+                if _index_arithmetic(op, constants, offsets):
+                    pass
+                elif isinstance(op, tile.SliceOp) and op.operands[1] in offsets and op.operands[0] not in inside:
+                    slices[op.result] = (op, *offsets[op.operands[1]])
+                elif isinstance(op, scf.IfOp):
+                    guard = op.cond.owner
+                    if not isinstance(guard, tile.GuardOp) or not known(guard.operands[0]):
+                        return False
+                    if not all(scan(b) for region in op.regions for b in region.blocks):
+                        return False
+                elif op.regions and not is_fused(op):
+                    return False
+                if _is_symbolic(op) and not all(known(v) for v in data_operands(op)):
+                    return False
+            return True
+
+        return IterationProbe(loop, slices, offsets, inside) if scan(body) else None
+
+    def start(self, interpreter: Interpreter) -> None:
+        """Read the values made before the loop that the key reads (once per run of the loop)."""
+        self._outside = dict(zip(self.outside, interpreter.get_values(self.outside)))
+
+    def _value(self, v: SSAValue, i: int, carried: tuple[Any, ...]) -> Any:
+        """`v`'s value in iteration `i` from `carried` (a slice, an argument or a value made before the loop)."""
+        if v in self.slices:
+            op, scale, base = self.slices[v]
+            source = self._value(op.operands[0], i, carried)
+            return source if is_placeholder(source) else sliced(op, np.asarray(source), scale * i + base)
+        value = carried[self.arguments[v]] if v in self.arguments else self._outside[v]
+        return value.force() if isinstance(value, Lazy) else value
+
+    def key(self, recorder: TraceRecorder, i: int, carried: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """What iteration `i` from `carried` reads (the class docstring): which arguments are
+        which placeholders, and in the order they would run, each branch taken and each costed
+        op's reads (TraceRecorder.reads); None when it cannot be worked out (a value it reads is
+        a placeholder or out of range: the interpreter then says so)."""
+        if self._steps is None:
+            self._steps = self._plan(self.loop.body.block, recorder)
+        parts: list[Any] = [id(v) if is_placeholder(v) else None for v in carried]
+        try:
+            if not self._walk(self._steps, recorder, i, carried, {}, parts):
+                return None
+        except InterpretationError:
+            return None
+        return tuple(parts)
+
+    def _plan(self, block: Block, recorder: TraceRecorder) -> tuple[tuple[Any, ...], ...]:
+        """What `key` works out of `block`'s ops, in order: each branch (the ids its guard reads, the
+        steps of either region) and each op whose recording reads values (its data operands and views)."""
+        steps: list[tuple[Any, ...]] = []
+        for op in block.ops:
+            if isinstance(op, scf.IfOp):
+                steps.append((op.cond.owner.operands[0], *(  # type: ignore[union-attr]
+                    self._plan(region.blocks.first, recorder) if region.blocks.first is not None else ()
+                    for region in (op.true_region, op.false_region))))
+            elif _is_symbolic(op) and recorder.reads_values(op):
+                original = recorder.costed_as(op)  # a clone's views are its original's (cloned_loop_ops)
+                views = self.views.get(original) or self.views.setdefault(original, symbolic_views(original))
+                steps.append((op, views.data, tuple(op.operands[n] for n in views.data), views.operands, views.results))
+        return tuple(steps)
+
+    def _walk(self, steps: tuple[tuple[Any, ...], ...], recorder: TraceRecorder, i: int, carried: tuple[Any, ...],
+              values: dict[SSAValue, tuple[Any, bytes] | None], parts: list[Any]) -> bool:
+        for step in steps:
+            if len(step) == 3:  # a branch
+                ids = self._read(step[0], i, carried, values)
+                if ids is None:
+                    return False
+                taken = guard_runs(ids[0])
+                parts.append(taken)
+                if not self._walk(step[1] if taken else step[2], recorder, i, carried, values, parts):
+                    return False
+                continue
+            op, data, read, operands, results = step
+            got = [self._read(v, i, carried, values) for v in read]
+            if None in got:
+                return False
+            seen = (op, *(b for _, b in got))  # type: ignore[misc]
+            reads = self._reads.get(seen)
+            if reads is None:
+                forced = list(operands)
+                for n, (value, _) in zip(data, got):  # type: ignore[misc]
+                    forced[n] = value
+                reads = self._reads[seen] = recorder.reads(op, tuple(forced), results)
+            parts.append(reads)
+        return True
+
+    def _read(self, v: SSAValue, i: int, carried: tuple[Any, ...],
+              values: dict[SSAValue, tuple[Any, bytes] | None]) -> tuple[Any, bytes] | None:
+        """`v`'s value in iteration `i` and its bytes, once per iteration; None for a placeholder."""
+        if v not in values:
+            value = self._value(v, i, carried)
+            values[v] = None if is_placeholder(value) else (value, np.ascontiguousarray(value).tobytes())
+        return values[v]
+
+    def ran(self, events: list[tuple[bool, Operation, tuple[Any, ...]]], signature: tuple[tuple[object, ...], ...],
+            carried: tuple[Any, ...], yielded: tuple[Any, ...]) -> _Ran | None:
+        """The iteration that ran `events` from `carried` and yielded `yielded`, for later ones
+        to take; None when what it yields cannot be made for another index (`yields`)."""
+        ran = {op for will, op, _ in events if will}
+        kinds: list[tuple[Any, ...]] = []
+        terminator = self.loop.body.block.last_op
+        assert terminator is not None
+        for value, result in zip(terminator.operands, yielded):
+            while isinstance(value.owner, scf.IfOp) and value in self.inside:
+                taken = [b.last_op for region in value.owner.regions for b in region.blocks if b.last_op in ran]
+                if len(taken) != 1:
+                    return None
+                value = taken[0].operands[value.index]  # type: ignore[union-attr]
+            if value in self.offsets:
+                kinds.append(("index", *self.offsets[value]))
+            elif value in self.arguments:
+                kinds.append(("carried", self.arguments[value]))
+            elif value in self.slices and not is_placeholder(result):
+                kinds.append(("slice", value))
+            elif value not in self.inside or is_placeholder(result) or isinstance(value.owner, arith.ConstantOp):
+                kinds.append(("same",))
+            else:
+                return None
+        return _Ran(events, signature, tuple(kinds), yielded, carried, sum(will for will, _, _ in events))
+
+    def yields(self, ran: _Ran, i: int, carried: tuple[Any, ...]) -> tuple[Any, ...]:
+        """What iteration `i` from `carried`, whose key is `ran`'s, yields."""
+        out: list[Any] = []
+        for kind, value in zip(ran.kinds, ran.yielded):
+            if kind[0] == "index":
+                out.append(kind[1] * i + kind[2])
+            elif kind[0] == "carried":
+                out.append(carried[kind[1]])
+            elif kind[0] == "slice":
+                out.append(np.array(self._value(kind[1], i, carried)))
+            else:
+                out.append(value)
+        return tuple(out)
+
+
+ITERATIONS_KEPT = 64
+"""The most iterations of a loop's run that later ones may take (`IterationProbe`)."""
+
+
 class LoopReplay:
     """Cost-only runs of loops whose iterations record the same commands, moved on by one
     iteration (TraceRecorder.template says when an iteration is such a template).
@@ -562,6 +789,8 @@ class LoopReplay:
         """Checked after every iteration: a run that cannot win a choice stops in its first loop past the bar."""
         self._kinds: dict[scf.ForOp, str] = {}
         self._probes: dict[scf.ForOp, GuardProbe | None] = {}
+        self._readers: dict[scf.ForOp, IterationProbe | None] = {}
+        self._views: dict[Operation, _SymbolicViews] = {}
 
     @staticmethod
     def allowed(listeners: Sequence[Interpreter.Listener]) -> bool:
@@ -626,6 +855,14 @@ class LoopReplay:
         if loop not in self._probes:
             self._probes[loop] = GuardProbe.of(loop)
         probe = self._probes[loop]
+        if loop not in self._readers:
+            self._readers[loop] = IterationProbe.of(loop)
+        reads = self._readers[loop]
+        if reads is not None:
+            reads.views = self._views
+            reads.start(interpreter)
+        taken: dict[tuple[Any, ...], _Ran] = {}
+        """The iterations interpreted, by what they read (IterationProbe.key)."""
         skipped: tuple[list[tuple[bool, Operation, tuple[Any, ...]]], tuple[tuple[object, ...], ...]] | None = None
         """The ops and signature of the iteration before, when it skipped every block and passed its arguments on."""
         for i in iterations:
@@ -635,11 +872,24 @@ class LoopReplay:
                 for listener in self.listeners:
                     listener.did_skip_ops(sum(will for will, _, _ in events))  # type: ignore[attr-defined]
             else:
-                recorder.defer()
                 before = loop_args
-                loop_args = interpreter.run_ssacfg_region(loop.body, (i, *loop_args), "for_loop")
-                events = recorder.deferred()
-                signature = recorder.signature(events)
+                key = reads.key(recorder, i, before) if reads is not None else None
+                earlier = taken.get(key) if key is not None else None
+                if earlier is not None:  # it reads what `earlier` read (IterationProbe)
+                    assert reads is not None
+                    events, signature = earlier.events, earlier.signature
+                    loop_args = reads.yields(earlier, i, before)
+                    for listener in self.listeners:
+                        listener.did_skip_ops(earlier.ops)  # type: ignore[attr-defined]
+                else:
+                    recorder.defer()
+                    loop_args = interpreter.run_ssacfg_region(loop.body, (i, *loop_args), "for_loop")
+                    events = recorder.deferred()
+                    signature = recorder.signature(events)
+                    if key is not None and reads is not None and len(taken) < ITERATIONS_KEPT:
+                        ran = reads.ran(events, signature, before, loop_args)
+                        if ran is not None:
+                            taken[key] = ran
                 passed_on = len(before) == len(loop_args) and all(a is b for a, b in zip(before, loop_args))
                 skipped = (events, signature) if skips and passed_on else None
             if template is not None:
@@ -721,6 +971,14 @@ class _SymbolicViews:
     results: tuple[Any, ...]
 
 
+def symbolic_views(op: Operation) -> _SymbolicViews:
+    operands = list(op.operands)
+    read = set(data_operands(op))
+    data = tuple(i for i, v in enumerate(operands) if v in read)
+    return _SymbolicViews(data, tuple(None if i in data else placeholder(v.type) for i, v in enumerate(operands)),
+                          tuple(placeholder(r.type) for r in op.results))
+
+
 class ShapeOnlyListener(Interpreter.Listener):
     """Shows the listeners, for each symbolic op, forced values of its data operands and
     placeholders for everything else, so a cost function can never read a value that was not
@@ -736,13 +994,7 @@ class ShapeOnlyListener(Interpreter.Listener):
         views = self._views.get(op, _UNKNOWN)
         if views is not _UNKNOWN:
             return views  # type: ignore[return-value]
-        views = None
-        if _is_symbolic(op):
-            operands = list(op.operands)
-            read = set(data_operands(op))
-            data = tuple(i for i, v in enumerate(operands) if v in read)
-            views = _SymbolicViews(data, tuple(None if i in data else placeholder(v.type) for i, v in enumerate(operands)),
-                                   tuple(placeholder(r.type) for r in op.results))
+        views = symbolic_views(op) if _is_symbolic(op) else None
         self._views[op] = views
         return views
 

@@ -475,17 +475,27 @@ class TraceRecorder(Interpreter.Listener):
                 continue
             fused = None
             operands = args.pop()
-            if op.name in UNTRACED:
-                out.append((op,))
-                continue
-            statics = self._statics(op)
-            if not (statics.data or statics.unread or statics.forward):
-                out.append((op,))
-                continue
-            out.append((op, self._cost(op, statics, operands, values),
-                        statics.unread(op, operands) if statics.unread is not None else (),
-                        statics.forward(op, operands) if statics.forward is not None else None))
+            out.append((op,) if op.name in UNTRACED else self.reads(op, operands, values))
         return tuple(out)
+
+    def costed_as(self, op: Operation) -> Operation:
+        """The op whose costs `op` shares: itself, or the op it is a clone of (`cloned_loop_ops`)."""
+        return self._statics(op).costed_as
+
+    def reads_values(self, op: Operation) -> bool:
+        """Whether recording `op` reads values of its operands (its cost, or what it skips or passes through)."""
+        statics = self._statics(op)
+        return bool(statics.data or statics.unread or statics.forward)
+
+    def reads(self, op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...]) -> tuple[object, ...]:
+        """What recording `op` on `operands` reads of their values, its part of a `signature`: its cost and
+        the operands it skips or passes through, or nothing."""
+        statics = self._statics(op)
+        if not (statics.data or statics.unread or statics.forward):
+            return (op,)
+        return (op, self._cost(op, statics, operands, results),
+                statics.unread(op, operands) if statics.unread is not None else (),
+                statics.forward(op, operands) if statics.forward is not None else None)
 
     def template(self, loop: scf.ForOp, start: tuple[int, int], marks: tuple[tuple[int, int], ...],
                  carried: tuple[list[_Value], ...]) -> LoopTemplate | None:
