@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IndexType, IntegerAttr, TensorType
-from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, Region, SSAValue, SSAValues, Use
 from xdsl.traits import Pure
 
 from dialects import tcp, tile, ve
@@ -15,6 +15,50 @@ from dialects.annotations import placed_in_hbm
 
 ZERO_OPERAND_VE = (ve.ConstOp, ve.IotaOp, ve.PositionTagOp)
 """`ve` ops without operands: a splat, a numbering or a position tag along another axis."""
+
+
+def clone_op(op: Operation, mapping: dict[SSAValue, SSAValue]) -> Operation:
+    """`op.clone(value_mapper=mapping)` for an op whose regions read each value after its
+    definition (SSA order, as an `scf.for` body's), in one pass: xDSL's generic clone creates each
+    op through its IRDL defaults and walks the copy again to set its operands, most of
+    interleave-shared's time (it copies the routed loop's body per piece: Llama-4-Scout at
+    T = 2048, about 11k ops). The copy shares its properties', attributes' and result types'
+    objects and value names with `op`, as a clone does (op_trace's `cloned_loop_ops` relies on it)."""
+    assert not op.successors
+    cls = type(op)
+    new = cls.__new__(cls)
+    operands = SSAValues(mapping.get(v, v) for v in op.operands)
+    uses = tuple(Use(new, i) for i in range(len(operands)))
+    for value, use in zip(operands, uses):
+        value.add_use(use)
+    new._operands, new._operand_uses = operands, uses  # pyright: ignore[reportPrivateUsage]
+    new._successors, new._successor_uses = (), ()  # pyright: ignore[reportPrivateUsage]
+    new.results = SSAValues(OpResult(r.type, new, i) for i, r in enumerate(op.results))
+    for old, result in zip(op.results, new.results):
+        result.name_hint = old.name_hint
+        mapping[old] = result
+    new.properties = op.properties.copy()
+    new.attributes = op.attributes.copy()
+    new.location = op.location
+    new.regions = ()
+    for region in op.regions:
+        new.add_region(clone_region(region, mapping))
+    return new
+
+
+def clone_region(region: Region, mapping: dict[SSAValue, SSAValue] | None = None) -> Region:
+    """`region.clone()` by `clone_op`: its blocks' arguments and ops copied, `mapping` extended."""
+    mapping = {} if mapping is None else mapping
+    made = Region()
+    for block in region.blocks:
+        copy = Block()
+        for i, arg in enumerate(block.args):
+            copy.insert_arg(arg.type, i, arg.location).name_hint = arg.name_hint
+            mapping[arg] = copy.args[i]
+        made.add_block(copy)
+        for op in block.ops:
+            copy.add_op(clone_op(op, mapping))
+    return made
 
 
 def leading(value: SSAValue) -> int | None:
@@ -204,19 +248,23 @@ def split_shared_constants(ops: list[Operation]) -> list[Operation]:
 
 def move_readers_after(block: Block, anchor: Operation, produced: list[SSAValue], inside: set[Operation]) -> None:
     """Outside ops that stood among a loop's absorbed ops (`inside`) and read its results
-    (`produced`, directly or through each other) now follow `anchor`, in their order."""
-    moved: set[Operation] = set()
-    results = set(produced)
-    ordered: list[Operation] = []
+    (`produced`, directly or through each other) now follow `anchor`, in their order. Found
+    from the values' uses, not by walking every op before `anchor` (interleave-shared's anchor
+    follows the routed loop's pieces, whose bodies hold thousands of ops)."""
+    before: set[Operation] = set()
     for op in block.ops:
         if op is anchor:
             break
-        if op in inside:
-            continue
-        read = (v for nested in op.walk() for v in nested.operands)  # a loop reads inside its body too
-        if any(v in results or (isinstance(v.owner, Operation) and v.owner in moved) for v in read):
-            moved.add(op)
-            ordered.append(op)
+        before.add(op)
+    moved: set[Operation] = set()
+    pending = list(produced)
+    while pending:
+        for use in pending.pop().uses:
+            op = op_of_block(use.operation, block)  # a loop reads inside its body too
+            if op is not None and op in before and op not in inside and op not in moved:
+                moved.add(op)
+                pending.extend(op.results)
+    ordered = [op for op in block.ops if op in moved]
     for op in ordered:
         op.detach()
         block.insert_op_after(op, anchor)

@@ -32,7 +32,7 @@ from dialects.ve import VE
 from runtime_sim.semantics.collector import without_gc_pauses
 from target.machine import Machine
 from target.target_spec import attach
-from tcpc.provenance import locations_inherited
+from tcpc.provenance import Locating
 
 DIALECTS: list[Dialect] = [Builtin, func.Func, TMath, MoE, VE, TCP, Tile, scf.Scf, arith.Arith, LowP, CCL, DLTI]
 
@@ -296,8 +296,9 @@ def apply_pipeline(module: ModuleOp, passes: list[ModulePass],
         verified = Verified()
         if after_each is not None:
             after_each(PassStep(0, lowered))
+        locating = Locating(lowered)
         for index, p in enumerate(passes, 1):
-            with locations_inherited(lowered, p.name):
+            with locating.inherited(p.name):
                 start = time.perf_counter()
                 p.apply(ctx, lowered)
                 applied = time.perf_counter()

@@ -65,17 +65,25 @@ def walked(op: Operation, region_first: bool = False) -> list[Operation]:
 
 
 def snapshot(module: ModuleOp) -> Snapshot:
-    ops = tuple((op, tuple(op.operands)) for op in walked(module))
-    return Snapshot(ops, any(not isinstance(op.location, UnknownLoc) for op, _ in ops))
+    return _snapshot(walked(module))
 
 
-def inherit_locations(module: ModuleOp, before: Snapshot, pass_name: str) -> None:
+def _snapshot(ops: list[Operation]) -> Snapshot:
+    """The snapshot of a module whose ops (walked in any order) are `ops`. An op's operands are
+    the tuple it holds, which xDSL replaces, never changes in place, when an operand changes."""
+    read = tuple((op, op._operands) for op in ops)  # pyright: ignore[reportPrivateUsage]
+    return Snapshot(read, any(not isinstance(op.location, UnknownLoc) for op in ops))
+
+
+def inherit_locations(module: ModuleOp, before: Snapshot, pass_name: str) -> Snapshot:
     """Stamp every op `pass_name` made in `module`, locating the new ones (the module
     docstring); `before` is the module's `snapshot` from before the pass. Ops and locations
     are looked up by identity (`id`): the snapshot and the module hold them all meanwhile, and
-    hashing an op or a nested location calls Python for every level of it."""
+    hashing an op or a nested location calls Python for every level of it. Returns the
+    module's snapshot after the pass, the next pass's `before`: one walk of the module a pass
+    rather than two (a candidate's compile walks its module after each of about 20 passes)."""
     if not before.located:
-        return
+        return snapshot(module)
     inside_first = walked(module, region_first=True)
     existed = {id(op) for op, _ in before.operands}
     leaves: dict[int, Places] = {}
@@ -102,7 +110,7 @@ def inherit_locations(module: ModuleOp, before: Snapshot, pass_name: str) -> Non
                 stamp = copies[id(loc)] = NameLoc(name, loc)
             op.location = stamp
     if not new:
-        return
+        return _snapshot(inside_first)
     terminators = {key for key, op in new.items() if op.has_trait(IsTerminator)}
     found: dict[int, Places] = {}
 
@@ -133,8 +141,8 @@ def inherit_locations(module: ModuleOp, before: Snapshot, pass_name: str) -> Non
 
     replaced: dict[int, Places] = {}
     for reader, was in before.operands:
-        now = tuple(reader.operands)
-        if now != was and len(now) == len(was):  # `!=` compares the values by identity first
+        now = reader._operands  # pyright: ignore[reportPrivateUsage]
+        if now is not was and now != was and len(now) == len(was):  # `!=` compares the values by identity first
             for old, value in zip(was, now):
                 if value is not old and isinstance(value, OpResult) and id(value.op) in new:
                     key = id(value.op)
@@ -163,11 +171,20 @@ def inherit_locations(module: ModuleOp, before: Snapshot, pass_name: str) -> Non
             if stamp is None:
                 stamp = stamps[op_leaves] = stamped(pass_name, op_leaves)
             new[key].location = stamp
+    return _snapshot(inside_first)
 
 
-@contextmanager
-def locations_inherited(module: ModuleOp, pass_name: str) -> Iterator[None]:
-    """Run a pass on `module` inside this: its new ops inherit locations when it returns."""
-    before = snapshot(module)
-    yield
-    inherit_locations(module, before, pass_name)
+class Locating:
+    """Passes run one after another on a module inside `inherited`: their new ops inherit
+    locations, each pass's snapshot the one its predecessor's `inherit_locations` left (the
+    module does not change between passes)."""
+
+    def __init__(self, module: ModuleOp):
+        self._module = module
+        self._before = snapshot(module)
+
+    @contextmanager
+    def inherited(self, pass_name: str) -> Iterator[None]:
+        """Run a pass on the module inside this: its new ops inherit locations when it returns."""
+        yield
+        self._before = inherit_locations(self._module, self._before, pass_name)

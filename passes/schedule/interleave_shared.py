@@ -64,8 +64,8 @@ from xdsl.passes import ModulePass
 from dialects import ccl, tcp, tile, ve
 from dialects.annotations import PHASE_ATTR, SHARED, cluster_of, expert_indices, phase_of, place_on_cluster
 from dialects.tensor_types import shape_of
-from passes._loop_builder import (constant_index, erase_unread, index_constant, move_readers_after, op_of_block,
-                                  sink_to_first_reader)
+from passes._loop_builder import (clone_op, clone_region, constant_index, erase_unread, index_constant,
+                                  move_readers_after, op_of_block, sink_to_first_reader)
 from passes.schedule._cluster_copies import pin
 from passes.schedule._f_tiles import CONTRACTIONS, ancestors
 from passes.schedule.split_clusters import addressed, contraction_flops_per_weight_byte, expert_loops, own_dma_intensity
@@ -109,7 +109,7 @@ def unroll(loop: scf.ForOp) -> tuple[list[Operation], list[SSAValue]]:
         for op in body.ops:
             if op is yielded:
                 break
-            made.append(op.clone(value_mapper=mapping))
+            made.append(clone_op(op, mapping))
         carried = [mapping.get(v, v) for v in yielded.operands]
     parent = loop.parent_block()
     assert parent is not None
@@ -160,7 +160,7 @@ def split(loop: scf.ForOp, bounds: list[int]) -> list[scf.ForOp]:
         op.attributes.update({k: v for k, v in loop.attributes.items() if k == PHASE_ATTR})
     parent.insert_op_before(constants[0], loop)
     for lb, ub in zip(constants, constants[1:]):
-        piece = scf.ForOp(lb, ub, step, carried, loop.body.clone())
+        piece = scf.ForOp(lb, ub, step, carried, clone_region(loop.body))
         piece.attributes.update(loop.attributes)
         parent.insert_ops_before([ub, piece], loop)
         for old, new in zip(loop.results, piece.results):
