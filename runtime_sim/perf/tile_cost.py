@@ -59,7 +59,7 @@ from runtime_sim.perf.cost_model import (
     register_unread_operands,
 )
 from target.machine import Machine
-from runtime_sim.perf.tcp_cost import cost_dma_gather, dma_copy_cost, dma_rows_cost, row_bytes
+from runtime_sim.perf.tcp_cost import cost_dma_gather, dma_copy_cost, dma_rows_cost, gathered_rows, row_bytes
 from runtime_sim.semantics.numerics import stored_nbytes
 
 
@@ -99,6 +99,13 @@ def cost_tile_gather(op: Operation, operands: tuple[Any, ...], results: tuple[An
     if _guarded_off(op, operands):
         return _guard_only(machine)
     return cost_dma_gather(op, operands[:2], results, machine)
+
+
+def cost_tile_gather_into(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...],
+                          machine: Machine) -> OpCost:
+    source, indices = operands[:2]
+    rows = gathered_rows(indices)
+    return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), in_hbm(op.results[0]))
 
 
 def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -170,6 +177,10 @@ def register_tile_costs() -> None:
     register_cost(tile.GatherOp)(cost_tile_gather)
     register_data_operands(tile.GatherOp, lambda op: (op.indices, *_guard_operand(op)))  # type: ignore[attr-defined]
     register_order_operands(tile.GatherOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
+    register_cost(tile.GatherIntoOp)(cost_tile_gather_into)
+    register_data_operands(tile.GatherIntoOp, lambda op: (op.indices,))  # type: ignore[attr-defined]
+    register_alias(tile.GatherIntoOp, 2)
+    register_disjoint_store(tile.GatherIntoOp)
     register_cost(tile.CopyOp)(cost_tile_copy)
     register_order_operands(tile.LoadOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
     register_cost(tile.StoreOp)(cost_tile_store)
