@@ -673,7 +673,6 @@ def whole_sums_into_output(block: Block) -> None:
         top.result.name_hint, guard.result.name_hint = "pair_top_index", "split_pairs_back"
         into = tile.GatherIntoOp(whole.source, whole.indices, store.dest, store.offset)
         readers = list(store.result.uses)
-        block.insert_ops_before([flat, top, guard], part[0])
         anchor = store.next_op
         for op in [*part, store]:
             op.detach()
@@ -682,9 +681,9 @@ def whole_sums_into_output(block: Block) -> None:
         for op in (flat, top, guard, into, branch):
             op.attributes[PHASE_ATTR] = store.attributes.get(PHASE_ATTR, StringAttr("combine"))
         if anchor is None:
-            block.add_op(branch)
+            block.add_ops([flat, top, guard, branch])
         else:
-            block.insert_op_before(branch, anchor)
+            block.insert_ops_before([flat, top, guard, branch], anchor)
         branch.results[0].name_hint = store.result.name_hint
         for use in readers:
             use.operation.operands[use.index] = branch.results[0]
