@@ -6,6 +6,8 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
 - `tile.load`: one DMA copy of the tile, HBM -> SRAM.
 - `tile.gather`: one DMA command, as `tcp.dma_gather` (tcp_cost.cost_dma_gather: the rows
   whose index is not -1, from HBM or SRAM as the source lives).
+- `tile.gather_into`: that one DMA command, its rows written where the destination buffer lives
+  (an HBM output: SRAM -> HBM, reads and writes pipelined as a store's), in place.
 - `tile.store`: into an HBM buffer, one DMA copy SRAM -> HBM; into an SRAM buffer, free: the
   engine that produced the tile commits it at the buffer's address (an assumption: the
   compiler gives the producer that destination).
