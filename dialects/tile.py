@@ -13,6 +13,9 @@ from and goes to, so the placement is in the IR, not guessed by the simulator:
 - `tile.gather %src[%indices]`: the rows of a tensor named by `indices` (-1: a zero row),
   copied into a new SRAM tile by one DMA command: a block's token rows, gathered straight from
   the tokens by the block's row -> token index (the dispatch, done a block at a time);
+- `tile.gather_into %src[%indices], %dst[%offset]`: the rows `tile.gather` would take, written
+  by that one DMA command straight into rows [offset, offset + n) of a buffer, in place (a mesh
+  home chip's returned sums into the layer's output); the result is the same buffer;
 - `tile.store %tile, %dst[%offset]`: a tile written into rows of a buffer, in place (DMA to HBM,
   or the producing engine's commit into SRAM); the result is the same buffer; with
   `at array<i64: ...>`, into a window of each of those rows (a contraction's column piece);
@@ -195,6 +198,40 @@ class GatherOp(IRDLOperation):
 
 
 @irdl_op_definition
+class GatherIntoOp(IRDLOperation):
+    """`source[indices]` (index -1: a zero row) written into rows [offset, offset + n) of `dest`
+    in place by one DMA command, n the indices' count: a gather and the store of its rows in one
+    command, no SRAM tile between. The result is `dest`'s buffer, as `tile.store`'s."""
+
+    name = "tile.gather_into"
+    source = operand_def(TensorType)
+    indices = operand_def(TensorType)
+    dest = operand_def(TensorType)
+    offset = operand_def(IndexType)
+    result = result_def(TensorType)
+    assembly_format = (
+        "$source `[` $indices `]` `,` $dest `[` $offset `]` `:` type($source) `,` type($indices) `,` type($dest) "
+        "`->` type($result) attr-dict"
+    )
+
+    def __init__(self, source: SSAValue, indices: SSAValue, dest: SSAValue, offset: SSAValue):
+        super().__init__(operands=[source, indices, dest, offset], result_types=[dest.type])
+
+    def rows(self) -> int:
+        """The rows written: one per index."""
+        return math.prod(shape_of(self.indices.type))
+
+    def verify_(self) -> None:
+        st, it, dt = self.source.type, self.indices.type, self.dest.type
+        expect(is_int_type(it.get_element_type()), "tile.gather_into: indices must be i32")
+        ss, ds = shape_of(st), shape_of(dt)
+        expect(len(ss) >= 1 and st.get_element_type() == dt.get_element_type() and ss[1:] == ds[1:]
+               and self.rows() <= ds[0],
+               f"tile.gather_into: rows of {format_type(st)} by {format_type(it)} cannot go into {format_type(dt)}")
+        expect(self.result.type == dt, "tile.gather_into: the result is the destination buffer")
+
+
+@irdl_op_definition
 class StoreOp(IRDLOperation):
     """`tile` written into rows [offset, offset + n) of `dest`, in place: the result is `dest`'s
     buffer, which must not be read through the operand afterwards (the schedule level threads
@@ -334,4 +371,4 @@ class GuardOp(IRDLOperation):
         expect(is_int_type(t.get_element_type()) and len(shape_of(t)) == 1, "tile.guard: ids must be i32 [n]")
 
 
-Tile = Dialect("tile", [BufferOp, SliceOp, LoadOp, GatherOp, StoreOp, CopyOp, LoadExpertOp, GuardOp], [])
+Tile = Dialect("tile", [BufferOp, SliceOp, LoadOp, GatherOp, GatherIntoOp, StoreOp, CopyOp, LoadExpertOp, GuardOp], [])

@@ -83,15 +83,18 @@ def works_along_axis_zero(op: Operation) -> bool:
 def in_hbm(value: SSAValue) -> bool:
     """Whether `value` lives in HBM: a function argument, an HBM buffer, a `tcp.store` or a
     command placed in HBM, through views, stores into a buffer and the loops that carry one
-    (the combine's gather reads the expert loop's HBM result buffer through a view)."""
+    (the combine's gather reads the expert loop's HBM result buffer through a view), and the
+    branches that yield one (the then branch's)."""
     while True:
         owner = value.owner
         if isinstance(owner, tcp.ViewOp):
             value = owner.input
-        elif isinstance(owner, tile.StoreOp):
+        elif isinstance(owner, (tile.StoreOp, tile.GatherIntoOp)):
             value = owner.dest
         elif isinstance(owner, scf.ForOp) and isinstance(value, OpResult):
             value = owner.iter_args[value.index]
+        elif isinstance(owner, scf.IfOp) and isinstance(value, OpResult):
+            value = owner.true_region.block.last_op.operands[value.index]  # type: ignore[union-attr]
         else:
             break
     if isinstance(value, BlockArgument) and isinstance(owner, Block):

@@ -212,7 +212,8 @@ def test_split_pairs_return_before_the_receivers_sums(tmp_path) -> None:
     tiles of 4 rows (test_the_receivers_tiles_gather_a_start_ups_worth); 116,555 with the last
     round's one-engine weights in pieces (interleave-chunks); 116,647 with the pinned routing read after
     the router's top-k, whose indices' last ops and cross-cluster copies cost-only runs no longer
-    drop (pinned)."""
+    drop (pinned); 115,856 with the home's `tile.gather_into` of the sums into the output
+    (test_a_home_with_no_split_pair_back_gathers_the_sums_into_the_output)."""
     out = tmp_path / "r.json"
     assert main(["run", "examples/qwen3_moe.moe", *(a for d in ("D=2048", "F=768", "E=128", "K=8", "T=128", "B=8")
                                                    for a in ("--set", d)),
@@ -221,7 +222,7 @@ def test_split_pairs_return_before_the_receivers_sums(tmp_path) -> None:
     returns = [x for x in data["links"] if x["chip"] == 0 and x["label"].startswith(("%returned ", "%returned_sums "))]
     assert [x["label"].split()[0] for x in returns] == ["%returned", "%returned_sums"] * 2
     assert all(pairs["end"] <= sums["start"] for pairs, sums in zip(returns[::2], returns[1::2]))
-    assert data["total_cycles"] == 116_647
+    assert data["total_cycles"] == 115_856
 
 
 QWEN3 = {"D": 2048, "F": 768, "E": 128, "K": 8}
@@ -239,7 +240,8 @@ def test_the_first_chunk_guesses_its_first_weights_at_decode() -> None:
     tiles of 4 rows, 116,555 with the last round's one-engine weights in pieces; 116,647 with the pinned
     routing read after the router's top-k (`tcp.order`): the guesses never waited for the routing, so
     they did not lean on its being there at cycle 0; the extra cycles are the router's indices
-    assembled, as a run with values does (pinned)."""
+    assembled, as a run with values does (pinned); 115,856 with each chunk's home, none of whose split
+    pairs came back, gathering the receivers' sums straight into the output."""
     program = tcpc.compile_file("examples/qwen3_moe.moe", dims={**QWEN3, "T": 128, "B": 8})
     report = simulate_on_mesh(program, MeshSpec.parse("ep=8,chunks=2"), cost_only=True).report
     chip = report.chips[0]
@@ -249,7 +251,7 @@ def test_the_first_chunk_guesses_its_first_weights_at_decode() -> None:
     assert min(o.start for o in guessed) < min(o.end for o in chip.ops if o.engine == "link" and o.cycles)
     assert max(o.start for o in guessed) < min(o.start for o in loads if o.hbm_bytes and o not in guessed)
     assert sum(o.hbm_bytes for o in loads) == 16 * 3 * 2048 * 768 * 2  # the chip's 16 experts, each once
-    assert report.total_cycles == 116_647
+    assert report.total_cycles == 115_856
 
 
 def test_a_wrong_guess_on_a_mesh_costs_time_not_bits() -> None:
@@ -268,6 +270,20 @@ def test_a_wrong_guess_on_a_mesh_costs_time_not_bits() -> None:
         assert all(c.identical for c in results), [c.message for c in results]
     chosen = np.argsort(-(sim.inputs["x"].astype(np.float32) @ sim.inputs["router"].astype(np.float32)), axis=1)
     assert not np.isin([0, 1, 8, 9], chosen[:, :4]).any()
+
+
+def test_a_home_with_no_split_pair_back_gathers_the_sums_into_the_output() -> None:
+    """A chunk's home sum made whole (decode) branches on whether any split pair came back:
+    without one, one `tile.gather_into` writes the receivers' sums from the return's buffer
+    into the output (schedule-tokens' `whole_sums_into_output`). At top-2 seed 0 splits a
+    token of every chunk but one of chip 0's: chip 0 takes each branch once, chip 1 the sum
+    twice; the outputs keep one chip's bits either way."""
+    program = tcpc.compile_file("examples/qwen3_moe.moe", dims={"K": 2, "B": 4})
+    spec = MeshSpec.parse("ep=2,chunks=2")
+    sim = simulate_on_mesh(program, spec, seed=0)
+    assert [sum(o.label == "tile.gather_into" for o in chip.ops) for chip in sim.report.chips] == [1, 0]
+    results = check_on_mesh(program, spec, sim, seed=0)
+    assert all(c.identical for c in results), [c.message for c in results]
 
 
 def test_an_all_gathering_chip_guesses_its_first_weights_too() -> None:

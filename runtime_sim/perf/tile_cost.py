@@ -6,6 +6,8 @@ tcp_cost.py (furiosa-opt book, "DMA"; see the machine file for the numbers).
 - `tile.load`: one DMA copy of the tile, HBM -> SRAM.
 - `tile.gather`: one DMA command, as `tcp.dma_gather` (tcp_cost.cost_dma_gather: the rows
   whose index is not -1, from HBM or SRAM as the source lives).
+- `tile.gather_into`: that one DMA command, its rows written where the destination buffer lives
+  (an HBM output: SRAM -> HBM, reads and writes pipelined as a store's), in place.
 - `tile.store`: into an HBM buffer, one DMA copy SRAM -> HBM; into an SRAM buffer, free: the
   engine that produced the tile commits it at the buffer's address (an assumption: the
   compiler gives the producer that destination). Into another cluster's SRAM the memory plan
@@ -60,7 +62,7 @@ from runtime_sim.perf.cost_model import (
     register_unread_operands,
 )
 from target.machine import Machine
-from runtime_sim.perf.tcp_cost import cost_dma_gather, dma_copy_cost, dma_rows_cost, row_bytes
+from runtime_sim.perf.tcp_cost import cost_dma_gather, dma_copy_cost, dma_rows_cost, gathered_rows, row_bytes
 from runtime_sim.semantics.numerics import stored_nbytes
 
 
@@ -100,6 +102,13 @@ def cost_tile_gather(op: Operation, operands: tuple[Any, ...], results: tuple[An
     if _guarded_off(op, operands):
         return _guard_only(machine)
     return cost_dma_gather(op, operands[:2], results, machine)
+
+
+def cost_tile_gather_into(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...],
+                          machine: Machine) -> OpCost:
+    source, indices = operands[:2]
+    rows = gathered_rows(indices)
+    return dma_rows_cost(machine, rows, rows, row_bytes(source), in_hbm(op.operands[0]), in_hbm(op.results[0]))
 
 
 def cost_tile_store(op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...], machine: Machine) -> OpCost:
@@ -171,6 +180,10 @@ def register_tile_costs() -> None:
     register_cost(tile.GatherOp)(cost_tile_gather)
     register_data_operands(tile.GatherOp, lambda op: (op.indices, *_guard_operand(op)))  # type: ignore[attr-defined]
     register_order_operands(tile.GatherOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
+    register_cost(tile.GatherIntoOp)(cost_tile_gather_into)
+    register_data_operands(tile.GatherIntoOp, lambda op: (op.indices,))  # type: ignore[attr-defined]
+    register_alias(tile.GatherIntoOp, 2)
+    register_disjoint_store(tile.GatherIntoOp)
     register_cost(tile.CopyOp)(cost_tile_copy)
     register_order_operands(tile.LoadOp, lambda op: tuple(op.after))  # type: ignore[attr-defined]
     register_cost(tile.StoreOp)(cost_tile_store)

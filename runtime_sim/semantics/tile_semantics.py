@@ -73,6 +73,13 @@ class TileFunctions(InterpreterFunctions):
             return (np.zeros(shape_of(op.result.type), source.dtype),)
         return (gathered(op.name, source, np.asarray(indices)),)
 
+    @impl(tile.GatherIntoOp)
+    def run_gather_into(self, interpreter: Interpreter, op: tile.GatherIntoOp, args: tuple[Any, ...]):
+        source, indices, dest, offset = args
+        ids = np.asarray(indices).reshape(-1)
+        dest[_rows(op.name, dest, offset, ids.size)] = gathered(op.name, source, ids)
+        return (dest,)
+
     @impl(tile.StoreOp)
     def run_store(self, interpreter: Interpreter, op: tile.StoreOp, args: tuple[Any, ...]):
         value, dest, offset = args[:3]
