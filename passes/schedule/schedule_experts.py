@@ -510,6 +510,15 @@ class _Slot:
     """The K piece (or N columns) of a whole weight loaded in pieces (`engine_pieces`), else None."""
 
 
+def _block_is_last(last_block: SSAValue, index: SSAValue) -> tuple[tile.SliceOp, tile.GuardOp]:
+    """The guard on whether block `index` is the last that runs (`last_block_table`), made
+    both in a running block's body and in the branch of one that does not run."""
+    at_last = tile.SliceOp(last_block, index, tile_type(last_block.type))
+    is_last = tile.GuardOp(at_last.result)
+    at_last.result.name_hint, is_last.result.name_hint = "if_last", "block_is_last"
+    return at_last, is_last
+
+
 def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_bytes: int = 0,
                   f_tile: int = 0, order: str = "block", group: int = 0) -> scf.ForOp | None:
     """Build the expert loop over `expert_ids`'s blocks in `block` for `machine`, its F tiles
@@ -858,8 +867,9 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
     written = None if rows is None else add(tcp.ViewOp(rows, [shape_of(rows.type)[-1]]), "row_written")
     if defer:  # the last block stores its own results too, as no block follows
         assert last_block is not None
-        is_last = add(tile.GuardOp(add(tile.SliceOp(last_block, index, tile_type(last_block.type)), "if_last")),
-                      "block_is_last")
+        at_last, last_guard = _block_is_last(last_block, index)
+        add(at_last)
+        is_last = add(last_guard)
         own = [tile.StoreOp(mapping[r], buf, index) for r, buf in zip(escaping, flushed)]
         stored = list(add_if(body, is_last, own, flushed, last.attributes[PHASE_ATTR]).results)
         carried_out = [*(mapping[r] for r in escaping), index, ids_tile]
@@ -881,9 +891,7 @@ def schedule_plan(block: Block, expert_ids: SSAValue, machine: Machine, sram_byt
             assert last_block is not None
             otherwise, carried = reopen_otherwise(branch)
             *tiles_pending, block_pending, ids_pending = pending
-            at_last = tile.SliceOp(last_block, index, tile_type(last_block.type))
-            is_last = tile.GuardOp(at_last.result)
-            at_last.result.name_hint, is_last.result.name_hint = "if_last", "block_is_last"
+            at_last, is_last = _block_is_last(last_block, index)
             otherwise.add_ops([at_last, is_last])
             last_flush = [tile.StoreOp(t, buf, block_pending, ids_pending) for t, buf in zip(tiles_pending, buffer_args)]
             carried[:n_buf] = list(add_if(otherwise, is_last.result, last_flush, list(buffer_args),
