@@ -597,10 +597,10 @@ class MemoryPlanner:
                 and any(ops[u].cost.engine not in (DMA, LINK, NONE) for u in self.uses[b])]
         if not away:
             return []
-        nbytes = t.cost.result_bytes or 0
-        key = self.add_command(f"store into {self.labels[away[0]]} on cluster {self.cluster[away[0]]}", "tile.copy",
+        b, nbytes = away[0], t.cost.result_bytes or 0
+        key = self.add_command(f"store into {self.labels[b]} on cluster {self.cluster[b]}", "tile.copy",
                                dma_copy_cost(self.machine, nbytes, src_hbm=False, dst_hbm=False), t, t.deps)
-        self.streams.append(Stream(self.labels[away[0]], nbytes, t.label, "store"))
+        self.streams.append(Stream(self.labels[b], nbytes, t.label, "store"))
         return [key]
 
     def writes_to_hbm(self, t: TracedOp, b: int) -> bool:

@@ -490,9 +490,9 @@ class TraceRecorder(Interpreter.Listener):
     def reads(self, op: Operation, operands: tuple[Any, ...], results: tuple[Any, ...]) -> tuple[object, ...]:
         """What recording `op` on `operands` reads of their values, its part of a `signature`: its cost and
         the operands it skips or passes through, or nothing."""
-        statics = self._statics(op)
-        if not (statics.data or statics.unread or statics.forward):
+        if not self.reads_values(op):
             return (op,)
+        statics = self._statics(op)
         return (op, self._cost(op, statics, operands, results),
                 statics.unread(op, operands) if statics.unread is not None else (),
                 statics.forward(op, operands) if statics.forward is not None else None)
